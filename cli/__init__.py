@@ -1,0 +1,1 @@
+"""The rmqstore command-line tool."""

@@ -1,0 +1,75 @@
+"""Consume queue units (FORMAT.md §6) and the tagsCode rule (§6.2).
+
+A unit is 20 bytes:
+
+    0   commitLogOffset   int64   the record's PHYSICALOFFSET
+    8   size              int32   the record's TOTALSIZE
+    12  tagsCode          int64   String.hashCode(TAGS), or a delayed message's deliver time
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+from rmqstore.common.codec.javahash import java_string_hash
+
+UNIT = struct.Struct(
+    ">q"  # commitLogOffset
+    "i"  # size
+    "q"  # tagsCode
+)
+UNIT_SIZE = UNIT.size
+assert UNIT_SIZE == 20
+FILLER_SIZE = 0x7FFFFFFF
+FILLER = UNIT.pack(0, FILLER_SIZE, 0)
+DEFAULT_FILE_UNITS = 300_000
+
+SCHEDULE_TOPIC = "SCHEDULE_TOPIC_XXXX"
+DEFAULT_DELAY_LEVELS = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"
+_UNIT_MS = {"s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+
+
+@dataclass(frozen=True, slots=True)
+class Unit:
+    commitlog_offset: int
+    size: int
+    tags_code: int
+
+    @property
+    def is_valid(self) -> bool:
+        """ConsumeQueue's test: offset ≥ 0 and size > 0 (fillers count as valid)."""
+        return self.commitlog_offset >= 0 and self.size > 0
+
+    @property
+    def is_filler(self) -> bool:
+        return self.commitlog_offset == 0 and self.size == FILLER_SIZE and self.tags_code == 0
+
+
+def encode_unit(commitlog_offset: int, size: int, tags_code: int) -> bytes:
+    return UNIT.pack(commitlog_offset, size, tags_code)
+
+
+def decode_unit(buf: bytes | bytearray | memoryview, pos: int = 0) -> Unit:
+    return Unit(*UNIT.unpack_from(buf, pos))
+
+
+def tags_code(tags: str | None) -> int:
+    """tagsString2tagsCode: String.hashCode of the whole TAGS value; 0 when absent or empty."""
+    if not tags:
+        return 0
+    return java_string_hash(tags)
+
+
+def parse_delay_levels(levels: str = DEFAULT_DELAY_LEVELS) -> dict[int, int]:
+    """messageDelayLevel → {level: delay ms}, levels numbered from 1."""
+    table: dict[int, int] = {}
+    for number, token in enumerate(levels.split(), start=1):
+        table[number] = int(token[:-1]) * _UNIT_MS[token[-1]]
+    return table
+
+
+def deliver_timestamp(level: int, store_timestamp_ms: int, delay_levels_ms: dict[int, int]) -> int:
+    """computeDeliverTimestamp: store time + the level's delay, or + 1000 ms if it has none."""
+    delay = delay_levels_ms.get(level)
+    return store_timestamp_ms + (delay if delay is not None else 1000)

@@ -1,0 +1,62 @@
+"""Message properties: ``name 0x01 value`` pairs joined by 0x02 (FORMAT.md §3.6)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from rmqstore.common.codec.javahash import java_hashmap_order
+
+NAME_VALUE_SEPARATOR = "\x01"
+PROPERTY_SEPARATOR = "\x02"
+KEY_SEPARATOR = " "
+
+# Well-known names (common/message/MessageConst.java, 4.9.8).
+KEYS = "KEYS"
+TAGS = "TAGS"
+WAIT = "WAIT"
+DELAY = "DELAY"
+REAL_TOPIC = "REAL_TOPIC"
+REAL_QID = "REAL_QID"
+UNIQ_KEY = "UNIQ_KEY"
+CLUSTER = "CLUSTER"
+TRAN_MSG = "TRAN_MSG"
+
+
+def encode_properties(properties: Mapping[str, str]) -> bytes:
+    """Serialize in the mapping's order, as messageProperties2String does for its map.
+
+    Each pair is ``name 0x01 value 0x02`` with the final 0x02 dropped. Callers that want the
+    broker's exact bytes pass the names in Java HashMap order (:func:`broker_order`).
+    """
+    if not properties:
+        return b""
+    text = PROPERTY_SEPARATOR.join(
+        f"{name}{NAME_VALUE_SEPARATOR}{value}" for name, value in properties.items()
+    )
+    return text.encode("utf-8")
+
+
+def decode_properties(data: bytes | memoryview) -> dict[str, str]:
+    """string2messageProperties, exactly: empty names or values are dropped, a later
+    duplicate wins, and a value may itself contain 0x01."""
+    result: dict[str, str] = {}
+    if not data:
+        return result
+    text = bytes(data).decode("utf-8", "replace")
+    for segment in text.split(PROPERTY_SEPARATOR):
+        cut = segment.find(NAME_VALUE_SEPARATOR)
+        if 0 < cut < len(segment) - 1:
+            result[segment[:cut]] = segment[cut + 1 :]
+    return result
+
+
+def broker_order(properties: Mapping[str, str]) -> dict[str, str]:
+    """The same properties in the order a Java HashMap iterates them (the broker's order)."""
+    return {name: properties[name] for name in java_hashmap_order(properties)}
+
+
+def split_keys(keys: str | None) -> list[str]:
+    """The non-empty space-separated parts of a KEYS value, repeats kept (FORMAT.md §7.4)."""
+    if not keys:
+        return []
+    return [part for part in keys.split(KEY_SEPARATOR) if part]

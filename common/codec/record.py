@@ -1,0 +1,359 @@
+"""Commit log records (FORMAT.md §3): v1 encode, v1 and v2 decode, and the BLANK filler.
+
+Layout of a record (all big-endian; b and s are the born/store host widths, 8 or 20):
+
+    0   TOTALSIZE                  int32
+    4   MAGICCODE                  int32   v1 DAA320A7, v2 DAA320AB, BLANK CBD43194
+    8   BODYCRC                    int32   CRC-32 of the body & 0x7FFFFFFF
+    12  QUEUEID                    int32
+    16  FLAG                       int32
+    20  QUEUEOFFSET                int64
+    28  PHYSICALOFFSET             int64
+    36  SYSFLAG                    int32
+    40  BORNTIMESTAMP              int64
+    48  BORNHOST                   b       address + int32 port
+    48+b STORETIMESTAMP            int64
+    56+b STOREHOST                 s
+    56+b+s RECONSUMETIMES          int32
+    60+b+s PREPAREDTRANSACTIONOFFSET int64
+    68+b+s BODYLENGTH              int32   n
+    72+b+s BODY                    n bytes
+    …   TOPICLENGTH                int8 (v1, signed) / int16 (v2)
+    …   TOPIC                      t bytes UTF-8
+    …   PROPERTIESLENGTH           int16
+    …   PROPERTIES                 p bytes UTF-8
+
+TOTALSIZE = 74 + L + b + s + n + t + p (L = 1 in v1, 2 in v2).
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from dataclasses import dataclass, field
+
+from rmqstore.common.codec import properties as props
+from rmqstore.common.codec import sysflag
+from rmqstore.common.codec.hosts import SocketAddress
+from rmqstore.common.errors import Corruption, CrcMismatch, InvalidArgument
+
+MAGIC_V1 = -626843481  # DA A3 20 A7
+MAGIC_V2 = -626843477  # DA A3 20 AB
+BLANK_MAGIC = -875286124  # CB D4 31 94
+END_FILE_MIN_BLANK_LENGTH = 8
+TOPIC_LENGTH_MAX_V1 = 127
+PROPERTIES_LENGTH_MAX = 32767
+INT32_MAX = 2**31 - 1
+
+# Fixed prefix up to and including BORNTIMESTAMP.
+_PREFIX = struct.Struct(
+    ">i"  # TOTALSIZE
+    "i"  # MAGICCODE
+    "i"  # BODYCRC
+    "i"  # QUEUEID
+    "i"  # FLAG
+    "q"  # QUEUEOFFSET
+    "q"  # PHYSICALOFFSET
+    "i"  # SYSFLAG
+    "q"  # BORNTIMESTAMP
+)
+PREFIX_SIZE = _PREFIX.size
+assert PREFIX_SIZE == 48
+OFFSET_QUEUE_OFFSET = 20
+OFFSET_PHYSICAL_OFFSET = 28
+OFFSET_SYSFLAG = 36
+OFFSET_BORN_HOST = 48
+
+_SIZE_MAGIC = struct.Struct(">ii")
+_INT8 = struct.Struct(">b")
+_INT16 = struct.Struct(">h")
+_INT32 = struct.Struct(">i")
+_INT64 = struct.Struct(">q")
+
+
+def _middle_struct(born_v6: bool, store_v6: bool) -> struct.Struct:
+    """BORNHOST … BODYLENGTH for one combination of host widths."""
+    born = "16s" if born_v6 else "4s"
+    store = "16s" if store_v6 else "4s"
+    return struct.Struct(
+        ">" + born + "i"  # BORNHOST address, port
+        "q"  # STORETIMESTAMP
+        + store + "i"  # STOREHOST address, port
+        "i"  # RECONSUMETIMES
+        "q"  # PREPAREDTRANSACTIONOFFSET
+        "i"  # BODYLENGTH
+    )
+
+
+_MIDDLE = {(b, s): _middle_struct(b, s) for b in (False, True) for s in (False, True)}
+_FULL_V1 = {
+    key: struct.Struct(_PREFIX.format + middle.format[1:]) for key, middle in _MIDDLE.items()
+}
+
+
+def body_crc(body: bytes | memoryview) -> int:
+    """UtilAll.crc32: zlib CRC-32 masked to 31 bits; an empty body gives 0."""
+    if not body:
+        return 0
+    return zlib.crc32(body) & 0x7FFFFFFF
+
+
+def record_size(
+    body_len: int, topic_len: int, properties_len: int, *, born_v6: bool, store_v6: bool, version: int = 1
+) -> int:
+    """calMsgLength: 74 + L + b + s + n + t + p."""
+    topic_len_width = 1 if version == 1 else 2
+    return (
+        74
+        + topic_len_width
+        + (20 if born_v6 else 8)
+        + (20 if store_v6 else 8)
+        + max(body_len, 0)
+        + topic_len
+        + max(properties_len, 0)
+    )
+
+
+_DEFAULT_HOST = SocketAddress(b"\x00\x00\x00\x00", 0)
+
+
+@dataclass(slots=True)
+class Record:
+    """One commit log message, decoded. Names follow FORMAT.md with units last."""
+
+    topic: str
+    body: bytes = b""
+    properties: dict[str, str] = field(default_factory=dict)
+    queue_id: int = 0
+    flag: int = 0
+    queue_offset: int = 0
+    commitlog_offset: int = 0
+    sys_flag: int = 0
+    born_timestamp_ms: int = 0
+    born_host: SocketAddress = _DEFAULT_HOST
+    store_timestamp_ms: int = 0
+    store_host: SocketAddress = _DEFAULT_HOST
+    reconsume_times: int = 0
+    prepared_transaction_offset: int = 0
+    body_crc: int = 0
+    size: int = 0
+    version: int = 1
+
+    @property
+    def keys(self) -> str | None:
+        return self.properties.get(props.KEYS)
+
+    @property
+    def tags(self) -> str | None:
+        return self.properties.get(props.TAGS)
+
+    @property
+    def uniq_key(self) -> str | None:
+        return self.properties.get(props.UNIQ_KEY)
+
+    @property
+    def transaction_type(self) -> int:
+        return sysflag.transaction_type(self.sys_flag)
+
+    @property
+    def next_offset(self) -> int:
+        return self.commitlog_offset + self.size
+
+
+@dataclass(frozen=True, slots=True)
+class Blank:
+    """The END_OF_FILE filler: the rest of the file, from this offset, holds no record."""
+
+    commitlog_offset: int
+    size: int
+
+
+def encode_blank(size: int) -> bytes:
+    """The 8 bytes written at the end of a full file: int32 remaining size, BLANK magic."""
+    return _SIZE_MAGIC.pack(size, BLANK_MAGIC)
+
+
+def host_flags(born_host: SocketAddress, store_host: SocketAddress) -> int:
+    return (sysflag.BORNHOST_V6 if born_host.is_v6 else 0) | (
+        sysflag.STOREHOST_V6 if store_host.is_v6 else 0
+    )
+
+
+def encode_record(record: Record, *, properties_bytes: bytes | None = None) -> bytes:
+    """Encode as a v1 record (MessageExtEncoder.encode) with the record's own offsets.
+
+    The IPv6 sysFlag bits are derived from the hosts, and the body CRC from the body, so
+    the result always validates. ``properties_bytes`` lets a caller pass pre-encoded
+    properties (the batch path); otherwise ``record.properties`` is encoded in its order.
+    """
+    topic_bytes = record.topic.encode("utf-8")
+    if len(topic_bytes) > TOPIC_LENGTH_MAX_V1:
+        raise InvalidArgument(
+            f"topic is {len(topic_bytes)} bytes; a v1 record holds at most {TOPIC_LENGTH_MAX_V1}"
+        )
+    if properties_bytes is None:
+        properties_bytes = props.encode_properties(record.properties)
+    if len(properties_bytes) > PROPERTIES_LENGTH_MAX:
+        raise InvalidArgument(
+            f"properties are {len(properties_bytes)} bytes; at most {PROPERTIES_LENGTH_MAX}"
+        )
+    born, store = record.born_host, record.store_host
+    sys_flag = (record.sys_flag & ~(sysflag.BORNHOST_V6 | sysflag.STOREHOST_V6)) | host_flags(
+        born, store
+    )
+    body = record.body
+    size = record_size(
+        len(body), len(topic_bytes), len(properties_bytes), born_v6=born.is_v6, store_v6=store.is_v6
+    )
+    head = _FULL_V1[(born.is_v6, store.is_v6)].pack(
+        size,
+        MAGIC_V1,
+        body_crc(body),
+        record.queue_id,
+        record.flag,
+        record.queue_offset,
+        record.commitlog_offset,
+        sys_flag,
+        record.born_timestamp_ms,
+        born.ip,
+        born.port,
+        record.store_timestamp_ms,
+        store.ip,
+        store.port,
+        record.reconsume_times,
+        record.prepared_transaction_offset,
+        len(body),
+    )
+    return b"".join(
+        (
+            head,
+            body,
+            _INT8.pack(len(topic_bytes)),
+            topic_bytes,
+            _INT16.pack(len(properties_bytes)),
+            properties_bytes,
+        )
+    )
+
+
+def patch_offsets(buf: bytearray | memoryview, pos: int, *, queue_offset: int, commitlog_offset: int) -> None:
+    """Set QUEUEOFFSET and PHYSICALOFFSET of an encoded record in place."""
+    _INT64.pack_into(buf, pos + OFFSET_QUEUE_OFFSET, queue_offset)
+    _INT64.pack_into(buf, pos + OFFSET_PHYSICAL_OFFSET, commitlog_offset)
+
+
+def decode_record(
+    buf: bytes | bytearray | memoryview,
+    pos: int = 0,
+    *,
+    commitlog_offset: int | None = None,
+    check_crc: bool = True,
+    limit: int | None = None,
+) -> Record | Blank | None:
+    """Decode the record at ``buf[pos:]``; never reads at or past ``limit`` (default len(buf)).
+
+    Returns a :class:`Record`, a :class:`Blank` filler, or None where the bytes are zero
+    (size 0 and magic 0: the end of the written data). Anything else raises
+    :class:`Corruption` (or :class:`CrcMismatch`) naming the commit log offset, which is
+    ``commitlog_offset`` if given, else ``pos``.
+    """
+    end = len(buf) if limit is None else limit
+    at = pos if commitlog_offset is None else commitlog_offset
+    if pos + 8 > end:
+        if not any(bytes(buf[pos:end])):
+            return None
+        raise Corruption(f"truncated record header at commit log offset {at}", offset=at)
+    total, magic = _SIZE_MAGIC.unpack_from(buf, pos)
+    if magic == BLANK_MAGIC:
+        return Blank(at, total)
+    if magic not in (MAGIC_V1, MAGIC_V2):
+        if total == 0 and magic == 0:
+            return None
+        raise Corruption(f"bad magic code {magic & 0xFFFFFFFF:08X} at commit log offset {at}", offset=at)
+    version = 1 if magic == MAGIC_V1 else 2
+    minimum = record_size(0, 0, 0, born_v6=False, store_v6=False, version=version)
+    if total < minimum or pos + total > end:
+        raise Corruption(
+            f"bad record size {total} at commit log offset {at} "
+            f"({end - pos} bytes left in the file, a record is at least {minimum})",
+            offset=at,
+        )
+    record_end = pos + total
+    (
+        _,
+        _,
+        stored_crc,
+        queue_id,
+        flag,
+        queue_offset,
+        physical_offset,
+        sys_flag,
+        born_ts,
+    ) = _PREFIX.unpack_from(buf, pos)
+    born_v6 = bool(sys_flag & sysflag.BORNHOST_V6)
+    store_v6 = bool(sys_flag & sysflag.STOREHOST_V6)
+    middle = _MIDDLE[(born_v6, store_v6)]
+    cursor = pos + PREFIX_SIZE
+    if cursor + middle.size > record_end:
+        raise Corruption(f"record at commit log offset {at} is shorter than its header", offset=at)
+    (
+        born_ip,
+        born_port,
+        store_ts,
+        store_ip,
+        store_port,
+        reconsume_times,
+        prepared_offset,
+        body_len,
+    ) = middle.unpack_from(buf, cursor)
+    cursor += middle.size
+    topic_len_width = 1 if version == 1 else 2
+    if body_len < 0 or cursor + body_len + topic_len_width > record_end:
+        raise Corruption(f"bad body length {body_len} at commit log offset {at}", offset=at)
+    body = bytes(buf[cursor : cursor + body_len])
+    cursor += body_len
+    if version == 1:
+        (topic_len,) = _INT8.unpack_from(buf, cursor)
+    else:
+        (topic_len,) = _INT16.unpack_from(buf, cursor)
+    cursor += topic_len_width
+    if topic_len < 0 or cursor + topic_len + 2 > record_end:
+        raise Corruption(f"bad topic length {topic_len} at commit log offset {at}", offset=at)
+    topic = bytes(buf[cursor : cursor + topic_len]).decode("utf-8", "replace")
+    cursor += topic_len
+    (properties_len,) = _INT16.unpack_from(buf, cursor)
+    cursor += 2
+    if properties_len < 0 or cursor + properties_len > record_end:
+        raise Corruption(f"bad properties length {properties_len} at commit log offset {at}", offset=at)
+    properties = props.decode_properties(buf[cursor : cursor + properties_len])
+    expected = record_size(
+        body_len, topic_len, properties_len, born_v6=born_v6, store_v6=store_v6, version=version
+    )
+    if total != expected:
+        raise Corruption(
+            f"record size {total} at commit log offset {at} disagrees with its fields ({expected})",
+            offset=at,
+        )
+    if check_crc and body_len > 0:
+        computed = body_crc(body)
+        if computed != stored_crc:
+            raise CrcMismatch(offset=at, stored=stored_crc, computed=computed)
+    return Record(
+        topic=topic,
+        body=body,
+        properties=properties,
+        queue_id=queue_id,
+        flag=flag,
+        queue_offset=queue_offset,
+        commitlog_offset=physical_offset,
+        sys_flag=sys_flag,
+        born_timestamp_ms=born_ts,
+        born_host=SocketAddress(born_ip, born_port),
+        store_timestamp_ms=store_ts,
+        store_host=SocketAddress(store_ip, store_port),
+        reconsume_times=reconsume_times,
+        prepared_transaction_offset=prepared_offset,
+        body_crc=stored_crc,
+        size=total,
+        version=version,
+    )

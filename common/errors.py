@@ -1,0 +1,66 @@
+"""One error module for the whole store.
+
+Operating errors are typed and carry what a caller needs to act on them; the service edge
+maps each type to a gRPC code in one table. "Cannot happen" conditions use :func:`invariant`,
+which vanishes under ``python -O``.
+"""
+
+from __future__ import annotations
+
+
+def invariant(condition: bool, message: str = "invariant violated") -> None:
+    """Crash on a broken internal invariant (a bug, never bad input)."""
+    assert condition, message
+
+
+class StoreError(Exception):
+    """Base of every error the store raises on purpose."""
+
+    retriable = False
+
+
+class InvalidArgument(StoreError):
+    """The caller's input breaks a rule (topic, size, range, format)."""
+
+
+class NotFound(StoreError):
+    """The thing asked for does not exist (yet, or any more)."""
+
+
+class Corruption(StoreError):
+    """Bytes on disk do not decode: bad magic, size, CRC or layout.
+
+    ``offset`` is the absolute position of the bad bytes (commit log offset, queue byte
+    offset or file position, as the message says), ``path`` the file when known.
+    """
+
+    def __init__(self, message: str, *, offset: int | None = None, path: str | None = None):
+        super().__init__(message)
+        self.offset = offset
+        self.path = path
+
+
+class CrcMismatch(Corruption):
+    """A record's stored body CRC differs from the CRC of its body."""
+
+    def __init__(self, *, offset: int, stored: int, computed: int, path: str | None = None):
+        super().__init__(
+            f"body CRC mismatch at commit log offset {offset}: "
+            f"stored {stored:08X}, computed {computed:08X}",
+            offset=offset,
+            path=path,
+        )
+        self.stored = stored
+        self.computed = computed
+
+
+class StoreFull(StoreError):
+    """The disk is above the configured full ratio, or a file cannot grow."""
+
+
+class StoreLocked(StoreError):
+    """Another writer holds the store directory's lock."""
+
+
+class ReadOnly(StoreError):
+    """A write was attempted through a read-only view."""

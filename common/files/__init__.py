@@ -1,0 +1,1 @@
+"""File layers: mapped files, commit log, consume queues, index files, checkpoint."""

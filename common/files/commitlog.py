@@ -1,0 +1,277 @@
+"""The commit log: records appended across fixed-size files (FORMAT.md §3, §3.4, §10).
+
+Scanning follows the recovery contract:
+
+* a record is valid if its magic, sizes and (optionally) body CRC check out and its
+  PHYSICALOFFSET is where it lies; a BLANK moves to the next file;
+* zeros where a record should start are the end of the log;
+* an invalid record followed only by zeros is a torn tail: the clean end of the log;
+* an invalid record followed by any non-zero byte is corruption, reported with its offset
+  and the number of bytes a truncation there would drop.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+from collections.abc import Generator, Iterator, Sequence
+from dataclasses import dataclass
+
+from rmqstore.common.codec.record import (
+    END_FILE_MIN_BLANK_LENGTH,
+    Blank,
+    Record,
+    decode_record,
+    encode_blank,
+    patch_offsets,
+)
+from rmqstore.common.errors import Corruption, InvalidArgument, NotFound, invariant
+from rmqstore.common.files.mapped import MappedFile, MappedFileQueue
+
+DEFAULT_FILE_SIZE_BYTES = 1024 * 1024 * 1024
+
+
+class StopReason(enum.Enum):
+    END = "end"  # zeros, or the end of the last file: nothing more was written
+    TORN = "torn"  # an invalid record followed only by zeros: an interrupted write
+    CORRUPT = "corrupt"  # an invalid record with data after it
+
+
+@dataclass(frozen=True, slots=True)
+class ScanStop:
+    """Where and why a scan of the commit log stopped."""
+
+    end_offset: int  # one past the last valid record: where the log ends or resumes
+    reason: StopReason
+    error: Corruption | None = None
+    dropped_bytes: int = 0  # non-zero bytes from end_offset on that a truncation drops
+
+    @property
+    def is_clean(self) -> bool:
+        return self.reason is not StopReason.CORRUPT
+
+    def describe(self) -> str:
+        if self.reason is StopReason.END:
+            return f"end of log at commit log offset {self.end_offset}"
+        assert self.error is not None
+        kind = "torn tail" if self.reason is StopReason.TORN else "corruption"
+        return f"{kind} at commit log offset {self.end_offset}: {self.error} ({self.dropped_bytes} bytes after it)"
+
+
+class RecordScan:
+    """An iteration over commit log records that remembers why it ended."""
+
+    def __init__(self, generator: Generator[Record, None, ScanStop | None]):
+        self._generator = generator
+        self.stop: ScanStop | None = None
+
+    def __iter__(self) -> Iterator[Record]:
+        self.stop = yield from self._generator
+
+
+class CommitLog:
+    """A commit log directory, read-only or writable.
+
+    A writable log must be told where its data ends (:meth:`recover` or
+    :meth:`set_write_position`) before it appends.
+    """
+
+    def __init__(self, directory: str, file_size_bytes: int = DEFAULT_FILE_SIZE_BYTES, *, writable: bool = False):
+        self.directory = directory
+        self.file_size_bytes = file_size_bytes
+        self.writable = writable
+        self.files = MappedFileQueue(directory, file_size_bytes, writable=writable)
+        self.write_offset: int | None = None
+        self.flushed_offset = 0
+        self._dirty: set[MappedFile] = set()
+
+    # Reading
+
+    @property
+    def min_offset(self) -> int:
+        return self.files.min_offset
+
+    def refresh(self) -> bool:
+        return self.files.refresh()
+
+    def _decode_at(self, mapped: MappedFile, position: int, check_crc: bool) -> Record | Blank | None:
+        item = decode_record(
+            mapped.buf, position, commitlog_offset=mapped.start_offset + position, check_crc=check_crc
+        )
+        if isinstance(item, Record) and item.commitlog_offset != mapped.start_offset + position:
+            at = mapped.start_offset + position
+            raise Corruption(
+                f"record at commit log offset {at} says it is at {item.commitlog_offset}", offset=at
+            )
+        return item
+
+    def read(self, offset: int, *, check_crc: bool = True) -> Record:
+        """The record that starts at ``offset``. NotFound if no file holds it or no
+        record starts there; Corruption if the bytes there do not decode."""
+        mapped = self.files.find(offset)
+        if mapped is None:
+            raise NotFound(f"commit log offset {offset} is outside [{self.min_offset}, {self.max_file_offset})")
+        item = self._decode_at(mapped, offset - mapped.start_offset, check_crc)
+        if not isinstance(item, Record):
+            raise NotFound(f"no record at commit log offset {offset}")
+        return item
+
+    @property
+    def max_file_offset(self) -> int:
+        last = self.files.last
+        return last.end_offset if last else 0
+
+    def records(self, start: int | None = None, *, check_crc: bool = True, stop: int | None = None) -> RecordScan:
+        """Every valid record from ``start`` (a record boundary; default: the first file)
+        up to the end of the log, or to ``stop``. After iteration, the scan's ``stop``
+        says where and why it ended (None when ``stop`` was reached first)."""
+        return RecordScan(self._records(start, check_crc, stop))
+
+    def _records(self, start: int | None, check_crc: bool, stop: int | None) -> Generator[Record, None, ScanStop | None]:
+        offset = self.min_offset if start is None else start
+        while stop is None or offset < stop:
+            mapped = self.files.find(offset)
+            if mapped is None:
+                return ScanStop(offset, StopReason.END)
+            position = offset - mapped.start_offset
+            try:
+                item = self._decode_at(mapped, position, check_crc)
+            except Corruption as error:
+                return self._classify(mapped, position, error)
+            if item is None:
+                tail = self._classify(mapped, position, None)
+                return tail
+            if isinstance(item, Blank):
+                offset = mapped.end_offset
+                continue
+            yield item
+            offset = item.next_offset
+        return None
+
+    def scan(self, start: int | None = None, *, check_crc: bool = True) -> ScanStop:
+        """Validate every record from ``start`` and say where and why the log ends."""
+        records = self.records(start, check_crc=check_crc)
+        for _ in records:
+            pass
+        invariant(records.stop is not None, "an unbounded scan ends with a ScanStop")
+        assert records.stop is not None
+        return records.stop
+
+    def _classify(self, mapped: MappedFile, position: int, error: Corruption | None) -> ScanStop:
+        offset = mapped.start_offset + position
+        after = position
+        if error is not None:
+            claimed = int.from_bytes(mapped.buf[position : position + 4], "big", signed=True) if position + 4 <= mapped.file_size_bytes else 0
+            after = min(position + max(claimed, END_FILE_MIN_BLANK_LENGTH), mapped.file_size_bytes)
+        data_end = self._last_data_offset(mapped, after)
+        if data_end is None:
+            if error is None:
+                return ScanStop(offset, StopReason.END)
+            own_end = mapped.last_nonzero_position(position)
+            return ScanStop(offset, StopReason.TORN, error, own_end - position)
+        if error is None:
+            error = Corruption(
+                f"zeros at commit log offset {offset} where a record should start, "
+                f"with data after them up to offset {data_end}",
+                offset=offset,
+            )
+        return ScanStop(offset, StopReason.CORRUPT, error, data_end - offset)
+
+    def _last_data_offset(self, mapped: MappedFile, position: int) -> int | None:
+        """The end of the last non-zero byte at or after ``position`` in this file and the
+        later ones, or None if they hold only zeros."""
+        index = self.files.index_of(mapped)
+        for later in reversed(self.files.files[index + 1 :]):
+            end = later.last_nonzero_position(0)
+            if end:
+                return later.start_offset + end
+        end = mapped.last_nonzero_position(position)
+        return mapped.start_offset + end if end > position else None
+
+    # Writing
+
+    def recover_write_position(self, start: int | None = None) -> ScanStop:
+        """Scan for the end, refuse corruption, cut a torn tail, and make the log writable
+        from there. Mid-log corruption is raised, never silently dropped."""
+        stop = self.scan(start)
+        if stop.reason is StopReason.CORRUPT:
+            assert stop.error is not None
+            raise stop.error
+        self.truncate(stop.end_offset)
+        return stop
+
+    def set_write_position(self, offset: int) -> None:
+        invariant(self.writable, "only a writable commit log has a write position")
+        self.write_offset = offset
+
+    def truncate(self, offset: int) -> None:
+        """Make ``offset`` the end of the log: zero what follows it in its file and delete
+        the later files."""
+        if not self.writable:
+            raise InvalidArgument("cannot truncate a read-only commit log")
+        self.files.delete_after(offset)
+        mapped = self.files.find(offset)
+        if mapped is not None:
+            position = offset - mapped.start_offset
+            if mapped.last_nonzero_position(position) > position:
+                mapped.zero(position)
+                mapped.flush()
+        self.write_offset = offset
+        self.flushed_offset = min(self.flushed_offset, offset)
+
+    def append(self, encoded: Sequence[bytearray], queue_offsets: Sequence[int]) -> list[int]:
+        """Append encoded records as one unit that never spans files (FORMAT.md §3.4).
+
+        Each record's PHYSICALOFFSET and QUEUEOFFSET are set where it lands. If the unit
+        and an 8-byte BLANK do not fit in the current file, the BLANK is written and the
+        unit goes to the start of a new file. Returns the records' commit log offsets.
+        """
+        invariant(self.write_offset is not None, "recover or set the write position before appending")
+        invariant(len(encoded) == len(queue_offsets), "one queue offset per record")
+        total = sum(len(data) for data in encoded)
+        if total + END_FILE_MIN_BLANK_LENGTH > self.file_size_bytes:
+            raise InvalidArgument(
+                f"{total} bytes of records cannot fit in a commit log file of {self.file_size_bytes} bytes"
+            )
+        assert self.write_offset is not None
+        mapped = self._file_for_write(self.write_offset)
+        position = self.write_offset - mapped.start_offset
+        room = self.file_size_bytes - position
+        if total + END_FILE_MIN_BLANK_LENGTH > room:
+            mapped.write(position, encode_blank(room))
+            self._dirty.add(mapped)
+            self.write_offset = mapped.end_offset
+            mapped = self._file_for_write(self.write_offset)
+            position = 0
+        offsets = []
+        for data, queue_offset in zip(encoded, queue_offsets):
+            offset = mapped.start_offset + position
+            patch_offsets(data, 0, queue_offset=queue_offset, commitlog_offset=offset)
+            mapped.write(position, data)
+            offsets.append(offset)
+            position += len(data)
+        self._dirty.add(mapped)
+        self.write_offset = mapped.start_offset + position
+        return offsets
+
+    def _file_for_write(self, offset: int) -> MappedFile:
+        mapped = self.files.find(offset)
+        if mapped is not None:
+            return mapped
+        invariant(offset % self.file_size_bytes == 0, "a new file starts at a file boundary")
+        return self.files.create(offset)
+
+    def flush(self) -> int:
+        """msync every file written since the last flush; returns the flushed offset."""
+        for mapped in sorted(self._dirty, key=lambda f: f.start_offset):
+            mapped.flush()
+        self._dirty.clear()
+        if self.write_offset is not None:
+            self.flushed_offset = self.write_offset
+        return self.flushed_offset
+
+    def close(self) -> None:
+        self.files.close()
+
+    def file_paths(self) -> list[str]:
+        return [os.path.join(self.directory, f.name) for f in self.files]

@@ -1,0 +1,292 @@
+"""Consume queues: one directory of 20-byte unit files per topic and queue (FORMAT.md §6)."""
+
+from __future__ import annotations
+
+import enum
+import os
+from collections.abc import Callable, Iterator
+
+from rmqstore.common.codec import consumequeue as cq
+from rmqstore.common.codec.topic import is_valid_topic
+from rmqstore.common.errors import Corruption, InvalidArgument, invariant
+from rmqstore.common.files.mapped import MappedFile, MappedFileQueue
+
+UNIT_SIZE = cq.UNIT_SIZE
+
+
+class Boundary(enum.Enum):
+    LOWER = "lower"  # the first message stored at or after t
+    UPPER = "upper"  # the last message stored at or before t
+
+
+class ConsumeQueue:
+    """One queue's files. Offsets are in units (messages); positions in bytes."""
+
+    def __init__(self, root: str, topic: str, queue_id: int, file_units: int = cq.DEFAULT_FILE_UNITS, *, writable: bool = False):
+        if file_units <= 0:
+            raise InvalidArgument(f"consume queue files need at least one unit, got {file_units}")
+        self.topic = topic
+        self.queue_id = queue_id
+        self.file_units = file_units
+        self.directory = os.path.join(root, topic, str(queue_id))
+        self.files = MappedFileQueue(self.directory, file_units * UNIT_SIZE, writable=writable)
+        self.writable = writable
+        self._end_position = 0
+        self._min_position = 0
+        self.max_commitlog_end = -1  # offset + size of the last unit: Apache's maxPhysicOffset
+        self._load_bounds()
+
+    # Bounds
+
+    def _load_bounds(self) -> None:
+        """Find the first invalid unit (the end) and the first non-filler unit (the min)."""
+        self._end_position = self.files.min_offset
+        self.max_commitlog_end = -1
+        for mapped in self.files:
+            end, last = self._valid_end(mapped)
+            self._end_position = mapped.start_offset + end
+            if last is not None:
+                self.max_commitlog_end = last.commitlog_offset + last.size
+            if end < mapped.file_size_bytes:
+                break
+        self._min_position = self._first_real_position()
+
+    @staticmethod
+    def _valid_end(mapped: MappedFile) -> tuple[int, cq.Unit | None]:
+        end = mapped.last_nonzero_position(0)
+        end += -end % UNIT_SIZE
+        last: cq.Unit | None = None
+        position = 0
+        for offset, size, tags in cq.UNIT.iter_unpack(mapped.buf[:end]):
+            if offset < 0 or size <= 0:
+                return position, last
+            last = cq.Unit(offset, size, tags)
+            position += UNIT_SIZE
+        return position, last
+
+    def _first_real_position(self) -> int:
+        first = self.files.first
+        if first is None:
+            return 0
+        position = first.start_offset
+        while position < self._end_position:
+            unit = self._unit_at(position)
+            if not unit.is_filler:
+                return position
+            position += UNIT_SIZE
+        return position
+
+    def refresh(self) -> None:
+        """Pick up units and files written since the last look (read-only followers)."""
+        self.files.refresh()
+        self._load_bounds()
+
+    @property
+    def min_offset(self) -> int:
+        return self._min_position // UNIT_SIZE
+
+    @property
+    def max_offset(self) -> int:
+        """One past the last unit (Apache's maxOffsetInQueue)."""
+        return self._end_position // UNIT_SIZE
+
+    # Reading
+
+    def _unit_at(self, position: int) -> cq.Unit:
+        mapped = self.files.find(position)
+        invariant(mapped is not None, "positions below the end lie in a file")
+        assert mapped is not None
+        return cq.decode_unit(mapped.buf, position - mapped.start_offset)
+
+    def read(self, queue_offset: int) -> cq.Unit | None:
+        """The unit at ``queue_offset``, or None outside [min, max) or on a filler."""
+        if not self.min_offset <= queue_offset < self.max_offset:
+            return None
+        unit = self._unit_at(queue_offset * UNIT_SIZE)
+        return None if unit.is_filler else unit
+
+    def units(self, start: int | None = None, stop: int | None = None) -> Iterator[tuple[int, cq.Unit]]:
+        """(queue offset, unit) for every real unit in [start, stop)."""
+        first = self.min_offset if start is None else max(start, self.min_offset)
+        last = self.max_offset if stop is None else min(stop, self.max_offset)
+        position = first * UNIT_SIZE
+        end = last * UNIT_SIZE
+        while position < end:
+            mapped = self.files.find(position)
+            assert mapped is not None
+            chunk_end = min(end, mapped.end_offset)
+            view = mapped.buf[position - mapped.start_offset : chunk_end - mapped.start_offset]
+            for offset, size, tags in cq.UNIT.iter_unpack(view):
+                unit = cq.Unit(offset, size, tags)
+                if not unit.is_filler:
+                    yield position // UNIT_SIZE, unit
+                position += UNIT_SIZE
+
+    def offset_by_time(
+        self,
+        timestamp_ms: int,
+        store_time_of: Callable[[cq.Unit], int],
+        boundary: Boundary = Boundary.LOWER,
+        *,
+        commitlog_min_offset: int = 0,
+    ) -> int:
+        """Binary search over the records' store times, independent of file mtimes.
+
+        LOWER: the first queue offset whose message was stored at or after ``timestamp_ms``
+        (max_offset if none). UPPER: the last one stored at or before it (min_offset − 1 if
+        none). Units pointing below ``commitlog_min_offset`` (expired) are skipped.
+        """
+        low = self.min_offset
+        high = self.max_offset
+        while low < high and (unit := self.read(low)) is not None and unit.commitlog_offset < commitlog_min_offset:
+            low += 1
+        if boundary is Boundary.LOWER:
+            # first offset in [low, high) with time >= t
+            while low < high:
+                mid = (low + high) // 2
+                unit = self.read(mid)
+                assert unit is not None
+                if store_time_of(unit) >= timestamp_ms:
+                    high = mid
+                else:
+                    low = mid + 1
+            return low
+        first = low
+        while low < high:
+            mid = (low + high) // 2
+            unit = self.read(mid)
+            assert unit is not None
+            if store_time_of(unit) > timestamp_ms:
+                high = mid
+            else:
+                low = mid + 1
+        return low - 1 if low > first else first - 1
+
+    # Writing
+
+    def append(self, queue_offset: int, unit: bytes) -> bool:
+        """Write ``unit`` at ``queue_offset``. Returns False if that offset is already
+        written (re-dispatch is idempotent). A queue whose first unit is not at offset 0
+        starts with filler units, as Apache's fillPreBlank writes them."""
+        invariant(self.writable, "append needs a writable consume queue")
+        position = queue_offset * UNIT_SIZE
+        if position < self._end_position:
+            return False
+        if self.files.last is None:
+            start = position - position % self.files.file_size_bytes
+            mapped = self.files.create(start)
+            self._end_position = self._min_position = start
+            if position > start:
+                mapped.write(0, cq.FILLER * ((position - start) // UNIT_SIZE))
+                self._end_position = position
+                self._min_position = position
+        if position != self._end_position:
+            raise Corruption(
+                f"consume queue {self.topic}/{self.queue_id} ends at offset {self.max_offset}; "
+                f"cannot write offset {queue_offset}",
+                offset=queue_offset,
+            )
+        mapped = self.files.find(position)
+        if mapped is None:
+            mapped = self.files.create(position)
+        mapped.write(position - mapped.start_offset, unit)
+        self._end_position = position + UNIT_SIZE
+        offset, size, _ = cq.UNIT.unpack(unit)
+        self.max_commitlog_end = offset + size
+        return True
+
+    def truncate_to_commitlog(self, commitlog_offset: int) -> None:
+        """Drop every unit pointing at or past ``commitlog_offset`` (truncateDirtyLogicFiles),
+        zeroing the dropped bytes so no stale unit can come back."""
+        invariant(self.writable, "truncate needs a writable consume queue")
+        keep = self._min_position
+        for queue_offset, unit in self.units():
+            if unit.commitlog_offset >= commitlog_offset:
+                break
+            keep = (queue_offset + 1) * UNIT_SIZE
+        if keep >= self._end_position:
+            return
+        self.files.delete_after(keep - 1)
+        holder = self.files.find(keep)
+        if holder is not None:
+            holder.zero(keep - holder.start_offset)
+        self._load_bounds()
+
+    def flush(self) -> None:
+        self.files.flush()
+
+    def close(self) -> None:
+        self.files.close()
+
+
+class ConsumeQueueSet:
+    """Every consume queue under ``<store>/consumequeue``, opened as needed."""
+
+    def __init__(self, root: str, file_units: int = cq.DEFAULT_FILE_UNITS, *, writable: bool = False):
+        self.root = root
+        self.file_units = file_units
+        self.writable = writable
+        self.queues: dict[tuple[str, int], ConsumeQueue] = {}
+
+    def discover(self) -> list[tuple[str, int]]:
+        """(topic, queue id) of every queue directory on disk, skipping names that are
+        not valid topics or queue ids (they can never be ours)."""
+        found: list[tuple[str, int]] = []
+        try:
+            topics = os.listdir(self.root)
+        except FileNotFoundError:
+            return found
+        for topic in topics:
+            topic_dir = os.path.join(self.root, topic)
+            if not is_valid_topic(topic) or not os.path.isdir(topic_dir):
+                continue
+            for name in os.listdir(topic_dir):
+                if name.isdigit() and name.isascii() and os.path.isdir(os.path.join(topic_dir, name)):
+                    found.append((topic, int(name)))
+        return found
+
+    def open_all(self) -> list[ConsumeQueue]:
+        for topic, queue_id in self.discover():
+            self.get(topic, queue_id)
+        return [self.queues[key] for key in sorted(self.queues)]
+
+    def get(self, topic: str, queue_id: int) -> ConsumeQueue:
+        key = (topic, queue_id)
+        queue = self.queues.get(key)
+        if queue is None:
+            queue = ConsumeQueue(self.root, topic, queue_id, self.file_units, writable=self.writable)
+            self.queues[key] = queue
+        return queue
+
+    def find(self, topic: str, queue_id: int) -> ConsumeQueue | None:
+        """The queue if it exists on disk or was opened, else None (never creates)."""
+        if (topic, queue_id) in self.queues:
+            return self.queues[(topic, queue_id)]
+        if is_valid_topic(topic) and os.path.isdir(os.path.join(self.root, topic, str(queue_id))):
+            return self.get(topic, queue_id)
+        return None
+
+    def flush(self) -> None:
+        for queue in self.queues.values():
+            queue.flush()
+
+    def close(self) -> None:
+        for queue in self.queues.values():
+            queue.close()
+        self.queues.clear()
+
+
+def infer_file_units(root: str) -> int | None:
+    """The unit count of the consume queue files on disk, if any exist and agree."""
+    sizes = set()
+    for dirpath, _, names in os.walk(root):
+        for name in names:
+            if len(name) == 20 and name.isdigit():
+                sizes.add(os.path.getsize(os.path.join(dirpath, name)))
+    if not sizes:
+        return None
+    if len(sizes) > 1 or next(iter(sizes)) % UNIT_SIZE:
+        raise Corruption(f"consume queue files under {root} have sizes {sorted(sizes)}", path=root)
+    return next(iter(sizes)) // UNIT_SIZE
+
+

@@ -1,0 +1,300 @@
+"""Index files: hash slots and chained entries, newest file last (FORMAT.md §7).
+
+:class:`IndexFile` writes exactly the bytes Apache's IndexFile writes, first-entry time
+quirk included (FORMAT.md §15 flaw 3a), so reindexed files are byte-identical.
+:class:`IndexFileList` is IndexService: which file a key goes to, when a new file starts,
+and Apache's lookup (``query_offsets``). Exact, complete lookups build on :meth:`chain`.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import struct
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from rmqstore.common.codec import index as ix
+from rmqstore.common.codec.dispatch import DispatchPlan
+from rmqstore.common.codec.javahash import index_key, index_key_hash
+from rmqstore.common.errors import Corruption, invariant
+from rmqstore.common.files.mapped import MappedFile, fsync_directory
+
+MAX_MSGS_NUM_BATCH = 64
+_INT64 = struct.Struct(">q")
+_HEADER_BEGIN_TIMESTAMP = 0
+_HEADER_END_TIMESTAMP = 8
+_HEADER_BEGIN_PHY_OFFSET = 16
+_HEADER_END_PHY_OFFSET = 24
+
+
+class IndexFile:
+    """One index file. The header lives in the mapped bytes; writes go straight there."""
+
+    def __init__(self, mapped: MappedFile, slots: int, entries: int):
+        ix.check_geometry(slots, entries)
+        self.mapped = mapped
+        self.slots = slots
+        self.entries = entries
+        self.path = mapped.path
+        header = self.header
+        self._index_count = max(header.index_count, 1)
+        self._hash_slot_count = header.hash_slot_count
+        self._begin_ts = header.begin_timestamp_ms
+
+    @classmethod
+    def open(cls, path: str, slots: int, entries: int, *, writable: bool) -> IndexFile:
+        size = ix.file_size(slots, entries)
+        actual = os.path.getsize(path)
+        if actual != size:
+            raise Corruption(
+                f"index file {path} is {actual} bytes, but {slots} slots and {entries} entries "
+                f"make {size}; pass the store's --index-slots and --index-entries",
+                path=path,
+            )
+        return cls(MappedFile(path, size, 0, writable=writable), slots, entries)
+
+    @classmethod
+    def create(cls, path: str, slots: int, entries: int, *, prev_end_phy_offset: int, prev_end_timestamp_ms: int) -> IndexFile:
+        """A new file whose header starts at the previous file's end (FORMAT.md §7.6)."""
+        mapped = MappedFile.create(path, ix.file_size(slots, entries), 0)
+        if prev_end_phy_offset > 0:
+            mapped.write(_HEADER_BEGIN_PHY_OFFSET, _INT64.pack(prev_end_phy_offset))
+            mapped.write(_HEADER_END_PHY_OFFSET, _INT64.pack(prev_end_phy_offset))
+        if prev_end_timestamp_ms > 0:
+            mapped.write(_HEADER_BEGIN_TIMESTAMP, _INT64.pack(prev_end_timestamp_ms))
+            mapped.write(_HEADER_END_TIMESTAMP, _INT64.pack(prev_end_timestamp_ms))
+        return cls(mapped, slots, entries)
+
+    @property
+    def name(self) -> str:
+        return os.path.basename(self.path)
+
+    @property
+    def header(self) -> ix.Header:
+        return ix.decode_header(self.mapped.buf)
+
+    @property
+    def index_count(self) -> int:
+        """Next entry number (≥ 1); entries 1 … index_count − 1 are in use."""
+        return self._index_count
+
+    @property
+    def is_full(self) -> bool:
+        return self._index_count >= self.entries
+
+    @property
+    def end_phy_offset(self) -> int:
+        return self.header.end_phy_offset
+
+    @property
+    def end_timestamp_ms(self) -> int:
+        return self.header.end_timestamp_ms
+
+    def put_key(self, key_hash: int, phy_offset: int, store_timestamp_ms: int) -> bool:
+        """IndexFile.putKey; False when the file is full (the caller rolls over)."""
+        if self._index_count >= self.entries:
+            return False
+        buf = self.mapped.buf
+        slot_position = ix.slot_position(key_hash % self.slots)
+        (slot_value,) = ix.SLOT.unpack_from(buf, slot_position)
+        if slot_value <= 0 or slot_value > self._index_count:
+            slot_value = 0
+        time_diff = ix.time_diff_s(store_timestamp_ms, self._begin_ts)
+        number = self._index_count
+        entry = ix.ENTRY.pack(key_hash, phy_offset, time_diff, slot_value)
+        self.mapped.write(ix.entry_position(self.slots, number), entry)
+        self.mapped.write(slot_position, ix.SLOT.pack(number))
+        if number <= 1:
+            self._begin_ts = store_timestamp_ms
+            self.mapped.write(_HEADER_BEGIN_PHY_OFFSET, _INT64.pack(phy_offset))
+            self.mapped.write(_HEADER_BEGIN_TIMESTAMP, _INT64.pack(store_timestamp_ms))
+        if slot_value == 0:
+            self._hash_slot_count += 1
+            self.mapped.write(ix.HEADER_OFFSET_HASH_SLOT_COUNT, ix.SLOT.pack(self._hash_slot_count))
+        self._index_count += 1
+        self.mapped.write(ix.HEADER_OFFSET_INDEX_COUNT, ix.SLOT.pack(self._index_count))
+        self.mapped.write(_HEADER_END_PHY_OFFSET, _INT64.pack(phy_offset))
+        self.mapped.write(_HEADER_END_TIMESTAMP, _INT64.pack(store_timestamp_ms))
+        return True
+
+    def entry(self, number: int) -> ix.Entry:
+        invariant(0 < number < self.entries, "entry numbers lie in the file")
+        return ix.decode_entry(self.mapped.buf, ix.entry_position(self.slots, number))
+
+    def chain(self, key_hash: int) -> Iterator[tuple[int, ix.Entry]]:
+        """(entry number, entry) along the slot's chain, newest first, with Apache's stop
+        rules against loops and stale links. Entries of other hashes in the slot are
+        included: callers compare ``key_hash`` themselves."""
+        count = max(self.header.index_count, 1)
+        (number,) = ix.SLOT.unpack_from(self.mapped.buf, ix.slot_position(key_hash % self.slots))
+        if number <= 0 or number > count or count <= 1:
+            return
+        for _ in range(count):
+            if number >= self.entries:
+                return
+            entry = self.entry(number)
+            yield number, entry
+            if entry.prev_index <= 0 or entry.prev_index > count or entry.prev_index == number:
+                return
+            number = entry.prev_index
+
+    def select_phy_offsets(self, key_hash: int, max_num: int, begin_ms: int, end_ms: int, out: list[int]) -> None:
+        """IndexFile.selectPhyOffset, exactly: hash-only matching on second-rounded times."""
+        begin_ts = self.header.begin_timestamp_ms
+        for _, entry in self.chain(key_hash):
+            if len(out) >= max_num or entry.time_diff_s < 0:
+                return
+            time_read = begin_ts + entry.time_diff_s * 1000
+            if entry.key_hash == key_hash and begin_ms <= time_read <= end_ms:
+                out.append(entry.phy_offset)
+            if time_read < begin_ms:
+                return
+
+    def time_matched(self, begin_ms: int, end_ms: int) -> bool:
+        """IndexFile.isTimeMatched against the header's [begin, end]."""
+        header = self.header
+        b, e = header.begin_timestamp_ms, header.end_timestamp_ms
+        return (begin_ms < b and end_ms > e) or (b <= begin_ms <= e) or (b <= end_ms <= e)
+
+    def flush(self) -> None:
+        self.mapped.flush()
+
+    def close(self) -> None:
+        self.mapped.close()
+
+
+@dataclass(frozen=True, slots=True)
+class QueryOffsetResult:
+    phy_offsets: list[int]
+    index_last_update_timestamp_ms: int
+    index_last_update_phy_offset: int
+
+
+class IndexFileList:
+    """``<store>/index``: the files oldest first, and IndexService's rules over them."""
+
+    def __init__(
+        self,
+        directory: str,
+        slots: int = ix.DEFAULT_SLOTS,
+        entries: int = ix.DEFAULT_ENTRIES,
+        *,
+        writable: bool = False,
+        zone: dt.tzinfo | None = None,
+    ):
+        ix.check_geometry(slots, entries)
+        self.directory = directory
+        self.slots = slots
+        self.entries = entries
+        self.writable = writable
+        self.zone = zone
+        self.files: list[IndexFile] = []
+        self.created: list[IndexFile] = []  # files this instance created, for the checkpoint
+        self.refresh()
+
+    def refresh(self) -> bool:
+        """Open files that appeared since the last look (read-only followers)."""
+        try:
+            names = sorted(n for n in os.listdir(self.directory) if ix.is_file_name(n))
+        except FileNotFoundError:
+            names = []
+        known = {f.name: f for f in self.files}
+        for gone in set(known) - set(names):
+            known.pop(gone).close()
+        changed = False
+        for name in names:
+            if name not in known:
+                known[name] = IndexFile.open(
+                    os.path.join(self.directory, name), self.slots, self.entries, writable=self.writable
+                )
+                changed = True
+        self.files = [known[name] for name in names]
+        return changed
+
+    def _new_file(self, first_timestamp_ms: int) -> IndexFile:
+        """Roll over: a new file named by the time of the record that needs it, strictly
+        after the last name, starting at the previous file's end."""
+        os.makedirs(self.directory, exist_ok=True)
+        previous = self.files[-1] if self.files else None
+        stamp = max(first_timestamp_ms, 0)
+        name = ix.file_name(stamp, self.zone)
+        while previous is not None and name <= previous.name:
+            stamp += 1
+            name = ix.file_name(stamp, self.zone)
+        created = IndexFile.create(
+            os.path.join(self.directory, name),
+            self.slots,
+            self.entries,
+            prev_end_phy_offset=previous.end_phy_offset if previous else 0,
+            prev_end_timestamp_ms=previous.end_timestamp_ms if previous else 0,
+        )
+        fsync_directory(self.directory)
+        if previous is not None:
+            previous.flush()
+        self.files.append(created)
+        self.created.append(created)
+        return created
+
+    def _writable_last(self, timestamp_ms: int) -> IndexFile:
+        last = self.files[-1] if self.files else None
+        if last is None or last.is_full:
+            return self._new_file(timestamp_ms)
+        return last
+
+    def build_index(self, plan: DispatchPlan) -> int:
+        """IndexService.buildIndex for one record; returns the number of keys put."""
+        invariant(self.writable, "build_index needs a writable index")
+        target = self._writable_last(plan.store_timestamp_ms)
+        if plan.commitlog_offset < target.end_phy_offset:
+            return 0
+        put = 0
+        for key in plan.index_keys:
+            key_hash = index_key_hash(key)
+            while not target.put_key(key_hash, plan.commitlog_offset, plan.store_timestamp_ms):
+                target = self._writable_last(plan.store_timestamp_ms)
+            put += 1
+        return put
+
+    @property
+    def last_full_end_timestamp_ms(self) -> int:
+        """endTimestamp of the newest full file: the checkpoint's indexMsgTimestamp."""
+        for index_file in reversed(self.files):
+            if index_file.is_full:
+                return index_file.end_timestamp_ms
+        return 0
+
+    def query_offsets(self, topic: str, key: str, max_num: int, begin_ms: int, end_ms: int) -> QueryOffsetResult:
+        """IndexService.queryOffset, exactly as Apache answers (hash-only, capped, in
+        newest-file-first chain order). The caller applies maxMsgsNumBatch."""
+        offsets: list[int] = []
+        last_ts = last_phy = 0
+        key_hash = index_key_hash(index_key(topic, key))
+        for position, index_file in enumerate(reversed(self.files)):
+            header = index_file.header
+            if position == 0:
+                last_ts, last_phy = header.end_timestamp_ms, header.end_phy_offset
+            if index_file.time_matched(begin_ms, end_ms):
+                index_file.select_phy_offsets(key_hash, max_num, begin_ms, end_ms, offsets)
+            if header.begin_timestamp_ms < begin_ms or len(offsets) >= max_num:
+                break
+        return QueryOffsetResult(offsets, last_ts, last_phy)
+
+    def candidates(self, topic: str, key: str) -> Iterator[int]:
+        """Every commit log offset whose index entry has the key's hash, newest file
+        first, with no cap and no time filter. Callers read each record and keep the real
+        matches (hash collisions and other topics share chains)."""
+        key_hash = index_key_hash(index_key(topic, key))
+        for index_file in reversed(self.files):
+            for _, entry in index_file.chain(key_hash):
+                if entry.key_hash == key_hash:
+                    yield entry.phy_offset
+
+    def flush(self) -> None:
+        for index_file in self.files:
+            index_file.flush()
+
+    def close(self) -> None:
+        for index_file in self.files:
+            index_file.close()
+        self.files = []

@@ -1,0 +1,255 @@
+"""Fixed-size memory-mapped files named by their start offset (FORMAT.md §4).
+
+A :class:`MappedFile` is one file of exactly ``file_size_bytes``; a
+:class:`MappedFileQueue` is a directory of them named by 20-digit start offsets, each
+``file_size_bytes`` after the previous one. Read-only views map with ``ACCESS_READ`` and
+open the file ``O_RDONLY``: they never write and work on directories they cannot write to.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+from collections.abc import Iterator
+
+from rmqstore.common.errors import Corruption, InvalidArgument, ReadOnly, invariant
+
+NAME_DIGITS = 20
+_ZERO_CHUNK_BYTES = 1 << 20
+
+
+def offset_name(offset: int) -> str:
+    """A commit log / consume queue file name: the start offset, 20 digits."""
+    invariant(offset >= 0, "file offsets are never negative")
+    return f"{offset:0{NAME_DIGITS}d}"
+
+
+def fsync_directory(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class MappedFile:
+    """One fixed-size file, memory-mapped for reading or for reading and writing."""
+
+    def __init__(self, path: str, file_size_bytes: int, start_offset: int, *, writable: bool):
+        self.path = path
+        self.file_size_bytes = file_size_bytes
+        self.start_offset = start_offset
+        self.writable = writable
+        fd = os.open(path, os.O_RDWR if writable else os.O_RDONLY)
+        try:
+            actual = os.fstat(fd).st_size
+            if actual != file_size_bytes:
+                raise Corruption(
+                    f"{path} is {actual} bytes; files here must be exactly {file_size_bytes}",
+                    path=path,
+                )
+            access = mmap.ACCESS_WRITE if writable else mmap.ACCESS_READ
+            self._mmap = mmap.mmap(fd, file_size_bytes, access=access)
+        finally:
+            os.close(fd)
+        self.buf = memoryview(self._mmap)
+        if not writable:
+            self.buf = self.buf.toreadonly()
+
+    @classmethod
+    def create(cls, path: str, file_size_bytes: int, start_offset: int) -> MappedFile:
+        """Create a new zero-filled (sparse) file of the full size and map it writable."""
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            os.ftruncate(fd, file_size_bytes)
+        finally:
+            os.close(fd)
+        fsync_directory(os.path.dirname(path) or ".")
+        return cls(path, file_size_bytes, start_offset, writable=True)
+
+    @property
+    def end_offset(self) -> int:
+        return self.start_offset + self.file_size_bytes
+
+    @property
+    def name(self) -> str:
+        return os.path.basename(self.path)
+
+    def write(self, position: int, data: bytes | bytearray | memoryview) -> None:
+        if not self.writable:
+            raise ReadOnly(f"{self.path} is mapped read-only")
+        invariant(0 <= position and position + len(data) <= self.file_size_bytes, "write past file end")
+        self._mmap[position : position + len(data)] = data
+
+    def zero(self, position: int, end: int | None = None) -> None:
+        """Zero ``[position, end)`` (default: to the end of the file)."""
+        end = self.file_size_bytes if end is None else end
+        for start in range(position, end, _ZERO_CHUNK_BYTES):
+            stop = min(start + _ZERO_CHUNK_BYTES, end)
+            self.write(start, bytes(stop - start))
+
+    def last_nonzero_position(self, start: int = 0) -> int:
+        """One past the last non-zero byte at or after ``start``; ``start`` if there is none."""
+        end = self.file_size_bytes
+        while end > start:
+            chunk_start = max(start, end - _ZERO_CHUNK_BYTES)
+            stripped = bytes(self.buf[chunk_start:end]).rstrip(b"\x00")
+            if stripped:
+                return chunk_start + len(stripped)
+            end = chunk_start
+        return start
+
+    def flush(self) -> None:
+        if self.writable:
+            self._mmap.flush()
+
+    def close(self) -> None:
+        self.buf.release()
+        self._mmap.close()
+
+    def __repr__(self) -> str:
+        mode = "rw" if self.writable else "ro"
+        return f"MappedFile({self.path!r}, {mode})"
+
+
+class MappedFileQueue:
+    """A directory of fixed-size files named by their 20-digit start offset."""
+
+    def __init__(self, directory: str, file_size_bytes: int, *, writable: bool):
+        if file_size_bytes <= 0:
+            raise InvalidArgument(f"file size must be positive, got {file_size_bytes}")
+        self.directory = directory
+        self.file_size_bytes = file_size_bytes
+        self.writable = writable
+        self.files: list[MappedFile] = []
+        self.refresh()
+
+    def _names_on_disk(self) -> list[tuple[int, str]]:
+        try:
+            entries = os.listdir(self.directory)
+        except FileNotFoundError:
+            return []
+        named: list[tuple[int, str]] = []
+        for name in entries:
+            if name.startswith("."):
+                continue
+            if len(name) != NAME_DIGITS or not name.isdigit() or not name.isascii():
+                raise Corruption(
+                    f"unexpected file {name!r} in {self.directory}: names must be 20-digit offsets",
+                    path=os.path.join(self.directory, name),
+                )
+            named.append((int(name), name))
+        named.sort()
+        return named
+
+    def refresh(self) -> bool:
+        """Map files that appeared since the last look (a read-only view following a
+        writer). Returns True if the set of files changed."""
+        known = {f.start_offset for f in self.files}
+        on_disk = self._names_on_disk()
+        added = False
+        for start, name in on_disk:
+            if start in known:
+                continue
+            if start % self.file_size_bytes:
+                raise Corruption(
+                    f"{name} in {self.directory} is not a multiple of the file size "
+                    f"{self.file_size_bytes}",
+                    path=os.path.join(self.directory, name),
+                )
+            self.files.append(
+                MappedFile(
+                    os.path.join(self.directory, name), self.file_size_bytes, start, writable=self.writable
+                )
+            )
+            added = True
+        present = {start for start, _ in on_disk}
+        removed = [f for f in self.files if f.start_offset not in present]
+        for f in removed:
+            f.close()
+        self.files = sorted((f for f in self.files if f.start_offset in present), key=lambda f: f.start_offset)
+        for before, after in zip(self.files, self.files[1:]):
+            if after.start_offset != before.end_offset:
+                raise Corruption(
+                    f"gap in {self.directory}: {before.name} is followed by {after.name}",
+                    path=after.path,
+                )
+        return added or bool(removed)
+
+    def __iter__(self) -> Iterator[MappedFile]:
+        return iter(self.files)
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    @property
+    def first(self) -> MappedFile | None:
+        return self.files[0] if self.files else None
+
+    @property
+    def last(self) -> MappedFile | None:
+        return self.files[-1] if self.files else None
+
+    @property
+    def min_offset(self) -> int:
+        return self.files[0].start_offset if self.files else 0
+
+    def find(self, offset: int) -> MappedFile | None:
+        """The file holding ``offset``, or None if no file does."""
+        if not self.files or offset < self.files[0].start_offset:
+            return None
+        index = (offset - self.files[0].start_offset) // self.file_size_bytes
+        if index >= len(self.files):
+            return None
+        found = self.files[index]
+        invariant(found.start_offset <= offset < found.end_offset, "files are contiguous")
+        return found
+
+    def index_of(self, mapped: MappedFile) -> int:
+        return (mapped.start_offset - self.files[0].start_offset) // self.file_size_bytes
+
+    def create(self, start_offset: int) -> MappedFile:
+        """Create the file that starts at ``start_offset`` (right after the last one)."""
+        if not self.writable:
+            raise ReadOnly(f"{self.directory} is open read-only")
+        invariant(start_offset % self.file_size_bytes == 0, "file starts are aligned")
+        invariant(not self.files or start_offset == self.files[-1].end_offset, "files stay contiguous")
+        os.makedirs(self.directory, exist_ok=True)
+        mapped = MappedFile.create(
+            os.path.join(self.directory, offset_name(start_offset)), self.file_size_bytes, start_offset
+        )
+        self.files.append(mapped)
+        return mapped
+
+    def delete_after(self, offset: int) -> list[str]:
+        """Delete every file that starts after ``offset`` (truncation keeps the file that
+        holds it, and a file starting exactly at it)."""
+        if not self.writable:
+            raise ReadOnly(f"{self.directory} is open read-only")
+        return self._delete([f for f in self.files if f.start_offset > offset])
+
+    def delete_first(self, count: int) -> list[str]:
+        """Delete the ``count`` oldest files (retention)."""
+        if not self.writable:
+            raise ReadOnly(f"{self.directory} is open read-only")
+        return self._delete(self.files[:count])
+
+    def _delete(self, doomed: list[MappedFile]) -> list[str]:
+        paths = []
+        for mapped in doomed:
+            mapped.close()
+            os.unlink(mapped.path)
+            paths.append(mapped.path)
+        if doomed:
+            self.files = [f for f in self.files if f not in doomed]
+            fsync_directory(self.directory)
+        return paths
+
+    def flush(self) -> None:
+        for mapped in self.files:
+            mapped.flush()
+
+    def close(self) -> None:
+        for mapped in self.files:
+            mapped.close()
+        self.files = []

@@ -1,0 +1,178 @@
+"""A store directory: its layout, its sizes, and dispatch into its queues and index."""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+from dataclasses import dataclass
+
+from rmqstore.common.codec import consumequeue as cq
+from rmqstore.common.codec import index as ix
+from rmqstore.common.codec.dispatch import DEFAULT_DELAY_LEVELS_MS, DispatchPlan, plan_dispatch
+from rmqstore.common.codec.record import Record
+from rmqstore.common.errors import Corruption, InvalidArgument
+from rmqstore.common.files.commitlog import DEFAULT_FILE_SIZE_BYTES, CommitLog, ScanStop
+from rmqstore.common.files.consumequeue import ConsumeQueueSet, infer_file_units
+from rmqstore.common.files.index import IndexFileList
+
+
+@dataclass(frozen=True, slots=True)
+class StorePaths:
+    """FORMAT.md §1."""
+
+    root: str
+
+    @property
+    def commitlog(self) -> str:
+        return os.path.join(self.root, "commitlog")
+
+    @property
+    def consumequeue(self) -> str:
+        return os.path.join(self.root, "consumequeue")
+
+    @property
+    def index(self) -> str:
+        return os.path.join(self.root, "index")
+
+    @property
+    def checkpoint(self) -> str:
+        return os.path.join(self.root, "checkpoint")
+
+    @property
+    def abort(self) -> str:
+        return os.path.join(self.root, "abort")
+
+    @property
+    def lock(self) -> str:
+        return os.path.join(self.root, "lock")
+
+    @property
+    def config(self) -> str:
+        return os.path.join(self.root, "config")
+
+
+@dataclass(frozen=True, slots=True)
+class StoreSizes:
+    """File geometry; RocketMQ's defaults (FORMAT.md §11) unless set."""
+
+    commitlog_file_size_bytes: int = DEFAULT_FILE_SIZE_BYTES
+    cq_file_units: int = cq.DEFAULT_FILE_UNITS
+    index_slots: int = ix.DEFAULT_SLOTS
+    index_entries: int = ix.DEFAULT_ENTRIES
+
+    def __post_init__(self) -> None:
+        if self.commitlog_file_size_bytes < 1024:
+            raise InvalidArgument(f"commit log files must be at least 1024 bytes, got {self.commitlog_file_size_bytes}")
+        if self.cq_file_units <= 0:
+            raise InvalidArgument(f"consume queue files need at least one unit, got {self.cq_file_units}")
+        ix.check_geometry(self.index_slots, self.index_entries)
+
+
+def infer_commitlog_file_size(directory: str) -> int | None:
+    """The size of the commit log files on disk, if any exist and agree."""
+    try:
+        names = [n for n in os.listdir(directory) if len(n) == 20 and n.isdigit()]
+    except FileNotFoundError:
+        return None
+    sizes = {os.path.getsize(os.path.join(directory, n)) for n in names}
+    if not sizes:
+        return None
+    if len(sizes) > 1:
+        raise Corruption(f"commit log files in {directory} have different sizes {sorted(sizes)}", path=directory)
+    return sizes.pop()
+
+
+def resolve_sizes(
+    root: str,
+    *,
+    commitlog_file_size_bytes: int | None = None,
+    cq_file_units: int | None = None,
+    index_slots: int | None = None,
+    index_entries: int | None = None,
+) -> StoreSizes:
+    """Sizes given explicitly win; otherwise the sizes of the files on disk; otherwise
+    RocketMQ's defaults. Index geometry cannot be read off a file (its size has two
+    unknowns), so it is the default unless given."""
+    paths = StorePaths(root)
+    defaults = StoreSizes()
+    return StoreSizes(
+        commitlog_file_size_bytes=commitlog_file_size_bytes
+        or infer_commitlog_file_size(paths.commitlog)
+        or defaults.commitlog_file_size_bytes,
+        cq_file_units=cq_file_units or infer_file_units(paths.consumequeue) or defaults.cq_file_units,
+        index_slots=index_slots or defaults.index_slots,
+        index_entries=index_entries or defaults.index_entries,
+    )
+
+
+class Dispatcher:
+    """Applies dispatch plans to a writable set of consume queues and an index."""
+
+    def __init__(
+        self,
+        queues: ConsumeQueueSet,
+        index: IndexFileList | None,
+        delay_levels_ms: dict[int, int] = DEFAULT_DELAY_LEVELS_MS,
+    ):
+        self.queues = queues
+        self.index = index
+        self.delay_levels_ms = delay_levels_ms
+        self.last_dispatched_timestamp_ms = 0
+
+    def dispatch(self, record: Record) -> DispatchPlan:
+        plan = plan_dispatch(record, self.delay_levels_ms)
+        self.apply(plan)
+        return plan
+
+    def apply(self, plan: DispatchPlan) -> None:
+        if plan.has_unit:
+            queue = self.queues.get(plan.topic, plan.queue_id)
+            queue.append(plan.queue_offset, cq.encode_unit(plan.commitlog_offset, plan.size, plan.tags_code))
+            self.last_dispatched_timestamp_ms = plan.store_timestamp_ms
+        if self.index is not None:
+            self.index.build_index(plan)
+
+    def flush(self) -> None:
+        self.queues.flush()
+        if self.index is not None:
+            self.index.flush()
+
+
+@dataclass(frozen=True, slots=True)
+class ReindexResult:
+    records: int
+    stop: ScanStop
+
+
+def reindex(
+    source_root: str,
+    out_root: str,
+    sizes: StoreSizes,
+    *,
+    zone: dt.tzinfo | None = None,
+) -> ReindexResult:
+    """Rebuild ``consumequeue/`` and ``index/`` under ``out_root`` from the commit log of
+    ``source_root`` through the one dispatch definition, up to the end of its valid
+    records. The result says how many records went in and where the log ended."""
+    source = StorePaths(source_root)
+    out = StorePaths(out_root)
+    for existing in (out.consumequeue, out.index):
+        if os.path.exists(existing) and os.listdir(existing):
+            raise InvalidArgument(f"{existing} already exists and is not empty")
+    log = CommitLog(source.commitlog, sizes.commitlog_file_size_bytes)
+    queues = ConsumeQueueSet(out.consumequeue, sizes.cq_file_units, writable=True)
+    index = IndexFileList(out.index, sizes.index_slots, sizes.index_entries, writable=True, zone=zone)
+    dispatcher = Dispatcher(queues, index)
+    count = 0
+    try:
+        records = log.records()
+        for record in records:
+            dispatcher.dispatch(record)
+            count += 1
+        dispatcher.flush()
+    finally:
+        log.close()
+        queues.close()
+        index.close()
+    assert records.stop is not None
+    return ReindexResult(count, records.stop)

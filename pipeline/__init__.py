@@ -1,0 +1,1 @@
+"""The PySpark pipeline over commit logs: data source, reindex, export, load, stats."""

@@ -1,0 +1,1 @@
+"""The writer node: append, flush, dispatch, recovery, retention and its gRPC service."""

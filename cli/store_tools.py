@@ -1,0 +1,219 @@
+"""Offline tools over a store directory: dump, reindex, inspect, check (no server)."""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import sys
+from typing import Any, TextIO
+
+from rmqstore.common.codec.javahash import java_hashmap_order
+from rmqstore.common.codec.msgid import offset_msg_id
+from rmqstore.common.codec.record import Record
+from rmqstore.common.files.check import check_store
+from rmqstore.common.files.commitlog import CommitLog, StopReason
+from rmqstore.common.files.consumequeue import ConsumeQueueSet
+from rmqstore.common.files.inspect import inspect_store
+from rmqstore.common.files.store import StorePaths, StoreSizes, reindex, resolve_sizes
+
+EXIT_OK = 0
+EXIT_DISAGREE = 1
+
+
+def add_size_options(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("store sizes (default: the files' own sizes, else RocketMQ's defaults)")
+    group.add_argument("--commitlog-file-size", type=int, metavar="BYTES", help="commit log file size (default 1073741824)")
+    group.add_argument("--cq-file-units", type=int, metavar="K", help="units per consume queue file (default 300000)")
+    group.add_argument("--index-slots", type=int, metavar="N", help="hash slots per index file (default 5000000)")
+    group.add_argument("--index-entries", type=int, metavar="M", help="entries per index file (default 20000000)")
+
+
+def sizes_from(args: argparse.Namespace, root: str) -> StoreSizes:
+    return resolve_sizes(
+        root,
+        commitlog_file_size_bytes=args.commitlog_file_size,
+        cq_file_units=args.cq_file_units,
+        index_slots=args.index_slots,
+        index_entries=args.index_entries,
+    )
+
+
+def record_dump(record: Record) -> dict[str, Any]:
+    """A record with the field names and value formats of Apache's lookMessageByOffset
+    dump (fixtures' *-commitlog-dump.jsonl)."""
+    return {
+        "commitLogOffset": record.commitlog_offset,
+        "size": record.size,
+        "msgId": offset_msg_id(record.store_host, record.commitlog_offset),
+        "topic": record.topic,
+        "queueId": record.queue_id,
+        "queueOffset": record.queue_offset,
+        "sysFlag": record.sys_flag,
+        "flag": record.flag,
+        "bodyCRC": record.body_crc,
+        "bornTimestamp": record.born_timestamp_ms,
+        "storeTimestamp": record.store_timestamp_ms,
+        "bornHost": record.born_host.java_text(),
+        "storeHost": record.store_host.java_text(),
+        "reconsumeTimes": record.reconsume_times,
+        "preparedTransactionOffset": record.prepared_transaction_offset,
+        "bodyLen": len(record.body),
+        "bodySha256": hashlib.sha256(record.body).hexdigest(),
+        "properties": dict(sorted(record.properties.items())),
+    }
+
+
+def _line(out: TextIO, obj: dict[str, Any]) -> None:
+    out.write(json.dumps(obj, ensure_ascii=False))
+    out.write("\n")
+
+
+def cmd_dump_commitlog(args: argparse.Namespace) -> int:
+    sizes = sizes_from(args, args.dir)
+    log = CommitLog(StorePaths(args.dir).commitlog, sizes.commitlog_file_size_bytes)
+    try:
+        records = log.records(args.start, check_crc=not args.no_crc)
+        for record in records:
+            _line(sys.stdout, record_dump(record))
+    finally:
+        log.close()
+    stop = records.stop
+    assert stop is not None
+    if stop.reason is StopReason.END:
+        return EXIT_OK
+    print(f"rmqstore: {stop.describe()}", file=sys.stderr)
+    return EXIT_OK if stop.reason is StopReason.TORN else EXIT_DISAGREE
+
+
+def cmd_dump_consumequeue(args: argparse.Namespace) -> int:
+    """Topics in the order Apache's consumeQueueTable (a ConcurrentHashMap) iterates them,
+    queue ids ascending, as in the fixtures' *-consumequeue-dump.jsonl."""
+    sizes = sizes_from(args, args.dir)
+    queues = ConsumeQueueSet(StorePaths(args.dir).consumequeue, sizes.cq_file_units)
+    try:
+        found = queues.discover()
+        topics = java_hashmap_order(sorted({topic for topic, _ in found}))
+        for topic in topics:
+            if args.topic is not None and topic != args.topic:
+                continue
+            for queue_id in sorted(q for t, q in found if t == topic):
+                if args.queue is not None and queue_id != args.queue:
+                    continue
+                queue = queues.get(topic, queue_id)
+                for queue_offset, unit in queue.units():
+                    _line(
+                        sys.stdout,
+                        {
+                            "topic": topic,
+                            "queueId": queue_id,
+                            "queueOffset": queue_offset,
+                            "commitLogOffset": unit.commitlog_offset,
+                            "size": unit.size,
+                            "tagsCode": unit.tags_code,
+                        },
+                    )
+    finally:
+        queues.close()
+    return EXIT_OK
+
+
+def cmd_reindex(args: argparse.Namespace) -> int:
+    sizes = sizes_from(args, args.dir)
+    result = reindex(args.dir, args.out, sizes)
+    summary = {"records": result.records, "endOffset": result.stop.end_offset, "stop": result.stop.reason.value}
+    _line(sys.stdout, summary)
+    if result.stop.reason is not StopReason.END:
+        print(f"rmqstore: {result.stop.describe()}", file=sys.stderr)
+    return EXIT_DISAGREE if result.stop.reason is StopReason.CORRUPT else EXIT_OK
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    report = inspect_store(args.dir, sizes_from(args, args.dir))
+    if args.json:
+        print(json.dumps(report, ensure_ascii=False, indent=2))
+        return EXIT_OK
+    log = report["commitlog"]
+    print(f"store        {report['store']}")
+    print(f"abort marker {'present (last exit was unclean)' if report['abort'] else 'absent'}")
+    print(f"lock file    {'present' if report['lock'] else 'absent'}")
+    print(
+        f"commit log   {len(log['files'])} file(s) of {report['sizes']['commitlogFileSize']} B, "
+        f"offsets [{log['minOffset']}, {log['endOffset']}): {log['stopDetail']}"
+    )
+    for name in log["files"]:
+        print(f"  {name}")
+    print(f"consume queues ({len(report['consumequeues'])}, {report['sizes']['cqFileUnits']} units per file)")
+    for queue in report["consumequeues"]:
+        print(
+            f"  {queue['topic']}/{queue['queueId']}: offsets [{queue['minOffset']}, {queue['maxOffset']}) "
+            f"in {queue['files']} file(s)"
+        )
+    print(f"index files ({len(report['index'])}, {report['sizes']['indexSlots']} slots, {report['sizes']['indexEntries']} entries)")
+    for entry in report["index"]:
+        print(
+            f"  {entry['file']}: {entry['entriesUsed']} entries ({entry['fill']:.1%} full), "
+            f"times [{entry['beginTimestamp']}, {entry['endTimestamp']}], "
+            f"offsets [{entry['beginPhyOffset']}, {entry['endPhyOffset']}]"
+        )
+    checkpoint = report["checkpoint"]
+    if checkpoint is None:
+        print("checkpoint   absent")
+    else:
+        print(
+            f"checkpoint   physic {checkpoint['physicMsgTimestamp']}, logics {checkpoint['logicsMsgTimestamp']}, "
+            f"index {checkpoint['indexMsgTimestamp']}"
+        )
+    return EXIT_OK
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    report = check_store(args.dir, sizes_from(args, args.dir))
+    for note in report.notes:
+        print(f"note: {note}")
+    if report.ok:
+        print(
+            f"ok: {report.records} records, {report.units} consume queue units and "
+            f"{report.index_keys} index keys agree"
+        )
+        return EXIT_OK
+    print(f"FAIL: {report.problems[0]}")
+    for problem in report.problems[1:]:
+        print(f"  also: {problem}")
+    if report.problem_count > len(report.problems):
+        print(f"  … {report.problem_count - len(report.problems)} more")
+    return EXIT_DISAGREE
+
+
+def register(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    dump = commands.add_parser("dump", help="dump a store's files as JSONL")
+    dump_kinds = dump.add_subparsers(dest="kind", required=True)
+    dump_log = dump_kinds.add_parser("commitlog", help="every commit log record, one JSON object a line")
+    dump_log.add_argument("dir", help="store directory")
+    dump_log.add_argument("--start", type=int, metavar="OFFSET", help="start at this record's commit log offset")
+    dump_log.add_argument("--no-crc", action="store_true", help="do not check body CRCs")
+    add_size_options(dump_log)
+    dump_log.set_defaults(handler=cmd_dump_commitlog)
+    dump_cq = dump_kinds.add_parser("consumequeue", help="every consume queue unit, one JSON object a line")
+    dump_cq.add_argument("dir", help="store directory")
+    dump_cq.add_argument("--topic", help="only this topic")
+    dump_cq.add_argument("--queue", type=int, help="only this queue id")
+    add_size_options(dump_cq)
+    dump_cq.set_defaults(handler=cmd_dump_consumequeue)
+
+    rebuild = commands.add_parser("reindex", help="rebuild consume queues and index files from the commit log")
+    rebuild.add_argument("dir", help="store directory to read")
+    rebuild.add_argument("--out", required=True, help="directory that receives consumequeue/ and index/")
+    add_size_options(rebuild)
+    rebuild.set_defaults(handler=cmd_reindex)
+
+    inspect = commands.add_parser("inspect", help="files, queue bounds, index fill, checkpoint, abort marker")
+    inspect.add_argument("dir", help="store directory")
+    inspect.add_argument("--json", action="store_true", help="print one JSON document")
+    add_size_options(inspect)
+    inspect.set_defaults(handler=cmd_inspect)
+
+    check = commands.add_parser("check", help="verify that commit log, consume queues and index agree")
+    check.add_argument("dir", help="store directory")
+    add_size_options(check)
+    check.set_defaults(handler=cmd_check)

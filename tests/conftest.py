@@ -1,0 +1,39 @@
+"""Shared test fixtures: the Apache-written stores and their geometry."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rmqstore.common.files.store import StoreSizes
+
+FIXTURES = Path(__file__).parent / "fixtures" / "rocketmq-4.9.4-dev"
+CLEAN = FIXTURES / "store-clean"
+CRASHED = FIXTURES / "store-crashed"
+# The dev fixture's MessageStoreConfig (fixtures/rocketmq-4.9.4-dev/README.md).
+FIXTURE_SIZES = StoreSizes(
+    commitlog_file_size_bytes=524288, cq_file_units=200, index_slots=500, index_entries=1500
+)
+FIXTURE_SIZE_ARGS = ["--index-slots", "500", "--index-entries", "1500"]
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    with open(path, encoding="utf-8") as handle:
+        return [json.loads(line) for line in handle]
+
+
+@pytest.fixture
+def clean_copy(tmp_path: Path) -> Path:
+    """A writable copy of the clean Apache store."""
+    target = tmp_path / "store"
+    shutil.copytree(CLEAN, target)
+    for dirpath, _, names in os.walk(target):
+        os.chmod(dirpath, 0o755)
+        for name in names:
+            os.chmod(os.path.join(dirpath, name), 0o644)
+    return target

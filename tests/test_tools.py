@@ -1,0 +1,181 @@
+"""The offline tools and the store's file layers, on real files."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import CLEAN, CRASHED, FIXTURE_SIZE_ARGS, FIXTURE_SIZES
+from rmqstore.cli.main import main
+from rmqstore.common.codec.consumequeue import FILLER, encode_unit
+from rmqstore.common.errors import NotFound
+from rmqstore.common.files.check import check_store
+from rmqstore.common.files.commitlog import CommitLog
+from rmqstore.common.files.consumequeue import ConsumeQueue
+from rmqstore.common.files.index import IndexFileList
+
+
+def test_inspect_json_on_apaches_store(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["inspect", str(CLEAN), "--json", *FIXTURE_SIZE_ARGS]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["abort"] is False and report["lock"] is True
+    assert report["sizes"] == {"commitlogFileSize": 524288, "cqFileUnits": 200, "indexSlots": 500, "indexEntries": 1500}
+    assert report["commitlog"]["files"] == [
+        "00000000000000000000",
+        "00000000000000524288",
+        "00000000000001048576",
+        "00000000000001572864",
+    ]
+    assert (report["commitlog"]["minOffset"], report["commitlog"]["endOffset"]) == (0, 2089474)
+    assert [entry["indexCount"] for entry in report["index"]] == [1500, 1500, 1500, 1350]
+    queues = {f"{q['topic']}/{q['queueId']}": (q["minOffset"], q["maxOffset"]) for q in report["consumequeues"]}
+    assert queues["TopicTest/3"] == (0, 190) and queues["SCHEDULE_TOPIC_XXXX/1"] == (0, 3)
+    assert len(queues) == 14
+    assert report["checkpoint"]["indexMsgTimestamp"] == 1795316576449
+
+
+def test_inspect_text_on_crashed_store(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["inspect", str(CRASHED), *FIXTURE_SIZE_ARGS]) == 0
+    out = capsys.readouterr().out
+    assert "abort marker present (last exit was unclean)" in out
+    # The third file is Apache's pre-allocated, all-zero next file: the end is in the first two.
+    assert "3 file(s) of 524288 B, offsets [0, 840015): end of log at commit log offset 840015" in out
+    assert "20261122030320065: 788 entries" in out
+
+
+def test_check_passes_on_both_apache_stores(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["check", str(CLEAN), *FIXTURE_SIZE_ARGS]) == 0
+    assert "ok: 2007 records, 1995 consume queue units and 5846 index keys agree" in capsys.readouterr().out
+    assert main(["check", str(CRASHED), *FIXTURE_SIZE_ARGS]) == 0
+    assert "ok: 795 records, 790 consume queue units and 2287 index keys agree" in capsys.readouterr().out
+
+
+def test_check_names_a_missing_index_file(clean_copy: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    newest = sorted((clean_copy / "index").iterdir())[-1]
+    newest.unlink()
+    assert main(["check", str(clean_copy), *FIXTURE_SIZE_ARGS]) == 1
+    out = capsys.readouterr().out
+    # The first record indexed into the deleted file: its offset is the file's beginPhyOffset.
+    assert out.startswith("FAIL: record at commit log offset 1608787: key ")
+    assert "is not in the index" in out
+
+
+def test_check_names_extra_consume_queue_units(clean_copy: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    queue = ConsumeQueue(str(clean_copy / "consumequeue"), "TopicTest", 0, 200, writable=True)
+    assert queue.max_offset == 146
+    queue.append(146, encode_unit(0, 243, 0))
+    queue.close()
+    report = check_store(str(clean_copy), FIXTURE_SIZES)
+    assert not report.ok
+    assert report.problems == [
+        "consume queue TopicTest/0 has 1 unit(s) past offset 145, the last record of that queue in the commit log"
+    ]
+
+
+def test_check_names_a_missing_consume_queue(clean_copy: Path) -> None:
+    shutil.rmtree(clean_copy / "consumequeue" / "OrderTopic" / "2")
+    report = check_store(str(clean_copy), FIXTURE_SIZES)
+    assert report.problem_count == 157
+    assert report.problems[0] == (
+        "record at commit log offset 645 (OrderTopic/2 offset 0): consume queue OrderTopic/2 does not exist"
+    )
+
+
+def test_console_script_runs(tmp_path: Path) -> None:
+    """The installed `rmqstore` command, as a user runs it."""
+    exe = Path(sys.executable).with_name("rmqstore")
+    done = subprocess.run(
+        [str(exe), "dump", "consumequeue", str(CLEAN), "--topic", "SCHEDULE_TOPIC_XXXX"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    lines = [json.loads(line) for line in done.stdout.splitlines()]
+    assert [(u["queueId"], u["queueOffset"]) for u in lines] == [(0, 0), (0, 1), (0, 2), (0, 3), (1, 0), (1, 1), (1, 2)]
+    # Delayed messages carry their deliver time as tagsCode: level 1 is 1 s after storing.
+    log = CommitLog(str(CLEAN / "commitlog"), FIXTURE_SIZES.commitlog_file_size_bytes)
+    try:
+        first = log.read(lines[0]["commitLogOffset"])
+    finally:
+        log.close()
+    assert lines[0]["tagsCode"] == first.store_timestamp_ms + 1000
+
+
+def test_read_outside_the_log_is_not_found() -> None:
+    log = CommitLog(str(CLEAN / "commitlog"), FIXTURE_SIZES.commitlog_file_size_bytes)
+    try:
+        with pytest.raises(NotFound, match="outside"):
+            log.read(4 * 524288)
+        with pytest.raises(NotFound, match="no record at commit log offset 2089474"):
+            log.read(2089474)
+        assert log.read(243).topic == "OrderTopic"
+    finally:
+        log.close()
+
+
+def test_consume_queue_starting_late_gets_fillers(tmp_path: Path) -> None:
+    queue = ConsumeQueue(str(tmp_path), "T", 0, 4, writable=True)
+    assert queue.append(6, encode_unit(100, 50, 7))
+    assert queue.append(7, encode_unit(150, 50, 7))
+    assert queue.append(8, encode_unit(200, 50, 7))
+    assert not queue.append(7, encode_unit(150, 50, 7))  # re-dispatch is a no-op
+    queue.close()
+    files = sorted((tmp_path / "T" / "0").iterdir())
+    assert [f.name for f in files] == ["00000000000000000080", "00000000000000000160"]
+    assert files[0].read_bytes() == FILLER * 2 + encode_unit(100, 50, 7) + encode_unit(150, 50, 7)
+    assert files[1].read_bytes() == encode_unit(200, 50, 7) + bytes(60)
+    reader = ConsumeQueue(str(tmp_path), "T", 0, 4)
+    try:
+        assert (reader.min_offset, reader.max_offset) == (6, 9)
+        assert reader.read(5) is None and reader.read(9) is None
+        assert reader.read(8) is not None and reader.read(8).commitlog_offset == 200  # type: ignore[union-attr]
+        assert [offset for offset, _ in reader.units()] == [6, 7, 8]
+    finally:
+        reader.close()
+
+
+def test_consume_queue_truncation(tmp_path: Path) -> None:
+    queue = ConsumeQueue(str(tmp_path), "T", 1, 3, writable=True)
+    for n in range(7):
+        queue.append(n, encode_unit(n * 100, 100, 0))
+    queue.truncate_to_commitlog(300)
+    assert queue.max_offset == 3
+    assert [f.name for f in sorted((tmp_path / "T" / "1").iterdir())] == ["00000000000000000000"]
+    queue.append(3, encode_unit(300, 90, 0))
+    queue.close()
+    reader = ConsumeQueue(str(tmp_path), "T", 1, 3)
+    try:
+        assert [(o, u.size) for o, u in reader.units()] == [(0, 100), (1, 100), (2, 100), (3, 90)]
+    finally:
+        reader.close()
+
+
+def test_index_reopened_writable_continues_the_chain(tmp_path: Path) -> None:
+    """A writer that restarts keeps adding to the newest file and its chains."""
+    from rmqstore.common.codec.dispatch import DispatchPlan
+
+    def plan(offset: int, *keys: str) -> DispatchPlan:
+        return DispatchPlan("T", 0, 0, offset, 10, 1_700_000_000_000 + offset, 0, True, tuple(f"T#{k}" for k in keys))
+
+    index = IndexFileList(str(tmp_path), 3, 4, writable=True)
+    index.build_index(plan(10, "a", "b"))
+    index.build_index(plan(20, "a"))
+    index.close()
+    index = IndexFileList(str(tmp_path), 3, 4, writable=True)
+    assert index.build_index(plan(15, "a")) == 0  # below the newest file's end: already indexed
+    index.build_index(plan(30, "a", "c"))
+    index.close()
+    reader = IndexFileList(str(tmp_path), 3, 4)
+    try:
+        assert len(reader.files) == 2
+        assert list(reader.candidates("T", "a")) == [30, 20, 10]
+        assert list(reader.candidates("T", "c")) == [30]
+        assert list(reader.candidates("T", "zzz")) == []
+    finally:
+        reader.close()

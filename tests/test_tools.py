@@ -179,3 +179,64 @@ def test_index_reopened_writable_continues_the_chain(tmp_path: Path) -> None:
         assert list(reader.candidates("T", "zzz")) == []
     finally:
         reader.close()
+
+
+def test_checkpoint_round_trip_in_place(tmp_path: Path) -> None:
+    from rmqstore.common.codec.checkpoint import Checkpoint
+    from rmqstore.common.files.checkpoint import read_checkpoint, write_checkpoint
+
+    path = str(tmp_path / "checkpoint")
+    assert read_checkpoint(path) is None
+    write_checkpoint(path, Checkpoint(1700000000123, 1700000000000, 0))
+    write_checkpoint(path, Checkpoint(1700000000999, 1700000000500, 1700000000001))
+    data = Path(path).read_bytes()
+    assert len(data) == 4096
+    assert data[:24].hex().upper() == "0000018BCFE56BE7" "0000018BCFE569F4" "0000018BCFE56801"
+    assert read_checkpoint(path) == Checkpoint(1700000000999, 1700000000500, 1700000000001)
+
+
+def test_short_checkpoint_is_corruption(tmp_path: Path) -> None:
+    from rmqstore.common.errors import Corruption
+    from rmqstore.common.files.checkpoint import read_checkpoint
+
+    (tmp_path / "checkpoint").write_bytes(bytes(23))
+    with pytest.raises(Corruption, match="23 bytes; at least 24"):
+        read_checkpoint(str(tmp_path / "checkpoint"))
+
+
+def _snapshot(root: Path) -> dict[str, tuple[bytes, int]]:
+    return {
+        str(p.relative_to(root)): (p.read_bytes(), p.stat().st_mtime_ns) for p in sorted(root.rglob("*")) if p.is_file()
+    }
+
+
+def test_read_only_views_never_write(clean_copy: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Every tool and read-only view leaves the store's bytes and mtimes untouched, and a
+    write through a read-only mapping is refused."""
+    from rmqstore.common.errors import ReadOnly
+
+    before = _snapshot(clean_copy)
+    for args in (
+        ["dump", "commitlog", str(clean_copy)],
+        ["dump", "consumequeue", str(clean_copy)],
+        ["inspect", str(clean_copy), *FIXTURE_SIZE_ARGS],
+        ["check", str(clean_copy), *FIXTURE_SIZE_ARGS],
+    ):
+        assert main(args) == 0
+    capsys.readouterr()
+    log = CommitLog(str(clean_copy / "commitlog"), FIXTURE_SIZES.commitlog_file_size_bytes)
+    index = IndexFileList(str(clean_copy / "index"), 500, 1500)
+    queue = ConsumeQueue(str(clean_copy / "consumequeue"), "TopicTest", 0, 200)
+    try:
+        with pytest.raises(ReadOnly):
+            log.files.files[0].write(0, b"x")
+        with pytest.raises(ReadOnly):
+            index.files[0].mapped.write(0, b"x")
+        with pytest.raises(TypeError):
+            log.files.files[0].buf[0] = 1  # the exported view itself is read-only
+        assert queue.max_offset == 146
+    finally:
+        log.close()
+        index.close()
+        queue.close()
+    assert _snapshot(clean_copy) == before

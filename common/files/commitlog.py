@@ -261,6 +261,17 @@ class CommitLog:
         invariant(offset % self.file_size_bytes == 0, "a new file starts at a file boundary")
         return self.files.create(offset)
 
+    def flush_range(self, start: int, end: int) -> None:
+        """msync the pages holding commit log bytes [start, end)."""
+        if end <= start:
+            return
+        for mapped in list(self.files.files):
+            low = max(start, mapped.start_offset)
+            high = min(end, mapped.end_offset)
+            if low < high:
+                mapped.flush(low - mapped.start_offset, high - mapped.start_offset)
+        self.flushed_offset = max(self.flushed_offset, end)
+
     def flush(self) -> int:
         """msync every file written since the last flush; returns the flushed offset."""
         for mapped in sorted(self._dirty, key=lambda f: f.start_offset):

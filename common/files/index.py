@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime as dt
 import os
 import struct
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -171,6 +172,13 @@ class QueryOffsetResult:
     index_last_update_phy_offset: int
 
 
+def _take(counter: Counter[int], key: int) -> bool:
+    if counter[key] > 0:
+        counter[key] -= 1
+        return True
+    return False
+
+
 class IndexFileList:
     """``<store>/index``: the files oldest first, and IndexService's rules over them."""
 
@@ -248,13 +256,32 @@ class IndexFileList:
         target = self._writable_last(plan.store_timestamp_ms)
         if plan.commitlog_offset < target.end_phy_offset:
             return 0
+        hashes = [index_key_hash(key) for key in plan.index_keys]
+        if plan.commitlog_offset == target.end_phy_offset:
+            # Apache re-indexes this record whole (FORMAT.md §15 flaw 1c); rmqstore puts
+            # only the keys a crash kept it from putting.
+            present = self._hashes_at(plan.commitlog_offset)
+            hashes = [h for h in hashes if not _take(present, h)]
         put = 0
-        for key in plan.index_keys:
-            key_hash = index_key_hash(key)
+        for key_hash in hashes:
             while not target.put_key(key_hash, plan.commitlog_offset, plan.store_timestamp_ms):
                 target = self._writable_last(plan.store_timestamp_ms)
             put += 1
         return put
+
+    def _hashes_at(self, offset: int) -> Counter[int]:
+        """Key hashes already indexed for the record at ``offset``: the newest entries,
+        possibly running back into the previous file."""
+        found: Counter[int] = Counter()
+        for index_file in reversed(self.files):
+            number = index_file.index_count - 1
+            while number >= 1:
+                entry = index_file.entry(number)
+                if entry.phy_offset != offset:
+                    return found
+                found[entry.key_hash] += 1
+                number -= 1
+        return found
 
     @property
     def last_full_end_timestamp_ms(self) -> int:

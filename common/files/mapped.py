@@ -99,9 +99,13 @@ class MappedFile:
             end = chunk_start
         return start
 
-    def flush(self) -> None:
-        if self.writable:
-            self._mmap.flush()
+    def flush(self, start: int = 0, end: int | None = None) -> None:
+        """msync [start, end) (whole pages around it) to disk."""
+        if not self.writable:
+            return
+        end = self.file_size_bytes if end is None else end
+        low = start - start % mmap.PAGESIZE
+        self._mmap.flush(low, end - low)
 
     def close(self) -> None:
         self.buf.release()

@@ -1,0 +1,40 @@
+"""The writer's settings. Names are ours; defaults and meaning follow RocketMQ's
+MessageStoreConfig where one exists (FORMAT.md §11)."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from rmqstore.common.files.store import StoreSizes
+
+
+class FlushPolicy(enum.Enum):
+    SYNC = "sync"  # ack after the commit log is fsynced (group commit)
+    ASYNC = "async"  # ack after the write; fsync every flush_interval_ms
+
+
+@dataclass(frozen=True)
+class WriterConfig:
+    store: str
+    sizes: StoreSizes = field(default_factory=StoreSizes)
+    flush: FlushPolicy = FlushPolicy.ASYNC
+    flush_interval_ms: int = 500  # flushIntervalCommitLog
+    # The store host written into every record (and so into every offsetMsgId).
+    store_host: str = "127.0.0.1:10911"
+    # Limits on what a producer may send.
+    max_body_bytes: int = 4 * 1024 * 1024  # maxMessageSize
+    max_keys: int = 32
+    max_key_length: int = 255
+    max_batch_messages: int = 10_000
+    auto_create_topics: bool = True
+    auto_create_queue_count: int = 4  # min(producer 4, TBW102 8)
+    default_queue_count: int = 8  # mqadmin updateTopic
+    # Retention (fileReservedTime, deleteWhen, diskMaxUsedSpaceRatio, the full ratio).
+    retention_hours: float = 72.0
+    retention_delete_hours: tuple[int, ...] = (4,)
+    disk_clean_ratio: float = 0.75
+    disk_full_ratio: float = 0.90
+    retention_interval_ms: int = 10_000
+    # Mid-log corruption stops the writer from starting unless the loss is accepted.
+    truncate_corrupt_tail: bool = False

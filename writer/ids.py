@@ -1,0 +1,37 @@
+"""UNIQ_KEY generation in RocketMQ's MessageClientIDSetter layout (FORMAT.md §5.2)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import secrets
+import threading
+
+from rmqstore.common.codec.msgid import UniqKey, encode_uniq_key, month_start_ms, next_month_start_ms, uniq_key_time_field
+
+
+class UniqKeyGenerator:
+    """Per process: pid and a random stand-in for the class-loader hash, a counter, and
+    the time since the start of the local month."""
+
+    def __init__(self, zone: dt.tzinfo | None = None):
+        self.zone = zone or dt.datetime.now().astimezone().tzinfo
+        self.pid = os.getpid() & 0xFFFF
+        self.loader_hash = secrets.randbits(31)
+        self._counter = 0
+        self._month_start = 0
+        self._next_month_start = 0
+        self._lock = threading.Lock()
+
+    def next(self, ip: bytes, now_ms: int) -> str:
+        with self._lock:
+            if now_ms >= self._next_month_start or now_ms < self._month_start - 1_000_000:
+                assert self.zone is not None
+                self._month_start = month_start_ms(now_ms, self.zone)
+                self._next_month_start = next_month_start_ms(self._month_start, self.zone)
+            counter = self._counter
+            self._counter = (self._counter + 1) & 0xFFFF
+            month_start = self._month_start
+        return encode_uniq_key(
+            UniqKey(ip, self.pid, self.loader_hash, uniq_key_time_field(now_ms, month_start), counter)
+        )

@@ -1,0 +1,94 @@
+"""The writer's topic table: names and queue counts, in a file of our own.
+
+``config/rmqstore-topics.json`` holds a magic, a version, the topics and a CRC-32 of their
+canonical JSON; it is replaced atomically (temp file, fsync, rename, fsync directory).
+Topics that only exist as consume queue directories (a store written by Apache's broker)
+are picked up with queue count = highest queue id + 1.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import zlib
+
+from rmqstore.common.codec.topic import validate_topic
+from rmqstore.common.errors import Corruption, InvalidArgument
+from rmqstore.common.files.mapped import fsync_directory
+
+FILE_NAME = "rmqstore-topics.json"
+MAGIC = "rmqstore-topics"
+VERSION = 1
+QUEUE_COUNT_MAX = 1024
+
+
+def _canonical(topics: dict[str, int]) -> bytes:
+    return json.dumps(sorted(topics.items()), separators=(",", ":")).encode()
+
+
+class TopicTable:
+    def __init__(self, config_dir: str, discovered: list[tuple[str, int]]):
+        self.config_dir = config_dir
+        self.path = os.path.join(config_dir, FILE_NAME)
+        self._lock = threading.Lock()
+        self.topics: dict[str, int] = self._load()
+        changed = False
+        for topic, queue_id in discovered:
+            if self.topics.get(topic, 0) <= queue_id:
+                self.topics[topic] = queue_id + 1
+                changed = True
+        if changed:
+            self._save()
+
+    def _load(self) -> dict[str, int]:
+        try:
+            with open(self.path, encoding="utf-8") as handle:
+                document = json.load(handle)
+        except FileNotFoundError:
+            return {}
+        except (OSError, ValueError) as error:
+            raise Corruption(f"{self.path} is not readable JSON: {error}", path=self.path) from None
+        if not isinstance(document, dict) or document.get("magic") != MAGIC or document.get("version") != VERSION:
+            raise Corruption(f"{self.path} is not a version-{VERSION} rmqstore topic table", path=self.path)
+        topics = {str(name): int(count) for name, count in document.get("topics", {}).items()}
+        if document.get("crc32") != zlib.crc32(_canonical(topics)):
+            raise Corruption(f"{self.path} fails its checksum", path=self.path)
+        return topics
+
+    def _save(self) -> None:
+        os.makedirs(self.config_dir, exist_ok=True)
+        document = {
+            "magic": MAGIC,
+            "version": VERSION,
+            "topics": dict(sorted(self.topics.items())),
+            "crc32": zlib.crc32(_canonical(self.topics)),
+        }
+        temp = self.path + ".tmp"
+        with open(temp, "w", encoding="utf-8") as handle:
+            json.dump(document, handle, indent=1)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temp, self.path)
+        fsync_directory(self.config_dir)
+
+    def queue_count(self, topic: str) -> int | None:
+        return self.topics.get(topic)
+
+    def create(self, topic: str, queue_count: int) -> bool:
+        """Create or grow a topic; returns False if it already had that many queues.
+        Queue counts never shrink: queues that hold messages stay addressable."""
+        validate_topic(topic)
+        if not 1 <= queue_count <= QUEUE_COUNT_MAX:
+            raise InvalidArgument(f"queue count must be in [1, {QUEUE_COUNT_MAX}], got {queue_count}")
+        with self._lock:
+            current = self.topics.get(topic, 0)
+            if current >= queue_count:
+                return False
+            self.topics[topic] = queue_count
+            self._save()
+            return True
+
+    def snapshot(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self.topics)

@@ -1,0 +1,125 @@
+"""What a producer may send. Every rule raises InvalidArgument (or NotFound for an
+unknown topic) before anything is written."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from rmqstore.common.codec import properties as props
+from rmqstore.common.codec.hosts import SocketAddress
+from rmqstore.common.codec.record import PROPERTIES_LENGTH_MAX
+from rmqstore.common.codec.topic import NOT_ALLOWED_SEND_TOPICS, topic_problem
+from rmqstore.common.errors import InvalidArgument
+
+# Properties the writer sets itself, or whose meaning the store would have to act on
+# (delays, transactions, re-delivery) — rmqstore does not, so it refuses them.
+RESERVED_PROPERTIES = frozenset(
+    {
+        props.KEYS,
+        props.TAGS,
+        props.UNIQ_KEY,
+        props.DELAY,
+        props.REAL_TOPIC,
+        props.REAL_QID,
+        props.TRAN_MSG,
+        props.CLUSTER,
+        "PGROUP",
+        "MIN_OFFSET",
+        "MAX_OFFSET",
+        "__STARTDELIVERTIME",
+        "TIMER_DELIVER_MS",
+        "TIMER_DELAY_SEC",
+        "TIMER_DELAY_MS",
+        "INNER_NUM",
+        "INNER_BASE",
+    }
+)
+_SEPARATORS = ("\x01", "\x02")
+UNIQ_KEY_LENGTH_MAX = 128
+
+
+@dataclass(frozen=True)
+class MessageInput:
+    """A message as a producer hands it to the writer (the proto's Message, unpacked)."""
+
+    topic: str
+    body: bytes = b""
+    keys: Sequence[str] = ()
+    tags: str = ""
+    properties: Mapping[str, str] = field(default_factory=dict)
+    queue_id: int | None = None
+    uniq_key: str = ""
+    flag: int = 0
+    born_timestamp_ms: int = 0
+    born_host: SocketAddress | None = None
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_body_bytes: int
+    max_keys: int
+    max_key_length: int
+    max_batch_messages: int
+
+
+def _no_separators(text: str, what: str) -> None:
+    if any(sep in text for sep in _SEPARATORS):
+        raise InvalidArgument(f"{what} contains a 0x01 or 0x02 character, which would corrupt the properties")
+
+
+def validate_message(message: MessageInput, limits: Limits, position: int = 0) -> dict[str, str]:
+    """Check one message; return its properties as they will be stored (without
+    UNIQ_KEY, which the writer adds). ``position`` names the message in a batch."""
+    where = f"message {position}: " if position else ""
+    problem = topic_problem(message.topic)
+    if problem is not None:
+        raise InvalidArgument(where + problem)
+    if message.topic in NOT_ALLOWED_SEND_TOPICS:
+        raise InvalidArgument(f"{where}topic {message.topic} is a system topic producers may not send to")
+    if len(message.body) > limits.max_body_bytes:
+        raise InvalidArgument(f"{where}body is {len(message.body)} bytes; at most {limits.max_body_bytes} allowed")
+    if len(message.keys) > limits.max_keys:
+        raise InvalidArgument(f"{where}{len(message.keys)} keys; at most {limits.max_keys} allowed")
+    for key in message.keys:
+        if not key:
+            raise InvalidArgument(f"{where}a key is empty")
+        if len(key) > limits.max_key_length:
+            raise InvalidArgument(f"{where}key {key[:40]!r}… is {len(key)} characters; at most {limits.max_key_length}")
+        if " " in key:
+            raise InvalidArgument(f"{where}key {key!r} contains a space; KEYS are space-separated")
+        _no_separators(key, f"{where}key {key!r}")
+    if message.tags:
+        _no_separators(message.tags, f"{where}tags")
+    if message.queue_id is not None and message.queue_id < 0:
+        raise InvalidArgument(f"{where}queue id {message.queue_id} is negative")
+    if message.uniq_key:
+        if len(message.uniq_key) > UNIQ_KEY_LENGTH_MAX or not message.uniq_key.isascii() or not message.uniq_key.isalnum():
+            raise InvalidArgument(f"{where}uniq key must be 1-{UNIQ_KEY_LENGTH_MAX} ASCII letters and digits")
+    stored: dict[str, str] = {}
+    for name, value in message.properties.items():
+        if not name:
+            raise InvalidArgument(f"{where}a property name is empty")
+        if name in RESERVED_PROPERTIES:
+            raise InvalidArgument(f"{where}property {name} is reserved; use the message's own fields")
+        if not value:
+            raise InvalidArgument(f"{where}property {name} has an empty value, which RocketMQ's format cannot keep")
+        _no_separators(name, f"{where}property name {name!r}")
+        _no_separators(value, f"{where}property {name}")
+        stored[name] = value
+    if message.keys:
+        stored[props.KEYS] = props.KEY_SEPARATOR.join(message.keys)
+    if message.tags:
+        stored[props.TAGS] = message.tags
+    size = len(props.encode_properties(stored)) + len(props.UNIQ_KEY) + 2 + UNIQ_KEY_LENGTH_MAX
+    if size > PROPERTIES_LENGTH_MAX:
+        raise InvalidArgument(f"{where}properties take {size} bytes; at most {PROPERTIES_LENGTH_MAX} fit in a record")
+    return stored
+
+
+def validate_batch(messages: Sequence[MessageInput], limits: Limits) -> list[dict[str, str]]:
+    if not messages:
+        raise InvalidArgument("the batch is empty")
+    if len(messages) > limits.max_batch_messages:
+        raise InvalidArgument(f"the batch has {len(messages)} messages; at most {limits.max_batch_messages}")
+    return [validate_message(m, limits, i + 1 if len(messages) > 1 else 0) for i, m in enumerate(messages)]

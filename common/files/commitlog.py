@@ -158,17 +158,30 @@ class CommitLog:
         return records.stop
 
     def _classify(self, mapped: MappedFile, position: int, error: Corruption | None) -> ScanStop:
+        """A bad record (or zeros) is a torn tail only if nothing but zeros follows it and
+        it looks interrupted: its size is not trusted unless it fits the file, and a record
+        whose last byte was written is complete, so a bad one is corruption, not a tear."""
         offset = mapped.start_offset + position
         after = position
+        looks_interrupted = True
         if error is not None:
-            claimed = int.from_bytes(mapped.buf[position : position + 4], "big", signed=True) if position + 4 <= mapped.file_size_bytes else 0
-            after = min(position + max(claimed, END_FILE_MIN_BLANK_LENGTH), mapped.file_size_bytes)
+            remaining = mapped.file_size_bytes - position
+            claimed = (
+                int.from_bytes(mapped.buf[position : position + 4], "big", signed=True) if remaining >= 4 else 0
+            )
+            if END_FILE_MIN_BLANK_LENGTH <= claimed <= remaining:
+                after = position + claimed
+                looks_interrupted = mapped.buf[after - 1] == 0
+            else:
+                after = min(position + END_FILE_MIN_BLANK_LENGTH, mapped.file_size_bytes)
         data_end = self._last_data_offset(mapped, after)
-        if data_end is None:
+        if data_end is None and looks_interrupted:
             if error is None:
                 return ScanStop(offset, StopReason.END)
             own_end = mapped.last_nonzero_position(position)
             return ScanStop(offset, StopReason.TORN, error, own_end - position)
+        if data_end is None:
+            data_end = mapped.start_offset + mapped.last_nonzero_position(position)
         if error is None:
             error = Corruption(
                 f"zeros at commit log offset {offset} where a record should start, "

@@ -15,6 +15,8 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from opentelemetry import trace
+
 from rmqstore.common.codec import properties as props
 from rmqstore.common.codec.checkpoint import Checkpoint
 from rmqstore.common.codec.hosts import SocketAddress
@@ -27,6 +29,7 @@ from rmqstore.common.files.consumequeue import ConsumeQueueSet
 from rmqstore.common.files.index import IndexFileList
 from rmqstore.common.files.progress import ProgressPublisher
 from rmqstore.common.files.store import Dispatcher, StorePaths
+from rmqstore.writer.background import PeriodicTask
 from rmqstore.writer.config import FlushPolicy, WriterConfig
 from rmqstore.writer.ids import UniqKeyGenerator
 from rmqstore.writer.lock import StoreLock
@@ -34,6 +37,9 @@ from rmqstore.writer.topics import TopicTable
 from rmqstore.writer.validate import Limits, MessageInput, validate_batch
 
 DISK_CHECK_INTERVAL_S = 0.1
+RETENTION_FILES_PER_RUN = 10
+THOROUGH_FLUSH_INTERVAL_MS = 1000  # flushIntervalConsumeQueue
+_TRACER = trace.get_tracer("rmqstore.writer")
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +52,14 @@ class AppendResult:
     commitlog_offset: int
     store_timestamp_ms: int
     size: int
+
+
+@dataclass(frozen=True, slots=True)
+class RetentionReport:
+    commitlog_files: list[str]
+    queue_files: int
+    index_files: list[str]
+    disk_used_ratio: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +85,7 @@ class Writer:
         self._append_lock = threading.Lock()
         self._durable = threading.Condition()
         self._closed = False
+        self._tasks: list[PeriodicTask] = []
         try:
             self._open()
         except BaseException:
@@ -207,10 +222,15 @@ class Writer:
                         f"queue id {message.queue_id} is out of range: topic {message.topic} has {count} queues"
                     )
                 queue_ids.append(message.queue_id)
-            results = [
-                self._append_one(message, stored, queue_id, peer)
-                for message, stored, queue_id in zip(messages, properties, queue_ids)
-            ]
+            with _TRACER.start_as_current_span("rmqstore.append") as span:
+                span.set_attribute("rmqstore.messages", len(messages))
+                records = [
+                    self._append_one(message, stored, queue_id, peer)
+                    for message, stored, queue_id in zip(messages, properties, queue_ids)
+                ]
+            with _TRACER.start_as_current_span("rmqstore.dispatch"):
+                for record in records:
+                    self.dispatcher.dispatch(record)
             end = self.log.write_offset
             assert end is not None
             self.publisher.publish(
@@ -219,13 +239,27 @@ class Writer:
                 commitlog_min_offset=self.log.min_offset,
                 last_store_timestamp_ms=self._last_store_ts,
             )
+            results = [
+                AppendResult(
+                    offset_msg_id(self.store_host, r.commitlog_offset),
+                    r.properties[props.UNIQ_KEY],
+                    r.topic,
+                    r.queue_id,
+                    r.queue_offset,
+                    r.commitlog_offset,
+                    r.store_timestamp_ms,
+                    r.size,
+                )
+                for r in records
+            ]
         if self.config.flush is FlushPolicy.SYNC:
             self.wait_flushed(end)
         return results
 
     def _append_one(
         self, message: MessageInput, stored: dict[str, str], queue_id: int | None, peer: SocketAddress | None
-    ) -> AppendResult:
+    ) -> Record:
+        """Encode and append one record (not yet dispatched)."""
         topic = message.topic
         if queue_id is None:
             count = self.topics.queue_count(topic) or 1
@@ -255,12 +289,9 @@ class Writer:
         [offset] = self.log.append([encoded], [queue_offset])
         record.commitlog_offset = offset
         record.size = len(encoded)
-        self.dispatcher.dispatch(record)
         self._next_queue_offset[key] = queue_offset + 1
         self._last_store_ts = store_ts
-        return AppendResult(
-            offset_msg_id(self.store_host, offset), uniq_key, topic, queue_id, queue_offset, offset, store_ts, len(encoded)
-        )
+        return record
 
     # Flushing
 
@@ -270,7 +301,9 @@ class Writer:
         with self._append_lock:
             target = self.log.write_offset or 0
             start = self.flushed_offset
-        self.log.flush_range(start, target)
+        with _TRACER.start_as_current_span("rmqstore.flush") as span:
+            span.set_attribute("rmqstore.flush.bytes", max(target - start, 0))
+            self.log.flush_range(start, target)
         with self._durable:
             self.flushed_offset = max(self.flushed_offset, target)
             self._durable.notify_all()
@@ -314,12 +347,84 @@ class Writer:
             ),
         )
 
+    # Retention
+
+    def run_retention(self, now_s: float | None = None) -> RetentionReport:
+        """Delete the oldest commit log files when they are past the reserved time at a
+        delete hour, or, under disk pressure, regardless of age (RocketMQ's rules, at most
+        10 files a run, never the newest), then the queue and index files that point only
+        into them."""
+        now = time.time() if now_s is None else now_s
+        usage = shutil.disk_usage(self.config.store)
+        ratio = usage.used / usage.total if usage.total else 0.0
+        pressure = ratio > self.config.disk_clean_ratio
+        due = time.localtime(now).tm_hour in self.config.retention_delete_hours
+        if not (due or pressure):
+            return RetentionReport([], 0, [], ratio)
+        reserved_s = self.config.retention_hours * 3600
+        with self._append_lock:
+            doomed = []
+            for mapped in self.log.files.files[:-1][:RETENTION_FILES_PER_RUN]:
+                if pressure or os.stat(mapped.path).st_mtime + reserved_s <= now:
+                    doomed.append(mapped)
+                else:
+                    break
+            if not doomed:
+                return RetentionReport([], 0, [], ratio)
+            # Publish the new minimum first: a query node never follows an offset that
+            # is about to disappear.
+            new_min = doomed[-1].end_offset
+            self.publisher.publish(
+                dispatched_offset=self.log.write_offset or 0,
+                durable_offset=self.durable_offset,
+                commitlog_min_offset=new_min,
+                last_store_timestamp_ms=self._last_store_ts,
+            )
+            deleted = self.log.files.delete_first(len(doomed))
+            queue_files = sum(queue.delete_expired(new_min) for queue in self.queues.queues.values())
+            index_files = self.index.delete_expired(new_min)
+        return RetentionReport(deleted, queue_files, index_files, ratio)
+
+    # Status
+
+    def status(self) -> dict[str, object]:
+        usage = shutil.disk_usage(self.config.store)
+        with self._append_lock:
+            queues = [
+                (topic, queue_id, queue.min_offset, queue.max_offset)
+                for (topic, queue_id), queue in sorted(self.queues.queues.items())
+            ]
+            return {
+                "store": os.path.abspath(self.config.store),
+                "commitlog_min_offset": self.log.min_offset,
+                "commitlog_max_offset": self.log.write_offset or 0,
+                "dispatched_offset": self.publisher.last.dispatched_offset if self.publisher.last else 0,
+                "flushed_offset": self.flushed_offset,
+                "queues": queues,
+                "disk_total_bytes": usage.total,
+                "disk_used_bytes": usage.used,
+                "disk_used_ratio": usage.used / usage.total if usage.total else 0.0,
+                "flush_policy": self.config.flush.value,
+            }
+
     # Lifecycle
+
+    def start_background(self) -> None:
+        """Start the periodic flushes and retention (a serving writer; tests that drive
+        the store by hand leave them off)."""
+        config = self.config
+        if config.flush is FlushPolicy.ASYNC:
+            self._tasks.append(PeriodicTask("flush-commitlog", config.flush_interval_ms, self.flush).start())
+        self._tasks.append(PeriodicTask("flush-thorough", THOROUGH_FLUSH_INTERVAL_MS, self.flush_thoroughly).start())
+        self._tasks.append(PeriodicTask("retention", config.retention_interval_ms, self.run_retention).start())
 
     def close(self) -> None:
         """Flush everything, write the checkpoint, remove ``abort`` and release the lock."""
         if self._closed:
             return
+        for task in self._tasks:
+            task.stop()
+        self._tasks.clear()
         self.flush_thoroughly()
         with self._append_lock:
             self._closed = True

@@ -212,6 +212,33 @@ class ConsumeQueue:
             holder.zero(keep - holder.start_offset)
         self._load_bounds()
 
+    def delete_expired(self, commitlog_min_offset: int) -> int:
+        """Delete leading files whose last unit points below ``commitlog_min_offset``
+        (never the last file), then move the min offset to the first unit at or above it
+        (deleteExpiredFileByOffset + correctMinOffset). Returns the files deleted."""
+        invariant(self.writable, "retention needs a writable consume queue")
+        doomed = 0
+        for mapped in self.files.files[:-1]:
+            offset, size, _ = cq.UNIT.unpack_from(mapped.buf, mapped.file_size_bytes - UNIT_SIZE)
+            if size > 0 and offset < commitlog_min_offset:
+                doomed += 1
+            else:
+                break
+        self.files.delete_first(doomed)
+        self._load_bounds()
+        self.correct_min_offset(commitlog_min_offset)
+        return doomed
+
+    def correct_min_offset(self, commitlog_min_offset: int) -> None:
+        """Skip units that point below the commit log's first kept offset."""
+        position = self._min_position
+        while position < self._end_position:
+            unit = self._unit_at(position)
+            if not unit.is_filler and unit.commitlog_offset >= commitlog_min_offset:
+                break
+            position += UNIT_SIZE
+        self._min_position = position
+
     def flush(self) -> None:
         self.files.flush()
 

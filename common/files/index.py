@@ -317,6 +317,22 @@ class IndexFileList:
                 if entry.key_hash == key_hash:
                     yield entry.phy_offset
 
+    def delete_expired(self, commitlog_min_offset: int) -> list[str]:
+        """IndexService.deleteExpiredFile: oldest first, delete files whose entries all
+        point below ``commitlog_min_offset``; never the newest file."""
+        invariant(self.writable, "retention needs a writable index")
+        doomed: list[IndexFile] = []
+        for index_file in self.files[:-1]:
+            if index_file.end_phy_offset < commitlog_min_offset:
+                doomed.append(index_file)
+            else:
+                break
+        for index_file in doomed:
+            index_file.close()
+            os.unlink(index_file.path)
+        self.files = self.files[len(doomed) :]
+        return [f.path for f in doomed]
+
     def flush(self) -> None:
         for index_file in self.files:
             index_file.flush()

@@ -1,0 +1,233 @@
+"""``rmqstore writer serve`` and ``rmqstore send``."""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import signal
+import sys
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import grpc
+
+from rmqstore.cli.store_tools import add_size_options, sizes_from
+from rmqstore.common.errors import InvalidArgument
+from rmqstore.v1 import messages_pb2, writer_pb2, writer_pb2_grpc
+
+EXIT_OK = 0
+EXIT_ERROR = 2
+SHUTDOWN_GRACE_S = 10.0
+
+
+def cmd_writer_serve(args: argparse.Namespace) -> int:
+    from rmqstore.service.server import start_server
+    from rmqstore.service.telemetry import configure_tracing
+    from rmqstore.writer.config import FlushPolicy, WriterConfig
+    from rmqstore.writer.service import SERVICE_NAME, WriterServicer
+    from rmqstore.writer.store import Writer
+
+    configure_tracing("rmqstore-writer")
+    config = WriterConfig(
+        store=args.store,
+        sizes=sizes_from(args, args.store),
+        flush=FlushPolicy(args.flush),
+        flush_interval_ms=args.flush_interval_ms,
+        store_host=args.store_host or f"127.0.0.1:{args.port or 10911}",
+        auto_create_topics=not args.no_auto_create,
+        retention_hours=args.retention_hours,
+        disk_clean_ratio=args.disk_clean_ratio,
+        disk_full_ratio=args.disk_full_ratio,
+        truncate_corrupt_tail=args.truncate_corrupt_tail,
+    )
+    writer = Writer(config)
+    writer.start_background()
+    try:
+        server, port, health_servicer = start_server(
+            lambda s: writer_pb2_grpc.add_WriterServiceServicer_to_server(WriterServicer(writer), s),
+            [SERVICE_NAME],
+            host=args.host,
+            port=args.port,
+        )
+    except BaseException:
+        writer.close()
+        raise
+    recovery = writer.recovery
+    print(
+        json.dumps(
+            {
+                "event": "serving",
+                "service": "writer",
+                "port": port,
+                "store": config.store,
+                "flush": config.flush.value,
+                "recovered": {
+                    "uncleanShutdown": recovery.unclean,
+                    "endOffset": recovery.stop.end_offset,
+                    "stop": recovery.stop.reason.value,
+                    "redispatchedRecords": recovery.redispatched_records,
+                },
+            }
+        ),
+        flush=True,
+    )
+    stopping = threading.Event()
+
+    def on_signal(signum: int, frame: object) -> None:
+        stopping.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    stopping.wait()
+    health_servicer.enter_graceful_shutdown()
+    server.stop(SHUTDOWN_GRACE_S).wait()
+    writer.close()
+    print(json.dumps({"event": "stopped", "service": "writer"}), flush=True)
+    return EXIT_OK
+
+
+def _message_from_json(line_number: int, document: Any) -> messages_pb2.Message:
+    where = f"line {line_number}"
+    if not isinstance(document, dict):
+        raise InvalidArgument(f"{where}: expected a JSON object")
+    known = {"topic", "body", "bodyBase64", "keys", "tags", "queueId", "properties", "uniqKey"}
+    unknown = set(document) - known
+    if unknown:
+        raise InvalidArgument(f"{where}: unknown field(s) {sorted(unknown)}; known: {sorted(known)}")
+    if not isinstance(document.get("topic"), str):
+        raise InvalidArgument(f"{where}: topic (a string) is required")
+    if "body" in document and "bodyBase64" in document:
+        raise InvalidArgument(f"{where}: give body or bodyBase64, not both")
+    if "bodyBase64" in document:
+        try:
+            body = base64.b64decode(document["bodyBase64"], validate=True)
+        except (ValueError, TypeError) as error:
+            raise InvalidArgument(f"{where}: bodyBase64 is not base64: {error}") from None
+    else:
+        text = document.get("body", "")
+        if not isinstance(text, str):
+            raise InvalidArgument(f"{where}: body must be a string (use bodyBase64 for bytes)")
+        body = text.encode("utf-8")
+    keys = document.get("keys", [])
+    if isinstance(keys, str):
+        keys = keys.split()
+    if not isinstance(keys, list) or not all(isinstance(k, str) for k in keys):
+        raise InvalidArgument(f"{where}: keys must be a string or a list of strings")
+    properties = document.get("properties", {})
+    if not isinstance(properties, dict) or not all(isinstance(v, str) for v in properties.values()):
+        raise InvalidArgument(f"{where}: properties must be an object of strings")
+    message = messages_pb2.Message(
+        topic=document["topic"],
+        body=body,
+        keys=keys,
+        tags=document.get("tags") or "",
+        properties=properties,
+        uniq_key=document.get("uniqKey") or "",
+    )
+    if document.get("queueId") is not None:
+        if not isinstance(document["queueId"], int):
+            raise InvalidArgument(f"{where}: queueId must be an integer")
+        message.queue_id = document["queueId"]
+    return message
+
+
+def read_jsonl(path: str) -> Iterator[messages_pb2.Message]:
+    with open(path, encoding="utf-8") as handle:
+        for number, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            try:
+                document = json.loads(line)
+            except ValueError as error:
+                raise InvalidArgument(f"line {number}: not JSON: {error}") from None
+            yield _message_from_json(number, document)
+
+
+def result_json(result: messages_pb2.SendResult) -> str:
+    return json.dumps(
+        {
+            "offsetMsgId": result.offset_msg_id,
+            "uniqKey": result.uniq_key,
+            "topic": result.topic,
+            "queueId": result.queue_id,
+            "queueOffset": result.queue_offset,
+            "commitLogOffset": result.commitlog_offset,
+            "storeTimestamp": result.store_timestamp_ms,
+        },
+        ensure_ascii=False,
+    )
+
+
+def cmd_send(args: argparse.Namespace) -> int:
+    if args.file:
+        # Validate the whole file before sending anything, so a bad line costs nothing.
+        for _ in read_jsonl(args.file):
+            pass
+        batches = _batches(read_jsonl(args.file), args.batch_size)
+    else:
+        if not args.topic:
+            raise InvalidArgument("give -t TOPIC (with --body) or --file F.jsonl")
+        message = messages_pb2.Message(
+            topic=args.topic, body=(args.body or "").encode("utf-8"), keys=(args.keys or "").split(), tags=args.tags or ""
+        )
+        if args.queue is not None:
+            message.queue_id = args.queue
+        batches = iter([writer_pb2.SendBatchRequest(messages=[message])])
+    with grpc.insecure_channel(args.endpoint) as channel:
+        stub = writer_pb2_grpc.WriterServiceStub(channel)
+        try:
+            for response in stub.SendStream(batches, timeout=args.timeout):
+                for result in response.results:
+                    sys.stdout.write(result_json(result) + "\n")
+        except grpc.RpcError as error:
+            print(f"rmqstore: error: {error.code().name}: {error.details()}", file=sys.stderr)
+            return EXIT_ERROR
+    return EXIT_OK
+
+
+def _batches(messages: Iterator[messages_pb2.Message], size: int) -> Iterator[writer_pb2.SendBatchRequest]:
+    batch: list[messages_pb2.Message] = []
+    for message in messages:
+        batch.append(message)
+        if len(batch) >= size:
+            yield writer_pb2.SendBatchRequest(messages=batch)
+            batch = []
+    if batch:
+        yield writer_pb2.SendBatchRequest(messages=batch)
+
+
+def register(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    writer = commands.add_parser("writer", help="the writer node")
+    writer_commands = writer.add_subparsers(dest="writer_command", required=True)
+    serve = writer_commands.add_parser("serve", help="own a store directory and serve WriterService over gRPC")
+    serve.add_argument("--store", required=True, help="store directory (created if missing)")
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, default=0, help="port (default 0: any free port, printed at start)")
+    serve.add_argument("--flush", choices=["sync", "async"], default="async", help="flush policy (default async)")
+    serve.add_argument("--flush-interval-ms", type=int, default=500, help="ASYNC fsync interval (default 500)")
+    serve.add_argument("--store-host", help="ip:port written into records and msgIds (default 127.0.0.1:PORT)")
+    serve.add_argument("--no-auto-create", action="store_true", help="refuse messages to unknown topics")
+    serve.add_argument("--retention-hours", type=float, default=72.0, help="commit log file reserved time (default 72)")
+    serve.add_argument("--disk-clean-ratio", type=float, default=0.75, help="delete old files above this disk use")
+    serve.add_argument("--disk-full-ratio", type=float, default=0.90, help="refuse writes above this disk use")
+    serve.add_argument(
+        "--truncate-corrupt-tail",
+        action="store_true",
+        help="accept losing everything after mid-log corruption found at start (default: refuse to start)",
+    )
+    add_size_options(serve)
+    serve.set_defaults(handler=cmd_writer_serve)
+
+    send = commands.add_parser("send", help="send messages to a writer")
+    send.add_argument("--endpoint", required=True, help="writer HOST:PORT")
+    send.add_argument("-t", "--topic", help="topic of the one message")
+    send.add_argument("-k", "--keys", help='space-separated keys, e.g. "KEY1 KEY2"')
+    send.add_argument("--tags", help="tags")
+    send.add_argument("--body", help="body text")
+    send.add_argument("-q", "--queue", type=int, help="queue id (default: the writer picks)")
+    send.add_argument("--file", help="JSONL file, one message a line")
+    send.add_argument("--batch-size", type=int, default=1000, help="messages per batch with --file (default 1000)")
+    send.add_argument("--timeout", type=float, default=600.0, help="seconds before giving up (default 600)")
+    send.set_defaults(handler=cmd_send)

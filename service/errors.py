@@ -1,0 +1,55 @@
+"""The one table from store errors to gRPC status codes.
+
+Every status carries a machine-readable reason in the trailing metadata
+(``rmqstore-reason``: the error class name) next to the human message.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import grpc
+
+from rmqstore.common import errors
+
+REASON_KEY = "rmqstore-reason"
+
+CODES: dict[type[errors.StoreError], grpc.StatusCode] = {
+    errors.InvalidArgument: grpc.StatusCode.INVALID_ARGUMENT,
+    errors.NotFound: grpc.StatusCode.NOT_FOUND,
+    errors.StoreFull: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    errors.StoreLocked: grpc.StatusCode.FAILED_PRECONDITION,
+    errors.ReadOnly: grpc.StatusCode.FAILED_PRECONDITION,
+    errors.CrcMismatch: grpc.StatusCode.DATA_LOSS,
+    errors.Corruption: grpc.StatusCode.DATA_LOSS,
+}
+
+
+def code_for(error: errors.StoreError) -> grpc.StatusCode:
+    for kind in type(error).__mro__:
+        if kind in CODES:
+            return CODES[kind]  # type: ignore[index]
+    return grpc.StatusCode.INTERNAL
+
+
+def abort_with(context: grpc.ServicerContext, error: errors.StoreError) -> None:
+    context.set_trailing_metadata(((REASON_KEY, type(error).__name__),))
+    context.abort(code_for(error), str(error))
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def mapped(method: F) -> F:
+    """Turn store errors raised by a unary or client-streaming handler into statuses."""
+
+    @functools.wraps(method)
+    def wrapper(self: Any, request: Any, context: grpc.ServicerContext) -> Any:
+        try:
+            return method(self, request, context)
+        except errors.StoreError as error:
+            abort_with(context, error)
+
+    return wrapper  # type: ignore[return-value]

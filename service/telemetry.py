@@ -1,0 +1,60 @@
+"""OpenTelemetry set-up from the standard ``OTEL_*`` variables; a no-op when none is set.
+
+Tracing turns on when ``OTEL_TRACES_EXPORTER`` names an exporter (``otlp`` or ``console``)
+or an OTLP endpoint is configured (``OTEL_EXPORTER_OTLP_ENDPOINT`` or
+``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``). ``OTEL_SDK_DISABLED=true`` turns it off. The OTLP
+exporter itself reads the other ``OTEL_EXPORTER_OTLP_*`` settings.
+"""
+
+from __future__ import annotations
+
+import os
+
+from opentelemetry import trace
+
+_configured = False
+
+
+def tracing_requested(environ: dict[str, str] | None = None) -> str | None:
+    """The exporter to use, or None for no tracing."""
+    env = os.environ if environ is None else environ
+    if env.get("OTEL_SDK_DISABLED", "").lower() == "true":
+        return None
+    exporter = env.get("OTEL_TRACES_EXPORTER", "").strip().lower()
+    if exporter == "none":
+        return None
+    if exporter:
+        return exporter
+    if env.get("OTEL_EXPORTER_OTLP_ENDPOINT") or env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"):
+        return "otlp"
+    return None
+
+
+def configure_tracing(service_name: str) -> bool:
+    """Install an SDK tracer provider if the environment asks for one. Returns whether
+    tracing is on. Safe to call more than once."""
+    global _configured
+    exporter_name = tracing_requested()
+    if exporter_name is None or _configured:
+        return _configured
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SimpleSpanProcessor
+
+    resource = Resource.create({"service.name": os.environ.get("OTEL_SERVICE_NAME", service_name)})
+    provider = TracerProvider(resource=resource)
+    if exporter_name == "console":
+        provider.add_span_processor(SimpleSpanProcessor(ConsoleSpanExporter()))
+    elif exporter_name == "otlp":
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+
+        provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+    else:
+        raise ValueError(f"OTEL_TRACES_EXPORTER={exporter_name!r}: rmqstore supports otlp, console or none")
+    trace.set_tracer_provider(provider)
+    _configured = True
+    return True
+
+
+def tracer(name: str) -> trace.Tracer:
+    return trace.get_tracer(name)

@@ -1,0 +1,132 @@
+"""WriterService: validate the request, call the store, map errors (service.errors)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import grpc
+
+from rmqstore.common.codec.hosts import SocketAddress
+from rmqstore.common.errors import InvalidArgument, StoreError
+from rmqstore.service.errors import abort_with, mapped
+from rmqstore.v1 import messages_pb2, writer_pb2, writer_pb2_grpc
+from rmqstore.writer.store import AppendResult, Writer
+from rmqstore.writer.validate import MessageInput
+
+SERVICE_NAME = "rmqstore.v1.WriterService"
+
+
+def peer_address(context: grpc.ServicerContext) -> SocketAddress | None:
+    """``ipv4:1.2.3.4:5`` / ``ipv6:[::1]:5`` → the peer's socket address."""
+    peer = context.peer() or ""
+    kind, _, rest = peer.partition(":")
+    if kind not in ("ipv4", "ipv6"):
+        return None
+    try:
+        return SocketAddress.parse(rest)
+    except InvalidArgument:
+        return None
+
+
+def to_input(message: messages_pb2.Message, position: int = 0) -> MessageInput:
+    born_host = None
+    if message.born_host:
+        try:
+            born_host = SocketAddress.parse(message.born_host)
+        except InvalidArgument as error:
+            where = f"message {position}: " if position else ""
+            raise InvalidArgument(f"{where}born_host: {error}") from None
+    return MessageInput(
+        topic=message.topic,
+        body=message.body,
+        keys=tuple(message.keys),
+        tags=message.tags,
+        properties=dict(message.properties),
+        queue_id=message.queue_id if message.HasField("queue_id") else None,
+        uniq_key=message.uniq_key,
+        flag=message.flag,
+        born_timestamp_ms=message.born_timestamp_ms,
+        born_host=born_host,
+    )
+
+
+def to_result(result: AppendResult) -> messages_pb2.SendResult:
+    return messages_pb2.SendResult(
+        offset_msg_id=result.offset_msg_id,
+        uniq_key=result.uniq_key,
+        topic=result.topic,
+        queue_id=result.queue_id,
+        queue_offset=result.queue_offset,
+        commitlog_offset=result.commitlog_offset,
+        store_timestamp_ms=result.store_timestamp_ms,
+        size=result.size,
+    )
+
+
+class WriterServicer(writer_pb2_grpc.WriterServiceServicer):
+    def __init__(self, writer: Writer):
+        self.writer = writer
+
+    def _append(self, messages: list[messages_pb2.Message], context: grpc.ServicerContext) -> list[messages_pb2.SendResult]:
+        numbered = len(messages) > 1
+        inputs = [to_input(m, i + 1 if numbered else 0) for i, m in enumerate(messages)]
+        return [to_result(r) for r in self.writer.append(inputs, peer=peer_address(context))]
+
+    @mapped
+    def Send(self, request: writer_pb2.SendRequest, context: grpc.ServicerContext) -> writer_pb2.SendResponse:
+        if not request.HasField("message"):
+            raise InvalidArgument("the request has no message")
+        return writer_pb2.SendResponse(result=self._append([request.message], context)[0])
+
+    @mapped
+    def SendBatch(self, request: writer_pb2.SendBatchRequest, context: grpc.ServicerContext) -> writer_pb2.SendBatchResponse:
+        return writer_pb2.SendBatchResponse(results=self._append(list(request.messages), context))
+
+    def SendStream(
+        self, request_iterator: Iterator[writer_pb2.SendBatchRequest], context: grpc.ServicerContext
+    ) -> Iterator[writer_pb2.SendBatchResponse]:
+        for request in request_iterator:
+            try:
+                results = self._append(list(request.messages), context)
+            except StoreError as error:
+                abort_with(context, error)
+                return
+            yield writer_pb2.SendBatchResponse(results=results)
+
+    @mapped
+    def CreateTopic(self, request: writer_pb2.CreateTopicRequest, context: grpc.ServicerContext) -> writer_pb2.CreateTopicResponse:
+        count = request.queue_count or self.writer.config.default_queue_count
+        created = self.writer.topics.create(request.name, count)
+        return writer_pb2.CreateTopicResponse(
+            topic=messages_pb2.Topic(name=request.name, queue_count=self.writer.topics.queue_count(request.name) or count),
+            created=created,
+        )
+
+    @mapped
+    def ListTopics(self, request: writer_pb2.ListTopicsRequest, context: grpc.ServicerContext) -> writer_pb2.ListTopicsResponse:
+        return writer_pb2.ListTopicsResponse(
+            topics=[messages_pb2.Topic(name=n, queue_count=c) for n, c in sorted(self.writer.topics.snapshot().items())]
+        )
+
+    @mapped
+    def Flush(self, request: writer_pb2.FlushRequest, context: grpc.ServicerContext) -> writer_pb2.FlushResponse:
+        return writer_pb2.FlushResponse(flushed_offset=self.writer.flush_thoroughly())
+
+    @mapped
+    def Status(self, request: writer_pb2.StatusRequest, context: grpc.ServicerContext) -> writer_pb2.StatusResponse:
+        status = self.writer.status()
+        return writer_pb2.StatusResponse(
+            commitlog_min_offset=status["commitlog_min_offset"],
+            commitlog_max_offset=status["commitlog_max_offset"],
+            dispatched_offset=status["dispatched_offset"],
+            flushed_offset=status["flushed_offset"],
+            queues=[
+                writer_pb2.QueueStatus(topic=t, queue_id=q, min_offset=lo, max_offset=hi)
+                for t, q, lo, hi in status["queues"]  # type: ignore[attr-defined]
+            ],
+            disk_total_bytes=status["disk_total_bytes"],
+            disk_used_bytes=status["disk_used_bytes"],
+            disk_used_ratio=status["disk_used_ratio"],
+            flush_policy=status["flush_policy"],
+            store=status["store"],
+        )

@@ -197,12 +197,12 @@ class Writer:
         if self._disk_full_reason is not None:
             raise StoreFull(self._disk_full_reason)
 
-    def _queue_count(self, topic: str) -> int:
+    def _queue_count(self, topic: str, where: str, to_create: set[str]) -> int:
         count = self.topics.queue_count(topic)
         if count is None:
             if not self.config.auto_create_topics:
-                raise NotFound(f"topic {topic} does not exist and auto-create is off")
-            self.topics.create(topic, self.config.auto_create_queue_count)
+                raise NotFound(f"{where}topic {topic} does not exist and auto-create is off")
+            to_create.add(topic)
             count = self.config.auto_create_queue_count
         return count
 
@@ -215,13 +215,18 @@ class Writer:
                 raise InvalidArgument("the writer is closed")
             self._check_disk()
             queue_ids = []
-            for message in messages:
-                count = self._queue_count(message.topic)
+            to_create: set[str] = set()
+            for position, message in enumerate(messages, start=1):
+                where = f"message {position}: " if len(messages) > 1 else ""
+                count = self._queue_count(message.topic, where, to_create)
                 if message.queue_id is not None and message.queue_id >= count:
                     raise InvalidArgument(
-                        f"queue id {message.queue_id} is out of range: topic {message.topic} has {count} queues"
+                        f"{where}queue id {message.queue_id} is out of range: topic {message.topic} has {count} queues"
                     )
                 queue_ids.append(message.queue_id)
+            # Topics are created only once the whole batch is known to be good.
+            for topic in sorted(to_create):
+                self.topics.create(topic, self.config.auto_create_queue_count)
             with _TRACER.start_as_current_span("rmqstore.append") as span:
                 span.set_attribute("rmqstore.messages", len(messages))
                 records = [

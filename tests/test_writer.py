@@ -1,0 +1,396 @@
+"""The writer node through its real gRPC API, on real files."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+
+from rmqstore.common.codec.hosts import SocketAddress
+from rmqstore.common.files.check import check_store
+from rmqstore.common.files.commitlog import CommitLog
+from rmqstore.common.files.store import StoreSizes
+from rmqstore.service.server import start_server
+from rmqstore.v1 import messages_pb2, writer_pb2, writer_pb2_grpc
+from rmqstore.writer.config import FlushPolicy, WriterConfig
+from rmqstore.writer.service import SERVICE_NAME, WriterServicer
+from rmqstore.writer.store import Writer
+
+SMALL = StoreSizes(commitlog_file_size_bytes=65536, cq_file_units=50, index_slots=17, index_entries=200)
+
+
+class Node:
+    def __init__(self, writer: Writer, server: grpc.Server, port: int):
+        self.writer = writer
+        self.server = server
+        self.port = port
+        self.channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+        self.stub = writer_pb2_grpc.WriterServiceStub(self.channel)
+
+    def close(self) -> None:
+        self.channel.close()
+        self.server.stop(None).wait()
+        self.writer.close()
+
+
+def start_node(store: Path, **overrides: object) -> Node:
+    config = WriterConfig(store=str(store), sizes=SMALL, **overrides)  # type: ignore[arg-type]
+    writer = Writer(config)
+    try:
+        server, port, _ = start_server(
+            lambda s: writer_pb2_grpc.add_WriterServiceServicer_to_server(WriterServicer(writer), s), [SERVICE_NAME]
+        )
+    except BaseException:
+        writer.close()
+        raise
+    return Node(writer, server, port)
+
+
+@pytest.fixture
+def node(tmp_path: Path) -> Iterator[Node]:
+    started = start_node(tmp_path / "store", flush=FlushPolicy.SYNC)
+    yield started
+    started.close()
+
+
+def message(topic: str = "TopicA", **fields: object) -> messages_pb2.Message:
+    return messages_pb2.Message(topic=topic, **fields)  # type: ignore[arg-type]
+
+
+def dump(store: Path) -> list:
+    log = CommitLog(str(store / "commitlog"), SMALL.commitlog_file_size_bytes)
+    try:
+        return list(log.records())
+    finally:
+        log.close()
+
+
+def test_thousands_of_messages_read_back_exactly(node: Node, tmp_path: Path) -> None:
+    """IPv4/IPv6 born hosts, non-ASCII keys, empty bodies, several keys, and enough data
+    to roll over commit log, consume queue and index files."""
+    sent = []
+    for n in range(3000):
+        keys = [f"k-{n}", "order-common"] if n % 3 else [f"订单-{n % 7}", "emoji-\U0001F680", f"k-{n}"]
+        msg = message(
+            ["TopicA", "Pay_Events-2", "OrderTopic"][n % 3],
+            body=b"" if n % 10 == 0 else hashlib.sha256(str(n).encode()).digest() * (n % 5),
+            keys=keys,
+            tags="TagA" if n % 2 else "标签-Ü",
+            properties={"seq": str(n)},
+            born_host="[2001:db8::5]:4000" if n % 4 == 0 else "192.0.2.9:5000",
+            born_timestamp_ms=1_700_000_000_000 + n,
+            flag=n % 3,
+        )
+        if n % 5 == 0:
+            msg.queue_id = 2
+        sent.append(msg)
+    results = []
+    for start in range(0, len(sent), 500):
+        response = node.stub.SendBatch(writer_pb2.SendBatchRequest(messages=sent[start : start + 500]))
+        results.extend(response.results)
+    node.writer.flush_thoroughly()
+    store = tmp_path / "store"
+    records = dump(store)
+    assert len(records) == len(results) == 3000
+    assert len(os.listdir(store / "commitlog")) > 5
+    assert max(len(os.listdir(store / "consumequeue" / "TopicA" / q)) for q in os.listdir(store / "consumequeue" / "TopicA")) > 1
+    assert len(os.listdir(store / "index")) > 5
+    for msg, result, record in zip(sent, results, records):
+        assert record.commitlog_offset == result.commitlog_offset
+        assert (record.topic, record.queue_id, record.queue_offset) == (result.topic, result.queue_id, result.queue_offset)
+        assert record.body == msg.body
+        assert record.keys == " ".join(msg.keys)
+        assert record.tags == msg.tags
+        assert record.uniq_key == result.uniq_key
+        assert record.properties["seq"] == msg.properties["seq"]
+        assert record.born_host == SocketAddress.parse(msg.born_host)
+        assert record.born_timestamp_ms == msg.born_timestamp_ms
+        assert record.flag == msg.flag
+        assert record.store_timestamp_ms == result.store_timestamp_ms
+        if msg.HasField("queue_id"):
+            assert record.queue_id == 2
+    assert {r.sys_flag for r in records} == {0, 0x10}
+    report = check_store(str(store), SMALL)
+    assert report.ok, report.problems[:3]
+    assert report.records == 3000 and report.index_keys == sum(len(m.keys) + 1 for m in sent)
+
+
+def test_acks_and_offsets(node: Node) -> None:
+    first = node.stub.Send(writer_pb2.SendRequest(message=message(keys=["a"], body=b"x"))).result
+    second = node.stub.Send(writer_pb2.SendRequest(message=message(keys=["a"], body=b"y", uniq_key="ABC123"))).result
+    assert first.commitlog_offset == 0 and second.commitlog_offset == first.size
+    assert second.uniq_key == "ABC123"
+    assert len(first.uniq_key) == 32 and first.uniq_key.startswith("7F000001")
+    assert first.offset_msg_id == "7F00000100002A9F" + f"{0:016X}"
+    assert (first.queue_id, second.queue_id) == (0, 1)  # round robin over the 4 auto-created queues
+    assert first.store_timestamp_ms <= second.store_timestamp_ms
+
+
+def test_stream_acks_each_batch_in_order(node: Node) -> None:
+    batches = [writer_pb2.SendBatchRequest(messages=[message(body=bytes([i, j])) for j in range(3)]) for i in range(20)]
+    responses = list(node.stub.SendStream(iter(batches)))
+    assert [len(r.results) for r in responses] == [3] * 20
+    offsets = [result.commitlog_offset for r in responses for result in r.results]
+    assert offsets == sorted(offsets) and len(set(offsets)) == 60
+
+
+def test_topics_status_and_flush(node: Node, tmp_path: Path) -> None:
+    created = node.stub.CreateTopic(writer_pb2.CreateTopicRequest(name="Orders", queue_count=16))
+    assert (created.created, created.topic.queue_count) == (True, 16)
+    again = node.stub.CreateTopic(writer_pb2.CreateTopicRequest(name="Orders", queue_count=8))
+    assert (again.created, again.topic.queue_count) == (False, 16)
+    default = node.stub.CreateTopic(writer_pb2.CreateTopicRequest(name="Defaults"))
+    assert default.topic.queue_count == 8
+    node.stub.Send(writer_pb2.SendRequest(message=message("Orders", queue_id=15, body=b"z")))
+    topics = {t.name: t.queue_count for t in node.stub.ListTopics(writer_pb2.ListTopicsRequest()).topics}
+    assert topics == {"Orders": 16, "Defaults": 8}
+    flushed = node.stub.Flush(writer_pb2.FlushRequest()).flushed_offset
+    status = node.stub.Status(writer_pb2.StatusRequest())
+    assert status.commitlog_max_offset == status.dispatched_offset == status.flushed_offset == flushed > 0
+    assert [(q.topic, q.queue_id, q.min_offset, q.max_offset) for q in status.queues] == [("Orders", 15, 0, 1)]
+    assert status.flush_policy == "sync" and 0 < status.disk_used_ratio < 1
+    assert status.store == str((tmp_path / "store").resolve())
+
+
+def test_health_and_reflection(node: Node) -> None:
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+    from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+    health = health_pb2_grpc.HealthStub(node.channel)
+    assert health.Check(health_pb2.HealthCheckRequest(service=SERVICE_NAME)).status == health_pb2.HealthCheckResponse.SERVING
+    reflect = reflection_pb2_grpc.ServerReflectionStub(node.channel)
+    answers = list(reflect.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(list_services="")])))
+    names = {s.name for s in answers[0].list_services_response.service}
+    assert SERVICE_NAME in names and "grpc.health.v1.Health" in names
+
+
+def snapshot(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+BAD_INPUTS = {
+    "invalid topic characters": (message("../../etc", body=b"x"), grpc.StatusCode.INVALID_ARGUMENT, "outside [%|a-zA-Z0-9_-]"),
+    "blank topic": (message("", body=b"x"), grpc.StatusCode.INVALID_ARGUMENT, "blank"),
+    "topic too long": (message("t" * 128), grpc.StatusCode.INVALID_ARGUMENT, "at most 127"),
+    "system topic": (message("SCHEDULE_TOPIC_XXXX"), grpc.StatusCode.INVALID_ARGUMENT, "system topic"),
+    "body too large": (message(body=bytes(4 * 1024 * 1024 + 1)), grpc.StatusCode.INVALID_ARGUMENT, "body is 4194305 bytes"),
+    "properties too large": (message(properties={"big": "v" * 33000}), grpc.StatusCode.INVALID_ARGUMENT, "at most 32767"),
+    "too many keys": (message(keys=[f"k{i}" for i in range(33)]), grpc.StatusCode.INVALID_ARGUMENT, "33 keys"),
+    "key too long": (message(keys=["k" * 256]), grpc.StatusCode.INVALID_ARGUMENT, "256 characters"),
+    "key with a space": (message(keys=["a b"]), grpc.StatusCode.INVALID_ARGUMENT, "contains a space"),
+    "empty key": (message(keys=[""]), grpc.StatusCode.INVALID_ARGUMENT, "a key is empty"),
+    "separator in a key": (message(keys=["a\x01b"]), grpc.StatusCode.INVALID_ARGUMENT, "0x01 or 0x02"),
+    "reserved property": (message(properties={"UNIQ_KEY": "x"}), grpc.StatusCode.INVALID_ARGUMENT, "reserved"),
+    "empty property value": (message(properties={"p": ""}), grpc.StatusCode.INVALID_ARGUMENT, "empty value"),
+    "queue id out of range": (message("Known", queue_id=3), grpc.StatusCode.INVALID_ARGUMENT, "Known has 3 queues"),
+    "negative queue id": (message("Known", queue_id=-1), grpc.StatusCode.INVALID_ARGUMENT, "negative"),
+    "bad born host": (message(born_host="nowhere"), grpc.StatusCode.INVALID_ARGUMENT, "born_host"),
+    "bad uniq key": (message(uniq_key="no spaces allowed"), grpc.StatusCode.INVALID_ARGUMENT, "uniq key"),
+    "unknown topic without auto-create": (message("Unknown"), grpc.StatusCode.NOT_FOUND, "does not exist"),
+}
+
+
+@pytest.fixture
+def strict_node(tmp_path: Path) -> Iterator[tuple[Node, Path]]:
+    store = tmp_path / "strict"
+    started = start_node(store, auto_create_topics=False)
+    started.writer.topics.create("Known", 3)
+    started.stub.Send(writer_pb2.SendRequest(message=message("Known", body=b"seed")))
+    started.writer.flush_thoroughly()
+    yield started, store
+    started.close()
+
+
+@pytest.mark.parametrize("case", sorted(BAD_INPUTS))
+def test_bad_input_is_refused_and_writes_nothing(strict_node: tuple[Node, Path], case: str) -> None:
+    node, store = strict_node
+    bad, code, text = BAD_INPUTS[case]
+    before = snapshot(store)
+    with pytest.raises(grpc.RpcError) as caught:
+        node.stub.Send(writer_pb2.SendRequest(message=bad))
+    assert caught.value.code() == code
+    assert text in caught.value.details()
+    # In a batch, the good message before the bad one is not written either.
+    with pytest.raises(grpc.RpcError) as caught_batch:
+        node.stub.SendBatch(writer_pb2.SendBatchRequest(messages=[message("Known", body=b"ok"), bad]))
+    assert caught_batch.value.code() == code
+    assert caught_batch.value.details() == "message 2: " + caught.value.details()
+    assert snapshot(store) == before
+
+
+def test_empty_batch_and_missing_message(strict_node: tuple[Node, Path]) -> None:
+    node, store = strict_node
+    before = snapshot(store)
+    with pytest.raises(grpc.RpcError) as caught:
+        node.stub.SendBatch(writer_pb2.SendBatchRequest())
+    assert (caught.value.code(), caught.value.details()) == (grpc.StatusCode.INVALID_ARGUMENT, "the batch is empty")
+    with pytest.raises(grpc.RpcError) as caught:
+        node.stub.Send(writer_pb2.SendRequest())
+    assert (caught.value.code(), caught.value.details()) == (grpc.StatusCode.INVALID_ARGUMENT, "the request has no message")
+    assert dict(caught.value.trailing_metadata())["rmqstore-reason"] == "InvalidArgument"
+    assert snapshot(store) == before
+
+
+def test_disk_full_ratio_refuses_writes(tmp_path: Path) -> None:
+    node = start_node(tmp_path / "store", disk_full_ratio=0.0)
+    try:
+        with pytest.raises(grpc.RpcError) as caught:
+            node.stub.Send(writer_pb2.SendRequest(message=message(body=b"x")))
+        assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "above the full ratio 0%" in caught.value.details()
+        assert not os.path.exists(tmp_path / "store" / "commitlog" / "00000000000000000000")
+    finally:
+        node.close()
+
+
+def test_concurrent_producers_get_contiguous_offsets(tmp_path: Path) -> None:
+    node = start_node(tmp_path / "store", flush=FlushPolicy.SYNC)
+    acks: list[messages_pb2.SendResult] = []
+    lock = threading.Lock()
+    errors: list[BaseException] = []
+
+    def produce(worker: int) -> None:
+        try:
+            for n in range(60):
+                msg = message("Shared", body=f"{worker}-{n}".encode(), keys=[f"w{worker}-{n}"])
+                if n % 2:
+                    msg.queue_id = worker % 4
+                result = node.stub.Send(writer_pb2.SendRequest(message=msg), timeout=60).result
+                with lock:
+                    acks.append(result)
+        except BaseException as error:  # pragma: no cover - reported below
+            errors.append(error)
+
+    threads = [threading.Thread(target=produce, args=(w,)) for w in range(16)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    try:
+        assert not errors and len(acks) == 16 * 60
+        by_queue: dict[int, list[int]] = {}
+        for ack in acks:
+            by_queue.setdefault(ack.queue_id, []).append(ack.queue_offset)
+        for offsets in by_queue.values():
+            assert sorted(offsets) == list(range(len(offsets)))
+        assert len({a.commitlog_offset for a in acks}) == len(acks)
+        node.writer.flush_thoroughly()
+        assert check_store(str(tmp_path / "store"), SMALL).ok
+    finally:
+        node.close()
+
+
+def test_second_writer_fails_fast_and_first_keeps_working(node: Node, tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    done = subprocess.run(
+        [sys.executable, "-m", "rmqstore.cli.main", "writer", "serve", "--store", str(store), "--port", "0"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2
+    assert f"another writer holds {store / 'lock'}" in done.stderr
+    assert done.stdout == ""
+    result = node.stub.Send(writer_pb2.SendRequest(message=message(body=b"still here"))).result
+    assert result.queue_offset == 0
+    assert (store / "lock").read_bytes() == b"lock"
+
+
+def test_restart_continues_offsets_and_cleans_abort(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    node = start_node(store)
+    assert (store / "abort").exists()
+    first = node.stub.Send(writer_pb2.SendRequest(message=message(queue_id=1, keys=["x"]))).result
+    node.close()
+    assert not (store / "abort").exists()
+    node = start_node(store)
+    try:
+        assert node.writer.recovery.unclean is False
+        second = node.stub.Send(writer_pb2.SendRequest(message=message(queue_id=1, keys=["x"]))).result
+        assert second.queue_offset == first.queue_offset + 1
+        assert second.commitlog_offset == first.commitlog_offset + first.size
+    finally:
+        node.close()
+
+
+def test_retention_deletes_old_files_and_what_points_into_them(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    node = start_node(store, disk_clean_ratio=0.0)  # any disk use counts as pressure
+    try:
+        for n in range(8):
+            batch = [message(f"T{k % 2}", body=bytes(900), keys=[f"n{n}-{k}"]) for k in range(60)]
+            node.stub.SendBatch(writer_pb2.SendBatchRequest(messages=batch))
+        node.writer.flush_thoroughly()
+        files_before = sorted(os.listdir(store / "commitlog"))
+        index_before = len(os.listdir(store / "index"))
+        report = node.writer.run_retention()
+        files_after = sorted(os.listdir(store / "commitlog"))
+        assert len(report.commitlog_files) == min(10, len(files_before) - 1)
+        assert files_after == files_before[len(report.commitlog_files) :]
+        assert report.queue_files > 0 and len(report.index_files) > 0
+        assert len(os.listdir(store / "index")) == index_before - len(report.index_files)
+        new_min = int(files_after[0])
+        status = node.writer.status()
+        assert status["commitlog_min_offset"] == new_min
+        for (topic, queue_id), queue in node.writer.queues.queues.items():
+            first = queue.read(queue.min_offset)
+            assert first is not None and first.commitlog_offset >= new_min
+        node.stub.Send(writer_pb2.SendRequest(message=message("T0", body=b"after")))
+        node.writer.flush_thoroughly()
+        assert check_store(str(store), SMALL).ok
+    finally:
+        node.close()
+
+
+def test_send_cli_from_jsonl(node: Node, tmp_path: Path) -> None:
+    lines = [
+        {"topic": "TopicA", "body": "hello", "keys": "k1 k2", "tags": "TagA"},
+        {"topic": "TopicA", "bodyBase64": "AAEC", "keys": ["k3"], "queueId": 3, "properties": {"p": "v"}, "uniqKey": "U1"},
+    ]
+    path = tmp_path / "in.jsonl"
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    done = subprocess.run(
+        [sys.executable, "-m", "rmqstore.cli.main", "send", "--endpoint", f"127.0.0.1:{node.port}", "--file", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    acks = [json.loads(line) for line in done.stdout.splitlines()]
+    assert [a["queueId"] for a in acks][1] == 3 and acks[1]["uniqKey"] == "U1"
+    assert set(acks[0]) == {"offsetMsgId", "uniqKey", "topic", "queueId", "queueOffset", "commitLogOffset", "storeTimestamp"}
+    node.writer.flush_thoroughly()
+    records = dump(tmp_path / "store")
+    assert [r.body for r in records] == [b"hello", b"\x00\x01\x02"]
+    assert records[1].properties["p"] == "v" and records[0].keys == "k1 k2"
+    # A bad line is reported with its number and nothing is sent.
+    path.write_text(json.dumps(lines[0]) + "\n" + '{"topic": 5}\n')
+    done = subprocess.run(
+        [sys.executable, "-m", "rmqstore.cli.main", "send", "--endpoint", f"127.0.0.1:{node.port}", "--file", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2 and "line 2: topic (a string) is required" in done.stderr
+    assert len(dump(tmp_path / "store")) == 2
+
+
+def test_failed_batch_creates_no_topic(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    node = start_node(store)
+    try:
+        with pytest.raises(grpc.RpcError) as caught:
+            node.stub.SendBatch(writer_pb2.SendBatchRequest(messages=[message("Fresh"), message("Fresh", queue_id=4)]))
+        assert caught.value.details() == "message 2: queue id 4 is out of range: topic Fresh has 4 queues"
+        assert node.stub.ListTopics(writer_pb2.ListTopicsRequest()).topics == []
+        assert not (store / "config" / "rmqstore-topics.json").exists()
+    finally:
+        node.close()

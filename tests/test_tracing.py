@@ -1,0 +1,55 @@
+"""OpenTelemetry: the server continues the caller's trace; append, dispatch and flush spans."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from rmqstore.service.telemetry import tracing_requested
+from rmqstore.v1 import messages_pb2, writer_pb2
+from rmqstore.writer.config import FlushPolicy
+from test_writer import start_node
+
+TRACE_ID = 0x4BF92F3577B34DA6A3CE929D0E0E4736
+PARENT_SPAN_ID = 0x00F067AA0BA902B7
+
+
+def test_spans_continue_the_callers_trace(tmp_path: Path) -> None:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    trace.set_tracer_provider(provider)
+    assert trace.get_tracer_provider() is provider, "another test installed a tracer provider first"
+    node = start_node(tmp_path / "store", flush=FlushPolicy.SYNC)
+    try:
+        traceparent = f"00-{TRACE_ID:032x}-{PARENT_SPAN_ID:016x}-01"
+        node.stub.Send(
+            writer_pb2.SendRequest(message=messages_pb2.Message(topic="Traced", body=b"x")),
+            metadata=(("traceparent", traceparent),),
+        )
+    finally:
+        node.close()
+    # Spans of this trace only: closing the node flushes again outside any request.
+    spans = {span.name: span for span in exporter.get_finished_spans() if span.context.trace_id == TRACE_ID}
+    server = spans["/rmqstore.v1.WriterService/Send"]
+    assert server.kind == trace.SpanKind.SERVER
+    assert server.context.trace_id == TRACE_ID
+    assert server.parent is not None and server.parent.span_id == PARENT_SPAN_ID
+    for name in ("rmqstore.append", "rmqstore.dispatch", "rmqstore.flush"):
+        span = spans[name]
+        assert span.context.trace_id == TRACE_ID, name
+        assert span.parent is not None and span.parent.span_id == server.context.span_id, name
+    assert spans["rmqstore.append"].attributes["rmqstore.messages"] == 1
+    assert server.status.status_code != trace.StatusCode.ERROR
+
+
+def test_tracing_is_off_unless_asked() -> None:
+    assert tracing_requested({}) is None
+    assert tracing_requested({"OTEL_TRACES_EXPORTER": "none", "OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4317"}) is None
+    assert tracing_requested({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4317"}) == "otlp"
+    assert tracing_requested({"OTEL_TRACES_EXPORTER": "console"}) == "console"
+    assert tracing_requested({"OTEL_TRACES_EXPORTER": "otlp", "OTEL_SDK_DISABLED": "true"}) is None

@@ -62,6 +62,7 @@ class MappedFile:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
         try:
             os.ftruncate(fd, file_size_bytes)
+            os.fsync(fd)  # the size is metadata: msync of the data does not persist it
         finally:
             os.close(fd)
         fsync_directory(os.path.dirname(path) or ".")

@@ -23,6 +23,7 @@ from rmqstore.v1 import messages_pb2, writer_pb2, writer_pb2_grpc
 from rmqstore.writer.config import FlushPolicy, WriterConfig
 from rmqstore.writer.service import SERVICE_NAME, WriterServicer
 from rmqstore.writer.store import Writer
+from rmqstore.writer.validate import MessageInput
 
 SMALL = StoreSizes(commitlog_file_size_bytes=65536, cq_file_units=50, index_slots=17, index_entries=200)
 
@@ -394,3 +395,83 @@ def test_failed_batch_creates_no_topic(tmp_path: Path) -> None:
         assert not (store / "config" / "rmqstore-topics.json").exists()
     finally:
         node.close()
+
+
+def _copy_apache(source: Path, target: Path) -> Path:
+    import shutil
+
+    shutil.copytree(source, target)
+    for dirpath, _, names in os.walk(target):
+        os.chmod(dirpath, 0o755)
+        for name in names:
+            os.chmod(os.path.join(dirpath, name), 0o644)
+    return target
+
+
+def test_writer_takes_over_apaches_crashed_store(tmp_path: Path) -> None:
+    """Apache's store after SIGKILL (abort present, no progress file of ours): the writer
+    recovers it, keeps all 795 records, and appends after them."""
+    from conftest import CRASHED, FIXTURE_SIZES
+
+    store = _copy_apache(CRASHED, tmp_path / "store")
+    writer = Writer(WriterConfig(store=str(store), sizes=FIXTURE_SIZES))
+    try:
+        assert writer.recovery.unclean is True
+        assert writer.recovery.stop.end_offset == 840_015
+        assert writer.topics.queue_count("TopicTest") == 4
+        [result] = writer.append([MessageInput("TopicTest", b"x", queue_id=0)])
+        assert result.commitlog_offset == 840_015
+    finally:
+        writer.close()
+    report = check_store(str(store), FIXTURE_SIZES)
+    assert report.ok, report.problems[:3]
+    assert report.records == 796
+
+
+def test_missing_index_files_are_rebuilt(tmp_path: Path) -> None:
+    from rmqstore.common.files.index import IndexFileList
+
+    store = tmp_path / "store"
+    node = start_node(store)
+    for n in range(400):
+        node.stub.Send(writer_pb2.SendRequest(message=message(keys=[f"key-{n}"], body=bytes(n % 50))))
+    node.close()
+    index_files = sorted((store / "index").iterdir())
+    assert len(index_files) > 3
+    for path in index_files[len(index_files) // 2 :]:  # what Apache deletes after a crash: the newest
+        path.unlink()
+    writer = Writer(WriterConfig(store=str(store), sizes=SMALL))
+    try:
+        assert writer.recovery.redispatched_records > 0
+    finally:
+        writer.close()
+    assert check_store(str(store), SMALL).ok
+    index = IndexFileList(str(store / "index"), SMALL.index_slots, SMALL.index_entries)
+    try:
+        assert all(len(list(index.candidates("TopicA", f"key-{n}"))) == 1 for n in range(400))
+    finally:
+        index.close()
+
+
+def test_time_based_retention_at_the_delete_hour(tmp_path: Path) -> None:
+    import time as clock
+
+    store = tmp_path / "store"
+    hour = clock.localtime().tm_hour
+    node = start_node(store, retention_hours=1.0, retention_delete_hours=(hour,), disk_clean_ratio=1.0)
+    try:
+        for n in range(4):
+            node.stub.SendBatch(writer_pb2.SendBatchRequest(messages=[message(body=bytes(900)) for _ in range(100)]))
+        node.writer.flush_thoroughly()
+        files = sorted((store / "commitlog").iterdir())
+        assert len(files) >= 4
+        assert node.writer.run_retention().commitlog_files == []  # nothing is an hour old yet
+        old = clock.time() - 2 * 3600
+        os.utime(files[0], (old, old))
+        os.utime(files[1], (old, old))
+        report = node.writer.run_retention()
+        assert [Path(p).name for p in report.commitlog_files] == [files[0].name, files[1].name]
+        assert sorted(p.name for p in (store / "commitlog").iterdir()) == [f.name for f in files[2:]]
+    finally:
+        node.close()
+    assert check_store(str(store), SMALL).ok

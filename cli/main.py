@@ -6,7 +6,7 @@ import argparse
 import os
 import sys
 
-from rmqstore.cli import store_tools, writer_tools
+from rmqstore.cli import query_tools, store_tools, writer_tools
 from rmqstore.common.errors import StoreError
 
 EXIT_ERROR = 2
@@ -20,6 +20,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     store_tools.register(commands)
     writer_tools.register(commands)
+    query_tools.register(commands)
     return parser
 
 

@@ -27,6 +27,10 @@ class NotFound(StoreError):
     """The thing asked for does not exist (yet, or any more)."""
 
 
+class OutOfRange(StoreError):
+    """An offset or position outside what the store holds (below its min, at or past its max)."""
+
+
 class Corruption(StoreError):
     """Bytes on disk do not decode: bad magic, size, CRC or layout.
 

@@ -19,6 +19,7 @@ REASON_KEY = "rmqstore-reason"
 CODES: dict[type[errors.StoreError], grpc.StatusCode] = {
     errors.InvalidArgument: grpc.StatusCode.INVALID_ARGUMENT,
     errors.NotFound: grpc.StatusCode.NOT_FOUND,
+    errors.OutOfRange: grpc.StatusCode.OUT_OF_RANGE,
     errors.StoreFull: grpc.StatusCode.RESOURCE_EXHAUSTED,
     errors.StoreLocked: grpc.StatusCode.FAILED_PRECONDITION,
     errors.ReadOnly: grpc.StatusCode.FAILED_PRECONDITION,

@@ -77,9 +77,27 @@ class ConsumeQueue:
         return position
 
     def refresh(self) -> None:
-        """Pick up units and files written since the last look (read-only followers)."""
+        """Pick up units and files written since the last look (read-only followers):
+        scan forward from the known end only."""
         self.files.refresh()
-        self._load_bounds()
+        if self.files.first is None:
+            self._end_position = self._min_position = 0
+            self.max_commitlog_end = -1
+            return
+        if self._end_position < self.files.min_offset or self._min_position < self.files.min_offset:
+            self._load_bounds()
+            return
+        position = self._end_position
+        while True:
+            mapped = self.files.find(position)
+            if mapped is None:
+                break
+            offset, size, _ = cq.UNIT.unpack_from(mapped.buf, position - mapped.start_offset)
+            if offset < 0 or size <= 0:
+                break
+            self.max_commitlog_end = offset + size
+            position += UNIT_SIZE
+        self._end_position = position
 
     @property
     def min_offset(self) -> int:
@@ -129,15 +147,17 @@ class ConsumeQueue:
         boundary: Boundary = Boundary.LOWER,
         *,
         commitlog_min_offset: int = 0,
+        stop: int | None = None,
     ) -> int:
         """Binary search over the records' store times, independent of file mtimes.
 
         LOWER: the first queue offset whose message was stored at or after ``timestamp_ms``
         (max_offset if none). UPPER: the last one stored at or before it (min_offset − 1 if
-        none). Units pointing below ``commitlog_min_offset`` (expired) are skipped.
+        none). Units pointing below ``commitlog_min_offset`` (expired) are skipped; units
+        at or past ``stop`` (not yet visible) are not considered.
         """
         low = self.min_offset
-        high = self.max_offset
+        high = self.max_offset if stop is None else min(stop, self.max_offset)
         while low < high and (unit := self.read(low)) is not None and unit.commitlog_offset < commitlog_min_offset:
             low += 1
         if boundary is Boundary.LOWER:

@@ -1,0 +1,148 @@
+"""QueryService: lookups over a read-only StoreView; errors mapped in service.errors."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import grpc
+from opentelemetry import trace
+
+from rmqstore.common.codec.msgid import offset_msg_id
+from rmqstore.common.codec.properties import split_keys
+from rmqstore.common.codec.record import Record
+from rmqstore.common.errors import StoreError
+from rmqstore.common.files.consumequeue import Boundary
+from rmqstore.query.view import TIME_MAX_MS, TIME_MIN_MS, StoreView
+from rmqstore.service.errors import abort_with, mapped
+from rmqstore.v1 import messages_pb2, query_pb2, query_pb2_grpc
+
+SERVICE_NAME = "rmqstore.v1.QueryService"
+_TRACER = trace.get_tracer("rmqstore.query")
+
+
+def to_stored(record: Record) -> messages_pb2.StoredMessage:
+    return messages_pb2.StoredMessage(
+        topic=record.topic,
+        queue_id=record.queue_id,
+        queue_offset=record.queue_offset,
+        commitlog_offset=record.commitlog_offset,
+        size=record.size,
+        store_timestamp_ms=record.store_timestamp_ms,
+        born_timestamp_ms=record.born_timestamp_ms,
+        born_host=record.born_host.java_text(),
+        store_host=record.store_host.java_text(),
+        sys_flag=record.sys_flag,
+        flag=record.flag,
+        body_crc=record.body_crc,
+        reconsume_times=record.reconsume_times,
+        prepared_transaction_offset=record.prepared_transaction_offset,
+        keys=split_keys(record.keys),
+        tags=record.tags or "",
+        uniq_key=record.uniq_key or "",
+        properties=record.properties,
+        body=record.body,
+        offset_msg_id=offset_msg_id(record.store_host, record.commitlog_offset),
+    )
+
+
+class QueryServicer(query_pb2_grpc.QueryServiceServicer):
+    def __init__(self, view: StoreView):
+        self.view = view
+
+    @mapped
+    def QueryByKey(self, request: query_pb2.QueryByKeyRequest, context: grpc.ServicerContext) -> query_pb2.QueryByKeyResponse:
+        with _TRACER.start_as_current_span("rmqstore.lookup.key") as span:
+            span.set_attribute("rmqstore.topic", request.topic)
+            page = self.view.by_key(
+                request.topic,
+                request.key,
+                begin_ms=request.begin_ms if request.HasField("begin_ms") else TIME_MIN_MS,
+                end_ms=request.end_ms if request.HasField("end_ms") else TIME_MAX_MS,
+                page_size=request.page_size,
+                cursor=request.cursor,
+            )
+            span.set_attribute("rmqstore.results", len(page.records))
+        return query_pb2.QueryByKeyResponse(
+            messages=[to_stored(r) for r in page.records], cursor=page.cursor, complete=page.complete
+        )
+
+    @mapped
+    def QueryByUniqKey(self, request: query_pb2.QueryByUniqKeyRequest, context: grpc.ServicerContext) -> query_pb2.QueryByUniqKeyResponse:
+        with _TRACER.start_as_current_span("rmqstore.lookup.uniq_key") as span:
+            records = self.view.by_uniq_key(request.topic, request.uniq_key)
+            span.set_attribute("rmqstore.results", len(records))
+        return query_pb2.QueryByUniqKeyResponse(messages=[to_stored(r) for r in records])
+
+    @mapped
+    def QueryByMsgId(self, request: query_pb2.QueryByMsgIdRequest, context: grpc.ServicerContext) -> query_pb2.QueryByMsgIdResponse:
+        with _TRACER.start_as_current_span("rmqstore.lookup.msg_id"):
+            record = self.view.by_msg_id(request.msg_id)
+        return query_pb2.QueryByMsgIdResponse(message=to_stored(record))
+
+    @mapped
+    def QueryByQueueOffset(
+        self, request: query_pb2.QueryByQueueOffsetRequest, context: grpc.ServicerContext
+    ) -> query_pb2.QueryByQueueOffsetResponse:
+        with _TRACER.start_as_current_span("rmqstore.lookup.queue_offset"):
+            record = self.view.by_queue_offset(request.topic, request.queue_id, request.queue_offset)
+        return query_pb2.QueryByQueueOffsetResponse(message=to_stored(record))
+
+    @mapped
+    def Pull(self, request: query_pb2.PullRequest, context: grpc.ServicerContext) -> query_pb2.PullResponse:
+        with _TRACER.start_as_current_span("rmqstore.lookup.pull") as span:
+            records, next_offset = self.view.pull(
+                request.topic, request.queue_id, request.from_offset, request.max_count, request.max_bytes
+            )
+            low, high = self.view.queue_bounds(request.topic, request.queue_id)
+            span.set_attribute("rmqstore.results", len(records))
+        return query_pb2.PullResponse(
+            messages=[to_stored(r) for r in records], next_offset=next_offset, min_offset=low, max_offset=high
+        )
+
+    @mapped
+    def QueueBounds(self, request: query_pb2.QueueBoundsRequest, context: grpc.ServicerContext) -> query_pb2.QueueBoundsResponse:
+        low, high = self.view.queue_bounds(request.topic, request.queue_id)
+        return query_pb2.QueueBoundsResponse(min_offset=low, max_offset=high)
+
+    @mapped
+    def SearchOffset(self, request: query_pb2.SearchOffsetRequest, context: grpc.ServicerContext) -> query_pb2.SearchOffsetResponse:
+        boundary = Boundary.UPPER if request.boundary == query_pb2.BOUNDARY_UPPER else Boundary.LOWER
+        with _TRACER.start_as_current_span("rmqstore.lookup.search_offset"):
+            result = self.view.search_offset(request.topic, request.queue_id, request.timestamp_ms, boundary)
+        return query_pb2.SearchOffsetResponse(offset=result.offset, found=result.found)
+
+    def StreamByTime(self, request: query_pb2.StreamByTimeRequest, context: grpc.ServicerContext) -> Iterator[messages_pb2.StoredMessage]:
+        with _TRACER.start_as_current_span("rmqstore.lookup.time_range"):
+            try:
+                for record in self.view.messages_between(request.topic, request.queue_id, request.begin_ms, request.end_ms):
+                    yield to_stored(record)
+            except StoreError as error:
+                abort_with(context, error)
+
+    @mapped
+    def ListTopics(self, request: query_pb2.ListQueryTopicsRequest, context: grpc.ServicerContext) -> query_pb2.ListQueryTopicsResponse:
+        topics = []
+        for name, queue_ids in self.view.topics().items():
+            queues = []
+            for queue_id in queue_ids:
+                low, high = self.view.queue_bounds(name, queue_id)
+                queues.append(query_pb2.QueueInfo(queue_id=queue_id, min_offset=low, max_offset=high))
+            topics.append(query_pb2.TopicInfo(name=name, queues=queues))
+        return query_pb2.ListQueryTopicsResponse(topics=topics)
+
+    @mapped
+    def Stats(self, request: query_pb2.StatsRequest, context: grpc.ServicerContext) -> query_pb2.StatsResponse:
+        stats = self.view.stats()
+        status = self.view.status()
+        return query_pb2.StatsResponse(
+            commitlog_min_offset=status.min_offset,
+            visible_offset=status.visible_offset,
+            published_offset=status.published_offset,
+            lag_bytes=status.lag_bytes,
+            refreshed_ago_ms=status.refreshed_ago_ms,
+            messages=stats["messages"],  # type: ignore[arg-type]
+            commitlog_files=stats["commitlog_files"],  # type: ignore[arg-type]
+            index_files=stats["index_files"],  # type: ignore[arg-type]
+            follows_writer=status.has_progress,
+            store=self.view.root,
+        )

@@ -1,0 +1,436 @@
+"""A read-only view of a store directory that follows a live writer, and every lookup.
+
+The view never writes and never takes the writer's lock. It trusts nothing past the
+writer's published progress (``rmqstore-progress``): a record is visible only if it ends
+at or below the published dispatched offset. On a store without a progress file (Apache's
+broker wrote it) the visible end is the end of the records that validate.
+
+Lookups answer from the records themselves: a key lookup reads every index candidate and
+keeps only records whose topic is the topic and whose KEYS hold the key (hash collisions
+and other topics dropped), and time ranges apply to exact store timestamps.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import threading
+import time
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from rmqstore.common.codec import consumequeue as cq
+from rmqstore.common.codec.msgid import decode_offset_msg_id, offset_msg_id
+from rmqstore.common.codec.properties import split_keys
+from rmqstore.common.codec.record import Record
+from rmqstore.common.codec.topic import topic_problem
+from rmqstore.common.errors import Corruption, InvalidArgument, NotFound, OutOfRange
+from rmqstore.common.files.commitlog import CommitLog, StopReason
+from rmqstore.common.files.consumequeue import Boundary, ConsumeQueue, ConsumeQueueSet
+from rmqstore.common.files.index import IndexFileList
+from rmqstore.common.files.progress import read_progress
+from rmqstore.common.files.store import StorePaths, StoreSizes, resolve_sizes
+
+TIME_MIN_MS = 0
+TIME_MAX_MS = 2**63 - 1
+PAGE_SIZE_MAX = 10_000
+PULL_COUNT_MAX = 10_000
+REFRESH_INTERVAL_S = 0.01
+
+
+@dataclass(frozen=True, slots=True)
+class KeyPage:
+    records: list[Record]
+    cursor: str  # continue with this; empty when complete
+    complete: bool
+
+
+@dataclass(frozen=True, slots=True)
+class OffsetSearch:
+    offset: int
+    found: bool  # a message at ``offset`` satisfies the boundary
+
+
+@dataclass(frozen=True, slots=True)
+class ViewStatus:
+    visible_offset: int
+    published_offset: int
+    min_offset: int
+    has_progress: bool
+    refreshed_ago_ms: float
+    last_store_timestamp_ms: int
+
+    @property
+    def lag_bytes(self) -> int:
+        return max(self.published_offset - self.visible_offset, 0)
+
+
+def _cursor_hash(*parts: object) -> int:
+    return zlib.crc32("\x00".join(str(p) for p in parts).encode("utf-8"))
+
+
+def encode_cursor(offset: int, check: int) -> str:
+    raw = json.dumps({"v": 1, "o": offset, "h": check}, separators=(",", ":")).encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str, check: int) -> int:
+    try:
+        padded = cursor + "=" * (-len(cursor) % 4)
+        document = json.loads(base64.urlsafe_b64decode(padded.encode()))
+        offset = int(document["o"])
+        valid = document.get("v") == 1 and document.get("h") == check and offset >= 0
+    except (ValueError, KeyError, TypeError):
+        valid = False
+    if not valid:
+        raise InvalidArgument("the cursor is malformed or belongs to another query")
+    return offset
+
+
+def check_time_range(begin_ms: int, end_ms: int) -> None:
+    if begin_ms < 0 or end_ms < 0:
+        raise InvalidArgument(f"times must not be negative (begin {begin_ms}, end {end_ms})")
+    if end_ms < begin_ms:
+        raise InvalidArgument(f"end {end_ms} is before begin {begin_ms}")
+
+
+class StoreView:
+    """Thread-safe: lookups and refreshes take one lock."""
+
+    def __init__(self, root: str, sizes: StoreSizes | None = None):
+        self.root = root
+        self.paths = StorePaths(root)
+        self.sizes = sizes or resolve_sizes(root)
+        self._lock = threading.RLock()
+        self.log = CommitLog(self.paths.commitlog, self.sizes.commitlog_file_size_bytes)
+        self.queues = ConsumeQueueSet(self.paths.consumequeue, self.sizes.cq_file_units)
+        self.index = IndexFileList(self.paths.index, self.sizes.index_slots, self.sizes.index_entries)
+        self.visible_offset = 0
+        self.published_offset = 0
+        self.min_offset = 0
+        self.has_progress = False
+        self.last_store_timestamp_ms = 0
+        self._refreshed_at = 0.0
+        self._queues_seen_at_offset: dict[tuple[str, int], int] = {}
+        self.refresh(force=True)
+
+    # Following the writer
+
+    def refresh(self, force: bool = False) -> None:
+        with self._lock:
+            now = time.monotonic()
+            if not force and now - self._refreshed_at < REFRESH_INTERVAL_S:
+                return
+            self._refreshed_at = now
+            progress = read_progress(self.root)
+            if progress is None and self.has_progress:
+                raise Corruption(f"the progress file under {self.root} disappeared")
+            files_changed = self.log.refresh()
+            if progress is not None:
+                self.has_progress = True
+                bound = progress.dispatched_offset
+                self.published_offset = bound
+                self.last_store_timestamp_ms = progress.last_store_timestamp_ms
+                self.min_offset = max(progress.commitlog_min_offset, self.log.min_offset)
+            else:
+                bound = self._validated_end()
+                self.published_offset = bound
+                self.min_offset = self.log.min_offset
+            if bound != self.visible_offset or files_changed:
+                self.index.refresh()
+                self.visible_offset = bound
+
+    def _validated_end(self) -> int:
+        """Apache's store: the end of the records that validate, scanning on from the last
+        known end (or from the newest file with data)."""
+        start = self.visible_offset
+        if start < self.log.min_offset or self.log.files.find(start) is None and start != self.log.max_file_offset:
+            start = self.log.min_offset
+            for mapped in reversed(self.log.files.files):
+                if mapped.last_nonzero_position(0) > 0:
+                    start = mapped.start_offset
+                    break
+        stop = self.log.scan(start, check_crc=True)
+        return stop.end_offset if stop.reason is not StopReason.CORRUPT or stop.end_offset > start else start
+
+    def status(self) -> ViewStatus:
+        with self._lock:
+            return ViewStatus(
+                self.visible_offset,
+                self.published_offset,
+                self.min_offset,
+                self.has_progress,
+                (time.monotonic() - self._refreshed_at) * 1000,
+                self.last_store_timestamp_ms,
+            )
+
+    # Records
+
+    def _visible(self, offset: int, size: int) -> bool:
+        return self.min_offset <= offset and offset + size <= self.visible_offset
+
+    def read(self, offset: int) -> Record:
+        """The visible record that starts at ``offset``."""
+        if offset < self.min_offset or offset >= self.visible_offset:
+            raise OutOfRange(
+                f"commit log offset {offset} is outside the visible range [{self.min_offset}, {self.visible_offset})"
+            )
+        record = self.log.read(offset)
+        if record.next_offset > self.visible_offset:
+            raise OutOfRange(f"the record at commit log offset {offset} is not visible yet")
+        return record
+
+    # Topics and queues
+
+    def _queue(self, topic: str, queue_id: int) -> ConsumeQueue:
+        problem = topic_problem(topic)
+        if problem is not None:
+            raise InvalidArgument(problem)
+        if queue_id < 0:
+            raise InvalidArgument(f"queue id {queue_id} is negative")
+        queue = self.queues.find(topic, queue_id)
+        if queue is None:
+            if not self._topic_exists(topic):
+                raise NotFound(f"topic {topic} does not exist in this store")
+            raise NotFound(f"topic {topic} has no queue {queue_id} in this store")
+        if self._queues_seen_at_offset.get((topic, queue_id)) != self.visible_offset:
+            queue.refresh()
+            self._queues_seen_at_offset[(topic, queue_id)] = self.visible_offset
+        return queue
+
+    def _topic_exists(self, topic: str) -> bool:
+        return any(t == topic for t, _ in self.queues.discover())
+
+    def topics(self) -> dict[str, list[int]]:
+        with self._lock:
+            found: dict[str, list[int]] = {}
+            for topic, queue_id in self.queues.discover():
+                found.setdefault(topic, []).append(queue_id)
+            return {topic: sorted(ids) for topic, ids in sorted(found.items())}
+
+    def _visible_max(self, queue: ConsumeQueue) -> int:
+        high = queue.max_offset
+        while high > queue.min_offset:
+            unit = queue.read(high - 1)
+            if unit is None or unit.commitlog_offset + unit.size <= self.visible_offset:
+                break
+            high -= 1
+        return high
+
+    def _visible_min(self, queue: ConsumeQueue) -> int:
+        low = queue.min_offset
+        high = queue.max_offset
+        while low < high:
+            unit = queue.read(low)
+            if unit is not None and unit.commitlog_offset >= self.min_offset:
+                break
+            low += 1
+        return low
+
+    def queue_bounds(self, topic: str, queue_id: int) -> tuple[int, int]:
+        """(min, max): offsets min … max − 1 are readable."""
+        self.refresh()
+        with self._lock:
+            queue = self._queue(topic, queue_id)
+            high = self._visible_max(queue)
+            return min(self._visible_min(queue), high), high
+
+    def by_queue_offset(self, topic: str, queue_id: int, queue_offset: int) -> Record:
+        self.refresh()
+        with self._lock:
+            queue = self._queue(topic, queue_id)
+            low, high = min(self._visible_min(queue), self._visible_max(queue)), self._visible_max(queue)
+            if not low <= queue_offset < high:
+                raise OutOfRange(f"queue offset {queue_offset} of {topic}/{queue_id} is outside [{low}, {high})")
+            unit = queue.read(queue_offset)
+            if unit is None:
+                raise NotFound(f"no message at queue offset {queue_offset} of {topic}/{queue_id}")
+            return self.read(unit.commitlog_offset)
+
+    def pull(self, topic: str, queue_id: int, from_offset: int, max_count: int, max_bytes: int) -> tuple[list[Record], int]:
+        """Messages from ``from_offset`` on, at most ``max_count`` and (after the first)
+        ``max_bytes`` of records. Returns them and the next offset to pull from."""
+        if not 1 <= max_count <= PULL_COUNT_MAX:
+            raise InvalidArgument(f"max count must be in [1, {PULL_COUNT_MAX}], got {max_count}")
+        if max_bytes < 0:
+            raise InvalidArgument(f"max bytes must not be negative, got {max_bytes}")
+        self.refresh()
+        with self._lock:
+            queue = self._queue(topic, queue_id)
+            high = self._visible_max(queue)
+            low = min(self._visible_min(queue), high)
+            if not low <= from_offset <= high:
+                raise OutOfRange(f"queue offset {from_offset} of {topic}/{queue_id} is outside [{low}, {high}]")
+            records: list[Record] = []
+            used = 0
+            next_offset = from_offset
+            for queue_offset, unit in queue.units(from_offset, high):
+                if len(records) >= max_count or (records and max_bytes and used + unit.size > max_bytes):
+                    break
+                records.append(self.read(unit.commitlog_offset))
+                used += unit.size
+                next_offset = queue_offset + 1
+            return records, next_offset
+
+    def search_offset(self, topic: str, queue_id: int, timestamp_ms: int, boundary: Boundary) -> OffsetSearch:
+        """LOWER: the first offset stored at or after t (max if none). UPPER: the last
+        offset stored at or before t (min − 1 if none). From record store times."""
+        if timestamp_ms < 0:
+            raise InvalidArgument(f"timestamp {timestamp_ms} is negative")
+        self.refresh()
+        with self._lock:
+            queue = self._queue(topic, queue_id)
+            high = self._visible_max(queue)
+            low = min(self._visible_min(queue), high)
+
+            def store_time(unit: cq.Unit) -> int:
+                return self.read(unit.commitlog_offset).store_timestamp_ms
+
+            offset = queue.offset_by_time(
+                timestamp_ms, store_time, boundary, commitlog_min_offset=self.min_offset, stop=high
+            )
+            found = low <= offset < high
+            return OffsetSearch(offset, found)
+
+    def messages_between(self, topic: str, queue_id: int, begin_ms: int, end_ms: int) -> Iterator[Record]:
+        """A queue's messages stored in [begin, end], in queue order."""
+        check_time_range(begin_ms, end_ms)
+        first = self.search_offset(topic, queue_id, begin_ms, Boundary.LOWER)
+        last = self.search_offset(topic, queue_id, end_ms, Boundary.UPPER)
+        offset = first.offset
+        while offset <= last.offset:
+            records, next_offset = self.pull(topic, queue_id, offset, min(256, last.offset - offset + 1), 0)
+            yield from records
+            if next_offset <= offset:
+                return
+            offset = next_offset
+
+    # Index lookups
+
+    def _candidates(self, topic: str, key: str, below_offset: int, begin_ms: int) -> Iterator[int]:
+        """Distinct commit log offsets of index entries with the key's hash, descending,
+        below ``below_offset``; files wholly older than ``begin_ms`` are not read."""
+        from rmqstore.common.codec.javahash import index_key, index_key_hash
+
+        key_hash = index_key_hash(index_key(topic, key))
+        previous = None
+        for index_file in reversed(self.index.files):
+            header = index_file.header
+            if header.index_count <= 1:
+                continue
+            if header.begin_phy_offset >= below_offset:
+                continue
+            if header.end_timestamp_ms < begin_ms:
+                return
+            for _, entry in index_file.chain(key_hash):
+                offset = entry.phy_offset
+                if entry.key_hash != key_hash or offset >= below_offset or offset == previous:
+                    continue
+                previous = offset
+                yield offset
+
+    def _matching(self, topic: str, offset: int) -> Record | None:
+        if not self._visible(offset, 1):
+            return None
+        try:
+            record = self.read(offset)
+        except (NotFound, OutOfRange, Corruption):
+            return None
+        return record if record.topic == topic else None
+
+    def by_key(
+        self,
+        topic: str,
+        key: str,
+        *,
+        begin_ms: int = TIME_MIN_MS,
+        end_ms: int = TIME_MAX_MS,
+        page_size: int = 32,
+        cursor: str = "",
+    ) -> KeyPage:
+        problem = topic_problem(topic)
+        if problem is not None:
+            raise InvalidArgument(problem)
+        if not key:
+            raise InvalidArgument("the key is empty")
+        if " " in key:
+            raise InvalidArgument("a key cannot contain a space: KEYS are split on spaces")
+        check_time_range(begin_ms, end_ms)
+        if not 1 <= page_size <= PAGE_SIZE_MAX:
+            raise InvalidArgument(f"page size must be in [1, {PAGE_SIZE_MAX}], got {page_size}")
+        check = _cursor_hash(topic, key, begin_ms, end_ms)
+        self.refresh()
+        with self._lock:
+            below = decode_cursor(cursor, check) if cursor else self.visible_offset
+            records: list[Record] = []
+            for offset in self._candidates(topic, key, below, begin_ms):
+                record = self._matching(topic, offset)
+                if record is None or key not in split_keys(record.keys):
+                    continue
+                if not begin_ms <= record.store_timestamp_ms <= end_ms:
+                    continue
+                if len(records) == page_size:
+                    # One more match exists: the answer continues after the last one.
+                    return KeyPage(records, encode_cursor(records[-1].commitlog_offset, check), False)
+                records.append(record)
+            return KeyPage(records, "", True)
+
+    def by_uniq_key(self, topic: str, uniq_key: str) -> list[Record]:
+        """Every record of the topic with that UNIQ_KEY (a producer retry can store two),
+        newest first, at any age."""
+        problem = topic_problem(topic)
+        if problem is not None:
+            raise InvalidArgument(problem)
+        if not uniq_key:
+            raise InvalidArgument("the unique key is empty")
+        self.refresh()
+        with self._lock:
+            found = []
+            for offset in self._candidates(topic, uniq_key, self.visible_offset, TIME_MIN_MS):
+                record = self._matching(topic, offset)
+                if record is not None and record.uniq_key == uniq_key:
+                    found.append(record)
+            return found
+
+    def by_msg_id(self, msg_id: str) -> Record:
+        """The record an offsetMsgId names, if this store holds it."""
+        decoded = decode_offset_msg_id(msg_id)
+        self.refresh()
+        with self._lock:
+            try:
+                record = self.read(decoded.commitlog_offset)
+            except (OutOfRange, NotFound) as error:
+                raise NotFound(f"no message with msgId {msg_id}: {error}") from None
+            if offset_msg_id(record.store_host, record.commitlog_offset) != msg_id.upper():
+                raise NotFound(
+                    f"no message with msgId {msg_id}: the record at offset {record.commitlog_offset} was stored "
+                    f"by {record.store_host.java_text()}, not {decoded.store_host.java_text()}"
+                )
+            return record
+
+    # Statistics
+
+    def stats(self) -> dict[str, object]:
+        self.refresh()
+        with self._lock:
+            queues = []
+            for topic, ids in self.topics().items():
+                for queue_id in ids:
+                    low, high = self.queue_bounds(topic, queue_id)
+                    queues.append((topic, queue_id, low, high))
+            return {
+                "commitlog_min_offset": self.min_offset,
+                "visible_offset": self.visible_offset,
+                "published_offset": self.published_offset,
+                "commitlog_files": len(self.log.files),
+                "index_files": len(self.index.files),
+                "queues": queues,
+                "messages": sum(high - low for _, _, low, high in queues),
+            }
+
+    def close(self) -> None:
+        with self._lock:
+            self.log.close()
+            self.queues.close()
+            self.index.close()

@@ -13,6 +13,7 @@ and other topics dropped), and time ranges apply to exact store timestamps.
 from __future__ import annotations
 
 import base64
+import heapq
 import json
 import threading
 import time
@@ -21,6 +22,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from rmqstore.common.codec import consumequeue as cq
+from rmqstore.common.codec import sysflag
 from rmqstore.common.codec.msgid import decode_offset_msg_id, offset_msg_id
 from rmqstore.common.codec.properties import split_keys
 from rmqstore.common.codec.record import Record
@@ -113,6 +115,8 @@ class StoreView:
         self.last_store_timestamp_ms = 0
         self._refreshed_at = 0.0
         self._queues_seen_at_offset: dict[tuple[str, int], int] = {}
+        self._unindexed: dict[tuple[str, str], list[int]] = {}
+        self._unindexed_scanned = 0
         self.refresh(force=True)
 
     # Following the writer
@@ -330,6 +334,27 @@ class StoreView:
                 previous = offset
                 yield offset
 
+    def _catch_up_unindexed(self) -> None:
+        """RocketMQ's index skips ROLLBACK records (FORMAT.md §7.4); keep their keys here,
+        from a header-only walk of the visible log, so every record is findable."""
+        start = max(self._unindexed_scanned, self.min_offset)
+        for offset, _, sys_flag in self.log.headers(start, self.visible_offset):
+            if sys_flag & sysflag.TRANSACTION_MASK == sysflag.TRANSACTION_ROLLBACK:
+                record = self.log.read(offset, check_crc=False)
+                for key in {record.uniq_key, *split_keys(record.keys)} - {None}:
+                    self._unindexed.setdefault((record.topic, key), []).insert(0, offset)
+            self._unindexed_scanned = offset + 1
+        self._unindexed_scanned = max(self._unindexed_scanned, self.visible_offset)
+
+    def _all_candidates(self, topic: str, key: str, below_offset: int, begin_ms: int) -> Iterator[int]:
+        self._catch_up_unindexed()
+        extra = [offset for offset in self._unindexed.get((topic, key), ()) if offset < below_offset]
+        previous = None
+        for offset in heapq.merge(self._candidates(topic, key, below_offset, begin_ms), extra, reverse=True):
+            if offset != previous:
+                previous = offset
+                yield offset
+
     def _matching(self, topic: str, offset: int) -> Record | None:
         if not self._visible(offset, 1):
             return None
@@ -364,7 +389,7 @@ class StoreView:
         with self._lock:
             below = decode_cursor(cursor, check) if cursor else self.visible_offset
             records: list[Record] = []
-            for offset in self._candidates(topic, key, below, begin_ms):
+            for offset in self._all_candidates(topic, key, below, begin_ms):
                 record = self._matching(topic, offset)
                 if record is None or key not in split_keys(record.keys):
                     continue
@@ -387,7 +412,7 @@ class StoreView:
         self.refresh()
         with self._lock:
             found = []
-            for offset in self._candidates(topic, uniq_key, self.visible_offset, TIME_MIN_MS):
+            for offset in self._all_candidates(topic, uniq_key, self.visible_offset, TIME_MIN_MS):
                 record = self._matching(topic, offset)
                 if record is not None and record.uniq_key == uniq_key:
                     found.append(record)

@@ -14,11 +14,16 @@ from __future__ import annotations
 
 import enum
 import os
+import struct
 from collections.abc import Generator, Iterator, Sequence
 from dataclasses import dataclass
 
 from rmqstore.common.codec.record import (
+    BLANK_MAGIC,
     END_FILE_MIN_BLANK_LENGTH,
+    MAGIC_V1,
+    MAGIC_V2,
+    OFFSET_SYSFLAG,
     Blank,
     Record,
     decode_record,
@@ -29,6 +34,8 @@ from rmqstore.common.errors import Corruption, InvalidArgument, NotFound, invari
 from rmqstore.common.files.mapped import MappedFile, MappedFileQueue
 
 DEFAULT_FILE_SIZE_BYTES = 1024 * 1024 * 1024
+_SIZE_MAGIC = struct.Struct(">ii")
+_INT32 = struct.Struct(">i")
 
 
 class StopReason(enum.Enum):
@@ -147,6 +154,28 @@ class CommitLog:
             yield item
             offset = item.next_offset
         return None
+
+    def headers(self, start: int, stop: int) -> Iterator[tuple[int, int, int]]:
+        """(commit log offset, size, sysFlag) of each record in [start, stop), read from
+        the fixed header only: no decoding, no CRC. For records already validated (below
+        a published progress offset); stops at anything that is not a record."""
+        offset = start
+        while offset < stop:
+            mapped = self.files.find(offset)
+            if mapped is None:
+                return
+            position = offset - mapped.start_offset
+            if position + OFFSET_SYSFLAG + 4 > mapped.file_size_bytes:
+                return
+            size, magic = _SIZE_MAGIC.unpack_from(mapped.buf, position)
+            if magic == BLANK_MAGIC:
+                offset = mapped.end_offset
+                continue
+            if magic not in (MAGIC_V1, MAGIC_V2) or size <= 0 or position + size > mapped.file_size_bytes:
+                return
+            (sys_flag,) = _INT32.unpack_from(mapped.buf, position + OFFSET_SYSFLAG)
+            yield offset, size, sys_flag
+            offset += size
 
     def scan(self, start: int | None = None, *, check_crc: bool = True) -> ScanStop:
         """Validate every record from ``start`` and say where and why the log ends."""

@@ -7,6 +7,9 @@ VENV="${RMQSTORE_VENV:-.venv}"
 if [ ! -x "$VENV/bin/python" ]; then
     python3 -m venv "$VENV"
 fi
-"$VENV/bin/pip" install --quiet --upgrade pip
-"$VENV/bin/pip" install --quiet -e '.[test]'
+# Install quietly; show pip's output only if it fails.
+if ! { "$VENV/bin/pip" install --upgrade pip && "$VENV/bin/pip" install -e '.[test]'; } > "$VENV/install.log" 2>&1; then
+    cat "$VENV/install.log" >&2
+    exit 1
+fi
 exec "$VENV/bin/python" -m pytest "$@"

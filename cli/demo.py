@@ -1,0 +1,130 @@
+"""``rmqstore demo``: the main job — a writer and a query node on a local store, sample
+messages, and each kind of lookup, as a user would run them."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import queue
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+from typing import Any
+
+START_TIMEOUT_S = 60.0
+STOP_TIMEOUT_S = 30.0
+
+
+def _rmqstore(*args: str) -> list[str]:
+    return [sys.executable, "-m", "rmqstore.cli.main", *args]
+
+
+class Node:
+    """A node process whose first stdout line says it serves."""
+
+    def __init__(self, name: str, args: list[str]):
+        self.name = name
+        self.process = subprocess.Popen(args, stdout=subprocess.PIPE, text=True)
+        lines: queue.Queue[str] = queue.Queue()
+        assert self.process.stdout is not None
+        threading.Thread(target=lambda: lines.put(self.process.stdout.readline()), daemon=True).start()  # type: ignore[union-attr]
+        try:
+            first = lines.get(timeout=START_TIMEOUT_S)
+        except queue.Empty:
+            self.stop()
+            raise RuntimeError(f"the {name} did not start within {START_TIMEOUT_S:.0f} s") from None
+        if not first:
+            self.process.wait(timeout=STOP_TIMEOUT_S)
+            raise RuntimeError(f"the {name} exited with status {self.process.returncode}")
+        self.serving: dict[str, Any] = json.loads(first)
+        self.endpoint = f"127.0.0.1:{self.serving['port']}"
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+
+def _show(title: str, *args: str) -> str:
+    print(f"\n$ rmqstore {shlex.join(args)}    # {title}", flush=True)
+    done = subprocess.run(_rmqstore(*args), capture_output=True, text=True, timeout=120)
+    sys.stdout.write(done.stdout)
+    if done.stderr:
+        sys.stdout.write(done.stderr)
+    if done.returncode not in (0, 1):
+        raise RuntimeError(f"rmqstore {shlex.join(args)} failed with status {done.returncode}")
+    return done.stdout
+
+
+SAMPLES = [
+    {"topic": "Orders", "body": "order 42 created", "keys": ["order-42", "customer-7"], "tags": "created", "queueId": 0},
+    {"topic": "Orders", "body": "order 43 created", "keys": ["order-43", "customer-7"], "tags": "created", "queueId": 1},
+    {"topic": "Orders", "body": "order 42 paid", "keys": ["order-42", "customer-7"], "tags": "paid", "queueId": 0},
+    {"topic": "Orders", "body": "order 44 created", "keys": ["order-44", "customer-9"], "tags": "created", "queueId": 2},
+    {"topic": "Orders", "body": "order 42 shipped", "keys": ["order-42"], "tags": "shipped", "queueId": 0},
+    {"topic": "Payments", "body": "payment for 42", "keys": ["pay-1", "order-42"], "tags": "card", "uniqKey": "PAYMENT0001"},
+    {"topic": "Payments", "body": "paiement : 43 €", "keys": ["pay-2", "订单-43"], "tags": "sepa"},
+]
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    store = os.path.abspath(args.store)
+    if os.path.exists(store):
+        shutil.rmtree(store)
+    os.makedirs(store)
+    print(f"store directory: {store}")
+    writer = Node("writer", _rmqstore("writer", "serve", "--store", store, "--port", "0", "--flush", "sync"))
+    nodes = [writer]
+    try:
+        query = Node("query node", _rmqstore("query", "serve", "--store", store, "--port", "0"))
+        nodes.append(query)
+        print(f"writer serving on {writer.endpoint}, query node on {query.endpoint}")
+        acks = []
+        for sample in SAMPLES[:5]:
+            sent = _show(
+                "send one message",
+                "send", "--endpoint", writer.endpoint, "-t", sample["topic"], "-k", " ".join(sample["keys"]),
+                "--tags", sample["tags"], "--body", sample["body"], "-q", str(sample["queueId"]),
+            )
+            acks.append(json.loads(sent))
+        samples = store + "-samples.jsonl"
+        with open(samples, "w", encoding="utf-8") as handle:
+            for sample in SAMPLES[5:]:
+                handle.write(json.dumps(sample, ensure_ascii=False) + "\n")
+        _show("send messages from a JSONL file", "send", "--endpoint", writer.endpoint, "--file", samples)
+        os.unlink(samples)
+        q = ["--endpoint", query.endpoint]
+        first, paid = acks[0], acks[2]
+        _show("where are order 42's messages? (newest first)", "queryMsgByKey", *q, "-t", "Orders", "-k", "order-42")
+        _show("the same, as JSON, within a time range", "queryMsgByKey", *q, "-t", "Orders", "-k", "order-42",
+              "--begin", str(paid["storeTimestamp"]), "--end", str(acks[4]["storeTimestamp"]), "--json")
+        _show("by unique key (client message id)", "queryMsgByUniqueKey", *q, "-t", "Payments", "-i", "PAYMENT0001")
+        _show("by offset message id", "queryMsgById", *q, "-i", first["offsetMsgId"])
+        _show("by queue offset", "queryMsgByOffset", *q, "-t", "Orders", "-q", "0", "-o", "1", "--json")
+        _show("first offset of queue 0 stored at or after the 'paid' message", "searchOffset", *q, "-t", "Orders", "-q", "0",
+              "--timestamp", str(paid["storeTimestamp"]), "--boundary", "lower")
+        _show("last offset stored at or before it", "searchOffset", *q, "-t", "Orders", "-q", "0",
+              "--timestamp", str(paid["storeTimestamp"]), "--boundary", "upper")
+        _show("queue 0 between two times", "printMsg", *q, "-t", "Orders", "-q", "0",
+              "--begin", str(first["storeTimestamp"]), "--end", str(acks[4]["storeTimestamp"]), "--json")
+    finally:
+        for node in reversed(nodes):
+            node.stop()
+    _show("after both nodes stopped: do commit log, queues and index agree?", "check", store)
+    return 0
+
+
+def register(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    demo = commands.add_parser("demo", help="run a writer and a query node on a local store and show each lookup")
+    demo.add_argument("--store", default="demo-store", help="store directory, recreated (default ./demo-store)")
+    demo.set_defaults(handler=cmd_demo)
+
+

@@ -427,6 +427,11 @@ class StoreView:
                 record = self.read(decoded.commitlog_offset)
             except (OutOfRange, NotFound) as error:
                 raise NotFound(f"no message with msgId {msg_id}: {error}") from None
+            except Corruption:
+                # An offset inside the log that is not where a record starts: no such id.
+                raise NotFound(
+                    f"no message with msgId {msg_id}: no record starts at commit log offset {decoded.commitlog_offset}"
+                ) from None
             if offset_msg_id(record.store_host, record.commitlog_offset) != msg_id.upper():
                 raise NotFound(
                     f"no message with msgId {msg_id}: the record at offset {record.commitlog_offset} was stored "

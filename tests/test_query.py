@@ -235,8 +235,8 @@ BAD = {
     "msgId between records": (
         "QueryByMsgId",
         query_pb2.QueryByMsgIdRequest(msg_id="C633640700002A9F0000000000000001"),
-        grpc.StatusCode.DATA_LOSS,
-        "at commit log offset 1",
+        grpc.StatusCode.NOT_FOUND,
+        "no record starts at commit log offset 1",
     ),
     "unknown topic": (
         "QueryByQueueOffset",

@@ -58,14 +58,22 @@ class MappedFile:
 
     @classmethod
     def create(cls, path: str, file_size_bytes: int, start_offset: int) -> MappedFile:
-        """Create a new zero-filled (sparse) file of the full size and map it writable."""
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+        """Create a new zero-filled (sparse) file of the full size and map it writable.
+
+        The file is sized under a hidden temporary name and renamed into place, so a
+        reader following the directory never sees it at any size but its own."""
+        directory = os.path.dirname(path) or "."
+        if os.path.exists(path):
+            raise FileExistsError(path)
+        temp = os.path.join(directory, f".{os.path.basename(path)}.creating")
+        fd = os.open(temp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
             os.ftruncate(fd, file_size_bytes)
             os.fsync(fd)  # the size is metadata: msync of the data does not persist it
         finally:
             os.close(fd)
-        fsync_directory(os.path.dirname(path) or ".")
+        os.rename(temp, path)
+        fsync_directory(directory)
         return cls(path, file_size_bytes, start_offset, writable=True)
 
     @property
@@ -153,6 +161,16 @@ class MappedFileQueue:
         known = {f.start_offset for f in self.files}
         on_disk = self._names_on_disk()
         added = False
+        if not self.writable and on_disk and on_disk[-1][0] not in known:
+            # A writer (Apache's broker among them) may be creating its next file: until it
+            # has its full size, a follower acts as if it were not there yet.
+            newest = os.path.join(self.directory, on_disk[-1][1])
+            try:
+                still_growing = os.path.getsize(newest) < self.file_size_bytes
+            except FileNotFoundError:
+                still_growing = True
+            if still_growing:
+                on_disk = on_disk[:-1]
         for start, name in on_disk:
             if start in known:
                 continue

@@ -527,10 +527,31 @@ def test_commitlog_file_of_the_wrong_size(tmp_path: Path, size: int) -> None:
     build_log(tmp_path, 4, body_len=1000)
     path = tmp_path / "00000000000000004096"
     os.truncate(path, size)
+    if size == 0:
+        # An empty newest file is one a writer is still creating: a reader skips it ...
+        log = CommitLog(str(tmp_path), FILE_SIZE)
+        try:
+            assert [f.name for f in log.files] == ["00000000000000000000"]
+        finally:
+            log.close()
+    else:
+        with pytest.raises(Corruption) as caught:
+            CommitLog(str(tmp_path), FILE_SIZE)
+        assert caught.value.path == str(path)
+        assert str(caught.value) == f"{path} is {size} bytes; files here must be exactly 4096"
+    # ... but the writer, which must own every file, refuses any wrong size.
     with pytest.raises(Corruption) as caught:
-        CommitLog(str(tmp_path), FILE_SIZE)
+        CommitLog(str(tmp_path), FILE_SIZE, writable=True)
     assert caught.value.path == str(path)
     assert str(caught.value) == f"{path} is {size} bytes; files here must be exactly 4096"
+
+
+def test_an_empty_file_before_the_newest_is_corruption(tmp_path: Path) -> None:
+    build_log(tmp_path, 4, body_len=1000)
+    (tmp_path / "00000000000000008192").write_bytes(bytes(FILE_SIZE))
+    os.truncate(tmp_path / "00000000000000004096", 0)
+    with pytest.raises(Corruption, match="00000000000000004096 is 0 bytes"):
+        CommitLog(str(tmp_path), FILE_SIZE)
 
 
 @pytest.mark.parametrize("name", ["4096", "notes.txt", "0000000000000000409x", "000000000000000004096", "00000000000000004096.bak"])

@@ -211,13 +211,10 @@ class IndexFileList:
         for gone in set(known) - set(names):
             known.pop(gone).close()
         if not self.writable and names and names[-1] not in known:
-            # The newest file may still be being created by a writer: skip it until it has
-            # its full size (a short file anywhere else is corruption, reported on open).
+            # A writer may be creating its newest file (empty, then sized): a follower
+            # skips an empty newest file. Any other wrong size is reported on open.
             newest = os.path.join(self.directory, names[-1])
-            try:
-                if os.path.getsize(newest) < ix.file_size(self.slots, self.entries):
-                    names = names[:-1]
-            except FileNotFoundError:
+            if not os.path.exists(newest) or os.path.getsize(newest) == 0:
                 names = names[:-1]
         changed = False
         for name in names:

@@ -32,6 +32,13 @@ def fsync_directory(path: str) -> None:
         os.close(fd)
 
 
+def _size_or_zero(path: str) -> int:
+    try:
+        return os.path.getsize(path)
+    except FileNotFoundError:
+        return 0
+
+
 class MappedFile:
     """One fixed-size file, memory-mapped for reading or for reading and writing."""
 
@@ -162,14 +169,9 @@ class MappedFileQueue:
         on_disk = self._names_on_disk()
         added = False
         if not self.writable and on_disk and on_disk[-1][0] not in known:
-            # A writer (Apache's broker among them) may be creating its next file: until it
-            # has its full size, a follower acts as if it were not there yet.
-            newest = os.path.join(self.directory, on_disk[-1][1])
-            try:
-                still_growing = os.path.getsize(newest) < self.file_size_bytes
-            except FileNotFoundError:
-                still_growing = True
-            if still_growing:
+            # Apache's broker creates its next file empty, then sizes it: a follower acts
+            # as if an empty newest file were not there yet. Any other size is corruption.
+            if _size_or_zero(os.path.join(self.directory, on_disk[-1][1])) == 0:
                 on_disk = on_disk[:-1]
         for start, name in on_disk:
             if start in known:

@@ -122,6 +122,12 @@ class Writer:
         if progress is not None and log.min_offset <= progress.durable_offset <= log.max_file_offset:
             scan_from = progress.durable_offset
         stop = log.scan(scan_from)
+        published = progress.dispatched_offset if progress is not None else None
+        if stop.reason is StopReason.CORRUPT and published is not None and stop.end_offset >= published:
+            # Nothing at or past the published offset was ever acknowledged or dispatched:
+            # bad bytes there are a write the kill interrupted (a memcpy stores its bytes in
+            # no fixed order), so they are a torn tail, not corruption.
+            stop = ScanStop(stop.end_offset, StopReason.TORN, stop.error, stop.dropped_bytes)
         if stop.reason is StopReason.CORRUPT and not self.config.truncate_corrupt_tail:
             raise Corruption(
                 f"the commit log is corrupt: {stop.describe()}. Nothing was changed. Copy the store "
@@ -135,12 +141,13 @@ class Writer:
             if queue.max_commitlog_end > end:
                 queue.truncate_to_commitlog(end)
                 truncated += 1
-        dropped = self._drop_index_files_past(end)
+        dropped = self._drop_index_files_past(end) + self._drop_unwritten_newest_index()
+        self._repair_newest_index_header(end)
         redispatch_from = scan_from
         if not self.index.files:
             redispatch_from = log.min_offset
         else:
-            redispatch_from = min(redispatch_from, max(self.index.files[-1].end_phy_offset, log.min_offset))
+            redispatch_from = min(redispatch_from, max(self.index.files[-1].last_entry_phy_offset(), log.min_offset))
         count = 0
         if redispatch_from < end:
             redispatch_from = self._record_boundary_at_or_before(redispatch_from)
@@ -170,10 +177,31 @@ class Writer:
             mapped = self.log.files.find(offset)
             return mapped.start_offset if mapped else self.log.min_offset
 
+    def _drop_unwritten_newest_index(self) -> int:
+        """An index file without entries and without the header a roll-over writes (all
+        zero: made by an older writer or Apache's broker, killed while creating it) holds
+        nothing and would make recovery re-index the whole log into it."""
+        files = self.index.files
+        if len(files) > 1 and files[-1].index_count <= 1 and files[-1].header.end_phy_offset == 0:
+            doomed = files.pop()
+            doomed.close()
+            os.unlink(doomed.path)
+            return 1
+        return 0
+
+    def _repair_newest_index_header(self, end: int) -> None:
+        """A kill inside put_key can leave the header's end behind its newest entry."""
+        if not self.index.files:
+            return
+        newest = self.index.files[-1]
+        last = newest.last_entry_phy_offset()
+        if last < end and last != newest.end_phy_offset:
+            newest.repair_header_end(self.log.read(last, check_crc=False).store_timestamp_ms)
+
     def _drop_index_files_past(self, end: int) -> int:
         """Index files holding entries at or past the end of the log point at records that
         are gone: delete them (their earlier records are re-indexed from the commit log)."""
-        doomed = [f for f in self.index.files if f.end_phy_offset >= end and f.index_count > 1]
+        doomed = [f for f in self.index.files if f.index_count > 1 and f.last_entry_phy_offset() >= end]
         for index_file in doomed:
             index_file.close()
             os.unlink(index_file.path)

@@ -122,6 +122,13 @@ def file_name(epoch_ms: int, zone: dt.tzinfo | None = None) -> str:
     return moment.strftime("%Y%m%d%H%M%S") + f"{epoch_ms % 1000:03d}"
 
 
+def name_after(name: str) -> str:
+    """The smallest file name one millisecond after ``name`` (keeps names strictly
+    increasing when a file is opened for a record older than the newest file)."""
+    moment = dt.datetime.strptime(name[:14], "%Y%m%d%H%M%S") + dt.timedelta(milliseconds=int(name[14:17]) + 1)
+    return moment.strftime("%Y%m%d%H%M%S") + f"{moment.microsecond // 1000:03d}"
+
+
 def is_file_name(name: str) -> bool:
     """IndexService.load keeps names that parse as numbers; ours are 17 digits."""
     return name.isdigit() and name.isascii()

@@ -191,7 +191,16 @@ class ConsumeQueue:
         invariant(self.writable, "append needs a writable consume queue")
         position = queue_offset * UNIT_SIZE
         if position < self._end_position:
-            return False
+            mapped = self.files.find(position)
+            if mapped is None or position < self._min_position:
+                return False
+            at = position - mapped.start_offset
+            if bytes(mapped.buf[at : at + UNIT_SIZE]) == unit:
+                return False
+            # A unit torn by a kill (offset and size written, tagsCode not): dispatch is
+            # the authority, so the unit is rewritten.
+            mapped.write(at, unit)
+            return True
         if self.files.last is None:
             start = position - position % self.files.file_size_bytes
             mapped = self.files.create(start)

@@ -57,14 +57,16 @@ class IndexFile:
 
     @classmethod
     def create(cls, path: str, slots: int, entries: int, *, prev_end_phy_offset: int, prev_end_timestamp_ms: int) -> IndexFile:
-        """A new file whose header starts at the previous file's end (FORMAT.md §7.6)."""
-        mapped = MappedFile.create(path, ix.file_size(slots, entries), 0)
+        """A new file whose header starts at the previous file's end (FORMAT.md §7.6),
+        written before the file appears under its name."""
+        initial: list[tuple[int, bytes]] = []
         if prev_end_phy_offset > 0:
-            mapped.write(_HEADER_BEGIN_PHY_OFFSET, _INT64.pack(prev_end_phy_offset))
-            mapped.write(_HEADER_END_PHY_OFFSET, _INT64.pack(prev_end_phy_offset))
+            initial.append((_HEADER_BEGIN_PHY_OFFSET, _INT64.pack(prev_end_phy_offset)))
+            initial.append((_HEADER_END_PHY_OFFSET, _INT64.pack(prev_end_phy_offset)))
         if prev_end_timestamp_ms > 0:
-            mapped.write(_HEADER_BEGIN_TIMESTAMP, _INT64.pack(prev_end_timestamp_ms))
-            mapped.write(_HEADER_END_TIMESTAMP, _INT64.pack(prev_end_timestamp_ms))
+            initial.append((_HEADER_BEGIN_TIMESTAMP, _INT64.pack(prev_end_timestamp_ms)))
+            initial.append((_HEADER_END_TIMESTAMP, _INT64.pack(prev_end_timestamp_ms)))
+        mapped = MappedFile.create(path, ix.file_size(slots, entries), 0, tuple(initial))
         return cls(mapped, slots, entries)
 
     @property
@@ -99,6 +101,11 @@ class IndexFile:
         buf = self.mapped.buf
         slot_position = ix.slot_position(key_hash % self.slots)
         (slot_value,) = ix.SLOT.unpack_from(buf, slot_position)
+        if slot_value == self._index_count:
+            # A kill between writing the slot and the count: the slot already names the
+            # entry about to be rewritten, whose prevIndex holds the slot's older chain.
+            stale = self.entry(slot_value) if slot_value < self.entries else None
+            slot_value = stale.prev_index if stale and stale.key_hash % self.slots == key_hash % self.slots else 0
         if slot_value <= 0 or slot_value > self._index_count:
             slot_value = 0
         time_diff = ix.time_diff_s(store_timestamp_ms, self._begin_ts)
@@ -116,6 +123,26 @@ class IndexFile:
         self._index_count += 1
         self.mapped.write(ix.HEADER_OFFSET_INDEX_COUNT, ix.SLOT.pack(self._index_count))
         self.mapped.write(_HEADER_END_PHY_OFFSET, _INT64.pack(phy_offset))
+        self.mapped.write(_HEADER_END_TIMESTAMP, _INT64.pack(store_timestamp_ms))
+        return True
+
+    def last_entry_phy_offset(self) -> int:
+        """Offset of the newest entry written (the header's end may lag it after a kill
+        inside put_key); the header's end for a file without entries."""
+        if self._index_count > 1:
+            return self.entry(self._index_count - 1).phy_offset
+        return self.end_phy_offset
+
+    def repair_header_end(self, store_timestamp_ms: int) -> bool:
+        """Make endPhyOffset/endTimestamp name the newest entry, if a kill left them
+        behind. Returns whether anything changed."""
+        if self._index_count <= 1:
+            return False
+        last = self.entry(self._index_count - 1).phy_offset
+        header = self.header
+        if header.end_phy_offset == last and header.end_timestamp_ms >= store_timestamp_ms:
+            return False
+        self.mapped.write(_HEADER_END_PHY_OFFSET, _INT64.pack(last))
         self.mapped.write(_HEADER_END_TIMESTAMP, _INT64.pack(store_timestamp_ms))
         return True
 
@@ -210,12 +237,16 @@ class IndexFileList:
         known = {f.name: f for f in self.files}
         for gone in set(known) - set(names):
             known.pop(gone).close()
-        if not self.writable and names and names[-1] not in known:
+        if names and names[-1] not in known:
             # A writer may be creating its newest file (empty, then sized): a follower
-            # skips an empty newest file. Any other wrong size is reported on open.
+            # skips an empty newest file, and the writer removes one a kill left behind.
+            # Any other wrong size is reported on open.
             newest = os.path.join(self.directory, names[-1])
             if not os.path.exists(newest) or os.path.getsize(newest) == 0:
                 names = names[:-1]
+                if self.writable and os.path.exists(newest):
+                    os.unlink(newest)
+                    fsync_directory(self.directory)
         changed = False
         for name in names:
             if name not in known:
@@ -231,11 +262,9 @@ class IndexFileList:
         after the last name, starting at the previous file's end."""
         os.makedirs(self.directory, exist_ok=True)
         previous = self.files[-1] if self.files else None
-        stamp = max(first_timestamp_ms, 0)
-        name = ix.file_name(stamp, self.zone)
-        while previous is not None and name <= previous.name:
-            stamp += 1
-            name = ix.file_name(stamp, self.zone)
+        name = ix.file_name(max(first_timestamp_ms, 0), self.zone)
+        if previous is not None and name <= previous.name:
+            name = ix.name_after(previous.name)
         created = IndexFile.create(
             os.path.join(self.directory, name),
             self.slots,
@@ -260,10 +289,11 @@ class IndexFileList:
         """IndexService.buildIndex for one record; returns the number of keys put."""
         invariant(self.writable, "build_index needs a writable index")
         target = self._writable_last(plan.store_timestamp_ms)
-        if plan.commitlog_offset < target.end_phy_offset:
+        indexed_up_to = target.last_entry_phy_offset()
+        if plan.commitlog_offset < indexed_up_to:
             return 0
         hashes = [index_key_hash(key) for key in plan.index_keys]
-        if plan.commitlog_offset == target.end_phy_offset:
+        if plan.commitlog_offset == indexed_up_to:
             # Apache re-indexes this record whole (FORMAT.md §15 flaw 1c); rmqstore puts
             # only the keys a crash kept it from putting.
             present = self._hashes_at(plan.commitlog_offset)

@@ -64,11 +64,14 @@ class MappedFile:
             self.buf = self.buf.toreadonly()
 
     @classmethod
-    def create(cls, path: str, file_size_bytes: int, start_offset: int) -> MappedFile:
+    def create(
+        cls, path: str, file_size_bytes: int, start_offset: int, initial: tuple[tuple[int, bytes], ...] = ()
+    ) -> MappedFile:
         """Create a new zero-filled (sparse) file of the full size and map it writable.
 
-        The file is sized under a hidden temporary name and renamed into place, so a
-        reader following the directory never sees it at any size but its own."""
+        The file is sized, and its ``initial`` bytes (position, data) written, under a
+        hidden temporary name, then renamed into place: neither a reader following the
+        directory nor a restart after a kill ever sees it half made."""
         directory = os.path.dirname(path) or "."
         if os.path.exists(path):
             raise FileExistsError(path)
@@ -76,6 +79,8 @@ class MappedFile:
         fd = os.open(temp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
             os.ftruncate(fd, file_size_bytes)
+            for position, data in initial:
+                os.pwrite(fd, data, position)
             os.fsync(fd)  # the size is metadata: msync of the data does not persist it
         finally:
             os.close(fd)
@@ -168,11 +173,16 @@ class MappedFileQueue:
         known = {f.start_offset for f in self.files}
         on_disk = self._names_on_disk()
         added = False
-        if not self.writable and on_disk and on_disk[-1][0] not in known:
+        if on_disk and on_disk[-1][0] not in known:
             # Apache's broker creates its next file empty, then sizes it: a follower acts
-            # as if an empty newest file were not there yet. Any other size is corruption.
-            if _size_or_zero(os.path.join(self.directory, on_disk[-1][1])) == 0:
+            # as if an empty newest file were not there yet, and the writer removes one a
+            # kill left behind (it holds nothing). Any other size is corruption.
+            newest = os.path.join(self.directory, on_disk[-1][1])
+            if _size_or_zero(newest) == 0:
                 on_disk = on_disk[:-1]
+                if self.writable and os.path.exists(newest):
+                    os.unlink(newest)
+                    fsync_directory(self.directory)
         for start, name in on_disk:
             if start in known:
                 continue

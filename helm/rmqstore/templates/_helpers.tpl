@@ -1,0 +1,300 @@
+{{/*
+Names. The full name is cut to 45 characters so that "<fullname>-writer" stays within the
+52 characters a StatefulSet name may have (its pods carry a controller-revision-hash label),
+and the claim "data-<fullname>-writer-0" within 63.
+*/}}
+{{- define "rmqstore.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 45 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "rmqstore.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 45 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 45 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 45 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "rmqstore.writerName" -}}
+{{- printf "%s-writer" (include "rmqstore.fullname" .) }}
+{{- end }}
+
+{{- define "rmqstore.queryName" -}}
+{{- printf "%s-query" (include "rmqstore.fullname" .) }}
+{{- end }}
+
+{{/* The writer's claim, as the StatefulSet names it: <template>-<statefulset>-<ordinal>. */}}
+{{- define "rmqstore.claimName" -}}
+{{- printf "data-%s-0" (include "rmqstore.writerName" .) }}
+{{- end }}
+
+{{- define "rmqstore.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "rmqstore.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{- define "rmqstore.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Selector labels: stable for the life of a release (selectors are immutable). */}}
+{{- define "rmqstore.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "rmqstore.name" .root }}
+app.kubernetes.io/instance: {{ .root.Release.Name }}
+{{- with .component }}
+app.kubernetes.io/component: {{ . }}
+{{- end }}
+{{- end }}
+
+{{/* Labels on every object; call with (dict "root" $ "component" "writer"|"query"|""). */}}
+{{- define "rmqstore.labels" -}}
+helm.sh/chart: {{ include "rmqstore.chart" .root }}
+{{ include "rmqstore.selectorLabels" . }}
+app.kubernetes.io/part-of: rmqstore
+app.kubernetes.io/version: {{ .root.Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .root.Release.Service }}
+{{- end }}
+
+{{- define "rmqstore.image" -}}
+{{- if .Values.image.digest }}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
+{{- else }}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+{{- end }}
+
+{{- define "rmqstore.storePath" -}}
+{{- printf "%s/store" (trimSuffix "/" .Values.persistence.mountPath) }}
+{{- end }}
+
+{{- define "rmqstore.accessMode" -}}
+{{- if .Values.persistence.accessMode }}
+{{- .Values.persistence.accessMode }}
+{{- else if eq .Values.mode "shared" }}
+{{- "ReadWriteMany" }}
+{{- else }}
+{{- "ReadWriteOnce" }}
+{{- end }}
+{{- end }}
+
+{{/*
+The store's size flags, shared by writer and query nodes so that they cannot disagree.
+Numbers go through int64: Helm holds values as float64, and 1073741824 would otherwise
+render as 1.073741824e+09.
+*/}}
+{{- define "rmqstore.sizeArgs" -}}
+{{- with .Values.store.sizes }}
+- --commitlog-file-size
+- {{ int64 .commitlogFileSizeBytes | quote }}
+- --cq-file-units
+- {{ int64 .cqFileUnits | quote }}
+- --index-slots
+- {{ int64 .indexSlots | quote }}
+- --index-entries
+- {{ int64 .indexEntries | quote }}
+{{- end }}
+{{- end }}
+
+{{- define "rmqstore.writerArgs" -}}
+- writer
+- serve
+- --store
+- {{ include "rmqstore.storePath" . | quote }}
+- --host
+- "0.0.0.0"
+- --port
+- {{ int64 .Values.writer.port | quote }}
+- --flush
+- {{ .Values.store.flush | quote }}
+- --flush-interval-ms
+- {{ int64 .Values.store.flushIntervalMs | quote }}
+- --retention-hours
+- {{ .Values.store.retentionHours | toString | quote }}
+- --disk-clean-ratio
+- {{ .Values.store.diskCleanRatio | toString | quote }}
+- --disk-full-ratio
+- {{ .Values.store.diskFullRatio | toString | quote }}
+{{- if not .Values.store.autoCreateTopics }}
+- --no-auto-create
+{{- end }}
+{{- if .Values.store.storeHost }}
+- --store-host
+- {{ .Values.store.storeHost | quote }}
+{{- end }}
+{{- include "rmqstore.sizeArgs" . }}
+{{- end }}
+
+{{- define "rmqstore.queryArgs" -}}
+- query
+- serve
+- --store
+- {{ include "rmqstore.storePath" . | quote }}
+- --host
+- "0.0.0.0"
+- --port
+- {{ int64 .Values.query.port | quote }}
+{{- include "rmqstore.sizeArgs" . }}
+{{- end }}
+
+{{/* Environment of an rmqstore container; call with (dict "root" $ "component" "writer"|"query"). */}}
+{{- define "rmqstore.env" -}}
+{{- $otel := .root.Values.otel -}}
+- name: POD_NAME
+  valueFrom:
+    fieldRef:
+      fieldPath: metadata.name
+- name: POD_NAMESPACE
+  valueFrom:
+    fieldRef:
+      fieldPath: metadata.namespace
+{{- if $otel.enabled }}
+- name: OTEL_TRACES_EXPORTER
+  value: {{ $otel.tracesExporter | quote }}
+{{- if $otel.endpoint }}
+- name: OTEL_EXPORTER_OTLP_ENDPOINT
+  value: {{ $otel.endpoint | quote }}
+{{- end }}
+- name: OTEL_SERVICE_NAME
+  value: {{ index $otel.serviceName .component | quote }}
+- name: OTEL_TRACES_SAMPLER
+  value: {{ $otel.sampler | quote }}
+{{- if $otel.samplerArg }}
+- name: OTEL_TRACES_SAMPLER_ARG
+  value: {{ $otel.samplerArg | toString | quote }}
+{{- end }}
+{{- $attributes := list "k8s.pod.name=$(POD_NAME)" "k8s.namespace.name=$(POD_NAMESPACE)" (printf "k8s.container.name=%s" .component) }}
+{{- range $key, $value := $otel.resourceAttributes }}
+{{- $attributes = append $attributes (printf "%s=%s" $key (toString $value)) }}
+{{- end }}
+- name: OTEL_RESOURCE_ATTRIBUTES
+  value: {{ join "," $attributes | quote }}
+{{- end }}
+{{- with (index .root.Values .component).extraEnv }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{/* A native gRPC probe; call with (dict "port" P "service" S "settings" probeValues). */}}
+{{- define "rmqstore.grpcProbe" -}}
+grpc:
+  port: {{ int64 .port }}
+  {{- if .service }}
+  service: {{ .service | quote }}
+  {{- end }}
+periodSeconds: {{ int64 .settings.periodSeconds }}
+timeoutSeconds: {{ int64 .settings.timeoutSeconds }}
+failureThreshold: {{ int64 .settings.failureThreshold }}
+{{- end }}
+
+{{/*
+The three probes of a container against grpc.health.v1: startup and readiness ask for the
+node's own service (NOT_SERVING once a graceful stop begins), liveness for the server as a
+whole (""). Call with (dict "port" P "service" S "probes" probeValues).
+*/}}
+{{- define "rmqstore.probes" -}}
+startupProbe:
+  {{- include "rmqstore.grpcProbe" (dict "port" .port "service" .service "settings" .probes.startup) | nindent 2 }}
+readinessProbe:
+  {{- include "rmqstore.grpcProbe" (dict "port" .port "service" .service "settings" .probes.readiness) | nindent 2 }}
+livenessProbe:
+  {{- include "rmqstore.grpcProbe" (dict "port" .port "service" "" "settings" .probes.liveness) | nindent 2 }}
+{{- end }}
+
+{{/* The writer container. */}}
+{{- define "rmqstore.writerContainer" -}}
+- name: writer
+  image: {{ include "rmqstore.image" . | quote }}
+  imagePullPolicy: {{ .Values.image.pullPolicy }}
+  command:
+    - rmqstore
+  args:
+    {{- include "rmqstore.writerArgs" . | nindent 4 }}
+  ports:
+    - name: grpc-writer
+      containerPort: {{ int64 .Values.writer.port }}
+      protocol: TCP
+  env:
+    {{- include "rmqstore.env" (dict "root" . "component" "writer") | nindent 4 }}
+  {{- include "rmqstore.probes" (dict "port" .Values.writer.port "service" "rmqstore.v1.WriterService" "probes" .Values.writer.probes) | nindent 2 }}
+  resources:
+    {{- toYaml .Values.writer.resources | nindent 4 }}
+  securityContext:
+    {{- toYaml .Values.securityContext | nindent 4 }}
+  volumeMounts:
+    - name: data
+      mountPath: {{ .Values.persistence.mountPath | quote }}
+    - name: tmp
+      mountPath: /tmp
+    {{- if .Values.tls.enabled }}
+    - name: tls
+      mountPath: {{ .Values.tls.mountPath | quote }}
+      readOnly: true
+    {{- end }}
+{{- end }}
+
+{{/* A query container: the store volume is always mounted read-only. */}}
+{{- define "rmqstore.queryContainer" -}}
+- name: query
+  image: {{ include "rmqstore.image" . | quote }}
+  imagePullPolicy: {{ .Values.image.pullPolicy }}
+  command:
+    - rmqstore
+  args:
+    {{- include "rmqstore.queryArgs" . | nindent 4 }}
+  ports:
+    - name: grpc-query
+      containerPort: {{ int64 .Values.query.port }}
+      protocol: TCP
+  env:
+    {{- include "rmqstore.env" (dict "root" . "component" "query") | nindent 4 }}
+  {{- include "rmqstore.probes" (dict "port" .Values.query.port "service" "rmqstore.v1.QueryService" "probes" .Values.query.probes) | nindent 2 }}
+  resources:
+    {{- toYaml .Values.query.resources | nindent 4 }}
+  securityContext:
+    {{- toYaml .Values.securityContext | nindent 4 }}
+  volumeMounts:
+    - name: data
+      mountPath: {{ .Values.persistence.mountPath | quote }}
+      readOnly: true
+    - name: tmp
+      mountPath: /tmp
+    {{- if .Values.tls.enabled }}
+    - name: tls
+      mountPath: {{ .Values.tls.mountPath | quote }}
+      readOnly: true
+    {{- end }}
+{{- end }}
+
+{{/* Volumes besides the store: a small writable /tmp, and the TLS Secret when enabled. */}}
+{{- define "rmqstore.extraVolumes" -}}
+- name: tmp
+  emptyDir:
+    sizeLimit: {{ .Values.tmpSizeLimit | quote }}
+{{- if .Values.tls.enabled }}
+- name: tls
+  secret:
+    secretName: {{ .Values.tls.secretName | quote }}
+    defaultMode: 0440
+{{- end }}
+{{- end }}
+
+{{/* Rules between values that values.schema.json cannot state. */}}
+{{- define "rmqstore.validate" -}}
+{{- if gt (float64 .Values.store.diskCleanRatio) (float64 .Values.store.diskFullRatio) }}
+{{- fail (printf "store.diskCleanRatio (%v) must not exceed store.diskFullRatio (%v): old files are cleaned before writes are refused" .Values.store.diskCleanRatio .Values.store.diskFullRatio) }}
+{{- end }}
+{{- if eq (int64 .Values.writer.port) (int64 .Values.query.port) }}
+{{- fail (printf "writer.port and query.port must differ (both %v): in sidecar mode they share one pod" .Values.writer.port) }}
+{{- end }}
+{{- if gt (int64 .Values.query.autoscaling.minReplicas) (int64 .Values.query.autoscaling.maxReplicas) }}
+{{- fail "query.autoscaling.minReplicas must not exceed maxReplicas" }}
+{{- end }}
+{{- end }}

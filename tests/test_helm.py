@@ -1,0 +1,706 @@
+"""The Helm chart (helm/rmqstore) and the container image (Dockerfile), checked offline.
+
+The chart is linted and rendered by Helm's own Go SDK through helm-python-sdk (no helm
+binary, no cluster), for the defaults and for each mode; the tests then assert on the
+rendered objects, validate every one against the Kubernetes API schemas that
+kubernetes-validate ships, and run every container command line through the installed
+``rmqstore`` CLI, so that chart and CLI cannot drift apart. The Dockerfile is checked as
+text: there is no Docker engine here.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import re
+import shlex
+import subprocess
+import sys
+import tomllib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import helm_python as helm
+import kubernetes_validate
+import pytest
+import yaml
+from packaging.specifiers import SpecifierSet
+
+from rmqstore.cli import query_tools, writer_tools
+from rmqstore.cli.main import build_parser
+from rmqstore.common.codec.hosts import SocketAddress
+from rmqstore.common.files.store import StoreSizes
+from rmqstore.query.service import SERVICE_NAME as QUERY_SERVICE
+from rmqstore.service.telemetry import tracing_requested
+from rmqstore.writer.service import SERVICE_NAME as WRITER_SERVICE
+
+ROOT = Path(__file__).resolve().parent.parent
+CHART = ROOT / "helm" / "rmqstore"
+DOCKERFILE = ROOT / "Dockerfile"
+DOCKERIGNORE = ROOT / ".dockerignore"
+RELEASE = "demo"
+NAMESPACE = "rmq"
+FULLNAME = f"{RELEASE}-rmqstore"
+WRITER = f"{FULLNAME}-writer"
+QUERY = f"{FULLNAME}-query"
+
+# The Kubernetes versions every rendered object is validated against, with the API schemas
+# kubernetes-validate ships (strict: unknown fields are errors): the chart's floor
+# (Chart.yaml kubeVersion >=1.27, where gRPC probes are GA) and a current release.
+KUBE_VERSIONS = ("1.27", "1.33")
+
+# What the writer's stop may take beyond its gRPC grace: the final flush (msync of the dirty
+# pages of the commit log, consume queues and index files), the checkpoint, the progress.
+FINAL_FLUSH_BUDGET_S = 20
+
+CUSTOM_STORE = {
+    "flush": "sync",
+    "flushIntervalMs": 200,
+    "retentionHours": 0.5,
+    "diskCleanRatio": 0.6,
+    "diskFullRatio": 0.85,
+    "autoCreateTopics": False,
+    "storeHost": "10.1.2.3:10911",
+    "sizes": {"commitlogFileSizeBytes": 65536, "cqFileUnits": 1000, "indexSlots": 512, "indexEntries": 2048},
+}
+EVERYTHING = {
+    "store": CUSTOM_STORE,
+    "persistence": {"storageClass": "fast", "size": "500Gi", "mountPath": "/var/lib/rmqstore"},
+    "otel": {
+        "enabled": True,
+        "endpoint": "http://otel-collector.observability:4317",
+        "serviceName": {"writer": "orders-writer", "query": "orders-query"},
+        "sampler": "traceidratio",
+        "samplerArg": "0.25",
+        "resourceAttributes": {"deployment.environment": "prod"},
+    },
+    "tls": {"enabled": True, "secretName": "rmqstore-tls"},
+    "writer": {"port": 9876, "extraEnv": [{"name": "TZ", "value": "UTC"}], "podDisruptionBudget": {"enabled": True}},
+    "query": {"port": 9877, "replicas": 5, "service": {"headless": True}},
+    "image": {"repository": "registry.example/rmqstore", "digest": "sha256:" + "ab" * 32},
+}
+
+# Values per rendering: the defaults, each mode, and each with every option turned on.
+RENDERINGS: dict[str, dict[str, Any]] = {
+    "defaults": {},
+    "sidecar": {"mode": "sidecar"},
+    "shared": {"mode": "shared"},
+    "shared-autoscaled": {"mode": "shared", "query": {"autoscaling": {"enabled": True}}},
+    "sidecar-everything": {"mode": "sidecar", **EVERYTHING},
+    "shared-everything": {"mode": "shared", **EVERYTHING},
+}
+
+
+@dataclass(frozen=True)
+class Rendering:
+    values: dict[str, Any]
+    objects: list[dict[str, Any]]
+    notes: str
+
+    def kinds(self, kind: str) -> list[dict[str, Any]]:
+        return [o for o in self.objects if o["kind"] == kind]
+
+    def one(self, kind: str, name: str) -> dict[str, Any]:
+        found = [o for o in self.kinds(kind) if o["metadata"]["name"] == name]
+        assert len(found) == 1, f"{kind}/{name}: {len(found)} rendered"
+        return found[0]
+
+    def workloads(self) -> list[dict[str, Any]]:
+        return [o for o in self.objects if o["kind"] in ("StatefulSet", "Deployment")]
+
+    def containers(self) -> Iterator[tuple[dict[str, Any], dict[str, Any]]]:
+        """(workload, container) for every container of every pod template."""
+        for workload in self.workloads():
+            for container in workload["spec"]["template"]["spec"]["containers"]:
+                yield workload, container
+
+
+@pytest.fixture(scope="session")
+def chart() -> Iterator[helm.Chart]:
+    with helm.Chart.load(CHART) as loaded:
+        yield loaded
+
+
+def render(chart: helm.Chart, values: dict[str, Any]) -> Rendering:
+    manifests = chart.render(values, name=RELEASE, namespace=NAMESPACE)
+    objects: list[dict[str, Any]] = []
+    notes = ""
+    for path, text in sorted(manifests.items()):
+        if path.endswith("NOTES.txt"):
+            notes = text
+            continue
+        objects.extend(document for document in yaml.safe_load_all(text) if document)
+    return Rendering(values, objects, notes)
+
+
+@pytest.fixture(scope="session")
+def renderings(chart: helm.Chart) -> dict[str, Rendering]:
+    return {name: render(chart, values) for name, values in RENDERINGS.items()}
+
+
+@pytest.fixture(params=sorted(RENDERINGS))
+def rendering(request: pytest.FixtureRequest, renderings: dict[str, Rendering]) -> Rendering:
+    return renderings[request.param]
+
+
+def is_shared(rendering: Rendering) -> bool:
+    return rendering.values.get("mode") == "shared"
+
+
+def value(rendering: Rendering, *path: str) -> Any:
+    """A value the rendering set explicitly, or None."""
+    node: Any = rendering.values
+    for key in path:
+        if not isinstance(node, dict) or key not in node:
+            return None
+        node = node[key]
+    return node
+
+
+def env_of(container: dict[str, Any]) -> dict[str, str]:
+    return {e["name"]: e.get("value", "") for e in container.get("env", [])}
+
+
+def volumes_of(workload: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    volumes = {v["name"]: v for v in workload["spec"]["template"]["spec"].get("volumes", [])}
+    for claim in workload["spec"].get("volumeClaimTemplates", []):
+        volumes[claim["metadata"]["name"]] = {"name": claim["metadata"]["name"], "claimTemplate": claim}
+    return volumes
+
+
+def subset(labels: dict[str, str], of: dict[str, str]) -> bool:
+    return all(of.get(key) == value for key, value in labels.items())
+
+
+# Lint
+
+
+@pytest.mark.parametrize("name", sorted(RENDERINGS))
+@pytest.mark.parametrize("kube_version", KUBE_VERSIONS)
+def test_chart_lints_clean(name: str, kube_version: str) -> None:
+    report = helm.lint(CHART, RENDERINGS[name], strict=True, kube_version=f"v{kube_version}.0")
+    assert report["errors"] == []
+    # Severity 1 is informational ("icon is recommended"); 2 is a warning, 3 an error.
+    assert [m for m in report["messages"] if m["severity"] >= 2] == []
+
+
+# What is rendered
+
+
+def test_kinds_and_names(rendering: Rendering) -> None:
+    rendered = {(o["kind"], o["metadata"]["name"]) for o in rendering.objects}
+    expected = {
+        ("ServiceAccount", FULLNAME),
+        ("StatefulSet", WRITER),
+        ("Service", WRITER),
+        ("Service", QUERY),
+    }
+    if is_shared(rendering):
+        expected |= {("Deployment", QUERY), ("PodDisruptionBudget", QUERY)}
+        if value(rendering, "query", "autoscaling", "enabled"):
+            expected.add(("HorizontalPodAutoscaler", QUERY))
+    if value(rendering, "writer", "podDisruptionBudget", "enabled"):
+        expected.add(("PodDisruptionBudget", WRITER))
+    assert rendered == expected
+    assert len(rendering.objects) == len(rendered), "an object is rendered twice"
+
+
+def test_writer_is_one_statefulset_replica_with_a_claim_template(rendering: Rendering) -> None:
+    writer = rendering.one("StatefulSet", WRITER)
+    spec = writer["spec"]
+    assert spec["replicas"] == 1
+    headless = rendering.one("Service", spec["serviceName"])
+    assert headless["spec"]["clusterIP"] == "None"
+    (claim,) = spec["volumeClaimTemplates"]
+    persistence = {"size": "20Gi", "storageClass": "", **rendering.values.get("persistence", {})}
+    assert claim["spec"]["resources"]["requests"]["storage"] == persistence["size"]
+    assert claim["spec"]["accessModes"] == (["ReadWriteMany"] if is_shared(rendering) else ["ReadWriteOnce"])
+    if persistence["storageClass"]:
+        assert claim["spec"]["storageClassName"] == persistence["storageClass"]
+    else:
+        assert "storageClassName" not in claim["spec"]
+    # Deleting the release never deletes the store.
+    assert spec["persistentVolumeClaimRetentionPolicy"] == {"whenDeleted": "Retain", "whenScaled": "Retain"}
+    names = [c["name"] for c in spec["template"]["spec"]["containers"]]
+    assert names == (["writer"] if is_shared(rendering) else ["writer", "query"])
+
+
+def test_query_nodes_are_a_deployment_in_shared_mode(rendering: Rendering) -> None:
+    if not is_shared(rendering):
+        assert rendering.kinds("Deployment") == []
+        assert rendering.kinds("HorizontalPodAutoscaler") == []
+        return
+    deployment = rendering.one("Deployment", QUERY)
+    autoscaled = rendering.kinds("HorizontalPodAutoscaler")
+    if autoscaled:
+        # The HPA owns the replica count: a rendered one would fight it on every upgrade.
+        assert "replicas" not in deployment["spec"]
+        (hpa,) = autoscaled
+        target = hpa["spec"]["scaleTargetRef"]
+        assert (target["kind"], target["name"]) == ("Deployment", QUERY)
+        assert hpa["spec"]["minReplicas"] <= hpa["spec"]["maxReplicas"]
+    else:
+        assert deployment["spec"]["replicas"] == (value(rendering, "query", "replicas") or 2)
+    assert [c["name"] for c in deployment["spec"]["template"]["spec"]["containers"]] == ["query"]
+
+
+def test_query_service_is_headless_on_request(rendering: Rendering) -> None:
+    service = rendering.one("Service", QUERY)["spec"]
+    if value(rendering, "query", "service", "headless"):
+        assert (service["type"], service["clusterIP"]) == ("ClusterIP", "None")
+    else:
+        assert "clusterIP" not in service
+
+
+def test_labels_match_selectors(rendering: Rendering) -> None:
+    pods = {w["metadata"]["name"]: w["spec"]["template"] for w in rendering.workloads()}
+    for workload in rendering.workloads():
+        selector = workload["spec"]["selector"]["matchLabels"]
+        assert subset(selector, workload["spec"]["template"]["metadata"]["labels"]), workload["metadata"]["name"]
+        # Selectors must not move with a chart upgrade: no version labels in them.
+        assert set(selector) == {"app.kubernetes.io/name", "app.kubernetes.io/instance", "app.kubernetes.io/component"}
+    for obj in rendering.objects:
+        labels = obj["metadata"]["labels"]
+        assert labels["app.kubernetes.io/name"] == "rmqstore"
+        assert labels["app.kubernetes.io/instance"] == RELEASE
+        assert labels["app.kubernetes.io/managed-by"] == "Helm"
+    for service in rendering.kinds("Service"):
+        selected = [name for name, pod in pods.items() if subset(service["spec"]["selector"], pod["metadata"]["labels"])]
+        assert len(selected) == 1, f"Service {service['metadata']['name']} selects {selected}"
+        pod = pods[selected[0]]
+        port_names = {p["name"] for c in pod["spec"]["containers"] for p in c.get("ports", [])}
+        for port in service["spec"]["ports"]:
+            assert port["targetPort"] in port_names
+    # The query Service reaches query containers, whichever pod they live in.
+    query_service = rendering.one("Service", QUERY)
+    (target,) = [p for p in pods.values() if subset(query_service["spec"]["selector"], p["metadata"]["labels"])]
+    assert "query" in [c["name"] for c in target["spec"]["containers"]]
+    for budget in rendering.kinds("PodDisruptionBudget"):
+        selector = budget["spec"]["selector"]["matchLabels"]
+        assert [n for n, p in pods.items() if subset(selector, p["metadata"]["labels"])] == [budget["metadata"]["name"]]
+
+
+def test_grpc_probes_against_the_health_service(rendering: Rendering) -> None:
+    services = {"writer": WRITER_SERVICE, "query": QUERY_SERVICE}
+    for _, container in rendering.containers():
+        (port,) = container["ports"]
+        for kind in ("startupProbe", "readinessProbe", "livenessProbe"):
+            probe = container[kind]
+            assert set(probe) - {"periodSeconds", "timeoutSeconds", "failureThreshold"} == {"grpc"}, kind
+            assert probe["grpc"]["port"] == port["containerPort"]
+        # Startup and readiness ask for the node's own service, which turns NOT_SERVING when
+        # a graceful stop begins; liveness asks for the server as a whole ("").
+        assert container["startupProbe"]["grpc"]["service"] == services[container["name"]]
+        assert container["readinessProbe"]["grpc"]["service"] == services[container["name"]]
+        assert container["livenessProbe"]["grpc"].get("service", "") == ""
+
+
+def test_query_containers_mount_the_store_read_only(rendering: Rendering) -> None:
+    query_containers = [(w, c) for w, c in rendering.containers() if c["name"] == "query"]
+    assert query_containers, "no query container rendered"
+    for workload, container in query_containers:
+        volumes = volumes_of(workload)
+        for mount in container["volumeMounts"]:
+            volume = volumes[mount["name"]]
+            if "emptyDir" in volume:
+                continue  # /tmp: the only writable path
+            assert mount.get("readOnly") is True, f"{mount['name']} is writable in a query container"
+        store_mounts = [m for m in container["volumeMounts"] if m["name"] == "data"]
+        assert len(store_mounts) == 1
+    if is_shared(rendering):
+        writer = rendering.one("StatefulSet", WRITER)
+        template = writer["spec"]["volumeClaimTemplates"][0]["metadata"]["name"]
+        claim = rendering.one("Deployment", QUERY)["spec"]["template"]["spec"]["volumes"][0]
+        # The name Kubernetes gives the writer's claim: <template>-<statefulset>-<ordinal>.
+        assert claim["persistentVolumeClaim"] == {"claimName": f"{template}-{WRITER}-0", "readOnly": True}
+    writer_container = next(c for _, c in rendering.containers() if c["name"] == "writer")
+    assert not next(m for m in writer_container["volumeMounts"] if m["name"] == "data").get("readOnly", False)
+
+
+def test_security_context(rendering: Rendering) -> None:
+    for workload in rendering.workloads():
+        pod = workload["spec"]["template"]["spec"]
+        assert pod["securityContext"]["runAsNonRoot"] is True
+        assert pod["securityContext"]["runAsUser"] > 0
+        assert pod["automountServiceAccountToken"] is False
+        assert "hostNetwork" not in pod and "hostPID" not in pod
+    for _, container in rendering.containers():
+        context = container["securityContext"]
+        assert context["runAsNonRoot"] is True
+        assert context["readOnlyRootFilesystem"] is True
+        assert context["allowPrivilegeEscalation"] is False
+        assert context["privileged"] is False
+        assert context["capabilities"]["drop"] == ["ALL"]
+        assert "add" not in context["capabilities"]
+
+
+def test_grace_period_outlasts_the_writers_stop(rendering: Rendering) -> None:
+    writer = rendering.one("StatefulSet", WRITER)["spec"]["template"]["spec"]
+    assert writer["terminationGracePeriodSeconds"] >= writer_tools.SHUTDOWN_GRACE_S + FINAL_FLUSH_BUDGET_S
+    for deployment in rendering.kinds("Deployment"):
+        grace = deployment["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+        assert grace > query_tools.SHUTDOWN_GRACE_S
+
+
+def test_resources_are_set(rendering: Rendering) -> None:
+    for _, container in rendering.containers():
+        assert container["resources"]["requests"]["cpu"]
+        assert container["resources"]["requests"]["memory"]
+        assert container["resources"]["limits"]["memory"]
+
+
+# Values
+
+
+BAD_VALUES = {
+    "negative replicas": ({"mode": "shared", "query": {"replicas": -1}}, "/query/replicas"),
+    "unknown flush policy": ({"store": {"flush": "fsync"}}, "/store/flush"),
+    "missing storage size": ({"persistence": {"size": None}}, "size"),
+    "empty storage size": ({"persistence": {"size": ""}}, "/persistence/size"),
+    "storage size not a quantity": ({"persistence": {"size": "20 gigs"}}, "/persistence/size"),
+    "unknown mode": ({"mode": "daemonset"}, "/mode"),
+    "shared mode on a ReadWriteOnce claim": ({"mode": "shared", "persistence": {"accessMode": "ReadWriteOnce"}}, "accessMode"),
+    "grace shorter than the final flush": ({"writer": {"terminationGracePeriodSeconds": 5}}, "/writer/terminationGracePeriodSeconds"),
+    "disk ratio above 1": ({"store": {"diskFullRatio": 1.5}}, "/store/diskFullRatio"),
+    "size not an integer": ({"store": {"sizes": {"cqFileUnits": 1.5}}}, "/store/sizes/cqFileUnits"),
+    "commit log file below the library's minimum": ({"store": {"sizes": {"commitlogFileSizeBytes": 512}}}, "commitlogFileSizeBytes"),
+    "store host without a port": ({"store": {"storeHost": "10.0.0.1"}}, "/store/storeHost"),
+    "root user": ({"podSecurityContext": {"runAsNonRoot": False}}, "/podSecurityContext/runAsNonRoot"),
+    "writable root file system": ({"securityContext": {"readOnlyRootFilesystem": False}}, "readOnlyRootFilesystem"),
+    "added capability": ({"securityContext": {"capabilities": {"add": ["NET_ADMIN"]}}}, "/securityContext/capabilities/add"),
+    "exporter rmqstore lacks": ({"otel": {"enabled": True, "tracesExporter": "jaeger"}}, "/otel/tracesExporter"),
+    "unknown sampler": ({"otel": {"sampler": "sometimes"}}, "/otel/sampler"),
+    "TLS without a secret": ({"tls": {"enabled": True}}, "/tls/secretName"),
+    "port out of range": ({"writer": {"port": 70000}}, "/writer/port"),
+    "headless Service of another type": ({"query": {"service": {"headless": True, "type": "NodePort"}}}, "/query/service/type"),
+    "misspelt key": ({"query": {"replica": 3}}, "replica"),
+    "unknown top-level key": ({"replicas": 3}, "replicas"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_VALUES))
+def test_schema_refuses_bad_values(chart: helm.Chart, case: str) -> None:
+    values, where = BAD_VALUES[case]
+    with pytest.raises(helm.HelmValuesError, match=re.escape(where)):
+        chart.render(values, name=RELEASE, namespace=NAMESPACE)
+    report = helm.lint(CHART, values)
+    assert any(where in error for error in report["errors"]), report["errors"]
+
+
+BAD_COMBINATIONS = {
+    "clean ratio above full ratio": ({"store": {"diskCleanRatio": 0.95, "diskFullRatio": 0.9}}, "diskCleanRatio"),
+    "writer and query on one port": ({"query": {"port": 10911}}, "must differ"),
+    "autoscaling minimum above maximum": (
+        {"mode": "shared", "query": {"autoscaling": {"enabled": True, "minReplicas": 5, "maxReplicas": 2}}},
+        "minReplicas",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_COMBINATIONS))
+def test_chart_refuses_inconsistent_values(chart: helm.Chart, case: str) -> None:
+    values, message = BAD_COMBINATIONS[case]
+    with pytest.raises(helm.HelmRenderError, match=re.escape(message)):
+        chart.render(values, name=RELEASE, namespace=NAMESPACE)
+
+
+def test_schema_accepts_the_defaults_and_every_rendering(chart: helm.Chart) -> None:
+    for values in RENDERINGS.values():
+        chart.validate_schema(chart.merge_values(values))
+
+
+# Kubernetes API schemas
+
+
+@pytest.mark.parametrize("kube_version", KUBE_VERSIONS)
+def test_every_object_validates_against_the_kubernetes_api(rendering: Rendering, kube_version: str) -> None:
+    for obj in rendering.objects:
+        try:
+            used = kubernetes_validate.validate(obj, kube_version, strict=True)
+        except kubernetes_validate.ValidationError as error:
+            pytest.fail(f"{obj['kind']}/{obj['metadata']['name']} invalid for Kubernetes {kube_version}: {error.message}")
+        assert used == kube_version
+
+
+# The chart against the CLI
+
+
+def rmqstore_command() -> list[str]:
+    """The installed rmqstore entry point, beside the interpreter running the tests."""
+    script = Path(sys.executable).with_name("rmqstore")
+    assert script.exists(), f"the rmqstore console script is not installed beside {sys.executable}"
+    return [str(script)]
+
+
+def parse_cli(argv: list[str]) -> Any:
+    """Parse a command line with the real rmqstore parser, failing the test on refusal."""
+    try:
+        return build_parser().parse_args(argv)
+    except SystemExit as stop:
+        pytest.fail(f"rmqstore refuses {shlex.join(argv)} (exit {stop.code})")
+
+
+@pytest.mark.slow
+def test_container_command_lines_are_accepted_by_the_cli(rendering: Rendering) -> None:
+    parsed: dict[str, Any] = {}
+    for workload, container in rendering.containers():
+        assert container["command"] == ["rmqstore"]
+        argv = container["args"]
+        # The installed CLI runs the command line, with --help so that no server starts;
+        # argparse stops at --help before it reports unknown options, so every option of
+        # the line must also appear in that help.
+        shown = subprocess.run(
+            [*rmqstore_command(), *argv, "--help"], capture_output=True, text=True, timeout=60, check=False
+        )
+        assert shown.returncode == 0, shown.stderr
+        for option in (a for a in argv if a.startswith("--")):
+            assert re.search(rf"(^|\s){re.escape(option)}(\s|,|$)", shown.stdout, re.M), f"{option} not in help"
+        # ... and the real parser accepts the whole line with its values.
+        args = parse_cli(argv)
+        expected = {"writer": writer_tools.cmd_writer_serve, "query": query_tools.cmd_query_serve}[container["name"]]
+        assert args.handler is expected
+        assert args.host == "0.0.0.0"
+        assert args.port == container["ports"][0]["containerPort"]
+        data = next(m for m in container["volumeMounts"] if m["name"] == "data")
+        assert Path(args.store).parent == Path(data["mountPath"])
+        # Values the parser takes as they come, but the store library checks.
+        StoreSizes(args.commitlog_file_size, args.cq_file_units, args.index_slots, args.index_entries)
+        if container["name"] == "writer" and args.store_host:
+            SocketAddress.parse(args.store_host)
+        parsed[container["name"]] = args
+    # Writer and query nodes must agree on the store's sizes (README, "Sizes").
+    size_options = ("store", "commitlog_file_size", "cq_file_units", "index_slots", "index_entries")
+    assert {k: getattr(parsed["writer"], k) for k in size_options} == {k: getattr(parsed["query"], k) for k in size_options}
+
+
+def test_store_values_reach_the_writers_command_line(chart: helm.Chart) -> None:
+    rendering = render(chart, {"store": CUSTOM_STORE, "persistence": {"mountPath": "/srv/rmq"}})
+    writer = next(c for _, c in rendering.containers() if c["name"] == "writer")
+    args = parse_cli(writer["args"])
+    assert args.store == "/srv/rmq/store"
+    assert args.flush == "sync"
+    assert args.flush_interval_ms == 200
+    assert args.retention_hours == 0.5
+    assert (args.disk_clean_ratio, args.disk_full_ratio) == (0.6, 0.85)
+    assert args.no_auto_create is True
+    assert args.store_host == "10.1.2.3:10911"
+    sizes = CUSTOM_STORE["sizes"]
+    assert (args.commitlog_file_size, args.cq_file_units, args.index_slots, args.index_entries) == (
+        sizes["commitlogFileSizeBytes"],
+        sizes["cqFileUnits"],
+        sizes["indexSlots"],
+        sizes["indexEntries"],
+    )
+
+
+def test_default_command_lines_use_rocketmqs_sizes_without_float_notation(chart: helm.Chart) -> None:
+    rendering = render(chart, {})
+    writer = next(c for _, c in rendering.containers() if c["name"] == "writer")
+    # Helm holds numbers as float64: 1073741824 must not come out as 1.073741824e+09.
+    assert all("e+" not in arg for arg in writer["args"])
+    args = parse_cli(writer["args"])
+    assert StoreSizes(args.commitlog_file_size, args.cq_file_units, args.index_slots, args.index_entries) == StoreSizes()
+    assert (args.flush, args.no_auto_create, args.store_host) == ("async", False, None)
+
+
+# OpenTelemetry and TLS
+
+
+def test_otel_settings_come_from_values(rendering: Rendering) -> None:
+    otel = rendering.values.get("otel", {})
+    for _, container in rendering.containers():
+        env = env_of(container)
+        if not otel.get("enabled"):
+            assert [name for name in env if name.startswith("OTEL_")] == []
+            assert tracing_requested(env) is None
+            continue
+        assert tracing_requested(env) == "otlp"
+        assert env["OTEL_EXPORTER_OTLP_ENDPOINT"] == otel["endpoint"]
+        assert env["OTEL_SERVICE_NAME"] == otel["serviceName"][container["name"]]
+        assert env["OTEL_TRACES_SAMPLER"] == otel["sampler"]
+        assert env["OTEL_TRACES_SAMPLER_ARG"] == otel["samplerArg"]
+        attributes = dict(pair.split("=", 1) for pair in env["OTEL_RESOURCE_ATTRIBUTES"].split(","))
+        assert attributes["k8s.pod.name"] == "$(POD_NAME)"
+        assert attributes["deployment.environment"] == "prod"
+        # $(POD_NAME) expands only if POD_NAME is defined before it.
+        names = [e["name"] for e in container["env"]]
+        assert names.index("POD_NAME") < names.index("OTEL_RESOURCE_ATTRIBUTES")
+
+
+SAMPLER_DESCRIPTIONS = {
+    "always_on": "AlwaysOnSampler",
+    "always_off": "AlwaysOffSampler",
+    "traceidratio": "TraceIdRatioBased{0.1}",
+    "parentbased_always_on": "ParentBased{root:AlwaysOnSampler,",
+    "parentbased_always_off": "ParentBased{root:AlwaysOffSampler,",
+    "parentbased_traceidratio": "ParentBased{root:TraceIdRatioBased{0.1},",
+}
+
+
+def test_every_sampler_the_schema_allows_is_one_the_sdk_knows(monkeypatch: pytest.MonkeyPatch) -> None:
+    from opentelemetry.sdk.trace import TracerProvider
+
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    allowed = schema["properties"]["otel"]["properties"]["sampler"]["enum"]
+    assert sorted(allowed) == sorted(SAMPLER_DESCRIPTIONS)
+    for sampler in allowed:
+        monkeypatch.setenv("OTEL_TRACES_SAMPLER", sampler)
+        monkeypatch.setenv("OTEL_TRACES_SAMPLER_ARG", "0.1")
+        assert TracerProvider().sampler.get_description().startswith(SAMPLER_DESCRIPTIONS[sampler])
+
+
+def test_tls_secret_is_mounted_read_only_and_the_notes_say_it_is_not_served(rendering: Rendering) -> None:
+    tls = rendering.values.get("tls", {})
+    for workload, container in rendering.containers():
+        mounts = {m["name"]: m for m in container["volumeMounts"]}
+        # The servers have no TLS options: the chart must not invent any.
+        assert not [a for a in container["args"] if "tls" in a.lower()]
+        if not tls.get("enabled"):
+            assert "tls" not in mounts
+            continue
+        assert mounts["tls"]["readOnly"] is True
+        assert mounts["tls"]["mountPath"] == "/etc/rmqstore/tls"
+        assert volumes_of(workload)["tls"]["secret"]["secretName"] == tls["secretName"]
+    if tls.get("enabled"):
+        assert "plaintext" in rendering.notes
+        assert "no TLS options yet" in rendering.notes
+
+
+# NOTES.txt
+
+
+def test_notes_tell_how_to_reach_and_query_the_service(rendering: Rendering) -> None:
+    notes = rendering.notes
+    ports = {
+        "writer": value(rendering, "writer", "port") or 10911,
+        "query": value(rendering, "query", "port") or 10912,
+    }
+    assert f"{WRITER}.{NAMESPACE}.svc.cluster.local:{ports['writer']}" in notes
+    assert f"{QUERY}.{NAMESPACE}.svc.cluster.local:{ports['query']}" in notes
+    assert f"port-forward service/{QUERY} {ports['query']}:{ports['query']}" in notes
+    # The example command lines: indented, as NOTES.txt prints commands to copy.
+    commands = [line.strip() for line in notes.splitlines() if line.startswith("  rmqstore ")]
+    commands += [line.split(" -- ", 1)[1] for line in notes.splitlines() if "exec" in line and " -- rmqstore " in line]
+    used = {shlex.split(c)[1] for c in commands}
+    assert {"send", "queryMsgByKey", "queryMsgByUniqueKey", "inspect"} <= used
+    for command in commands:
+        argv = shlex.split(command)[1:]
+        args = parse_cli(argv)
+        endpoint = getattr(args, "endpoint", None)
+        if endpoint:
+            expected = ports["writer"] if argv[0] == "send" else ports["query"]
+            assert endpoint == f"127.0.0.1:{expected}"
+
+
+# The image
+
+
+@dataclass(frozen=True)
+class Instruction:
+    keyword: str
+    arguments: str
+
+
+def dockerfile_stages() -> list[list[Instruction]]:
+    """The Dockerfile's instructions, continuation lines joined, split into stages; the
+    instructions before the first FROM (global ARGs) are stage 0."""
+    text = re.sub(r"\\\n", " ", DOCKERFILE.read_text())
+    stages: list[list[Instruction]] = [[]]
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        keyword, _, arguments = line.partition(" ")
+        instruction = Instruction(keyword.upper(), " ".join(arguments.split()))
+        if instruction.keyword == "FROM":
+            stages.append([])
+        stages[-1].append(instruction)
+    return stages
+
+
+def global_args() -> dict[str, str]:
+    args = {}
+    for instruction in dockerfile_stages()[0]:
+        assert instruction.keyword == "ARG"
+        name, _, default = instruction.arguments.partition("=")
+        args[name] = default
+    return args
+
+
+def pyproject() -> dict[str, Any]:
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())
+
+
+def test_dockerfile_base_is_a_pinned_slim_python() -> None:
+    stages = dockerfile_stages()[1:]
+    assert len(stages) >= 2, "a build stage and a runtime stage"
+    bases = set()
+    for stage in stages:
+        image = stage[0].arguments.split()[0]
+        image = re.sub(r"\$\{(\w+)\}", lambda m: global_args()[m.group(1)], image)
+        bases.add(image)
+    (base,) = bases  # one base for every stage: the virtualenv moves between them
+    match = re.fullmatch(r"python:(\d+)\.(\d+)\.(\d+)-slim-[a-z]+(@sha256:[0-9a-f]{64})?", base)
+    assert match, f"{base}: pin python:X.Y.Z-slim-<debian release>"
+    python = f"{match.group(1)}.{match.group(2)}.{match.group(3)}"
+    assert python in SpecifierSet(pyproject()["project"]["requires-python"])
+
+
+def test_dockerfile_runs_as_the_charts_non_root_user(chart: helm.Chart) -> None:
+    runtime = dockerfile_stages()[-1]
+    users = [i.arguments for i in runtime if i.keyword == "USER"]
+    assert users, "the runtime stage sets no USER"
+    uid, _, gid = users[-1].partition(":")
+    # Numeric, so that the kubelet can check runAsNonRoot without reading /etc/passwd.
+    assert uid.isdigit() and gid.isdigit() and int(uid) > 0 and int(gid) > 0
+    context = chart.values["podSecurityContext"]
+    assert (int(uid), int(gid)) == (context["runAsUser"], context["runAsGroup"])
+    assert any(f"--uid {uid}" in i.arguments for i in runtime if i.keyword == "RUN")
+
+
+def test_dockerfile_entry_point_is_the_rmqstore_command() -> None:
+    runtime = dockerfile_stages()[-1]
+    (entrypoint,) = [json.loads(i.arguments) for i in runtime if i.keyword == "ENTRYPOINT"]
+    assert entrypoint == ["rmqstore"]
+    target = pyproject()["project"]["scripts"][entrypoint[0]]
+    module, _, function = target.partition(":")
+    assert callable(getattr(importlib.import_module(module), function))
+    assert any(i.keyword == "ENV" and "PATH=/opt/venv/bin:" in i.arguments for i in runtime)
+
+
+def test_dockerfile_runtime_stage_has_no_build_tools() -> None:
+    runtime = dockerfile_stages()[-1]
+    commands = " ".join(i.arguments for i in runtime if i.keyword == "RUN")
+    for tool in ("apt-get install", "pip install", "gcc", "build-essential", "grpcio-tools", "setup.py"):
+        assert tool not in commands
+    copies = [i.arguments for i in runtime if i.keyword in ("COPY", "ADD")]
+    assert copies == ["--from=build /opt/venv /opt/venv"]
+
+
+def test_dockerfile_copies_every_package_and_dockerignore_admits_only_that() -> None:
+    build = dockerfile_stages()[1]
+    # COPY SOURCE... DESTINATION, from the build context (no --from).
+    copied = {source for i in build if i.keyword == "COPY" for source in i.arguments.split()[:-1]}
+    assert not [source for source in copied if source.startswith("--")]
+    package_dirs = {d.split("/")[0] for d in pyproject()["tool"]["setuptools"]["package-dir"].values()}
+    assert package_dirs <= copied, f"not copied into the image: {package_dirs - copied}"
+    assert {"pyproject.toml", "setup.py", "README.md"} <= copied
+    patterns = [p.strip() for p in DOCKERIGNORE.read_text().splitlines() if p.strip() and not p.startswith("#")]
+    assert patterns[0] == "*", "exclude everything, then admit what the image needs"
+    admitted = {p[1:] for p in patterns if p.startswith("!")}
+    assert copied <= admitted
+    assert not admitted & {".git", ".venv", "tests", "demo-store", "helm", ".ci"}
+
+
+# Chart metadata
+
+
+def test_chart_runs_this_release_of_rmqstore(chart: helm.Chart) -> None:
+    assert chart.metadata["appVersion"] == pyproject()["project"]["version"]
+    rendering = render(chart, {})
+    images = {c["image"] for _, c in rendering.containers()}
+    assert images == {f"rmqstore:{pyproject()['project']['version']}"}
+    pinned = render(chart, {"image": {"repository": "r/rmqstore", "digest": "sha256:" + "0" * 64}})
+    assert {c["image"] for _, c in pinned.containers()} == {"r/rmqstore@sha256:" + "0" * 64}

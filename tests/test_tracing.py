@@ -47,6 +47,32 @@ def test_spans_continue_the_callers_trace(tmp_path: Path) -> None:
     assert server.status.status_code != trace.StatusCode.ERROR
 
 
+def test_query_lookups_get_their_own_spans(tmp_path: Path) -> None:
+    from conftest import CLEAN, FIXTURE_SIZES
+    from test_query import QueryNode
+
+    from rmqstore.v1 import query_pb2
+
+    provider = trace.get_tracer_provider()
+    assert isinstance(provider, TracerProvider), "run with test_spans_continue_the_callers_trace first"
+    exporter = InMemorySpanExporter()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    node = QueryNode(CLEAN, FIXTURE_SIZES)
+    trace_id = TRACE_ID + 1
+    try:
+        node.stub.QueryByKey(
+            query_pb2.QueryByKeyRequest(topic="TopicTest", key="order-common", page_size=3),
+            metadata=(("traceparent", f"00-{trace_id:032x}-{PARENT_SPAN_ID:016x}-01"),),
+        )
+    finally:
+        node.close()
+    spans = {span.name: span for span in exporter.get_finished_spans() if span.context.trace_id == trace_id}
+    server = spans["/rmqstore.v1.QueryService/QueryByKey"]
+    lookup = spans["rmqstore.lookup.key"]
+    assert lookup.parent is not None and lookup.parent.span_id == server.context.span_id
+    assert lookup.attributes["rmqstore.topic"] == "TopicTest" and lookup.attributes["rmqstore.results"] == 3
+
+
 def test_tracing_is_off_unless_asked() -> None:
     assert tracing_requested({}) is None
     assert tracing_requested({"OTEL_TRACES_EXPORTER": "none", "OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4317"}) is None

@@ -18,12 +18,21 @@ TRACE_ID = 0x4BF92F3577B34DA6A3CE929D0E0E4736
 PARENT_SPAN_ID = 0x00F067AA0BA902B7
 
 
-def test_spans_continue_the_callers_trace(tmp_path: Path) -> None:
+def sdk_exporter() -> InMemorySpanExporter:
+    """An in-memory exporter on the process's SDK tracer provider (installed once: the
+    global provider can be set only once per process)."""
+    provider = trace.get_tracer_provider()
+    if not isinstance(provider, TracerProvider):
+        trace.set_tracer_provider(TracerProvider())
+        provider = trace.get_tracer_provider()
+    assert isinstance(provider, TracerProvider)
     exporter = InMemorySpanExporter()
-    provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
-    trace.set_tracer_provider(provider)
-    assert trace.get_tracer_provider() is provider, "another test installed a tracer provider first"
+    return exporter
+
+
+def test_spans_continue_the_callers_trace(tmp_path: Path) -> None:
+    exporter = sdk_exporter()
     node = start_node(tmp_path / "store", flush=FlushPolicy.SYNC)
     try:
         traceparent = f"00-{TRACE_ID:032x}-{PARENT_SPAN_ID:016x}-01"
@@ -53,10 +62,7 @@ def test_query_lookups_get_their_own_spans(tmp_path: Path) -> None:
 
     from rmqstore.v1 import query_pb2
 
-    provider = trace.get_tracer_provider()
-    assert isinstance(provider, TracerProvider), "run with test_spans_continue_the_callers_trace first"
-    exporter = InMemorySpanExporter()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    exporter = sdk_exporter()
     node = QueryNode(CLEAN, FIXTURE_SIZES)
     trace_id = TRACE_ID + 1
     try:

@@ -286,6 +286,9 @@ def cmd_query_serve(args: argparse.Namespace) -> int:
     from rmqstore.service.server import start_server
     from rmqstore.service.telemetry import configure_tracing
 
+    stopping = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stopping.set())
+    signal.signal(signal.SIGINT, lambda *_: stopping.set())
     configure_tracing("rmqstore-query")
     view = StoreView(args.store, sizes_from(args, args.store))
     try:
@@ -312,9 +315,6 @@ def cmd_query_serve(args: argparse.Namespace) -> int:
         ),
         flush=True,
     )
-    stopping = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stopping.set())
-    signal.signal(signal.SIGINT, lambda *_: stopping.set())
     stopping.wait()
     health_servicer.enter_graceful_shutdown()
     server.stop(SHUTDOWN_GRACE_S).wait()

@@ -29,6 +29,11 @@ def cmd_writer_serve(args: argparse.Namespace) -> int:
     from rmqstore.writer.service import SERVICE_NAME, WriterServicer
     from rmqstore.writer.store import Writer
 
+    # Handlers first: a SIGTERM during recovery or right after the serving line must still
+    # end in a clean stop (final flush, checkpoint, abort removed).
+    stopping = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stopping.set())
+    signal.signal(signal.SIGINT, lambda *_: stopping.set())
     configure_tracing("rmqstore-writer")
     config = WriterConfig(
         store=args.store,
@@ -73,13 +78,6 @@ def cmd_writer_serve(args: argparse.Namespace) -> int:
         ),
         flush=True,
     )
-    stopping = threading.Event()
-
-    def on_signal(signum: int, frame: object) -> None:
-        stopping.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
     stopping.wait()
     health_servicer.enter_graceful_shutdown()
     server.stop(SHUTDOWN_GRACE_S).wait()

@@ -21,6 +21,13 @@ from typing import Any
 import grpc
 
 from rmqstore.cli.store_tools import add_size_options, sizes_from
+from rmqstore.cli.writer_tools import (
+    add_client_tls_options,
+    add_server_tls_options,
+    channel_from,
+    server_credentials_from,
+    serving_tls_fields,
+)
 from rmqstore.common.errors import InvalidArgument
 from rmqstore.v1 import messages_pb2, query_pb2, query_pb2_grpc
 
@@ -63,8 +70,9 @@ class Backend:
 
 
 class EndpointBackend(Backend):
-    def __init__(self, endpoint: str, timeout_s: float):
-        self.channel = grpc.insecure_channel(endpoint)
+    def __init__(self, endpoint: str, timeout_s: float, channel: grpc.Channel | None = None):
+        # A given channel (e.g. a TLS one) is owned from here on: close() closes it.
+        self.channel = channel if channel is not None else grpc.insecure_channel(endpoint)
         self.stub = query_pb2_grpc.QueryServiceStub(self.channel)
         self.timeout_s = timeout_s
 
@@ -197,7 +205,11 @@ def _emit(messages: Iterator[messages_pb2.StoredMessage], args: argparse.Namespa
 def _backend(args: argparse.Namespace) -> Backend:
     if bool(args.endpoint) == bool(args.store):
         raise InvalidArgument("give exactly one of --endpoint HOST:PORT or --store DIR")
-    return EndpointBackend(args.endpoint, args.timeout) if args.endpoint else StoreBackend(args)
+    if args.endpoint:
+        return EndpointBackend(args.endpoint, args.timeout, channel_from(args, args.endpoint))
+    if args.tls_ca or args.tls_client_cert or args.tls_client_key or args.tls_server_name:
+        raise InvalidArgument("the --tls-* options apply to --endpoint, not to --store")
+    return StoreBackend(args)
 
 
 def _run(args: argparse.Namespace, action: Any) -> int:
@@ -283,22 +295,31 @@ def cmd_print_msg(args: argparse.Namespace) -> int:
 def cmd_query_serve(args: argparse.Namespace) -> int:
     from rmqstore.query.service import SERVICE_NAME, QueryServicer
     from rmqstore.query.view import StoreView
-    from rmqstore.service.server import start_server
+    from rmqstore.service.server import start_health_server, start_server
     from rmqstore.service.telemetry import configure_tracing
 
+    # TLS files are checked before anything else.
+    credentials = server_credentials_from(args)
     stopping = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stopping.set())
     signal.signal(signal.SIGINT, lambda *_: stopping.set())
     configure_tracing("rmqstore-query")
     view = StoreView(args.store, sizes_from(args, args.store))
+    server = health_server = None
+    health_port = None
     try:
         server, port, health_servicer = start_server(
             lambda s: query_pb2_grpc.add_QueryServiceServicer_to_server(QueryServicer(view), s),
             [SERVICE_NAME],
             host=args.host,
             port=args.port,
+            credentials=credentials,
         )
+        if args.health_port is not None:
+            health_server, health_port = start_health_server(health_servicer, host=args.host, port=args.health_port)
     except BaseException:
+        if server is not None:
+            server.stop(None)
         view.close()
         raise
     status = view.status()
@@ -311,6 +332,7 @@ def cmd_query_serve(args: argparse.Namespace) -> int:
                 "store": args.store,
                 "followsWriter": status.has_progress,
                 "visibleOffset": status.visible_offset,
+                **serving_tls_fields(args, health_port),
             }
         ),
         flush=True,
@@ -318,6 +340,8 @@ def cmd_query_serve(args: argparse.Namespace) -> int:
     stopping.wait()
     health_servicer.enter_graceful_shutdown()
     server.stop(SHUTDOWN_GRACE_S).wait()
+    if health_server is not None:
+        health_server.stop(None).wait()
     view.close()
     print(json.dumps({"event": "stopped", "service": "query"}), flush=True)
     return EXIT_OK
@@ -331,6 +355,7 @@ def _lookup_parser(commands: argparse._SubParsersAction, name: str, help_text: s
     parser.add_argument("--json", action="store_true", help="one JSON object per message")
     parser.add_argument("--body", action="store_true", help="with --json, include the body")
     parser.add_argument("--timeout", type=float, default=30.0, help="seconds per call to a node (default 30)")
+    add_client_tls_options(parser)
     add_size_options(parser)
     return parser
 
@@ -342,6 +367,7 @@ def register(commands: argparse._SubParsersAction) -> None:  # type: ignore[type
     serve.add_argument("--store", required=True, help="store directory (never written)")
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     serve.add_argument("--port", type=int, default=0, help="port (default 0: any free port, printed at start)")
+    add_server_tls_options(serve)
     add_size_options(serve)
     serve.set_defaults(handler=cmd_query_serve)
 

@@ -22,13 +22,83 @@ EXIT_ERROR = 2
 SHUTDOWN_GRACE_S = 10.0
 
 
+# TLS options, shared with query_tools.
+
+
+def add_server_tls_options(parser: argparse.ArgumentParser) -> None:
+    tls = parser.add_argument_group("TLS (default: plaintext)")
+    tls.add_argument("--tls-cert", metavar="FILE", help="serve TLS with this PEM certificate (chain)")
+    tls.add_argument("--tls-key", metavar="FILE", help="the certificate's PEM private key (unencrypted)")
+    tls.add_argument(
+        "--tls-client-ca",
+        metavar="FILE",
+        help="require client certificates signed by this PEM CA (mutual TLS); needs --tls-cert",
+    )
+    parser.add_argument(
+        "--health-port",
+        type=int,
+        metavar="P",
+        help="also serve grpc.health.v1 alone, in plaintext, on this port (for probes that cannot speak TLS)",
+    )
+
+
+def server_credentials_from(args: argparse.Namespace) -> grpc.ServerCredentials | None:
+    """The server's TLS credentials from its options, None for plaintext; checks the files
+    and the options' combinations first, so that a bad one stops the node before it starts."""
+    from rmqstore.service.server import load_server_credentials
+
+    if args.health_port is not None and args.health_port != 0 and args.health_port == args.port:
+        raise InvalidArgument(f"--health-port {args.health_port} must differ from --port")
+    if args.tls_cert is None and args.tls_key is None:
+        if args.tls_client_ca is not None:
+            raise InvalidArgument("--tls-client-ca needs --tls-cert and --tls-key")
+        return None
+    if args.tls_cert is None or args.tls_key is None:
+        raise InvalidArgument("give --tls-cert and --tls-key together")
+    return load_server_credentials(args.tls_cert, args.tls_key, args.tls_client_ca)
+
+
+def serving_tls_fields(args: argparse.Namespace, health_port: int | None) -> dict[str, Any]:
+    """What the serving line says about TLS and the health port."""
+    fields: dict[str, Any] = {"tls": args.tls_cert is not None, "clientAuth": args.tls_client_ca is not None}
+    if health_port is not None:
+        fields["healthPort"] = health_port
+    return fields
+
+
+def add_client_tls_options(parser: argparse.ArgumentParser) -> None:
+    tls = parser.add_argument_group("TLS to the node (default: plaintext)")
+    tls.add_argument("--tls-ca", metavar="FILE", help="connect with TLS, trusting this PEM CA")
+    tls.add_argument("--tls-client-cert", metavar="FILE", help="present this PEM certificate (mutual TLS; implies TLS)")
+    tls.add_argument("--tls-client-key", metavar="FILE", help="the client certificate's PEM private key")
+    tls.add_argument(
+        "--tls-server-name",
+        metavar="NAME",
+        help="expect this name in the server's certificate instead of the endpoint's host (e.g. via port-forward)",
+    )
+
+
+def channel_from(args: argparse.Namespace, endpoint: str) -> grpc.Channel:
+    from rmqstore.service.server import open_channel
+
+    return open_channel(
+        endpoint,
+        ca=args.tls_ca,
+        client_cert=args.tls_client_cert,
+        client_key=args.tls_client_key,
+        server_name=args.tls_server_name,
+    )
+
+
 def cmd_writer_serve(args: argparse.Namespace) -> int:
-    from rmqstore.service.server import start_server
+    from rmqstore.service.server import start_health_server, start_server
     from rmqstore.service.telemetry import configure_tracing
     from rmqstore.writer.config import FlushPolicy, WriterConfig
     from rmqstore.writer.service import SERVICE_NAME, WriterServicer
     from rmqstore.writer.store import Writer
 
+    # TLS files are checked before anything else: a bad one costs no recovery.
+    credentials = server_credentials_from(args)
     # Handlers first: a SIGTERM during recovery or right after the serving line must still
     # end in a clean stop (final flush, checkpoint, abort removed).
     stopping = threading.Event()
@@ -49,14 +119,21 @@ def cmd_writer_serve(args: argparse.Namespace) -> int:
     )
     writer = Writer(config)
     writer.start_background()
+    server = health_server = None
+    health_port = None
     try:
         server, port, health_servicer = start_server(
             lambda s: writer_pb2_grpc.add_WriterServiceServicer_to_server(WriterServicer(writer), s),
             [SERVICE_NAME],
             host=args.host,
             port=args.port,
+            credentials=credentials,
         )
+        if args.health_port is not None:
+            health_server, health_port = start_health_server(health_servicer, host=args.host, port=args.health_port)
     except BaseException:
+        if server is not None:
+            server.stop(None)
         writer.close()
         raise
     recovery = writer.recovery
@@ -68,6 +145,7 @@ def cmd_writer_serve(args: argparse.Namespace) -> int:
                 "port": port,
                 "store": config.store,
                 "flush": config.flush.value,
+                **serving_tls_fields(args, health_port),
                 "recovered": {
                     "uncleanShutdown": recovery.unclean,
                     "endOffset": recovery.stop.end_offset,
@@ -81,6 +159,8 @@ def cmd_writer_serve(args: argparse.Namespace) -> int:
     stopping.wait()
     health_servicer.enter_graceful_shutdown()
     server.stop(SHUTDOWN_GRACE_S).wait()
+    if health_server is not None:
+        health_server.stop(None).wait()
     writer.close()
     print(json.dumps({"event": "stopped", "service": "writer"}), flush=True)
     return EXIT_OK
@@ -173,7 +253,7 @@ def cmd_send(args: argparse.Namespace) -> int:
         if args.queue is not None:
             message.queue_id = args.queue
         batches = iter([writer_pb2.SendBatchRequest(messages=[message])])
-    with grpc.insecure_channel(args.endpoint) as channel:
+    with channel_from(args, args.endpoint) as channel:
         stub = writer_pb2_grpc.WriterServiceStub(channel)
         try:
             for response in stub.SendStream(batches, timeout=args.timeout):
@@ -215,6 +295,7 @@ def register(commands: argparse._SubParsersAction) -> None:  # type: ignore[type
         action="store_true",
         help="accept losing everything after mid-log corruption found at start (default: refuse to start)",
     )
+    add_server_tls_options(serve)
     add_size_options(serve)
     serve.set_defaults(handler=cmd_writer_serve)
 
@@ -228,4 +309,5 @@ def register(commands: argparse._SubParsersAction) -> None:  # type: ignore[type
     send.add_argument("--file", help="JSONL file, one message a line")
     send.add_argument("--batch-size", type=int, default=1000, help="messages per batch with --file (default 1000)")
     send.add_argument("--timeout", type=float, default=600.0, help="seconds before giving up (default 600)")
+    add_client_tls_options(send)
     send.set_defaults(handler=cmd_send)

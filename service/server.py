@@ -1,7 +1,9 @@
-"""Start a gRPC server with health checking, reflection and the tracing interceptor."""
+"""Start a gRPC server with health checking, reflection and the tracing interceptor, and
+the TLS credentials of both ends (server certificates, client trust and client certificates)."""
 
 from __future__ import annotations
 
+import ssl
 from collections.abc import Callable, Sequence
 from concurrent import futures
 
@@ -10,7 +12,94 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from opentelemetry.instrumentation.grpc import server_interceptor
 
+from rmqstore.common.errors import InvalidArgument
+
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+
+
+def _read_pem(option: str, path: str) -> bytes:
+    try:
+        with open(path, "rb") as handle:
+            data = handle.read()
+    except OSError as error:
+        raise InvalidArgument(f"{option} {path}: cannot read: {error.strerror or error}") from None
+    if b"-----BEGIN " not in data:
+        raise InvalidArgument(f"{option} {path}: not a PEM file")
+    return data
+
+
+def _check_certificates(option: str, path: str, data: bytes) -> None:
+    """The file parses as one or more PEM certificates (OpenSSL, through the ssl module)."""
+    try:
+        ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_verify_locations(cadata=data.decode("ascii"))
+    except (ssl.SSLError, ValueError, UnicodeDecodeError) as error:
+        raise InvalidArgument(f"{option} {path}: not a PEM certificate ({error})") from None
+
+
+def _check_key_pair(cert_option: str, cert: str, key_option: str, key: str) -> None:
+    """The key parses, is not encrypted and matches the certificate."""
+    try:
+        ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(cert, key, password=lambda: b"")
+    except (ssl.SSLError, OSError, ValueError) as error:
+        raise InvalidArgument(
+            f"{key_option} {key}: not an unencrypted PEM private key matching {cert_option} {cert} ({error})"
+        ) from None
+
+
+def load_server_credentials(cert: str, key: str, client_ca: str | None = None) -> grpc.ServerCredentials:
+    """TLS credentials of a server from PEM files: its certificate chain and private key,
+    and with ``client_ca`` the CA that must have signed every client's certificate (mutual
+    TLS). A missing, unreadable or invalid file raises InvalidArgument naming it."""
+    chain = _read_pem("--tls-cert", cert)
+    _check_certificates("--tls-cert", cert, chain)
+    private_key = _read_pem("--tls-key", key)
+    _check_key_pair("--tls-cert", cert, "--tls-key", key)
+    roots = None
+    if client_ca is not None:
+        roots = _read_pem("--tls-client-ca", client_ca)
+        _check_certificates("--tls-client-ca", client_ca, roots)
+    return grpc.ssl_server_credentials(
+        [(private_key, chain)], root_certificates=roots, require_client_auth=client_ca is not None
+    )
+
+
+def load_channel_credentials(
+    ca: str | None = None, client_cert: str | None = None, client_key: str | None = None
+) -> grpc.ChannelCredentials:
+    """TLS credentials of a client: trust ``ca`` (default: gRPC's built-in roots) and, for
+    mutual TLS, present ``client_cert`` with ``client_key``."""
+    if (client_cert is None) != (client_key is None):
+        raise InvalidArgument("give --tls-client-cert and --tls-client-key together")
+    roots = None
+    if ca is not None:
+        roots = _read_pem("--tls-ca", ca)
+        _check_certificates("--tls-ca", ca, roots)
+    chain = private_key = None
+    if client_cert is not None and client_key is not None:
+        chain = _read_pem("--tls-client-cert", client_cert)
+        _check_certificates("--tls-client-cert", client_cert, chain)
+        private_key = _read_pem("--tls-client-key", client_key)
+        _check_key_pair("--tls-client-cert", client_cert, "--tls-client-key", client_key)
+    return grpc.ssl_channel_credentials(root_certificates=roots, private_key=private_key, certificate_chain=chain)
+
+
+def open_channel(
+    endpoint: str,
+    *,
+    ca: str | None = None,
+    client_cert: str | None = None,
+    client_key: str | None = None,
+    server_name: str | None = None,
+) -> grpc.Channel:
+    """A plaintext channel, or a TLS one as soon as any TLS file is given. ``server_name``
+    checks the server's certificate for that name instead of the endpoint's host (e.g.
+    through a port-forward to 127.0.0.1)."""
+    if ca is None and client_cert is None and client_key is None:
+        if server_name is not None:
+            raise InvalidArgument("--tls-server-name needs TLS: give --tls-ca (or a client certificate)")
+        return grpc.insecure_channel(endpoint)
+    options = [("grpc.ssl_target_name_override", server_name)] if server_name else []
+    return grpc.secure_channel(endpoint, load_channel_credentials(ca, client_cert, client_key), options=options)
 
 
 def start_server(
@@ -20,9 +109,11 @@ def start_server(
     host: str = "127.0.0.1",
     port: int = 0,
     workers: int = 32,
+    credentials: grpc.ServerCredentials | None = None,
 ) -> tuple[grpc.Server, int, health.HealthServicer]:
     """Bind, register the services, mark them SERVING and start. Port 0 picks a free
-    port; the bound port is returned."""
+    port; the bound port is returned. With ``credentials`` (load_server_credentials) the
+    port speaks TLS only."""
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="rpc"),
         interceptors=[server_interceptor()],
@@ -38,8 +129,27 @@ def start_server(
     for name in (*service_names, ""):
         health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
     reflection.enable_server_reflection((*service_names, reflection.SERVICE_NAME, health.SERVICE_NAME), server)
-    bound = server.add_insecure_port(f"{host}:{port}")
+    address = f"{host}:{port}"
+    bound = server.add_secure_port(address, credentials) if credentials else server.add_insecure_port(address)
     if bound == 0:
-        raise OSError(f"cannot bind {host}:{port}")
+        raise OSError(f"cannot bind {address}")
     server.start()
     return server, bound, health_servicer
+
+
+def start_health_server(
+    health_servicer: health.HealthServicer, *, host: str = "127.0.0.1", port: int = 0
+) -> tuple[grpc.Server, int]:
+    """A second, plaintext listener serving only grpc.health.v1 from the main server's
+    HealthServicer (same statuses, same graceful shutdown), for probes that cannot speak
+    TLS, such as Kubernetes' native gRPC probes. Returns the server and its bound port."""
+    server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="health"),
+        options=[("grpc.so_reuseport", 0)],
+    )
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    bound = server.add_insecure_port(f"{host}:{port}")
+    if bound == 0:
+        raise OSError(f"cannot bind the health port {host}:{port}")
+    server.start()
+    return server, bound

@@ -76,8 +76,8 @@ EVERYTHING = {
         "samplerArg": "0.25",
         "resourceAttributes": {"deployment.environment": "prod"},
     },
-    "tls": {"enabled": True, "secretName": "rmqstore-tls"},
-    "writer": {"port": 9876, "extraEnv": [{"name": "TZ", "value": "UTC"}], "podDisruptionBudget": {"enabled": True}},
+    "tls": {"enabled": True, "secretName": "rmqstore-tls", "clientAuth": True, "mountPath": "/run/tls/"},
+    "writer": {"port": 9876, "healthPort": 9886, "extraEnv": [{"name": "TZ", "value": "UTC"}], "podDisruptionBudget": {"enabled": True}},
     "query": {"port": 9877, "replicas": 5, "service": {"headless": True}},
     "image": {"repository": "registry.example/rmqstore", "digest": "sha256:" + "ab" * 32},
 }
@@ -88,6 +88,7 @@ RENDERINGS: dict[str, dict[str, Any]] = {
     "sidecar": {"mode": "sidecar"},
     "shared": {"mode": "shared"},
     "shared-autoscaled": {"mode": "shared", "query": {"autoscaling": {"enabled": True}}},
+    "sidecar-tls": {"mode": "sidecar", "tls": {"enabled": True, "secretName": "rmqstore-tls"}},
     "sidecar-everything": {"mode": "sidecar", **EVERYTHING},
     "shared-everything": {"mode": "shared", **EVERYTHING},
 }
@@ -282,14 +283,30 @@ def test_labels_match_selectors(rendering: Rendering) -> None:
         assert [n for n, p in pods.items() if subset(selector, p["metadata"]["labels"])] == [budget["metadata"]["name"]]
 
 
+def tls_enabled(rendering: Rendering) -> bool:
+    return bool(value(rendering, "tls", "enabled"))
+
+
 def test_grpc_probes_against_the_health_service(rendering: Rendering) -> None:
     services = {"writer": WRITER_SERVICE, "query": QUERY_SERVICE}
+    defaults = {"writer": (10911, 10921), "query": (10912, 10922)}
     for _, container in rendering.containers():
-        (port,) = container["ports"]
+        name = container["name"]
+        ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+        grpc_port = value(rendering, name, "port") or defaults[name][0]
+        assert ports[f"grpc-{name}"] == grpc_port
+        if tls_enabled(rendering):
+            # Kubernetes' gRPC probes cannot speak TLS: they ask the plaintext health port.
+            health_port = value(rendering, name, "healthPort") or defaults[name][1]
+            assert ports == {f"grpc-{name}": grpc_port, f"health-{name}": health_port}
+            probe_port = health_port
+        else:
+            assert ports == {f"grpc-{name}": grpc_port}
+            probe_port = grpc_port
         for kind in ("startupProbe", "readinessProbe", "livenessProbe"):
             probe = container[kind]
             assert set(probe) - {"periodSeconds", "timeoutSeconds", "failureThreshold"} == {"grpc"}, kind
-            assert probe["grpc"]["port"] == port["containerPort"]
+            assert probe["grpc"]["port"] == probe_port
         # Startup and readiness ask for the node's own service, which turns NOT_SERVING when
         # a graceful stop begins; liveness asks for the server as a whole ("").
         assert container["startupProbe"]["grpc"]["service"] == services[container["name"]]
@@ -374,6 +391,8 @@ BAD_VALUES = {
     "unknown sampler": ({"otel": {"sampler": "sometimes"}}, "/otel/sampler"),
     "TLS without a secret": ({"tls": {"enabled": True}}, "/tls/secretName"),
     "port out of range": ({"writer": {"port": 70000}}, "/writer/port"),
+    "health port out of range": ({"query": {"healthPort": 0}}, "/query/healthPort"),
+    "client auth not a boolean": ({"tls": {"clientAuth": "yes"}}, "/tls/clientAuth"),
     "headless Service of another type": ({"query": {"service": {"headless": True, "type": "NodePort"}}}, "/query/service/type"),
     "misspelt key": ({"query": {"replica": 3}}, "replica"),
     "unknown top-level key": ({"replicas": 3}, "replicas"),
@@ -392,6 +411,14 @@ def test_schema_refuses_bad_values(chart: helm.Chart, case: str) -> None:
 BAD_COMBINATIONS = {
     "clean ratio above full ratio": ({"store": {"diskCleanRatio": 0.95, "diskFullRatio": 0.9}}, "diskCleanRatio"),
     "writer and query on one port": ({"query": {"port": 10911}}, "must differ"),
+    "health port on a gRPC port": (
+        {"tls": {"enabled": True, "secretName": "s"}, "query": {"healthPort": 10911}},
+        "healthPort must all differ",
+    ),
+    "two health ports alike": (
+        {"tls": {"enabled": True, "secretName": "s"}, "writer": {"healthPort": 10922}},
+        "healthPort must all differ",
+    ),
     "autoscaling minimum above maximum": (
         {"mode": "shared", "query": {"autoscaling": {"enabled": True, "minReplicas": 5, "maxReplicas": 2}}},
         "minReplicas",
@@ -469,6 +496,16 @@ def test_container_command_lines_are_accepted_by_the_cli(rendering: Rendering) -
         StoreSizes(args.commitlog_file_size, args.cq_file_units, args.index_slots, args.index_entries)
         if container["name"] == "writer" and args.store_host:
             SocketAddress.parse(args.store_host)
+        # TLS: the files of the mounted kubernetes.io/tls Secret, and the probes' health port.
+        if tls_enabled(rendering):
+            tls_mount = Path(next(m for m in container["volumeMounts"] if m["name"] == "tls")["mountPath"])
+            assert (Path(args.tls_cert), Path(args.tls_key)) == (tls_mount / "tls.crt", tls_mount / "tls.key")
+            client_auth = value(rendering, "tls", "clientAuth")
+            assert args.tls_client_ca == (str(tls_mount / "ca.crt") if client_auth else None)
+            health = next(p for p in container["ports"] if p["name"] == f"health-{container['name']}")
+            assert args.health_port == health["containerPort"] == container["livenessProbe"]["grpc"]["port"]
+        else:
+            assert (args.tls_cert, args.tls_key, args.tls_client_ca, args.health_port) == (None, None, None, None)
         parsed[container["name"]] = args
     # Writer and query nodes must agree on the store's sizes (README, "Sizes").
     size_options = ("store", "commitlog_file_size", "cq_file_units", "index_slots", "index_entries")
@@ -551,21 +588,34 @@ def test_every_sampler_the_schema_allows_is_one_the_sdk_knows(monkeypatch: pytes
         assert TracerProvider().sampler.get_description().startswith(SAMPLER_DESCRIPTIONS[sampler])
 
 
-def test_tls_secret_is_mounted_read_only_and_the_notes_say_it_is_not_served(rendering: Rendering) -> None:
+def test_tls_secret_is_mounted_read_only_and_served(rendering: Rendering) -> None:
     tls = rendering.values.get("tls", {})
     for workload, container in rendering.containers():
         mounts = {m["name"]: m for m in container["volumeMounts"]}
-        # The servers have no TLS options: the chart must not invent any.
-        assert not [a for a in container["args"] if "tls" in a.lower()]
+        args = container["args"]
         if not tls.get("enabled"):
             assert "tls" not in mounts
+            assert not [a for a in args if "tls" in a.lower() or a == "--health-port"]
             continue
         assert mounts["tls"]["readOnly"] is True
-        assert mounts["tls"]["mountPath"] == "/etc/rmqstore/tls"
+        directory = tls.get("mountPath", "/etc/rmqstore/tls").rstrip("/")
+        assert mounts["tls"]["mountPath"] == tls.get("mountPath", "/etc/rmqstore/tls")
         assert volumes_of(workload)["tls"]["secret"]["secretName"] == tls["secretName"]
+        pairs = dict(zip(args, args[1:], strict=False))
+        assert pairs["--tls-cert"] == f"{directory}/tls.crt"
+        assert pairs["--tls-key"] == f"{directory}/tls.key"
+        if tls.get("clientAuth"):
+            assert pairs["--tls-client-ca"] == f"{directory}/ca.crt"
+        else:
+            assert "--tls-client-ca" not in args
+        assert int(pairs["--health-port"]) == container["readinessProbe"]["grpc"]["port"]
     if tls.get("enabled"):
-        assert "plaintext" in rendering.notes
-        assert "no TLS options yet" in rendering.notes
+        assert "speak TLS only" in rendering.notes
+        assert "no TLS options" not in rendering.notes
+        assert "grpcurl -plaintext" not in rendering.notes
+    else:
+        assert "plaintext gRPC" in rendering.notes
+        assert "--tls-" not in rendering.notes
 
 
 # NOTES.txt
@@ -590,6 +640,9 @@ def test_notes_tell_how_to_reach_and_query_the_service(rendering: Rendering) -> 
         args = parse_cli(argv)
         endpoint = getattr(args, "endpoint", None)
         if endpoint:
+            # With TLS the examples connect with TLS, and with client auth present a certificate.
+            assert (args.tls_ca is not None) == tls_enabled(rendering)
+            assert (args.tls_client_cert is not None) == bool(tls_enabled(rendering) and value(rendering, "tls", "clientAuth"))
             expected = ports["writer"] if argv[0] == "send" else ports["query"]
             assert endpoint == f"127.0.0.1:{expected}"
 

@@ -103,6 +103,32 @@ render as 1.073741824e+09.
 {{- end }}
 {{- end }}
 
+{{/*
+TLS flags of a server, and its plaintext health port, when tls.enabled; call with
+(dict "root" $ "healthPort" P). The files are the keys of the kubernetes.io/tls Secret.
+*/}}
+{{- define "rmqstore.tlsArgs" -}}
+{{- $tls := .root.Values.tls }}
+{{- if $tls.enabled }}
+{{- $dir := trimSuffix "/" $tls.mountPath }}
+- --tls-cert
+- {{ printf "%s/tls.crt" $dir | quote }}
+- --tls-key
+- {{ printf "%s/tls.key" $dir | quote }}
+{{- if $tls.clientAuth }}
+- --tls-client-ca
+- {{ printf "%s/ca.crt" $dir | quote }}
+{{- end }}
+- --health-port
+- {{ int64 .healthPort | quote }}
+{{- end }}
+{{- end }}
+
+{{/* The port the probes ask: the plaintext health port with TLS, the gRPC port without. */}}
+{{- define "rmqstore.probePort" -}}
+{{- if .root.Values.tls.enabled }}{{ int64 .component.healthPort }}{{ else }}{{ int64 .component.port }}{{ end }}
+{{- end }}
+
 {{- define "rmqstore.writerArgs" -}}
 - writer
 - serve
@@ -129,6 +155,7 @@ render as 1.073741824e+09.
 - --store-host
 - {{ .Values.store.storeHost | quote }}
 {{- end }}
+{{- include "rmqstore.tlsArgs" (dict "root" . "healthPort" .Values.writer.healthPort) }}
 {{- include "rmqstore.sizeArgs" . }}
 {{- end }}
 
@@ -141,6 +168,7 @@ render as 1.073741824e+09.
 - "0.0.0.0"
 - --port
 - {{ int64 .Values.query.port | quote }}
+{{- include "rmqstore.tlsArgs" (dict "root" . "healthPort" .Values.query.healthPort) }}
 {{- include "rmqstore.sizeArgs" . }}
 {{- end }}
 
@@ -221,9 +249,14 @@ livenessProbe:
     - name: grpc-writer
       containerPort: {{ int64 .Values.writer.port }}
       protocol: TCP
+    {{- if .Values.tls.enabled }}
+    - name: health-writer
+      containerPort: {{ int64 .Values.writer.healthPort }}
+      protocol: TCP
+    {{- end }}
   env:
     {{- include "rmqstore.env" (dict "root" . "component" "writer") | nindent 4 }}
-  {{- include "rmqstore.probes" (dict "port" .Values.writer.port "service" "rmqstore.v1.WriterService" "probes" .Values.writer.probes) | nindent 2 }}
+  {{- include "rmqstore.probes" (dict "port" (include "rmqstore.probePort" (dict "root" . "component" .Values.writer)) "service" "rmqstore.v1.WriterService" "probes" .Values.writer.probes) | nindent 2 }}
   resources:
     {{- toYaml .Values.writer.resources | nindent 4 }}
   securityContext:
@@ -253,9 +286,14 @@ livenessProbe:
     - name: grpc-query
       containerPort: {{ int64 .Values.query.port }}
       protocol: TCP
+    {{- if .Values.tls.enabled }}
+    - name: health-query
+      containerPort: {{ int64 .Values.query.healthPort }}
+      protocol: TCP
+    {{- end }}
   env:
     {{- include "rmqstore.env" (dict "root" . "component" "query") | nindent 4 }}
-  {{- include "rmqstore.probes" (dict "port" .Values.query.port "service" "rmqstore.v1.QueryService" "probes" .Values.query.probes) | nindent 2 }}
+  {{- include "rmqstore.probes" (dict "port" (include "rmqstore.probePort" (dict "root" . "component" .Values.query)) "service" "rmqstore.v1.QueryService" "probes" .Values.query.probes) | nindent 2 }}
   resources:
     {{- toYaml .Values.query.resources | nindent 4 }}
   securityContext:
@@ -293,6 +331,12 @@ livenessProbe:
 {{- end }}
 {{- if eq (int64 .Values.writer.port) (int64 .Values.query.port) }}
 {{- fail (printf "writer.port and query.port must differ (both %v): in sidecar mode they share one pod" .Values.writer.port) }}
+{{- end }}
+{{- if .Values.tls.enabled }}
+{{- $ports := list (int64 .Values.writer.port) (int64 .Values.query.port) (int64 .Values.writer.healthPort) (int64 .Values.query.healthPort) }}
+{{- if ne (len $ports) (len (uniq $ports)) }}
+{{- fail (printf "writer.port, query.port, writer.healthPort and query.healthPort must all differ (%v): in sidecar mode they share one pod" $ports) }}
+{{- end }}
 {{- end }}
 {{- if gt (int64 .Values.query.autoscaling.minReplicas) (int64 .Values.query.autoscaling.maxReplicas) }}
 {{- fail "query.autoscaling.minReplicas must not exceed maxReplicas" }}

@@ -1,0 +1,244 @@
+"""``spark.read.format("rmqstore").load(STORE)``: a PySpark data source over commit logs.
+
+One partition per commit log file; larger files are cut at record starts (``pipeline.splits``
+says how cuts are found and checked). Each partition decodes its range with the store
+library (``CommitLog.records``: the codecs and the recovery contract, no second parser) and
+returns Arrow batches built column by column (``pipeline.columns``).
+
+Options:
+
+* ``path`` or several paths (``load([a, b])``): store directories (each holds commitlog/);
+* ``commitlogFileSize``: bytes per commit log file (default: the files' own size);
+* ``maxPartitionBytes``: cut files larger than this (default 256 MiB);
+* ``minPartitions``: with fewer files than this, cut their data into about this many
+  pieces (default 1; the jobs pass three per core);
+* ``checkCrc``: verify body CRCs (default true).
+
+Pushed-down filters (Spark applies the others after the read): ``topic`` = / IN, and
+``storeTimestamp`` and ``commitLogOffset`` = < <= > >=. Time and offset filters drop whole
+files and pieces before reading (a time filter walks the headers of each file to learn its
+exact time range); every pushed filter is then applied to each record exactly.
+
+A torn tail ends the data, as in ``rmqstore dump``; corruption fails the read, naming its
+commit log offset. Filtered reads validate only what they read.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceReader,
+    EqualTo,
+    Filter,
+    GreaterThan,
+    GreaterThanOrEqual,
+    In,
+    InputPartition,
+    IsNotNull,
+    LessThan,
+    LessThanOrEqual,
+)
+from pyspark.sql.types import StructType
+from rmqstore.common.codec.record import Record
+from rmqstore.common.errors import InvalidArgument
+from rmqstore.common.files.commitlog import CommitLog, StopReason
+from rmqstore.common.files.store import StorePaths
+from rmqstore.pipeline import columns, splits
+from rmqstore.pipeline.splits import TIME_MAX_MS, TIME_MIN_MS, Split, TimeRange
+
+FORMAT_NAME = "rmqstore"
+PUSHDOWN_CONF = "spark.sql.python.filterPushdown.enabled"
+
+
+def register(spark: Any) -> None:
+    """Make ``format("rmqstore")`` available in a session (and let it take filters)."""
+    spark.conf.set(PUSHDOWN_CONF, "true")
+    spark.dataSource.register(RmqstoreDataSource)
+
+
+@dataclass(frozen=True, slots=True)
+class RowFilter:
+    """The pushed filters, ANDed: a topic set, and inclusive store-time and offset bounds."""
+
+    topics: frozenset[str] | None = None
+    times: TimeRange = TimeRange()
+    offset_min: int = TIME_MIN_MS
+    offset_max: int = TIME_MAX_MS
+
+    @property
+    def is_all(self) -> bool:
+        return self.topics is None and self.times.is_all and self.offset_min <= TIME_MIN_MS and self.offset_max >= TIME_MAX_MS
+
+    @property
+    def is_empty(self) -> bool:
+        return (self.topics is not None and not self.topics) or self.times.is_empty or self.offset_min > self.offset_max
+
+    def accepts(self, record: Record) -> bool:
+        return (
+            (self.topics is None or record.topic in self.topics)
+            and self.times.begin_ms <= record.store_timestamp_ms <= self.times.end_ms
+            and self.offset_min <= record.commitlog_offset <= self.offset_max
+        )
+
+
+def _bound(current: tuple[int, int], item: Filter) -> tuple[int, int] | None:
+    """Narrow inclusive bounds by one comparison with an integer, or None if it is not one."""
+    value = getattr(item, "value", None)
+    if not isinstance(value, int) or isinstance(value, bool):
+        return None
+    low, high = current
+    if isinstance(item, EqualTo):
+        return max(low, value), min(high, value)
+    if isinstance(item, GreaterThan):
+        return max(low, value + 1), high
+    if isinstance(item, GreaterThanOrEqual):
+        return max(low, value), high
+    if isinstance(item, LessThan):
+        return low, min(high, value - 1)
+    if isinstance(item, LessThanOrEqual):
+        return low, min(high, value)
+    return None
+
+
+def push(filters: Sequence[Filter], current: RowFilter = RowFilter()) -> tuple[RowFilter, list[Filter]]:
+    """Split Spark's filters into what the source applies and what Spark must still apply."""
+    topics = current.topics
+    times = (current.times.begin_ms, current.times.end_ms)
+    offsets = (current.offset_min, current.offset_max)
+    rest: list[Filter] = []
+    for item in filters:
+        path: tuple[str, ...] = getattr(item, "attribute", ())
+        column = path[0] if len(path) == 1 else None
+        if isinstance(item, IsNotNull) and column in columns.NON_NULL_COLUMNS:
+            continue  # always true
+        if column == "topic" and isinstance(item, EqualTo) and isinstance(item.value, str):
+            topics = frozenset({item.value}) if topics is None else topics & {item.value}
+            continue
+        if column == "topic" and isinstance(item, In) and all(isinstance(v, str) for v in item.value):
+            values = frozenset(item.value)
+            topics = values if topics is None else topics & values
+            continue
+        if column in ("storeTimestamp", "commitLogOffset"):
+            narrowed = _bound(times if column == "storeTimestamp" else offsets, item)
+            if narrowed is not None:
+                if column == "storeTimestamp":
+                    times = narrowed
+                else:
+                    offsets = narrowed
+                continue
+        rest.append(item)
+    return RowFilter(topics, TimeRange(*times), *offsets), rest
+
+
+class SplitPartition(InputPartition):
+    """One partition: a split of one commit log file."""
+
+    def __init__(self, split: Split):
+        super().__init__(split)
+        self.split = split
+
+
+def _option_int(options: Any, name: str, default: int | None) -> int | None:
+    text = options.get(name)
+    if text is None or text == "":
+        return default
+    try:
+        return int(text)
+    except ValueError:
+        raise InvalidArgument(f"option {name} must be an integer, got {text!r}") from None
+
+
+def _option_bool(options: Any, name: str, default: bool) -> bool:
+    text = options.get(name)
+    if text is None:
+        return default
+    lowered = str(text).strip().lower()
+    if lowered not in ("true", "false"):
+        raise InvalidArgument(f"option {name} must be true or false, got {text!r}")
+    return lowered == "true"
+
+
+def store_paths(options: Any) -> list[str]:
+    if options.get("paths"):
+        found = json.loads(options["paths"])
+    elif options.get("path"):
+        found = [options["path"]]
+    else:
+        found = []
+    if not found:
+        raise InvalidArgument('give the store directory: spark.read.format("rmqstore").load(STORE)')
+    return [str(path) for path in found]
+
+
+class RmqstoreDataSource(DataSource):
+    @classmethod
+    def name(cls) -> str:
+        return FORMAT_NAME
+
+    def schema(self) -> StructType:
+        return columns.spark_schema()
+
+    def reader(self, schema: StructType) -> RmqstoreReader:
+        return RmqstoreReader(self.options, schema)
+
+
+class RmqstoreReader(DataSourceReader):
+    def __init__(self, options: Any, schema: StructType):
+        if [field.name for field in schema.fields] != list(columns.COLUMN_NAMES):
+            raise InvalidArgument(f"the rmqstore source has a fixed schema: {', '.join(columns.COLUMN_NAMES)}")
+        self.roots = store_paths(options)
+        for root in self.roots:
+            splits.store_root(root)
+        self.file_size_bytes = _option_int(options, "commitlogFileSize", None)
+        self.max_partition_bytes = _option_int(options, "maxPartitionBytes", splits.DEFAULT_MAX_PARTITION_BYTES)
+        self.min_partitions = _option_int(options, "minPartitions", 1)
+        self.check_crc = _option_bool(options, "checkCrc", True)
+        self.filter = RowFilter()
+
+    def pushFilters(self, filters: list[Filter]) -> Iterable[Filter]:
+        self.filter, rest = push(filters, self.filter)
+        return rest
+
+    def splits(self) -> list[Split]:
+        if self.filter.is_empty:
+            return []
+        offsets = None
+        if self.filter.offset_min > TIME_MIN_MS or self.filter.offset_max < TIME_MAX_MS:
+            offsets = (max(self.filter.offset_min, 0), min(self.filter.offset_max, TIME_MAX_MS - 1) + 1)
+        assert self.max_partition_bytes is not None and self.min_partitions is not None
+        return splits.plan(
+            self.roots,
+            file_size_bytes=self.file_size_bytes,
+            max_partition_bytes=self.max_partition_bytes,
+            min_partitions=self.min_partitions,
+            times=self.filter.times,
+            offsets=offsets,
+        )
+
+    def partitions(self) -> list[InputPartition]:
+        return [SplitPartition(split) for split in self.splits()]
+
+    def read(self, partition: InputPartition) -> Iterator[Any]:
+        if not isinstance(partition, SplitPartition):
+            return iter(())  # Spark's placeholder when there are no splits
+        return read_split(partition.split, self.filter, check_crc=self.check_crc)
+
+
+def read_split(split: Split, row_filter: RowFilter = RowFilter(), *, check_crc: bool = True) -> Iterator[Any]:
+    """Arrow batches of the records in ``split`` that ``row_filter`` keeps. Corruption in
+    the split raises; a torn tail or the end of the log ends it."""
+    log = CommitLog(StorePaths(split.store).commitlog, split.file_size_bytes)
+    try:
+        scan = log.records(split.start, check_crc=check_crc, stop=split.stop)
+        accept = None if row_filter.is_all else row_filter.accepts
+        yield from columns.record_batches(splits.check_end(split, scan), split.store, columns.arrow_schema(), accept=accept)
+        if scan.stop is not None and scan.stop.reason is StopReason.CORRUPT:
+            assert scan.stop.error is not None
+            raise scan.stop.error
+    finally:
+        log.close()

@@ -72,7 +72,8 @@ class SplitResult:
     path: str  # its plans, an Arrow file
     stop_reason: str
     stop_offset: int
-    stop_detail: str | None
+    stop_error: str | None  # the Corruption that stopped the scan, as text
+    dropped_bytes: int
     records: int
     keys: int
     first_ts: int | None
@@ -158,7 +159,8 @@ def dispatch_split(number: int, split: Split, work: str) -> SplitResult:
         path=path,
         stop_reason=REACHED if stop is None else stop.reason.value,
         stop_offset=split.stop if stop is None else stop.end_offset,
-        stop_detail=None if stop is None else stop.describe(),
+        stop_error=None if stop is None or stop.error is None else str(stop.error),
+        dropped_bytes=0 if stop is None else stop.dropped_bytes,
         records=records_total,
         keys=keys_total,
         first_ts=first_ts,
@@ -179,8 +181,8 @@ def _log_end(results: list[SplitResult], splits: list[Split], log_start: int) ->
     for result in results:
         if result.stop_reason != REACHED:
             reason = StopReason(result.stop_reason)
-            error = None if reason is StopReason.END else Corruption(result.stop_detail or "", offset=result.stop_offset)
-            return ScanStop(result.stop_offset, reason, error), result.split + 1
+            error = None if result.stop_error is None else Corruption(result.stop_error, offset=result.stop_offset)
+            return ScanStop(result.stop_offset, reason, error, result.dropped_bytes), result.split + 1
     return ScanStop(splits[-1].stop if splits else log_start, StopReason.END), len(splits)
 
 

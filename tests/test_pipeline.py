@@ -302,12 +302,20 @@ def test_spark_reindex_equals_single_process_at_any_geometry(spark: Any, tmp_pat
     assert tree(tmp_path / "spark") == tree(tmp_path / "single")
 
 
+def test_spark_reindex_of_apaches_crashed_store_equals_the_single_process_one(spark: Any, tmp_path: Path) -> None:
+    single = reindex(str(CRASHED), str(tmp_path / "single"), FIXTURE_SIZES)
+    summary = spark_reindex.run(spark, str(CRASHED), str(tmp_path / "spark"), FIXTURE_SIZES)
+    assert (summary.records, summary.stop.end_offset) == (single.records, single.stop.end_offset) == (795, 840015)
+    assert tree(tmp_path / "spark") == tree(tmp_path / "single")
+
+
 def test_spark_reindex_of_a_corrupt_log_stops_where_the_single_process_one_does(spark: Any, tmp_path: Path) -> None:
     store, offset = corrupt_copy(tmp_path)
     single = reindex(str(store), str(tmp_path / "single"), FIXTURE_SIZES)
     summary = spark_reindex.run(spark, str(store), str(tmp_path / "spark"), FIXTURE_SIZES)
     assert single.stop.reason is summary.stop.reason is StopReason.CORRUPT
     assert single.stop.end_offset == summary.stop.end_offset == offset
+    assert summary.stop.describe() == single.stop.describe()
     assert summary.records == single.records
     assert tree(tmp_path / "spark") == tree(tmp_path / "single")
 

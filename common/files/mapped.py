@@ -16,6 +16,7 @@ from rmqstore.common.errors import Corruption, InvalidArgument, ReadOnly, invari
 
 NAME_DIGITS = 20
 _ZERO_CHUNK_BYTES = 1 << 20
+_ZEROS = memoryview(bytes(_ZERO_CHUNK_BYTES))
 
 
 def offset_name(offset: int) -> str:
@@ -114,6 +115,9 @@ class MappedFile:
         end = self.file_size_bytes
         while end > start:
             chunk_start = max(start, end - _ZERO_CHUNK_BYTES)
+            if self.buf[chunk_start:end] == _ZEROS[: end - chunk_start]:
+                end = chunk_start  # a zero chunk compares in C; rstrip walks it byte by byte
+                continue
             stripped = bytes(self.buf[chunk_start:end]).rstrip(b"\x00")
             if stripped:
                 return chunk_start + len(stripped)

@@ -295,7 +295,7 @@ def cmd_print_msg(args: argparse.Namespace) -> int:
 def cmd_query_serve(args: argparse.Namespace) -> int:
     from rmqstore.query.service import SERVICE_NAME, QueryServicer
     from rmqstore.query.view import StoreView
-    from rmqstore.service.server import start_health_server, start_server
+    from rmqstore.service.server import Serving
     from rmqstore.service.telemetry import configure_tracing
 
     # TLS files are checked before anything else.
@@ -305,21 +305,16 @@ def cmd_query_serve(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, lambda *_: stopping.set())
     configure_tracing("rmqstore-query")
     view = StoreView(args.store, sizes_from(args, args.store))
-    server = health_server = None
-    health_port = None
     try:
-        server, port, health_servicer = start_server(
+        serving = Serving(
             lambda s: query_pb2_grpc.add_QueryServiceServicer_to_server(QueryServicer(view), s),
             [SERVICE_NAME],
             host=args.host,
             port=args.port,
             credentials=credentials,
+            health_port=args.health_port,
         )
-        if args.health_port is not None:
-            health_server, health_port = start_health_server(health_servicer, host=args.host, port=args.health_port)
     except BaseException:
-        if server is not None:
-            server.stop(None)
         view.close()
         raise
     status = view.status()
@@ -328,20 +323,17 @@ def cmd_query_serve(args: argparse.Namespace) -> int:
             {
                 "event": "serving",
                 "service": "query",
-                "port": port,
+                "port": serving.port,
                 "store": args.store,
                 "followsWriter": status.has_progress,
                 "visibleOffset": status.visible_offset,
-                **serving_tls_fields(args, health_port),
+                **serving_tls_fields(args, serving.health_port),
             }
         ),
         flush=True,
     )
     stopping.wait()
-    health_servicer.enter_graceful_shutdown()
-    server.stop(SHUTDOWN_GRACE_S).wait()
-    if health_server is not None:
-        health_server.stop(None).wait()
+    serving.stop(SHUTDOWN_GRACE_S)
     view.close()
     print(json.dumps({"event": "stopped", "service": "query"}), flush=True)
     return EXIT_OK

@@ -91,7 +91,7 @@ def channel_from(args: argparse.Namespace, endpoint: str) -> grpc.Channel:
 
 
 def cmd_writer_serve(args: argparse.Namespace) -> int:
-    from rmqstore.service.server import start_health_server, start_server
+    from rmqstore.service.server import Serving
     from rmqstore.service.telemetry import configure_tracing
     from rmqstore.writer.config import FlushPolicy, WriterConfig
     from rmqstore.writer.service import SERVICE_NAME, WriterServicer
@@ -119,21 +119,16 @@ def cmd_writer_serve(args: argparse.Namespace) -> int:
     )
     writer = Writer(config)
     writer.start_background()
-    server = health_server = None
-    health_port = None
     try:
-        server, port, health_servicer = start_server(
+        serving = Serving(
             lambda s: writer_pb2_grpc.add_WriterServiceServicer_to_server(WriterServicer(writer), s),
             [SERVICE_NAME],
             host=args.host,
             port=args.port,
             credentials=credentials,
+            health_port=args.health_port,
         )
-        if args.health_port is not None:
-            health_server, health_port = start_health_server(health_servicer, host=args.host, port=args.health_port)
     except BaseException:
-        if server is not None:
-            server.stop(None)
         writer.close()
         raise
     recovery = writer.recovery
@@ -142,10 +137,10 @@ def cmd_writer_serve(args: argparse.Namespace) -> int:
             {
                 "event": "serving",
                 "service": "writer",
-                "port": port,
+                "port": serving.port,
                 "store": config.store,
                 "flush": config.flush.value,
-                **serving_tls_fields(args, health_port),
+                **serving_tls_fields(args, serving.health_port),
                 "recovered": {
                     "uncleanShutdown": recovery.unclean,
                     "endOffset": recovery.stop.end_offset,
@@ -157,10 +152,7 @@ def cmd_writer_serve(args: argparse.Namespace) -> int:
         flush=True,
     )
     stopping.wait()
-    health_servicer.enter_graceful_shutdown()
-    server.stop(SHUTDOWN_GRACE_S).wait()
-    if health_server is not None:
-        health_server.stop(None).wait()
+    serving.stop(SHUTDOWN_GRACE_S)
     writer.close()
     print(json.dumps({"event": "stopped", "service": "writer"}), flush=True)
     return EXIT_OK

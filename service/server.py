@@ -153,3 +153,39 @@ def start_health_server(
         raise OSError(f"cannot bind the health port {host}:{port}")
     server.start()
     return server, bound
+
+
+class Serving:
+    """A node's listeners: the main server and, when asked, the plaintext health port.
+    One lifecycle for the writer and the query node."""
+
+    def __init__(
+        self,
+        register: Callable[[grpc.Server], None],
+        service_names: Sequence[str],
+        *,
+        host: str,
+        port: int,
+        credentials: grpc.ServerCredentials | None,
+        health_port: int | None,
+    ):
+        self.server, self.port, self.health_servicer = start_server(
+            register, service_names, host=host, port=port, credentials=credentials
+        )
+        self.health_server: grpc.Server | None = None
+        self.health_port: int | None = None
+        if health_port is not None:
+            try:
+                self.health_server, self.health_port = start_health_server(
+                    self.health_servicer, host=host, port=health_port
+                )
+            except BaseException:
+                self.server.stop(None)
+                raise
+
+    def stop(self, grace_s: float) -> None:
+        """Report NOT_SERVING, let in-flight calls finish within ``grace_s``, close both."""
+        self.health_servicer.enter_graceful_shutdown()
+        self.server.stop(grace_s).wait()
+        if self.health_server is not None:
+            self.health_server.stop(None).wait()

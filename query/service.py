@@ -131,6 +131,10 @@ class QueryServicer(query_pb2_grpc.QueryServiceServicer):
         return query_pb2.ListQueryTopicsResponse(topics=topics)
 
     @mapped
+    def Ping(self, request: query_pb2.PingRequest, context: grpc.ServicerContext) -> query_pb2.PingResponse:
+        return query_pb2.PingResponse()
+
+    @mapped
     def Stats(self, request: query_pb2.StatsRequest, context: grpc.ServicerContext) -> query_pb2.StatsResponse:
         stats = self.view.stats()
         status = self.view.status()

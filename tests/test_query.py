@@ -189,6 +189,12 @@ def test_topics_and_stats(apache: QueryNode) -> None:
     assert (stats.commitlog_files, stats.index_files) == (4, 4)
 
 
+def test_ping_answers_empty_and_is_listed_by_reflection(apache: QueryNode) -> None:
+    assert apache.stub.Ping(query_pb2.PingRequest()) == query_pb2.PingResponse()
+    methods = [m.name for m in query_pb2.DESCRIPTOR.services_by_name["QueryService"].methods]
+    assert "Ping" in methods
+
+
 def test_search_offset_on_every_queue_matches_brute_force(apache: QueryNode) -> None:
     dump = {line["commitLogOffset"]: line["storeTimestamp"] for line in read_jsonl(FIXTURES / "store-clean-commitlog-dump.jsonl")}
     queues: dict[tuple[str, int], list[int]] = {}

@@ -14,14 +14,18 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import lru_cache
+from typing import NamedTuple
 
 from opentelemetry import trace
 
 from rmqstore.common.codec import properties as props
+from rmqstore.common.codec import sysflag
+from rmqstore.common.codec.dispatch import DispatchBatch
 from rmqstore.common.codec.checkpoint import Checkpoint
 from rmqstore.common.codec.hosts import SocketAddress
-from rmqstore.common.codec.msgid import offset_msg_id
-from rmqstore.common.codec.record import Record, encode_record
+from rmqstore.common.codec.msgid import offset_msg_ids
+from rmqstore.common.codec.record import MAGIC_V1, body_crc, head_struct, record_size
 from rmqstore.common.errors import Corruption, InvalidArgument, NotFound, StoreFull
 from rmqstore.common.files.checkpoint import read_checkpoint, write_checkpoint
 from rmqstore.common.files.commitlog import CommitLog, ScanStop, StopReason
@@ -42,8 +46,14 @@ THOROUGH_FLUSH_INTERVAL_MS = 1000  # flushIntervalConsumeQueue
 _TRACER = trace.get_tracer("rmqstore.writer")
 
 
-@dataclass(frozen=True, slots=True)
-class AppendResult:
+@lru_cache(maxsize=1024)
+def _topic_field(topic: str) -> bytes:
+    """TOPICLENGTH and TOPIC of a v1 record."""
+    data = topic.encode("utf-8")
+    return len(data).to_bytes(1, "big") + data
+
+
+class AppendResult(NamedTuple):
     offset_msg_id: str
     uniq_key: str
     topic: str
@@ -151,9 +161,7 @@ class Writer:
         count = 0
         if redispatch_from < end:
             redispatch_from = self._record_boundary_at_or_before(redispatch_from)
-            for record in log.records(redispatch_from, stop=end, check_crc=False):
-                self.dispatcher.dispatch(record)
-                count += 1
+            count = self.dispatcher.dispatch_records(log.records(redispatch_from, stop=end, check_crc=False))
         log.flush()
         self.dispatcher.flush()
         self.publisher.publish(
@@ -194,6 +202,7 @@ class Writer:
         if not self.index.files:
             return
         newest = self.index.files[-1]
+        newest.repair_slots()
         last = newest.last_entry_phy_offset()
         if last < end and last != newest.end_phy_offset:
             newest.repair_header_end(self.log.read(last, check_crc=False).store_timestamp_ms)
@@ -237,33 +246,36 @@ class Writer:
     def append(self, messages: Sequence[MessageInput], peer: SocketAddress | None = None) -> list[AppendResult]:
         """Append messages in order and dispatch them; returns once the flush policy says
         they are stored. Bad input raises before anything is written."""
-        properties = validate_batch(messages, self.limits)
+        validate_batch(messages, self.limits)
         with self._append_lock:
             if self._closed:
                 raise InvalidArgument("the writer is closed")
             self._check_disk()
-            queue_ids = []
+            queue_ids = [m.queue_id for m in messages]
             to_create: set[str] = set()
+            first_seen: dict[str, int] = {}
             for position, message in enumerate(messages, start=1):
-                where = f"message {position}: " if len(messages) > 1 else ""
-                count = self._queue_count(message.topic, where, to_create)
-                if message.queue_id is not None and message.queue_id >= count:
-                    raise InvalidArgument(
-                        f"{where}queue id {message.queue_id} is out of range: topic {message.topic} has {count} queues"
-                    )
-                queue_ids.append(message.queue_id)
+                first_seen.setdefault(message.topic, position)
+            counts = {
+                topic: self._queue_count(topic, f"message {position}: " if len(messages) > 1 else "", to_create)
+                for topic, position in first_seen.items()
+            }
+            if any(q is not None and q >= counts[m.topic] for m, q in zip(messages, queue_ids)):
+                for position, message in enumerate(messages, start=1):
+                    count = counts[message.topic]
+                    if message.queue_id is not None and message.queue_id >= count:
+                        where = f"message {position}: " if len(messages) > 1 else ""
+                        raise InvalidArgument(
+                            f"{where}queue id {message.queue_id} is out of range: topic {message.topic} has {count} queues"
+                        )
             # Topics are created only once the whole batch is known to be good.
             for topic in sorted(to_create):
                 self.topics.create(topic, self.config.auto_create_queue_count)
             with _TRACER.start_as_current_span("rmqstore.append") as span:
                 span.set_attribute("rmqstore.messages", len(messages))
-                records = [
-                    self._append_one(message, stored, queue_id, peer)
-                    for message, stored, queue_id in zip(messages, properties, queue_ids)
-                ]
+                batch, results = self._append_batch(messages, queue_ids, peer)
             with _TRACER.start_as_current_span("rmqstore.dispatch"):
-                for record in records:
-                    self.dispatcher.dispatch(record)
+                self.dispatcher.dispatch_batch(batch)
             end = self.log.write_offset
             assert end is not None
             self.publisher.publish(
@@ -272,59 +284,89 @@ class Writer:
                 commitlog_min_offset=self.log.min_offset,
                 last_store_timestamp_ms=self._last_store_ts,
             )
-            results = [
-                AppendResult(
-                    offset_msg_id(self.store_host, r.commitlog_offset),
-                    r.properties[props.UNIQ_KEY],
-                    r.topic,
-                    r.queue_id,
-                    r.queue_offset,
-                    r.commitlog_offset,
-                    r.store_timestamp_ms,
-                    r.size,
-                )
-                for r in records
-            ]
         if self.config.flush is FlushPolicy.SYNC:
             self.wait_flushed(end)
         return results
 
-    def _append_one(
-        self, message: MessageInput, stored: dict[str, str], queue_id: int | None, peer: SocketAddress | None
-    ) -> Record:
-        """Encode and append one record (not yet dispatched)."""
-        topic = message.topic
-        if queue_id is None:
-            count = self.topics.queue_count(topic) or 1
-            queue_id = self._round_robin.get(topic, 0) % count
-            self._round_robin[topic] = queue_id + 1
+    def _append_batch(
+        self, messages: Sequence[MessageInput], queue_ids: list[int | None], peer: SocketAddress | None
+    ) -> tuple[DispatchBatch, list[AppendResult]]:
+        """Encode the messages, lay them out in the commit log, write them in one go and
+        plan their dispatch, column by column. A batch shares one store time (never
+        before the last one)."""
         now = int(time.time() * 1000)
-        # Store times never go backwards, so time search can bisect a queue.
         store_ts = max(now, self._last_store_ts)
-        born_host = message.born_host or peer or self.store_host
-        uniq_key = message.uniq_key or self.uniq_keys.next(born_host.ip, now)
-        properties = props.broker_order({**stored, props.UNIQ_KEY: uniq_key})
-        key = (topic, queue_id)
-        queue_offset = self._next_queue_offset.get(key, 0)
-        record = Record(
-            topic=topic,
-            body=message.body,
-            properties=properties,
-            queue_id=queue_id,
-            flag=message.flag,
-            queue_offset=queue_offset,
-            born_timestamp_ms=message.born_timestamp_ms or now,
-            born_host=born_host,
-            store_timestamp_ms=store_ts,
-            store_host=self.store_host,
-        )
-        encoded = bytearray(encode_record(record))
-        [offset] = self.log.append([encoded], [queue_offset])
-        record.commitlog_offset = offset
-        record.size = len(encoded)
-        self._next_queue_offset[key] = queue_offset + 1
+        store_host = self.store_host
+        default_born = peer or store_host
+        count = len(messages)
+        topics = [m.topic for m in messages]
+        bodies = [m.body for m in messages]
+        tags = [m.tags for m in messages]
+        keys = [m.keys for m in messages]
+        born_hosts = [m.born_host or default_born for m in messages]
+        uniq_keys = [m.uniq_key or self.uniq_keys.next(born.ip, now) for m, born in zip(messages, born_hosts)]
+        queue_ids = self._assign_queues(topics, queue_ids)
+        queue_offsets = self._take_queue_offsets(topics, queue_ids)
+        properties = [
+            props.encode_message_properties(m.properties, k, t, u) for m, k, t, u in zip(messages, keys, tags, uniq_keys)
+        ]
+        # Validation keeps properties below 32 KiB, so the int16 length is never negative.
+        tails = [_topic_field(topic) + len(p).to_bytes(2, "big") + p for topic, p in zip(topics, properties)]
+        # A tail is TOPICLENGTH (1) + topic + PROPERTIESLENGTH (2) + properties.
+        fixed = record_size(0, 0, 0, born_v6=False, store_v6=store_host.is_v6) - 3
+        v6_extra = record_size(0, 0, 0, born_v6=True, store_v6=False) - record_size(0, 0, 0, born_v6=False, store_v6=False)
+        sizes = [
+            fixed + len(body) + len(tail) + (v6_extra if len(born.ip) == 16 else 0)
+            for body, tail, born in zip(bodies, tails, born_hosts)
+        ]
+        offsets = self.log.layout(sizes)
+        store_v6 = store_host.is_v6
+        store_flag = sysflag.STOREHOST_V6 if store_v6 else 0
+        # By born host width (IPv6 or not): the struct of the head and the sysFlag.
+        packs = {v6: head_struct(v6, store_v6).pack for v6 in (False, True)}
+        flags = {False: store_flag, True: store_flag | sysflag.BORNHOST_V6}
+        heads = [
+            packs[len(born.ip) == 16](
+                size, MAGIC_V1, body_crc(body), queue_id, m.flag, queue_offset, offset, flags[len(born.ip) == 16],
+                m.born_timestamp_ms or now, born.ip, born.port, store_ts, store_host.ip, store_host.port,
+                0, 0, len(body),
+            )
+            for m, body, born, size, queue_id, queue_offset, offset in zip(
+                messages, bodies, born_hosts, sizes, queue_ids, queue_offsets, offsets
+            )
+        ]
+        encoded = [head + body + tail for head, body, tail in zip(heads, bodies, tails)]
+        self.log.write_laid_out(offsets, encoded)
         self._last_store_ts = store_ts
-        return record
+        timestamps = [store_ts] * count
+        batch = DispatchBatch.of_messages(topics, queue_ids, queue_offsets, offsets, sizes, timestamps, tags, uniq_keys, keys)
+        results = list(
+            map(AppendResult._make, zip(offset_msg_ids(store_host, offsets), uniq_keys, topics, queue_ids, queue_offsets, offsets, timestamps, sizes))
+        )
+        return batch, results
+
+    def _assign_queues(self, topics: list[str], queue_ids: list[int | None]) -> list[int]:
+        """Messages without a queue id take the topic's queues in turn."""
+        if None not in queue_ids:
+            return queue_ids  # type: ignore[return-value]
+        counts = {topic: self.topics.queue_count(topic) or 1 for topic in set(topics)}
+        turn = self._round_robin
+        assigned = []
+        for topic, queue_id in zip(topics, queue_ids):
+            if queue_id is None:
+                queue_id = turn.get(topic, 0) % counts[topic]
+                turn[topic] = queue_id + 1
+            assigned.append(queue_id)
+        return assigned
+
+    def _take_queue_offsets(self, topics: list[str], queue_ids: list[int]) -> list[int]:
+        next_offset = self._next_queue_offset
+        offsets = []
+        for key in zip(topics, queue_ids):
+            offset = next_offset.get(key, 0)
+            next_offset[key] = offset + 1
+            offsets.append(offset)
+        return offsets
 
     # Flushing
 

@@ -10,11 +10,18 @@ store/index/IndexService.java, 4.9.8):
   makes it the deliver time (store time + the level's delay);
 * every record but ROLLBACK is indexed: first ``topic#UNIQ_KEY``, then ``topic#part`` for
   each non-empty space-separated part of KEYS, repeats kept, under the stored topic.
+
+:class:`DispatchBatch` holds the plans of many records as columns, so the file layer can
+write a batch's consume queue units and index entries with a few array operations; it is
+built from the same :func:`plan_dispatch`, or from the fields a writer already has in hand
+through :meth:`DispatchBatch.add`, which applies the same rules.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import functools
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 
 from rmqstore.common.codec import properties as props
 from rmqstore.common.codec import sysflag
@@ -26,6 +33,7 @@ from rmqstore.common.codec.consumequeue import (
 )
 from rmqstore.common.codec.javahash import index_key
 from rmqstore.common.codec.record import Record
+from rmqstore.common.errors import invariant
 
 DEFAULT_DELAY_LEVELS_MS = parse_delay_levels()
 _QUEUED = (sysflag.TRANSACTION_NOT, sysflag.TRANSACTION_COMMIT)
@@ -46,26 +54,41 @@ class DispatchPlan:
     index_keys: tuple[str, ...]
 
 
-def record_tags_code(record: Record, delay_levels_ms: dict[int, int] = DEFAULT_DELAY_LEVELS_MS) -> int:
-    if record.topic == SCHEDULE_TOPIC:
-        delay = record.properties.get(props.DELAY)
+_cached_tags_code = functools.lru_cache(maxsize=4096)(tags_code)
+
+
+def _tags_code_of(
+    topic: str,
+    properties: Mapping[str, str],
+    store_timestamp_ms: int,
+    delay_levels_ms: dict[int, int],
+) -> int:
+    if topic == SCHEDULE_TOPIC:
+        delay = properties.get(props.DELAY)
         # A DELAY that is not a number makes Apache's parser throw and the record look
         # invalid; rmqstore keeps the record and treats it as not delayed.
         if delay is not None and delay.lstrip("-").isdigit():
             level = min(int(delay), max(delay_levels_ms, default=0))
             if level > 0:
-                return deliver_timestamp(level, record.store_timestamp_ms, delay_levels_ms)
-    return tags_code(record.tags)
+                return deliver_timestamp(level, store_timestamp_ms, delay_levels_ms)
+    return _cached_tags_code(properties.get(props.TAGS))
+
+
+def _index_keys_of(topic: str, sys_flag: int, properties: Mapping[str, str]) -> list[str]:
+    keys: list[str] = []
+    if sysflag.transaction_type(sys_flag) != sysflag.TRANSACTION_ROLLBACK:
+        uniq = properties.get(props.UNIQ_KEY)
+        if uniq is not None:
+            keys.append(index_key(topic, uniq))
+        keys.extend(index_key(topic, part) for part in props.split_keys(properties.get(props.KEYS)))
+    return keys
+
+
+def record_tags_code(record: Record, delay_levels_ms: dict[int, int] = DEFAULT_DELAY_LEVELS_MS) -> int:
+    return _tags_code_of(record.topic, record.properties, record.store_timestamp_ms, delay_levels_ms)
 
 
 def plan_dispatch(record: Record, delay_levels_ms: dict[int, int] = DEFAULT_DELAY_LEVELS_MS) -> DispatchPlan:
-    transaction = record.transaction_type
-    keys: list[str] = []
-    if transaction != sysflag.TRANSACTION_ROLLBACK:
-        uniq = record.uniq_key
-        if uniq is not None:
-            keys.append(index_key(record.topic, uniq))
-        keys.extend(index_key(record.topic, part) for part in props.split_keys(record.keys))
     return DispatchPlan(
         topic=record.topic,
         queue_id=record.queue_id,
@@ -74,6 +97,104 @@ def plan_dispatch(record: Record, delay_levels_ms: dict[int, int] = DEFAULT_DELA
         size=record.size,
         store_timestamp_ms=record.store_timestamp_ms,
         tags_code=record_tags_code(record, delay_levels_ms),
-        has_unit=transaction in _QUEUED,
-        index_keys=tuple(keys),
+        has_unit=record.transaction_type in _QUEUED,
+        index_keys=tuple(_index_keys_of(record.topic, record.sys_flag, record.properties)),
     )
+
+
+@dataclass(slots=True)
+class DispatchBatch:
+    """The dispatch plans of consecutive records, as columns, in commit log order.
+
+    Index keys are flattened in put order: ``index_keys[i]`` belongs to record
+    ``key_records[i]``."""
+
+    delay_levels_ms: dict[int, int] = field(default_factory=lambda: DEFAULT_DELAY_LEVELS_MS)
+    topics: list[str] = field(default_factory=list)
+    queue_ids: list[int] = field(default_factory=list)
+    queue_offsets: list[int] = field(default_factory=list)
+    commitlog_offsets: list[int] = field(default_factory=list)
+    sizes: list[int] = field(default_factory=list)
+    store_timestamps_ms: list[int] = field(default_factory=list)
+    tags_codes: list[int] = field(default_factory=list)
+    has_unit: list[bool] = field(default_factory=list)
+    index_keys: list[str] = field(default_factory=list)
+    key_records: list[int] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.topics)
+
+    def add(
+        self,
+        topic: str,
+        queue_id: int,
+        queue_offset: int,
+        commitlog_offset: int,
+        size: int,
+        store_timestamp_ms: int,
+        sys_flag: int,
+        properties: Mapping[str, str],
+    ) -> None:
+        """Plan one record from its fields (the rules of :func:`plan_dispatch`)."""
+        position = len(self.topics)
+        self.topics.append(topic)
+        self.queue_ids.append(queue_id)
+        self.queue_offsets.append(queue_offset)
+        self.commitlog_offsets.append(commitlog_offset)
+        self.sizes.append(size)
+        self.store_timestamps_ms.append(store_timestamp_ms)
+        self.tags_codes.append(_tags_code_of(topic, properties, store_timestamp_ms, self.delay_levels_ms))
+        self.has_unit.append(sysflag.transaction_type(sys_flag) in _QUEUED)
+        keys = _index_keys_of(topic, sys_flag, properties)
+        self.index_keys.extend(keys)
+        self.key_records.extend([position] * len(keys))
+
+    @classmethod
+    def of_messages(
+        cls,
+        topics: list[str],
+        queue_ids: list[int],
+        queue_offsets: list[int],
+        commitlog_offsets: list[int],
+        sizes: list[int],
+        store_timestamps_ms: list[int],
+        tags: Sequence[str],
+        uniq_keys: Sequence[str],
+        keys: Sequence[Sequence[str]],
+    ) -> DispatchBatch:
+        """The plans of plain messages as a writer stores them — sysFlag NOT (every one
+        gets a unit), not in SCHEDULE_TOPIC_XXXX, KEYS already split — built column-wise:
+        the same plans :meth:`add` makes, without a properties map per record."""
+        invariant(SCHEDULE_TOPIC not in topics, "producers may not send to the schedule topic")
+        index_keys: list[str] = []
+        key_records: list[int] = []
+        for position, (topic, uniq_key, parts) in enumerate(zip(topics, uniq_keys, keys)):
+            prefix = topic + "#"
+            index_keys.append(prefix + uniq_key)
+            index_keys.extend([prefix + part for part in parts])
+            key_records.extend([position] * (len(parts) + 1))
+        return cls(
+            DEFAULT_DELAY_LEVELS_MS,
+            topics,
+            queue_ids,
+            queue_offsets,
+            commitlog_offsets,
+            sizes,
+            store_timestamps_ms,
+            [_cached_tags_code(t) for t in tags],
+            [True] * len(topics),
+            index_keys,
+            key_records,
+        )
+
+    def add_record(self, record: Record) -> None:
+        self.add(
+            record.topic,
+            record.queue_id,
+            record.queue_offset,
+            record.commitlog_offset,
+            record.size,
+            record.store_timestamp_ms,
+            record.sys_flag,
+            record.properties,
+        )

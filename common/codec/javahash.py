@@ -8,10 +8,14 @@ its keys, because the broker serializes message properties from one (FORMAT.md �
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+
+import numpy as np
 
 INT32_MIN = -(2**31)
 _MASK32 = 0xFFFFFFFF
+# 31**e mod 2**32, grown on demand: the weight of a code unit e places from a string's end.
+_POWERS_31 = np.ones(1, dtype=np.uint32)
 
 
 def java_string_hash(text: str) -> int:
@@ -31,6 +35,55 @@ def index_key_hash(key: str) -> int:
     """IndexFile.indexKeyHashMethod: |hashCode|, with Integer.MIN_VALUE mapped to 0."""
     h = java_string_hash(key)
     return 0 if h == INT32_MIN else abs(h)
+
+
+def _powers_31(count: int) -> np.ndarray:
+    global _POWERS_31
+    if len(_POWERS_31) < count:
+        size = max(count, 2 * len(_POWERS_31))
+        powers = np.empty(size, dtype=np.uint32)
+        powers[0] = 1
+        for e in range(1, size):  # once per process, up to the longest string seen
+            powers[e] = (int(powers[e - 1]) * 31) & _MASK32
+        _POWERS_31 = powers
+    return _POWERS_31
+
+
+def java_string_hashes(texts: Sequence[str]) -> np.ndarray:
+    """String.hashCode of many strings at once, as int32 — the same values as
+    :func:`java_string_hash`, computed as Σ unit·31^(n−1−i) mod 2³² over the UTF-16 code
+    units of all strings in one pass."""
+    count = len(texts)
+    if count == 0:
+        return np.zeros(0, dtype=np.int32)
+    joined = "".join(texts)
+    if joined.isascii():
+        units = np.frombuffer(joined.encode("ascii"), dtype=np.uint8).astype(np.uint32)
+        lengths = np.fromiter(map(len, texts), dtype=np.int64, count=count)
+    else:
+        units = np.frombuffer(joined.encode("utf-16-be", "surrogatepass"), dtype=">u2").astype(np.uint32)
+        lengths = np.fromiter(
+            (len(t) if t.isascii() else len(t.encode("utf-16-be", "surrogatepass")) // 2 for t in texts),
+            dtype=np.int64,
+            count=count,
+        )
+    ends = np.cumsum(lengths)
+    starts = ends - lengths
+    hashes = np.zeros(count, dtype=np.uint32)
+    filled = lengths > 0
+    if units.size:
+        # Exponent of each unit: the distance to the last unit of its string.
+        exponents = np.repeat(ends - 1, lengths) - np.arange(units.size, dtype=np.int64)
+        weighted = units * _powers_31(int(lengths.max()))[exponents]
+        hashes[filled] = np.add.reduceat(weighted, starts[filled], dtype=np.uint32)
+    return hashes.view(np.int32)
+
+
+def index_key_hashes(keys: Sequence[str]) -> np.ndarray:
+    """:func:`index_key_hash` of many keys at once, as int64 (all ≥ 0)."""
+    hashes = java_string_hashes(keys).astype(np.int64)
+    hashes[hashes == INT32_MIN] = 0
+    return np.abs(hashes)
 
 
 def index_key(topic: str, key: str) -> str:

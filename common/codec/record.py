@@ -202,12 +202,10 @@ def encode_record(record: Record, *, properties_bytes: bytes | None = None) -> b
         born, store
     )
     body = record.body
-    size = record_size(
-        len(body), len(topic_bytes), len(properties_bytes), born_v6=born.is_v6, store_v6=store.is_v6
-    )
-    head = _FULL_V1[(born.is_v6, store.is_v6)].pack(
+    tail = encode_tail(topic_bytes, properties_bytes)
+    size = record_size(len(body), len(topic_bytes), len(properties_bytes), born_v6=born.is_v6, store_v6=store.is_v6)
+    head = encode_head(
         size,
-        MAGIC_V1,
         body_crc(body),
         record.queue_id,
         record.flag,
@@ -215,25 +213,64 @@ def encode_record(record: Record, *, properties_bytes: bytes | None = None) -> b
         record.commitlog_offset,
         sys_flag,
         record.born_timestamp_ms,
-        born.ip,
-        born.port,
+        born,
         record.store_timestamp_ms,
-        store.ip,
-        store.port,
+        store,
         record.reconsume_times,
         record.prepared_transaction_offset,
         len(body),
     )
-    return b"".join(
-        (
-            head,
-            body,
-            _INT8.pack(len(topic_bytes)),
-            topic_bytes,
-            _INT16.pack(len(properties_bytes)),
-            properties_bytes,
-        )
+    return b"".join((head, body, tail))
+
+
+def encode_head(
+    size: int,
+    crc: int,
+    queue_id: int,
+    flag: int,
+    queue_offset: int,
+    commitlog_offset: int,
+    sys_flag: int,
+    born_timestamp_ms: int,
+    born: SocketAddress,
+    store_timestamp_ms: int,
+    store: SocketAddress,
+    reconsume_times: int,
+    prepared_transaction_offset: int,
+    body_length: int,
+) -> bytes:
+    """TOTALSIZE … BODYLENGTH of a v1 record; the batch path of the writer calls it
+    directly with the fields it has, :func:`encode_record` with a record's."""
+    return _FULL_V1[(len(born.ip) == 16, len(store.ip) == 16)].pack(
+        size,
+        MAGIC_V1,
+        crc,
+        queue_id,
+        flag,
+        queue_offset,
+        commitlog_offset,
+        sys_flag,
+        born_timestamp_ms,
+        born.ip,
+        born.port,
+        store_timestamp_ms,
+        store.ip,
+        store.port,
+        reconsume_times,
+        prepared_transaction_offset,
+        body_length,
     )
+
+
+def head_struct(born_v6: bool, store_v6: bool) -> struct.Struct:
+    """The struct of TOTALSIZE … BODYLENGTH for these host widths (the argument order of
+    :func:`encode_head`, hosts as address and port), for callers packing many records."""
+    return _FULL_V1[(born_v6, store_v6)]
+
+
+def encode_tail(topic_bytes: bytes, properties_bytes: bytes) -> bytes:
+    """TOPICLENGTH … PROPERTIES of a v1 record (what follows the body)."""
+    return b"".join((_INT8.pack(len(topic_bytes)), topic_bytes, _INT16.pack(len(properties_bytes)), properties_bytes))
 
 
 def patch_offsets(buf: bytearray | memoryview, pos: int, *, queue_offset: int, commitlog_offset: int) -> None:

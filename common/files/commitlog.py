@@ -12,7 +12,9 @@ Scanning follows the recovery contract:
 
 from __future__ import annotations
 
+import bisect
 import enum
+import itertools
 import os
 import struct
 from collections.abc import Generator, Iterator, Sequence
@@ -295,6 +297,51 @@ class CommitLog:
         self._dirty.add(mapped)
         self.write_offset = mapped.start_offset + position
         return offsets
+
+    def layout(self, sizes: Sequence[int]) -> list[int]:
+        """Where records of these sizes would land if appended one by one with
+        :meth:`append` (each its own unit, a BLANK and a new file when one does not fit),
+        without writing anything; :meth:`write_laid_out` then writes them."""
+        invariant(self.write_offset is not None, "recover or set the write position before appending")
+        assert self.write_offset is not None
+        file_size = self.file_size_bytes
+        offset = self.write_offset
+        if sizes and offset % file_size + sum(sizes) + END_FILE_MIN_BLANK_LENGTH <= file_size:
+            return list(itertools.accumulate(sizes[:-1], initial=offset))  # all fit in this file
+        offsets = []
+        for size in sizes:
+            if size + END_FILE_MIN_BLANK_LENGTH > file_size:
+                raise InvalidArgument(f"{size} bytes of records cannot fit in a commit log file of {file_size} bytes")
+            room = file_size - offset % file_size
+            if size + END_FILE_MIN_BLANK_LENGTH > room:
+                offset += room
+            offsets.append(offset)
+            offset += size
+        return offsets
+
+    def write_laid_out(self, offsets: Sequence[int], encoded: Sequence[bytes]) -> None:
+        """Write records at the offsets :meth:`layout` gave (their PHYSICALOFFSETs already
+        set), one write per file, with the BLANK that ends a file where the next starts."""
+        invariant(len(offsets) == len(encoded), "one offset per record")
+        count = len(offsets)
+        first = 0
+        while first < count:
+            assert self.write_offset is not None
+            offset = offsets[first]
+            if offset != self.write_offset:
+                full = self._file_for_write(self.write_offset)
+                position = self.write_offset - full.start_offset
+                invariant(offset == full.end_offset, "records skip only the end of a file")
+                full.write(position, encode_blank(full.file_size_bytes - position))
+                self._dirty.add(full)
+                self.write_offset = offset
+            mapped = self._file_for_write(offset)
+            last = bisect.bisect_left(offsets, mapped.end_offset, first)
+            end = offsets[last - 1] + len(encoded[last - 1])
+            mapped.write(offset - mapped.start_offset, b"".join(encoded[first:last]))
+            self._dirty.add(mapped)
+            self.write_offset = end
+            first = last
 
     def _file_for_write(self, offset: int) -> MappedFile:
         mapped = self.files.find(offset)

@@ -224,6 +224,23 @@ class ConsumeQueue:
         self.max_commitlog_end = offset + size
         return True
 
+    def append_block(self, first_queue_offset: int, units: bytes, last_commitlog_end: int) -> None:
+        """Write consecutive units starting at ``first_queue_offset`` (the queue's end) in
+        as few writes as the files allow; :meth:`append` covers every other case."""
+        invariant(self.writable, "append needs a writable consume queue")
+        position = first_queue_offset * UNIT_SIZE
+        invariant(position == self._end_position and self.files.last is not None, "a block starts at the end")
+        end = position + len(units)
+        while position < end:
+            mapped = self.files.find(position) or self.files.create(position)
+            at = position - mapped.start_offset
+            take = min(end - position, mapped.file_size_bytes - at)
+            done = len(units) - (end - position)
+            mapped.write(at, units[done : done + take])
+            position += take
+        self._end_position = end
+        self.max_commitlog_end = last_commitlog_end
+
     def truncate_to_commitlog(self, commitlog_offset: int) -> None:
         """Drop every unit pointing at or past ``commitlog_offset`` (truncateDirtyLogicFiles),
         zeroing the dropped bytes so no stale unit can come back."""

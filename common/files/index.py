@@ -15,9 +15,11 @@ from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+import numpy as np
+
 from rmqstore.common.codec import index as ix
-from rmqstore.common.codec.dispatch import DispatchPlan
-from rmqstore.common.codec.javahash import index_key, index_key_hash
+from rmqstore.common.codec.dispatch import DispatchBatch, DispatchPlan
+from rmqstore.common.codec.javahash import index_key, index_key_hash, index_key_hashes
 from rmqstore.common.errors import Corruption, invariant
 from rmqstore.common.files.mapped import MappedFile, fsync_directory
 
@@ -27,6 +29,9 @@ _HEADER_BEGIN_TIMESTAMP = 0
 _HEADER_END_TIMESTAMP = 8
 _HEADER_BEGIN_PHY_OFFSET = 16
 _HEADER_END_PHY_OFFSET = 24
+# An entry as numpy sees it (the layout of ix.ENTRY).
+_ENTRY_DTYPE = np.dtype([("key_hash", ">i4"), ("phy_offset", ">i8"), ("time_diff", ">i4"), ("prev_index", ">i4")])
+assert _ENTRY_DTYPE.itemsize == ix.ENTRY_SIZE
 
 
 class IndexFile:
@@ -125,6 +130,81 @@ class IndexFile:
         self.mapped.write(_HEADER_END_PHY_OFFSET, _INT64.pack(phy_offset))
         self.mapped.write(_HEADER_END_TIMESTAMP, _INT64.pack(store_timestamp_ms))
         return True
+
+    def put_keys(self, key_hashes: np.ndarray, phy_offsets: np.ndarray, timestamps_ms: np.ndarray) -> int:
+        """:meth:`put_key` for many keys in order, with the same bytes as one call per key;
+        returns how many fit (the caller rolls over for the rest).
+
+        Entries are written first, then the slots, then the header, as put_key orders a
+        single key: a reader never follows a slot to an unwritten entry, and a kill leaves
+        slots at or past the count only where :meth:`repair_slots` finds them."""
+        count = min(len(key_hashes), self.entries - self._index_count)
+        if count <= 0:
+            return 0
+        start = self._index_count
+        numbers = np.arange(start, start + count, dtype=np.int64)
+        slots = key_hashes[:count] % self.slots
+        buf = self.mapped.buf
+        slot_table = np.frombuffer(buf, dtype=">i4", count=self.slots, offset=ix.HEADER_SIZE)
+        previous = slot_table[slots].astype(np.int64)
+        if (previous == numbers).any():
+            # A slot already names the entry about to be written (a kill inside put_key):
+            # the scalar path knows how to recover that chain.
+            del slot_table
+            for i in range(count):
+                self.put_key(int(key_hashes[i]), int(phy_offsets[i]), int(timestamps_ms[i]))
+            return count
+        previous[(previous <= 0) | (previous > numbers)] = 0
+        # Keys of one slot within the batch chain to each other, in put order.
+        order = np.argsort(slots, kind="stable")
+        sorted_slots = slots[order]
+        same_as_before = sorted_slots[1:] == sorted_slots[:-1]
+        previous[order[1:][same_as_before]] = numbers[order[:-1][same_as_before]]
+        begin_ts = np.full(count, timestamps_ms[0] if start <= 1 else self._begin_ts, dtype=np.int64)
+        begin_ts[0] = self._begin_ts  # the first entry of a file sees the old begin (FORMAT.md §15 3a)
+        delta = timestamps_ms[:count] - begin_ts
+        time_diff = np.clip(np.sign(delta) * (np.abs(delta) // 1000), 0, ix.INT32_MAX)
+        time_diff[begin_ts <= 0] = 0
+        entries = np.frombuffer(
+            buf, dtype=_ENTRY_DTYPE, count=count, offset=ix.entry_position(self.slots, start)
+        )
+        entries["key_hash"] = key_hashes[:count]
+        entries["phy_offset"] = phy_offsets[:count]
+        entries["time_diff"] = time_diff
+        entries["prev_index"] = previous
+        last_of_slot = np.append(~same_as_before, True)
+        slot_table[sorted_slots[last_of_slot]] = numbers[order[last_of_slot]]
+        del slot_table, entries
+        if start <= 1:
+            self._begin_ts = int(timestamps_ms[0])
+            self.mapped.write(_HEADER_BEGIN_PHY_OFFSET, _INT64.pack(int(phy_offsets[0])))
+            self.mapped.write(_HEADER_BEGIN_TIMESTAMP, _INT64.pack(self._begin_ts))
+        self._hash_slot_count += int(np.count_nonzero(previous == 0))
+        self.mapped.write(ix.HEADER_OFFSET_HASH_SLOT_COUNT, ix.SLOT.pack(self._hash_slot_count))
+        self._index_count = start + count
+        self.mapped.write(ix.HEADER_OFFSET_INDEX_COUNT, ix.SLOT.pack(self._index_count))
+        self.mapped.write(_HEADER_END_PHY_OFFSET, _INT64.pack(int(phy_offsets[count - 1])))
+        self.mapped.write(_HEADER_END_TIMESTAMP, _INT64.pack(int(timestamps_ms[count - 1])))
+        return count
+
+    def repair_slots(self) -> int:
+        """Point every slot that names an entry at or past the count (written by a batch a
+        kill interrupted before its count) back to the newest committed entry of its
+        chain, following the interrupted entries' prevIndex links, which were written
+        before any slot. Returns how many slots changed."""
+        count = self._index_count
+        slot_table = np.frombuffer(self.mapped.buf, dtype=">i4", count=self.slots, offset=ix.HEADER_SIZE)
+        ahead = np.flatnonzero(slot_table >= count)
+        heads = [int(slot_table[slot]) for slot in ahead]
+        del slot_table
+        for slot, number in zip(ahead, heads):
+            for _ in range(self.entries):
+                if number < count or number >= self.entries:
+                    break
+                number = self.entry(number).prev_index
+            value = number if 0 < number < count else 0
+            self.mapped.write(ix.slot_position(int(slot)), ix.SLOT.pack(value))
+        return len(heads)
 
     def last_entry_phy_offset(self) -> int:
         """Offset of the newest entry written (the header's end may lag it after a kill
@@ -304,6 +384,47 @@ class IndexFileList:
                 target = self._writable_last(plan.store_timestamp_ms)
             put += 1
         return put
+
+    def build_index_batch(self, batch: DispatchBatch) -> int:
+        """:meth:`build_index` for every record of a batch, in order; returns the number
+        of keys put."""
+        invariant(self.writable, "build_index needs a writable index")
+        if not batch.index_keys:
+            return 0
+        offsets = batch.commitlog_offsets
+        timestamps = batch.store_timestamps_ms
+        target = self._writable_last(timestamps[batch.key_records[0]])
+        indexed_up_to = target.last_entry_phy_offset()
+        first = 0  # the first key of a record not indexed yet
+        while first < len(batch.key_records) and offsets[batch.key_records[first]] <= indexed_up_to:
+            first += 1
+        put = 0
+        if first:
+            # Records at or before what the index holds (re-dispatch after a crash) take
+            # the careful one-record path.
+            seen: set[int] = set()
+            for record in batch.key_records[:first]:
+                if record not in seen:
+                    seen.add(record)
+                    put += self.build_index(
+                        DispatchPlan(
+                            batch.topics[record], batch.queue_ids[record], batch.queue_offsets[record],
+                            offsets[record], batch.sizes[record], timestamps[record], batch.tags_codes[record],
+                            batch.has_unit[record],
+                            tuple(k for k, r in zip(batch.index_keys, batch.key_records) if r == record),
+                        )
+                    )
+            if first == len(batch.key_records):
+                return put
+        records = np.asarray(batch.key_records[first:], dtype=np.int64)
+        hashes = index_key_hashes(batch.index_keys[first:])
+        phy_offsets = np.asarray(offsets, dtype=np.int64)[records]
+        key_timestamps = np.asarray(timestamps, dtype=np.int64)[records]
+        done = 0
+        while done < len(hashes):
+            target = self._writable_last(int(key_timestamps[done]))
+            done += target.put_keys(hashes[done:], phy_offsets[done:], key_timestamps[done:])
+        return put + done
 
     def _hashes_at(self, offset: int) -> Counter[int]:
         """Key hashes already indexed for the record at ``offset``: the newest entries,

@@ -307,9 +307,7 @@ class Writer:
         uniq_keys = [m.uniq_key or self.uniq_keys.next(born.ip, now) for m, born in zip(messages, born_hosts)]
         queue_ids = self._assign_queues(topics, queue_ids)
         queue_offsets = self._take_queue_offsets(topics, queue_ids)
-        properties = [
-            props.encode_message_properties(m.properties, k, t, u) for m, k, t, u in zip(messages, keys, tags, uniq_keys)
-        ]
+        properties = props.encode_messages_properties([m.properties for m in messages], keys, tags, uniq_keys)
         # Validation keeps properties below 32 KiB, so the int16 length is never negative.
         tails = [_topic_field(topic) + len(p).to_bytes(2, "big") + p for topic, p in zip(topics, properties)]
         # A tail is TOPICLENGTH (1) + topic + PROPERTIESLENGTH (2) + properties.

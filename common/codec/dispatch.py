@@ -74,13 +74,14 @@ def _tags_code_of(
     return _cached_tags_code(properties.get(props.TAGS))
 
 
-def _index_keys_of(topic: str, sys_flag: int, properties: Mapping[str, str]) -> list[str]:
+def _index_keys_of(sys_flag: int, properties: Mapping[str, str]) -> list[str]:
+    """The keys a record is indexed under, without the topic: UNIQ_KEY, then KEYS."""
     keys: list[str] = []
     if sysflag.transaction_type(sys_flag) != sysflag.TRANSACTION_ROLLBACK:
         uniq = properties.get(props.UNIQ_KEY)
         if uniq is not None:
-            keys.append(index_key(topic, uniq))
-        keys.extend(index_key(topic, part) for part in props.split_keys(properties.get(props.KEYS)))
+            keys.append(uniq)
+        keys.extend(props.split_keys(properties.get(props.KEYS)))
     return keys
 
 
@@ -98,7 +99,7 @@ def plan_dispatch(record: Record, delay_levels_ms: dict[int, int] = DEFAULT_DELA
         store_timestamp_ms=record.store_timestamp_ms,
         tags_code=record_tags_code(record, delay_levels_ms),
         has_unit=record.transaction_type in _QUEUED,
-        index_keys=tuple(_index_keys_of(record.topic, record.sys_flag, record.properties)),
+        index_keys=tuple(index_key(record.topic, key) for key in _index_keys_of(record.sys_flag, record.properties)),
     )
 
 
@@ -106,8 +107,9 @@ def plan_dispatch(record: Record, delay_levels_ms: dict[int, int] = DEFAULT_DELA
 class DispatchBatch:
     """The dispatch plans of consecutive records, as columns, in commit log order.
 
-    Index keys are flattened in put order: ``index_keys[i]`` belongs to record
-    ``key_records[i]``."""
+    A record's index keys are ``topic#key`` for the next ``key_counts[i]`` entries of
+    ``keys`` (UNIQ_KEY first, then the KEYS parts), kept without the topic prefix so the
+    index can hash them without building the strings."""
 
     delay_levels_ms: dict[int, int] = field(default_factory=lambda: DEFAULT_DELAY_LEVELS_MS)
     topics: list[str] = field(default_factory=list)
@@ -118,8 +120,8 @@ class DispatchBatch:
     store_timestamps_ms: list[int] = field(default_factory=list)
     tags_codes: list[int] = field(default_factory=list)
     has_unit: list[bool] = field(default_factory=list)
-    index_keys: list[str] = field(default_factory=list)
-    key_records: list[int] = field(default_factory=list)
+    keys: list[str] = field(default_factory=list)
+    key_counts: list[int] = field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.topics)
@@ -136,7 +138,6 @@ class DispatchBatch:
         properties: Mapping[str, str],
     ) -> None:
         """Plan one record from its fields (the rules of :func:`plan_dispatch`)."""
-        position = len(self.topics)
         self.topics.append(topic)
         self.queue_ids.append(queue_id)
         self.queue_offsets.append(queue_offset)
@@ -145,9 +146,9 @@ class DispatchBatch:
         self.store_timestamps_ms.append(store_timestamp_ms)
         self.tags_codes.append(_tags_code_of(topic, properties, store_timestamp_ms, self.delay_levels_ms))
         self.has_unit.append(sysflag.transaction_type(sys_flag) in _QUEUED)
-        keys = _index_keys_of(topic, sys_flag, properties)
-        self.index_keys.extend(keys)
-        self.key_records.extend([position] * len(keys))
+        keys = _index_keys_of(sys_flag, properties)
+        self.keys.extend(keys)
+        self.key_counts.append(len(keys))
 
     @classmethod
     def of_messages(
@@ -166,13 +167,6 @@ class DispatchBatch:
         gets a unit), not in SCHEDULE_TOPIC_XXXX, KEYS already split — built column-wise:
         the same plans :meth:`add` makes, without a properties map per record."""
         invariant(SCHEDULE_TOPIC not in topics, "producers may not send to the schedule topic")
-        index_keys: list[str] = []
-        key_records: list[int] = []
-        for position, (topic, uniq_key, parts) in enumerate(zip(topics, uniq_keys, keys)):
-            prefix = topic + "#"
-            index_keys.append(prefix + uniq_key)
-            index_keys.extend([prefix + part for part in parts])
-            key_records.extend([position] * (len(parts) + 1))
         return cls(
             DEFAULT_DELAY_LEVELS_MS,
             topics,
@@ -183,9 +177,14 @@ class DispatchBatch:
             store_timestamps_ms,
             [_cached_tags_code(t) for t in tags],
             [True] * len(topics),
-            index_keys,
-            key_records,
+            [key for uniq_key, parts in zip(uniq_keys, keys) for key in (uniq_key, *parts)],
+            [len(parts) + 1 for parts in keys],
         )
+
+    def index_keys_of(self, record: int, first_key: int) -> tuple[str, ...]:
+        """The ``topic#key`` strings of one record, whose keys start at ``first_key``."""
+        topic = self.topics[record]
+        return tuple(index_key(topic, key) for key in self.keys[first_key : first_key + self.key_counts[record]])
 
     def add_record(self, record: Record) -> None:
         self.add(

@@ -49,13 +49,10 @@ def _powers_31(count: int) -> np.ndarray:
     return _POWERS_31
 
 
-def java_string_hashes(texts: Sequence[str]) -> np.ndarray:
-    """String.hashCode of many strings at once, as int32 — the same values as
-    :func:`java_string_hash`, computed as Σ unit·31^(n−1−i) mod 2³² over the UTF-16 code
-    units of all strings in one pass."""
+def _hashes_and_lengths(texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+    """String.hashCode of each text as uint32, and its length in UTF-16 code units,
+    computed as Σ unit·31^(n−1−i) mod 2³² over all texts' units in one pass."""
     count = len(texts)
-    if count == 0:
-        return np.zeros(0, dtype=np.int32)
     joined = "".join(texts)
     if joined.isascii():
         units = np.frombuffer(joined.encode("ascii"), dtype=np.uint8).astype(np.uint32)
@@ -67,23 +64,41 @@ def java_string_hashes(texts: Sequence[str]) -> np.ndarray:
             dtype=np.int64,
             count=count,
         )
-    ends = np.cumsum(lengths)
-    starts = ends - lengths
     hashes = np.zeros(count, dtype=np.uint32)
-    filled = lengths > 0
     if units.size:
+        ends = np.cumsum(lengths)
+        filled = lengths > 0
         # Exponent of each unit: the distance to the last unit of its string.
         exponents = np.repeat(ends - 1, lengths) - np.arange(units.size, dtype=np.int64)
         weighted = units * _powers_31(int(lengths.max()))[exponents]
-        hashes[filled] = np.add.reduceat(weighted, starts[filled], dtype=np.uint32)
-    return hashes.view(np.int32)
+        hashes[filled] = np.add.reduceat(weighted, (ends - lengths)[filled], dtype=np.uint32)
+    return hashes, lengths
+
+
+def java_string_hashes(texts: Sequence[str]) -> np.ndarray:
+    """:func:`java_string_hash` of many strings at once, as int32."""
+    return _hashes_and_lengths(texts)[0].view(np.int32)
+
+
+def _index_hash(hashes: np.ndarray) -> np.ndarray:
+    signed = hashes.view(np.int32).astype(np.int64)
+    signed[signed == INT32_MIN] = 0
+    return np.abs(signed)
 
 
 def index_key_hashes(keys: Sequence[str]) -> np.ndarray:
     """:func:`index_key_hash` of many keys at once, as int64 (all ≥ 0)."""
-    hashes = java_string_hashes(keys).astype(np.int64)
-    hashes[hashes == INT32_MIN] = 0
-    return np.abs(hashes)
+    return _index_hash(_hashes_and_lengths(keys)[0])
+
+
+def topic_key_hashes(topics: Sequence[str], key_topics: np.ndarray, keys: Sequence[str]) -> np.ndarray:
+    """``index_key_hash(index_key(topics[key_topics[i]], keys[i]))`` for every key, as
+    int64, without building the ``topic#key`` strings: the hash of a concatenation is
+    hash(topic#)·31^len(key) + hash(key) (mod 2³²)."""
+    prefixes = _hashes_and_lengths([index_key(topic, "") for topic in topics])[0]
+    hashes, lengths = _hashes_and_lengths(keys)
+    powers = _powers_31(int(lengths.max(initial=0)) + 1)
+    return _index_hash(prefixes[key_topics] * powers[lengths] + hashes)
 
 
 def index_key(topic: str, key: str) -> str:

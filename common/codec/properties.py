@@ -89,6 +89,19 @@ def encode_message_properties(user: Mapping[str, str], keys: Sequence[str], tags
     return template.format(*in_order((*values, uniq_key))).encode("utf-8")
 
 
+def encode_messages_properties(
+    users: Sequence[Mapping[str, str]], keys: Sequence[Sequence[str]], tags: Sequence[str], uniq_keys: Sequence[str]
+) -> list[bytes]:
+    """:func:`encode_message_properties` of many messages; messages with KEYS and TAGS
+    and no properties of their own (the usual shape) share one template."""
+    if all(keys) and all(tags) and not any(users):
+        template, in_order = _broker_template((KEYS, TAGS, UNIQ_KEY))
+        fill = template.format
+        join = KEY_SEPARATOR.join
+        return [fill(*in_order((join(k), t, u))).encode("utf-8") for k, t, u in zip(keys, tags, uniq_keys)]
+    return [encode_message_properties(*fields) for fields in zip(users, keys, tags, uniq_keys)]
+
+
 def split_keys(keys: str | None) -> list[str]:
     """The non-empty space-separated parts of a KEYS value, repeats kept (FORMAT.md §7.4)."""
     if not keys:

@@ -19,7 +19,7 @@ import numpy as np
 
 from rmqstore.common.codec import index as ix
 from rmqstore.common.codec.dispatch import DispatchBatch, DispatchPlan
-from rmqstore.common.codec.javahash import index_key, index_key_hash, index_key_hashes
+from rmqstore.common.codec.javahash import index_key, index_key_hash, topic_key_hashes
 from rmqstore.common.errors import Corruption, invariant
 from rmqstore.common.files.mapped import MappedFile, fsync_directory
 
@@ -389,37 +389,34 @@ class IndexFileList:
         """:meth:`build_index` for every record of a batch, in order; returns the number
         of keys put."""
         invariant(self.writable, "build_index needs a writable index")
-        if not batch.index_keys:
+        if not batch.keys:
             return 0
         offsets = batch.commitlog_offsets
         timestamps = batch.store_timestamps_ms
-        target = self._writable_last(timestamps[batch.key_records[0]])
+        target = self._writable_last(timestamps[0])
         indexed_up_to = target.last_entry_phy_offset()
-        first = 0  # the first key of a record not indexed yet
-        while first < len(batch.key_records) and offsets[batch.key_records[first]] <= indexed_up_to:
-            first += 1
         put = 0
-        if first:
-            # Records at or before what the index holds (re-dispatch after a crash) take
-            # the careful one-record path.
-            seen: set[int] = set()
-            for record in batch.key_records[:first]:
-                if record not in seen:
-                    seen.add(record)
-                    put += self.build_index(
-                        DispatchPlan(
-                            batch.topics[record], batch.queue_ids[record], batch.queue_offsets[record],
-                            offsets[record], batch.sizes[record], timestamps[record], batch.tags_codes[record],
-                            batch.has_unit[record],
-                            tuple(k for k, r in zip(batch.index_keys, batch.key_records) if r == record),
-                        )
-                    )
-            if first == len(batch.key_records):
-                return put
-        records = np.asarray(batch.key_records[first:], dtype=np.int64)
-        hashes = index_key_hashes(batch.index_keys[first:])
-        phy_offsets = np.asarray(offsets, dtype=np.int64)[records]
-        key_timestamps = np.asarray(timestamps, dtype=np.int64)[records]
+        record = first_key = 0
+        # Records at or before what the index holds (re-dispatch after a crash) take the
+        # careful one-record path.
+        while record < len(batch) and offsets[record] <= indexed_up_to:
+            plan = DispatchPlan(
+                batch.topics[record], batch.queue_ids[record], batch.queue_offsets[record], offsets[record],
+                batch.sizes[record], timestamps[record], batch.tags_codes[record], batch.has_unit[record],
+                batch.index_keys_of(record, first_key),
+            )
+            put += self.build_index(plan)
+            first_key += batch.key_counts[record]
+            record += 1
+        if first_key == len(batch.keys):
+            return put
+        counts = np.asarray(batch.key_counts[record:], dtype=np.int64)
+        key_records = np.repeat(np.arange(record, len(batch), dtype=np.int64), counts)
+        topic_numbers = {topic: number for number, topic in enumerate(dict.fromkeys(batch.topics))}
+        record_topics = np.fromiter((topic_numbers[t] for t in batch.topics), dtype=np.int64, count=len(batch))
+        hashes = topic_key_hashes(list(topic_numbers), record_topics[key_records], batch.keys[first_key:])
+        phy_offsets = np.asarray(offsets, dtype=np.int64)[key_records]
+        key_timestamps = np.asarray(timestamps, dtype=np.int64)[key_records]
         done = 0
         while done < len(hashes):
             target = self._writable_last(int(key_timestamps[done]))

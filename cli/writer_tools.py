@@ -158,7 +158,9 @@ def cmd_writer_serve(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _message_from_json(line_number: int, document: Any) -> messages_pb2.Message:
+def message_from_json(line_number: int, document: Any) -> messages_pb2.Message:
+    """One ``rmqstore send --file`` JSON line as a Message; errors name the line (the
+    send tool and ``pipeline load --format json`` share this parser)."""
     where = f"line {line_number}"
     if not isinstance(document, dict):
         raise InvalidArgument(f"{where}: expected a JSON object")
@@ -212,7 +214,7 @@ def read_jsonl(path: str) -> Iterator[messages_pb2.Message]:
                 document = json.loads(line)
             except ValueError as error:
                 raise InvalidArgument(f"line {number}: not JSON: {error}") from None
-            yield _message_from_json(number, document)
+            yield message_from_json(number, document)
 
 
 def result_json(result: messages_pb2.SendResult) -> str:

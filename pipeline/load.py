@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import grpc
-from rmqstore.cli.writer_tools import _message_from_json
+from rmqstore.cli.writer_tools import message_from_json
 from rmqstore.common import errors
 from rmqstore.common.codec import properties as props
 from rmqstore.common.codec import sysflag
@@ -198,7 +198,7 @@ def _parse_json_batches(batches: Iterator[Any], schema: Any) -> Iterator[Any]:
                 document = json.loads(text)
             except ValueError as error:
                 raise InvalidArgument(f"{where}: not JSON: {error}") from None
-            message = _message_from_json(order, document)
+            message = message_from_json(order, document)
             rows["topic"].append(message.topic)
             rows["queueId"].append(message.queue_id if message.HasField("queue_id") else None)
             rows["body"].append(message.body)

@@ -1,0 +1,380 @@
+"""RESULTS.md from a run's JSON: every figure beside SQLite's, the ratio, the target of
+issue #5 and whether it is met."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+MET = "met"
+MISSED = "**MISSED**"
+NA = "—"
+INPROC_P50_US = 10.0
+INPROC_P99_US = 50.0
+GRPC_VS_PING = 1.5
+RSS_LIMIT_MB = 200.0
+RSS_FLAT_GROWTH = 1.25  # "flat": the largest size's RSS within 25 % of the smallest's
+TARGET_KINDS = ("key", "uniq_key", "queue_offset")
+KIND_NAMES = {
+    "key": "key (all)",
+    "key_order": "key: order id (1 match)",
+    "key_hot": "key: hot customer (page of 32)",
+    "key_miss": "key: never sent",
+    "uniq_key": "UNIQ_KEY",
+    "queue_offset": "queue offset",
+    "time_search": "time search",
+}
+
+
+def short_count(n: int) -> str:
+    if n % 1_000_000 == 0:
+        return f"{n // 1_000_000}M"
+    if n % 1000 == 0:
+        return f"{n // 1000}k"
+    return str(n)
+
+
+def _n(value: float | None, digits: int = 0) -> str:
+    if value is None:
+        return NA
+    return f"{value:,.{digits}f}"
+
+
+def _x(value: float | None) -> str:
+    return NA if value is None else f"{value:,.2f}×"
+
+
+def _verdict(ok: bool | None) -> str:
+    return NA if ok is None else (MET if ok else MISSED)
+
+
+def _at_least(value: float | None, limit: float) -> bool | None:
+    return None if value is None else value >= limit
+
+
+def _at_most(value: float | None, limit: float) -> bool | None:
+    return None if value is None else value <= limit
+
+
+def _both(*checks: bool | None) -> bool | None:
+    return None if any(c is None for c in checks) else all(checks)  # type: ignore[arg-type]
+
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return lines + [""]
+
+
+class Summary:
+    """The targets, one line each, for the table at the top."""
+
+    def __init__(self) -> None:
+        self.rows: list[list[str]] = []
+
+    def add(self, item: str, target: str, figure: str, ok: bool | None) -> bool | None:
+        self.rows.append([item, target, figure, _verdict(ok)])
+        return ok
+
+
+def render(results: dict[str, Any], json_name: Path) -> str:
+    summary = Summary()
+    body: list[str] = []
+    sizes = results["sizes"]
+    once = results["once"]
+    repeats = results["settings"]["repeats"]
+    if any("append" in s for s in sizes.values()):
+        body += _append(sizes, summary, repeats)
+    if any("grpc_append" in s for s in sizes.values()):
+        body += _grpc_append(sizes, summary, repeats)
+    if "sync" in once:
+        body += _sync(once["sync"], summary, repeats)
+    if any("lookups" in s for s in sizes.values()):
+        body += _lookups(sizes, summary)
+    if "lag" in once:
+        body += _lag(once["lag"], summary)
+    if any("recovery" in s for s in sizes.values()):
+        body += _recovery(sizes, summary)
+    if any("rss" in s for s in sizes.values()):
+        body += _rss(sizes, summary)
+    body += _cross_check(results["cross_check"])
+    head = _head(results, json_name)
+    head += ["## Targets (issue #5)", ""] + _table(["item", "target", "this run", "verdict"], summary.rows)
+    return "\n".join(head + body)
+
+
+def _head(results: dict[str, Any], json_name: Path) -> list[str]:
+    machine = results["machine"]
+    dirty = machine["git_dirty_files"]
+    return [
+        "# Benchmark results",
+        "",
+        "Produced by this command, from the repository root:",
+        "",
+        f"    {results['command']}",
+        "",
+        f"* date: {machine['date_utc']}; wall time {results['wall_seconds']:,} s; every figure: "
+        f"[`{json_name.as_posix()}`]({json_name.as_posix()})",
+        f"* machine: {machine['cores']} cores ({machine['cpu']}), {machine['memory_gib']} GiB, Linux "
+        f"{machine['kernel']}; shared with other work, load average {machine['loadavg_start']} at the start, "
+        f"{machine.get('loadavg_end')} at the end",
+        f"* software: Python {machine['python']}, SQLite {machine['sqlite']}, grpcio {machine['grpcio']}, "
+        f"protobuf {machine['protobuf']}, numpy {machine['numpy']}; rmqstore at {machine['git_commit']}"
+        + (f" with uncommitted changes in {', '.join(f'`{d.split()[-1]}`' for d in dirty)}" if dirty else ""),
+        f"* workload: seed {results['settings']['seed']}, {results['settings']['body_bytes']}-byte bodies, sections: "
+        f"{', '.join(results['sections'])}",
+        "",
+        "Each figure stands beside SQLite's from the same run. **× SQLite** says how many times better "
+        "rmqstore did (above 1: rmqstore better; for latencies and durations it is SQLite's figure divided by "
+        f"rmqstore's). Throughputs are medians of {results['settings']['repeats']} runs; latencies are exact "
+        "percentiles of every call. How each figure is taken: `benchmarks/README.md`.",
+        "",
+    ]
+
+
+def _append(sizes: dict[str, Any], summary: Summary, repeats: int) -> list[str]:
+    rows = []
+    for size, s in sizes.items():
+        a = s.get("append")
+        if not a:
+            continue
+        ok = _both(_at_least(a["msgs_per_s"], 300_000), _at_least(a["ratio"], 15))
+        runs = ", ".join(f"{r['msgs_per_s']:,}" for r in a["rmqstore_runs"])
+        rows.append([short_count(int(size)), _n(a["msgs_per_s"]), _n(a["commitlog_mb_per_s"], 1), runs,
+                     _n(a["sqlite_msgs_per_s"]), _n(a["sqlite_stored_mb_per_s"], 1), _x(a["ratio"]),
+                     "≥ 300,000 and ≥ 15×", _verdict(ok)])  # fmt: skip
+        summary.add(f"1. in-process append, {short_count(int(size))}", "≥ 300,000 msgs/s and ≥ 15× SQLite",
+                    f"{_n(a['msgs_per_s'])} msgs/s, {_x(a['ratio'])}", ok)  # fmt: skip
+    return [
+        "## 1. In-process append + dispatch (ASYNC flush)",
+        "",
+        f"`Writer.append` in batches of 1,000, background flushes running; SQLite: WAL, `synchronous=NORMAL`, "
+        f"transactions of 1,000. Median of {repeats} runs (each run's figure listed). MB/s: the bytes each "
+        "store wrote (rmqstore: commit log records; SQLite: database + WAL).",
+        "",
+        *_table(["messages", "msgs/s", "commit log MB/s", "runs", "SQLite msgs/s", "SQLite MB/s", "× SQLite",
+                 "target", "verdict"], rows),  # fmt: skip
+    ]
+
+
+def _grpc_append(sizes: dict[str, Any], summary: Summary, repeats: int) -> list[str]:
+    rows = []
+    for size, s in sizes.items():
+        g = s.get("grpc_append")
+        if not g:
+            continue
+        ok = _at_least(g["msgs_per_s"], 100_000)
+        runs = ", ".join(f"{r['msgs_per_s']:,}" for r in g["runs"])
+        encode = g["runs"][-1]["client_encode_msgs_per_s"]
+        rows.append([short_count(int(size)), _n(g["msgs_per_s"]), runs, _n(encode), _n(g["sqlite_msgs_per_s"]),
+                     _x(g["ratio"]), "≥ 100,000", _verdict(ok)])  # fmt: skip
+        summary.add(f"2. gRPC append, acked, {short_count(int(size))}", "≥ 100,000 msgs/s",
+                    f"{_n(g['msgs_per_s'])} msgs/s", ok)  # fmt: skip
+    return [
+        "## 2. Append through the writer's gRPC API (SendStream, acked, end to end)",
+        "",
+        f"A client process streams batches of {next(iter(sizes.values())).get('grpc_append', {}).get('batch', 1000):,} "
+        "to `rmqstore writer serve` (ASYNC) over one SendStream; first send → last ack on the client's clock. "
+        "The client serializes its batches before the clock starts (its protobuf encoding rate is listed). "
+        f"SQLite has no server: its figure is the in-process one of section 1. Median of {repeats} runs.",
+        "",
+        *_table(["messages", "acked msgs/s", "runs", "client encoding msgs/s", "SQLite msgs/s (in process)",
+                 "× SQLite", "target", "verdict"], rows),  # fmt: skip
+    ]
+
+
+def _sync(sync: dict[str, Any], summary: Summary, repeats: int) -> list[str]:
+    rows = []
+    for r in sync["rows"]:
+        ok = _at_least(r["msgs_per_s"], 20_000) if r["producers"] == 64 else None
+        rows.append([str(r["producers"]), _n(r["msgs_per_s"]), _n(r["p50_ms"], 2), _n(r["p99_ms"], 2),
+                     _n(r["sqlite_msgs_per_s"]), _n(r["sqlite_p50_ms"], 2), _n(r["sqlite_p99_ms"], 2),
+                     _x(r["ratio"]), "≥ 20,000 msgs/s" if r["producers"] == 64 else NA, _verdict(ok)])  # fmt: skip
+        if r["producers"] == 64:
+            summary.add("3. SYNC flush, 64 producers", "≥ 20,000 msgs/s", f"{_n(r['msgs_per_s'])} msgs/s", ok)
+    return [
+        "## 3. SYNC flush with concurrent producers (group commit)",
+        "",
+        f"`rmqstore writer serve --flush sync`; an asyncio client process runs N producers, each sending one "
+        f"message per `Send` and waiting for its ack; {sync['seconds_per_run']} s measured after a "
+        f"{sync['warmup_s']} s warm-up. SQLite: WAL, `synchronous=FULL`, N threads each committing one message "
+        f"per transaction through one connection behind a lock. Median of {repeats} runs.",
+        "",
+        *_table(["producers", "msgs/s", "p50 ack ms", "p99 ack ms", "SQLite msgs/s", "SQLite p50 ms",
+                 "SQLite p99 ms", "× SQLite", "target", "verdict"], rows),  # fmt: skip
+    ]
+
+
+def _lookups(sizes: dict[str, Any], summary: Summary) -> list[str]:
+    lines = [
+        "## 4. Lookup latency",
+        "",
+        "Each call timed alone. In process: `StoreView` (what a query node runs) against SQLite's indexed "
+        "queries in the same process. Through gRPC: one client calling `rmqstore query serve`, a no-op `Ping` "
+        "after every lookup on the same channel. A key lookup asks for the newest 32 matches (hot customer "
+        "keys have hundreds). Time searches resolve against each store's own time range.",
+        "",
+    ]
+    for size, s in sizes.items():
+        lk = s.get("lookups")
+        if not lk:
+            continue
+        label = short_count(int(size))
+        rows = []
+        for kind in KIND_NAMES:
+            ours, theirs = lk["in_process"][kind], lk["sqlite"][kind]
+            ok = None
+            if kind in TARGET_KINDS:
+                ok = _both(_at_most(ours["p50_us"], INPROC_P50_US), _at_most(ours["p99_us"], INPROC_P99_US))
+                summary.add(f"4. in-process {KIND_NAMES[kind]} lookup, {label}", "p50 ≤ 10 µs, p99 ≤ 50 µs",
+                            f"p50 {_n(ours['p50_us'], 1)} µs, p99 {_n(ours['p99_us'], 1)} µs", ok)  # fmt: skip
+            rows.append([KIND_NAMES[kind], str(ours["count"]), _n(ours["p50_us"], 1), _n(ours["p99_us"], 1),
+                         _n(theirs["p50_us"], 1), _n(theirs["p99_us"], 1),
+                         _x(_ratio_low(ours["p50_us"], theirs["p50_us"])),
+                         "p50 ≤ 10, p99 ≤ 50" if kind in TARGET_KINDS else NA, _verdict(ok)])  # fmt: skip
+        lines += [f"### {label} messages, in process (µs)", ""]
+        lines += _table(["lookup", "calls", "p50", "p99", "SQLite p50", "SQLite p99", "× SQLite (p50)", "target",
+                         "verdict"], rows)  # fmt: skip
+        ping = lk["ping"]
+        rows = []
+        for kind in KIND_NAMES:
+            ours, theirs = lk["grpc"][kind], lk["sqlite"][kind]
+            vs_ping = round(ours["p50_us"] / ping["p50_us"], 2) if ours["p50_us"] and ping["p50_us"] else None
+            ok = _at_most(vs_ping, GRPC_VS_PING) if kind in TARGET_KINDS else None
+            if kind in TARGET_KINDS:
+                summary.add(f"4. gRPC {KIND_NAMES[kind]} lookup, {label}", "p50 ≤ 1.5× Ping p50",
+                            f"{_x(vs_ping)} Ping ({_n(ours['p50_us'], 0)} µs)", ok)  # fmt: skip
+            rows.append([KIND_NAMES[kind], _n(ours["p50_us"], 0), _n(ours["p99_us"], 0), _x(vs_ping),
+                         _n(theirs["p50_us"], 1), _x(_ratio_low(ours["p50_us"], theirs["p50_us"])),
+                         "≤ 1.5× Ping" if kind in TARGET_KINDS else NA, _verdict(ok)])  # fmt: skip
+        rows.append(["Ping (no-op)", _n(ping["p50_us"], 0), _n(ping["p99_us"], 0), "1.00×", NA, NA, NA, NA])
+        lines += [f"### {label} messages, through gRPC (µs)", ""]
+        lines += _table(["lookup", "p50", "p99", "p50 / Ping p50", "SQLite p50 (in process)", "× SQLite (p50)",
+                         "target", "verdict"], rows)  # fmt: skip
+    return lines
+
+
+def _ratio_low(ours: float | None, theirs: float | None) -> float | None:
+    if not ours or not theirs:
+        return None
+    return round(theirs / ours, 2)
+
+
+def _lag(lag: dict[str, Any], summary: Summary) -> list[str]:
+    ours, theirs = lag["rmqstore"], lag["sqlite"]
+    ms = lambda us: None if us is None else us / 1000  # noqa: E731
+    ok = _both(_at_most(ms(ours["lag"]["p99_us"]), 50.0), ours["timeouts"] == 0)
+    summary.add("5. visibility lag under load", "p99 ≤ 50 ms", f"p99 {_n(ms(ours['lag']['p99_us']), 2)} ms", ok)
+    load = ours["load"]
+    return [
+        "## 5. Query-node visibility lag under load (ack → visible)",
+        "",
+        f"A writer and a query node on one store; a client process streams batches of 1,000 "
+        f"({_n(load.get('msgs_per_s'))} msgs/s acked meanwhile) while this process sends {ours['probes']} single "
+        f"messages ({lag['probe_interval_ms']} ms apart) and polls `QueryByUniqKey` until each is found. SQLite: "
+        "a thread commits transactions of 1,000 while a probe commits single messages and a second connection "
+        "polls for each.",
+        "",
+        *_table(["", "p50 ms", "p99 ms", "max ms", "timeouts (5 s)", "target", "verdict"], [
+            ["rmqstore", _n(ms(ours["lag"]["p50_us"]), 2), _n(ms(ours["lag"]["p99_us"]), 2),
+             _n(ms(ours["lag"]["max_us"]), 2), str(ours["timeouts"]), "p99 ≤ 50 ms", _verdict(ok)],
+            ["SQLite", _n(ms(theirs["lag"]["p50_us"]), 3), _n(ms(theirs["lag"]["p99_us"]), 3),
+             _n(ms(theirs["lag"]["max_us"]), 3), str(theirs["timeouts"]), NA, NA],
+            ["× SQLite", _x(lag["ratio_p50"]), _x(lag["ratio_p99"]), NA, NA, NA, NA],
+        ]),  # fmt: skip
+    ]
+
+
+def _recovery(sizes: dict[str, Any], summary: Summary) -> list[str]:
+    kill_rows, redispatch_rows = [], []
+    for size, s in sizes.items():
+        rec = s.get("recovery")
+        if not rec:
+            continue
+        label = short_count(int(size))
+        k = rec["after_sigkill"]
+        ours, theirs = k["rmqstore"], k["sqlite"]
+        kill_rows.append([label, _n(ours["commitlog_bytes"] / 1e6), str(ours["recovered"]["redispatchedRecords"]),
+                          _n(ours["restart_seconds"], 2), _n(ours["empty_start_seconds"], 2),
+                          _n(ours["seconds_per_gb"], 2), _n(ours["net_seconds_per_gb"], 2),
+                          _n(theirs["database_bytes"] / 1e6), _n(theirs["restart_seconds"], 2),
+                          _n(theirs["seconds_per_gb"], 2), _x(k["ratio"])])  # fmt: skip
+        r = rec["redispatch"]
+        ok = _at_least(r["reindex"]["mb_per_s"], 200)
+        summary.add(f"6. re-dispatch, {label}", "≥ 200 MB/s of commit log", f"{_n(r['reindex']['mb_per_s'], 1)} MB/s", ok)
+        redispatch_rows.append([label, _n(r["reindex"]["mb_per_s"], 1), _n(r["reindex"]["msgs_per_s"]),
+                                _n(r["writer_start"]["mb_per_s"], 1), _n(r["writer_start"]["msgs_per_s"]),
+                                _n(r["sqlite_index_rebuild"]["msgs_per_s"]), _x(r["ratio"]), "≥ 200 MB/s",
+                                _verdict(ok)])  # fmt: skip
+    return [
+        "## 6. Recovery",
+        "",
+        "**After SIGKILL.** The stream client loads a fresh `writer serve`; once "
+        f"{next(iter(sizes.values()))['recovery']['after_sigkill']['kill_at']:.0%} of the workload is acked the "
+        "writer gets SIGKILL, and a new `writer serve` on the store is timed from its start to its serving line "
+        "(recovery, re-dispatch of what the queues and index lacked, gRPC server up). The same start on an empty "
+        "store is the floor (interpreter, imports); *net* subtracts it. SQLite: a process loading the workload "
+        "is SIGKILLed at the same point, then a new process opens the database (WAL recovery) and answers one "
+        "lookup.",
+        "",
+        *_table(["messages", "commit log MB", "re-dispatched records", "restart s", "empty-store start s", "s/GB",
+                 "net s/GB", "SQLite MB", "SQLite restart s", "SQLite s/GB", "× SQLite (s/GB)"], kill_rows),  # fmt: skip
+        "**Re-dispatch throughput.** The whole commit log re-dispatched into new consume queues and index files "
+        "by `common.files.store.reindex` (the code `rmqstore reindex` runs; the target is judged on it), and by "
+        "a writer start on the same store after its `consumequeue/` and `index/` were removed (recovery "
+        "re-dispatch). SQLite's counterpart: dropping and re-creating its four indexes.",
+        "",
+        *_table(["messages", "reindex MB/s", "reindex msgs/s", "writer start MB/s", "writer start msgs/s",
+                 "SQLite index rebuild msgs/s", "× SQLite (msgs/s)", "target", "verdict"], redispatch_rows),  # fmt: skip
+    ]
+
+
+def _rss(sizes: dict[str, Any], summary: Summary) -> list[str]:
+    rows = []
+    totals = []
+    for size, s in sizes.items():
+        rss = s.get("rss")
+        if not rss:
+            continue
+        label = short_count(int(size))
+        q, sq = rss["query_node_kib"], rss["sqlite_process_kib"]
+        total_mb = q["VmRSS"] / 1024
+        totals.append(total_mb)
+        ok = _at_most(total_mb, RSS_LIMIT_MB)
+        summary.add(f"7. query-node RSS, {label}", "≤ 200 MB", f"{_n(total_mb, 1)} MB", ok)
+        rows.append([label, _n(rss["store_bytes"] / 1e6), _n(total_mb, 1), _n(q["RssAnon"] / 1024, 1),
+                     _n(q["RssFile"] / 1024, 1), _n(q.get("VmHWM", 0) / 1024, 1), _n(sq["VmRSS"] / 1024, 1),
+                     _n(sq["RssAnon"] / 1024, 1), _x(_ratio_low(total_mb, sq["VmRSS"] / 1024)), "≤ 200 MB",
+                     _verdict(ok)])  # fmt: skip
+    if len(totals) > 1:
+        growth = totals[-1] / totals[0]
+        summary.add("7. query-node RSS flat as the store grows", f"largest ≤ {RSS_FLAT_GROWTH}× smallest size's",
+                    f"{growth:.2f}×", growth <= RSS_FLAT_GROWTH)  # fmt: skip
+    return [
+        "## 7. Query-node memory after the query sets",
+        "",
+        "`/proc/PID/status` of `rmqstore query serve` after it answered the gRPC query sets of section 4. "
+        "Mapped store files count in RSS as RssFile (page cache the kernel can reclaim); RssAnon is the "
+        "process's own memory. SQLite: a Python process that ran the same query sets on the database.",
+        "",
+        *_table(["messages", "store on disk MB", "VmRSS MB", "RssAnon MB", "RssFile MB", "peak (VmHWM) MB",
+                 "SQLite VmRSS MB", "SQLite RssAnon MB", "× SQLite (VmRSS)", "target", "verdict"], rows),  # fmt: skip
+    ]
+
+
+def _cross_check(check: dict[str, Any]) -> list[str]:
+    rows = [[label, _n(count), _n(check["mismatches"].get(label, 0))] for label, count in check["checked"].items()]
+    verdict = (
+        f"**{check['total_mismatches']:,} answers disagree** (examples in the JSON)."
+        if check["total_mismatches"]
+        else f"All {check['total_checked']:,} answers agree."
+    )
+    return [
+        "## Cross-check of every lookup answer",
+        "",
+        "Key, UNIQ_KEY and queue-offset answers (the UNIQ_KEYs found, in order, and for keys whether the page "
+        "is complete) compared with SQLite's; time searches compared with an oracle built from each store's "
+        "own store times (rmqstore: the acked ones; SQLite: the synthetic ones). " + verdict,
+        "",
+        *_table(["store size / path / lookup", "checked", "mismatches"], rows),
+    ]

@@ -1,0 +1,554 @@
+"""rmqstore's benchmark suite (issue #5), with a SQLite baseline measured in the same run.
+
+    python benchmarks/run.py                       # sizes 200,000 and 1,000,000; about 15 minutes
+    python benchmarks/run.py --sizes 2000 --repeats 1 --lookups 200 --time-searches 20 --out /tmp/smoke
+
+Writes RESULTS.md (the command at the top) into --out (default: benchmarks/) and every
+figure as JSON into --out/results/. Sections (``--only`` picks some):
+
+  append       1. in-process append + dispatch, ASYNC flush: msgs/s, MB/s
+  grpc_append  2. the same through the writer's SendStream from another process, acked
+  sync         3. SYNC flush, 1/16/64 concurrent producers: msgs/s, p50/p99 ack latency
+  lookups      4. lookup latency p50/p99 per kind, in process and through the query node
+               (beside a no-op Ping), every answer cross-checked against SQLite's
+  lag          5. query-node visibility lag (ack → visible) under load
+  recovery     6. restart after SIGKILL (s/GB of commit log), re-dispatch throughput
+  rss          7. query-node memory after the query sets, per size
+
+Exit status 1 when any lookup answer disagrees with SQLite (or a time search with the
+store's own times): the figures are still written, with the disagreements.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import gc
+import json
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+sys.path.insert(0, str(HERE))
+
+import bench_grpc  # noqa: E402
+import bench_rmq  # noqa: E402
+import report  # noqa: E402
+import sqlite_baseline  # noqa: E402
+from bench_common import (  # noqa: E402
+    Nodes,
+    directory_bytes,
+    latency_summary,
+    load_average,
+    machine_facts,
+    median_of,
+    quiet_env,
+    ratio,
+    run_client,
+)
+from workload import DEFAULT_SEED, QuerySets, TimeOracle, Workload, WorkloadSpec, build_query_sets  # noqa: E402
+
+SECTIONS = ("append", "grpc_append", "sync", "lookups", "lag", "recovery", "rss")
+SYNC_WORKLOAD_MAX = 20_000  # messages the SYNC producers cycle through
+LAG_WORKLOAD_MAX = 200_000  # messages the lag section's load client cycles through
+MISMATCH_EXAMPLES = 20
+
+
+def log(text: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {text}", file=sys.stderr, flush=True)
+
+
+@dataclass
+class Context:
+    args: argparse.Namespace
+    work: Path
+    sections: set[str]
+
+    @property
+    def logs(self) -> Path:
+        return self.work / "logs"
+
+    def spec(self, messages: int) -> WorkloadSpec:
+        return WorkloadSpec(messages, self.args.body_bytes, self.args.seed)
+
+
+@dataclass
+class CrossCheck:
+    """Every lookup answer compared with its reference; disagreements kept as examples."""
+
+    checked: dict[str, int] = field(default_factory=dict)
+    mismatches: dict[str, int] = field(default_factory=dict)
+    examples: list[dict[str, Any]] = field(default_factory=list)
+
+    def compare(self, label: str, queries: list[Any], ours: list[Any], reference: list[Any], reference_name: str) -> None:
+        self.checked[label] = self.checked.get(label, 0) + len(queries)
+        bad = 0
+        for query, answer, expected in zip(queries, ours, reference, strict=True):
+            if answer != expected:
+                bad += 1
+                if len(self.examples) < MISMATCH_EXAMPLES:
+                    self.examples.append(
+                        {"check": label, "query": repr(query), "rmqstore": repr(answer), reference_name: repr(expected)}
+                    )
+        self.mismatches[label] = self.mismatches.get(label, 0) + bad
+
+    @property
+    def total_mismatches(self) -> int:
+        return sum(self.mismatches.values())
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "checked": self.checked,
+            "mismatches": self.mismatches,
+            "total_checked": sum(self.checked.values()),
+            "total_mismatches": self.total_mismatches,
+            "examples": self.examples,
+        }
+
+
+# 1. In-process append
+
+
+def section_append(ctx: Context, workload: Workload, store: Path, db: Path) -> tuple[dict[str, Any], list[int]]:
+    """Alternate rmqstore and SQLite runs (drift on a shared machine hits both alike);
+    the last run of each stays for the lookups."""
+    measured = "append" in ctx.sections
+    repeats = ctx.args.repeats if measured else 1
+    ours, theirs = [], []
+    times: list[int] = []
+    for run in range(repeats):
+        figures, times = bench_rmq.append_run(store, workload, keep_times=run == repeats - 1)
+        ours.append(figures)
+        log(f"  append rmqstore {run + 1}/{repeats}: {figures['msgs_per_s']:,} msgs/s")
+        gc.collect()
+        theirs.append(sqlite_baseline.load(db, workload))
+        log(f"  append SQLite   {run + 1}/{repeats}: {theirs[-1]['msgs_per_s']:,} msgs/s")
+        gc.collect()
+    rmq = median_of(ours, "msgs_per_s")
+    sql = median_of(theirs, "msgs_per_s")
+    return (
+        {
+            "measured": measured,
+            "batch": bench_rmq.APPEND_BATCH,
+            "rmqstore_runs": ours,
+            "sqlite_runs": theirs,
+            "msgs_per_s": rmq,
+            "commitlog_mb_per_s": median_of(ours, "commitlog_mb_per_s"),
+            "sqlite_msgs_per_s": sql,
+            "sqlite_stored_mb_per_s": median_of(theirs, "stored_mb_per_s"),
+            "ratio": ratio(rmq, sql),
+        },
+        times,
+    )
+
+
+# 2. gRPC append
+
+
+def section_grpc_append(ctx: Context, spec: WorkloadSpec, sqlite_msgs_per_s: float | None) -> dict[str, Any]:
+    runs = []
+    for run in range(ctx.args.repeats):
+        store = ctx.work / f"grpc-{spec.messages}"
+        runs.append(bench_grpc.grpc_append_run(store, spec, ctx.logs, ctx.args.batch))
+        shutil.rmtree(store, ignore_errors=True)
+        log(f"  gRPC append {run + 1}/{ctx.args.repeats}: {runs[-1]['msgs_per_s']:,} msgs/s acked")
+    rmq = median_of(runs, "msgs_per_s")
+    return {
+        "batch": ctx.args.batch,
+        "runs": runs,
+        "msgs_per_s": rmq,
+        "sqlite_msgs_per_s": sqlite_msgs_per_s,
+        "sqlite_note": "SQLite in process (it has no server): the append section's median",
+        "ratio": ratio(rmq, sqlite_msgs_per_s),
+    }
+
+
+# 3. SYNC flush with concurrent producers
+
+
+def section_sync(ctx: Context) -> dict[str, Any]:
+    spec = ctx.spec(min(ctx.args.sizes[0], SYNC_WORKLOAD_MAX))
+    workload = Workload(spec)
+    counts = ctx.args.sync_producers
+    ours: dict[int, list[dict[str, Any]]] = {p: [] for p in counts}
+    theirs: dict[int, list[dict[str, Any]]] = {p: [] for p in counts}
+    for run in range(ctx.args.repeats):
+        store = ctx.work / "sync"
+        for result in bench_grpc.sync_run(store, spec, ctx.logs, counts, ctx.args.sync_seconds):
+            ours[result["producers"]].append(_sync_figures(result))
+        shutil.rmtree(store, ignore_errors=True)
+        for producers in counts:
+            result = sqlite_baseline.sync_producers(
+                ctx.work / "sync.db", workload, producers, ctx.args.sync_seconds, warmup_s=0.5
+            )
+            theirs[producers].append(_sync_figures(result))
+        sqlite_baseline.remove_database(ctx.work / "sync.db")
+        log(
+            f"  SYNC run {run + 1}/{ctx.args.repeats}: "
+            + ", ".join(f"{p}: {ours[p][-1]['msgs_per_s']:,} vs SQLite {theirs[p][-1]['msgs_per_s']:,}" for p in counts)
+        )
+    rows = []
+    for producers in counts:
+        rmq = median_of(ours[producers], "msgs_per_s")
+        sql = median_of(theirs[producers], "msgs_per_s")
+        rows.append(
+            {
+                "producers": producers,
+                "msgs_per_s": rmq,
+                "p50_ms": median_of(ours[producers], "p50_ms"),
+                "p99_ms": median_of(ours[producers], "p99_ms"),
+                "sqlite_msgs_per_s": sql,
+                "sqlite_p50_ms": median_of(theirs[producers], "p50_ms"),
+                "sqlite_p99_ms": median_of(theirs[producers], "p99_ms"),
+                "ratio": ratio(rmq, sql),
+                "rmqstore_runs": ours[producers],
+                "sqlite_runs": theirs[producers],
+            }
+        )
+    return {"seconds_per_run": ctx.args.sync_seconds, "warmup_s": 0.5, "workload_messages": spec.messages, "rows": rows}
+
+
+def _sync_figures(result: dict[str, Any]) -> dict[str, Any]:
+    summary = latency_summary(result.pop("latencies_ns"))
+    return {
+        "producers": result["producers"],
+        "acked": result["acked"],
+        "msgs_per_s": round(result["acked"] / result["seconds"]),
+        "p50_ms": round(summary["p50_us"] / 1000, 3) if summary["count"] else None,
+        "p99_ms": round(summary["p99_us"] / 1000, 3) if summary["count"] else None,
+    }
+
+
+# 4. Lookups (and 7. the query node's memory after them)
+
+
+def section_lookups(
+    ctx: Context, workload: Workload, queries: QuerySets, store: Path, db: Path, store_times: list[int], check: CrossCheck
+) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    warmup = min(500, ctx.args.lookups)
+    ours_oracle = TimeOracle(workload, store_times)
+    their_times = [workload.synthetic_store_ms(i) for i in range(len(workload))]
+    their_oracle = TimeOracle(workload, their_times)
+    size = len(workload)
+
+    sqlite = sqlite_baseline.Lookups(db)
+    plans = sqlite.query_plans()
+    sql = _run_lookups(sqlite, queries, their_oracle, warmup)
+    sqlite.close()
+    log("  lookups: SQLite done")
+
+    local = bench_rmq.InProcessLookups(store)
+    inproc = _run_lookups(local, queries, ours_oracle, warmup)
+    local.close()
+    log("  lookups: in process done")
+
+    _cross_check(check, f"{size}/in-process", queries, inproc, sql, ours_oracle)
+    check.compare(f"{size}/sqlite/time_search", queries.times, sql["answers"]["time_search"],
+                  [their_oracle.answer(q) for q in queries.times], "synthetic-time oracle")  # fmt: skip
+
+    memory = None
+    with Nodes(ctx.logs) as nodes:
+        query = nodes.start("query", store)
+        remote = bench_grpc.GrpcLookups(query.endpoint)
+        grpc_figures = _run_lookups(remote, queries, ours_oracle, warmup, ping=remote.ping)
+        remote.close()
+        memory = bench_grpc.query_node_memory(query)
+        query.stop()
+    log("  lookups: gRPC done")
+    _cross_check(check, f"{size}/grpc", queries, grpc_figures, sql, ours_oracle)
+
+    result = {
+        "warmup_calls_per_kind": warmup,
+        "key_page_size": bench_rmq.KEY_PAGE_SIZE,
+        "time_range_ms": {"rmqstore": [ours_oracle.first_ms, ours_oracle.last_ms],
+                          "sqlite": [their_oracle.first_ms, their_oracle.last_ms]},  # fmt: skip
+        "sqlite_query_plans": plans,
+        "in_process": inproc["summary"],
+        "grpc": grpc_figures["summary"],
+        "ping": grpc_figures["ping"],
+        "sqlite": sql["summary"],
+    }
+    rss = None
+    if "rss" in ctx.sections:
+        rss = {"query_node_kib": memory, "sqlite_process_kib": _sqlite_memory(ctx, db, queries),
+               "store_bytes": directory_bytes(store)}  # fmt: skip
+    return result, rss
+
+
+def _run_lookups(target: Any, queries: QuerySets, oracle: TimeOracle, warmup: int, ping: Any = None) -> dict[str, Any]:
+    calls = bench_rmq.lookup_calls(target, queries, oracle.first_ms, oracle.last_ms)
+    answers: dict[str, list[Any]] = {}
+    summary: dict[str, Any] = {}
+    floor: list[int] = []
+    for kind, kind_calls in calls.items():
+        latencies, answers[kind], kind_floor = bench_rmq.timed_calls(kind_calls, warmup=warmup, between=ping)
+        floor.extend(kind_floor)
+        summary[kind] = latency_summary(latencies)
+        if kind == "key":
+            for sub in ("order", "hot", "miss"):
+                picked = [lat for lat, q in zip(latencies, queries.keys) if q.kind == sub]
+                summary[f"key_{sub}"] = latency_summary(picked)
+    return {"answers": answers, "summary": summary, "ping": latency_summary(floor) if ping else None}
+
+
+def _cross_check(
+    check: CrossCheck, where: str, queries: QuerySets, ours: dict[str, Any], sql: dict[str, Any], oracle: TimeOracle
+) -> None:
+    for kind, query_list in (("key", queries.keys), ("uniq_key", queries.uniq_keys), ("queue_offset", queries.offsets)):
+        check.compare(f"{where}/{kind}", query_list, ours["answers"][kind], sql["answers"][kind], "sqlite")
+    check.compare(f"{where}/time_search", queries.times, ours["answers"]["time_search"],
+                  [oracle.answer(q) for q in queries.times], "acked-time oracle")  # fmt: skip
+
+
+def _sqlite_memory(ctx: Context, db: Path, queries: QuerySets) -> dict[str, int]:
+    path = ctx.work / "queries.json"
+    path.write_text(queries.to_json(), encoding="utf-8")
+    result = run_client([str(HERE / "sqlite_baseline.py"), "rss", "--db", str(db), "--queries", str(path)], 1800)
+    return result["memory_kib"]
+
+
+# 5. Visibility lag
+
+
+def section_lag(ctx: Context) -> dict[str, Any]:
+    spec = ctx.spec(min(ctx.args.sizes[0], LAG_WORKLOAD_MAX))
+    interval = ctx.args.lag_interval_ms / 1000
+    ours = bench_grpc.visibility_lag_run(ctx.work / "lag", spec, ctx.logs, ctx.args.lag_probes, interval, 5.0)
+    shutil.rmtree(ctx.work / "lag", ignore_errors=True)
+    theirs = sqlite_baseline.visibility_lag(ctx.work / "lag.db", Workload(spec), ctx.args.lag_probes, interval, 5.0)
+    sqlite_baseline.remove_database(ctx.work / "lag.db")
+    rmq = latency_summary(ours.pop("lags_ns"))
+    sql = latency_summary(theirs.pop("lags_ns"))
+    log(f"  lag: p99 {rmq['p99_us']} µs vs SQLite {sql['p99_us']} µs")
+    return {
+        "probe_interval_ms": ctx.args.lag_interval_ms,
+        "rmqstore": {**ours, "lag": rmq},
+        "sqlite": {**theirs, "lag": sql},
+        "ratio_p50": ratio(rmq["p50_us"], sql["p50_us"], lower_is_better=True),
+        "ratio_p99": ratio(rmq["p99_us"], sql["p99_us"], lower_is_better=True),
+    }
+
+
+# 6. Recovery
+
+
+def section_recovery_kill(ctx: Context, spec: WorkloadSpec) -> dict[str, Any]:
+    ours = bench_grpc.kill_recovery_run(ctx.work / f"kill-{spec.messages}", spec, ctx.logs, ctx.args.kill_at)
+    shutil.rmtree(ctx.work / f"kill-{spec.messages}", ignore_errors=True)
+    theirs = _sqlite_kill_recovery(ctx, spec)
+    log(f"  recovery after SIGKILL: {ours['restart_seconds']} s for {ours['commitlog_bytes'] / 1e6:.0f} MB")
+    return {
+        "kill_at": ctx.args.kill_at,
+        "rmqstore": ours,
+        "sqlite": theirs,
+        "ratio": ratio(ours["seconds_per_gb"], theirs["seconds_per_gb"], lower_is_better=True),
+    }
+
+
+def _sqlite_kill_recovery(ctx: Context, spec: WorkloadSpec) -> dict[str, Any]:
+    """SQLite loading the workload in a process that is SIGKILLed at the same point;
+    then a fresh process opens the database (WAL recovery) and answers one lookup."""
+    db = ctx.work / f"kill-{spec.messages}.db"
+    threshold = int(spec.messages * ctx.args.kill_at)
+    loader = subprocess.Popen(
+        [sys.executable, str(HERE / "sqlite_baseline.py"), "kill-load", "--db", str(db), "--messages",
+         str(spec.messages), "--body-bytes", str(spec.body_bytes), "--seed", str(spec.seed)],  # fmt: skip
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=quiet_env(),  # fmt: skip
+    )
+    acked = 0
+    try:
+        assert loader.stdout is not None
+        for line in loader.stdout:
+            acked = json.loads(line).get("acked", acked)
+            if acked >= threshold:
+                break
+    finally:
+        bench_grpc.sigkill(loader)
+        loader.stdout and loader.stdout.close()  # type: ignore[func-returns-value]
+    db_bytes = sqlite_baseline.database_bytes(db)
+    seconds, opened = _timed_open_check(db)
+    empty = ctx.work / "empty.db"
+    sqlite_baseline.create_tiny(empty)
+    floor_s, _ = _timed_open_check(empty)
+    sqlite_baseline.remove_database(empty)
+    sqlite_baseline.remove_database(db)
+    return {
+        "acked_at_kill": acked,
+        "database_bytes": db_bytes,
+        "messages_after_recovery": opened["messages"],
+        "restart_seconds": round(seconds, 3),
+        "empty_start_seconds": round(floor_s, 3),
+        "seconds_per_gb": round(seconds / (db_bytes / 1e9), 2) if db_bytes else None,
+        "net_seconds_per_gb": round(max(seconds - floor_s, 0) / (db_bytes / 1e9), 2) if db_bytes else None,
+    }
+
+
+def _timed_open_check(db: Path) -> tuple[float, dict[str, Any]]:
+    started = time.perf_counter_ns()
+    result = run_client([str(HERE / "sqlite_baseline.py"), "open-check", "--db", str(db)], 600)
+    return (time.perf_counter_ns() - started) / 1e9, result
+
+
+def section_redispatch(ctx: Context, workload: Workload, store: Path, db: Path) -> dict[str, Any]:
+    reindexed = bench_rmq.reindex_run(store, ctx.work / "reindex-out")
+    restarted = bench_rmq.writer_redispatch_run(store)
+    sqlite_s = sqlite_baseline.rebuild_indexes(db)
+    sqlite_msgs = round(len(workload) / sqlite_s)
+    log(f"  re-dispatch: {reindexed['mb_per_s']} MB/s (reindex), {restarted['mb_per_s']} MB/s (writer start)")
+    return {
+        "reindex": reindexed,
+        "writer_start": restarted,
+        "sqlite_index_rebuild": {"seconds": round(sqlite_s, 3), "msgs_per_s": sqlite_msgs,
+                                 "database_bytes": sqlite_baseline.database_bytes(db)},  # fmt: skip
+        "ratio": ratio(reindexed["msgs_per_s"], sqlite_msgs),
+    }
+
+
+# One size
+
+
+def run_size(ctx: Context, size: int, check: CrossCheck) -> dict[str, Any]:
+    log(f"size {size:,}: generating the workload")
+    started = time.perf_counter()
+    workload = Workload(ctx.spec(size))
+    queries = build_query_sets(
+        workload,
+        key_lookups=ctx.args.lookups,
+        uniq_lookups=ctx.args.lookups,
+        offset_lookups=ctx.args.lookups,
+        time_searches=ctx.args.time_searches,
+    )
+    result: dict[str, Any] = {
+        "messages": size,
+        "workload_seconds": round(time.perf_counter() - started, 2),
+        "queries": {"key": len(queries.keys), "uniq_key": len(queries.uniq_keys),
+                    "queue_offset": len(queries.offsets), "time_search": len(queries.times),
+                    "key_kinds": {k: sum(q.kind == k for q in queries.keys) for k in ("order", "hot", "miss")}},  # fmt: skip
+    }
+    store = ctx.work / f"store-{size}"
+    db = ctx.work / f"sqlite-{size}.db"
+    store_times: list[int] = []
+    needs_store = bool(ctx.sections & {"append", "lookups", "rss", "recovery"})
+    sqlite_msgs_per_s = None
+    if needs_store:
+        append, store_times = section_append(ctx, workload, store, db)
+        sqlite_msgs_per_s = append["sqlite_msgs_per_s"]
+        if append["measured"]:
+            result["append"] = append
+    if "grpc_append" in ctx.sections:
+        result["grpc_append"] = section_grpc_append(ctx, ctx.spec(size), sqlite_msgs_per_s)
+    if ctx.sections & {"lookups", "rss"}:
+        lookups, rss = section_lookups(ctx, workload, queries, store, db, store_times, check)
+        if "lookups" in ctx.sections:
+            result["lookups"] = lookups
+        if rss is not None:
+            result["rss"] = rss
+    if "recovery" in ctx.sections:
+        result["recovery"] = {
+            "after_sigkill": section_recovery_kill(ctx, ctx.spec(size)),
+            "redispatch": section_redispatch(ctx, workload, store, db),
+        }
+    shutil.rmtree(store, ignore_errors=True)
+    sqlite_baseline.remove_database(db)
+    return result
+
+
+# Main
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", type=int, nargs="+", default=[200_000, 1_000_000], help="messages per store")
+    parser.add_argument("--body-bytes", type=int, default=256, help="body size (default 256)")
+    parser.add_argument("--repeats", type=int, default=3, help="runs of each throughput figure (median reported)")
+    parser.add_argument("--lookups", type=int, default=10_000, help="key, UNIQ_KEY and queue-offset lookups each")
+    parser.add_argument("--time-searches", type=int, default=1_000)
+    parser.add_argument("--seed", type=int, default=DEFAULT_SEED)
+    parser.add_argument("--batch", type=int, default=1000, help="messages per gRPC batch (default 1000)")
+    parser.add_argument("--sync-producers", type=int, nargs="+", default=[1, 16, 64])
+    parser.add_argument("--sync-seconds", type=float, default=5.0, help="measured window per SYNC run")
+    parser.add_argument("--lag-probes", type=int, default=500)
+    parser.add_argument("--lag-interval-ms", type=float, default=20.0, help="pause between lag probes")
+    parser.add_argument("--kill-at", type=float, default=0.9, help="SIGKILL once this share of the load is acked")
+    parser.add_argument("--only", nargs="+", choices=SECTIONS, metavar="SECTION", help=f"some of: {' '.join(SECTIONS)}")
+    parser.add_argument("--out", type=Path, default=HERE, help="RESULTS.md and results/*.json go here (default benchmarks/)")
+    parser.add_argument("--work", type=Path, help="scratch directory for stores (default: a new one under /tmp)")
+    parser.add_argument("--keep-work", action="store_true", help="keep the scratch directory (logs, stores)")
+    args = parser.parse_args(argv)
+    if args.repeats < 1 or args.lookups < 1 or args.time_searches < 1 or min(args.sizes) < 100:
+        parser.error("repeats, lookups and time searches must be ≥ 1 and sizes ≥ 100")
+    return args
+
+
+def command_line(argv: list[str]) -> str:
+    try:
+        script = str(Path(sys.argv[0]).resolve().relative_to(REPO))
+    except ValueError:
+        script = sys.argv[0]
+    return shlex.join(["python", script, *argv])
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse_args(argv)
+    sections = set(args.only or SECTIONS)
+    work = args.work or Path(tempfile.mkdtemp(prefix="rmqstore-bench-"))
+    work.mkdir(parents=True, exist_ok=True)
+    ctx = Context(args, work, sections)
+    check = CrossCheck()
+    results: dict[str, Any] = {
+        "command": command_line(argv),
+        "machine": machine_facts(REPO),
+        "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+        "sections": sorted(sections, key=SECTIONS.index),
+        "sizes": {},
+        "once": {},
+    }
+    started = time.perf_counter()
+    try:
+        if "sync" in sections:
+            log("SYNC producers")
+            results["once"]["sync"] = section_sync(ctx)
+        if "lag" in sections:
+            log("visibility lag")
+            results["once"]["lag"] = section_lag(ctx)
+        for size in args.sizes:
+            results["sizes"][str(size)] = run_size(ctx, size, check)
+            gc.collect()
+    finally:
+        if not args.keep_work and args.work is None:
+            shutil.rmtree(work, ignore_errors=True)
+    results["cross_check"] = check.as_json()
+    results["machine"]["loadavg_end"] = load_average()
+    results["wall_seconds"] = round(time.perf_counter() - started, 1)
+    json_path, md_path = write_outputs(args.out, results)
+    log(f"wrote {md_path} and {json_path}")
+    if check.total_mismatches:
+        print(f"CROSS-CHECK FAILED: {check.total_mismatches} lookup answers disagree: {check.mismatches}", file=sys.stderr)
+        for example in check.examples:
+            print(f"  {example}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def write_outputs(out: Path, results: dict[str, Any]) -> tuple[Path, Path]:
+    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%MZ")
+    sizes = "-".join(report.short_count(int(s)) for s in results["sizes"]) or "once"
+    json_path = out / "results" / f"{stamp}-{sizes}.json"
+    json_path.parent.mkdir(parents=True, exist_ok=True)
+    json_path.write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
+    md_path = out / "RESULTS.md"
+    md_path.write_text(report.render(results, json_path.relative_to(out)), encoding="utf-8")
+    return json_path, md_path
+
+
+if __name__ == "__main__":
+    sys.exit(main())

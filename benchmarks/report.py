@@ -228,7 +228,7 @@ def _lookups(sizes: dict[str, Any], summary: Summary) -> list[str]:
                 ok = _both(_at_most(ours["p50_us"], INPROC_P50_US), _at_most(ours["p99_us"], INPROC_P99_US))
                 summary.add(f"4. in-process {KIND_NAMES[kind]} lookup, {label}", "p50 ≤ 10 µs, p99 ≤ 50 µs",
                             f"p50 {_n(ours['p50_us'], 1)} µs, p99 {_n(ours['p99_us'], 1)} µs", ok)  # fmt: skip
-            rows.append([KIND_NAMES[kind], str(ours["count"]), _n(ours["p50_us"], 1), _n(ours["p99_us"], 1),
+            rows.append([KIND_NAMES[kind], _n(ours["count"]), _n(ours["p50_us"], 1), _n(ours["p99_us"], 1),
                          _n(theirs["p50_us"], 1), _n(theirs["p99_us"], 1),
                          _x(_ratio_low(ours["p50_us"], theirs["p50_us"])),
                          "p50 ≤ 10, p99 ≤ 50" if kind in TARGET_KINDS else NA, _verdict(ok)])  # fmt: skip
@@ -272,8 +272,8 @@ def _lag(lag: dict[str, Any], summary: Summary) -> list[str]:
         f"A writer and a query node on one store; a client process streams batches of 1,000 "
         f"({_n(load.get('msgs_per_s'))} msgs/s acked meanwhile) while this process sends {ours['probes']} single "
         f"messages ({lag['probe_interval_ms']} ms apart) and polls `QueryByUniqKey` until each is found. SQLite: "
-        "a thread commits transactions of 1,000 while a probe commits single messages and a second connection "
-        "polls for each.",
+        f"a loader process commits transactions of 1,000 ({_n(theirs['load'].get('msgs_per_s'))} msgs/s "
+        "meanwhile) while this process commits single messages and polls for each through a second connection.",
         "",
         *_table(["", "p50 ms", "p99 ms", "max ms", "timeouts (5 s)", "target", "verdict"], [
             ["rmqstore", _n(ms(ours["lag"]["p50_us"]), 2), _n(ms(ours["lag"]["p99_us"]), 2),
@@ -294,7 +294,7 @@ def _recovery(sizes: dict[str, Any], summary: Summary) -> list[str]:
         label = short_count(int(size))
         k = rec["after_sigkill"]
         ours, theirs = k["rmqstore"], k["sqlite"]
-        kill_rows.append([label, _n(ours["commitlog_bytes"] / 1e6), str(ours["recovered"]["redispatchedRecords"]),
+        kill_rows.append([label, _n(ours["commitlog_bytes"] / 1e6), _n(ours["recovered"]["redispatchedRecords"]),
                           _n(ours["restart_seconds"], 2), _n(ours["empty_start_seconds"], 2),
                           _n(ours["seconds_per_gb"], 2), _n(ours["net_seconds_per_gb"], 2),
                           _n(theirs["database_bytes"] / 1e6), _n(theirs["restart_seconds"], 2),

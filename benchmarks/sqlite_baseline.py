@@ -10,6 +10,7 @@ included), as rmqstore's lookups return whole records.
 Also runnable as a process, for the sections that need one:
 
     python sqlite_baseline.py kill-load --db F --messages N   # load, printing progress (to be SIGKILLed)
+    python sqlite_baseline.py load-forever --db F --messages N --stop-file S   # the lag section's load
     python sqlite_baseline.py open-check --db F               # open after a crash, answer one lookup
     python sqlite_baseline.py rss --db F --queries Q.json     # run the query sets, print this process's memory
 """
@@ -20,10 +21,10 @@ import argparse
 import json
 import os
 import sqlite3
+import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from workload import KEY_PAGE_SIZE, QuerySets, Workload, WorkloadSpec  # noqa: E402
 
 TRANSACTION_MESSAGES = 1000
+BUSY_TIMEOUT_MS = 30_000  # writers in two processes wait for each other's transactions
 
 SCHEMA = """
 CREATE TABLE messages (
@@ -252,6 +254,21 @@ def rebuild_indexes(path: Path) -> float:
 # Concurrent single-message producers (the SYNC comparison) and visibility lag
 
 
+def insert_each(
+    connection: sqlite3.Connection, workload: Workload, indexes: range, uniq_key: str | None = None
+) -> None:
+    """One transaction of messages with ids SQLite assigns (for writers that share the
+    table with others); ``uniq_key`` replaces the workload's (a probe's own message)."""
+    messages, _ = rows_of(workload, indexes, with_ids=False)
+    connection.execute("BEGIN IMMEDIATE")
+    for i, row in zip(indexes, messages):
+        if uniq_key is not None:
+            row = row[:4] + (uniq_key,) + row[5:]
+        message_id = connection.execute(INSERT_MESSAGE, row).lastrowid
+        connection.executemany(INSERT_KEY, [(row[1], key, message_id) for key in workload.keys[i]])
+    connection.execute("COMMIT")
+
+
 class SharedWriter:
     """One connection behind a lock, shared by threads: SQLite has one writer at a time,
     and a lock in the application costs less than SQLite's busy-wait retries."""
@@ -260,26 +277,9 @@ class SharedWriter:
         self.connection = connect(path, synchronous, check_same_thread=False)
         self.lock = threading.Lock()
 
-    def insert_one(self, workload: Workload, i: int, uniq_key: str | None = None) -> None:
-        (row,), _ = rows_of(workload, range(i, i + 1), with_ids=False)
-        if uniq_key is not None:
-            row = row[:4] + (uniq_key,) + row[5:]
+    def insert_one(self, workload: Workload, i: int) -> None:
         with self.lock:
-            connection = self.connection
-            connection.execute("BEGIN")
-            message_id = connection.execute(INSERT_MESSAGE, row).lastrowid
-            connection.executemany(INSERT_KEY, [(row[1], key, message_id) for key in workload.keys[i]])
-            connection.execute("COMMIT")
-
-    def insert_many(self, workload: Workload, indexes: range) -> None:
-        messages, _ = rows_of(workload, indexes, with_ids=False)
-        with self.lock:
-            connection = self.connection
-            connection.execute("BEGIN")
-            for i, row in zip(indexes, messages):
-                message_id = connection.execute(INSERT_MESSAGE, row).lastrowid
-                connection.executemany(INSERT_KEY, [(row[1], key, message_id) for key in workload.keys[i]])
-            connection.execute("COMMIT")
+            insert_each(self.connection, workload, range(i, i + 1))
 
     def close(self) -> None:
         self.connection.close()
@@ -315,37 +315,38 @@ def sync_producers(path: Path, workload: Workload, producers: int, seconds: floa
     return {"producers": producers, "acked": len(samples), "seconds": seconds, "latencies_ns": samples}
 
 
-def visibility_lag(path: Path, workload: Workload, probes: int, interval_s: float, timeout_s: float) -> dict[str, Any]:
-    """A load thread commits transactions of 1,000 while a probe commits single messages
-    and a second connection polls until each is readable: commit (ack) → visible."""
+def visibility_lag(path: Path, spec: WorkloadSpec, probes: int, interval_s: float, timeout_s: float) -> dict[str, Any]:
+    """A loader process (as rmqstore's load is a client process) commits transactions of
+    1,000 while this one commits single probe messages and polls through a second
+    connection until each is readable: commit (ack) → visible."""
     create(path, "NORMAL").close()
-    shared = SharedWriter(path, "NORMAL")
-    stop = threading.Event()
-
-    def load_forever() -> None:
-        batches: Iterator[range] = iter(())
-        while not stop.is_set():
-            indexes = next(batches, None)
-            if indexes is None:
-                batches = workload.batches(TRANSACTION_MESSAGES)
-                continue
-            shared.insert_many(workload, indexes)
-
-    loader = threading.Thread(target=load_forever)
-    loader.start()
+    stop_file = Path(f"{path}.stop")
+    stop_file.unlink(missing_ok=True)
+    loader = subprocess.Popen(
+        [sys.executable, __file__, "load-forever", "--db", str(path), "--messages", str(spec.messages),
+         "--body-bytes", str(spec.body_bytes), "--seed", str(spec.seed), "--stop-file", str(stop_file)],  # fmt: skip
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    workload = Workload(WorkloadSpec(min(spec.messages, probes), spec.body_bytes, spec.seed))
+    writer = connect(path, "NORMAL")
+    writer.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
     reader = connect(path, "NORMAL")
     lags: list[int] = []
     timeouts = 0
+    loaded = 0
     try:
+        assert loader.stdout is not None
+        loader.stdout.readline()  # "ready": the loader's workload is built, its load started
         for n in range(probes):
+            i = n % len(workload)
             uniq_key = f"F00D{n:028X}"
-            topic = workload.topic(n % len(workload))
-            shared.insert_one(workload, n % len(workload), uniq_key=uniq_key)
+            insert_each(writer, workload, range(i, i + 1), uniq_key=uniq_key)
             acked = time.perf_counter_ns()
             deadline = acked + int(timeout_s * 1e9)
             while True:
                 found = reader.execute(
-                    "SELECT 1 FROM messages WHERE topic = ? AND uniq_key = ?", (topic, uniq_key)
+                    "SELECT 1 FROM messages WHERE topic = ? AND uniq_key = ?", (workload.topic(i), uniq_key)
                 ).fetchone()
                 now = time.perf_counter_ns()
                 if found is not None:
@@ -354,13 +355,16 @@ def visibility_lag(path: Path, workload: Workload, probes: int, interval_s: floa
                 if now > deadline:
                     timeouts += 1
                     break
+            loaded += loader.poll() is None
             time.sleep(interval_s)
     finally:
-        stop.set()
-        loader.join()
+        stop_file.touch()
+        out, _ = loader.communicate(timeout=120)
+        stop_file.unlink(missing_ok=True)
         reader.close()
-        shared.close()
-    return {"probes": probes, "timeouts": timeouts, "lags_ns": lags}
+        writer.close()
+    load = json.loads(out.strip().splitlines()[-1])
+    return {"probes": probes, "timeouts": timeouts, "probes_under_load": loaded, "load": load, "lags_ns": lags}
 
 
 # Process roles
@@ -385,6 +389,26 @@ def create_tiny(path: Path) -> None:
     connection = create(path)
     connection.execute(INSERT_MESSAGE, (1, "t", 0, 0, "u", "k", "g", 0, b"\x00"))
     connection.close()
+
+
+def _load_forever(args: argparse.Namespace) -> None:
+    """Commit the workload in transactions of 1,000, over and over, until the stop file
+    appears; then print how many messages went in and at what rate."""
+    workload = Workload(WorkloadSpec(args.messages, args.body_bytes, args.seed))
+    connection = connect(Path(args.db), "NORMAL")
+    connection.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+    print("ready", flush=True)
+    done = 0
+    started = time.perf_counter()
+    while not os.path.exists(args.stop_file):
+        for indexes in workload.batches(TRANSACTION_MESSAGES):
+            insert_each(connection, workload, indexes)
+            done += len(indexes)
+            if os.path.exists(args.stop_file):
+                break
+    seconds = time.perf_counter() - started
+    connection.close()
+    print(json.dumps({"acked": done, "seconds": round(seconds, 3), "msgs_per_s": round(done / seconds)}), flush=True)
 
 
 def _open_check(args: argparse.Namespace) -> None:
@@ -432,6 +456,13 @@ def main(argv: list[str] | None = None) -> None:
     kill_load.add_argument("--body-bytes", type=int, default=256)
     kill_load.add_argument("--seed", type=int, required=True)
     kill_load.set_defaults(handler=_kill_load)
+    load_forever = roles.add_parser("load-forever")
+    load_forever.add_argument("--db", required=True)
+    load_forever.add_argument("--messages", type=int, required=True)
+    load_forever.add_argument("--body-bytes", type=int, default=256)
+    load_forever.add_argument("--seed", type=int, required=True)
+    load_forever.add_argument("--stop-file", required=True)
+    load_forever.set_defaults(handler=_load_forever)
     open_check = roles.add_parser("open-check")
     open_check.add_argument("--db", required=True)
     open_check.set_defaults(handler=_open_check)

@@ -1,0 +1,141 @@
+"""The benchmark suite (benchmarks/run.py) at a smoke size, so its code cannot rot.
+
+It runs every section as a subprocess into tmp_path (servers on 127.0.0.1 only, killed by
+the suite itself; the subprocess is killed if it overruns) and checks the structure of
+what it wrote: every section present, the cross-check of every lookup answer against
+SQLite found no disagreement and checked as many lookups as asked, RESULTS.md names the
+command. It asserts no timings: the machine is shared and the figures are not the point.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+RUN = REPO / "benchmarks" / "run.py"
+SIZE = 2000
+LOOKUPS = 200
+TIME_SEARCHES = 20
+PRODUCERS = [1, 4]
+TIMEOUT_S = 240
+LOOKUP_KINDS = ("key", "key_order", "key_hot", "key_miss", "uniq_key", "queue_offset", "time_search")
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], str, list[str]]:
+    out = tmp_path_factory.mktemp("bench-out")
+    work = tmp_path_factory.mktemp("bench-work")
+    args = [
+        "--sizes", str(SIZE), "--repeats", "1", "--lookups", str(LOOKUPS), "--time-searches", str(TIME_SEARCHES),
+        "--sync-producers", *map(str, PRODUCERS), "--sync-seconds", "0.5", "--lag-probes", "10",
+        "--out", str(out), "--work", str(work),
+    ]  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, str(RUN), *args], cwd=REPO, capture_output=True, text=True, timeout=TIMEOUT_S
+    )
+    assert done.returncode == 0, f"benchmarks/run.py failed ({done.returncode}):\n{done.stderr[-5000:]}"
+    results = sorted((out / "results").glob("*.json"))
+    assert len(results) == 1, results
+    return json.loads(results[0].read_text(encoding="utf-8")), (out / "RESULTS.md").read_text(encoding="utf-8"), args
+
+
+def _positive(value: Any) -> bool:
+    return isinstance(value, (int, float)) and value > 0
+
+
+@pytest.mark.slow
+def test_every_section_is_present(smoke: tuple[dict[str, Any], str, list[str]]) -> None:
+    results, _, _ = smoke
+    assert results["sections"] == ["append", "grpc_append", "sync", "lookups", "lag", "recovery", "rss"]
+    assert list(results["sizes"]) == [str(SIZE)]
+    size = results["sizes"][str(SIZE)]
+    assert {"append", "grpc_append", "lookups", "recovery", "rss"} <= set(size)
+    assert {"sync", "lag"} <= set(results["once"])
+    assert results["machine"]["cores"] >= 1 and results["machine"]["sqlite"]
+
+
+@pytest.mark.slow
+def test_throughput_sections_have_both_systems(smoke: tuple[dict[str, Any], str, list[str]]) -> None:
+    results, _, _ = smoke
+    size = results["sizes"][str(SIZE)]
+    append = size["append"]
+    assert len(append["rmqstore_runs"]) == len(append["sqlite_runs"]) == 1
+    assert _positive(append["msgs_per_s"]) and _positive(append["sqlite_msgs_per_s"]) and _positive(append["ratio"])
+    assert append["rmqstore_runs"][0]["messages"] == SIZE
+    grpc_append = size["grpc_append"]
+    assert all(run["acked"] == SIZE and run["error"] is None for run in grpc_append["runs"])
+    assert _positive(grpc_append["msgs_per_s"])
+    rows = results["once"]["sync"]["rows"]
+    assert [row["producers"] for row in rows] == PRODUCERS
+    for row in rows:
+        assert _positive(row["msgs_per_s"]) and _positive(row["sqlite_msgs_per_s"])
+        assert row["p50_ms"] <= row["p99_ms"] and row["sqlite_p50_ms"] <= row["sqlite_p99_ms"]
+
+
+@pytest.mark.slow
+def test_latency_sections_are_complete(smoke: tuple[dict[str, Any], str, list[str]]) -> None:
+    results, _, _ = smoke
+    lookups = results["sizes"][str(SIZE)]["lookups"]
+    for where in ("in_process", "grpc", "sqlite"):
+        for kind in LOOKUP_KINDS:
+            summary = lookups[where][kind]
+            expected = TIME_SEARCHES if kind == "time_search" else None
+            if kind in ("key", "uniq_key", "queue_offset"):
+                expected = LOOKUPS
+            if expected is not None:
+                assert summary["count"] == expected, (where, kind)
+            assert summary["count"] == 0 or summary["p50_us"] <= summary["p99_us"], (where, kind)
+    assert lookups["ping"]["count"] == 3 * LOOKUPS + TIME_SEARCHES
+    assert all("USING" in plan and "INDEX" in plan for plan in lookups["sqlite_query_plans"].values())
+    lag = results["once"]["lag"]
+    assert lag["rmqstore"]["lag"]["count"] + lag["rmqstore"]["timeouts"] == 10
+    assert lag["sqlite"]["lag"]["count"] == 10
+
+
+@pytest.mark.slow
+def test_recovery_and_memory_figures(smoke: tuple[dict[str, Any], str, list[str]]) -> None:
+    results, _, _ = smoke
+    size = results["sizes"][str(SIZE)]
+    kill = size["recovery"]["after_sigkill"]
+    assert kill["rmqstore"]["recovered"]["uncleanShutdown"] is True
+    assert kill["rmqstore"]["acked_at_kill"] >= SIZE * 0.9
+    assert _positive(kill["rmqstore"]["restart_seconds"]) and _positive(kill["sqlite"]["restart_seconds"])
+    assert kill["sqlite"]["messages_after_recovery"] >= kill["sqlite"]["acked_at_kill"]
+    redispatch = size["recovery"]["redispatch"]
+    assert redispatch["reindex"]["records"] == SIZE == redispatch["writer_start"]["records"]
+    assert _positive(redispatch["reindex"]["mb_per_s"]) and _positive(redispatch["sqlite_index_rebuild"]["msgs_per_s"])
+    rss = size["rss"]
+    for key in ("VmRSS", "RssAnon", "RssFile"):
+        assert _positive(rss["query_node_kib"][key]) and key in rss["sqlite_process_kib"]
+
+
+@pytest.mark.slow
+def test_cross_check_agreed_on_every_lookup(smoke: tuple[dict[str, Any], str, list[str]]) -> None:
+    results, _, _ = smoke
+    check = results["cross_check"]
+    assert check["total_mismatches"] == 0, check["examples"]
+    expected = {}
+    for where in ("in-process", "grpc"):
+        for kind in ("key", "uniq_key", "queue_offset"):
+            expected[f"{SIZE}/{where}/{kind}"] = LOOKUPS
+        expected[f"{SIZE}/{where}/time_search"] = TIME_SEARCHES
+    expected[f"{SIZE}/sqlite/time_search"] = TIME_SEARCHES
+    assert check["checked"] == expected
+
+
+@pytest.mark.slow
+def test_results_md_names_the_command(smoke: tuple[dict[str, Any], str, list[str]]) -> None:
+    results, markdown, args = smoke
+    assert results["command"].startswith("python benchmarks/run.py ")
+    assert results["command"] in markdown
+    assert "--sizes 2000" in results["command"]
+    for heading in ("## Targets (issue #5)", "## 1. ", "## 2. ", "## 3. ", "## 4. ", "## 5. ", "## 6. ", "## 7. ",
+                    "## Cross-check"):  # fmt: skip
+        assert heading in markdown
+    assert "All 1,260 answers agree." in markdown

@@ -119,8 +119,7 @@ def _head(results: dict[str, Any], json_name: Path) -> list[str]:
         f"{machine['kernel']}; shared with other work, load average {machine['loadavg_start']} at the start, "
         f"{machine.get('loadavg_end')} at the end",
         f"* software: Python {machine['python']}, SQLite {machine['sqlite']}, grpcio {machine['grpcio']}, "
-        f"protobuf {machine['protobuf']}, numpy {machine['numpy']}; rmqstore at {machine['git_commit']}"
-        + (f" with uncommitted changes in {', '.join(f'`{d.split()[-1]}`' for d in dirty)}" if dirty else ""),
+        f"protobuf {machine['protobuf']}, numpy {machine['numpy']}; " + _code(results, dirty),
         f"* workload: seed {results['settings']['seed']}, {results['settings']['body_bytes']}-byte bodies, sections: "
         f"{', '.join(results['sections'])}",
         "",
@@ -130,6 +129,14 @@ def _head(results: dict[str, Any], json_name: Path) -> list[str]:
         "percentiles of every call. How each figure is taken: `benchmarks/README.md`.",
         "",
     ]
+
+
+def _code(results: dict[str, Any], dirty: list[str]) -> str:
+    commit = results["machine"]["git_commit"]
+    if results.get("code", {}).get("snapshot_of_head"):
+        return f"rmqstore as committed at {commit} (`--snapshot`: an archive of HEAD, not the working tree)"
+    changes = f" plus uncommitted changes in {', '.join(f'`{d.split()[-1]}`' for d in dirty)}" if dirty else ""
+    return f"rmqstore's working tree at {commit}{changes}"
 
 
 def _append(sizes: dict[str, Any], summary: Summary, repeats: int) -> list[str]:

@@ -56,6 +56,8 @@ from bench_common import (  # noqa: E402
 )
 from workload import DEFAULT_SEED, QuerySets, TimeOracle, Workload, WorkloadSpec, build_query_sets  # noqa: E402
 
+SNAPSHOT_ENV = "RMQSTORE_BENCH_SNAPSHOT"  # set in the re-executed process: the snapshot's directory
+PACKAGES = ("cli", "common", "pipeline", "query", "service", "writer")  # rmqstore.<name> = <name>/
 SECTIONS = ("append", "grpc_append", "sync", "lookups", "lag", "recovery", "rss")
 SYNC_WORKLOAD_MAX = 20_000  # messages the SYNC producers cycle through
 LAG_WORKLOAD_MAX = 200_000  # messages the lag section's load client cycles through
@@ -488,6 +490,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, default=HERE, help="RESULTS.md and results/*.json go here (default benchmarks/)")
     parser.add_argument("--work", type=Path, help="scratch directory for stores (default: a new one under /tmp)")
     parser.add_argument("--keep-work", action="store_true", help="keep the scratch directory (logs, stores)")
+    parser.add_argument(
+        "--snapshot",
+        action="store_true",
+        help="measure the committed HEAD (an archive of it, imported instead of the working tree), "
+        "so uncommitted edits neither leak into nor break the run",
+    )
     args = parser.parse_args(argv)
     if args.repeats < 1 or args.lookups < 1 or args.time_searches < 1 or min(args.sizes) < 100:
         parser.error("repeats, lookups and time searches must be ≥ 1 and sizes ≥ 100")
@@ -502,9 +510,46 @@ def command_line(argv: list[str]) -> str:
     return shlex.join(["python", script, *argv])
 
 
+def exec_in_snapshot(argv: list[str]) -> None:
+    """Archive HEAD's packages into a fresh directory as an ``rmqstore`` package (with the
+    compiled protos of the install) and re-run this command with it first on PYTHONPATH;
+    the servers and clients it starts inherit the environment."""
+    import os
+
+    target = Path(tempfile.mkdtemp(prefix="rmqstore-bench-snapshot-"))
+    package = target / "rmqstore"
+    package.mkdir()
+    archive = subprocess.run(["git", "archive", "HEAD", *PACKAGES], cwd=REPO, capture_output=True, check=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(package)], input=archive, check=True)
+    shutil.copytree(REPO / "protos" / "gen" / "rmqstore" / "v1", package / "v1")
+    (package / "__init__.py").write_text('"""rmqstore as committed at HEAD, for benchmarks/run.py --snapshot."""\n')
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(target), env.get("PYTHONPATH", "")) if p)
+    env[SNAPSHOT_ENV] = str(target)
+    os.execve(sys.executable, [sys.executable, str(Path(__file__).resolve()), *argv], env)
+
+
+def code_under_test() -> dict[str, Any]:
+    """Which rmqstore this process imports (and its servers and clients with it)."""
+    import os
+
+    import rmqstore.writer.store
+
+    snapshot = os.environ.get(SNAPSHOT_ENV)
+    imported = Path(rmqstore.writer.store.__file__).resolve()
+    if snapshot and not imported.is_relative_to(Path(snapshot).resolve()):
+        raise SystemExit(f"--snapshot: rmqstore was imported from {imported}, not from the snapshot {snapshot}")
+    return {"snapshot_of_head": bool(snapshot), "imported_from": str(imported.parent.parent)}
+
+
 def main(argv: list[str] | None = None) -> int:
+    import os
+
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
+    if args.snapshot and SNAPSHOT_ENV not in os.environ:
+        exec_in_snapshot(argv)
+    snapshot = os.environ.get(SNAPSHOT_ENV)
     sections = set(args.only or SECTIONS)
     work = args.work or Path(tempfile.mkdtemp(prefix="rmqstore-bench-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -513,6 +558,7 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, Any] = {
         "command": command_line(argv),
         "machine": machine_facts(REPO),
+        "code": code_under_test(),
         "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
         "sections": sorted(sections, key=SECTIONS.index),
         "sizes": {},
@@ -532,6 +578,8 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if not args.keep_work and args.work is None:
             shutil.rmtree(work, ignore_errors=True)
+        if snapshot:
+            shutil.rmtree(snapshot, ignore_errors=True)
     results["cross_check"] = check.as_json()
     results["machine"]["loadavg_end"] = load_average()
     results["wall_seconds"] = round(time.perf_counter() - started, 1)

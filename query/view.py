@@ -22,11 +22,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from rmqstore.common.codec import consumequeue as cq
+from rmqstore.common.codec import index as ix
 from rmqstore.common.codec import sysflag
 from rmqstore.common.codec.msgid import decode_offset_msg_id, offset_msg_id
 from rmqstore.common.codec.properties import split_keys
 from rmqstore.common.codec.record import Record
-from rmqstore.common.codec.topic import topic_problem
+from rmqstore.common.codec.topic import cached_topic_problem as topic_problem
 from rmqstore.common.errors import Corruption, InvalidArgument, NotFound, OutOfRange
 from rmqstore.common.files.commitlog import CommitLog, StopReason
 from rmqstore.common.files.consumequeue import Boundary, ConsumeQueue, ConsumeQueueSet
@@ -244,7 +245,8 @@ class StoreView:
         self.refresh()
         with self._lock:
             queue = self._queue(topic, queue_id)
-            low, high = min(self._visible_min(queue), self._visible_max(queue)), self._visible_max(queue)
+            high = self._visible_max(queue)
+            low = min(self._visible_min(queue), high)
             if not low <= queue_offset < high:
                 raise OutOfRange(f"queue offset {queue_offset} of {topic}/{queue_id} is outside [{low}, {high})")
             unit = queue.read(queue_offset)
@@ -320,12 +322,10 @@ class StoreView:
         key_hash = index_key_hash(index_key(topic, key))
         previous = None
         for index_file in reversed(self.index.files):
-            header = index_file.header
-            if header.index_count <= 1:
+            _, end_ms, begin_offset, _, _, count = ix.HEADER.unpack_from(index_file.mapped.buf)
+            if count <= 1 or begin_offset >= below_offset:
                 continue
-            if header.begin_phy_offset >= below_offset:
-                continue
-            if header.end_timestamp_ms < begin_ms:
+            if end_ms < begin_ms:
                 return
             for _, entry in index_file.chain(key_hash):
                 offset = entry.phy_offset
@@ -349,6 +349,10 @@ class StoreView:
     def _all_candidates(self, topic: str, key: str, below_offset: int, begin_ms: int) -> Iterator[int]:
         self._catch_up_unindexed()
         extra = [offset for offset in self._unindexed.get((topic, key), ()) if offset < below_offset]
+        if not extra:
+            # The usual case (no ROLLBACK record has the key): the index alone.
+            yield from self._candidates(topic, key, below_offset, begin_ms)
+            return
         previous = None
         for offset in heapq.merge(self._candidates(topic, key, below_offset, begin_ms), extra, reverse=True):
             if offset != previous:

@@ -143,6 +143,29 @@ def test_stream_acks_each_batch_in_order(node: Node) -> None:
     assert offsets == sorted(offsets) and len(set(offsets)) == 60
 
 
+def test_compact_acks_carry_what_send_results_carry(node: Node) -> None:
+    """The same batch acked as SendResults and as columns: every fact agrees."""
+    def batch(compact: bool) -> writer_pb2.SendBatchRequest:
+        sent = [message(keys=[f"k{i}"], body=bytes([i]) * i, uniq_key=f"ABC{i}" if i % 2 else "") for i in range(7)]
+        return writer_pb2.SendBatchRequest(messages=sent, compact_results=compact)
+
+    full = node.stub.SendBatch(batch(False))
+    [compact, again] = list(node.stub.SendStream(iter([batch(True), batch(False)])))
+    assert not compact.results and len(again.results) == 7 and not full.HasField("compact")
+    columns = compact.compact
+    assert len(columns.uniq_keys) == 7
+    size = sum(r.size for r in full.results)
+    for i, (a, b) in enumerate(zip(full.results, again.results)):
+        offset = columns.commitlog_offsets[i]
+        assert offset == a.commitlog_offset + size == b.commitlog_offset - size
+        assert columns.offset_msg_id_prefix + f"{offset:016X}" == "7F00000100002A9F" + f"{offset:016X}"
+        stored = node.writer.log.read(offset)
+        assert (columns.queue_ids[i], columns.queue_offsets[i]) == (stored.queue_id, stored.queue_offset)
+        assert (columns.sizes[i], columns.uniq_keys[i]) == (stored.size, stored.uniq_key) == (a.size, columns.uniq_keys[i])
+        assert (columns.uniq_keys[i] == a.uniq_key) == bool(i % 2)
+        assert columns.store_timestamp_ms == stored.store_timestamp_ms
+
+
 def test_topics_status_and_flush(node: Node, tmp_path: Path) -> None:
     created = node.stub.CreateTopic(writer_pb2.CreateTopicRequest(name="Orders", queue_count=16))
     assert (created.created, created.topic.queue_count) == (True, 16)

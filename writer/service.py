@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import grpc
 
 from rmqstore.common.codec.hosts import SocketAddress
+from rmqstore.common.codec.msgid import MSG_ID_OFFSET_DIGITS
 from rmqstore.common.errors import InvalidArgument, StoreError
 from rmqstore.service.errors import abort_with, mapped
 from rmqstore.v1 import messages_pb2, writer_pb2, writer_pb2_grpc
 from rmqstore.writer.store import AppendResult, Writer
-from rmqstore.writer.validate import MessageInput
+from rmqstore.writer.validate import EMPTY_PROPERTIES, MessageBatch
 
 SERVICE_NAME = "rmqstore.v1.WriterService"
 
@@ -28,25 +29,32 @@ def peer_address(context: grpc.ServicerContext) -> SocketAddress | None:
         return None
 
 
-def to_input(message: messages_pb2.Message, position: int = 0) -> MessageInput:
-    born_host = None
-    if message.born_host:
-        try:
-            born_host = SocketAddress.parse(message.born_host)
-        except InvalidArgument as error:
-            where = f"message {position}: " if position else ""
-            raise InvalidArgument(f"{where}born_host: {error}") from None
-    return MessageInput(
-        topic=message.topic,
-        body=message.body,
-        keys=tuple(message.keys),
-        tags=message.tags,
-        properties=dict(message.properties),
-        queue_id=message.queue_id if message.HasField("queue_id") else None,
-        uniq_key=message.uniq_key,
-        flag=message.flag,
-        born_timestamp_ms=message.born_timestamp_ms,
-        born_host=born_host,
+def _born_host(text: str, position: int) -> SocketAddress | None:
+    if not text:
+        return None
+    try:
+        return SocketAddress.parse(text)
+    except InvalidArgument as error:
+        where = f"message {position}: " if position else ""
+        raise InvalidArgument(f"{where}born_host: {error}") from None
+
+
+def to_batch(messages: Sequence[messages_pb2.Message]) -> MessageBatch:
+    """Proto messages as the writer's columns, one comprehension a field: this runs for
+    every message sent, and reading a proto field costs more than anything done with it."""
+    messages = list(messages)
+    numbered = len(messages) > 1
+    return MessageBatch(
+        [m.topic for m in messages],
+        [m.body for m in messages],
+        [m.keys[:] for m in messages],  # plain lists; the proto's container is slow to iterate
+        [m.tags for m in messages],
+        [dict(m.properties) if m.properties else EMPTY_PROPERTIES for m in messages],
+        [m.queue_id if m.HasField("queue_id") else None for m in messages],
+        [m.uniq_key for m in messages],
+        [m.flag for m in messages],
+        [m.born_timestamp_ms for m in messages],
+        [_born_host(m.born_host, i if numbered else 0) if m.born_host else None for i, m in enumerate(messages, 1)],
     )
 
 
@@ -63,35 +71,54 @@ def to_result(result: AppendResult) -> messages_pb2.SendResult:
     )
 
 
+def to_compact(results: list[AppendResult]) -> writer_pb2.CompactResults:
+    if not results:
+        return writer_pb2.CompactResults()
+    _, uniq_keys, _, queue_ids, queue_offsets, offsets, _, sizes = zip(*results)
+    return writer_pb2.CompactResults(
+        offset_msg_id_prefix=results[0].offset_msg_id[: -MSG_ID_OFFSET_DIGITS],
+        store_timestamp_ms=results[0].store_timestamp_ms,
+        uniq_keys=uniq_keys,
+        queue_ids=queue_ids,
+        queue_offsets=queue_offsets,
+        commitlog_offsets=offsets,
+        sizes=sizes,
+    )
+
+
+def to_response(results: list[AppendResult], compact: bool) -> writer_pb2.SendBatchResponse:
+    if compact:
+        return writer_pb2.SendBatchResponse(compact=to_compact(results))
+    return writer_pb2.SendBatchResponse(results=[to_result(r) for r in results])
+
+
 class WriterServicer(writer_pb2_grpc.WriterServiceServicer):
     def __init__(self, writer: Writer):
         self.writer = writer
 
-    def _append(self, messages: list[messages_pb2.Message], context: grpc.ServicerContext) -> list[messages_pb2.SendResult]:
-        numbered = len(messages) > 1
-        inputs = [to_input(m, i + 1 if numbered else 0) for i, m in enumerate(messages)]
-        return [to_result(r) for r in self.writer.append(inputs, peer=peer_address(context))]
+    def _append(self, messages: Sequence[messages_pb2.Message], context: grpc.ServicerContext) -> list[AppendResult]:
+        return self.writer.append(to_batch(messages), peer=peer_address(context))
 
     @mapped
     def Send(self, request: writer_pb2.SendRequest, context: grpc.ServicerContext) -> writer_pb2.SendResponse:
         if not request.HasField("message"):
             raise InvalidArgument("the request has no message")
-        return writer_pb2.SendResponse(result=self._append([request.message], context)[0])
+        return writer_pb2.SendResponse(result=to_result(self._append([request.message], context)[0]))
 
     @mapped
     def SendBatch(self, request: writer_pb2.SendBatchRequest, context: grpc.ServicerContext) -> writer_pb2.SendBatchResponse:
-        return writer_pb2.SendBatchResponse(results=self._append(list(request.messages), context))
+        return to_response(self._append(request.messages, context), request.compact_results)
 
     def SendStream(
         self, request_iterator: Iterator[writer_pb2.SendBatchRequest], context: grpc.ServicerContext
     ) -> Iterator[writer_pb2.SendBatchResponse]:
         for request in request_iterator:
             try:
-                results = self._append(list(request.messages), context)
+                results = self._append(request.messages, context)
             except StoreError as error:
                 abort_with(context, error)
                 return
-            yield writer_pb2.SendBatchResponse(results=results)
+            yield to_response(results, request.compact_results)
 
     @mapped
     def CreateTopic(self, request: writer_pb2.CreateTopicRequest, context: grpc.ServicerContext) -> writer_pb2.CreateTopicResponse:

@@ -38,7 +38,7 @@ from rmqstore.writer.config import FlushPolicy, WriterConfig
 from rmqstore.writer.ids import UniqKeyGenerator
 from rmqstore.writer.lock import StoreLock
 from rmqstore.writer.topics import TopicTable
-from rmqstore.writer.validate import Limits, MessageInput, validate_batch
+from rmqstore.writer.validate import Limits, MessageBatch, MessageInput, validate_batch
 
 DISK_CHECK_INTERVAL_S = 0.1
 RETENTION_FILES_PER_RUN = 10
@@ -243,39 +243,41 @@ class Writer:
             count = self.config.auto_create_queue_count
         return count
 
-    def append(self, messages: Sequence[MessageInput], peer: SocketAddress | None = None) -> list[AppendResult]:
+    def append(
+        self, messages: MessageBatch | Sequence[MessageInput], peer: SocketAddress | None = None
+    ) -> list[AppendResult]:
         """Append messages in order and dispatch them; returns once the flush policy says
         they are stored. Bad input raises before anything is written."""
-        validate_batch(messages, self.limits)
+        batch = messages if isinstance(messages, MessageBatch) else MessageBatch.of(messages)
+        validate_batch(batch, self.limits)
+        numbered = batch.message_count > 1
         with self._append_lock:
             if self._closed:
                 raise InvalidArgument("the writer is closed")
             self._check_disk()
-            queue_ids = [m.queue_id for m in messages]
             to_create: set[str] = set()
             first_seen: dict[str, int] = {}
-            for position, message in enumerate(messages, start=1):
-                first_seen.setdefault(message.topic, position)
+            for position, topic in enumerate(batch.topics, start=1):
+                first_seen.setdefault(topic, position)
             counts = {
-                topic: self._queue_count(topic, f"message {position}: " if len(messages) > 1 else "", to_create)
+                topic: self._queue_count(topic, f"message {position}: " if numbered else "", to_create)
                 for topic, position in first_seen.items()
             }
-            if any(q is not None and q >= counts[m.topic] for m, q in zip(messages, queue_ids)):
-                for position, message in enumerate(messages, start=1):
-                    count = counts[message.topic]
-                    if message.queue_id is not None and message.queue_id >= count:
-                        where = f"message {position}: " if len(messages) > 1 else ""
+            if any(q is not None and q >= counts[t] for t, q in zip(batch.topics, batch.queue_ids)):
+                for position, (topic, queue_id) in enumerate(zip(batch.topics, batch.queue_ids), start=1):
+                    if queue_id is not None and queue_id >= counts[topic]:
+                        where = f"message {position}: " if numbered else ""
                         raise InvalidArgument(
-                            f"{where}queue id {message.queue_id} is out of range: topic {message.topic} has {count} queues"
+                            f"{where}queue id {queue_id} is out of range: topic {topic} has {counts[topic]} queues"
                         )
             # Topics are created only once the whole batch is known to be good.
             for topic in sorted(to_create):
                 self.topics.create(topic, self.config.auto_create_queue_count)
             with _TRACER.start_as_current_span("rmqstore.append") as span:
-                span.set_attribute("rmqstore.messages", len(messages))
-                batch, results = self._append_batch(messages, queue_ids, peer)
+                span.set_attribute("rmqstore.messages", batch.message_count)
+                plans, results = self._append_batch(batch, peer)
             with _TRACER.start_as_current_span("rmqstore.dispatch"):
-                self.dispatcher.dispatch_batch(batch)
+                self.dispatcher.dispatch_batch(plans)
             end = self.log.write_offset
             assert end is not None
             self.publisher.publish(
@@ -288,9 +290,7 @@ class Writer:
             self.wait_flushed(end)
         return results
 
-    def _append_batch(
-        self, messages: Sequence[MessageInput], queue_ids: list[int | None], peer: SocketAddress | None
-    ) -> tuple[DispatchBatch, list[AppendResult]]:
+    def _append_batch(self, batch: MessageBatch, peer: SocketAddress | None) -> tuple[DispatchBatch, list[AppendResult]]:
         """Encode the messages, lay them out in the commit log, write them in one go and
         plan their dispatch, column by column. A batch shares one store time (never
         before the last one)."""
@@ -298,16 +298,13 @@ class Writer:
         store_ts = max(now, self._last_store_ts)
         store_host = self.store_host
         default_born = peer or store_host
-        count = len(messages)
-        topics = [m.topic for m in messages]
-        bodies = [m.body for m in messages]
-        tags = [m.tags for m in messages]
-        keys = [m.keys for m in messages]
-        born_hosts = [m.born_host or default_born for m in messages]
-        uniq_keys = [m.uniq_key or self.uniq_keys.next(born.ip, now) for m, born in zip(messages, born_hosts)]
-        queue_ids = self._assign_queues(topics, queue_ids)
+        count = batch.message_count
+        topics, bodies, keys, tags = batch.topics, batch.bodies, batch.keys, batch.tags
+        born_hosts = [born or default_born for born in batch.born_hosts]
+        uniq_keys = [given or self.uniq_keys.next(born.ip, now) for given, born in zip(batch.uniq_keys, born_hosts)]
+        queue_ids = self._assign_queues(topics, batch.queue_ids)
         queue_offsets = self._take_queue_offsets(topics, queue_ids)
-        properties = props.encode_messages_properties([m.properties for m in messages], keys, tags, uniq_keys)
+        properties = props.encode_messages_properties(batch.properties, keys, tags, uniq_keys)
         # Validation keeps properties below 32 KiB, so the int16 length is never negative.
         tails = [_topic_field(topic) + len(p).to_bytes(2, "big") + p for topic, p in zip(topics, properties)]
         # A tail is TOPICLENGTH (1) + topic + PROPERTIESLENGTH (2) + properties.
@@ -325,23 +322,23 @@ class Writer:
         flags = {False: store_flag, True: store_flag | sysflag.BORNHOST_V6}
         heads = [
             packs[len(born.ip) == 16](
-                size, MAGIC_V1, body_crc(body), queue_id, m.flag, queue_offset, offset, flags[len(born.ip) == 16],
-                m.born_timestamp_ms or now, born.ip, born.port, store_ts, store_host.ip, store_host.port,
-                0, 0, len(body),
+                size, MAGIC_V1, body_crc(body), queue_id, flag, queue_offset, offset, flags[len(born.ip) == 16],
+                born_ts or now, born.ip, born.port, store_ts, store_host.ip, store_host.port, 0, 0, len(body),
             )
-            for m, body, born, size, queue_id, queue_offset, offset in zip(
-                messages, bodies, born_hosts, sizes, queue_ids, queue_offsets, offsets
+            for body, born, flag, born_ts, size, queue_id, queue_offset, offset in zip(
+                bodies, born_hosts, batch.flags, batch.born_timestamps_ms, sizes, queue_ids, queue_offsets, offsets
             )
         ]
         encoded = [head + body + tail for head, body, tail in zip(heads, bodies, tails)]
         self.log.write_laid_out(offsets, encoded)
         self._last_store_ts = store_ts
         timestamps = [store_ts] * count
-        batch = DispatchBatch.of_messages(topics, queue_ids, queue_offsets, offsets, sizes, timestamps, tags, uniq_keys, keys)
+        plans = DispatchBatch.of_messages(topics, queue_ids, queue_offsets, offsets, sizes, timestamps, tags, uniq_keys, keys)
+        msg_ids = offset_msg_ids(store_host, offsets)
         results = list(
-            map(AppendResult._make, zip(offset_msg_ids(store_host, offsets), uniq_keys, topics, queue_ids, queue_offsets, offsets, timestamps, sizes))
+            map(AppendResult._make, zip(msg_ids, uniq_keys, topics, queue_ids, queue_offsets, offsets, timestamps, sizes))
         )
-        return batch, results
+        return plans, results
 
     def _assign_queues(self, topics: list[str], queue_ids: list[int | None]) -> list[int]:
         """Messages without a queue id take the topic's queues in turn."""

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import NamedTuple
 
 from rmqstore.common.codec import properties as props
 from rmqstore.common.codec.hosts import SocketAddress
@@ -40,15 +42,18 @@ _SEPARATORS = ("\x01", "\x02")
 UNIQ_KEY_LENGTH_MAX = 128
 
 
-@dataclass(frozen=True)
-class MessageInput:
-    """A message as a producer hands it to the writer (the proto's Message, unpacked)."""
+EMPTY_PROPERTIES: Mapping[str, str] = MappingProxyType({})
+
+
+class MessageInput(NamedTuple):
+    """A message as a producer hands it to the writer (the proto's Message, unpacked).
+    A named tuple: the writer's batch path makes and reads millions of them."""
 
     topic: str
     body: bytes = b""
     keys: Sequence[str] = ()
     tags: str = ""
-    properties: Mapping[str, str] = field(default_factory=dict)
+    properties: Mapping[str, str] = EMPTY_PROPERTIES
     queue_id: int | None = None
     uniq_key: str = ""
     flag: int = 0
@@ -123,45 +128,75 @@ def _sendable_topic(topic: str) -> bool:
     return topic_problem(topic) is None and topic not in NOT_ALLOWED_SEND_TOPICS
 
 
-def _plainly_valid(messages: Sequence[MessageInput], limits: Limits) -> bool:
+class MessageBatch(NamedTuple):
+    """Messages as columns, the i-th entry of each list belonging to the i-th message:
+    the shape the writer's batch path works in (no object per message). The columns are
+    in MessageInput's field order, which :meth:`of` and :meth:`message` rely on."""
+
+    topics: list[str]
+    bodies: list[bytes]
+    keys: list[Sequence[str]]
+    tags: list[str]
+    properties: list[Mapping[str, str]]
+    queue_ids: list[int | None]
+    uniq_keys: list[str]
+    flags: list[int]
+    born_timestamps_ms: list[int]
+    born_hosts: list[SocketAddress | None]
+
+    @classmethod
+    def of(cls, messages: Sequence[MessageInput]) -> MessageBatch:
+        return cls(*(list(column) for column in zip(*messages))) if messages else cls(*([] for _ in MessageInput._fields))
+
+    @property
+    def message_count(self) -> int:
+        return len(self.topics)
+
+    def message(self, position: int) -> MessageInput:
+        return MessageInput(*(column[position] for column in self))
+
+
+def _plainly_valid(batch: MessageBatch, limits: Limits) -> bool:
     """A whole-batch screen in a few C-speed passes: True means every message passes
     :func:`validate_message`; False means some message may not (it is then checked one
     by one, which finds the first problem and words it)."""
-    if not all(map(_sendable_topic, {m.topic for m in messages})):
+    if not all(map(_sendable_topic, set(batch.topics))):
         return False
-    if max(len(m.body) for m in messages) > limits.max_body_bytes:
+    if max(map(len, batch.bodies)) > limits.max_body_bytes:
         return False
-    if any(m.properties for m in messages):
+    if any(batch.properties):
         return False
-    if any(m.queue_id is not None and m.queue_id < 0 for m in messages):
+    if any(q is not None and q < 0 for q in batch.queue_ids):
         return False
-    key_lists = [m.keys for m in messages]
-    if max(map(len, key_lists)) > limits.max_keys:
+    if max(map(len, batch.keys)) > limits.max_keys:
         return False
-    keys = [key for key_list in key_lists for key in key_list]
-    text = "".join(keys) + "".join(m.tags for m in messages)
+    keys = [key for key_list in batch.keys for key in key_list]
+    text = "".join(keys) + "".join(batch.tags)
     if not text.isascii() or "\x01" in text or "\x02" in text or " " in "".join(keys):
         return False
     if keys and ("" in keys or max(map(len, keys)) > limits.max_key_length):
         return False
     # KEYS, TAGS and a UNIQ_KEY at their longest, with their separators, still fit.
-    longest = limits.max_keys * (limits.max_key_length + 1) + max(len(m.tags) for m in messages)
+    longest = limits.max_keys * (limits.max_key_length + 1) + max(map(len, batch.tags))
     if longest + 64 + UNIQ_KEY_LENGTH_MAX > PROPERTIES_LENGTH_MAX:
         return False
-    uniq_keys = "".join(m.uniq_key for m in messages)
+    uniq_keys = "".join(batch.uniq_keys)
     if uniq_keys and not (
-        uniq_keys.isascii() and uniq_keys.isalnum() and max(len(m.uniq_key) for m in messages) <= UNIQ_KEY_LENGTH_MAX
+        uniq_keys.isascii() and uniq_keys.isalnum() and max(map(len, batch.uniq_keys)) <= UNIQ_KEY_LENGTH_MAX
     ):
         return False
     return True
 
 
-def validate_batch(messages: Sequence[MessageInput], limits: Limits) -> None:
+def validate_batch(batch: MessageBatch | Sequence[MessageInput], limits: Limits) -> None:
     """Check a batch; raise for the first bad message (numbered from 1 in a batch)."""
-    if not messages:
+    if not isinstance(batch, MessageBatch):
+        batch = MessageBatch.of(batch)
+    count = batch.message_count
+    if not count:
         raise InvalidArgument("the batch is empty")
-    if len(messages) > limits.max_batch_messages:
-        raise InvalidArgument(f"the batch has {len(messages)} messages; at most {limits.max_batch_messages}")
-    if not _plainly_valid(messages, limits):
-        for i, message in enumerate(messages):
-            validate_message(message, limits, i + 1 if len(messages) > 1 else 0)
+    if count > limits.max_batch_messages:
+        raise InvalidArgument(f"the batch has {count} messages; at most {limits.max_batch_messages}")
+    if not _plainly_valid(batch, limits):
+        for i in range(count):
+            validate_message(batch.message(i), limits, i + 1 if count > 1 else 0)

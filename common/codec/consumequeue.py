@@ -12,6 +12,8 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
+import numpy as np
+
 from rmqstore.common.codec.javahash import java_string_hash
 
 UNIT = struct.Struct(
@@ -21,6 +23,9 @@ UNIT = struct.Struct(
 )
 UNIT_SIZE = UNIT.size
 assert UNIT_SIZE == 20
+# The same layout as a numpy record, for reading and writing many units at once.
+UNIT_DTYPE = np.dtype([("commitlog_offset", ">i8"), ("size", ">i4"), ("tags_code", ">i8")])
+assert UNIT_DTYPE.itemsize == UNIT_SIZE
 FILLER_SIZE = 0x7FFFFFFF
 FILLER = UNIT.pack(0, FILLER_SIZE, 0)
 DEFAULT_FILE_UNITS = 300_000

@@ -23,6 +23,8 @@ import datetime as dt
 import struct
 from dataclasses import dataclass
 
+import numpy as np
+
 from rmqstore.common.errors import InvalidArgument
 
 HEADER = struct.Struct(
@@ -47,6 +49,9 @@ ENTRY = struct.Struct(
 )
 ENTRY_SIZE = ENTRY.size
 assert ENTRY_SIZE == 20
+# The same layout as a numpy record, for writing many entries at once.
+ENTRY_DTYPE = np.dtype([("key_hash", ">i4"), ("phy_offset", ">i8"), ("time_diff", ">i4"), ("prev_index", ">i4")])
+assert ENTRY_DTYPE.itemsize == ENTRY_SIZE
 
 DEFAULT_SLOTS = 5_000_000
 DEFAULT_ENTRIES = 20_000_000

@@ -7,6 +7,7 @@ its keys, because the broker serializes message properties from one (FORMAT.md �
 
 from __future__ import annotations
 
+import operator
 import struct
 from collections.abc import Iterable, Sequence
 
@@ -19,16 +20,32 @@ _POWERS_31 = np.ones(1, dtype=np.uint32)
 
 
 def java_string_hash(text: str) -> int:
-    """String.hashCode: h = 31*h + unit over UTF-16 code units, as a signed int32."""
+    """String.hashCode: h = 31*h + unit over UTF-16 code units, as a signed int32.
+
+    Evaluated as Σ unit·31^(n−1−i) mod 2³², with the powers precomputed, so the loop runs
+    in C (map and sum) rather than one Python step per character."""
     if text.isascii():
-        units: Iterable[int] = text.encode("ascii")
+        units: Sequence[int] = text.encode("ascii")
     else:
         raw = text.encode("utf-16-be", "surrogatepass")
         units = struct.unpack(f">{len(raw) // 2}H", raw)
-    h = 0
-    for unit in units:
-        h = (31 * h + unit) & _MASK32
+    count = len(units)
+    if count > len(_DESCENDING_POWERS_31):
+        _grow_descending_powers(count)
+    h = sum(map(operator.mul, units, _DESCENDING_POWERS_31[len(_DESCENDING_POWERS_31) - count :])) & _MASK32
     return h - (1 << 32) if h & 0x80000000 else h
+
+
+# 31^k mod 2^32 for k = m−1 … 0: the last n entries weigh a string of n units.
+_DESCENDING_POWERS_31: list[int] = []
+
+
+def _grow_descending_powers(count: int) -> None:
+    size = max(count, 2 * len(_DESCENDING_POWERS_31), 256)
+    powers = [1] * size
+    for k in range(1, size):
+        powers[k] = (powers[k - 1] * 31) & _MASK32
+    _DESCENDING_POWERS_31[:] = powers[::-1]
 
 
 def index_key_hash(key: str) -> int:

@@ -32,10 +32,13 @@ def offset_msg_id(store_host: SocketAddress, commitlog_offset: int) -> str:
     return (store_host.ip + _PORT_OFFSET.pack(store_host.port, commitlog_offset)).hex().upper()
 
 
+MSG_ID_OFFSET_DIGITS = 16  # the commit log offset ends every offsetMsgId
+
+
 def offset_msg_ids(store_host: SocketAddress, commitlog_offsets: list[int]) -> list[str]:
     """:func:`offset_msg_id` of many offsets of one store host."""
     prefix = store_host.ip.hex().upper() + f"{store_host.port & 0xFFFFFFFF:08X}"
-    return [f"{prefix}{offset & 0xFFFFFFFFFFFFFFFF:016X}" for offset in commitlog_offsets]
+    return [f"{prefix}{offset & 0xFFFFFFFFFFFFFFFF:0{MSG_ID_OFFSET_DIGITS}X}" for offset in commitlog_offsets]
 
 
 @dataclass(frozen=True, slots=True)

@@ -28,6 +28,7 @@ TOTALSIZE = 74 + L + b + s + n + t + p (L = 1 in v1, 2 in v2).
 
 from __future__ import annotations
 
+import functools
 import struct
 import zlib
 from dataclasses import dataclass, field
@@ -114,7 +115,14 @@ def record_size(
     )
 
 
+# The smallest record of each version (IPv4 hosts, empty body, topic and properties);
+# an IPv6 host adds 12 bytes.
+_MINIMUM_SIZE = {version: record_size(0, 0, 0, born_v6=False, store_v6=False, version=version) for version in (1, 2)}
+assert record_size(0, 0, 0, born_v6=True, store_v6=True) == _MINIMUM_SIZE[1] + 24
 _DEFAULT_HOST = SocketAddress(b"\x00\x00\x00\x00", 0)
+# Records name few distinct hosts (one store host, the producers' addresses): decoding
+# shares one immutable SocketAddress per host instead of building one per record.
+_address = functools.lru_cache(maxsize=4096)(SocketAddress)
 
 
 @dataclass(slots=True)
@@ -308,7 +316,7 @@ def decode_record(
             return None
         raise Corruption(f"bad magic code {magic & 0xFFFFFFFF:08X} at commit log offset {at}", offset=at)
     version = 1 if magic == MAGIC_V1 else 2
-    minimum = record_size(0, 0, 0, born_v6=False, store_v6=False, version=version)
+    minimum = _MINIMUM_SIZE[version]
     if total < minimum or pos + total > end:
         raise Corruption(
             f"bad record size {total} at commit log offset {at} "
@@ -363,9 +371,7 @@ def decode_record(
     if properties_len < 0 or cursor + properties_len > record_end:
         raise Corruption(f"bad properties length {properties_len} at commit log offset {at}", offset=at)
     properties = props.decode_properties(buf[cursor : cursor + properties_len])
-    expected = record_size(
-        body_len, topic_len, properties_len, born_v6=born_v6, store_v6=store_v6, version=version
-    )
+    expected = minimum + (12 if born_v6 else 0) + (12 if store_v6 else 0) + body_len + topic_len + properties_len
     if total != expected:
         raise Corruption(
             f"record size {total} at commit log offset {at} disagrees with its fields ({expected})",
@@ -385,9 +391,9 @@ def decode_record(
         commitlog_offset=physical_offset,
         sys_flag=sys_flag,
         born_timestamp_ms=born_ts,
-        born_host=SocketAddress(born_ip, born_port),
+        born_host=_address(born_ip, born_port),
         store_timestamp_ms=store_ts,
-        store_host=SocketAddress(store_ip, store_port),
+        store_host=_address(store_ip, store_port),
         reconsume_times=reconsume_times,
         prepared_transaction_offset=prepared_offset,
         body_crc=stored_crc,

@@ -6,6 +6,7 @@ outside the store: no ``/``, no ``.``, no ``..``.
 
 from __future__ import annotations
 
+import functools
 import re
 
 from rmqstore.common.errors import InvalidArgument
@@ -48,6 +49,12 @@ def topic_problem(topic: str) -> str | None:
     if not _VALID.fullmatch(topic):
         return f"the topic {topic!r} contains characters outside [%|a-zA-Z0-9_-]"
     return None
+
+
+@functools.lru_cache(maxsize=4096)
+def cached_topic_problem(topic: str) -> str | None:
+    """:func:`topic_problem`, remembered: lookups check the same few topics again and again."""
+    return topic_problem(topic)
 
 
 def is_valid_topic(topic: str) -> bool:

@@ -6,6 +6,8 @@ import enum
 import os
 from collections.abc import Callable, Iterator
 
+import numpy as np
+
 from rmqstore.common.codec import consumequeue as cq
 from rmqstore.common.codec.topic import is_valid_topic
 from rmqstore.common.errors import Corruption, InvalidArgument, invariant
@@ -55,14 +57,13 @@ class ConsumeQueue:
     def _valid_end(mapped: MappedFile) -> tuple[int, cq.Unit | None]:
         end = mapped.last_nonzero_position(0)
         end += -end % UNIT_SIZE
-        last: cq.Unit | None = None
-        position = 0
-        for offset, size, tags in cq.UNIT.iter_unpack(mapped.buf[:end]):
-            if offset < 0 or size <= 0:
-                return position, last
-            last = cq.Unit(offset, size, tags)
-            position += UNIT_SIZE
-        return position, last
+        units = np.frombuffer(mapped.buf, dtype=cq.UNIT_DTYPE, count=end // UNIT_SIZE)
+        invalid = np.flatnonzero((units["commitlog_offset"] < 0) | (units["size"] <= 0))
+        count = int(invalid[0]) if invalid.size else len(units)
+        del units  # no numpy view may outlive a pass over the mapping
+        if count == 0:
+            return 0, None
+        return count * UNIT_SIZE, cq.decode_unit(mapped.buf, (count - 1) * UNIT_SIZE)
 
     def _first_real_position(self) -> int:
         first = self.files.first

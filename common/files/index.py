@@ -29,9 +29,6 @@ _HEADER_BEGIN_TIMESTAMP = 0
 _HEADER_END_TIMESTAMP = 8
 _HEADER_BEGIN_PHY_OFFSET = 16
 _HEADER_END_PHY_OFFSET = 24
-# An entry as numpy sees it (the layout of ix.ENTRY).
-_ENTRY_DTYPE = np.dtype([("key_hash", ">i4"), ("phy_offset", ">i8"), ("time_diff", ">i4"), ("prev_index", ">i4")])
-assert _ENTRY_DTYPE.itemsize == ix.ENTRY_SIZE
 
 
 class IndexFile:
@@ -166,7 +163,7 @@ class IndexFile:
         time_diff = np.clip(np.sign(delta) * (np.abs(delta) // 1000), 0, ix.INT32_MAX)
         time_diff[begin_ts <= 0] = 0
         entries = np.frombuffer(
-            buf, dtype=_ENTRY_DTYPE, count=count, offset=ix.entry_position(self.slots, start)
+            buf, dtype=ix.ENTRY_DTYPE, count=count, offset=ix.entry_position(self.slots, start)
         )
         entries["key_hash"] = key_hashes[:count]
         entries["phy_offset"] = phy_offsets[:count]
@@ -389,10 +386,12 @@ class IndexFileList:
         """:meth:`build_index` for every record of a batch, in order; returns the number
         of keys put."""
         invariant(self.writable, "build_index needs a writable index")
-        if not batch.keys:
+        if not len(batch):
             return 0
         offsets = batch.commitlog_offsets
         timestamps = batch.store_timestamps_ms
+        # build_index opens a new file at every record that finds the last one full,
+        # keys or not, named by that record's time: the batch does the same.
         target = self._writable_last(timestamps[0])
         indexed_up_to = target.last_entry_phy_offset()
         put = 0
@@ -400,6 +399,7 @@ class IndexFileList:
         # Records at or before what the index holds (re-dispatch after a crash) take the
         # careful one-record path.
         while record < len(batch) and offsets[record] <= indexed_up_to:
+            self._writable_last(timestamps[record])
             plan = DispatchPlan(
                 batch.topics[record], batch.queue_ids[record], batch.queue_offsets[record], offsets[record],
                 batch.sizes[record], timestamps[record], batch.tags_codes[record], batch.has_unit[record],
@@ -408,6 +408,8 @@ class IndexFileList:
             put += self.build_index(plan)
             first_key += batch.key_counts[record]
             record += 1
+        if record < len(batch):
+            self._writable_last(timestamps[record])
         if first_key == len(batch.keys):
             return put
         counts = np.asarray(batch.key_counts[record:], dtype=np.int64)
@@ -419,8 +421,15 @@ class IndexFileList:
         key_timestamps = np.asarray(timestamps, dtype=np.int64)[key_records]
         done = 0
         while done < len(hashes):
-            target = self._writable_last(int(key_timestamps[done]))
+            target = self.files[-1]
             done += target.put_keys(hashes[done:], phy_offsets[done:], key_timestamps[done:])
+            if target.is_full:
+                # The next file opens at the record whose key did not fit, or at the
+                # record after the last one put, if there is one in this batch.
+                last = int(key_records[done - 1])
+                following = last if done < len(hashes) and key_records[done] == last else last + 1
+                if following < len(batch):
+                    self._writable_last(timestamps[following])
         return put + done
 
     def _hashes_at(self, offset: int) -> Counter[int]:

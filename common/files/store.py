@@ -19,9 +19,6 @@ from rmqstore.common.files.consumequeue import ConsumeQueueSet, infer_file_units
 from rmqstore.common.files.index import IndexFileList
 
 
-# A consume queue unit as numpy sees it (the layout of cq.UNIT).
-_UNIT_DTYPE = np.dtype([("commitlog_offset", ">i8"), ("size", ">i4"), ("tags_code", ">i8")])
-assert _UNIT_DTYPE.itemsize == cq.UNIT_SIZE
 DISPATCH_BATCH_RECORDS = 4096
 
 
@@ -160,7 +157,7 @@ class Dispatcher:
         those of :meth:`dispatch` called per record."""
         if not len(batch):
             return
-        units = np.empty(len(batch), dtype=_UNIT_DTYPE)
+        units = np.empty(len(batch), dtype=cq.UNIT_DTYPE)
         units["commitlog_offset"] = batch.commitlog_offsets
         units["size"] = batch.sizes
         units["tags_code"] = batch.tags_codes

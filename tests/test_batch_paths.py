@@ -1,0 +1,347 @@
+"""The batch paths (writer append, dispatch of many records, vectorized hashing and
+validation) against the one-record-at-a-time definitions they stand in for: same bytes,
+same answers, same errors."""
+
+from __future__ import annotations
+
+import random
+import shutil
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from rmqstore.common.codec import properties as props
+from rmqstore.common.codec.dispatch import DispatchBatch
+from rmqstore.common.codec.hosts import SocketAddress
+from rmqstore.common.codec.javahash import (
+    index_key,
+    index_key_hash,
+    index_key_hashes,
+    java_string_hash,
+    java_string_hashes,
+    topic_key_hashes,
+)
+from rmqstore.common.codec.record import Record, encode_record
+from rmqstore.common.errors import InvalidArgument
+from rmqstore.common.files.commitlog import CommitLog
+from rmqstore.common.files.consumequeue import ConsumeQueueSet
+from rmqstore.common.files.index import IndexFile, IndexFileList
+from rmqstore.common.files.store import Dispatcher, StoreSizes
+from rmqstore.writer.config import WriterConfig
+from rmqstore.writer.store import Writer
+from rmqstore.writer.validate import Limits, MessageBatch, MessageInput, validate_batch, validate_message
+
+TEXT = st.text(alphabet=st.sampled_from("aZ09_#- é中\U0001f680"), max_size=40)
+
+
+def tree_bytes(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+# Hashing
+
+
+@settings(max_examples=200)
+@given(st.lists(TEXT, max_size=50))
+def test_vectorized_hashes_equal_java_string_hash(texts: list[str]) -> None:
+    assert java_string_hashes(texts).tolist() == [java_string_hash(t) for t in texts]
+    assert index_key_hashes(texts).tolist() == [index_key_hash(t) for t in texts]
+
+
+@settings(max_examples=200)
+@given(st.lists(st.tuples(st.sampled_from(["TopicA", "Pay_Events-2", "%RETRY%g"]), TEXT), max_size=50))
+def test_topic_key_hashes_equal_hashing_the_joined_string(pairs: list[tuple[str, str]]) -> None:
+    topics = ["TopicA", "Pay_Events-2", "%RETRY%g"]
+    key_topics = np.array([topics.index(t) for t, _ in pairs], dtype=np.int64)
+    got = topic_key_hashes(topics, key_topics, [k for _, k in pairs])
+    assert got.tolist() == [index_key_hash(index_key(t, k)) for t, k in pairs]
+
+
+def test_integer_min_value_hashes_to_zero() -> None:
+    # "polygenelubricants".hashCode() is Integer.MIN_VALUE; the index maps it to 0.
+    assert java_string_hashes(["polygenelubricants"]).tolist() == [-(2**31)]
+    assert index_key_hashes(["polygenelubricants", "a"]).tolist() == [0, 97]
+
+
+@settings(max_examples=200)
+@given(
+    st.dictionaries(st.sampled_from(["a", "seq", "{x}", "Zz", "b}"]), st.text(min_size=1, max_size=5), max_size=3),
+    st.lists(st.text(alphabet="k0é", min_size=1, max_size=4), max_size=3),
+    st.sampled_from(["", "TagA", "标签{}"]),
+)
+def test_message_properties_equal_the_broker_order_encoding(user: dict[str, str], keys: list[str], tags: str) -> None:
+    stored = dict(user)
+    if keys:
+        stored[props.KEYS] = " ".join(keys)
+    if tags:
+        stored[props.TAGS] = tags
+    stored[props.UNIQ_KEY] = "0A0B0C"
+    expected = props.encode_properties(props.broker_order(stored))
+    assert props.encode_message_properties(user, keys, tags, "0A0B0C") == expected
+    assert props.encode_messages_properties([user], [keys], [tags], ["0A0B0C"]) == [expected]
+
+
+# Dispatch
+
+
+def make_records(rng: random.Random, count: int, file_size: int) -> list[Record]:
+    """Records laid out as a commit log of ``file_size`` files would hold them, with
+    colliding keys, empty keys, ROLLBACK and PREPARED records and a delayed topic."""
+    records = []
+    offset = 0
+    next_offset: dict[tuple[str, int], int] = {}
+    for n in range(count):
+        topic = rng.choice(["TopicA", "TopicB", "SCHEDULE_TOPIC_XXXX"])
+        queue_id = rng.randrange(3)
+        properties = {props.UNIQ_KEY: f"{rng.getrandbits(64):016X}"}
+        if rng.random() < 0.8:
+            properties[props.KEYS] = " ".join(rng.choice(["Aa", "BB", f"k{n}", "", "中"]) for _ in range(rng.randint(1, 3)))
+        if rng.random() < 0.5:
+            properties[props.TAGS] = rng.choice(["TagA", "TagB"])
+        if topic == "SCHEDULE_TOPIC_XXXX":
+            properties[props.DELAY] = str(rng.randint(0, 20))
+        sys_flag = rng.choice([0, 0, 0, 0x4, 0x8, 0xC])
+        key = (topic, queue_id)
+        record = Record(
+            topic=topic,
+            body=bytes(rng.randrange(256) for _ in range(rng.randint(0, 60))),
+            properties=properties,
+            queue_id=queue_id,
+            queue_offset=next_offset.get(key, 0),
+            sys_flag=sys_flag,
+            store_timestamp_ms=1_700_000_000_000 + n * 700,
+            born_timestamp_ms=1_700_000_000_000,
+            born_host=SocketAddress.parse("10.0.0.1:1"),
+            store_host=SocketAddress.parse("10.0.0.2:2"),
+        )
+        size = len(encode_record(record))
+        if offset % file_size + size + 8 > file_size:
+            offset += file_size - offset % file_size
+        record.commitlog_offset, record.size = offset, size
+        offset += size
+        if sys_flag in (0, 0x8):
+            next_offset[key] = record.queue_offset + 1
+        records.append(record)
+    return records
+
+
+def dispatch_into(root: Path, records: list[Record], batch_size: int | None) -> None:
+    queues = ConsumeQueueSet(str(root / "consumequeue"), 7, writable=True)
+    index = IndexFileList(str(root / "index"), 11, 40, writable=True)
+    dispatcher = Dispatcher(queues, index)
+    if batch_size is None:
+        for record in records:
+            dispatcher.dispatch(record)
+    else:
+        for start in range(0, len(records), batch_size):
+            batch = DispatchBatch()
+            for record in records[start : start + batch_size]:
+                batch.add_record(record)
+            dispatcher.dispatch_batch(batch)
+    dispatcher.flush()
+    queues.close()
+    index.close()
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(seed=st.integers(0, 2**32), count=st.integers(1, 160), batch_size=st.integers(1, 70))
+def test_batch_dispatch_writes_the_bytes_of_one_record_at_a_time(
+    tmp_path: Path, seed: int, count: int, batch_size: int
+) -> None:
+    """Tiny geometry (7 units a queue file, 11 slots, 40 entries an index file): batches
+    cross queue files, roll index files over mid-batch and chain colliding slots."""
+    records = make_records(random.Random(seed), count, 4096)
+    root = Path(tempfile.mkdtemp(dir=tmp_path))
+    try:
+        dispatch_into(root / "one", records, None)
+        dispatch_into(root / "many", records, batch_size)
+        assert tree_bytes(root / "many") == tree_bytes(root / "one")
+    finally:
+        shutil.rmtree(root)
+
+
+def test_redispatching_a_batch_changes_nothing(tmp_path: Path) -> None:
+    records = make_records(random.Random(7), 300, 4096)
+    dispatch_into(tmp_path / "once", records, 64)
+    queues = ConsumeQueueSet(str(tmp_path / "once" / "consumequeue"), 7, writable=True)
+    queues.open_all()
+    index = IndexFileList(str(tmp_path / "once" / "index"), 11, 40, writable=True)
+    before = tree_bytes(tmp_path / "once")
+    Dispatcher(queues, index).dispatch_records(records[150:])
+    queues.close()
+    index.close()
+    assert tree_bytes(tmp_path / "once") == before
+
+
+def test_slots_a_killed_batch_left_ahead_are_repaired(tmp_path: Path) -> None:
+    """A kill after put_keys wrote a batch's entries and slots but before the count: on
+    start, repair_slots points those slots back into the committed chain, and putting
+    the same keys again gives the file an uninterrupted run writes."""
+    rng = random.Random(3)
+    hashes = np.array([rng.randrange(2**31) for _ in range(60)], dtype=np.int64)
+    offsets = np.arange(60, dtype=np.int64) * 100
+    times = 1_700_000_000_000 + np.arange(60, dtype=np.int64) * 10
+
+    def fresh(name: str) -> IndexFile:
+        return IndexFile.create(str(tmp_path / name), 13, 100, prev_end_phy_offset=0, prev_end_timestamp_ms=0)
+
+    straight = fresh("straight")
+    straight.put_keys(hashes, offsets, times)
+    straight.flush()
+    expected = Path(straight.path).read_bytes()
+    straight.close()
+
+    killed = fresh("killed")
+    killed.put_keys(hashes[:25], offsets[:25], times[:25])
+    header = Path(killed.path).read_bytes()[:40]
+    killed.put_keys(hashes[25:], offsets[25:], times[25:])
+    killed.mapped.write(0, header)  # the batch's header writes never happened
+    killed.close()
+
+    reopened = IndexFile.open(str(tmp_path / "killed"), 13, 100, writable=True)
+    assert reopened.index_count == 26
+    assert reopened.repair_slots() > 0
+    assert reopened.repair_slots() == 0
+    reopened.put_keys(hashes[25:], offsets[25:], times[25:])
+    reopened.flush()
+    assert Path(reopened.path).read_bytes() == expected
+    reopened.close()
+
+
+# The commit log
+
+
+def test_layout_and_write_equal_appending_one_record_at_a_time(tmp_path: Path) -> None:
+    rng = random.Random(11)
+    records = [bytearray(rng.randbytes(rng.randint(100, 900))) for _ in range(400)]
+    for data in records:
+        data[0:4] = len(data).to_bytes(4, "big")
+    one = CommitLog(str(tmp_path / "one"), 8192, writable=True)
+    one.set_write_position(0)
+    appended = [one.append([bytearray(data)], [0])[0] for data in records]
+    many = CommitLog(str(tmp_path / "many"), 8192, writable=True)
+    many.set_write_position(0)
+    laid_out: list[int] = []
+    for start in range(0, len(records), 37):
+        chunk = records[start : start + 37]
+        offsets = many.layout([len(d) for d in chunk])
+        patched = []
+        for data, offset in zip(chunk, offsets):
+            copy = bytearray(data)
+            copy[20:28] = (0).to_bytes(8, "big")  # QUEUEOFFSET, as append([...], [0]) sets it
+            copy[28:36] = offset.to_bytes(8, "big")  # PHYSICALOFFSET
+            patched.append(bytes(copy))
+        many.write_laid_out(offsets, patched)
+        laid_out.extend(offsets)
+    assert laid_out == appended
+    one.flush()
+    many.flush()
+    assert tree_bytes(tmp_path / "many") == tree_bytes(tmp_path / "one")
+    one.close()
+    many.close()
+
+
+def test_layout_refuses_a_record_larger_than_a_file(tmp_path: Path) -> None:
+    log = CommitLog(str(tmp_path / "log"), 4096, writable=True)
+    log.set_write_position(0)
+    with pytest.raises(InvalidArgument, match="cannot fit in a commit log file of 4096 bytes"):
+        log.layout([100, 4089])
+    log.close()
+
+
+# Validation
+
+LIMITS = Limits(max_body_bytes=64, max_keys=3, max_key_length=8, max_batch_messages=100)
+MESSAGES = st.builds(
+    MessageInput,
+    topic=st.sampled_from(["TopicA", "bad topic", "SCHEDULE_TOPIC_XXXX", "", "T" * 200]),
+    body=st.binary(max_size=80),
+    keys=st.lists(st.sampled_from(["k", "", "a b", "x\x01", "long-key-9", "中"]), max_size=4),
+    tags=st.sampled_from(["", "TagA", "t\x02", "标签"]),
+    properties=st.dictionaries(st.sampled_from(["a", "KEYS", ""]), st.sampled_from(["v", ""]), max_size=2),
+    queue_id=st.one_of(st.none(), st.integers(-2, 3)),
+    uniq_key=st.sampled_from(["", "0A1B", "bad-key", "é", "F" * 129]),
+    flag=st.just(0),
+    born_timestamp_ms=st.just(0),
+    born_host=st.none(),
+)
+
+
+def test_a_message_batch_holds_its_messages_column_by_column() -> None:
+    host = SocketAddress.parse("10.1.2.3:4")
+    messages = [
+        MessageInput("TopicA", b"a", ["k"], "TagA", {"p": "v"}, 2, "U1", 1, 5, host),
+        MessageInput("TopicB"),
+    ]
+    batch = MessageBatch.of(messages)
+    assert batch.message_count == 2
+    assert [batch.message(0), batch.message(1)] == messages
+    assert (batch.topics, batch.queue_ids, batch.born_hosts, batch.born_timestamps_ms) == (
+        ["TopicA", "TopicB"], [2, None], [host, None], [5, 0]
+    )
+    assert MessageBatch.of([]).message_count == 0
+
+
+@settings(max_examples=400)
+@given(st.lists(MESSAGES, min_size=1, max_size=6))
+def test_batch_validation_raises_what_checking_each_message_raises(messages: list[MessageInput]) -> None:
+    expected = None
+    for position, message in enumerate(messages, start=1):
+        try:
+            validate_message(message, LIMITS, position if len(messages) > 1 else 0)
+        except InvalidArgument as error:
+            expected = str(error)
+            break
+    if expected is None:
+        validate_batch(messages, LIMITS)
+    else:
+        with pytest.raises(InvalidArgument) as raised:
+            validate_batch(messages, LIMITS)
+        assert str(raised.value) == expected
+
+
+# The writer
+
+
+def test_writer_batches_write_what_records_one_by_one_would(tmp_path: Path) -> None:
+    """Every record the batch path wrote re-encodes (one record at a time) to its own
+    bytes, and reindexing its commit log gives its consume queues and index."""
+    from rmqstore.common.files.store import reindex
+
+    sizes = StoreSizes(commitlog_file_size_bytes=16384, cq_file_units=50, index_slots=17, index_entries=200)
+    writer = Writer(WriterConfig(store=str(tmp_path / "store"), sizes=sizes))
+    rng = random.Random(5)
+    for round_number in range(12):
+        batch = [
+            MessageInput(
+                topic=rng.choice(["TopicA", "TopicB"]),
+                body=rng.randbytes(rng.randint(0, 300)),
+                keys=[f"k{rng.randrange(9)}" for _ in range(rng.randint(0, 2))],
+                tags=rng.choice(["", "TagA"]),
+                properties={"seq": str(round_number)} if rng.random() < 0.3 else {},
+                born_host=SocketAddress.parse("[2001:db8::1]:9") if rng.random() < 0.3 else None,
+                queue_id=rng.choice([None, 0, 1]),
+            )
+            for _ in range(rng.randint(1, 60))
+        ]
+        writer.append(batch)
+    writer.close()
+    log = CommitLog(str(tmp_path / "store" / "commitlog"), sizes.commitlog_file_size_bytes)
+    records = list(log.records())
+    assert len(records) > 300 and len(log.files.files) > 3
+    for record in records:
+        mapped = log.files.find(record.commitlog_offset)
+        position = record.commitlog_offset - mapped.start_offset
+        assert encode_record(record) == bytes(mapped.buf[position : position + record.size])
+    log.close()
+    reindex(str(tmp_path / "store"), str(tmp_path / "again"), sizes)
+    store = tree_bytes(tmp_path / "store")
+    again = tree_bytes(tmp_path / "again")
+    for part in ("consumequeue", "index"):
+        assert {k: v for k, v in again.items() if k.startswith(part)} == {
+            k: v for k, v in store.items() if k.startswith(part)
+        }

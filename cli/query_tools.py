@@ -296,6 +296,7 @@ def cmd_query_serve(args: argparse.Namespace) -> int:
     from rmqstore.query.service import SERVICE_NAME, QueryServicer
     from rmqstore.query.view import StoreView
     from rmqstore.service.server import Serving
+    from rmqstore.service.metrics import configure_metrics
     from rmqstore.service.telemetry import configure_tracing
 
     # TLS files are checked before anything else.
@@ -304,6 +305,7 @@ def cmd_query_serve(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, lambda *_: stopping.set())
     signal.signal(signal.SIGINT, lambda *_: stopping.set())
     configure_tracing("rmqstore-query")
+    configure_metrics("rmqstore-query")
     view = StoreView(args.store, sizes_from(args, args.store))
     try:
         serving = Serving(

@@ -92,6 +92,7 @@ def channel_from(args: argparse.Namespace, endpoint: str) -> grpc.Channel:
 
 def cmd_writer_serve(args: argparse.Namespace) -> int:
     from rmqstore.service.server import Serving
+    from rmqstore.service.metrics import configure_metrics
     from rmqstore.service.telemetry import configure_tracing
     from rmqstore.writer.config import FlushPolicy, WriterConfig
     from rmqstore.writer.service import SERVICE_NAME, WriterServicer
@@ -105,6 +106,7 @@ def cmd_writer_serve(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, lambda *_: stopping.set())
     signal.signal(signal.SIGINT, lambda *_: stopping.set())
     configure_tracing("rmqstore-writer")
+    configure_metrics("rmqstore-writer")
     config = WriterConfig(
         store=args.store,
         sizes=sizes_from(args, args.store),

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
+from contextlib import contextmanager
 
 import grpc
 from opentelemetry import trace
 
+from rmqstore.common.codec.hosts import SocketAddress
 from rmqstore.common.codec.msgid import offset_msg_id
 from rmqstore.common.codec.properties import split_keys
 from rmqstore.common.codec.record import Record
@@ -14,10 +17,15 @@ from rmqstore.common.errors import StoreError
 from rmqstore.common.files.consumequeue import Boundary
 from rmqstore.query.view import TIME_MAX_MS, TIME_MIN_MS, StoreView
 from rmqstore.service.errors import abort_with, mapped
+from rmqstore.service.metrics import QueryMetrics
 from rmqstore.v1 import messages_pb2, query_pb2, query_pb2_grpc
 
 SERVICE_NAME = "rmqstore.v1.QueryService"
 _TRACER = trace.get_tracer("rmqstore.query")
+
+
+# Hosts repeat from record to record; formatting one is the slowest part of a message.
+_java_text = functools.lru_cache(maxsize=4096)(SocketAddress.java_text)
 
 
 def to_stored(record: Record) -> messages_pb2.StoredMessage:
@@ -29,8 +37,8 @@ def to_stored(record: Record) -> messages_pb2.StoredMessage:
         size=record.size,
         store_timestamp_ms=record.store_timestamp_ms,
         born_timestamp_ms=record.born_timestamp_ms,
-        born_host=record.born_host.java_text(),
-        store_host=record.store_host.java_text(),
+        born_host=_java_text(record.born_host),
+        store_host=_java_text(record.store_host),
         sys_flag=record.sys_flag,
         flag=record.flag,
         body_crc=record.body_crc,
@@ -48,10 +56,17 @@ def to_stored(record: Record) -> messages_pb2.StoredMessage:
 class QueryServicer(query_pb2_grpc.QueryServiceServicer):
     def __init__(self, view: StoreView):
         self.view = view
+        self.metrics = QueryMetrics(view)
+
+    @contextmanager
+    def _lookup(self, kind: str) -> Iterator[trace.Span]:
+        """A span ``rmqstore.lookup.<kind>`` and the lookup's duration."""
+        with self.metrics.timed(kind), _TRACER.start_as_current_span(f"rmqstore.lookup.{kind}") as span:
+            yield span
 
     @mapped
     def QueryByKey(self, request: query_pb2.QueryByKeyRequest, context: grpc.ServicerContext) -> query_pb2.QueryByKeyResponse:
-        with _TRACER.start_as_current_span("rmqstore.lookup.key") as span:
+        with self._lookup("key") as span:
             span.set_attribute("rmqstore.topic", request.topic)
             page = self.view.by_key(
                 request.topic,
@@ -68,14 +83,14 @@ class QueryServicer(query_pb2_grpc.QueryServiceServicer):
 
     @mapped
     def QueryByUniqKey(self, request: query_pb2.QueryByUniqKeyRequest, context: grpc.ServicerContext) -> query_pb2.QueryByUniqKeyResponse:
-        with _TRACER.start_as_current_span("rmqstore.lookup.uniq_key") as span:
+        with self._lookup("uniq_key") as span:
             records = self.view.by_uniq_key(request.topic, request.uniq_key)
             span.set_attribute("rmqstore.results", len(records))
         return query_pb2.QueryByUniqKeyResponse(messages=[to_stored(r) for r in records])
 
     @mapped
     def QueryByMsgId(self, request: query_pb2.QueryByMsgIdRequest, context: grpc.ServicerContext) -> query_pb2.QueryByMsgIdResponse:
-        with _TRACER.start_as_current_span("rmqstore.lookup.msg_id"):
+        with self._lookup("msg_id"):
             record = self.view.by_msg_id(request.msg_id)
         return query_pb2.QueryByMsgIdResponse(message=to_stored(record))
 
@@ -83,13 +98,13 @@ class QueryServicer(query_pb2_grpc.QueryServiceServicer):
     def QueryByQueueOffset(
         self, request: query_pb2.QueryByQueueOffsetRequest, context: grpc.ServicerContext
     ) -> query_pb2.QueryByQueueOffsetResponse:
-        with _TRACER.start_as_current_span("rmqstore.lookup.queue_offset"):
+        with self._lookup("queue_offset"):
             record = self.view.by_queue_offset(request.topic, request.queue_id, request.queue_offset)
         return query_pb2.QueryByQueueOffsetResponse(message=to_stored(record))
 
     @mapped
     def Pull(self, request: query_pb2.PullRequest, context: grpc.ServicerContext) -> query_pb2.PullResponse:
-        with _TRACER.start_as_current_span("rmqstore.lookup.pull") as span:
+        with self._lookup("pull") as span:
             records, next_offset = self.view.pull(
                 request.topic, request.queue_id, request.from_offset, request.max_count, request.max_bytes
             )
@@ -107,12 +122,12 @@ class QueryServicer(query_pb2_grpc.QueryServiceServicer):
     @mapped
     def SearchOffset(self, request: query_pb2.SearchOffsetRequest, context: grpc.ServicerContext) -> query_pb2.SearchOffsetResponse:
         boundary = Boundary.UPPER if request.boundary == query_pb2.BOUNDARY_UPPER else Boundary.LOWER
-        with _TRACER.start_as_current_span("rmqstore.lookup.search_offset"):
+        with self._lookup("search_offset"):
             result = self.view.search_offset(request.topic, request.queue_id, request.timestamp_ms, boundary)
         return query_pb2.SearchOffsetResponse(offset=result.offset, found=result.found)
 
     def StreamByTime(self, request: query_pb2.StreamByTimeRequest, context: grpc.ServicerContext) -> Iterator[messages_pb2.StoredMessage]:
-        with _TRACER.start_as_current_span("rmqstore.lookup.time_range"):
+        with self._lookup("time_range"):
             try:
                 for record in self.view.messages_between(request.topic, request.queue_id, request.begin_ms, request.end_ms):
                     yield to_stored(record)

@@ -85,3 +85,83 @@ def test_tracing_is_off_unless_asked() -> None:
     assert tracing_requested({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4317"}) == "otlp"
     assert tracing_requested({"OTEL_TRACES_EXPORTER": "console"}) == "console"
     assert tracing_requested({"OTEL_TRACES_EXPORTER": "otlp", "OTEL_SDK_DISABLED": "true"}) is None
+
+
+def test_metrics_are_off_unless_asked() -> None:
+    from rmqstore.service.metrics import metrics_requested
+
+    assert metrics_requested({}) is None
+    assert metrics_requested({"OTEL_TRACES_EXPORTER": "console"}) is None
+    assert metrics_requested({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4317"}) == "otlp"
+    assert metrics_requested({"OTEL_EXPORTER_OTLP_METRICS_ENDPOINT": "http://127.0.0.1:4317"}) == "otlp"
+    assert metrics_requested({"OTEL_METRICS_EXPORTER": "none", "OTEL_EXPORTER_OTLP_ENDPOINT": "http://x:4317"}) is None
+    assert metrics_requested({"OTEL_METRICS_EXPORTER": "console"}) == "console"
+    assert metrics_requested({"OTEL_METRICS_EXPORTER": "otlp", "OTEL_SDK_DISABLED": "true"}) is None
+
+
+_METRIC_READER = None
+
+
+def metric_reader():
+    """An in-memory reader on the process's SDK meter provider (set once per process)."""
+    global _METRIC_READER
+    from opentelemetry import metrics
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+    if _METRIC_READER is None:
+        _METRIC_READER = InMemoryMetricReader()
+        metrics.set_meter_provider(MeterProvider(metric_readers=[_METRIC_READER]))
+    return _METRIC_READER
+
+
+def collected(reader) -> dict[str, list]:
+    data = reader.get_metrics_data()
+    found: dict[str, list] = {}
+    for resource in data.resource_metrics if data else []:
+        for scope in resource.scope_metrics:
+            for metric in scope.metrics:
+                found.setdefault(metric.name, []).extend(metric.data.data_points)
+    return found
+
+
+def test_writer_and_query_metrics(tmp_path: Path) -> None:
+    from test_query import QueryNode
+
+    from test_writer import SMALL
+    from rmqstore.v1 import query_pb2
+
+    reader = metric_reader()
+    collected(reader)  # start from a clean slate of deltas
+    node = start_node(tmp_path / "store")
+    try:
+        batch = [messages_pb2.Message(topic="Metered", body=bytes(100), keys=[f"k{i}"]) for i in range(5)]
+        acks = node.stub.SendBatch(writer_pb2.SendBatchRequest(messages=batch)).results
+        node.stub.Send(writer_pb2.SendRequest(message=messages_pb2.Message(topic="Metered", body=b"x")))
+        written = collected(reader)
+        node.writer.flush_thoroughly()
+        query = QueryNode(tmp_path / "store", SMALL)
+        try:
+            query.stub.QueryByKey(query_pb2.QueryByKeyRequest(topic="Metered", key="k3", page_size=3))
+            query.stub.QueryByUniqKey(query_pb2.QueryByUniqKeyRequest(topic="Metered", uniq_key=acks[0].uniq_key))
+            looked_up = collected(reader)
+        finally:
+            query.close()
+    finally:
+        node.close()
+    [messages] = written["rmqstore.writer.messages"]
+    [size] = written["rmqstore.writer.bytes"]
+    [duration] = written["rmqstore.writer.append.duration"]
+    assert messages.value == 6 and duration.count == 2
+    assert size.value == node.writer.log.write_offset  # every byte of both requests
+    store = {"rmqstore.store": str(tmp_path / "store")}
+
+    def of_this_store(points: list) -> list:
+        return [p.value for p in points if dict(p.attributes) == store]
+
+    assert of_this_store(written["rmqstore.writer.dispatch.lag"]) == [0]
+    assert of_this_store(written["rmqstore.writer.unflushed"]) == [size.value]  # ASYNC, nothing fsynced yet
+    by_kind = {dict(p.attributes)["rmqstore.lookup"]: p.count for p in looked_up["rmqstore.query.duration"]}
+    assert by_kind == {"key": 1, "uniq_key": 1}
+    assert of_this_store(looked_up["rmqstore.query.lag"]) == [0]
+    assert 0 <= of_this_store(looked_up["rmqstore.query.staleness"])[0] < 60_000

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator, Sequence
 
 import grpc
@@ -10,6 +11,7 @@ from rmqstore.common.codec.hosts import SocketAddress
 from rmqstore.common.codec.msgid import MSG_ID_OFFSET_DIGITS
 from rmqstore.common.errors import InvalidArgument, StoreError
 from rmqstore.service.errors import abort_with, mapped
+from rmqstore.service.metrics import WriterMetrics
 from rmqstore.v1 import messages_pb2, writer_pb2, writer_pb2_grpc
 from rmqstore.writer.store import AppendResult, Writer
 from rmqstore.writer.validate import EMPTY_PROPERTIES, MessageBatch
@@ -95,9 +97,13 @@ def to_response(results: list[AppendResult], compact: bool) -> writer_pb2.SendBa
 class WriterServicer(writer_pb2_grpc.WriterServiceServicer):
     def __init__(self, writer: Writer):
         self.writer = writer
+        self.metrics = WriterMetrics(writer)
 
     def _append(self, messages: Sequence[messages_pb2.Message], context: grpc.ServicerContext) -> list[AppendResult]:
-        return self.writer.append(to_batch(messages), peer=peer_address(context))
+        started = time.perf_counter()
+        results = self.writer.append(to_batch(messages), peer=peer_address(context))
+        self.metrics.appended(len(results), sum(r.size for r in results), started)
+        return results
 
     @mapped
     def Send(self, request: writer_pb2.SendRequest, context: grpc.ServicerContext) -> writer_pb2.SendResponse:

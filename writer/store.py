@@ -457,6 +457,17 @@ class Writer:
 
     # Status
 
+    @property
+    def unflushed_bytes(self) -> int:
+        """Bytes appended but not yet fsynced (what an ASYNC writer can lose to a power cut)."""
+        return max((self.log.write_offset or 0) - self.flushed_offset, 0)
+
+    @property
+    def dispatch_lag_bytes(self) -> int:
+        """Bytes appended but not yet dispatched and published to query nodes."""
+        published = self.publisher.last.dispatched_offset if self.publisher.last else 0
+        return max((self.log.write_offset or 0) - published, 0)
+
     def status(self) -> dict[str, object]:
         usage = shutil.disk_usage(self.config.store)
         with self._append_lock:

@@ -41,6 +41,7 @@ TAGS = ("TagA", "TagB", "TagC", "TagD", "TagE")
 HOT_KEYS = 16
 BATCH = 1000
 SAMPLE_ROWS = 4096  # decoded once per task by the no-decoding reader, then repeated
+BATCH_ROWS = 32_768  # the data source's batch size (pipeline.scan.BATCH_ROWS_MAX)
 
 
 def count_records(store: Path) -> int:
@@ -108,14 +109,15 @@ def ceiling(spark: Any, store: Path, rows: int) -> float:
         def read(self, partition: InputPartition) -> Any:
             import pyarrow as pa
             from rmqstore.common.files.commitlog import CommitLog
+            from rmqstore.pipeline.scan import ColumnScan
 
             log = CommitLog(os.path.join(root, "commitlog"), 1 << 30)
             try:
-                sample = [record for _, record in zip(range(SAMPLE_ROWS), log.records())]
+                first = next(iter(ColumnScan(log, 0, log.max_file_offset, batch_rows=SAMPLE_ROWS)))
+                small = columns.arrow_batch(first, root, columns.arrow_schema())
             finally:
                 log.close()
-            small = next(columns.record_batches(sample, root, columns.arrow_schema()))
-            repeats = columns.BATCH_ROWS_MAX // small.num_rows
+            repeats = BATCH_ROWS // small.num_rows
             batch = pa.Table.from_batches([small] * repeats).combine_chunks().to_batches()[0]
             for _ in range(max(1, rows // pieces // batch.num_rows)):
                 yield batch

@@ -1,4 +1,5 @@
-"""The record schema of the ``rmqstore`` data source, and Arrow batches built from records.
+"""The record schema of the ``rmqstore`` data source, and Arrow batches built from records
+decoded in bulk (``codec.columnar``).
 
 Column names are those of Apache's commit log dump (``rmqstore dump commitlog``), with the
 same value formats: ``msgId`` is the offsetMsgId, hosts are ``getHostAddress():port``.
@@ -6,19 +7,22 @@ same value formats: ``msgId`` is the offsetMsgId, hosts are ``getHostAddress():p
 absent); ``properties`` holds every property as stored; ``store`` is the store directory
 the record was read from.
 
-Batches are built column by column: one pass over the decoded records appends plain Python
-values to one list per column, then each list becomes an Arrow array in one call.
+Arrays are built from buffers, never from a Python object per record: numbers straight
+from numpy; body, topic and property texts by one ``take`` over an array whose offsets
+alternate between the spans and the gaps of the decoded bytes; hosts by a ``take`` of
+their few distinct texts. Text that is not valid UTF-8 (which Arrow refuses) is decoded
+per row with the per-record decoder's rules, for that batch only.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from rmqstore.common.codec import properties as props
-from rmqstore.common.codec.hosts import SocketAddress
-from rmqstore.common.codec.msgid import offset_msg_id
-from rmqstore.common.codec.record import Record
+from rmqstore.common.codec.columnar import Hosts, RecordColumns, Spans, decode_text
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -51,10 +55,6 @@ FIELDS: tuple[tuple[str, str, bool], ...] = (
 COLUMN_NAMES = tuple(name for name, _, _ in FIELDS)
 NON_NULL_COLUMNS = frozenset(name for name, _, nullable in FIELDS if not nullable)
 
-BATCH_ROWS_MAX = 32_768
-BATCH_BYTES_MAX = 32 * 1024 * 1024
-_HOST_CACHE_MAX = 65_536
-
 
 def spark_schema() -> StructType:
     from pyspark.sql import types as t
@@ -76,129 +76,137 @@ def arrow_schema() -> pa.Schema:
     return to_arrow_schema(spark_schema(), timezone="UTC")
 
 
-class _HostText:
-    """``SocketAddress.java_text`` memoized: a store has few distinct hosts, and formatting
-    one costs more than decoding the rest of the record."""
-
-    def __init__(self) -> None:
-        self._known: dict[tuple[bytes, int], str] = {}
-
-    def __call__(self, address: SocketAddress) -> str:
-        key = (address.ip, address.port)
-        text = self._known.get(key)
-        if text is None:
-            if len(self._known) >= _HOST_CACHE_MAX:
-                self._known.clear()
-            text = self._known[key] = address.java_text()
-        return text
-
-
-def record_batches(
-    records: Iterable[Record],
-    store: str,
-    schema: pa.Schema,
-    *,
-    accept: Callable[[Record], bool] | None = None,
-    batch_rows: int = BATCH_ROWS_MAX,
-    batch_bytes: int = BATCH_BYTES_MAX,
-) -> Iterator[pa.RecordBatch]:
-    """Arrow batches of ``schema`` (:func:`arrow_schema`) holding the records ``accept``
-    keeps, at most ``batch_rows`` rows or about ``batch_bytes`` of bodies each."""
+def arrow_batch(decoded: RecordColumns, store: str, schema: pa.Schema) -> pa.RecordBatch:
+    """The decoded records as one batch of ``schema`` (:func:`arrow_schema`)."""
     import pyarrow as pa
 
-    host_text = _HostText()
-    records = iter(records)
-    while True:
-        offset: list[int] = []
-        size: list[int] = []
-        msg_id: list[str] = []
-        topic: list[str] = []
-        queue_id: list[int] = []
-        queue_offset: list[int] = []
-        sys_flag: list[int] = []
-        flag: list[int] = []
-        body_crc: list[int] = []
-        born_ts: list[int] = []
-        store_ts: list[int] = []
-        born_host: list[str] = []
-        store_host: list[str] = []
-        reconsume: list[int] = []
-        prepared: list[int] = []
-        keys: list[str | None] = []
-        tags: list[str | None] = []
-        uniq: list[str | None] = []
-        property_ends: list[int] = [0]
-        property_names: list[str] = []
-        property_values: list[str] = []
-        body: list[bytes] = []
-        body_total = 0
-        for record in records:
-            if accept is not None and not accept(record):
-                continue
-            properties = record.properties
-            offset.append(record.commitlog_offset)
-            size.append(record.size)
-            msg_id.append(offset_msg_id(record.store_host, record.commitlog_offset))
-            topic.append(record.topic)
-            queue_id.append(record.queue_id)
-            queue_offset.append(record.queue_offset)
-            sys_flag.append(record.sys_flag)
-            flag.append(record.flag)
-            body_crc.append(record.body_crc)
-            born_ts.append(record.born_timestamp_ms)
-            store_ts.append(record.store_timestamp_ms)
-            born_host.append(host_text(record.born_host))
-            store_host.append(host_text(record.store_host))
-            reconsume.append(record.reconsume_times)
-            prepared.append(record.prepared_transaction_offset)
-            keys.append(properties.get(props.KEYS))
-            tags.append(properties.get(props.TAGS))
-            uniq.append(properties.get(props.UNIQ_KEY))
-            property_names.extend(properties)
-            property_values.extend(properties.values())
-            property_ends.append(len(property_names))
-            body.append(record.body)
-            body_total += len(record.body)
-            if len(offset) >= batch_rows or body_total >= batch_bytes:
-                break
-        if not offset:
-            return
-        columns = {
-            "commitLogOffset": offset,
-            "size": size,
-            "msgId": msg_id,
-            "topic": topic,
-            "queueId": queue_id,
-            "queueOffset": queue_offset,
-            "sysFlag": sys_flag,
-            "flag": flag,
-            "bodyCRC": body_crc,
-            "bornTimestamp": born_ts,
-            "storeTimestamp": store_ts,
-            "bornHost": born_host,
-            "storeHost": store_host,
-            "reconsumeTimes": reconsume,
-            "preparedTransactionOffset": prepared,
-            "keys": keys,
-            "tags": tags,
-            "uniqKey": uniq,
-            "body": body,
-        }
-        arrays = []
-        for column in schema:
-            if column.name == "properties":
-                arrays.append(
-                    pa.MapArray.from_arrays(
-                        pa.array(property_ends, pa.int32()),
-                        pa.array(property_names, pa.string()),
-                        pa.array(property_values, pa.string()),
-                        type=column.type,
-                    )
-                )
-            elif column.name == "store":
-                arrays.append(pa.array([store] * len(offset), column.type))
-            else:
-                arrays.append(pa.array(columns[column.name], column.type))
-        yield pa.RecordBatch.from_arrays(arrays, schema=schema)
-        if len(offset) < batch_rows and body_total < batch_bytes:
-            return
+    rows = decoded.rows
+    data = pa.py_buffer(decoded.data)
+    try:
+        texts = _Texts(
+            _spans(data, decoded.topic, pa.string()),
+            _spans(data, decoded.names, pa.string()),
+            _spans(data, decoded.values, pa.string()),
+            decoded.pair_ends,
+            decoded.keys,
+            decoded.tags,
+            decoded.uniq_key,
+        )
+    except pa.ArrowInvalid:  # not UTF-8: Arrow refuses it, the per-record decoder replaces
+        texts = _texts_per_row(decoded)
+    columns = {
+        "commitLogOffset": decoded.commitlog_offset,
+        "size": decoded.size,
+        "msgId": pa.StringArray.from_buffers(
+            rows, pa.py_buffer(decoded.msg_id_ends.astype(np.int32)), pa.py_buffer(decoded.msg_id_chars)
+        ),
+        "topic": texts.topic,
+        "queueId": decoded.queue_id,
+        "queueOffset": decoded.queue_offset,
+        "sysFlag": decoded.sys_flag,
+        "flag": decoded.flag,
+        "bodyCRC": decoded.body_crc,
+        "bornTimestamp": decoded.born_timestamp_ms,
+        "storeTimestamp": decoded.store_timestamp_ms,
+        "bornHost": _hosts(decoded.born_host),
+        "storeHost": _hosts(decoded.store_host),
+        "reconsumeTimes": decoded.reconsume_times,
+        "preparedTransactionOffset": decoded.prepared_transaction_offset,
+        "keys": _property(texts.values, texts.keys),
+        "tags": _property(texts.values, texts.tags),
+        "uniqKey": _property(texts.values, texts.uniq_key),
+        "body": _spans(data, decoded.body, pa.binary()),
+        "store": _repeated(store, rows),
+    }
+    arrays = []
+    for column in schema:
+        if column.name == "properties":
+            pair_ends = pa.array(texts.pair_ends.astype(np.int32))
+            arrays.append(pa.MapArray.from_arrays(pair_ends, texts.names, texts.values, type=column.type))
+        else:
+            arrays.append(pa.array(columns[column.name], column.type))
+    return pa.RecordBatch.from_arrays(arrays, schema=schema)
+
+
+@dataclass(frozen=True, slots=True)
+class _Texts:
+    """The text columns of a batch: topics, property names and values (all pairs), and
+    per row its pairs (as ends) and the pair holding KEYS, TAGS, UNIQ_KEY (or -1)."""
+
+    topic: pa.Array
+    names: pa.Array
+    values: pa.Array
+    pair_ends: np.ndarray
+    keys: np.ndarray
+    tags: np.ndarray
+    uniq_key: np.ndarray
+
+
+def _spans(data: pa.Buffer, spans: Spans, kind: pa.DataType) -> pa.Array:
+    """The spans of ``data`` as one contiguous array: an array over ``data`` whose offsets
+    alternate span starts and ends holds span i at 2i (and the gaps between at the odd
+    places), and a ``take`` of the even places copies the spans out in C++."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    count = len(spans.at)
+    if not count:
+        return pa.array([], kind)
+    bounds = np.empty(2 * count, np.int32)
+    bounds[0::2] = spans.at
+    bounds[1::2] = spans.at + spans.length
+    gapped = pa.BinaryArray.from_buffers(pa.binary(), 2 * count - 1, [None, pa.py_buffer(bounds), data])
+    taken = pc.take(gapped, pa.array(np.arange(0, 2 * count, 2, dtype=np.int32)))
+    return taken if kind == pa.binary() else taken.cast(kind)
+
+
+def _texts_per_row(decoded: RecordColumns) -> _Texts:
+    """Topic and properties decoded record by record (``properties.decode_properties``):
+    the exact rules for bytes that are not UTF-8."""
+    import pyarrow as pa
+
+    data = decoded.data
+    names: list[str] = []
+    values: list[str] = []
+    ends = [0]
+    keys, tags, uniq = (np.full(decoded.rows, -1, np.int64) for _ in range(3))
+    for row in range(decoded.rows):
+        at, length = int(decoded.properties.at[row]), int(decoded.properties.length[row])
+        found = props.decode_properties(data[at : at + length].tobytes())
+        for name, column in ((props.KEYS, keys), (props.TAGS, tags), (props.UNIQ_KEY, uniq)):
+            if name in found:
+                column[row] = len(names) + list(found).index(name)
+        names.extend(found)
+        values.extend(found.values())
+        ends.append(len(names))
+    topic = [decode_text(data, int(at), int(length)) for at, length in zip(decoded.topic.at, decoded.topic.length)]
+    return _Texts(
+        pa.array(topic, pa.string()),
+        pa.array(names, pa.string()),
+        pa.array(values, pa.string()),
+        np.asarray(ends, np.int64),
+        keys,
+        tags,
+        uniq,
+    )
+
+
+def _property(values: pa.Array, pair: np.ndarray) -> pa.Array:
+    """Per row the value of the pair ``pair`` names, null where it is -1."""
+    import pyarrow as pa
+
+    return values.take(pa.array(pair, mask=pair < 0))
+
+
+def _hosts(hosts: Hosts) -> pa.Array:
+    import pyarrow as pa
+
+    return pa.array(hosts.texts, pa.string()).take(pa.array(hosts.index))
+
+
+def _repeated(text: str, rows: int) -> pa.Array:
+    import pyarrow as pa
+
+    encoded = text.encode("utf-8")
+    ends = np.arange(0, (rows + 1) * len(encoded), len(encoded), dtype=np.int32)[: rows + 1]
+    return pa.StringArray.from_buffers(rows, pa.py_buffer(ends), pa.py_buffer(encoded * rows))

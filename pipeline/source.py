@@ -1,9 +1,10 @@
 """``spark.read.format("rmqstore").load(STORE)``: a PySpark data source over commit logs.
 
 One partition per commit log file; larger files are cut at record starts (``pipeline.splits``
-says how cuts are found and checked). Each partition decodes its range with the store
-library (``CommitLog.records``: the codecs and the recovery contract, no second parser) and
-returns Arrow batches built column by column (``pipeline.columns``).
+says how cuts are found and checked). Each partition decodes its range in bulk with the
+store library's columnar decoder (``pipeline.scan``: ``codec.columnar``, with
+``CommitLog.records``' recovery contract where the records end) and returns Arrow batches
+built from its buffers (``pipeline.columns``).
 
 Options:
 
@@ -44,11 +45,11 @@ from pyspark.sql.datasource import (
     LessThanOrEqual,
 )
 from pyspark.sql.types import StructType
-from rmqstore.common.codec.record import Record
 from rmqstore.common.errors import InvalidArgument
 from rmqstore.common.files.commitlog import CommitLog, StopReason
 from rmqstore.common.files.store import StorePaths
 from rmqstore.pipeline import columns, splits
+from rmqstore.pipeline.scan import ColumnScan
 from rmqstore.pipeline.splits import TIME_MAX_MS, TIME_MIN_MS, Split, TimeRange
 
 FORMAT_NAME = "rmqstore"
@@ -78,12 +79,20 @@ class RowFilter:
     def is_empty(self) -> bool:
         return (self.topics is not None and not self.topics) or self.times.is_empty or self.offset_min > self.offset_max
 
-    def accepts(self, record: Record) -> bool:
-        return (
-            (self.topics is None or record.topic in self.topics)
-            and self.times.begin_ms <= record.store_timestamp_ms <= self.times.end_ms
-            and self.offset_min <= record.commitlog_offset <= self.offset_max
+    def apply(self, batch: Any) -> Any:
+        """The rows of an Arrow batch of the source's schema that the filter keeps."""
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        times = batch.column("storeTimestamp")
+        offsets = batch.column("commitLogOffset")
+        keep = pc.and_(
+            pc.and_(pc.greater_equal(times, self.times.begin_ms), pc.less_equal(times, self.times.end_ms)),
+            pc.and_(pc.greater_equal(offsets, self.offset_min), pc.less_equal(offsets, self.offset_max)),
         )
+        if self.topics is not None:
+            keep = pc.and_(keep, pc.is_in(batch.column("topic"), value_set=pa.array(sorted(self.topics), pa.string())))
+        return batch.filter(keep)
 
 
 def _bound(current: tuple[int, int], item: Filter) -> tuple[int, int] | None:
@@ -234,9 +243,17 @@ def read_split(split: Split, row_filter: RowFilter = RowFilter(), *, check_crc: 
     the split raises; a torn tail or the end of the log ends it."""
     log = CommitLog(StorePaths(split.store).commitlog, split.file_size_bytes)
     try:
-        scan = log.records(split.start, check_crc=check_crc, stop=split.stop)
-        accept = None if row_filter.is_all else row_filter.accepts
-        yield from columns.record_batches(splits.check_end(split, scan), split.store, columns.arrow_schema(), accept=accept)
+        scan = ColumnScan(log, split.start, split.stop, check_crc=check_crc)
+        schema = columns.arrow_schema()
+        last_end = split.start
+        for decoded in scan:
+            last_end = int(decoded.commitlog_offset[-1]) + int(decoded.size[-1])
+            batch = columns.arrow_batch(decoded, split.store, schema)
+            if not row_filter.is_all:
+                batch = row_filter.apply(batch)
+            if batch.num_rows:
+                yield batch
+        splits.check_cut(split, last_end)
         if scan.stop is not None and scan.stop.reason is StopReason.CORRUPT:
             assert scan.stop.error is not None
             raise scan.stop.error

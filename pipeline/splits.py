@@ -10,7 +10,7 @@ larger than ``max_partition_bytes``, or when the read covers fewer files than
   magic code whose PHYSICALOFFSET field holds its own position and which decodes with a
   good CRC (``CommitLog.read``). A body could, in principle, hold bytes that pass this
   test, so every piece that ends at a cut checks that its last record ends exactly there
-  (:func:`check_end`): by induction from the file's start, every cut is then a real record
+  (:func:`check_cut`): by induction from the file's start, every cut is then a real record
   start, or the read fails — it is never silently wrong;
 * **reads with a time filter** walk the file's record headers (sizes, flags and store
   times, no decoding), which gives exact cuts and each piece's exact store-time range: a
@@ -87,7 +87,7 @@ class Split:
 
     ``walked`` splits know how many records their headers hold and the exact range of
     their store times. ``cut_end``: ``stop`` is a cut found by searching, which the scan
-    must confirm (:func:`check_end`).
+    must confirm (:func:`check_cut`).
     """
 
     store: str
@@ -108,12 +108,17 @@ class Split:
 
 
 def check_end(split: Split, records: Iterable[Record]) -> Iterator[Record]:
-    """Pass the scan's records through; at the end, if the split ends at a searched cut and
-    the scan got there, its last record must end exactly at the cut."""
+    """Pass the scan's records through, then :func:`check_cut` where the last one ends."""
     last_end = split.start
     for record in records:
         last_end = record.next_offset
         yield record
+    check_cut(split, last_end)
+
+
+def check_cut(split: Split, last_end: int) -> None:
+    """If the split ends at a searched cut and its scan got there (its last record ends at
+    ``last_end``), that record must end exactly at the cut."""
     if split.cut_end and last_end > split.stop:
         raise Corruption(
             f"commit log offset {split.stop} looked like a record start but lies inside the record that "

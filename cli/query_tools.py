@@ -315,6 +315,7 @@ def cmd_query_serve(args: argparse.Namespace) -> int:
             port=args.port,
             credentials=credentials,
             health_port=args.health_port,
+            workers=args.workers,
         )
     except BaseException:
         view.close()

@@ -22,7 +22,9 @@ EXIT_ERROR = 2
 SHUTDOWN_GRACE_S = 10.0
 
 
-# TLS options, shared with query_tools.
+# TLS and listener options, shared with query_tools.
+
+DEFAULT_WORKERS = 64  # enough for 64 producers each holding a stream
 
 
 def add_server_tls_options(parser: argparse.ArgumentParser) -> None:
@@ -40,6 +42,13 @@ def add_server_tls_options(parser: argparse.ArgumentParser) -> None:
         metavar="P",
         help="also serve grpc.health.v1 alone, in plaintext, on this port (for probes that cannot speak TLS)",
     )
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=DEFAULT_WORKERS,
+        metavar="N",
+        help=f"threads serving RPCs (default {DEFAULT_WORKERS}); each open stream holds one while it lasts",
+    )
 
 
 def server_credentials_from(args: argparse.Namespace) -> grpc.ServerCredentials | None:
@@ -47,6 +56,8 @@ def server_credentials_from(args: argparse.Namespace) -> grpc.ServerCredentials 
     and the options' combinations first, so that a bad one stops the node before it starts."""
     from rmqstore.service.server import load_server_credentials
 
+    if args.workers < 1:
+        raise InvalidArgument(f"--workers must be at least 1, got {args.workers}")
     if args.health_port is not None and args.health_port != 0 and args.health_port == args.port:
         raise InvalidArgument(f"--health-port {args.health_port} must differ from --port")
     if args.tls_cert is None and args.tls_key is None:
@@ -129,6 +140,7 @@ def cmd_writer_serve(args: argparse.Namespace) -> int:
             port=args.port,
             credentials=credentials,
             health_port=args.health_port,
+            workers=args.workers,
         )
     except BaseException:
         writer.close()

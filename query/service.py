@@ -15,6 +15,7 @@ from rmqstore.common.codec.properties import split_keys
 from rmqstore.common.codec.record import Record
 from rmqstore.common.errors import StoreError
 from rmqstore.common.files.consumequeue import Boundary
+from rmqstore.common.tracing import span
 from rmqstore.query.view import TIME_MAX_MS, TIME_MIN_MS, StoreView
 from rmqstore.service.errors import abort_with, mapped
 from rmqstore.service.metrics import QueryMetrics
@@ -61,8 +62,8 @@ class QueryServicer(query_pb2_grpc.QueryServiceServicer):
     @contextmanager
     def _lookup(self, kind: str) -> Iterator[trace.Span]:
         """A span ``rmqstore.lookup.<kind>`` and the lookup's duration."""
-        with self.metrics.timed(kind), _TRACER.start_as_current_span(f"rmqstore.lookup.{kind}") as span:
-            yield span
+        with self.metrics.timed(kind), span(_TRACER, f"rmqstore.lookup.{kind}") as current:
+            yield current
 
     @mapped
     def QueryByKey(self, request: query_pb2.QueryByKeyRequest, context: grpc.ServicerContext) -> query_pb2.QueryByKeyResponse:

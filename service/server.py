@@ -168,9 +168,10 @@ class Serving:
         port: int,
         credentials: grpc.ServerCredentials | None,
         health_port: int | None,
+        workers: int = 32,
     ):
         self.server, self.port, self.health_servicer = start_server(
-            register, service_names, host=host, port=port, credentials=credentials
+            register, service_names, host=host, port=port, credentials=credentials, workers=workers
         )
         self.health_server: grpc.Server | None = None
         self.health_port: int | None = None

@@ -58,3 +58,4 @@ def configure_tracing(service_name: str) -> bool:
 
 def tracer(name: str) -> trace.Tracer:
     return trace.get_tracer(name)
+

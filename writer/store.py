@@ -33,6 +33,7 @@ from rmqstore.common.files.consumequeue import ConsumeQueueSet
 from rmqstore.common.files.index import IndexFileList
 from rmqstore.common.files.progress import ProgressPublisher
 from rmqstore.common.files.store import Dispatcher, StorePaths
+from rmqstore.common.tracing import span
 from rmqstore.writer.background import PeriodicTask
 from rmqstore.writer.config import FlushPolicy, WriterConfig
 from rmqstore.writer.ids import UniqKeyGenerator
@@ -94,6 +95,7 @@ class Writer:
         self._lock_file = StoreLock(self.paths.lock)
         self._append_lock = threading.Lock()
         self._durable = threading.Condition()
+        self._group_flushing = False  # a SYNC waiter is flushing for the group
         self._closed = False
         self._tasks: list[PeriodicTask] = []
         try:
@@ -273,10 +275,10 @@ class Writer:
             # Topics are created only once the whole batch is known to be good.
             for topic in sorted(to_create):
                 self.topics.create(topic, self.config.auto_create_queue_count)
-            with _TRACER.start_as_current_span("rmqstore.append") as span:
-                span.set_attribute("rmqstore.messages", batch.message_count)
+            with span(_TRACER, "rmqstore.append") as current:
+                current.set_attribute("rmqstore.messages", batch.message_count)
                 plans, results = self._append_batch(batch, peer)
-            with _TRACER.start_as_current_span("rmqstore.dispatch"):
+            with span(_TRACER, "rmqstore.dispatch"):
                 self.dispatcher.dispatch_batch(plans)
             end = self.log.write_offset
             assert end is not None
@@ -371,8 +373,8 @@ class Writer:
         with self._append_lock:
             target = self.log.write_offset or 0
             start = self.flushed_offset
-        with _TRACER.start_as_current_span("rmqstore.flush") as span:
-            span.set_attribute("rmqstore.flush.bytes", max(target - start, 0))
+        with span(_TRACER, "rmqstore.flush") as current:
+            current.set_attribute("rmqstore.flush.bytes", max(target - start, 0))
             self.log.flush_range(start, target)
         with self._durable:
             self.flushed_offset = max(self.flushed_offset, target)
@@ -397,13 +399,24 @@ class Writer:
         return target
 
     def wait_flushed(self, offset: int) -> None:
-        """Block until the commit log is fsynced up to ``offset`` (group commit: the first
-        waiter flushes for everyone who arrived meanwhile)."""
-        while True:
-            with self._durable:
-                if self.flushed_offset >= offset:
-                    return
+        """Block until the commit log is fsynced up to ``offset``. Group commit: one
+        waiter at a time flushes everything written so far; the others wait for that
+        flush and return if it covered them, so one fsync acknowledges every append
+        that arrived while the previous one ran."""
+        with self._durable:
+            while self.flushed_offset < offset:
+                if not self._group_flushing:
+                    self._group_flushing = True
+                    break
+                self._durable.wait()
+            else:
+                return
+        try:
             self.flush()
+        finally:
+            with self._durable:
+                self._group_flushing = False
+                self._durable.notify_all()
 
     def _write_checkpoint(self) -> None:
         previous = read_checkpoint(self.paths.checkpoint)

@@ -40,6 +40,9 @@ def _size_or_zero(path: str) -> int:
         return 0
 
 
+_datasync = getattr(os, "fdatasync", os.fsync)
+
+
 class MappedFile:
     """One fixed-size file, memory-mapped for reading or for reading and writing."""
 
@@ -58,7 +61,12 @@ class MappedFile:
                 )
             access = mmap.ACCESS_WRITE if writable else mmap.ACCESS_READ
             self._mmap = mmap.mmap(fd, file_size_bytes, access=access)
-        finally:
+        except BaseException:
+            os.close(fd)
+            raise
+        # A writable file keeps its descriptor to flush through (see flush).
+        self._fd: int | None = fd if writable else None
+        if not writable:
             os.close(fd)
         self.buf = memoryview(self._mmap)
         if not writable:
@@ -128,13 +136,19 @@ class MappedFile:
         """msync [start, end) (whole pages around it) to disk."""
         if not self.writable:
             return
-        end = self.file_size_bytes if end is None else end
-        low = start - start % mmap.PAGESIZE
-        self._mmap.flush(low, end - low)
+        assert self._fd is not None
+        # fdatasync writes back the file's dirty pages, those dirtied through the shared
+        # mapping included, and releases the GIL while the disk works; mmap.flush (msync)
+        # holds it, stalling every other thread — the appends a group commit is waiting
+        # to cover. The whole file is synced: only its dirty pages cost anything.
+        _datasync(self._fd)
 
     def close(self) -> None:
         self.buf.release()
         self._mmap.close()
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
 
     def __repr__(self) -> str:
         mode = "rw" if self.writable else "ro"

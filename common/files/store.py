@@ -20,6 +20,9 @@ from rmqstore.common.files.index import IndexFileList
 
 
 DISPATCH_BATCH_RECORDS = 4096
+# Below this many records a batch is dispatched record by record (measured: numpy's fixed
+# cost per call outweighs its per-record saving for a handful of records).
+SMALL_BATCH_RECORDS = 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,6 +160,9 @@ class Dispatcher:
         those of :meth:`dispatch` called per record."""
         if not len(batch):
             return
+        if len(batch) < SMALL_BATCH_RECORDS:
+            self._dispatch_one_by_one(batch)
+            return
         units = np.empty(len(batch), dtype=cq.UNIT_DTYPE)
         units["commitlog_offset"] = batch.commitlog_offsets
         units["size"] = batch.sizes
@@ -184,6 +190,19 @@ class Dispatcher:
                 break
         if self.index is not None:
             self.index.build_index_batch(batch)
+
+    def _dispatch_one_by_one(self, batch: DispatchBatch) -> None:
+        """A few records: the array set-up would cost more than it saves."""
+        first_key = 0
+        for record in range(len(batch)):
+            self.apply(
+                DispatchPlan(
+                    batch.topics[record], batch.queue_ids[record], batch.queue_offsets[record],
+                    batch.commitlog_offsets[record], batch.sizes[record], batch.store_timestamps_ms[record],
+                    batch.tags_codes[record], batch.has_unit[record], batch.index_keys_of(record, first_key),
+                )
+            )
+            first_key += batch.key_counts[record]
 
     def flush(self) -> None:
         self.queues.flush()

@@ -351,7 +351,7 @@ class CommitLog:
         return self.files.create(offset)
 
     def flush_range(self, start: int, end: int) -> None:
-        """msync the pages holding commit log bytes [start, end)."""
+        """Make commit log bytes [start, end) durable (their files are synced whole)."""
         if end <= start:
             return
         for mapped in list(self.files.files):
@@ -362,7 +362,7 @@ class CommitLog:
         self.flushed_offset = max(self.flushed_offset, end)
 
     def flush(self) -> int:
-        """msync every file written since the last flush; returns the flushed offset."""
+        """Sync every file written since the last flush; returns the flushed offset."""
         for mapped in sorted(self._dirty, key=lambda f: f.start_offset):
             mapped.flush()
         self._dirty.clear()

@@ -90,7 +90,7 @@ class MappedFile:
             os.ftruncate(fd, file_size_bytes)
             for position, data in initial:
                 os.pwrite(fd, data, position)
-            os.fsync(fd)  # the size is metadata: msync of the data does not persist it
+            os.fsync(fd)  # the size is metadata: a data-only sync would not persist it
         finally:
             os.close(fd)
         os.rename(temp, path)
@@ -133,7 +133,8 @@ class MappedFile:
         return start
 
     def flush(self, start: int = 0, end: int | None = None) -> None:
-        """msync [start, end) (whole pages around it) to disk."""
+        """Make the bytes written through the mapping durable. ``start``/``end`` name the
+        range the caller needs; the whole file is synced (see below)."""
         if not self.writable:
             return
         assert self._fd is not None

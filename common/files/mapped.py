@@ -61,12 +61,7 @@ class MappedFile:
                 )
             access = mmap.ACCESS_WRITE if writable else mmap.ACCESS_READ
             self._mmap = mmap.mmap(fd, file_size_bytes, access=access)
-        except BaseException:
-            os.close(fd)
-            raise
-        # A writable file keeps its descriptor to flush through (see flush).
-        self._fd: int | None = fd if writable else None
-        if not writable:
+        finally:
             os.close(fd)
         self.buf = memoryview(self._mmap)
         if not writable:
@@ -137,19 +132,23 @@ class MappedFile:
         range the caller needs; the whole file is synced (see below)."""
         if not self.writable:
             return
-        assert self._fd is not None
         # fdatasync writes back the file's dirty pages, those dirtied through the shared
         # mapping included, and releases the GIL while the disk works; mmap.flush (msync)
         # holds it, stalling every other thread — the appends a group commit is waiting
-        # to cover. The whole file is synced: only its dirty pages cost anything.
-        _datasync(self._fd)
+        # to cover. The whole file is synced: only its dirty pages cost anything. The
+        # descriptor is opened per flush so that a store of many files holds none.
+        try:
+            fd = os.open(self.path, os.O_RDWR)
+        except FileNotFoundError:
+            return  # deleted by retention meanwhile: nothing left to make durable
+        try:
+            _datasync(fd)
+        finally:
+            os.close(fd)
 
     def close(self) -> None:
         self.buf.release()
         self._mmap.close()
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
 
     def __repr__(self) -> str:
         mode = "rw" if self.writable else "ro"

@@ -345,3 +345,26 @@ def test_writer_batches_write_what_records_one_by_one_would(tmp_path: Path) -> N
         assert {k: v for k, v in again.items() if k.startswith(part)} == {
             k: v for k, v in store.items() if k.startswith(part)
         }
+
+
+# Finding the end of written data
+
+
+def test_end_of_data_skips_holes_and_sees_unflushed_writes(tmp_path: Path) -> None:
+    """last_nonzero_position bounds its search by the file's trailing hole; bytes written
+    through the mapping and never flushed, and data after a hole, still count."""
+    from rmqstore.common.files.mapped import MappedFile
+
+    size = 8 << 20
+    mapped = MappedFile.create(str(tmp_path / "f"), size, 0)
+    assert mapped.last_nonzero_position() == 0
+    mapped.write(100, b"\x01\x02")
+    assert mapped.last_nonzero_position() == 102  # not flushed: still found
+    mapped.write(5 << 20, b"\x07")  # beyond a hole of several MiB
+    assert mapped.last_nonzero_position() == (5 << 20) + 1
+    assert mapped.last_nonzero_position((5 << 20) + 1) == (5 << 20) + 1
+    mapped.write(size - 1, b"\x09")
+    assert mapped.last_nonzero_position() == size
+    mapped.write(size - 1, b"\x00")  # a written zero is not data
+    assert mapped.last_nonzero_position() == (5 << 20) + 1
+    mapped.close()

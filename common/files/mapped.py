@@ -8,6 +8,7 @@ open the file ``O_RDONLY``: they never write and work on directories they cannot
 
 from __future__ import annotations
 
+import errno
 import mmap
 import os
 from collections.abc import Iterator
@@ -113,9 +114,34 @@ class MappedFile:
             stop = min(start + _ZERO_CHUNK_BYTES, end)
             self.write(start, bytes(stop - start))
 
+    def _allocated_end(self) -> int:
+        """Where the file's trailing hole starts (SEEK_DATA/SEEK_HOLE; pages written
+        through a mapping but not yet on disk count as data), or its size where the file
+        system cannot tell: no byte past it can be non-zero, and reading the hole would
+        fault in every page of it (a nearly empty 1 GiB commit log file took 1.5 s)."""
+        try:
+            fd = os.open(self.path, os.O_RDONLY)
+        except OSError:
+            return self.file_size_bytes
+        try:
+            end = position = 0
+            while position < self.file_size_bytes:
+                try:
+                    data = os.lseek(fd, position, os.SEEK_DATA)
+                except OSError as error:
+                    if error.errno == errno.ENXIO:  # no data at or after position
+                        return end
+                    return self.file_size_bytes
+                position = end = os.lseek(fd, data, os.SEEK_HOLE)
+            return min(end, self.file_size_bytes)
+        except OSError:
+            return self.file_size_bytes
+        finally:
+            os.close(fd)
+
     def last_nonzero_position(self, start: int = 0) -> int:
         """One past the last non-zero byte at or after ``start``; ``start`` if there is none."""
-        end = self.file_size_bytes
+        end = max(min(self._allocated_end(), self.file_size_bytes), start)
         while end > start:
             chunk_start = max(start, end - _ZERO_CHUNK_BYTES)
             if self.buf[chunk_start:end] == _ZEROS[: end - chunk_start]:

@@ -7,14 +7,22 @@
    commit log files, 300,000-unit queues, 5,000,000-slot / 20,000,000-entry index files).
    4 topics × 8 queues; a unique order key per message and, on 30 %, one of 16 hot keys;
    5 tags; bodies of 100–400 random bytes; seed 20261122.
-2. Single-process ``reindex`` of the commit log (``common/files/store.py``): msgs/s.
-3. Spark: a full scan counted through the data source, as the jobs read it
-   (``spark.read.format("rmqstore").option("minPartitions", 3 × cores).load(store).count()``):
-   rows/s, best and median of --scans runs; then the Spark ``reindex``: msgs/s, its output
-   checked byte for byte against the single-process one.
-4. For scale: the same ``count()`` through a Python data source that decodes nothing — it
-   yields one pre-built batch of 32,768 rows (4,096 of the store's own records, repeated)
-   over and over — which is what Spark's Python data source path itself allows here.
+2. Single process, for scale: a scan of the whole log record by record
+   (``CommitLog.records``, what the data source did per row before its columnar decoder)
+   and through the data source's own reader in one process (``read_split``: columnar
+   decode and Arrow batches): rows/s; then the single-process ``reindex``: msgs/s.
+3. Spark ``count()`` of the data source, as the jobs read it
+   (``spark.read.format("rmqstore").option("minPartitions", 3 × cores).load(store)``), and
+   with one piece per core, and with batches of 32,768 rows.
+4. The Spark floor: the same ``count()`` through Python data sources that decode nothing —
+   each task yields one pre-built batch (the store's first records, repeated) over and
+   over — with the data source's schema (3 pieces per core and 1; batches of 8,192 and
+   32,768 rows) and with a single bigint column: what Spark's Python data source path
+   itself allows here.
+   The counts of 3 and 4 take turns (one warm-up each, then --scans rounds), and each
+   reports the CPU Spark's JVM and its Python workers spent per row (from /proc).
+5. The Spark ``reindex``: msgs/s, its output checked byte for byte against the
+   single-process one.
 
 Prints one JSON document with every figure, then the Markdown table of PIPELINE.md.
 """
@@ -41,7 +49,7 @@ TAGS = ("TagA", "TagB", "TagC", "TagD", "TagE")
 HOT_KEYS = 16
 BATCH = 1000
 SAMPLE_ROWS = 4096  # decoded once per task by the no-decoding reader, then repeated
-BATCH_ROWS = 32_768  # the data source's batch size (pipeline.scan.BATCH_ROWS_MAX)
+TARGET_ROWS_PER_S = 1_000_000
 
 
 def count_records(store: Path) -> int:
@@ -94,13 +102,78 @@ def generate(store: Path, messages: int) -> float:
     return time.perf_counter() - started
 
 
-def ceiling(spark: Any, store: Path, rows: int) -> float:
-    """rows/s of count() over pre-built batches: no decoding, only Spark's own work."""
+def process_cpu_s() -> dict[str, float]:
+    """CPU seconds used so far by Spark's JVM (this process's java child) and by its Python
+    workers (pyspark.daemon and the workers it forks, reaped ones included). Linux only;
+    empty elsewhere."""
+    ticks = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    used = {"jvm": 0.0, "python_workers": 0.0}
+    try:
+        pids = [name for name in os.listdir("/proc") if name.isdigit()]
+    except OSError:
+        return {}
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat", encoding="ascii") as handle:
+                fields = handle.read().rsplit(")", 1)[1].split()
+            with open(f"/proc/{pid}/cmdline", "rb") as handle:
+                command = handle.read().replace(b"\0", b" ")
+        except OSError:
+            continue  # gone meanwhile
+        parent, own, children = int(fields[1]), int(fields[11]) + int(fields[12]), int(fields[13]) + int(fields[14])
+        if b"java" in command and parent == os.getpid():
+            used["jvm"] += own / ticks
+        elif b"pyspark.daemon" in command:
+            used["python_workers"] += (own + children) / ticks
+    return used
+
+
+def timed_counts(loads: dict[str, Any], runs: int) -> dict[str, dict[str, Any]]:
+    """rows/s of ``load().count()`` for each load: best and median of ``runs``, and the CPU
+    the JVM and the Python workers spent per row (µs, over the timed runs). One warm-up
+    count each (JIT, workers), then the loads take turns, run after run, so that a change
+    in the machine's load falls on all of them alike."""
+    for load in loads.values():
+        load().count()
+    times: dict[str, list[float]] = {label: [] for label in loads}
+    rows: dict[str, int] = {label: 0 for label in loads}
+    cpu: dict[str, dict[str, float]] = {label: {} for label in loads}
+    for _ in range(runs):
+        for label, load in loads.items():
+            before = process_cpu_s()
+            started = time.perf_counter()
+            counted = load().count()
+            times[label].append(time.perf_counter() - started)
+            after = process_cpu_s()
+            rows[label] += counted
+            for kind in after:
+                cpu[label][kind] = cpu[label].get(kind, 0.0) + after[kind] - before[kind]
+    results = {}
+    for label in loads:
+        per_run = rows[label] / runs
+        results[label] = {
+            "rows": round(per_run),
+            "s": [round(t, 2) for t in times[label]],
+            "rows_per_s_best": round(per_run / min(times[label])),
+            "rows_per_s_median": round(per_run / statistics.median(times[label])),
+            **{f"{kind}_cpu_us_per_row": round(used / rows[label] * 1e6, 2) for kind, used in cpu[label].items()},
+        }
+    return results
+
+
+def prebuilt_source(store: Path, rows: int, pieces: int, batch_rows: int, columns_kept: tuple[str, ...] | None = None) -> Any:
+    """A Python data source that decodes nothing: each of ``pieces`` tasks yields one
+    pre-built batch of ``batch_rows`` rows (the store's first records, repeated) until it
+    has its share of ``rows``. With ``columns_kept``, a schema of those columns only."""
     from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+    from pyspark.sql.types import StructType
     from rmqstore.pipeline import columns
 
-    pieces = 3 * spark.sparkContext.defaultParallelism
     root = str(store)
+    schema = columns.spark_schema()
+    if columns_kept is not None:
+        schema = StructType([field for field in schema.fields if field.name in columns_kept])
+    name = f"rmqstore_bench_prebuilt_{pieces}_{batch_rows}_{len(schema.fields)}"
 
     class Reader(DataSourceReader):
         def partitions(self) -> list[InputPartition]:
@@ -117,29 +190,51 @@ def ceiling(spark: Any, store: Path, rows: int) -> float:
                 small = columns.arrow_batch(first, root, columns.arrow_schema())
             finally:
                 log.close()
-            repeats = BATCH_ROWS // small.num_rows
-            batch = pa.Table.from_batches([small] * repeats).combine_chunks().to_batches()[0]
+            small = small.select(schema.fieldNames())
+            repeats = max(1, batch_rows // small.num_rows)
+            batch = pa.Table.from_batches([small] * repeats).combine_chunks().to_batches()[0].slice(0, batch_rows)
             for _ in range(max(1, rows // pieces // batch.num_rows)):
                 yield batch
 
     class Prebuilt(DataSource):
         @classmethod
         def name(cls) -> str:
-            return "rmqstore_bench_prebuilt"
+            return name
 
         def schema(self) -> Any:
-            return columns.spark_schema()
+            return schema
 
         def reader(self, schema: Any) -> Reader:
             return Reader()
 
-    spark.dataSource.register(Prebuilt)
-    best = 0.0
-    for _ in range(3):
+    return Prebuilt
+
+
+def single_process_scans(store: Path, messages: int) -> dict[str, Any]:
+    """rows/s of one process reading the whole log: record by record (``CommitLog.records``,
+    what the data source did per row before the columnar decoder) and through the data
+    source's own reader (``read_split``: columnar decode and Arrow batches)."""
+    from rmqstore.common.files.commitlog import CommitLog
+    from rmqstore.pipeline import splits
+    from rmqstore.pipeline.source import read_split
+
+    log = CommitLog(str(store / "commitlog"), 1 << 30)
+    try:
         started = time.perf_counter()
-        counted = spark.read.format("rmqstore_bench_prebuilt").load().count()
-        best = max(best, counted / (time.perf_counter() - started))
-    return best
+        count = sum(1 for _ in log.records())
+        per_record_s = time.perf_counter() - started
+    finally:
+        log.close()
+    assert count == messages, count
+    (whole,) = splits.plan([str(store)], min_partitions=1, max_partition_bytes=1 << 30)
+    started = time.perf_counter()
+    count = sum(batch.num_rows for batch in read_split(whole))
+    columnar_s = time.perf_counter() - started
+    assert count == messages, count
+    return {
+        "single_per_record_rows_per_s": round(messages / per_record_s),
+        "single_columnar_rows_per_s": round(messages / columnar_s),
+    }
 
 
 def main() -> int:
@@ -147,13 +242,14 @@ def main() -> int:
     parser.add_argument("--store", default=os.path.join(tempfile.gettempdir(), "rmqstore-bench-store"))
     parser.add_argument("--messages", type=int, default=1_000_000)
     parser.add_argument("--master", default="local[2]")
-    parser.add_argument("--scans", type=int, default=3, help="full-scan runs (default 3)")
+    parser.add_argument("--scans", type=int, default=3, help="timed rounds of the counts (default 3)")
     args = parser.parse_args()
 
     from rmqstore.common.files.store import StoreSizes, reindex, resolve_sizes
     from rmqstore.pipeline import reindex as spark_reindex
     from rmqstore.pipeline import session
-    from rmqstore.pipeline.export import read_store
+    from rmqstore.pipeline.export import pieces_for, read_store
+    from rmqstore.pipeline.source import BATCH_ROWS_DEFAULT
 
     store = Path(args.store)
     figures: dict[str, Any] = {
@@ -169,6 +265,7 @@ def main() -> int:
     figures["commitlog_bytes"] = sum(p.stat().st_size for p in (store / "commitlog").iterdir())
     work = Path(tempfile.mkdtemp(prefix="rmqstore-bench-"))
     try:
+        figures.update(single_process_scans(store, args.messages))
         started = time.perf_counter()
         single = reindex(str(store), str(work / "single"), sizes)
         single_s = time.perf_counter() - started
@@ -179,17 +276,38 @@ def main() -> int:
         started = time.perf_counter()
         spark = session.start(args.master)
         figures["spark_start_s"] = round(time.perf_counter() - started, 1)
-        figures["spark_parallelism"] = spark.sparkContext.defaultParallelism
+        cores = spark.sparkContext.defaultParallelism
+        figures["spark_parallelism"] = cores
         try:
-            scans = []
-            for _ in range(args.scans):
-                started = time.perf_counter()
-                counted = read_store(spark, [str(store)]).count()
-                scans.append(time.perf_counter() - started)
-                assert counted == args.messages, counted
-            figures["scan_s"] = [round(s, 2) for s in scans]
-            figures["scan_rows_per_s_best"] = round(args.messages / min(scans))
-            figures["scan_rows_per_s_median"] = round(args.messages / statistics.median(scans))
+            root = str(store)
+
+            def scan(pieces: int, batch_rows: int | None = None) -> Any:
+                def load() -> Any:
+                    reader = spark.read.format("rmqstore").option("minPartitions", str(pieces))
+                    if batch_rows is not None:
+                        reader = reader.option("batchRows", str(batch_rows))
+                    return reader.load(root)
+
+                return load
+
+            def floor(pieces: int, batch_rows: int, kept: tuple[str, ...] | None = None) -> Any:
+                source = prebuilt_source(store, args.messages, pieces, batch_rows, kept)
+                spark.dataSource.register(source)
+                return lambda: spark.read.format(source.name()).load()
+
+            jobs_pieces = pieces_for(spark)
+            loads = {
+                "scan": lambda: read_store(spark, [root]),
+                "scan_one_piece_per_core": scan(cores),
+                "scan_batches_of_32768": scan(jobs_pieces, 32_768),
+                "floor": floor(jobs_pieces, BATCH_ROWS_DEFAULT),
+                "floor_one_piece_per_core": floor(cores, BATCH_ROWS_DEFAULT),
+                "floor_batches_of_32768": floor(jobs_pieces, 32_768),
+                "floor_one_bigint_column": floor(jobs_pieces, BATCH_ROWS_DEFAULT, ("commitLogOffset",)),
+            }
+            figures.update(timed_counts(loads, args.scans))
+            for label in ("scan", "scan_one_piece_per_core", "scan_batches_of_32768"):
+                assert figures[label]["rows"] == args.messages, figures[label]
 
             started = time.perf_counter()
             summary = spark_reindex.run(spark, str(store), str(work / "spark"), sizes)
@@ -197,7 +315,6 @@ def main() -> int:
             assert summary.records == args.messages
             figures["spark_reindex_s"] = round(spark_s, 2)
             figures["spark_reindex_msgs_per_s"] = round(args.messages / spark_s)
-            figures["python_source_ceiling_rows_per_s"] = round(ceiling(spark, store, args.messages))
         finally:
             spark.stop()
         figures["spark_vs_single_reindex"] = round(single_s / spark_s, 2)
@@ -205,16 +322,31 @@ def main() -> int:
         assert figures["reindex_outputs_identical"]
     finally:
         shutil.rmtree(work, ignore_errors=True)
+    best = figures["scan"]["rows_per_s_best"]
+    figures["scan_vs_target"] = round(best / TARGET_ROWS_PER_S, 2)
+    figures["scan_vs_single_columnar"] = round(best / figures["single_columnar_rows_per_s"], 2)
+    figures["scan_vs_single_per_record"] = round(best / figures["single_per_record_rows_per_s"], 2)
+    figures["scan_vs_floor"] = round(best / figures["floor"]["rows_per_s_best"], 2)
     print(json.dumps(figures, indent=2))
     print()
     print("| figure | value |")
     print("|---|---|")
-    print(f"| full scan, `count()` (best of {args.scans}) | {figures['scan_rows_per_s_best']:,} rows/s |")
-    print(f"| full scan, `count()` (median) | {figures['scan_rows_per_s_median']:,} rows/s |")
+    for label in (
+        "scan", "scan_one_piece_per_core", "scan_batches_of_32768",
+        "floor", "floor_one_piece_per_core", "floor_batches_of_32768", "floor_one_bigint_column",
+    ):
+        item = figures[label]
+        print(
+            f"| {label} (best / median of {args.scans}) | {item['rows_per_s_best']:,} / {item['rows_per_s_median']:,} rows/s "
+            f"(CPU per row: JVM {item.get('jvm_cpu_us_per_row', '?')} µs, Python {item.get('python_workers_cpu_us_per_row', '?')} µs) |"
+        )
+    print(f"| single process, record by record | {figures['single_per_record_rows_per_s']:,} rows/s |")
+    print(f"| single process, columnar + Arrow | {figures['single_columnar_rows_per_s']:,} rows/s |")
+    for ratio in ("scan_vs_target", "scan_vs_single_columnar", "scan_vs_single_per_record", "scan_vs_floor"):
+        print(f"| {ratio} | {figures[ratio]}× |")
     print(f"| single-process reindex | {figures['single_reindex_msgs_per_s']:,} msgs/s ({figures['single_reindex_s']} s) |")
     print(f"| Spark reindex | {figures['spark_reindex_msgs_per_s']:,} msgs/s ({figures['spark_reindex_s']} s) |")
     print(f"| Spark reindex ÷ single-process | {figures['spark_vs_single_reindex']}× |")
-    print(f"| Spark's Python data source with no decoding (best of 3) | {figures['python_source_ceiling_rows_per_s']:,} rows/s |")
     return 0
 
 

@@ -13,7 +13,8 @@ Options:
 * ``maxPartitionBytes``: cut files larger than this (default 256 MiB);
 * ``minPartitions``: with fewer files than this, cut their data into about this many
   pieces (default 1; the jobs pass three per core);
-* ``checkCrc``: verify body CRCs (default true).
+* ``checkCrc``: verify body CRCs (default true);
+* ``batchRows``: records per Arrow batch (default 8192; batches also stop at 32 MiB).
 
 Pushed-down filters (Spark applies the others after the read): ``topic`` = / IN, and
 ``storeTimestamp`` and ``commitLogOffset`` = < <= > >=. Time and offset filters drop whole
@@ -54,6 +55,9 @@ from rmqstore.pipeline.splits import TIME_MAX_MS, TIME_MIN_MS, Split, TimeRange
 
 FORMAT_NAME = "rmqstore"
 PUSHDOWN_CONF = "spark.sql.python.filterPushdown.enabled"
+# Records per Arrow batch. Spark's JVM copies every row of a batch out of Arrow; batches of
+# a few MB keep that copy in cache (benchmarks/PIPELINE.md has the figures).
+BATCH_ROWS_DEFAULT = 8192
 
 
 def register(spark: Any) -> None:
@@ -207,6 +211,9 @@ class RmqstoreReader(DataSourceReader):
         self.max_partition_bytes = _option_int(options, "maxPartitionBytes", splits.DEFAULT_MAX_PARTITION_BYTES)
         self.min_partitions = _option_int(options, "minPartitions", 1)
         self.check_crc = _option_bool(options, "checkCrc", True)
+        self.batch_rows = _option_int(options, "batchRows", BATCH_ROWS_DEFAULT)
+        if self.batch_rows is None or self.batch_rows < 1:
+            raise InvalidArgument(f"option batchRows must be at least 1, got {self.batch_rows}")
         self.filter = RowFilter()
 
     def pushFilters(self, filters: list[Filter]) -> Iterable[Filter]:
@@ -235,15 +242,17 @@ class RmqstoreReader(DataSourceReader):
     def read(self, partition: InputPartition) -> Iterator[Any]:
         if not isinstance(partition, SplitPartition):
             return iter(())  # Spark's placeholder when there are no splits
-        return read_split(partition.split, self.filter, check_crc=self.check_crc)
+        return read_split(partition.split, self.filter, check_crc=self.check_crc, batch_rows=self.batch_rows)
 
 
-def read_split(split: Split, row_filter: RowFilter = RowFilter(), *, check_crc: bool = True) -> Iterator[Any]:
+def read_split(
+    split: Split, row_filter: RowFilter = RowFilter(), *, check_crc: bool = True, batch_rows: int = BATCH_ROWS_DEFAULT
+) -> Iterator[Any]:
     """Arrow batches of the records in ``split`` that ``row_filter`` keeps. Corruption in
     the split raises; a torn tail or the end of the log ends it."""
     log = CommitLog(StorePaths(split.store).commitlog, split.file_size_bytes)
     try:
-        scan = ColumnScan(log, split.start, split.stop, check_crc=check_crc)
+        scan = ColumnScan(log, split.start, split.stop, check_crc=check_crc, batch_rows=batch_rows)
         schema = columns.arrow_schema()
         last_end = split.start
         for decoded in scan:

@@ -445,11 +445,6 @@ def _prefix_words(data: np.ndarray, at: np.ndarray, length: np.ndarray) -> np.nd
     return _read(data, at, ">u8") >> (8 * (8 - np.minimum(length, 8))).astype(np.uint64)
 
 
-def _suffix_words(data: np.ndarray, at: np.ndarray, length: np.ndarray) -> np.ndarray:
-    """The last 8 bytes of each span longer than 8 bytes, else 0."""
-    return np.where(length > 8, _read(data, np.maximum(at + length - 8, 0), ">u8"), np.uint64(0))
-
-
 def _separators(data: np.ndarray, properties: Spans) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Every 0x01 and 0x02 inside the properties spans, in position order: its row, its
     position and the byte. Each row's span is read into a matrix row of a power-of-two
@@ -517,7 +512,7 @@ def _pairs(data: np.ndarray, properties: Spans) -> tuple[np.ndarray, Spans, Span
     names = Spans(seg_start, cut - seg_start)
     values = Spans(cut + 1, seg_end - cut - 1)
     prefix = _prefix_words(data, names.at, names.length)
-    repeated = _rows_with_repeated_names(rows, pair_row, names, prefix, _suffix_words(data, names.at, names.length))
+    repeated = _rows_with_repeated_names(rows, pair_row, names, prefix, data[names.at + names.length - 1])
     if len(repeated):
         pair_row, names, values = _dedupe(data, repeated, pair_row, names, values)
         prefix = _prefix_words(data, names.at, names.length)
@@ -535,11 +530,11 @@ def _pairs(data: np.ndarray, properties: Spans) -> tuple[np.ndarray, Spans, Span
 
 
 def _rows_with_repeated_names(
-    rows: int, pair_row: np.ndarray, names: Spans, prefix: np.ndarray, suffix: np.ndarray
+    rows: int, pair_row: np.ndarray, names: Spans, prefix: np.ndarray, last_byte: np.ndarray
 ) -> np.ndarray:
-    """Rows where two names may be equal: same length, first and last 8 bytes (a
+    """Rows where two names may be equal: same length, first 8 bytes and last byte (a
     superset of the rows with a repeated name), or more pairs than are compared."""
-    fingerprint = prefix ^ (suffix * np.uint64(0x9E3779B97F4A7C15)) ^ names.length.astype(np.uint64)
+    fingerprint = prefix ^ (last_byte.astype(np.uint64) << np.uint64(56)) ^ (names.length.astype(np.uint64) << np.uint64(32))
     counts = np.bincount(pair_row, minlength=rows)
     suspects = [np.flatnonzero(counts > _PAIRS_COMPARED_MAX)]
     for distance in range(1, min(int(counts.max(initial=0)), _PAIRS_COMPARED_MAX + 1)):

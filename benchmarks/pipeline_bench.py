@@ -182,7 +182,7 @@ def prebuilt_source(store: Path, rows: int, pieces: int, batch_rows: int, column
         def read(self, partition: InputPartition) -> Any:
             import pyarrow as pa
             from rmqstore.common.files.commitlog import CommitLog
-            from rmqstore.pipeline.scan import ColumnScan
+            from rmqstore.common.files.scan import ColumnScan
 
             log = CommitLog(os.path.join(root, "commitlog"), 1 << 30)
             try:

@@ -2,7 +2,7 @@
 
 One partition per commit log file; larger files are cut at record starts (``pipeline.splits``
 says how cuts are found and checked). Each partition decodes its range in bulk with the
-store library's columnar decoder (``pipeline.scan``: ``codec.columnar``, with
+store library's columnar decoder (``common.files.scan``: ``codec.columnar``, with
 ``CommitLog.records``' recovery contract where the records end) and returns Arrow batches
 built from its buffers (``pipeline.columns``).
 
@@ -50,7 +50,7 @@ from rmqstore.common.errors import InvalidArgument
 from rmqstore.common.files.commitlog import CommitLog, StopReason
 from rmqstore.common.files.store import StorePaths
 from rmqstore.pipeline import columns, splits
-from rmqstore.pipeline.scan import ColumnScan
+from rmqstore.common.files.scan import ColumnScan
 from rmqstore.pipeline.splits import TIME_MAX_MS, TIME_MIN_MS, Split, TimeRange
 
 FORMAT_NAME = "rmqstore"

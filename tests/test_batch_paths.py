@@ -368,3 +368,39 @@ def test_end_of_data_skips_holes_and_sees_unflushed_writes(tmp_path: Path) -> No
     mapped.write(size - 1, b"\x00")  # a written zero is not data
     assert mapped.last_nonzero_position() == (5 << 20) + 1
     mapped.close()
+
+
+def test_plans_from_bulk_decoded_records_equal_plans_from_records(tmp_path: Path) -> None:
+    """DispatchBatch.of_columns over codec.columnar's decoding gives the plans add_record
+    gives, on generated records (ROLLBACK, PREPARED, delayed, repeated and empty keys) and
+    on Apache's store."""
+    from conftest import CLEAN, FIXTURE_SIZES
+
+    from rmqstore.common.codec import columnar
+
+    def plans_both_ways(log: CommitLog) -> tuple[DispatchBatch, DispatchBatch]:
+        by_record = DispatchBatch()
+        for record in log.records():
+            by_record.add_record(record)
+        by_columns = DispatchBatch()
+        for mapped in log.files:
+            found = columnar.walk(mapped.buf, 0, stop=mapped.file_size_bytes, rows_max=10**6, bytes_max=2**40)
+            if found.starts:
+                part = DispatchBatch.of_columns(columnar.decode(mapped.buf, found.starts, base_offset=mapped.start_offset))
+                for field in DispatchBatch.__slots__[1:]:
+                    getattr(by_columns, field).extend(getattr(part, field))
+        return by_record, by_columns
+
+    records = make_records(random.Random(21), 400, 8192)
+    log = CommitLog(str(tmp_path / "log"), 8192, writable=True)
+    log.set_write_position(0)
+    for record in records:
+        [offset] = log.append([bytearray(encode_record(record))], [record.queue_offset])
+        assert offset == record.commitlog_offset
+    one, other = plans_both_ways(log)
+    assert len(one) == 400 and one == other
+    log.close()
+    apache = CommitLog(str(CLEAN / "commitlog"), FIXTURE_SIZES.commitlog_file_size_bytes)
+    one, other = plans_both_ways(apache)
+    assert len(one) == 1995 + 12 and one == other
+    apache.close()

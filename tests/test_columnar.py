@@ -32,7 +32,7 @@ from rmqstore.common.codec.record import (
     record_size,
 )
 from rmqstore.common.files.commitlog import CommitLog, ScanStop, StopReason
-from rmqstore.pipeline.scan import ColumnScan
+from rmqstore.common.files.scan import ColumnScan
 
 FILE_SIZE = 64 * 1024
 

@@ -20,8 +20,10 @@ through :meth:`DispatchBatch.add`, which applies the same rules.
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+
+import numpy as np
 
 from rmqstore.common.codec import properties as props
 from rmqstore.common.codec import sysflag
@@ -32,6 +34,7 @@ from rmqstore.common.codec.consumequeue import (
     tags_code,
 )
 from rmqstore.common.codec.javahash import index_key
+from rmqstore.common.codec.columnar import RecordColumns
 from rmqstore.common.codec.record import Record
 from rmqstore.common.errors import invariant
 
@@ -55,6 +58,15 @@ class DispatchPlan:
 
 
 _cached_tags_code = functools.lru_cache(maxsize=4096)(tags_code)
+
+
+def _utf8(data: bytes) -> str:
+    """A text field as the per-record decoder reads it."""
+    return data.decode("utf-8", "replace")
+
+
+# Topics and tags repeat from record to record.
+_text = functools.lru_cache(maxsize=4096)(_utf8)
 
 
 def _tags_code_of(
@@ -179,6 +191,55 @@ class DispatchBatch:
             [True] * len(topics),
             [key for uniq_key, parts in zip(uniq_keys, keys) for key in (uniq_key, *parts)],
             [len(parts) + 1 for parts in keys],
+        )
+
+    @classmethod
+    def of_columns(cls, columns: RecordColumns, delay_levels_ms: dict[int, int] = DEFAULT_DELAY_LEVELS_MS) -> DispatchBatch:
+        """The plans of bulk-decoded records (``codec.columnar``): the rules of
+        :meth:`add` over columns, with texts cut from the records' bytes."""
+        raw = columns.data.tobytes()
+
+        def texts(pairs: np.ndarray, decode: Callable[[bytes], str]) -> list[str | None]:
+            """The value of a per-row property pair, None where the row lacks it."""
+            at = columns.values.at[np.maximum(pairs, 0)].tolist()
+            length = columns.values.length[np.maximum(pairs, 0)].tolist()
+            return [decode(raw[a : a + n]) if p >= 0 else None for p, a, n in zip(pairs.tolist(), at, length)]
+
+        topics = [_text(raw[a : a + n]) for a, n in zip(columns.topic.at.tolist(), columns.topic.length.tolist())]
+        transaction = columns.sys_flag & sysflag.TRANSACTION_MASK
+        indexed = (transaction != sysflag.TRANSACTION_ROLLBACK).tolist()
+        uniq_keys = texts(columns.uniq_key, _utf8)
+        keys = texts(columns.keys, _utf8)
+        store_timestamps = columns.store_timestamp_ms.tolist()
+        tags_codes = [_cached_tags_code(t) for t in texts(columns.tags, _text)]
+        for row in (i for i, topic in enumerate(topics) if topic == SCHEDULE_TOPIC):
+            # Delayed messages: tagsCode from DELAY, read as the one-record rule reads it.
+            at, length = int(columns.properties.at[row]), int(columns.properties.length[row])
+            properties = props.decode_properties(raw[at : at + length])
+            tags_codes[row] = _tags_code_of(topics[row], properties, store_timestamps[row], delay_levels_ms)
+        flat: list[str] = []
+        counts: list[int] = []
+        for uniq, joined, plain in zip(uniq_keys, keys, indexed):
+            if not plain:
+                counts.append(0)
+                continue
+            parts = props.split_keys(joined)
+            if uniq is not None:
+                flat.append(uniq)
+            flat.extend(parts)
+            counts.append(len(parts) + (uniq is not None))
+        return cls(
+            delay_levels_ms,
+            topics,
+            columns.queue_id.tolist(),
+            columns.queue_offset.tolist(),
+            columns.commitlog_offset.tolist(),
+            columns.size.tolist(),
+            store_timestamps,
+            tags_codes,
+            ((transaction == sysflag.TRANSACTION_NOT) | (transaction == sysflag.TRANSACTION_COMMIT)).tolist(),
+            flat,
+            counts,
         )
 
     def index_keys_of(self, record: int, first_key: int) -> tuple[str, ...]:

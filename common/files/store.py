@@ -11,11 +11,13 @@ import numpy as np
 
 from rmqstore.common.codec import consumequeue as cq
 from rmqstore.common.codec import index as ix
+from rmqstore.common.codec.columnar import RecordColumns
 from rmqstore.common.codec.dispatch import DEFAULT_DELAY_LEVELS_MS, DispatchBatch, DispatchPlan, plan_dispatch
 from rmqstore.common.codec.record import Record
 from rmqstore.common.errors import Corruption, InvalidArgument
 from rmqstore.common.files.commitlog import DEFAULT_FILE_SIZE_BYTES, CommitLog, ScanStop
 from rmqstore.common.files.consumequeue import ConsumeQueueSet, infer_file_units
+from rmqstore.common.files.scan import ColumnScan
 from rmqstore.common.files.index import IndexFileList
 
 
@@ -154,6 +156,14 @@ class Dispatcher:
         self.dispatch_batch(batch)
         return count + len(batch)
 
+    def dispatch_columns(self, batches: Iterable[RecordColumns]) -> int:
+        """Dispatch bulk-decoded records (a ``ColumnScan``); returns the count."""
+        count = 0
+        for columns in batches:
+            self.dispatch_batch(DispatchBatch.of_columns(columns, self.delay_levels_ms))
+            count += columns.rows
+        return count
+
     def dispatch_batch(self, batch: DispatchBatch) -> None:
         """Dispatch consecutive records at once: each queue's new units in one write,
         the index keys through :meth:`IndexFileList.build_index_batch`. The bytes are
@@ -176,14 +186,21 @@ class Dispatcher:
             first = batch.queue_offsets[positions[0]]
             last = positions[-1]
             consecutive = batch.queue_offsets[last] - first == len(positions) - 1
-            if consecutive and queue.files.last is not None and first == queue.max_offset:
+            if not consecutive or first < queue.max_offset:
+                # A gap (fillers) or units already there (re-dispatch): one by one.
+                for position in positions:
+                    queue.append(batch.queue_offsets[position], units[position : position + 1].tobytes())
+                continue
+            if queue.files.last is None or first != queue.max_offset:
+                # A new queue (its first file, fillers before its first unit) or a queue
+                # resuming after a gap: the one-unit path sets it up.
+                queue.append(first, units[positions[0] : positions[0] + 1].tobytes())
+                positions = positions[1:]
+                first += 1
+            if positions:
                 queue.append_block(
                     first, units[positions].tobytes(), batch.commitlog_offsets[last] + batch.sizes[last]
                 )
-            else:
-                # A new queue, a gap (fillers) or units already there (re-dispatch).
-                for position in positions:
-                    queue.append(batch.queue_offsets[position], units[position : position + 1].tobytes())
         for position in range(len(batch) - 1, -1, -1):
             if batch.has_unit[position]:
                 self.last_dispatched_timestamp_ms = batch.store_timestamps_ms[position]
@@ -236,12 +253,13 @@ def reindex(
     index = IndexFileList(out.index, sizes.index_slots, sizes.index_entries, writable=True, zone=zone)
     dispatcher = Dispatcher(queues, index)
     try:
-        records = log.records()
-        count = dispatcher.dispatch_records(records)
+        scan = ColumnScan(log, log.min_offset, log.max_file_offset)
+        count = dispatcher.dispatch_columns(scan)
         dispatcher.flush()
     finally:
         log.close()
         queues.close()
         index.close()
-    assert records.stop is not None
-    return ReindexResult(count, records.stop)
+    # A scan to the end of the last file always stops before it: at the end of the data.
+    assert scan.stop is not None
+    return ReindexResult(count, scan.stop)

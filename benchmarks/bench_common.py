@@ -68,13 +68,14 @@ def machine_facts(repo: Path) -> dict[str, Any]:
 
     def git(*args: str) -> str:
         try:
-            return subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True, timeout=10).stdout.strip()
+            done = subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True, timeout=10, check=False)
+            return done.stdout.strip()
         except (OSError, subprocess.SubprocessError):
             return ""
 
     dirty = git("status", "--porcelain", "--untracked-files=no")
     return {
-        "date_utc": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "date_utc": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "cores": os.cpu_count(),
         "cpu": _cpu_model(),
         "memory_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1),
@@ -270,7 +271,7 @@ def run_client(args: list[str], timeout_s: float) -> dict[str, Any]:
     it prints one JSON document last."""
     here = Path(__file__).parent
     done = subprocess.run(
-        [sys.executable, *args], cwd=here, capture_output=True, text=True, timeout=timeout_s, env=quiet_env()
+        [sys.executable, *args], check=False, cwd=here, capture_output=True, text=True, timeout=timeout_s, env=quiet_env()
     )
     if done.returncode != 0:
         raise RuntimeError(f"client {args[:2]} failed ({done.returncode}):\n{done.stderr[-3000:]}")

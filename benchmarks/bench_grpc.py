@@ -14,11 +14,15 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-
 from bench_common import Node, Nodes, quiet_env, run_client
+from rmqstore.v1 import (
+    messages_pb2,
+    query_pb2,
+    query_pb2_grpc,
+    writer_pb2,
+    writer_pb2_grpc,
+)
 from workload import KEY_PAGE_SIZE, QUEUES_PER_TOPIC, TOPICS, WorkloadSpec
-
-from rmqstore.v1 import messages_pb2, query_pb2, query_pb2_grpc, writer_pb2, writer_pb2_grpc
 
 RPC_TIMEOUT_S = 30.0
 CLIENTS = Path(__file__).parent / "grpc_clients.py"

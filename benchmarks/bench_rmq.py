@@ -25,7 +25,6 @@ def append_run(store: Path, workload: Workload, *, keep_times: bool) -> tuple[di
     Returns the figures and, with ``keep_times``, each message's acked store time."""
     from rmqstore.writer.config import FlushPolicy, WriterConfig
     from rmqstore.writer.store import Writer
-
     from workload import QUEUES_PER_TOPIC, TOPICS
 
     shutil.rmtree(store, ignore_errors=True)

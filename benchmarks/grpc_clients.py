@@ -32,9 +32,8 @@ import grpc
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from workload import Workload, WorkloadSpec  # noqa: E402
-
 from rmqstore.v1 import writer_pb2, writer_pb2_grpc  # noqa: E402
+from workload import Workload, WorkloadSpec  # noqa: E402
 
 SEND_STREAM = "/rmqstore.v1.WriterService/SendStream"
 CHANNEL_OPTIONS = [("grpc.max_send_message_length", 64 << 20), ("grpc.max_receive_message_length", 64 << 20)]

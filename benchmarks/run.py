@@ -54,7 +54,14 @@ from bench_common import (  # noqa: E402
     ratio,
     run_client,
 )
-from workload import DEFAULT_SEED, QuerySets, TimeOracle, Workload, WorkloadSpec, build_query_sets  # noqa: E402
+from workload import (  # noqa: E402
+    DEFAULT_SEED,
+    QuerySets,
+    TimeOracle,
+    Workload,
+    WorkloadSpec,
+    build_query_sets,
+)
 
 SNAPSHOT_ENV = "RMQSTORE_BENCH_SNAPSHOT"  # set in the re-executed process: the snapshot's directory
 PACKAGES = ("cli", "common", "pipeline", "query", "service", "writer")  # rmqstore.<name> = <name>/
@@ -594,7 +601,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def write_outputs(out: Path, results: dict[str, Any]) -> tuple[Path, Path]:
-    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%MZ")
+    stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%MZ")
     sizes = "-".join(report.short_count(int(s)) for s in results["sizes"]) or "once"
     json_path = out / "results" / f"{stamp}-{sizes}.json"
     json_path.parent.mkdir(parents=True, exist_ok=True)

@@ -26,12 +26,13 @@ from rmqstore.common.codec.checkpoint import Checkpoint
 from rmqstore.common.codec.hosts import SocketAddress
 from rmqstore.common.codec.msgid import offset_msg_ids
 from rmqstore.common.codec.record import MAGIC_V1, body_crc, head_struct, record_size
-from rmqstore.common.errors import Corruption, InvalidArgument, NotFound, StoreFull
+from rmqstore.common.errors import Corruption, InvalidArgument, NotFound, StoreFull, invariant
 from rmqstore.common.files.checkpoint import read_checkpoint, write_checkpoint
 from rmqstore.common.files.commitlog import CommitLog, ScanStop, StopReason
 from rmqstore.common.files.consumequeue import ConsumeQueueSet
 from rmqstore.common.files.index import IndexFileList
 from rmqstore.common.files.progress import ProgressPublisher
+from rmqstore.common.files.scan import ColumnScan
 from rmqstore.common.files.store import Dispatcher, StorePaths
 from rmqstore.common.tracing import span
 from rmqstore.writer.background import PeriodicTask
@@ -163,7 +164,9 @@ class Writer:
         count = 0
         if redispatch_from < end:
             redispatch_from = self._record_boundary_at_or_before(redispatch_from)
-            count = self.dispatcher.dispatch_records(log.records(redispatch_from, stop=end, check_crc=False))
+            scan = ColumnScan(log, redispatch_from, end, check_crc=False)
+            count = self.dispatcher.dispatch_columns(scan)
+            invariant(scan.stop is None, "records below the validated end decode")
         log.flush()
         self.dispatcher.flush()
         self.publisher.publish(

@@ -179,6 +179,13 @@ class CommitLog:
             yield offset, size, sys_flag
             offset += size
 
+    def release(self, start: int, stop: int) -> None:
+        """Drop the pages holding [start, stop) from the resident set (MappedFile.release)."""
+        for mapped in list(self.files.files):
+            low, high = max(start, mapped.start_offset), min(stop, mapped.end_offset)
+            if low < high:
+                mapped.release(low - mapped.start_offset, high - mapped.start_offset)
+
     def scan(self, start: int | None = None, *, check_crc: bool = True) -> ScanStop:
         """Validate every record from ``start`` and say where and why the log ends."""
         records = self.records(start, check_crc=check_crc)

@@ -61,6 +61,7 @@ class ConsumeQueue:
         invalid = np.flatnonzero((units["commitlog_offset"] < 0) | (units["size"] <= 0))
         count = int(invalid[0]) if invalid.size else len(units)
         del units  # no numpy view may outlive a pass over the mapping
+        mapped.release(0, max((count - 1) * UNIT_SIZE, 0))  # lookups fault in what they need
         if count == 0:
             return 0, None
         return count * UNIT_SIZE, cq.decode_unit(mapped.buf, (count - 1) * UNIT_SIZE)

@@ -153,6 +153,16 @@ class MappedFile:
             end = chunk_start
         return start
 
+    def release(self, start: int = 0, end: int | None = None) -> None:
+        """Drop the pages of [start, end) from this process's resident set (madvise
+        DONTNEED). The file's data is untouched: a shared mapping's pages stay in the page
+        cache, written or not, and fault back in when read. A pass over a whole file (a
+        header walk, finding a queue's end) then leaves no trace in the RSS."""
+        end = self.file_size_bytes if end is None else end
+        low = start - start % mmap.PAGESIZE
+        if end > low and hasattr(mmap, "MADV_DONTNEED"):
+            self._mmap.madvise(mmap.MADV_DONTNEED, low, min(end, self.file_size_bytes) - low)
+
     def flush(self, start: int = 0, end: int | None = None) -> None:
         """Make the bytes written through the mapping durable. ``start``/``end`` name the
         range the caller needs; the whole file is synced (see below)."""

@@ -4,9 +4,10 @@ The output is byte-identical to the single-process ``reindex`` (``files/store.py
 so to Apache's files, index file names aside (they come from record times, as there). The
 work is cut where the one dispatch definition allows:
 
-1. **dispatch** (one task per commit log split, in parallel): decode each record with
-   ``CommitLog.records``, plan it with ``plan_dispatch`` and hash its index keys with
-   ``index_key_hash``; the plans go to an Arrow file per split. Each split also reports
+1. **dispatch** (one task per commit log split, in parallel): decode the records in bulk
+   (``ColumnScan``), plan them with ``DispatchBatch.of_columns`` (``plan_dispatch``'s rules
+   over columns) and hash their index keys with ``topic_key_hashes``; the plans go to an
+   Arrow file per split. Each split also reports
    where and why its scan stopped, so the end of the log (and a corruption in the middle)
    is the one a single scan from the start finds: nothing after the first stop counts.
 2. **index files** — the chains are order-dependent, so entry numbers are global: a
@@ -35,14 +36,17 @@ import tempfile
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from rmqstore.common.codec import consumequeue as cq
 from rmqstore.common.codec import index as ix
-from rmqstore.common.codec.dispatch import plan_dispatch
-from rmqstore.common.codec.javahash import index_key_hash
+from rmqstore.common.codec.dispatch import DispatchBatch
+from rmqstore.common.codec.javahash import topic_key_hashes
 from rmqstore.common.errors import Corruption, InvalidArgument, invariant
 from rmqstore.common.files.commitlog import CommitLog, ScanStop, StopReason
 from rmqstore.common.files.consumequeue import ConsumeQueue
 from rmqstore.common.files.index import IndexFile
+from rmqstore.common.files.scan import ColumnScan
 from rmqstore.common.files.store import StorePaths, StoreSizes
 from rmqstore.pipeline import splits as planning
 from rmqstore.pipeline.export import pieces_for
@@ -116,41 +120,35 @@ def dispatch_split(number: int, split: Split, work: str) -> SplitResult:
     first_ts: int | None = None
     queues: dict[tuple[str, int], int] = {}
     try:
-        scan = log.records(split.start, stop=split.stop)
-        records = planning.check_end(split, scan)
+        scan = ColumnScan(log, split.start, split.stop, batch_rows=BATCH_ROWS)
+        last_end = split.start
         with pa.OSFile(path, "wb") as sink, pa.ipc.new_file(sink, schema) as writer:
-            while True:
-                columns: tuple[list[Any], ...] = tuple([] for _ in range(8))
-                offset, size, store_ts, topic, queue_id, queue_offset, tags_code, has_unit = columns
-                hash_ends: list[int] = [0]
-                hashes: list[int] = []
-                for record in records:
-                    plan = plan_dispatch(record)
-                    offset.append(plan.commitlog_offset)
-                    size.append(plan.size)
-                    store_ts.append(plan.store_timestamp_ms)
-                    topic.append(plan.topic)
-                    queue_id.append(plan.queue_id)
-                    queue_offset.append(plan.queue_offset)
-                    tags_code.append(plan.tags_code)
-                    has_unit.append(plan.has_unit)
-                    if plan.has_unit:
-                        key = (plan.topic, plan.queue_id)
-                        queues[key] = queues.get(key, 0) + 1
-                    for key_text in plan.index_keys:
-                        hashes.append(index_key_hash(key_text))
-                    hash_ends.append(len(hashes))
-                    if len(offset) >= BATCH_ROWS:
-                        break
-                if not offset:
-                    break
+            for decoded in scan:
+                last_end = int(decoded.commitlog_offset[-1]) + int(decoded.size[-1])
+                batch = DispatchBatch.of_columns(decoded)
                 if first_ts is None:
-                    first_ts = store_ts[0]
-                records_total += len(offset)
-                keys_total += len(hashes)
+                    first_ts = batch.store_timestamps_ms[0]
+                for topic, queue_id, has_unit in zip(batch.topics, batch.queue_ids, batch.has_unit):
+                    if has_unit:
+                        queues[(topic, queue_id)] = queues.get((topic, queue_id), 0) + 1
+                hash_ends = np.zeros(len(batch) + 1, np.int32)
+                np.cumsum(batch.key_counts, out=hash_ends[1:])
+                records_total += len(batch)
+                keys_total += len(batch.keys)
+                columns = (
+                    batch.commitlog_offsets,
+                    batch.sizes,
+                    batch.store_timestamps_ms,
+                    batch.topics,
+                    batch.queue_ids,
+                    batch.queue_offsets,
+                    batch.tags_codes,
+                    batch.has_unit,
+                )
                 arrays = [pa.array(values, field.type) for values, field in zip(columns, schema)]
-                arrays.append(pa.ListArray.from_arrays(pa.array(hash_ends, pa.int32()), pa.array(hashes, pa.int32())))
+                arrays.append(pa.ListArray.from_arrays(pa.array(hash_ends), pa.array(_key_hashes(batch), pa.int32())))
                 writer.write_batch(pa.RecordBatch.from_arrays(arrays, schema=schema))
+        planning.check_cut(split, last_end)
     finally:
         log.close()
     stop = scan.stop
@@ -166,6 +164,14 @@ def dispatch_split(number: int, split: Split, work: str) -> SplitResult:
         first_ts=first_ts,
         queues=queues,
     )
+
+
+def _key_hashes(batch: DispatchBatch) -> np.ndarray:
+    """``index_key_hash`` of every index key of the batch, in order (``topic#key``)."""
+    topics = {topic: number for number, topic in enumerate(dict.fromkeys(batch.topics))}
+    record_topics = np.fromiter((topics[topic] for topic in batch.topics), np.int64, len(batch))
+    key_records = np.repeat(np.arange(len(batch)), batch.key_counts)
+    return topic_key_hashes(list(topics), record_topics[key_records], batch.keys)
 
 
 def _read_plans(path: str, columns: list[str]) -> Any:

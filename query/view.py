@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from rmqstore.common.codec import consumequeue as cq
 from rmqstore.common.codec import index as ix
 from rmqstore.common.codec import sysflag
+from rmqstore.common.codec.javahash import index_key, index_key_hash
 from rmqstore.common.codec.msgid import decode_offset_msg_id, offset_msg_id
 from rmqstore.common.codec.properties import split_keys
 from rmqstore.common.codec.record import Record
@@ -334,8 +335,6 @@ class StoreView:
     def _candidates(self, topic: str, key: str, below_offset: int, begin_ms: int) -> Iterator[int]:
         """Distinct commit log offsets of index entries with the key's hash, descending,
         below ``below_offset``; files wholly older than ``begin_ms`` are not read."""
-        from rmqstore.common.codec.javahash import index_key, index_key_hash
-
         key_hash = index_key_hash(index_key(topic, key))
         previous = None
         for index_file in reversed(self.index.files):
@@ -344,9 +343,8 @@ class StoreView:
                 continue
             if end_ms < begin_ms:
                 return
-            for _, entry in index_file.chain(key_hash):
-                offset = entry.phy_offset
-                if entry.key_hash != key_hash or offset >= below_offset or offset == previous:
+            for offset in index_file.matching_offsets(key_hash):
+                if offset >= below_offset or offset == previous:
                     continue
                 previous = offset
                 yield offset

@@ -430,3 +430,19 @@ def test_a_query_view_leaves_no_mapped_pages_resident_after_a_trim(tmp_path: Pat
     assert touched - _rss_file_kib() > 3000
     assert [view.read(ack.commitlog_offset).body for ack in acks] == first == [body] * 1000
     view.close()
+
+
+def test_matching_offsets_are_the_chain_filtered_by_hash() -> None:
+    """On Apache's index files (500 slots: long, mixed chains) for every hash they hold."""
+    from conftest import CLEAN, FIXTURE_SIZES
+
+    index = IndexFileList(str(CLEAN / "index"), FIXTURE_SIZES.index_slots, FIXTURE_SIZES.index_entries)
+    checked = 0
+    for index_file in index.files:
+        hashes = {index_file.entry(n).key_hash for n in range(1, index_file.index_count)}
+        for key_hash in hashes | {0, 1, 499}:
+            expected = [e.phy_offset for _, e in index_file.chain(key_hash) if e.key_hash == key_hash]
+            assert list(index_file.matching_offsets(key_hash)) == expected
+            checked += len(expected)
+    assert checked > 4000
+    index.close()

@@ -244,6 +244,27 @@ class IndexFile:
                 return
             number = entry.prev_index
 
+    def matching_offsets(self, key_hash: int) -> Iterator[int]:
+        """The phyOffsets of the entries along the slot's chain whose hash is
+        ``key_hash``, newest first: :meth:`chain` filtered, read without an object per
+        entry (the lookup hot path)."""
+        buf = self.mapped.buf
+        count = max(ix.HEADER.unpack_from(buf)[5], 1)
+        (number,) = ix.SLOT.unpack_from(buf, ix.slot_position(key_hash % self.slots))
+        if number <= 0 or number > count or count <= 1:
+            return
+        unpack = ix.ENTRY.unpack_from
+        entries_at = ix.entry_position(self.slots, 0)
+        for _ in range(count):
+            if number >= self.entries:
+                return
+            entry_hash, phy_offset, _, prev = unpack(buf, entries_at + number * ix.ENTRY_SIZE)
+            if entry_hash == key_hash:
+                yield phy_offset
+            if prev <= 0 or prev > count or prev == number:
+                return
+            number = prev
+
     def select_phy_offsets(self, key_hash: int, max_num: int, begin_ms: int, end_ms: int, out: list[int]) -> None:
         """IndexFile.selectPhyOffset, exactly: hash-only matching on second-rounded times."""
         begin_ts = self.header.begin_timestamp_ms

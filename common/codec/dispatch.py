@@ -33,7 +33,7 @@ from rmqstore.common.codec.consumequeue import (
     parse_delay_levels,
     tags_code,
 )
-from rmqstore.common.codec.javahash import index_key
+from rmqstore.common.codec.javahash import ascii_span_hashes, combine_hashes, index_key, topic_prefix_hashes
 from rmqstore.common.codec.columnar import RecordColumns
 from rmqstore.common.codec.record import Record
 from rmqstore.common.errors import invariant
@@ -97,6 +97,55 @@ def _index_keys_of(sys_flag: int, properties: Mapping[str, str]) -> list[str]:
     return keys
 
 
+def _key_hashes_of_spans(
+    columns: RecordColumns, topics: list[str], indexed: np.ndarray
+) -> tuple[np.ndarray, list[int]] | None:
+    """The index hashes of every record's keys (UNIQ_KEY, then each non-empty part of
+    KEYS split at spaces), computed on the bytes of the property values; None if any of
+    them is not ASCII (then UTF-16 code units differ from bytes: the caller decodes)."""
+    data = columns.data
+    rows = np.arange(columns.rows, dtype=np.int64)
+    has_uniq = indexed & (columns.uniq_key >= 0)
+    has_keys = indexed & (columns.keys >= 0)
+    uniq_row = rows[has_uniq]
+    uniq_at = columns.values.at[columns.uniq_key[has_uniq]]
+    uniq_length = columns.values.length[columns.uniq_key[has_uniq]]
+    keys_row = rows[has_keys]
+    keys_at = columns.values.at[columns.keys[has_keys]]
+    keys_length = columns.values.length[columns.keys[has_keys]]
+    # Every byte of the KEYS values, then the runs of non-space bytes: the parts.
+    inside = _offsets_within(keys_length)
+    where = np.repeat(keys_at, keys_length) + inside
+    text = data[where]
+    if (data[np.repeat(uniq_at, uniq_length) + _offsets_within(uniq_length)] >= 0x80).any() or (text >= 0x80).any():
+        return None
+    solid = text != 0x20
+    last_in_value = inside == np.repeat(keys_length, keys_length) - 1
+    after_space = np.ones(len(text), bool)
+    after_space[1:] = ~solid[:-1]
+    before_space = np.ones(len(text), bool)
+    before_space[:-1] = ~solid[1:]
+    starts = np.flatnonzero(solid & ((inside == 0) | after_space))
+    ends = np.flatnonzero(solid & (last_in_value | before_space))
+    part_row = np.repeat(keys_row, keys_length)[starts]
+    # Put order: a record's UNIQ_KEY, then its parts as they appear.
+    row = np.concatenate((uniq_row, part_row))
+    order = np.argsort(row * 2 + np.concatenate((np.zeros(len(uniq_row), np.int64), np.ones(len(part_row), np.int64))), kind="stable")
+    at = np.concatenate((uniq_at, where[starts]))[order]
+    length = np.concatenate((uniq_length, ends - starts + 1))[order]
+    row = row[order]
+    topic_numbers = {topic: number for number, topic in enumerate(dict.fromkeys(topics))}
+    row_topics = np.fromiter((topic_numbers[t] for t in topics), dtype=np.int64, count=len(topics))
+    prefixes = topic_prefix_hashes(list(topic_numbers))[row_topics[row]]
+    hashes = combine_hashes(prefixes, ascii_span_hashes(data, at, length), length)
+    return hashes, np.bincount(row, minlength=columns.rows).tolist()
+
+
+def _offsets_within(lengths: np.ndarray) -> np.ndarray:
+    """0 … n−1 for each length n, concatenated."""
+    return np.arange(int(lengths.sum()), dtype=np.int64) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+
+
 def record_tags_code(record: Record, delay_levels_ms: dict[int, int] = DEFAULT_DELAY_LEVELS_MS) -> int:
     return _tags_code_of(record.topic, record.properties, record.store_timestamp_ms, delay_levels_ms)
 
@@ -121,7 +170,8 @@ class DispatchBatch:
 
     A record's index keys are ``topic#key`` for the next ``key_counts[i]`` entries of
     ``keys`` (UNIQ_KEY first, then the KEYS parts), kept without the topic prefix so the
-    index can hash them without building the strings."""
+    index can hash them without building the strings — or only their hashes
+    (``key_hashes``)."""
 
     delay_levels_ms: dict[int, int] = field(default_factory=lambda: DEFAULT_DELAY_LEVELS_MS)
     topics: list[str] = field(default_factory=list)
@@ -134,6 +184,9 @@ class DispatchBatch:
     has_unit: list[bool] = field(default_factory=list)
     keys: list[str] = field(default_factory=list)
     key_counts: list[int] = field(default_factory=list)
+    # The index hashes of all keys in put order, when the plans were made from bytes
+    # without the key strings (then ``keys`` is empty).
+    key_hashes: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.topics)
@@ -207,9 +260,6 @@ class DispatchBatch:
 
         topics = [_text(raw[a : a + n]) for a, n in zip(columns.topic.at.tolist(), columns.topic.length.tolist())]
         transaction = columns.sys_flag & sysflag.TRANSACTION_MASK
-        indexed = (transaction != sysflag.TRANSACTION_ROLLBACK).tolist()
-        uniq_keys = texts(columns.uniq_key, _utf8)
-        keys = texts(columns.keys, _utf8)
         store_timestamps = columns.store_timestamp_ms.tolist()
         tags_codes = [_cached_tags_code(t) for t in texts(columns.tags, _text)]
         for row in (i for i, topic in enumerate(topics) if topic == SCHEDULE_TOPIC):
@@ -217,17 +267,23 @@ class DispatchBatch:
             at, length = int(columns.properties.at[row]), int(columns.properties.length[row])
             properties = props.decode_properties(raw[at : at + length])
             tags_codes[row] = _tags_code_of(topics[row], properties, store_timestamps[row], delay_levels_ms)
+        indexed = transaction != sysflag.TRANSACTION_ROLLBACK
+        hashed = _key_hashes_of_spans(columns, topics, indexed)
         flat: list[str] = []
         counts: list[int] = []
-        for uniq, joined, plain in zip(uniq_keys, keys, indexed):
-            if not plain:
-                counts.append(0)
-                continue
-            parts = props.split_keys(joined)
-            if uniq is not None:
-                flat.append(uniq)
-            flat.extend(parts)
-            counts.append(len(parts) + (uniq is not None))
+        key_hashes = None
+        if hashed is not None:
+            key_hashes, counts = hashed
+        else:
+            for uniq, joined, plain in zip(texts(columns.uniq_key, _utf8), texts(columns.keys, _utf8), indexed.tolist()):
+                if not plain:
+                    counts.append(0)
+                    continue
+                parts = props.split_keys(joined)
+                if uniq is not None:
+                    flat.append(uniq)
+                flat.extend(parts)
+                counts.append(len(parts) + (uniq is not None))
         return cls(
             delay_levels_ms,
             topics,
@@ -240,6 +296,7 @@ class DispatchBatch:
             ((transaction == sysflag.TRANSACTION_NOT) | (transaction == sysflag.TRANSACTION_COMMIT)).tolist(),
             flat,
             counts,
+            key_hashes,
         )
 
     def index_keys_of(self, record: int, first_key: int) -> tuple[str, ...]:

@@ -66,6 +66,11 @@ def _powers_31(count: int) -> np.ndarray:
     return _POWERS_31
 
 
+def topic_prefix_hashes(topics: Sequence[str]) -> np.ndarray:
+    """uint32 String.hashCode of ``topic#`` for each topic: the first part of its keys."""
+    return _hashes_and_lengths([index_key(topic, "") for topic in topics])[0]
+
+
 def _hashes_and_lengths(texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
     """String.hashCode of each text as uint32, and its length in UTF-16 code units,
     computed as Σ unit·31^(n−1−i) mod 2³² over all texts' units in one pass."""
@@ -92,6 +97,32 @@ def _hashes_and_lengths(texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
     return hashes, lengths
 
 
+def ascii_span_hashes(data: np.ndarray, at: np.ndarray, length: np.ndarray) -> np.ndarray:
+    """String.hashCode (uint32) of byte spans ``data[at:at+length]`` that hold ASCII
+    text, whose bytes are its UTF-16 code units: hashing without making the strings."""
+    count = len(at)
+    hashes = np.zeros(count, dtype=np.uint32)
+    total = int(length.sum())
+    if total:
+        ends = np.cumsum(length)
+        starts = ends - length
+        # Position in ``data`` of each unit, and its distance to the end of its span.
+        inside = np.arange(total, dtype=np.int64) - np.repeat(starts, length)
+        units = data[np.repeat(at, length) + inside].astype(np.uint32)
+        exponents = np.repeat(length, length) - 1 - inside
+        weighted = units * _powers_31(int(length.max()))[exponents]
+        filled = length > 0
+        hashes[filled] = np.add.reduceat(weighted, starts[filled], dtype=np.uint32)
+    return hashes
+
+
+def combine_hashes(prefix: np.ndarray, suffix: np.ndarray, suffix_length: np.ndarray) -> np.ndarray:
+    """The index key hash (int64, ≥ 0) of each concatenation prefix + suffix, from the
+    uint32 String.hashCode of both parts and the suffix's length in UTF-16 units."""
+    powers = _powers_31(int(suffix_length.max(initial=0)) + 1)
+    return _index_hash(prefix * powers[suffix_length] + suffix)
+
+
 def java_string_hashes(texts: Sequence[str]) -> np.ndarray:
     """:func:`java_string_hash` of many strings at once, as int32."""
     return _hashes_and_lengths(texts)[0].view(np.int32)
@@ -112,10 +143,9 @@ def topic_key_hashes(topics: Sequence[str], key_topics: np.ndarray, keys: Sequen
     """``index_key_hash(index_key(topics[key_topics[i]], keys[i]))`` for every key, as
     int64, without building the ``topic#key`` strings: the hash of a concatenation is
     hash(topic#)·31^len(key) + hash(key) (mod 2³²)."""
-    prefixes = _hashes_and_lengths([index_key(topic, "") for topic in topics])[0]
+    prefixes = topic_prefix_hashes(topics)
     hashes, lengths = _hashes_and_lengths(keys)
-    powers = _powers_31(int(lengths.max(initial=0)) + 1)
-    return _index_hash(prefixes[key_topics] * powers[lengths] + hashes)
+    return combine_hashes(prefixes[key_topics], hashes, lengths)
 
 
 def index_key(topic: str, key: str) -> str:

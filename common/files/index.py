@@ -385,21 +385,25 @@ class IndexFileList:
 
     def build_index(self, plan: DispatchPlan) -> int:
         """IndexService.buildIndex for one record; returns the number of keys put."""
+        return self._build_record_index(
+            plan.commitlog_offset, plan.store_timestamp_ms, [index_key_hash(key) for key in plan.index_keys]
+        )
+
+    def _build_record_index(self, commitlog_offset: int, store_timestamp_ms: int, hashes: list[int]) -> int:
         invariant(self.writable, "build_index needs a writable index")
-        target = self._writable_last(plan.store_timestamp_ms)
+        target = self._writable_last(store_timestamp_ms)
         indexed_up_to = target.last_entry_phy_offset()
-        if plan.commitlog_offset < indexed_up_to:
+        if commitlog_offset < indexed_up_to:
             return 0
-        hashes = [index_key_hash(key) for key in plan.index_keys]
-        if plan.commitlog_offset == indexed_up_to:
+        if commitlog_offset == indexed_up_to:
             # Apache re-indexes this record whole (FORMAT.md §15 flaw 1c); rmqstore puts
             # only the keys a crash kept it from putting.
-            present = self._hashes_at(plan.commitlog_offset)
+            present = self._hashes_at(commitlog_offset)
             hashes = [h for h in hashes if not _take(present, h)]
         put = 0
         for key_hash in hashes:
-            while not target.put_key(key_hash, plan.commitlog_offset, plan.store_timestamp_ms):
-                target = self._writable_last(plan.store_timestamp_ms)
+            while not target.put_key(key_hash, commitlog_offset, store_timestamp_ms):
+                target = self._writable_last(store_timestamp_ms)
             put += 1
         return put
 
@@ -415,29 +419,29 @@ class IndexFileList:
         # keys or not, named by that record's time: the batch does the same.
         target = self._writable_last(timestamps[0])
         indexed_up_to = target.last_entry_phy_offset()
+        hashes = batch.key_hashes
+        if hashes is None:
+            topic_numbers = {topic: number for number, topic in enumerate(dict.fromkeys(batch.topics))}
+            record_topics = np.fromiter((topic_numbers[t] for t in batch.topics), dtype=np.int64, count=len(batch))
+            key_records = np.repeat(np.arange(len(batch), dtype=np.int64), batch.key_counts)
+            hashes = topic_key_hashes(list(topic_numbers), record_topics[key_records], batch.keys)
         put = 0
         record = first_key = 0
         # Records at or before what the index holds (re-dispatch after a crash) take the
         # careful one-record path.
         while record < len(batch) and offsets[record] <= indexed_up_to:
             self._writable_last(timestamps[record])
-            plan = DispatchPlan(
-                batch.topics[record], batch.queue_ids[record], batch.queue_offsets[record], offsets[record],
-                batch.sizes[record], timestamps[record], batch.tags_codes[record], batch.has_unit[record],
-                batch.index_keys_of(record, first_key),
-            )
-            put += self.build_index(plan)
-            first_key += batch.key_counts[record]
+            count = batch.key_counts[record]
+            record_hashes = hashes[first_key : first_key + count].tolist()
+            put += self._build_record_index(offsets[record], timestamps[record], record_hashes)
+            first_key += count
             record += 1
         if record < len(batch):
             self._writable_last(timestamps[record])
-        if first_key == len(batch.keys):
+        if first_key == len(hashes):
             return put
-        counts = np.asarray(batch.key_counts[record:], dtype=np.int64)
-        key_records = np.repeat(np.arange(record, len(batch), dtype=np.int64), counts)
-        topic_numbers = {topic: number for number, topic in enumerate(dict.fromkeys(batch.topics))}
-        record_topics = np.fromiter((topic_numbers[t] for t in batch.topics), dtype=np.int64, count=len(batch))
-        hashes = topic_key_hashes(list(topic_numbers), record_topics[key_records], batch.keys[first_key:])
+        key_records = np.repeat(np.arange(record, len(batch), dtype=np.int64), batch.key_counts[record:])
+        hashes = hashes[first_key:]
         phy_offsets = np.asarray(offsets, dtype=np.int64)[key_records]
         key_timestamps = np.asarray(timestamps, dtype=np.int64)[key_records]
         done = 0

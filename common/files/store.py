@@ -170,7 +170,7 @@ class Dispatcher:
         those of :meth:`dispatch` called per record."""
         if not len(batch):
             return
-        if len(batch) < SMALL_BATCH_RECORDS:
+        if len(batch) < SMALL_BATCH_RECORDS and batch.key_hashes is None:
             self._dispatch_one_by_one(batch)
             return
         units = np.empty(len(batch), dtype=cq.UNIT_DTYPE)

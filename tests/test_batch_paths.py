@@ -470,3 +470,22 @@ def test_matching_offsets_are_the_chain_filtered_by_hash() -> None:
             checked += len(expected)
     assert checked > 4000
     index.close()
+
+
+def test_append_results_are_columns_that_read_as_results(tmp_path: Path) -> None:
+    from rmqstore.common.codec.msgid import offset_msg_id
+
+    writer = Writer(WriterConfig(store=str(tmp_path / "store")))
+    results = writer.append([MessageInput("TopicA", bytes([i]) * i, uniq_key=f"U{i}") for i in range(5)])
+    writer.close()
+    assert len(results) == 5 and results.size_bytes == sum(results.sizes)
+    listed = list(results)
+    assert listed == [results[i] for i in range(5)] == results[:] and results[-1] == listed[4]
+    assert results[1:4] == listed[1:4]
+    for i, result in enumerate(listed):
+        assert result.uniq_key == f"U{i}" and result.topic == "TopicA"
+        assert result.offset_msg_id == offset_msg_id(writer.store_host, result.commitlog_offset)
+        assert result.commitlog_offset == sum(results.sizes[:i])
+        assert result.store_timestamp_ms == results.store_timestamp_ms
+    with pytest.raises(IndexError):
+        results[5]

@@ -13,7 +13,7 @@ from rmqstore.common.errors import InvalidArgument, StoreError
 from rmqstore.service.errors import abort_with, mapped
 from rmqstore.service.metrics import WriterMetrics
 from rmqstore.v1 import messages_pb2, writer_pb2, writer_pb2_grpc
-from rmqstore.writer.store import AppendResult, Writer
+from rmqstore.writer.store import AppendResult, AppendResults, Writer
 from rmqstore.writer.validate import EMPTY_PROPERTIES, MessageBatch
 
 SERVICE_NAME = "rmqstore.v1.WriterService"
@@ -73,22 +73,21 @@ def to_result(result: AppendResult) -> messages_pb2.SendResult:
     )
 
 
-def to_compact(results: list[AppendResult]) -> writer_pb2.CompactResults:
-    if not results:
+def to_compact(results: AppendResults) -> writer_pb2.CompactResults:
+    if not len(results):
         return writer_pb2.CompactResults()
-    _, uniq_keys, _, queue_ids, queue_offsets, offsets, _, sizes = zip(*results)
     return writer_pb2.CompactResults(
-        offset_msg_id_prefix=results[0].offset_msg_id[: -MSG_ID_OFFSET_DIGITS],
-        store_timestamp_ms=results[0].store_timestamp_ms,
-        uniq_keys=uniq_keys,
-        queue_ids=queue_ids,
-        queue_offsets=queue_offsets,
-        commitlog_offsets=offsets,
-        sizes=sizes,
+        offset_msg_id_prefix=results[0].offset_msg_id[:-MSG_ID_OFFSET_DIGITS],
+        store_timestamp_ms=results.store_timestamp_ms,
+        uniq_keys=results.uniq_keys,
+        queue_ids=results.queue_ids,
+        queue_offsets=results.queue_offsets,
+        commitlog_offsets=results.commitlog_offsets,
+        sizes=results.sizes,
     )
 
 
-def to_response(results: list[AppendResult], compact: bool) -> writer_pb2.SendBatchResponse:
+def to_response(results: AppendResults, compact: bool) -> writer_pb2.SendBatchResponse:
     if compact:
         return writer_pb2.SendBatchResponse(compact=to_compact(results))
     return writer_pb2.SendBatchResponse(results=[to_result(r) for r in results])
@@ -99,10 +98,10 @@ class WriterServicer(writer_pb2_grpc.WriterServiceServicer):
         self.writer = writer
         self.metrics = WriterMetrics(writer)
 
-    def _append(self, messages: Sequence[messages_pb2.Message], context: grpc.ServicerContext) -> list[AppendResult]:
+    def _append(self, messages: Sequence[messages_pb2.Message], context: grpc.ServicerContext) -> AppendResults:
         started = time.perf_counter()
         results = self.writer.append(to_batch(messages), peer=peer_address(context))
-        self.metrics.appended(len(results), sum(r.size for r in results), started)
+        self.metrics.appended(len(results), results.size_bytes, started)
         return results
 
     @mapped

@@ -8,14 +8,15 @@ the end, re-dispatch what the queues and index lack), then mark the run with ``a
 
 from __future__ import annotations
 
+import itertools
 import os
 import shutil
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import NamedTuple
+from typing import NamedTuple, overload
 
 from opentelemetry import trace
 
@@ -24,7 +25,7 @@ from rmqstore.common.codec import sysflag
 from rmqstore.common.codec.dispatch import DispatchBatch
 from rmqstore.common.codec.checkpoint import Checkpoint
 from rmqstore.common.codec.hosts import SocketAddress
-from rmqstore.common.codec.msgid import offset_msg_ids
+from rmqstore.common.codec.msgid import offset_msg_id, offset_msg_ids
 from rmqstore.common.codec.record import MAGIC_V1, body_crc, head_struct, record_size
 from rmqstore.common.errors import Corruption, InvalidArgument, NotFound, StoreFull, invariant
 from rmqstore.common.files.checkpoint import read_checkpoint, write_checkpoint
@@ -64,6 +65,65 @@ class AppendResult(NamedTuple):
     commitlog_offset: int
     store_timestamp_ms: int
     size: int
+
+
+class AppendResults(Sequence[AppendResult]):
+    """The results of one append, kept as columns (a batch shares its store time and
+    store host); each :class:`AppendResult` is made when asked for."""
+
+    def __init__(
+        self,
+        store_host: SocketAddress,
+        store_timestamp_ms: int,
+        uniq_keys: list[str],
+        topics: list[str],
+        queue_ids: list[int],
+        queue_offsets: list[int],
+        commitlog_offsets: list[int],
+        sizes: list[int],
+    ):
+        self.store_host = store_host
+        self.store_timestamp_ms = store_timestamp_ms
+        self.uniq_keys = uniq_keys
+        self.topics = topics
+        self.queue_ids = queue_ids
+        self.queue_offsets = queue_offsets
+        self.commitlog_offsets = commitlog_offsets
+        self.sizes = sizes
+
+    def __len__(self) -> int:
+        return len(self.uniq_keys)
+
+    @overload
+    def __getitem__(self, position: int) -> AppendResult: ...
+
+    @overload
+    def __getitem__(self, position: slice) -> list[AppendResult]: ...
+
+    def __getitem__(self, position: int | slice) -> AppendResult | list[AppendResult]:
+        if isinstance(position, slice):
+            return [self[i] for i in range(*position.indices(len(self)))]
+        offset = self.commitlog_offsets[position]
+        return AppendResult(
+            offset_msg_id(self.store_host, offset),
+            self.uniq_keys[position],
+            self.topics[position],
+            self.queue_ids[position],
+            self.queue_offsets[position],
+            offset,
+            self.store_timestamp_ms,
+            self.sizes[position],
+        )
+
+    def __iter__(self) -> Iterator[AppendResult]:
+        msg_ids = offset_msg_ids(self.store_host, self.commitlog_offsets)
+        timestamps = itertools.repeat(self.store_timestamp_ms)
+        columns = (self.uniq_keys, self.topics, self.queue_ids, self.queue_offsets, self.commitlog_offsets)
+        return map(AppendResult._make, zip(msg_ids, *columns, timestamps, self.sizes))
+
+    @property
+    def size_bytes(self) -> int:
+        return sum(self.sizes)
 
 
 @dataclass(frozen=True, slots=True)
@@ -250,7 +310,7 @@ class Writer:
 
     def append(
         self, messages: MessageBatch | Sequence[MessageInput], peer: SocketAddress | None = None
-    ) -> list[AppendResult]:
+    ) -> AppendResults:
         """Append messages in order and dispatch them; returns once the flush policy says
         they are stored. Bad input raises before anything is written."""
         batch = messages if isinstance(messages, MessageBatch) else MessageBatch.of(messages)
@@ -295,7 +355,7 @@ class Writer:
             self.wait_flushed(end)
         return results
 
-    def _append_batch(self, batch: MessageBatch, peer: SocketAddress | None) -> tuple[DispatchBatch, list[AppendResult]]:
+    def _append_batch(self, batch: MessageBatch, peer: SocketAddress | None) -> tuple[DispatchBatch, AppendResults]:
         """Encode the messages, lay them out in the commit log, write them in one go and
         plan their dispatch, column by column. A batch shares one store time (never
         before the last one)."""
@@ -339,11 +399,7 @@ class Writer:
         self._last_store_ts = store_ts
         timestamps = [store_ts] * count
         plans = DispatchBatch.of_messages(topics, queue_ids, queue_offsets, offsets, sizes, timestamps, tags, uniq_keys, keys)
-        msg_ids = offset_msg_ids(store_host, offsets)
-        results = list(
-            map(AppendResult._make, zip(msg_ids, uniq_keys, topics, queue_ids, queue_offsets, offsets, timestamps, sizes))
-        )
-        return plans, results
+        return plans, AppendResults(store_host, store_ts, uniq_keys, topics, queue_ids, queue_offsets, offsets, sizes)
 
     def _assign_queues(self, topics: list[str], queue_ids: list[int | None]) -> list[int]:
         """Messages without a queue id take the topic's queues in turn."""

@@ -18,7 +18,7 @@ work is cut where the one dispatch definition allows:
    the driver then creates the files in order (``IndexFile.create``, names strictly
    increasing, as ``IndexFileList`` does).
 3. **writing** (one Spark job): a task per index file puts its entries in number order
-   with ``IndexFile.put_key``; meanwhile tasks over groups of queues append each queue's
+   with ``IndexFile.put_keys``; meanwhile tasks over groups of queues append each queue's
    units in commit log order with ``ConsumeQueue.append`` — the single-process order for
    that queue.
 
@@ -358,11 +358,12 @@ def _write_index_files(
             column = table.column("key_hashes")
             low, high = max(first - base, 0), min(last - base, count)
             rows = pc.list_parent_indices(column).slice(low, high - low)
-            hashes = pc.list_flatten(column).slice(low, high - low).to_pylist()
-            offsets = pc.take(table.column("commitlog_offset"), rows).to_pylist()
-            times = pc.take(table.column("store_ts"), rows).to_pylist()
+            hashes = pc.list_flatten(column).slice(low, high - low).to_numpy().astype(np.int64)
+            offsets = pc.take(table.column("commitlog_offset"), rows).to_numpy()
+            times = pc.take(table.column("store_ts"), rows).to_numpy()
             entry = base + low
-            for key_hash, offset, stamp in zip(hashes, offsets, times):
+            done = 0
+            while done < len(hashes):
                 number = entry // per_file
                 if number != current_number:
                     if current is not None:
@@ -375,9 +376,12 @@ def _write_index_files(
                     current_number = number
                 assert current is not None
                 invariant(current.index_count == entry % per_file + 1, "index entries are put in number order")
-                invariant(current.put_key(key_hash, offset, stamp), "an index file holds its number range")
-                entry += 1
-                put += 1
+                count = min(per_file - entry % per_file, len(hashes) - done)  # the rest of this file
+                part = slice(done, done + count)
+                invariant(current.put_keys(hashes[part], offsets[part], times[part]) == count, "an index file holds its number range")
+                done += count
+                entry += count
+                put += count
         if current is not None:
             current.flush()
     finally:

@@ -39,18 +39,19 @@ SEND_STREAM = "/rmqstore.v1.WriterService/SendStream"
 CHANNEL_OPTIONS = [("grpc.max_send_message_length", 64 << 20), ("grpc.max_receive_message_length", 64 << 20)]
 
 
-def _serialized_batches(workload: Workload, batch: int) -> tuple[list[bytes], list[int], float]:
+def _serialized_batches(workload: Workload, batch: int, compact: bool) -> tuple[list[bytes], list[int], float]:
     started = time.perf_counter_ns()
     payloads, counts = [], []
     for indexes in workload.batches(batch):
-        payloads.append(writer_pb2.SendBatchRequest(messages=workload.proto_messages(indexes)).SerializeToString())
+        request = writer_pb2.SendBatchRequest(messages=workload.proto_messages(indexes), compact_results=compact)
+        payloads.append(request.SerializeToString())
         counts.append(len(indexes))
     return payloads, counts, (time.perf_counter_ns() - started) / 1e9
 
 
 def stream(args: argparse.Namespace) -> dict[str, Any]:
     workload = Workload(WorkloadSpec(args.messages, args.body_bytes, args.seed))
-    payloads, counts, encode_s = _serialized_batches(workload, args.batch)
+    payloads, counts, encode_s = _serialized_batches(workload, args.batch, args.acks == "compact")
     sent = 0
     acked = 0
     deadline = None
@@ -78,7 +79,7 @@ def stream(args: argparse.Namespace) -> dict[str, Any]:
             deadline = time.perf_counter() + args.seconds
         try:
             for response in call(requests(), timeout=args.timeout):
-                acked += len(response.results)
+                acked += len(response.compact.uniq_keys) + len(response.results)
                 if args.progress:
                     print(json.dumps({"acked": acked}), flush=True)
         except grpc.RpcError as rpc_error:
@@ -144,6 +145,9 @@ def main(argv: list[str] | None = None) -> None:
         role.add_argument("--timeout", type=float, default=600.0)
     roles.choices["stream"].add_argument("--batch", type=int, default=1000)
     roles.choices["stream"].add_argument("--progress", action="store_true")
+    roles.choices["stream"].add_argument(
+        "--acks", choices=["compact", "full"], default="compact", help="acks as columns (default) or one SendResult each"
+    )
     roles.choices["stream"].add_argument("--stop-file", help="stop sending once this file exists")
     roles.choices["sync"].add_argument("--producers", type=int, required=True)
     roles.choices["sync"].add_argument("--warmup", type=float, default=0.5)

@@ -187,3 +187,45 @@ def writer_redispatch_run(store: Path) -> dict[str, Any]:
         "mb_per_s": round(log_bytes / seconds / 1e6, 1),
         "msgs_per_s": round(report.redispatched_records / seconds),
     }
+
+
+def sync_threads_run(store: Path, workload: Workload, producers: int, seconds: float, warmup_s: float) -> dict[str, Any]:
+    """SYNC flush in process: ``producers`` threads each appending one message at a time
+    to one Writer and waiting for its fsync — the group commit without gRPC in the way.
+    Counts the acks of the ``seconds`` after ``warmup_s``."""
+    import threading
+
+    from rmqstore.writer.config import FlushPolicy, WriterConfig
+    from rmqstore.writer.store import Writer
+
+    from workload import QUEUES_PER_TOPIC, TOPICS
+
+    shutil.rmtree(store, ignore_errors=True)
+    writer = Writer(WriterConfig(store=str(store), flush=FlushPolicy.SYNC))
+    for topic in TOPICS:
+        writer.topics.create(topic, QUEUES_PER_TOPIC)
+    messages = workload.message_inputs(range(len(workload)))
+    start = time.perf_counter() + warmup_s
+    stop = start + seconds
+    latencies: list[list[int]] = [[] for _ in range(producers)]
+
+    def produce(number: int) -> None:
+        position = number
+        while (now := time.perf_counter()) < stop:
+            began = time.perf_counter_ns()
+            writer.append([messages[position % len(messages)]])
+            if now >= start:
+                latencies[number].append(time.perf_counter_ns() - began)
+            position += producers
+
+    threads = [threading.Thread(target=produce, args=(n,)) for n in range(producers)]
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    finally:
+        writer.close()
+        shutil.rmtree(store, ignore_errors=True)
+    measured = [ns for per_thread in latencies for ns in per_thread]
+    return {"producers": producers, "acked": len(measured), "seconds": seconds, "latencies_ns": measured}

@@ -188,12 +188,16 @@ def section_sync(ctx: Context) -> dict[str, Any]:
     workload = Workload(spec)
     counts = ctx.args.sync_producers
     ours: dict[int, list[dict[str, Any]]] = {p: [] for p in counts}
+    inner: dict[int, list[dict[str, Any]]] = {p: [] for p in counts}
     theirs: dict[int, list[dict[str, Any]]] = {p: [] for p in counts}
     for run in range(ctx.args.repeats):
         store = ctx.work / "sync"
         for result in bench_grpc.sync_run(store, spec, ctx.logs, counts, ctx.args.sync_seconds):
             ours[result["producers"]].append(_sync_figures(result))
         shutil.rmtree(store, ignore_errors=True)
+        for producers in counts:
+            result = bench_rmq.sync_threads_run(store, workload, producers, ctx.args.sync_seconds, warmup_s=0.5)
+            inner[producers].append(_sync_figures(result))
         for producers in counts:
             result = sqlite_baseline.sync_producers(
                 ctx.work / "sync.db", workload, producers, ctx.args.sync_seconds, warmup_s=0.5
@@ -214,11 +218,15 @@ def section_sync(ctx: Context) -> dict[str, Any]:
                 "msgs_per_s": rmq,
                 "p50_ms": median_of(ours[producers], "p50_ms"),
                 "p99_ms": median_of(ours[producers], "p99_ms"),
+                "in_process_msgs_per_s": median_of(inner[producers], "msgs_per_s"),
+                "in_process_p50_ms": median_of(inner[producers], "p50_ms"),
+                "in_process_p99_ms": median_of(inner[producers], "p99_ms"),
                 "sqlite_msgs_per_s": sql,
                 "sqlite_p50_ms": median_of(theirs[producers], "p50_ms"),
                 "sqlite_p99_ms": median_of(theirs[producers], "p99_ms"),
                 "ratio": ratio(rmq, sql),
                 "rmqstore_runs": ours[producers],
+                "in_process_runs": inner[producers],
                 "sqlite_runs": theirs[producers],
             }
         )

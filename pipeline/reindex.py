@@ -5,8 +5,8 @@ so to Apache's files, index file names aside (they come from record times, as th
 work is cut where the one dispatch definition allows:
 
 1. **dispatch** (one task per commit log split, in parallel): decode the records in bulk
-   (``ColumnScan``), plan them with ``DispatchBatch.of_columns`` (``plan_dispatch``'s rules
-   over columns) and hash their index keys with ``topic_key_hashes``; the plans go to an
+   (``ColumnScan``) and plan them with ``DispatchBatch.of_columns`` (``plan_dispatch``'s
+   rules over columns, index key hashes included); the plans go to an
    Arrow file per split. Each split also reports
    where and why its scan stopped, so the end of the log (and a corruption in the middle)
    is the one a single scan from the start finds: nothing after the first stop counts.
@@ -134,7 +134,7 @@ def dispatch_split(number: int, split: Split, work: str) -> SplitResult:
                 hash_ends = np.zeros(len(batch) + 1, np.int32)
                 np.cumsum(batch.key_counts, out=hash_ends[1:])
                 records_total += len(batch)
-                keys_total += len(batch.keys)
+                keys_total += int(hash_ends[-1])
                 columns = (
                     batch.commitlog_offsets,
                     batch.sizes,
@@ -167,7 +167,10 @@ def dispatch_split(number: int, split: Split, work: str) -> SplitResult:
 
 
 def _key_hashes(batch: DispatchBatch) -> np.ndarray:
-    """``index_key_hash`` of every index key of the batch, in order (``topic#key``)."""
+    """``index_key_hash`` of every index key of the batch, in order (``topic#key``):
+    the batch's own when it was planned from bytes, else from its key strings."""
+    if batch.key_hashes is not None:
+        return batch.key_hashes
     topics = {topic: number for number, topic in enumerate(dict.fromkeys(batch.topics))}
     record_topics = np.fromiter((topics[topic] for topic in batch.topics), np.int64, len(batch))
     key_records = np.repeat(np.arange(len(batch)), batch.key_counts)

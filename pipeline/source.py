@@ -48,9 +48,9 @@ from pyspark.sql.datasource import (
 from pyspark.sql.types import StructType
 from rmqstore.common.errors import InvalidArgument
 from rmqstore.common.files.commitlog import CommitLog, StopReason
+from rmqstore.common.files.scan import ColumnScan
 from rmqstore.common.files.store import StorePaths
 from rmqstore.pipeline import columns, splits
-from rmqstore.common.files.scan import ColumnScan
 from rmqstore.pipeline.splits import TIME_MAX_MS, TIME_MIN_MS, Split, TimeRange
 
 FORMAT_NAME = "rmqstore"
@@ -211,9 +211,10 @@ class RmqstoreReader(DataSourceReader):
         self.max_partition_bytes = _option_int(options, "maxPartitionBytes", splits.DEFAULT_MAX_PARTITION_BYTES)
         self.min_partitions = _option_int(options, "minPartitions", 1)
         self.check_crc = _option_bool(options, "checkCrc", True)
-        self.batch_rows = _option_int(options, "batchRows", BATCH_ROWS_DEFAULT)
-        if self.batch_rows is None or self.batch_rows < 1:
-            raise InvalidArgument(f"option batchRows must be at least 1, got {self.batch_rows}")
+        batch_rows = _option_int(options, "batchRows", BATCH_ROWS_DEFAULT)
+        if batch_rows is None or batch_rows < 1:
+            raise InvalidArgument(f"option batchRows must be at least 1, got {batch_rows}")
+        self.batch_rows = batch_rows
         self.filter = RowFilter()
 
     def pushFilters(self, filters: list[Filter]) -> Iterable[Filter]:

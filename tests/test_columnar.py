@@ -13,10 +13,9 @@ from typing import Any
 
 import numpy as np
 import pytest
+from conftest import CLEAN, CRASHED, FIXTURE_SIZES
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
-
-from conftest import CLEAN, CRASHED, FIXTURE_SIZES
 from rmqstore.common.codec import columnar
 from rmqstore.common.codec.columnar import RecordColumns, WalkEnd
 from rmqstore.common.codec.hosts import SocketAddress
@@ -50,7 +49,7 @@ def rows_of(decoded: RecordColumns) -> list[dict[str, Any]]:
         properties = {span(decoded, decoded.names, j).decode(): span(decoded, decoded.values, j).decode() for j in pairs}
         assert len(properties) == len(pairs), "no name twice in a row"
 
-        def named(column: np.ndarray) -> str | None:
+        def named(column: np.ndarray, i: int = i) -> str | None:
             return None if column[i] < 0 else span(decoded, decoded.values, int(column[i])).decode()
 
         rows.append(
@@ -296,6 +295,41 @@ def test_properties_split_as_the_per_record_decoder_does(data: bytes) -> None:
     want = decode_record(record)
     assert isinstance(want, Record)
     assert rows_of(decoded) == [expected_row(want)]
+
+
+def test_long_properties_and_many_pairs_share_a_batch_with_short_ones(tmp_path: Path) -> None:
+    """Properties are searched in rows of a power-of-two width: rows of several widths in
+    one batch, rows with more pairs than are compared for repeats, repeats among them."""
+    many = "\x02".join(f"name-{n}\x01v{n}" for n in range(40))
+    repeating = "\x02".join(f"name-{n % 7}\x01v{n}" for n in range(40))
+    items = [
+        (Record(topic="T"), b"KEYS\x01k1 k2\x02V\x01" + b"x\x01" * 2500, 1),
+        (Record(topic="T"), b"A\x01b", 1),
+        (Record(topic="T"), many.encode(), 1),
+        (Record(topic="T"), repeating.encode(), 2),
+        (Record(topic="T"), b"", 1),
+        (Record(topic="T"), ("TAGS\x01" + "é" * 300).encode(), 1),
+    ]
+    log = write_log(str(tmp_path / "commitlog"), laid_out(items))
+    try:
+        bulk, bulk_stop = scan_rows(log)
+        single, single_stop = per_record(log)
+    finally:
+        log.close()
+    assert bulk == single and len(bulk) == len(items)
+    assert bulk_stop == single_stop
+    assert [len(row["properties"]) for row in bulk] == [2, 1, 40, 7, 0, 1]
+
+
+def test_walk_stops_after_the_record_that_crosses_its_byte_limit() -> None:
+    log = CommitLog(str(CLEAN / "commitlog"), FIXTURE_SIZES.commitlog_file_size_bytes)
+    try:
+        buf = log.files.files[0].buf
+        one = columnar.walk(buf, 0, stop=len(buf), rows_max=10**6, bytes_max=1)
+        starts = [r.commitlog_offset for r in log.records(0, stop=4000)]
+    finally:
+        log.close()
+    assert (one.starts, one.position, one.end) == ([0], starts[1], WalkEnd.LIMIT)
 
 
 # Damaged logs end where, and as, the per-record reader says

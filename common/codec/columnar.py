@@ -34,10 +34,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-
 from rmqstore.common.codec import sysflag
 from rmqstore.common.codec.hosts import SocketAddress
-from rmqstore.common.codec.properties import KEYS, NAME_VALUE_SEPARATOR, PROPERTY_SEPARATOR, TAGS, UNIQ_KEY
+from rmqstore.common.codec.properties import (
+    KEYS,
+    NAME_VALUE_SEPARATOR,
+    PROPERTY_SEPARATOR,
+    TAGS,
+    UNIQ_KEY,
+)
 from rmqstore.common.codec.record import (
     BLANK_MAGIC,
     MAGIC_V1,
@@ -374,9 +379,8 @@ class _HeadFields:
             rows_here = np.flatnonzero(combo == k)
             if not len(rows_here):
                 continue
-            dtype = _HEADS[k]
-            store_at = dtype.fields["store_ip"][1]
-            store_end = dtype.fields["store_port"][1] + 4
+            store_at = _field_offset(_HEADS[k], "store_ip")
+            store_end = _field_offset(_HEADS[k], "store_port") + 4
             raw = np.concatenate(
                 (
                     heads[rows_here, store_at:store_end],
@@ -390,6 +394,11 @@ class _HeadFields:
             else:
                 chars[ends[rows_here][:, None] + np.arange(text.shape[1])] = text
         return ends, chars
+
+
+def _field_offset(dtype: np.dtype, name: str) -> int:
+    assert dtype.fields is not None
+    return int(dtype.fields[name][1])
 
 
 def _hosts(keys: np.ndarray) -> Hosts:
@@ -426,7 +435,7 @@ def _first_false(flags: np.ndarray) -> int | None:
 
 def _first_crc_mismatch(data: np.ndarray, at: np.ndarray, length: np.ndarray, stored: np.ndarray) -> int | None:
     """The first row whose non-empty body's CRC differs from the stored one (§3.5)."""
-    view = memoryview(data)
+    view = data.data
     bodies = map(view.__getitem__, map(slice, at.tolist(), (at + length).tolist()))
     computed = np.fromiter(map(body_crc, bodies), np.int64, len(at))
     return _first_false((length == 0) | (computed == stored))

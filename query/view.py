@@ -15,6 +15,7 @@ from __future__ import annotations
 import base64
 import heapq
 import json
+import mmap
 import threading
 import time
 import zlib
@@ -41,10 +42,24 @@ TIME_MAX_MS = 2**63 - 1
 PAGE_SIZE_MAX = 10_000
 PULL_COUNT_MAX = 10_000
 REFRESH_INTERVAL_S = 0.01
-# Every so often the node drops the mapped pages it has touched from its resident set:
-# they stay in the page cache (a lookup faults one back in for about a microsecond), and
-# the node's RSS stays flat however large the store and however many lookups it served.
+# The node drops the mapped pages it has touched from its resident set every so often,
+# and as soon as they pass a budget (checked every few hundred lookups; a page fault maps
+# up to 16 neighbouring cached pages, so random lookups fill the RSS fast): the pages stay
+# in the page cache (a lookup maps one back in for about a microsecond), and the node's
+# RSS stays flat however large the store and however many lookups it serves.
 TRIM_INTERVAL_S = 5.0
+MAPPED_RESIDENT_BUDGET_BYTES = 96 * 1024 * 1024
+TRIM_CHECK_EVERY_LOOKUPS = 256
+_STATM = "/proc/self/statm"
+
+
+def _shared_resident_bytes() -> int | None:
+    """Resident file-backed (and shared) memory of this process, None off Linux."""
+    try:
+        with open(_STATM, "rb") as statm:
+            return int(statm.read().split()[2]) * mmap.PAGESIZE
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,6 +136,7 @@ class StoreView:
         self.last_store_timestamp_ms = 0
         self._refreshed_at = 0.0
         self._trimmed_at = time.monotonic()
+        self._lookups_since_check = 0
         self._queues_seen_at_offset: dict[tuple[str, int], int] = {}
         self._unindexed: dict[tuple[str, str], list[int]] = {}
         self._unindexed_scanned = 0
@@ -131,12 +147,10 @@ class StoreView:
     def refresh(self, force: bool = False) -> None:
         with self._lock:
             now = time.monotonic()
+            self._maybe_trim(now)
             if not force and now - self._refreshed_at < REFRESH_INTERVAL_S:
                 return
             self._refreshed_at = now
-            if now - self._trimmed_at >= TRIM_INTERVAL_S:
-                self._trimmed_at = now
-                self._trim()
             progress = read_progress(self.root)
             if progress is None and self.has_progress:
                 raise Corruption(f"the progress file under {self.root} disappeared")
@@ -154,6 +168,19 @@ class StoreView:
             if bound != self.visible_offset or files_changed:
                 self.index.refresh()
                 self.visible_offset = bound
+
+    def _maybe_trim(self, now: float) -> None:
+        self._lookups_since_check += 1
+        if now - self._trimmed_at < TRIM_INTERVAL_S:
+            if self._lookups_since_check < TRIM_CHECK_EVERY_LOOKUPS:
+                return
+            self._lookups_since_check = 0
+            resident = _shared_resident_bytes()
+            if resident is None or resident <= MAPPED_RESIDENT_BUDGET_BYTES:
+                return
+        self._lookups_since_check = 0
+        self._trimmed_at = now
+        self._trim()
 
     def _trim(self) -> None:
         for mapped in self.log.files:

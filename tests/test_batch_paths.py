@@ -489,3 +489,24 @@ def test_append_results_are_columns_that_read_as_results(tmp_path: Path) -> None
         assert result.store_timestamp_ms == results.store_timestamp_ms
     with pytest.raises(IndexError):
         results[5]
+
+
+def test_a_query_view_keeps_mapped_pages_within_its_budget(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Lookups that touch 4 MiB of records leave at most about the budget resident."""
+    import rmqstore.query.view as view_module
+
+    sizes = StoreSizes(commitlog_file_size_bytes=8 << 20, cq_file_units=100_000, index_slots=1000, index_entries=50_000)
+    writer = Writer(WriterConfig(store=str(tmp_path / "store"), sizes=sizes))
+    body = bytes(range(256)) * 16
+    for _ in range(10):
+        writer.append([MessageInput("TopicA", body, ["k"], queue_id=0)] * 100)
+    writer.close()
+    monkeypatch.setattr(view_module, "MAPPED_RESIDENT_BUDGET_BYTES", 1 << 20)
+    monkeypatch.setattr(view_module, "TRIM_CHECK_EVERY_LOOKUPS", 8)
+    view = view_module.StoreView(str(tmp_path / "store"), sizes)
+    view._trim()
+    before = _rss_file_kib()
+    bodies = [view.by_queue_offset("TopicA", 0, offset).body for offset in range(1000)]
+    assert bodies == [body] * 1000
+    assert _rss_file_kib() - before < 2500  # 4,000 KiB read; at most the budget and 8 lookups' pages stay
+    view.close()

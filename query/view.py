@@ -336,7 +336,8 @@ class StoreView:
             low = min(self._visible_min(queue), high)
 
             def store_time(unit: cq.Unit) -> int:
-                return self.read(unit.commitlog_offset).store_timestamp_ms
+                # Units below ``high`` point at visible records: the header is enough.
+                return self.log.store_timestamp(unit.commitlog_offset)
 
             offset = queue.offset_by_time(
                 timestamp_ms, store_time, boundary, commitlog_min_offset=self.min_offset, stop=high

@@ -26,7 +26,7 @@ from rmqstore.common.codec.javahash import (
     topic_key_hashes,
 )
 from rmqstore.common.codec.record import Record, encode_record
-from rmqstore.common.errors import InvalidArgument
+from rmqstore.common.errors import InvalidArgument, NotFound
 from rmqstore.common.files.commitlog import CommitLog
 from rmqstore.common.files.consumequeue import ConsumeQueueSet
 from rmqstore.common.files.index import IndexFile, IndexFileList
@@ -510,3 +510,19 @@ def test_a_query_view_keeps_mapped_pages_within_its_budget(tmp_path: Path, monke
     assert bodies == [body] * 1000
     assert _rss_file_kib() - before < 2500  # 4,000 KiB read; at most the budget and 8 lookups' pages stay
     view.close()
+
+
+def test_store_time_from_the_header_equals_the_decoded_one() -> None:
+    """On Apache's stores (IPv4 and IPv6 born hosts), and nothing where no record starts."""
+    from conftest import CLEAN, CRASHED, FIXTURE_SIZES
+
+    checked = 0
+    for root in (CLEAN, CRASHED):
+        log = CommitLog(str(root / "commitlog"), FIXTURE_SIZES.commitlog_file_size_bytes)
+        for record in log.records(check_crc=False):
+            assert log.store_timestamp(record.commitlog_offset) == record.store_timestamp_ms
+            with pytest.raises(NotFound):
+                log.store_timestamp(record.commitlog_offset + 1)
+            checked += 1
+        log.close()
+    assert checked == 2007 + 795

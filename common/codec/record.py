@@ -183,6 +183,21 @@ class Blank:
     size: int
 
 
+def store_timestamp_at(buf: bytes | bytearray | memoryview, pos: int) -> int | None:
+    """STORETIMESTAMP of the v1/v2 record at ``pos``, read from its header alone (after
+    BORNHOST, whose width the sysFlag gives); None if no record header starts there."""
+    if pos + _SIZE_MAGIC.size > len(buf):
+        return None
+    size, magic = _SIZE_MAGIC.unpack_from(buf, pos)
+    if magic != MAGIC_V1 and magic != MAGIC_V2:
+        return None
+    (sys_flag,) = _INT32.unpack_from(buf, pos + OFFSET_SYSFLAG)
+    at = pos + OFFSET_BORN_HOST + (20 if sys_flag & sysflag.BORNHOST_V6 else 8)
+    if at + 8 > pos + size or at + 8 > len(buf):
+        return None
+    return _INT64.unpack_from(buf, at)[0]
+
+
 def encode_blank(size: int) -> bytes:
     """The 8 bytes written at the end of a full file: int32 remaining size, BLANK magic."""
     return _SIZE_MAGIC.pack(size, BLANK_MAGIC)

@@ -31,6 +31,7 @@ from rmqstore.common.codec.record import (
     decode_record,
     encode_blank,
     patch_offsets,
+    store_timestamp_at,
 )
 from rmqstore.common.errors import Corruption, InvalidArgument, NotFound, invariant
 from rmqstore.common.files.mapped import MappedFile, MappedFileQueue
@@ -124,6 +125,15 @@ class CommitLog:
         if not isinstance(item, Record):
             raise NotFound(f"no record at commit log offset {offset}")
         return item
+
+    def store_timestamp(self, offset: int) -> int:
+        """The store time of the record at ``offset``, from its header alone (time search
+        probes many records and needs nothing else of them)."""
+        mapped = self.files.find(offset)
+        found = None if mapped is None else store_timestamp_at(mapped.buf, offset - mapped.start_offset)
+        if found is None:
+            raise NotFound(f"no record at commit log offset {offset}")
+        return found
 
     @property
     def max_file_offset(self) -> int:

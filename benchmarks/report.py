@@ -98,6 +98,11 @@ def render(results: dict[str, Any], json_name: Path) -> str:
     if any("rss" in s for s in sizes.values()):
         body += _rss(sizes, summary)
     body += _cross_check(results["cross_check"])
+    limits = Path(__file__).with_name("LIMITS.md")
+    if limits.exists():
+        # The analysis of the missed targets, written once the figures are in, kept apart
+        # from the generated tables so that a rerun does not lose it.
+        body += ["", limits.read_text(encoding="utf-8").rstrip(), ""]
     head = _head(results, json_name)
     head += ["## Targets (issue #5)", ""] + _table(["item", "target", "this run", "verdict"], summary.rows)
     return "\n".join(head + body)

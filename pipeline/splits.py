@@ -50,7 +50,6 @@ TIME_MAX_MS = 2**63 - 1
 # A record start lies within any stretch of records longer than the largest record.
 CUT_SEARCH_BYTES = 64 * 1024 * 1024
 _CUT_PROBE_BYTES = 64 * 1024
-_ZERO_CHUNK = bytes(1 << 20)
 _SIZE_MAGIC = struct.Struct(">ii")
 _INT32 = struct.Struct(">i")
 _INT64 = struct.Struct(">q")
@@ -178,33 +177,14 @@ def _walk(mapped: MappedFile) -> _Walk:
     return walk
 
 
-def _zeros_from(log: CommitLog, mapped: MappedFile, position: int) -> bool:
-    """True if the log holds only zeros from ``position`` of ``mapped`` on, this file and
-    every later one. (Comparing whole chunks is far faster than looking for the last
-    non-zero byte.)"""
-    for item in log.files.files[log.files.index_of(mapped) :]:
-        start = position if item is mapped else 0
-        for low in range(start, item.file_size_bytes, len(_ZERO_CHUNK)):
-            high = min(low + len(_ZERO_CHUNK), item.file_size_bytes)
-            if item.buf[low:high].tobytes() != _ZERO_CHUNK[: high - low]:
-                return False
-    return True
-
-
 def _data_end(log: CommitLog, mapped: MappedFile) -> int:
     """One past the last non-zero byte of ``mapped`` when only zeros follow it in the log
-    (its last file with data), else the file's end."""
+    (its last file with data), else the file's end. (``MappedFile.last_nonzero_position``
+    skips a file's unallocated tail and compares zero chunks in C.)"""
     later = log.files.files[log.files.index_of(mapped) + 1 :]
-    if later and not _zeros_from(log, later[0], 0):
+    if any(item.last_nonzero_position(0) for item in later):
         return mapped.end_offset
-    high = mapped.file_size_bytes
-    while high > 0:
-        low = max(0, high - len(_ZERO_CHUNK))
-        chunk = mapped.buf[low:high].tobytes()
-        if chunk != _ZERO_CHUNK[: high - low]:
-            return mapped.start_offset + low + len(chunk.rstrip(b"\x00"))
-        high = low
-    return mapped.start_offset
+    return mapped.start_offset + mapped.last_nonzero_position(0)
 
 
 def _record_start(log: CommitLog, mapped: MappedFile, target: int, limit: int) -> int | None:

@@ -43,13 +43,13 @@ PAGE_SIZE_MAX = 10_000
 PULL_COUNT_MAX = 10_000
 REFRESH_INTERVAL_S = 0.01
 # The node drops the mapped pages it has touched from its resident set every so often,
-# and as soon as they pass a budget (checked every few hundred lookups; a page fault maps
+# and as soon as they pass a budget (checked every 32 lookups: a page fault maps
 # up to 16 neighbouring cached pages, so random lookups fill the RSS fast): the pages stay
 # in the page cache (a lookup maps one back in for about a microsecond), and the node's
 # RSS stays flat however large the store and however many lookups it serves.
 TRIM_INTERVAL_S = 5.0
 MAPPED_RESIDENT_BUDGET_BYTES = 96 * 1024 * 1024
-TRIM_CHECK_EVERY_LOOKUPS = 256
+TRIM_CHECK_EVERY_LOOKUPS = 32
 _STATM = "/proc/self/statm"
 
 

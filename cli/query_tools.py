@@ -306,7 +306,10 @@ def cmd_query_serve(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, lambda *_: stopping.set())
     configure_tracing("rmqstore-query")
     configure_metrics("rmqstore-query")
-    view = StoreView(args.store, sizes_from(args, args.store))
+    budget = args.mapped_budget_mb
+    if budget is not None and budget < 1:
+        raise InvalidArgument(f"--mapped-budget-mb must be at least 1, got {budget}")
+    view = StoreView(args.store, sizes_from(args, args.store), mapped_budget_bytes=None if budget is None else budget << 20)
     try:
         serving = Serving(
             lambda s: query_pb2_grpc.add_QueryServiceServicer_to_server(QueryServicer(view), s),
@@ -362,6 +365,13 @@ def register(commands: argparse._SubParsersAction) -> None:  # type: ignore[type
     serve.add_argument("--store", required=True, help="store directory (never written)")
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     serve.add_argument("--port", type=int, default=0, help="port (default 0: any free port, printed at start)")
+    serve.add_argument(
+        "--mapped-budget-mb",
+        type=int,
+        metavar="MB",
+        help="resident mapped store pages kept before they are dropped (default 150, query.view's "
+        "MAPPED_RESIDENT_BUDGET_BYTES); lower keeps the RSS smaller, higher spares lookups re-mapping pages",
+    )
     add_server_tls_options(serve)
     add_size_options(serve)
     serve.set_defaults(handler=cmd_query_serve)

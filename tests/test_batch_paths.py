@@ -526,3 +526,18 @@ def test_store_time_from_the_header_equals_the_decoded_one() -> None:
             checked += 1
         log.close()
     assert checked == 2007 + 795
+
+
+def test_query_serve_refuses_a_budget_below_one_mb(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    Writer(WriterConfig(store=str(tmp_path / "store"))).close()
+    done = subprocess.run(
+        [sys.executable, "-m", "rmqstore.cli.main", "query", "serve", "--store", str(tmp_path / "store"), "--mapped-budget-mb", "0"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2
+    assert "--mapped-budget-mb must be at least 1, got 0" in done.stderr

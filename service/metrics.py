@@ -28,6 +28,8 @@ from typing import TYPE_CHECKING
 from opentelemetry import metrics
 from opentelemetry.metrics import CallbackOptions, Observation
 
+from rmqstore.service.telemetry import exporter_requested
+
 if TYPE_CHECKING:
     from rmqstore.query.view import StoreView
     from rmqstore.writer.store import Writer
@@ -38,17 +40,7 @@ _configured = False
 
 def metrics_requested(environ: dict[str, str] | None = None) -> str | None:
     """The metric exporter to use, or None for no metrics."""
-    env = os.environ if environ is None else environ
-    if env.get("OTEL_SDK_DISABLED", "").lower() == "true":
-        return None
-    exporter = env.get("OTEL_METRICS_EXPORTER", "").strip().lower()
-    if exporter == "none":
-        return None
-    if exporter:
-        return exporter
-    if env.get("OTEL_EXPORTER_OTLP_ENDPOINT") or env.get("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT"):
-        return "otlp"
-    return None
+    return exporter_requested("METRICS", environ)
 
 
 def configure_metrics(service_name: str) -> bool:

@@ -15,19 +15,26 @@ from opentelemetry import trace
 _configured = False
 
 
-def tracing_requested(environ: dict[str, str] | None = None) -> str | None:
-    """The exporter to use, or None for no tracing."""
+def exporter_requested(signal: str, environ: dict[str, str] | None = None) -> str | None:
+    """The exporter the standard variables ask for one signal (``TRACES`` or ``METRICS``):
+    ``OTEL_<signal>_EXPORTER`` if set (``none`` is no export), else ``otlp`` when an OTLP
+    endpoint is configured (the shared one or the signal's own), else None."""
     env = os.environ if environ is None else environ
     if env.get("OTEL_SDK_DISABLED", "").lower() == "true":
         return None
-    exporter = env.get("OTEL_TRACES_EXPORTER", "").strip().lower()
+    exporter = env.get(f"OTEL_{signal}_EXPORTER", "").strip().lower()
     if exporter == "none":
         return None
     if exporter:
         return exporter
-    if env.get("OTEL_EXPORTER_OTLP_ENDPOINT") or env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"):
+    if env.get("OTEL_EXPORTER_OTLP_ENDPOINT") or env.get(f"OTEL_EXPORTER_OTLP_{signal}_ENDPOINT"):
         return "otlp"
     return None
+
+
+def tracing_requested(environ: dict[str, str] | None = None) -> str | None:
+    """The exporter to use, or None for no tracing."""
+    return exporter_requested("TRACES", environ)
 
 
 def configure_tracing(service_name: str) -> bool:

@@ -40,7 +40,6 @@ import numpy as np
 from rmqstore.common.codec import consumequeue as cq
 from rmqstore.common.codec import index as ix
 from rmqstore.common.codec.dispatch import DispatchBatch
-from rmqstore.common.codec.javahash import topic_key_hashes
 from rmqstore.common.errors import Corruption, InvalidArgument, invariant
 from rmqstore.common.files.commitlog import CommitLog, ScanStop, StopReason
 from rmqstore.common.files.consumequeue import ConsumeQueue
@@ -145,7 +144,7 @@ def dispatch_split(number: int, split: Split, work: str) -> SplitResult:
                     batch.has_unit,
                 )
                 arrays = [pa.array(values, field.type) for values, field in zip(columns, schema)]
-                arrays.append(pa.ListArray.from_arrays(pa.array(hash_ends), pa.array(_key_hashes(batch), pa.int32())))
+                arrays.append(pa.ListArray.from_arrays(pa.array(hash_ends), pa.array(batch.index_hashes(), pa.int32())))
                 writer.write_batch(pa.RecordBatch.from_arrays(arrays, schema=schema))
         planning.check_cut(split, last_end)
     finally:
@@ -163,17 +162,6 @@ def dispatch_split(number: int, split: Split, work: str) -> SplitResult:
         first_ts=first_ts,
         queues=queues,
     )
-
-
-def _key_hashes(batch: DispatchBatch) -> np.ndarray:
-    """``index_key_hash`` of every index key of the batch, in order (``topic#key``):
-    the batch's own when it was planned from bytes, else from its key strings."""
-    if batch.key_hashes is not None:
-        return batch.key_hashes
-    topics = {topic: number for number, topic in enumerate(dict.fromkeys(batch.topics))}
-    record_topics = np.fromiter((topics[topic] for topic in batch.topics), np.int64, len(batch))
-    key_records = np.repeat(np.arange(len(batch)), batch.key_counts)
-    return topic_key_hashes(list(topics), record_topics[key_records], batch.keys)
 
 
 def _read_plans(path: str, columns: list[str]) -> Any:

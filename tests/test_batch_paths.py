@@ -172,7 +172,10 @@ def test_redispatching_a_batch_changes_nothing(tmp_path: Path) -> None:
     queues.open_all()
     index = IndexFileList(str(tmp_path / "once" / "index"), 11, 40, writable=True)
     before = tree_bytes(tmp_path / "once")
-    Dispatcher(queues, index).dispatch_records(records[150:])
+    again = DispatchBatch()
+    for record in records[150:]:
+        again.add_record(record)
+    Dispatcher(queues, index).dispatch_batch(again)
     queues.close()
     index.close()
     assert tree_bytes(tmp_path / "once") == before

@@ -27,14 +27,21 @@ import numpy as np
 
 from rmqstore.common.codec import properties as props
 from rmqstore.common.codec import sysflag
+from rmqstore.common.codec.columnar import RecordColumns
 from rmqstore.common.codec.consumequeue import (
     SCHEDULE_TOPIC,
     deliver_timestamp,
     parse_delay_levels,
     tags_code,
 )
-from rmqstore.common.codec.javahash import ascii_span_hashes, combine_hashes, index_key, topic_prefix_hashes
-from rmqstore.common.codec.columnar import RecordColumns
+from rmqstore.common.codec.javahash import (
+    ascii_span_hashes,
+    combine_hashes,
+    index_key,
+    offsets_within,
+    topic_key_hashes,
+    topic_prefix_hashes,
+)
 from rmqstore.common.codec.record import Record
 from rmqstore.common.errors import invariant
 
@@ -114,10 +121,10 @@ def _key_hashes_of_spans(
     keys_at = columns.values.at[columns.keys[has_keys]]
     keys_length = columns.values.length[columns.keys[has_keys]]
     # Every byte of the KEYS values, then the runs of non-space bytes: the parts.
-    inside = _offsets_within(keys_length)
+    inside = offsets_within(keys_length)
     where = np.repeat(keys_at, keys_length) + inside
     text = data[where]
-    if (data[np.repeat(uniq_at, uniq_length) + _offsets_within(uniq_length)] >= 0x80).any() or (text >= 0x80).any():
+    if (data[np.repeat(uniq_at, uniq_length) + offsets_within(uniq_length)] >= 0x80).any() or (text >= 0x80).any():
         return None
     solid = text != 0x20
     last_in_value = inside == np.repeat(keys_length, keys_length) - 1
@@ -134,16 +141,16 @@ def _key_hashes_of_spans(
     at = np.concatenate((uniq_at, where[starts]))[order]
     length = np.concatenate((uniq_length, ends - starts + 1))[order]
     row = row[order]
-    topic_numbers = {topic: number for number, topic in enumerate(dict.fromkeys(topics))}
-    row_topics = np.fromiter((topic_numbers[t] for t in topics), dtype=np.int64, count=len(topics))
-    prefixes = topic_prefix_hashes(list(topic_numbers))[row_topics[row]]
+    distinct, record_topics = _record_topics(topics)
+    prefixes = topic_prefix_hashes(distinct)[record_topics[row]]
     hashes = combine_hashes(prefixes, ascii_span_hashes(data, at, length), length)
     return hashes, np.bincount(row, minlength=columns.rows).tolist()
 
 
-def _offsets_within(lengths: np.ndarray) -> np.ndarray:
-    """0 … n−1 for each length n, concatenated."""
-    return np.arange(int(lengths.sum()), dtype=np.int64) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+def _record_topics(topics: list[str]) -> tuple[list[str], np.ndarray]:
+    """The distinct topics, and each record's number among them."""
+    numbers = {topic: number for number, topic in enumerate(dict.fromkeys(topics))}
+    return list(numbers), np.fromiter((numbers[t] for t in topics), dtype=np.int64, count=len(topics))
 
 
 def record_tags_code(record: Record, delay_levels_ms: dict[int, int] = DEFAULT_DELAY_LEVELS_MS) -> int:
@@ -298,6 +305,15 @@ class DispatchBatch:
             counts,
             key_hashes,
         )
+
+    def index_hashes(self) -> np.ndarray:
+        """``index_key_hash`` of every index key, in put order: ``key_hashes`` when the
+        plans were made from bytes, else hashed from the key strings."""
+        if self.key_hashes is not None:
+            return self.key_hashes
+        distinct, record_topics = _record_topics(self.topics)
+        key_records = np.repeat(np.arange(len(self), dtype=np.int64), self.key_counts)
+        return topic_key_hashes(distinct, record_topics[key_records], self.keys)
 
     def index_keys_of(self, record: int, first_key: int) -> tuple[str, ...]:
         """The ``topic#key`` strings of one record, whose keys start at ``first_key``."""

@@ -97,6 +97,11 @@ def _hashes_and_lengths(texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
     return hashes, lengths
 
 
+def offsets_within(lengths: np.ndarray) -> np.ndarray:
+    """0 … n−1 for each length n, concatenated: each item's place within its span."""
+    return np.arange(int(lengths.sum()), dtype=np.int64) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+
+
 def ascii_span_hashes(data: np.ndarray, at: np.ndarray, length: np.ndarray) -> np.ndarray:
     """String.hashCode (uint32) of byte spans ``data[at:at+length]`` that hold ASCII
     text, whose bytes are its UTF-16 code units: hashing without making the strings."""
@@ -104,15 +109,13 @@ def ascii_span_hashes(data: np.ndarray, at: np.ndarray, length: np.ndarray) -> n
     hashes = np.zeros(count, dtype=np.uint32)
     total = int(length.sum())
     if total:
-        ends = np.cumsum(length)
-        starts = ends - length
         # Position in ``data`` of each unit, and its distance to the end of its span.
-        inside = np.arange(total, dtype=np.int64) - np.repeat(starts, length)
+        inside = offsets_within(length)
         units = data[np.repeat(at, length) + inside].astype(np.uint32)
         exponents = np.repeat(length, length) - 1 - inside
         weighted = units * _powers_31(int(length.max()))[exponents]
         filled = length > 0
-        hashes[filled] = np.add.reduceat(weighted, starts[filled], dtype=np.uint32)
+        hashes[filled] = np.add.reduceat(weighted, (np.cumsum(length) - length)[filled], dtype=np.uint32)
     return hashes
 
 

@@ -19,7 +19,7 @@ import numpy as np
 
 from rmqstore.common.codec import index as ix
 from rmqstore.common.codec.dispatch import DispatchBatch, DispatchPlan
-from rmqstore.common.codec.javahash import index_key, index_key_hash, topic_key_hashes
+from rmqstore.common.codec.javahash import index_key, index_key_hash
 from rmqstore.common.errors import Corruption, invariant
 from rmqstore.common.files.mapped import MappedFile, fsync_directory
 
@@ -419,12 +419,7 @@ class IndexFileList:
         # keys or not, named by that record's time: the batch does the same.
         target = self._writable_last(timestamps[0])
         indexed_up_to = target.last_entry_phy_offset()
-        hashes = batch.key_hashes
-        if hashes is None:
-            topic_numbers = {topic: number for number, topic in enumerate(dict.fromkeys(batch.topics))}
-            record_topics = np.fromiter((topic_numbers[t] for t in batch.topics), dtype=np.int64, count=len(batch))
-            key_records = np.repeat(np.arange(len(batch), dtype=np.int64), batch.key_counts)
-            hashes = topic_key_hashes(list(topic_numbers), record_topics[key_records], batch.keys)
+        hashes = batch.index_hashes()
         put = 0
         record = first_key = 0
         # Records at or before what the index holds (re-dispatch after a crash) take the

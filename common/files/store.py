@@ -17,11 +17,10 @@ from rmqstore.common.codec.record import Record
 from rmqstore.common.errors import Corruption, InvalidArgument
 from rmqstore.common.files.commitlog import DEFAULT_FILE_SIZE_BYTES, CommitLog, ScanStop
 from rmqstore.common.files.consumequeue import ConsumeQueueSet, infer_file_units
-from rmqstore.common.files.scan import ColumnScan
 from rmqstore.common.files.index import IndexFileList
+from rmqstore.common.files.scan import ColumnScan
 
 
-DISPATCH_BATCH_RECORDS = 4096
 # Below this many records a batch is dispatched record by record (measured: numpy's fixed
 # cost per call outweighs its per-record saving for a handful of records).
 SMALL_BATCH_RECORDS = 16
@@ -142,19 +141,6 @@ class Dispatcher:
             self.last_dispatched_timestamp_ms = plan.store_timestamp_ms
         if self.index is not None:
             self.index.build_index(plan)
-
-    def dispatch_records(self, records: Iterable[Record]) -> int:
-        """Dispatch records in commit log order, a batch at a time; returns the count."""
-        count = 0
-        batch = DispatchBatch(self.delay_levels_ms)
-        for record in records:
-            batch.add_record(record)
-            if len(batch) >= DISPATCH_BATCH_RECORDS:
-                self.dispatch_batch(batch)
-                count += len(batch)
-                batch = DispatchBatch(self.delay_levels_ms)
-        self.dispatch_batch(batch)
-        return count + len(batch)
 
     def dispatch_columns(self, batches: Iterable[RecordColumns]) -> int:
         """Dispatch bulk-decoded records (a ``ColumnScan``); returns the count."""

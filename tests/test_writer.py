@@ -498,3 +498,78 @@ def test_time_based_retention_at_the_delete_hour(tmp_path: Path) -> None:
     finally:
         node.close()
     assert check_store(str(store), SMALL).ok
+
+
+def test_concurrent_appends_are_combined_and_each_keeps_its_own_outcome(tmp_path: Path) -> None:
+    """Callers queued behind an append go in as one group with one fsync; each batch
+    stays contiguous and in order, takes its own caller's address as born host, and a
+    bad batch in the group is refused alone with its own error."""
+    store = tmp_path / "store"
+    writer = Writer(WriterConfig(store=str(store), sizes=SMALL, flush=FlushPolicy.SYNC, auto_create_topics=False))
+    writer.topics.create("Orders", 4)
+    flushes = []
+    flush = writer.flush
+    writer.flush = lambda: flushes.append(flush()) or flushes[-1]  # type: ignore[method-assign]
+    callers = 12
+    bad = {4: "queue id 7 is out of range: topic Orders has 4 queues", 9: "topic Nowhere does not exist and auto-create is off"}
+    outcomes: dict[int, object] = {}
+
+    def batch_of(caller: int) -> list[MessageInput]:
+        if caller == 4:
+            return [MessageInput("Orders", b"bad", queue_id=7)]
+        if caller == 9:
+            return [MessageInput("Nowhere", b"bad")]
+        return [MessageInput("Orders", f"{caller}-{n}".encode(), keys=[f"c{caller}"], queue_id=caller % 4) for n in range(caller + 1)]
+
+    def append(caller: int) -> None:
+        try:
+            outcomes[caller] = writer.append(batch_of(caller), peer=SocketAddress.parse(f"10.0.0.{caller}:{5000 + caller}"))
+        except Exception as error:  # noqa: BLE001 - the outcome is asserted below
+            outcomes[caller] = error
+
+    # Hold the append lock: caller 0 leads alone and waits on it, the others queue up
+    # behind it and go in as one group once it is done.
+    threads = [threading.Thread(target=append, args=(c,)) for c in range(callers)]
+    with writer._append_lock:
+        threads[0].start()
+        for _ in range(2000):
+            if writer._queue:
+                break
+            threading.Event().wait(0.005)
+        for thread in threads[1:]:
+            thread.start()
+        for _ in range(2000):
+            if len(writer._queue) == callers:
+                break
+            threading.Event().wait(0.005)
+        assert len(writer._queue) == callers
+    for thread in threads:
+        thread.join(timeout=60)
+    try:
+        assert len(flushes) == 2  # caller 0's, then one for the whole group
+        for caller, reason in bad.items():
+            assert str(outcomes[caller]) == reason
+        good = [c for c in range(callers) if c not in bad]
+        log = CommitLog(str(store / "commitlog"), SMALL.commitlog_file_size_bytes)
+        records = {r.commitlog_offset: r for r in log.records()}
+        log.close()
+        assert len(records) == sum(c + 1 for c in good)
+        expected_end = 0
+        for caller in good:
+            results = outcomes[caller]
+            assert [r.queue_offset for r in results] == list(range(results[0].queue_offset, results[0].queue_offset + caller + 1))  # type: ignore[union-attr]
+            for n, result in enumerate(results):  # type: ignore[arg-type]
+                record = records[result.commitlog_offset]
+                assert record.body == f"{caller}-{n}".encode()
+                assert record.born_host == SocketAddress.parse(f"10.0.0.{caller}:{5000 + caller}")
+                assert record.queue_id == caller % 4 and record.queue_offset == result.queue_offset
+                # Contiguous: each record starts where the one before it ended.
+                if n:
+                    assert result.commitlog_offset == expected_end
+                expected_end = result.commitlog_offset + result.size
+        grouped = [outcomes[c] for c in good if c]
+        assert len({r.store_timestamp_ms for r in grouped}) == 1  # type: ignore[union-attr]
+        assert writer.flushed_offset == max(records) + records[max(records)].size
+    finally:
+        writer.close()
+    assert check_store(str(store), SMALL).ok

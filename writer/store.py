@@ -8,6 +8,7 @@ the end, re-dispatch what the queues and index lack), then mark the run with ``a
 
 from __future__ import annotations
 
+import collections
 import itertools
 import os
 import shutil
@@ -46,6 +47,9 @@ from rmqstore.writer.validate import Limits, MessageBatch, MessageInput, validat
 DISK_CHECK_INTERVAL_S = 0.1
 RETENTION_FILES_PER_RUN = 10
 THOROUGH_FLUSH_INTERVAL_MS = 1000  # flushIntervalConsumeQueue
+# Concurrent appends combined into one are capped at this many messages (the first
+# caller's batch always goes, whatever its size), bounding the wait of the last caller.
+GROUP_MAX_MESSAGES = 4096
 _TRACER = trace.get_tracer("rmqstore.writer")
 
 
@@ -125,6 +129,19 @@ class AppendResults(Sequence[AppendResult]):
     def size_bytes(self) -> int:
         return sum(self.sizes)
 
+    def part(self, start: int, stop: int) -> AppendResults:
+        """The results of messages ``start`` to ``stop`` (one caller's share of a group)."""
+        return AppendResults(
+            self.store_host,
+            self.store_timestamp_ms,
+            self.uniq_keys[start:stop],
+            self.topics[start:stop],
+            self.queue_ids[start:stop],
+            self.queue_offsets[start:stop],
+            self.commitlog_offsets[start:stop],
+            self.sizes[start:stop],
+        )
+
 
 @dataclass(frozen=True, slots=True)
 class RetentionReport:
@@ -144,6 +161,35 @@ class RecoveryReport:
     dropped_index_files: int
 
 
+class _AppendRequest:
+    """One caller's batch waiting in the writer's queue."""
+
+    __slots__ = ("batch", "peer", "wake", "done", "results", "error")
+
+    def __init__(self, batch: MessageBatch, peer: SocketAddress | None):
+        self.batch = batch
+        self.peer = peer
+        self.wake = threading.Lock()
+        self.wake.acquire()
+        self.done = False
+        self.results: AppendResults | None = None
+        self.error: BaseException | None = None
+
+
+def _combined(requests: list[_AppendRequest], store_host: SocketAddress) -> MessageBatch:
+    """The batches of several callers as one, each message keeping its own caller's
+    address as its default born host."""
+    columns = MessageBatch(*map(list, map(itertools.chain.from_iterable, zip(*(r.batch for r in requests)))))
+    born_hosts = columns.born_hosts
+    start = 0
+    for request in requests:
+        stop = start + request.batch.message_count
+        if request.peer is not None and request.peer != store_host:
+            born_hosts[start:stop] = [born or request.peer for born in born_hosts[start:stop]]
+        start = stop
+    return columns
+
+
 class Writer:
     """Owns a store directory until :meth:`close`."""
 
@@ -155,8 +201,9 @@ class Writer:
         os.makedirs(config.store, exist_ok=True)
         self._lock_file = StoreLock(self.paths.lock)
         self._append_lock = threading.Lock()
-        self._durable = threading.Condition()
-        self._group_flushing = False  # a SYNC waiter is flushing for the group
+        self._queue_lock = threading.Lock()
+        self._queue: collections.deque[_AppendRequest] = collections.deque()
+        self._flushed_lock = threading.Lock()
         self._closed = False
         self._tasks: list[PeriodicTask] = []
         try:
@@ -312,32 +359,86 @@ class Writer:
         self, messages: MessageBatch | Sequence[MessageInput], peer: SocketAddress | None = None
     ) -> AppendResults:
         """Append messages in order and dispatch them; returns once the flush policy says
-        they are stored. Bad input raises before anything is written."""
+        they are stored. Bad input raises before anything is written.
+
+        Concurrent appends are combined, as LevelDB combines its writers: callers queue,
+        the one at the front appends the batches queued behind it as one batch (one
+        layout, one write, one dispatch, one publish) and hands each caller its part.
+        Each batch keeps its messages contiguous and in order, and each is refused or
+        stored on its own. Under SYNC the leader also fsyncs before it wakes anyone, so
+        one fsync acknowledges the whole group, and the callers that arrive meanwhile
+        form the next group (group commit)."""
         batch = messages if isinstance(messages, MessageBatch) else MessageBatch.of(messages)
         validate_batch(batch, self.limits)
-        numbered = batch.message_count > 1
+        request = _AppendRequest(batch, peer)
+        with self._queue_lock:
+            self._queue.append(request)
+            leads = len(self._queue) == 1
+        if not leads:
+            # Released once: either a leader stored (or refused) this batch, or this
+            # request reached the front and leads the next group.
+            request.wake.acquire()
+        if not request.done:
+            self._lead()
+        if request.error is not None:
+            raise request.error
+        assert request.results is not None
+        return request.results
+
+    def _lead(self) -> None:
+        """Append the group at the front of the queue, then wake its callers and the
+        next leader."""
+        with self._queue_lock:
+            group = [self._queue[0]]
+            messages = group[0].batch.message_count
+            for request in itertools.islice(self._queue, 1, None):
+                messages += request.batch.message_count
+                if messages > GROUP_MAX_MESSAGES:
+                    break
+                group.append(request)
+        try:
+            self._append_group(group)
+            if self.config.flush is FlushPolicy.SYNC and any(request.results is not None for request in group):
+                self.flush()
+        except BaseException as error:
+            # Nothing of the group is acknowledged: what was appended but not fsynced is
+            # not known to be stored.
+            for request in group:
+                if request.error is None:
+                    request.results, request.error = None, error
+            raise
+        finally:
+            with self._queue_lock:
+                for _ in group:
+                    self._queue.popleft()
+                leader = self._queue[0] if self._queue else None
+            for request in group:
+                request.done = True
+            for request in group[1:]:
+                request.wake.release()
+            if leader is not None:
+                leader.wake.release()
+
+    def _append_group(self, group: list[_AppendRequest]) -> None:
+        """Store the group's good batches as one; each bad one gets its own error."""
         with self._append_lock:
             if self._closed:
                 raise InvalidArgument("the writer is closed")
             self._check_disk()
-            to_create: set[str] = set()
-            first_seen: dict[str, int] = {}
-            for position, topic in enumerate(batch.topics, start=1):
-                first_seen.setdefault(topic, position)
-            counts = {
-                topic: self._queue_count(topic, f"message {position}: " if numbered else "", to_create)
-                for topic, position in first_seen.items()
-            }
-            if any(q is not None and q >= counts[t] for t, q in zip(batch.topics, batch.queue_ids)):
-                for position, (topic, queue_id) in enumerate(zip(batch.topics, batch.queue_ids), start=1):
-                    if queue_id is not None and queue_id >= counts[topic]:
-                        where = f"message {position}: " if numbered else ""
-                        raise InvalidArgument(
-                            f"{where}queue id {queue_id} is out of range: topic {topic} has {counts[topic]} queues"
-                        )
-            # Topics are created only once the whole batch is known to be good.
-            for topic in sorted(to_create):
-                self.topics.create(topic, self.config.auto_create_queue_count)
+            accepted = []
+            for request in group:
+                try:
+                    self._admit(request.batch)
+                except (InvalidArgument, NotFound) as error:
+                    request.error = error
+                else:
+                    accepted.append(request)
+            if not accepted:
+                return
+            if len(accepted) == 1:
+                batch, peer = accepted[0].batch, accepted[0].peer
+            else:
+                batch, peer = _combined(accepted, self.store_host), None
             with span(_TRACER, "rmqstore.append") as current:
                 current.set_attribute("rmqstore.messages", batch.message_count)
                 plans, results = self._append_batch(batch, peer)
@@ -351,9 +452,39 @@ class Writer:
                 commitlog_min_offset=self.log.min_offset,
                 last_store_timestamp_ms=self._last_store_ts,
             )
-        if self.config.flush is FlushPolicy.SYNC:
-            self.wait_flushed(end)
-        return results
+        start = 0
+        for request in accepted:
+            stop = start + request.batch.message_count
+            request.results = results.part(start, stop) if len(accepted) > 1 else results
+            start = stop
+
+    def _admit(self, batch: MessageBatch) -> None:
+        """Check a batch's topics and queue ids against the topic table, then create the
+        topics it auto-creates (only once the whole batch is known to be good)."""
+        queue_count = self.topics.queue_count
+        known = {topic: queue_count(topic) for topic in set(batch.topics)}
+        if None not in known.values() and all(
+            q is None or q < known[t] for t, q in zip(batch.topics, batch.queue_ids)  # type: ignore[operator]
+        ):
+            return
+        numbered = batch.message_count > 1
+        to_create: set[str] = set()
+        first_seen: dict[str, int] = {}
+        for position, topic in enumerate(batch.topics, start=1):
+            first_seen.setdefault(topic, position)
+        counts = {
+            topic: self._queue_count(topic, f"message {position}: " if numbered else "", to_create)
+            for topic, position in first_seen.items()
+        }
+        if any(q is not None and q >= counts[t] for t, q in zip(batch.topics, batch.queue_ids)):
+            for position, (topic, queue_id) in enumerate(zip(batch.topics, batch.queue_ids), start=1):
+                if queue_id is not None and queue_id >= counts[topic]:
+                    where = f"message {position}: " if numbered else ""
+                    raise InvalidArgument(
+                        f"{where}queue id {queue_id} is out of range: topic {topic} has {counts[topic]} queues"
+                    )
+        for topic in sorted(to_create):
+            self.topics.create(topic, self.config.auto_create_queue_count)
 
     def _append_batch(self, batch: MessageBatch, peer: SocketAddress | None) -> tuple[DispatchBatch, AppendResults]:
         """Encode the messages, lay them out in the commit log, write them in one go and
@@ -435,9 +566,8 @@ class Writer:
         with span(_TRACER, "rmqstore.flush") as current:
             current.set_attribute("rmqstore.flush.bytes", max(target - start, 0))
             self.log.flush_range(start, target)
-        with self._durable:
+        with self._flushed_lock:
             self.flushed_offset = max(self.flushed_offset, target)
-            self._durable.notify_all()
         return target
 
     def flush_thoroughly(self) -> int:
@@ -456,26 +586,6 @@ class Writer:
             self.publisher.sync()
             self._write_checkpoint()
         return target
-
-    def wait_flushed(self, offset: int) -> None:
-        """Block until the commit log is fsynced up to ``offset``. Group commit: one
-        waiter at a time flushes everything written so far; the others wait for that
-        flush and return if it covered them, so one fsync acknowledges every append
-        that arrived while the previous one ran."""
-        with self._durable:
-            while self.flushed_offset < offset:
-                if not self._group_flushing:
-                    self._group_flushing = True
-                    break
-                self._durable.wait()
-            else:
-                return
-        try:
-            self.flush()
-        finally:
-            with self._durable:
-                self._group_flushing = False
-                self._durable.notify_all()
 
     def _write_checkpoint(self) -> None:
         previous = read_checkpoint(self.paths.checkpoint)

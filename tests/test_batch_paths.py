@@ -27,6 +27,7 @@ from rmqstore.common.codec.javahash import (
 )
 from rmqstore.common.codec.record import Record, encode_record
 from rmqstore.common.errors import InvalidArgument, NotFound
+from rmqstore.common.files import mapped as mapped_module
 from rmqstore.common.files.commitlog import CommitLog
 from rmqstore.common.files.consumequeue import ConsumeQueueSet
 from rmqstore.common.files.index import IndexFile, IndexFileList
@@ -311,15 +312,22 @@ def test_batch_validation_raises_what_checking_each_message_raises(messages: lis
 # The writer
 
 
-def test_writer_batches_write_what_records_one_by_one_would(tmp_path: Path) -> None:
+@pytest.mark.parametrize("write_through_bytes", [1, mapped_module.WRITE_THROUGH_FILE_BYTES], ids=["pwrite", "mapping"])
+def test_writer_batches_write_what_records_one_by_one_would(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, write_through_bytes: int
+) -> None:
     """Every record the batch path wrote re-encodes (one record at a time) to its own
-    bytes, and reindexing its commit log gives its consume queues and index."""
+    bytes, and reindexing its commit log gives its consume queues and index; written
+    through the file (large writes) or through the mapping, and with IPv4 born hosts
+    only (one head struct) or mixed with IPv6."""
     from rmqstore.common.files.store import reindex
 
+    monkeypatch.setattr(mapped_module, "WRITE_THROUGH_FILE_BYTES", write_through_bytes)
     sizes = StoreSizes(commitlog_file_size_bytes=16384, cq_file_units=50, index_slots=17, index_entries=200)
     writer = Writer(WriterConfig(store=str(tmp_path / "store"), sizes=sizes))
     rng = random.Random(5)
     for round_number in range(12):
+        v6_share = 0.3 if round_number % 2 else 0.0
         batch = [
             MessageInput(
                 topic=rng.choice(["TopicA", "TopicB"]),
@@ -327,7 +335,7 @@ def test_writer_batches_write_what_records_one_by_one_would(tmp_path: Path) -> N
                 keys=[f"k{rng.randrange(9)}" for _ in range(rng.randint(0, 2))],
                 tags=rng.choice(["", "TagA"]),
                 properties={"seq": str(round_number)} if rng.random() < 0.3 else {},
-                born_host=SocketAddress.parse("[2001:db8::1]:9") if rng.random() < 0.3 else None,
+                born_host=SocketAddress.parse("[2001:db8::1]:9") if rng.random() < v6_share else None,
                 queue_id=rng.choice([None, 0, 1]),
             )
             for _ in range(rng.randint(1, 60))
@@ -349,6 +357,33 @@ def test_writer_batches_write_what_records_one_by_one_would(tmp_path: Path) -> N
         assert {k: v for k, v in again.items() if k.startswith(part)} == {
             k: v for k, v in store.items() if k.startswith(part)
         }
+
+
+def test_a_write_through_the_file_is_what_the_mappings_read_before_any_flush(tmp_path: Path) -> None:
+    """A large write goes through pwrite: the writer's own mapping and a reader's
+    separate read-only mapping of the file see its bytes at once, unflushed."""
+    from rmqstore.common.files.mapped import MappedFile
+
+    path = str(tmp_path / "00000000000000000000")
+    written = MappedFile.create(path, 1 << 20, 0)
+    reader = MappedFile(path, 1 << 20, 0, writable=False)
+    data = random.Random(3).randbytes(mapped_module.WRITE_THROUGH_FILE_BYTES + 4097)
+    written.write(5000, data)
+    small = b"through the mapping"
+    written.write(3000, small)
+    try:
+        assert written._write_fd is not None  # the large write went through the file
+        for mapping in (written, reader):
+            assert bytes(mapping.buf[5000 : 5000 + len(data)]) == data
+            assert bytes(mapping.buf[3000 : 3000 + len(small)]) == small
+            assert mapping.last_nonzero_position() == 5000 + len(data.rstrip(b"\x00"))
+    finally:
+        reader.close()
+        written.close()
+    assert written._write_fd is None
+    with open(path, "rb") as handle:
+        handle.seek(5000)
+        assert handle.read(len(data)) == data
 
 
 # Finding the end of written data

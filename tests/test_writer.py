@@ -15,6 +15,7 @@ import grpc
 import pytest
 
 from rmqstore.common.codec.hosts import SocketAddress
+from rmqstore.common.errors import InvalidArgument
 from rmqstore.common.files.check import check_store
 from rmqstore.common.files.commitlog import CommitLog
 from rmqstore.common.files.store import StoreSizes
@@ -573,3 +574,74 @@ def test_concurrent_appends_are_combined_and_each_keeps_its_own_outcome(tmp_path
     finally:
         writer.close()
     assert check_store(str(store), SMALL).ok
+
+
+def test_a_record_too_large_for_a_file_is_refused_and_takes_no_queue_offset(tmp_path: Path) -> None:
+    """Refused at layout (after the queue offsets were planned): nothing is written and
+    the queue's next message still gets the offset the refused one would have had."""
+    writer = Writer(WriterConfig(store=str(tmp_path / "store"), sizes=SMALL))
+    try:
+        writer.append([MessageInput("Orders", b"first", queue_id=0)])
+        with pytest.raises(InvalidArgument) as caught:
+            writer.append([MessageInput("Orders", b"x" * SMALL.commitlog_file_size_bytes, queue_id=0)])
+        size, _, rest = str(caught.value).partition(" ")
+        assert int(size) > SMALL.commitlog_file_size_bytes
+        assert rest == f"bytes of records cannot fit in a commit log file of {SMALL.commitlog_file_size_bytes} bytes"
+        after = writer.append([MessageInput("Orders", b"after", queue_id=0)])[0]
+        assert after.queue_offset == 1
+        assert after.commitlog_offset == writer.append([MessageInput("Orders", b"next", queue_id=1)])[0].commitlog_offset - after.size
+    finally:
+        writer.close()
+    log = CommitLog(str(tmp_path / "store" / "commitlog"), SMALL.commitlog_file_size_bytes)
+    assert [(r.body, r.queue_offset) for r in log.records()] == [(b"first", 0), (b"after", 1), (b"next", 0)]
+    log.close()
+
+
+def test_a_full_disk_mid_write_stores_nothing_of_the_batch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The file system fills up part-way through a batch's write (injected: the disk
+    here is not full): the caller gets StoreFull, the half-written bytes are cleared,
+    and the next batch takes the same offsets and is read back whole after a restart."""
+    import errno
+
+    from rmqstore.common.errors import StoreFull
+    from rmqstore.common.files import mapped as mapped_module
+
+    store = tmp_path / "store"
+    writer = Writer(WriterConfig(store=str(store), sizes=SMALL))
+    batch = [MessageInput("Orders", bytes([n]) * 900, keys=[f"k{n}"], queue_id=0) for n in range(1, 41)]
+    writer.append(batch[:1])
+    real_pwrite = os.pwrite
+    calls = []
+
+    def filling_up(fd: int, data: bytes, position: int) -> int:
+        """The first write stores half its bytes, the next finds the disk full; the
+        page-sized writes that clear up afterwards go through."""
+        if len(data) > 4096:
+            calls.append(len(data))
+            if len(calls) == 1:
+                return real_pwrite(fd, memoryview(data)[: len(data) // 2], position)
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_pwrite(fd, data, position)
+
+    monkeypatch.setattr(mapped_module, "WRITE_THROUGH_FILE_BYTES", 8192)
+    monkeypatch.setattr(os, "pwrite", filling_up)
+    with pytest.raises(StoreFull) as caught:
+        writer.append(batch[1:])
+    monkeypatch.setattr(os, "pwrite", real_pwrite)
+    assert len(calls) == 2
+    assert str(caught.value) == "the disk is full (No space left on device): the batch was not stored"
+    first_end = writer.log.write_offset
+    log = CommitLog(str(store / "commitlog"), SMALL.commitlog_file_size_bytes)
+    assert bytes(log.files.files[0].buf[first_end : first_end + 900 * 39]) == bytes(900 * 39)
+    log.close()
+    again = writer.append(batch[1:])
+    assert [r.queue_offset for r in again] == list(range(1, 40)) and again[0].commitlog_offset == first_end
+    writer._lock_file.release()  # a kill: nothing flushed or closed
+    reopened = Writer(WriterConfig(store=str(store), sizes=SMALL))
+    try:
+        assert reopened.log.write_offset == again[-1].commitlog_offset + again[-1].size
+    finally:
+        reopened.close()
+    log = CommitLog(str(store / "commitlog"), SMALL.commitlog_file_size_bytes)
+    assert [r.body for r in log.records()] == [m.body for m in batch]
+    log.close()

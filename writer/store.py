@@ -9,6 +9,7 @@ the end, re-dispatch what the queues and index lack), then mark the run with ``a
 from __future__ import annotations
 
 import collections
+import errno
 import itertools
 import os
 import shutil
@@ -18,6 +19,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import NamedTuple, overload
+from zlib import crc32
 
 from opentelemetry import trace
 
@@ -27,7 +29,7 @@ from rmqstore.common.codec.dispatch import DispatchBatch
 from rmqstore.common.codec.checkpoint import Checkpoint
 from rmqstore.common.codec.hosts import SocketAddress
 from rmqstore.common.codec.msgid import offset_msg_id, offset_msg_ids
-from rmqstore.common.codec.record import MAGIC_V1, body_crc, head_struct, record_size
+from rmqstore.common.codec.record import MAGIC_V1, head_struct, record_size
 from rmqstore.common.errors import Corruption, InvalidArgument, NotFound, StoreFull, invariant
 from rmqstore.common.files.checkpoint import read_checkpoint, write_checkpoint
 from rmqstore.common.files.commitlog import CommitLog, ScanStop, StopReason
@@ -499,7 +501,7 @@ class Writer:
         born_hosts = [born or default_born for born in batch.born_hosts]
         uniq_keys = [given or self.uniq_keys.next(born.ip, now) for given, born in zip(batch.uniq_keys, born_hosts)]
         queue_ids = self._assign_queues(topics, batch.queue_ids)
-        queue_offsets = self._take_queue_offsets(topics, queue_ids)
+        queue_offsets, next_queue_offsets = self._plan_queue_offsets(topics, queue_ids)
         properties = props.encode_messages_properties(batch.properties, keys, tags, uniq_keys)
         # Validation keeps properties below 32 KiB, so the int16 length is never negative.
         tails = [_topic_field(topic) + len(p).to_bytes(2, "big") + p for topic, p in zip(topics, properties)]
@@ -513,20 +515,46 @@ class Writer:
         offsets = self.log.layout(sizes)
         store_v6 = store_host.is_v6
         store_flag = sysflag.STOREHOST_V6 if store_v6 else 0
-        # By born host width (IPv6 or not): the struct of the head and the sysFlag.
-        packs = {v6: head_struct(v6, store_v6).pack for v6 in (False, True)}
-        flags = {False: store_flag, True: store_flag | sysflag.BORNHOST_V6}
-        heads = [
-            packs[len(born.ip) == 16](
-                size, MAGIC_V1, body_crc(body), queue_id, flag, queue_offset, offset, flags[len(born.ip) == 16],
-                born_ts or now, born.ip, born.port, store_ts, store_host.ip, store_host.port, 0, 0, len(body),
-            )
-            for body, born, flag, born_ts, size, queue_id, queue_offset, offset in zip(
-                bodies, born_hosts, batch.flags, batch.born_timestamps_ms, sizes, queue_ids, queue_offsets, offsets
-            )
-        ]
+        store_ip, store_port = store_host.ip, store_host.port
+        crcs = [crc32(body) & 0x7FFFFFFF for body in bodies]  # UtilAll.crc32 (0 for an empty body)
+        born_v6 = [len(born.ip) == 16 for born in born_hosts]
+        columns = zip(
+            sizes, crcs, queue_ids, batch.flags, queue_offsets, offsets, batch.born_timestamps_ms, born_hosts, bodies
+        )
+        if not any(born_v6):
+            # The usual case: every born host is IPv4, so one struct and one sysFlag.
+            pack = head_struct(False, store_v6).pack
+            heads = [
+                pack(
+                    size, MAGIC_V1, crc, queue_id, flag, queue_offset, offset, store_flag, born_ts or now,
+                    born.ip, born.port, store_ts, store_ip, store_port, 0, 0, len(body),
+                )
+                for size, crc, queue_id, flag, queue_offset, offset, born_ts, born, body in columns
+            ]
+        else:
+            # By born host width: the struct of the head and the sysFlag.
+            packs = {v6: head_struct(v6, store_v6).pack for v6 in (False, True)}
+            flags = {False: store_flag, True: store_flag | sysflag.BORNHOST_V6}
+            heads = [
+                packs[v6](
+                    size, MAGIC_V1, crc, queue_id, flag, queue_offset, offset, flags[v6], born_ts or now,
+                    born.ip, born.port, store_ts, store_ip, store_port, 0, 0, len(body),
+                )
+                for (size, crc, queue_id, flag, queue_offset, offset, born_ts, born, body), v6 in zip(columns, born_v6)
+            ]
         encoded = [head + body + tail for head, body, tail in zip(heads, bodies, tails)]
-        self.log.write_laid_out(offsets, encoded)
+        start = self.log.write_offset
+        assert start is not None
+        try:
+            self.log.write_laid_out(offsets, encoded)
+        except BaseException as error:
+            # A failed write (a full disk) stores nothing: its bytes are cleared and the
+            # queue offsets it planned stay free.
+            self.log.abandon(start, offsets[-1] + sizes[-1])
+            if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise StoreFull(f"the disk is full ({error.strerror}): the batch was not stored") from error
+            raise
+        self._next_queue_offset.update(next_queue_offsets)
         self._last_store_ts = store_ts
         timestamps = [store_ts] * count
         plans = DispatchBatch.of_messages(topics, queue_ids, queue_offsets, offsets, sizes, timestamps, tags, uniq_keys, keys)
@@ -546,14 +574,19 @@ class Writer:
             assigned.append(queue_id)
         return assigned
 
-    def _take_queue_offsets(self, topics: list[str], queue_ids: list[int]) -> list[int]:
-        next_offset = self._next_queue_offset
+    def _plan_queue_offsets(
+        self, topics: list[str], queue_ids: list[int]
+    ) -> tuple[list[int], dict[tuple[str, int], int]]:
+        """Each message's queue offset, and each queue's next offset once they are
+        written (taken only then: a refused batch leaves no gap in a queue)."""
+        next_offset = dict.fromkeys(zip(topics, queue_ids), 0)
+        next_offset.update((key, self._next_queue_offset.get(key, 0)) for key in next_offset)
         offsets = []
         for key in zip(topics, queue_ids):
-            offset = next_offset.get(key, 0)
+            offset = next_offset[key]
             next_offset[key] = offset + 1
             offsets.append(offset)
-        return offsets
+        return offsets, next_offset
 
     # Flushing
 

@@ -360,6 +360,16 @@ class CommitLog:
             self.write_offset = end
             first = last
 
+    def abandon(self, start: int, end: int) -> None:
+        """Undo a write that failed part-way (``write_laid_out`` raised): clear what it
+        may have written of [start, end) and append from ``start`` again, so neither a
+        reader nor recovery after a crash finds its records."""
+        for mapped in list(self.files.files):
+            low, high = max(start, mapped.start_offset), min(end, mapped.end_offset)
+            if low < high:
+                mapped.clear(low - mapped.start_offset, high - mapped.start_offset)
+        self.write_offset = start
+
     def _file_for_write(self, offset: int) -> MappedFile:
         mapped = self.files.find(offset)
         if mapped is not None:

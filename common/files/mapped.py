@@ -44,6 +44,10 @@ def _size_or_zero(path: str) -> int:
 _datasync = getattr(os, "fdatasync", os.fsync)
 
 
+# Writes of at least this many bytes go through pwrite rather than the mapping.
+WRITE_THROUGH_FILE_BYTES = 64 * 1024
+
+
 class MappedFile:
     """One fixed-size file, memory-mapped for reading or for reading and writing."""
 
@@ -67,6 +71,7 @@ class MappedFile:
         self.buf = memoryview(self._mmap)
         if not writable:
             self.buf = self.buf.toreadonly()
+        self._write_fd: int | None = None
 
     @classmethod
     def create(
@@ -105,7 +110,17 @@ class MappedFile:
         if not self.writable:
             raise ReadOnly(f"{self.path} is mapped read-only")
         invariant(0 <= position and position + len(data) <= self.file_size_bytes, "write past file end")
-        self._mmap[position : position + len(data)] = data
+        if len(data) < WRITE_THROUGH_FILE_BYTES:
+            self._mmap[position : position + len(data)] = data
+            return
+        # A large write goes through the file: the kernel fills the page cache pages in
+        # the write itself, where a write through the mapping takes a page fault for each
+        # new page. The mapping shares those pages, so it reads what was written.
+        if self._write_fd is None:
+            self._write_fd = os.open(self.path, os.O_RDWR)
+        written = os.pwrite(self._write_fd, data, position)
+        while written < len(data):
+            written += os.pwrite(self._write_fd, memoryview(data)[written:], position + written)
 
     def zero(self, position: int, end: int | None = None) -> None:
         """Zero ``[position, end)`` (default: to the end of the file)."""
@@ -113,6 +128,21 @@ class MappedFile:
         for start in range(position, end, _ZERO_CHUNK_BYTES):
             stop = min(start + _ZERO_CHUNK_BYTES, end)
             self.write(start, bytes(stop - start))
+
+    def clear(self, position: int, end: int) -> None:
+        """Zero what a failed write left in [position, end), through the file, a page at
+        a time, where it can: on a full disk a page that was never written stays a hole
+        (zero already) and its write fails, which is ignored."""
+        fd = os.open(self.path, os.O_RDWR)
+        try:
+            for start in range(position - position % mmap.PAGESIZE, end, mmap.PAGESIZE):
+                low, high = max(start, position), min(start + mmap.PAGESIZE, end)
+                try:
+                    os.pwrite(fd, bytes(high - low), low)
+                except OSError:
+                    pass
+        finally:
+            os.close(fd)
 
     def _allocated_end(self) -> int:
         """Where the file's trailing hole starts (SEEK_DATA/SEEK_HOLE; pages written
@@ -183,6 +213,9 @@ class MappedFile:
             os.close(fd)
 
     def close(self) -> None:
+        if self._write_fd is not None:
+            os.close(self._write_fd)
+            self._write_fd = None
         self.buf.release()
         self._mmap.close()
 

@@ -141,6 +141,7 @@ class StoreView:
         self._trimmed_at = time.monotonic()
         self._lookups_since_check = 0
         self._queues_seen_at_offset: dict[tuple[str, int], int] = {}
+        self._queue_bounds: dict[tuple[str, int], tuple[tuple[int, int, int, int], tuple[int, int]]] = {}
         self._unindexed: dict[tuple[str, str], list[int]] = {}
         self._unindexed_scanned = 0
         self.refresh(force=True)
@@ -281,20 +282,29 @@ class StoreView:
             low += 1
         return low
 
+    def _bounds(self, topic: str, queue_id: int, queue: ConsumeQueue) -> tuple[int, int]:
+        """(low, high) of the queue's visible offsets, kept until the visible range or the
+        queue's files change (a lookup by offset would otherwise read three units)."""
+        state = (self.visible_offset, self.min_offset, queue.min_offset, queue.max_offset)
+        known = self._queue_bounds.get((topic, queue_id))
+        if known is not None and known[0] == state:
+            return known[1]
+        high = self._visible_max(queue)
+        bounds = (min(self._visible_min(queue), high), high)
+        self._queue_bounds[(topic, queue_id)] = (state, bounds)
+        return bounds
+
     def queue_bounds(self, topic: str, queue_id: int) -> tuple[int, int]:
         """(min, max): offsets min … max − 1 are readable."""
         self.refresh()
         with self._lock:
-            queue = self._queue(topic, queue_id)
-            high = self._visible_max(queue)
-            return min(self._visible_min(queue), high), high
+            return self._bounds(topic, queue_id, self._queue(topic, queue_id))
 
     def by_queue_offset(self, topic: str, queue_id: int, queue_offset: int) -> Record:
         self.refresh()
         with self._lock:
             queue = self._queue(topic, queue_id)
-            high = self._visible_max(queue)
-            low = min(self._visible_min(queue), high)
+            low, high = self._bounds(topic, queue_id, queue)
             if not low <= queue_offset < high:
                 raise OutOfRange(f"queue offset {queue_offset} of {topic}/{queue_id} is outside [{low}, {high})")
             unit = queue.read(queue_offset)
@@ -312,8 +322,7 @@ class StoreView:
         self.refresh()
         with self._lock:
             queue = self._queue(topic, queue_id)
-            high = self._visible_max(queue)
-            low = min(self._visible_min(queue), high)
+            low, high = self._bounds(topic, queue_id, queue)
             if not low <= from_offset <= high:
                 raise OutOfRange(f"queue offset {from_offset} of {topic}/{queue_id} is outside [{low}, {high}]")
             records: list[Record] = []
@@ -335,8 +344,7 @@ class StoreView:
         self.refresh()
         with self._lock:
             queue = self._queue(topic, queue_id)
-            high = self._visible_max(queue)
-            low = min(self._visible_min(queue), high)
+            low, high = self._bounds(topic, queue_id, queue)
 
             def store_time(unit: cq.Unit) -> int:
                 # Units below ``high`` point at visible records: the header is enough.

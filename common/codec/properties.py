@@ -89,16 +89,22 @@ def encode_message_properties(user: Mapping[str, str], keys: Sequence[str], tags
     return template.format(*in_order((*values, uniq_key))).encode("utf-8")
 
 
+# KEYS, TAGS and UNIQ_KEY in broker order, filled by position ({0} KEYS, {1} TAGS,
+# {2} UNIQ_KEY): the properties of nearly every message a producer sends.
+_template, _in_order = _broker_template((KEYS, TAGS, UNIQ_KEY))
+_KEYS_TAGS_UNIQ_KEY = _template.format(*_in_order(("{0}", "{1}", "{2}")))
+del _template, _in_order
+
+
 def encode_messages_properties(
     users: Sequence[Mapping[str, str]], keys: Sequence[Sequence[str]], tags: Sequence[str], uniq_keys: Sequence[str]
 ) -> list[bytes]:
     """:func:`encode_message_properties` of many messages; messages with KEYS and TAGS
     and no properties of their own (the usual shape) share one template."""
     if all(keys) and all(tags) and not any(users):
-        template, in_order = _broker_template((KEYS, TAGS, UNIQ_KEY))
-        fill = template.format
+        fill = _KEYS_TAGS_UNIQ_KEY.format
         join = KEY_SEPARATOR.join
-        return [fill(*in_order((join(k), t, u))).encode("utf-8") for k, t, u in zip(keys, tags, uniq_keys)]
+        return [fill(join(k), t, u).encode("utf-8") for k, t, u in zip(keys, tags, uniq_keys)]
     return [encode_message_properties(*fields) for fields in zip(users, keys, tags, uniq_keys)]
 
 

@@ -512,7 +512,12 @@ def test_concurrent_appends_are_combined_and_each_keeps_its_own_outcome(tmp_path
     flush = writer.flush
     writer.flush = lambda: flushes.append(flush()) or flushes[-1]  # type: ignore[method-assign]
     callers = 12
-    bad = {4: "queue id 7 is out of range: topic Orders has 4 queues", 9: "topic Nowhere does not exist and auto-create is off"}
+    too_large = f"bytes of records cannot fit in a commit log file of {SMALL.commitlog_file_size_bytes} bytes"
+    bad = {
+        4: "queue id 7 is out of range: topic Orders has 4 queues",
+        6: too_large,
+        9: "topic Nowhere does not exist and auto-create is off",
+    }
     outcomes: dict[int, object] = {}
 
     def batch_of(caller: int) -> list[MessageInput]:
@@ -520,6 +525,8 @@ def test_concurrent_appends_are_combined_and_each_keeps_its_own_outcome(tmp_path
             return [MessageInput("Orders", b"bad", queue_id=7)]
         if caller == 9:
             return [MessageInput("Nowhere", b"bad")]
+        if caller == 6:  # valid, but larger than a commit log file: refused at layout
+            return [MessageInput("Orders", b"x" * SMALL.commitlog_file_size_bytes, queue_id=2)]
         return [MessageInput("Orders", f"{caller}-{n}".encode(), keys=[f"c{caller}"], queue_id=caller % 4) for n in range(caller + 1)]
 
     def append(caller: int) -> None:
@@ -549,7 +556,7 @@ def test_concurrent_appends_are_combined_and_each_keeps_its_own_outcome(tmp_path
     try:
         assert len(flushes) == 2  # caller 0's, then one for the whole group
         for caller, reason in bad.items():
-            assert str(outcomes[caller]) == reason
+            assert str(outcomes[caller]) == reason if caller != 6 else str(outcomes[caller]).endswith(reason)
         good = [c for c in range(callers) if c not in bad]
         log = CommitLog(str(store / "commitlog"), SMALL.commitlog_file_size_bytes)
         records = {r.commitlog_offset: r for r in log.records()}
@@ -568,8 +575,9 @@ def test_concurrent_appends_are_combined_and_each_keeps_its_own_outcome(tmp_path
                 if n:
                     assert result.commitlog_offset == expected_end
                 expected_end = result.commitlog_offset + result.size
+        # The others of the group went in together around the refused one, each in order.
         grouped = [outcomes[c] for c in good if c]
-        assert len({r.store_timestamp_ms for r in grouped}) == 1  # type: ignore[union-attr]
+        assert [r[0].commitlog_offset for r in grouped] == sorted(r[0].commitlog_offset for r in grouped)  # type: ignore[index]
         assert writer.flushed_offset == max(records) + records[max(records)].size
     finally:
         writer.close()

@@ -437,27 +437,43 @@ class Writer:
                     accepted.append(request)
             if not accepted:
                 return
-            if len(accepted) == 1:
-                batch, peer = accepted[0].batch, accepted[0].peer
-            else:
-                batch, peer = _combined(accepted, self.store_host), None
-            with span(_TRACER, "rmqstore.append") as current:
-                current.set_attribute("rmqstore.messages", batch.message_count)
-                plans, results = self._append_batch(batch, peer)
-            with span(_TRACER, "rmqstore.dispatch"):
-                self.dispatcher.dispatch_batch(plans)
-            end = self.log.write_offset
-            assert end is not None
-            self.publisher.publish(
-                dispatched_offset=end,
-                durable_offset=self.durable_offset,
-                commitlog_min_offset=self.log.min_offset,
-                last_store_timestamp_ms=self._last_store_ts,
-            )
+            try:
+                self._store(accepted)
+            except InvalidArgument:
+                if len(accepted) == 1:
+                    raise
+                # One batch cannot be laid out (a record larger than a file): nothing was
+                # written, so each is stored alone and only that one is refused.
+                for request in accepted:
+                    try:
+                        self._store([request])
+                    except InvalidArgument as error:
+                        request.error = error
+
+    def _store(self, requests: list[_AppendRequest]) -> None:
+        """Append, dispatch and publish the batches of ``requests`` as one, and give each
+        its part of the results."""
+        if len(requests) == 1:
+            batch, peer = requests[0].batch, requests[0].peer
+        else:
+            batch, peer = _combined(requests, self.store_host), None
+        with span(_TRACER, "rmqstore.append") as current:
+            current.set_attribute("rmqstore.messages", batch.message_count)
+            plans, results = self._append_batch(batch, peer)
+        with span(_TRACER, "rmqstore.dispatch"):
+            self.dispatcher.dispatch_batch(plans)
+        end = self.log.write_offset
+        assert end is not None
+        self.publisher.publish(
+            dispatched_offset=end,
+            durable_offset=self.durable_offset,
+            commitlog_min_offset=self.log.min_offset,
+            last_store_timestamp_ms=self._last_store_ts,
+        )
         start = 0
-        for request in accepted:
+        for request in requests:
             stop = start + request.batch.message_count
-            request.results = results.part(start, stop) if len(accepted) > 1 else results
+            request.results = results.part(start, stop) if len(requests) > 1 else results
             start = stop
 
     def _admit(self, batch: MessageBatch) -> None:

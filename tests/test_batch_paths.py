@@ -359,20 +359,33 @@ def test_writer_batches_write_what_records_one_by_one_would(
         }
 
 
-def test_a_write_through_the_file_is_what_the_mappings_read_before_any_flush(tmp_path: Path) -> None:
+def test_a_write_through_the_file_is_what_the_mappings_read_before_any_flush(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A large write goes through pwrite: the writer's own mapping and a reader's
     separate read-only mapping of the file see its bytes at once, unflushed."""
+    import os
+
     from rmqstore.common.files.mapped import MappedFile
+
+    pwrites = []
+    real_pwrite = os.pwrite
+
+    def counted(fd: int, data: bytes, position: int) -> int:
+        pwrites.append((position, len(data)))
+        return real_pwrite(fd, data, position)
 
     path = str(tmp_path / "00000000000000000000")
     written = MappedFile.create(path, 1 << 20, 0)
     reader = MappedFile(path, 1 << 20, 0, writable=False)
     data = random.Random(3).randbytes(mapped_module.WRITE_THROUGH_FILE_BYTES + 4097)
+    monkeypatch.setattr(os, "pwrite", counted)
     written.write(5000, data)
     small = b"through the mapping"
     written.write(3000, small)
+    monkeypatch.setattr(os, "pwrite", real_pwrite)
     try:
-        assert written._write_fd is not None  # the large write went through the file
+        assert pwrites == [(5000, len(data))]  # the large write went through the file, the small one not
         for mapping in (written, reader):
             assert bytes(mapping.buf[5000 : 5000 + len(data)]) == data
             assert bytes(mapping.buf[3000 : 3000 + len(small)]) == small
@@ -380,7 +393,6 @@ def test_a_write_through_the_file_is_what_the_mappings_read_before_any_flush(tmp
     finally:
         reader.close()
         written.close()
-    assert written._write_fd is None
     with open(path, "rb") as handle:
         handle.seek(5000)
         assert handle.read(len(data)) == data

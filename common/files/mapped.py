@@ -71,7 +71,6 @@ class MappedFile:
         self.buf = memoryview(self._mmap)
         if not writable:
             self.buf = self.buf.toreadonly()
-        self._write_fd: int | None = None
 
     @classmethod
     def create(
@@ -115,12 +114,16 @@ class MappedFile:
             return
         # A large write goes through the file: the kernel fills the page cache pages in
         # the write itself, where a write through the mapping takes a page fault for each
-        # new page. The mapping shares those pages, so it reads what was written.
-        if self._write_fd is None:
-            self._write_fd = os.open(self.path, os.O_RDWR)
-        written = os.pwrite(self._write_fd, data, position)
-        while written < len(data):
-            written += os.pwrite(self._write_fd, memoryview(data)[written:], position + written)
+        # new page. The mapping shares those pages, so it reads what was written. The
+        # descriptor lives for this write only (a reindex writes large blocks to
+        # thousands of queue files; holding one each would run out of descriptors).
+        fd = os.open(self.path, os.O_RDWR)
+        try:
+            written = os.pwrite(fd, data, position)
+            while written < len(data):
+                written += os.pwrite(fd, memoryview(data)[written:], position + written)
+        finally:
+            os.close(fd)
 
     def zero(self, position: int, end: int | None = None) -> None:
         """Zero ``[position, end)`` (default: to the end of the file)."""
@@ -213,9 +216,6 @@ class MappedFile:
             os.close(fd)
 
     def close(self) -> None:
-        if self._write_fd is not None:
-            os.close(self._write_fd)
-            self._write_fd = None
         self.buf.release()
         self._mmap.close()
 

@@ -44,11 +44,11 @@ def decode_properties(data: bytes | memoryview) -> dict[str, str]:
     result: dict[str, str] = {}
     if not data:
         return result
-    text = bytes(data).decode("utf-8", "replace")
-    for segment in text.split(PROPERTY_SEPARATOR):
-        cut = segment.find(NAME_VALUE_SEPARATOR)
-        if 0 < cut < len(segment) - 1:
-            result[segment[:cut]] = segment[cut + 1 :]
+    for segment in str(data, "utf-8", "replace").split(PROPERTY_SEPARATOR):
+        # partition cuts at the first 0x01; a segment without one has an empty value.
+        name, _, value = segment.partition(NAME_VALUE_SEPARATOR)
+        if name and value:
+            result[name] = value
     return result
 
 

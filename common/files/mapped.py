@@ -121,7 +121,10 @@ class MappedFile:
         try:
             written = os.pwrite(fd, data, position)
             while written < len(data):
-                written += os.pwrite(fd, memoryview(data)[written:], position + written)
+                more = os.pwrite(fd, memoryview(data)[written:], position + written)
+                if more <= 0:  # a regular file takes at least a byte or raises; never spin
+                    raise OSError(errno.EIO, f"{self.path}: a write at {position + written} stored nothing")
+                written += more
         finally:
             os.close(fd)
 

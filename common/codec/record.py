@@ -119,10 +119,6 @@ def record_size(
 # an IPv6 host adds 12 bytes.
 _MINIMUM_SIZE = {version: record_size(0, 0, 0, born_v6=False, store_v6=False, version=version) for version in (1, 2)}
 assert record_size(0, 0, 0, born_v6=True, store_v6=True) == _MINIMUM_SIZE[1] + 24
-# TOTALSIZE … BODYLENGTH of a v1 record with IPv4 hosts, and the sysFlag bits that widen it.
-_HEAD_V1_V4 = _FULL_V1[(False, False)]
-_HOST_V6_FLAGS = sysflag.BORNHOST_V6 | sysflag.STOREHOST_V6
-assert _HEAD_V1_V4.size <= _MINIMUM_SIZE[1]
 _DEFAULT_HOST = SocketAddress(b"\x00\x00\x00\x00", 0)
 # Records name few distinct hosts (one store host, the producers' addresses): decoding
 # shares one immutable SocketAddress per host instead of building one per record.
@@ -350,45 +346,19 @@ def decode_record(
             offset=at,
         )
     record_end = pos + total
-    head = _HEAD_V1_V4.unpack_from(buf, pos) if version == 1 else None
-    if head is not None and not head[7] & _HOST_V6_FLAGS:
-        # The usual record: v1 with IPv4 hosts, its head in one unpack (a v1 record is
-        # never shorter than this head).
-        (
-            _, _, stored_crc, queue_id, flag, queue_offset, physical_offset, sys_flag, born_ts,
-            born_ip, born_port, store_ts, store_ip, store_port, reconsume_times, prepared_offset, body_len,
-        ) = head  # fmt: skip
-        born_v6 = store_v6 = False
-        cursor = pos + _HEAD_V1_V4.size
-    else:
-        (
-            _,
-            _,
-            stored_crc,
-            queue_id,
-            flag,
-            queue_offset,
-            physical_offset,
-            sys_flag,
-            born_ts,
-        ) = _PREFIX.unpack_from(buf, pos)
-        born_v6 = bool(sys_flag & sysflag.BORNHOST_V6)
-        store_v6 = bool(sys_flag & sysflag.STOREHOST_V6)
-        middle = _MIDDLE[(born_v6, store_v6)]
-        cursor = pos + PREFIX_SIZE
-        if cursor + middle.size > record_end:
-            raise Corruption(f"record at commit log offset {at} is shorter than its header", offset=at)
-        (
-            born_ip,
-            born_port,
-            store_ts,
-            store_ip,
-            store_port,
-            reconsume_times,
-            prepared_offset,
-            body_len,
-        ) = middle.unpack_from(buf, cursor)
-        cursor += middle.size
+    # Both versions share the head (TOTALSIZE … BODYLENGTH); the sysFlag sets its host
+    # widths, and then the whole head comes in one unpack.
+    (sys_flag,) = _INT32.unpack_from(buf, pos + OFFSET_SYSFLAG)
+    born_v6 = bool(sys_flag & sysflag.BORNHOST_V6)
+    store_v6 = bool(sys_flag & sysflag.STOREHOST_V6)
+    head = _FULL_V1[(born_v6, store_v6)]
+    cursor = pos + head.size
+    if cursor > record_end:
+        raise Corruption(f"record at commit log offset {at} is shorter than its header", offset=at)
+    (
+        _, _, stored_crc, queue_id, flag, queue_offset, physical_offset, _, born_ts,
+        born_ip, born_port, store_ts, store_ip, store_port, reconsume_times, prepared_offset, body_len,
+    ) = head.unpack_from(buf, pos)  # fmt: skip
     topic_len_width = 1 if version == 1 else 2
     if body_len < 0 or cursor + body_len + topic_len_width > record_end:
         raise Corruption(f"bad body length {body_len} at commit log offset {at}", offset=at)

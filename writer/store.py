@@ -15,7 +15,7 @@ import os
 import shutil
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import NamedTuple, overload
@@ -524,40 +524,32 @@ class Writer:
         # A tail is TOPICLENGTH (1) + topic + PROPERTIESLENGTH (2) + properties.
         fixed = record_size(0, 0, 0, born_v6=False, store_v6=store_host.is_v6) - 3
         v6_extra = record_size(0, 0, 0, born_v6=True, store_v6=False) - record_size(0, 0, 0, born_v6=False, store_v6=False)
+        born_v6 = [len(born.ip) == 16 for born in born_hosts]
         sizes = [
-            fixed + len(body) + len(tail) + (v6_extra if len(born.ip) == 16 else 0)
-            for body, tail, born in zip(bodies, tails, born_hosts)
+            fixed + len(body) + len(tail) + (v6_extra if v6 else 0) for body, tail, v6 in zip(bodies, tails, born_v6)
         ]
         offsets = self.log.layout(sizes)
         store_v6 = store_host.is_v6
         store_flag = sysflag.STOREHOST_V6 if store_v6 else 0
         store_ip, store_port = store_host.ip, store_host.port
         crcs = [crc32(body) & 0x7FFFFFFF for body in bodies]  # UtilAll.crc32 (0 for an empty body)
-        born_v6 = [len(born.ip) == 16 for born in born_hosts]
-        columns = zip(
-            sizes, crcs, queue_ids, batch.flags, queue_offsets, offsets, batch.born_timestamps_ms, born_hosts, bodies
-        )
-        if not any(born_v6):
-            # The usual case: every born host is IPv4, so one struct and one sysFlag.
-            pack = head_struct(False, store_v6).pack
-            heads = [
-                pack(
-                    size, MAGIC_V1, crc, queue_id, flag, queue_offset, offset, store_flag, born_ts or now,
-                    born.ip, born.port, store_ts, store_ip, store_port, 0, 0, len(body),
-                )
-                for size, crc, queue_id, flag, queue_offset, offset, born_ts, born, body in columns
-            ]
+        # Each head's struct and sysFlag follow its born host's width; with only IPv4 born
+        # hosts (the usual case) both are the same for every message.
+        if any(born_v6):
+            packs: Iterable[Callable[..., bytes]] = [head_struct(v6, store_v6).pack for v6 in born_v6]
+            sys_flags: Iterable[int] = [store_flag | sysflag.BORNHOST_V6 if v6 else store_flag for v6 in born_v6]
         else:
-            # By born host width: the struct of the head and the sysFlag.
-            packs = {v6: head_struct(v6, store_v6).pack for v6 in (False, True)}
-            flags = {False: store_flag, True: store_flag | sysflag.BORNHOST_V6}
-            heads = [
-                packs[v6](
-                    size, MAGIC_V1, crc, queue_id, flag, queue_offset, offset, flags[v6], born_ts or now,
-                    born.ip, born.port, store_ts, store_ip, store_port, 0, 0, len(body),
-                )
-                for (size, crc, queue_id, flag, queue_offset, offset, born_ts, born, body), v6 in zip(columns, born_v6)
-            ]
+            packs, sys_flags = itertools.repeat(head_struct(False, store_v6).pack), itertools.repeat(store_flag)
+        heads = [
+            pack(
+                size, MAGIC_V1, crc, queue_id, flag, queue_offset, offset, sys_flag, born_ts or now,
+                born.ip, born.port, store_ts, store_ip, store_port, 0, 0, len(body),
+            )
+            for pack, sys_flag, size, crc, queue_id, flag, queue_offset, offset, born_ts, born, body in zip(
+                packs, sys_flags, sizes, crcs, queue_ids, batch.flags, queue_offsets, offsets,
+                batch.born_timestamps_ms, born_hosts, bodies,
+            )
+        ]  # fmt: skip
         encoded = [head + body + tail for head, body, tail in zip(heads, bodies, tails)]
         start = self.log.write_offset
         assert start is not None

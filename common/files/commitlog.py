@@ -191,10 +191,17 @@ class CommitLog:
 
     def release(self, start: int, stop: int) -> None:
         """Drop the pages holding [start, stop) from the resident set (MappedFile.release)."""
+        for mapped, low, high in self._spans(start, stop):
+            mapped.release(low, high)
+
+    def _spans(self, start: int, end: int) -> list[tuple[MappedFile, int, int]]:
+        """Each file holding part of [start, end), with that part's positions in it."""
+        spans = []
         for mapped in list(self.files.files):
-            low, high = max(start, mapped.start_offset), min(stop, mapped.end_offset)
+            low, high = max(start, mapped.start_offset), min(end, mapped.end_offset)
             if low < high:
-                mapped.release(low - mapped.start_offset, high - mapped.start_offset)
+                spans.append((mapped, low - mapped.start_offset, high - mapped.start_offset))
+        return spans
 
     def scan(self, start: int | None = None, *, check_crc: bool = True) -> ScanStop:
         """Validate every record from ``start`` and say where and why the log ends."""
@@ -364,10 +371,8 @@ class CommitLog:
         """Undo a write that failed part-way (``write_laid_out`` raised): clear what it
         may have written of [start, end) and append from ``start`` again, so neither a
         reader nor recovery after a crash finds its records."""
-        for mapped in list(self.files.files):
-            low, high = max(start, mapped.start_offset), min(end, mapped.end_offset)
-            if low < high:
-                mapped.clear(low - mapped.start_offset, high - mapped.start_offset)
+        for mapped, low, high in self._spans(start, end):
+            mapped.clear(low, high)
         self.write_offset = start
 
     def _file_for_write(self, offset: int) -> MappedFile:
@@ -381,11 +386,8 @@ class CommitLog:
         """Make commit log bytes [start, end) durable (their files are synced whole)."""
         if end <= start:
             return
-        for mapped in list(self.files.files):
-            low = max(start, mapped.start_offset)
-            high = min(end, mapped.end_offset)
-            if low < high:
-                mapped.flush(low - mapped.start_offset, high - mapped.start_offset)
+        for mapped, low, high in self._spans(start, end):
+            mapped.flush(low, high)
         self.flushed_offset = max(self.flushed_offset, end)
 
     def flush(self) -> int:

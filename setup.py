@@ -1,4 +1,5 @@
-"""Build hook: generate the gRPC/protobuf stubs from protos/ at install time.
+"""Build hook: generate the gRPC/protobuf stubs from protos/ at install time, and build
+the codecs' compiled fast paths (common/codec/_speedups.c, plain C on the Python API).
 
 Every install (regular or editable) compiles protos/rmqstore/v1/*.proto with grpcio-tools
 (a build requirement) into protos/gen/, which is not committed and is installed as the
@@ -11,7 +12,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from setuptools import setup
+from setuptools import Extension, setup
 
 ROOT = Path(__file__).resolve().parent
 PROTOS = ROOT / "protos"
@@ -43,4 +44,12 @@ def generate_stubs() -> None:
 
 
 generate_stubs()
-setup()
+setup(
+    ext_modules=[
+        Extension(
+            "rmqstore.common.codec._speedups",
+            ["common/codec/_speedups.c"],
+            extra_compile_args=["-O2", "-Wall", "-Werror=implicit-function-declaration"],
+        )
+    ]
+)

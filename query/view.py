@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from rmqstore.common.codec import consumequeue as cq
 from rmqstore.common.codec import index as ix
 from rmqstore.common.codec import sysflag
-from rmqstore.common.codec.javahash import index_key, index_key_hash
+from rmqstore.common.codec.javahash import topic_key_hash
 from rmqstore.common.codec.msgid import decode_offset_msg_id, offset_msg_id
 from rmqstore.common.codec.properties import split_keys
 from rmqstore.common.codec.record import Record
@@ -374,7 +374,7 @@ class StoreView:
     def _candidates(self, topic: str, key: str, below_offset: int, begin_ms: int) -> Iterator[int]:
         """Distinct commit log offsets of index entries with the key's hash, descending,
         below ``below_offset``; files wholly older than ``begin_ms`` are not read."""
-        key_hash = index_key_hash(index_key(topic, key))
+        key_hash = topic_key_hash(topic, key)
         previous = None
         for index_file in reversed(self.index.files):
             _, end_ms, begin_offset, _, _, count = ix.HEADER.unpack_from(index_file.mapped.buf)
@@ -446,10 +446,9 @@ class StoreView:
         check_time_range(begin_ms, end_ms)
         if not 1 <= page_size <= PAGE_SIZE_MAX:
             raise InvalidArgument(f"page size must be in [1, {PAGE_SIZE_MAX}], got {page_size}")
-        check = _cursor_hash(topic, key, begin_ms, end_ms)
         self.refresh()
         with self._lock:
-            below = decode_cursor(cursor, check) if cursor else self.visible_offset
+            below = decode_cursor(cursor, _cursor_hash(topic, key, begin_ms, end_ms)) if cursor else self.visible_offset
             records: list[Record] = []
             for offset in self._all_candidates(topic, key, below, begin_ms):
                 record = self._matching(topic, offset)
@@ -459,6 +458,7 @@ class StoreView:
                     continue
                 if len(records) == page_size:
                     # One more match exists: the answer continues after the last one.
+                    check = _cursor_hash(topic, key, begin_ms, end_ms)
                     return KeyPage(records, encode_cursor(records[-1].commitlog_offset, check), False)
                 records.append(record)
             return KeyPage(records, "", True)

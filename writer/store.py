@@ -29,7 +29,7 @@ from rmqstore.common.codec.dispatch import DispatchBatch
 from rmqstore.common.codec.checkpoint import Checkpoint
 from rmqstore.common.codec.hosts import SocketAddress
 from rmqstore.common.codec.msgid import offset_msg_id, offset_msg_ids
-from rmqstore.common.codec.record import MAGIC_V1, head_struct, record_size
+from rmqstore.common.codec.record import encode_records, set_physical_offsets
 from rmqstore.common.errors import Corruption, InvalidArgument, NotFound, StoreFull, invariant
 from rmqstore.common.files.checkpoint import read_checkpoint, write_checkpoint
 from rmqstore.common.files.commitlog import CommitLog, ScanStop, StopReason
@@ -53,13 +53,6 @@ THOROUGH_FLUSH_INTERVAL_MS = 1000  # flushIntervalConsumeQueue
 # caller's batch always goes, whatever its size), bounding the wait of the last caller.
 GROUP_MAX_MESSAGES = 4096
 _TRACER = trace.get_tracer("rmqstore.writer")
-
-
-@lru_cache(maxsize=1024)
-def _topic_field(topic: str) -> bytes:
-    """TOPICLENGTH and TOPIC of a v1 record."""
-    data = topic.encode("utf-8")
-    return len(data).to_bytes(1, "big") + data
 
 
 class AppendResult(NamedTuple):
@@ -519,42 +512,18 @@ class Writer:
         queue_ids = self._assign_queues(topics, batch.queue_ids)
         queue_offsets, next_queue_offsets = self._plan_queue_offsets(topics, queue_ids)
         properties = props.encode_messages_properties(batch.properties, keys, tags, uniq_keys)
-        # Validation keeps properties below 32 KiB, so the int16 length is never negative.
-        tails = [_topic_field(topic) + len(p).to_bytes(2, "big") + p for topic, p in zip(topics, properties)]
-        # A tail is TOPICLENGTH (1) + topic + PROPERTIESLENGTH (2) + properties.
-        fixed = record_size(0, 0, 0, born_v6=False, store_v6=store_host.is_v6) - 3
-        v6_extra = record_size(0, 0, 0, born_v6=True, store_v6=False) - record_size(0, 0, 0, born_v6=False, store_v6=False)
-        born_v6 = [len(born.ip) == 16 for born in born_hosts]
-        sizes = [
-            fixed + len(body) + len(tail) + (v6_extra if v6 else 0) for body, tail, v6 in zip(bodies, tails, born_v6)
-        ]
-        offsets = self.log.layout(sizes)
-        store_v6 = store_host.is_v6
-        store_flag = sysflag.STOREHOST_V6 if store_v6 else 0
-        store_ip, store_port = store_host.ip, store_host.port
-        crcs = [crc32(body) & 0x7FFFFFFF for body in bodies]  # UtilAll.crc32 (0 for an empty body)
-        # Each head's struct and sysFlag follow its born host's width; with only IPv4 born
-        # hosts (the usual case) both are the same for every message.
-        if any(born_v6):
-            packs: Iterable[Callable[..., bytes]] = [head_struct(v6, store_v6).pack for v6 in born_v6]
-            sys_flags: Iterable[int] = [store_flag | sysflag.BORNHOST_V6 if v6 else store_flag for v6 in born_v6]
-        else:
-            packs, sys_flags = itertools.repeat(head_struct(False, store_v6).pack), itertools.repeat(store_flag)
-        heads = [
-            pack(
-                size, MAGIC_V1, crc, queue_id, flag, queue_offset, offset, sys_flag, born_ts or now,
-                born.ip, born.port, store_ts, store_ip, store_port, 0, 0, len(body),
-            )
-            for pack, sys_flag, size, crc, queue_id, flag, queue_offset, offset, born_ts, born, body in zip(
-                packs, sys_flags, sizes, crcs, queue_ids, batch.flags, queue_offsets, offsets,
-                batch.born_timestamps_ms, born_hosts, bodies,
-            )
-        ]  # fmt: skip
-        encoded = [head + body + tail for head, body, tail in zip(heads, bodies, tails)]
         start = self.log.write_offset
         assert start is not None
+        records, sizes = encode_records(
+            start, queue_ids, batch.flags, queue_offsets, batch.born_timestamps_ms, born_hosts, bodies, topics,
+            properties, store_ts, store_host, now,
+        )  # fmt: skip
+        offsets = self.log.layout(sizes)
+        if offsets[-1] - start != len(records) - sizes[-1]:
+            # The batch starts a new file part-way: the records after the BLANK move on.
+            records = set_physical_offsets(records, sizes, offsets)
         try:
-            self.log.write_laid_out(offsets, encoded)
+            self.log.write_laid_out(offsets, sizes, records)
         except BaseException as error:
             # A failed write (a full disk) stores nothing: its bytes are cleared and the
             # queue offsets it planned stay free.

@@ -13,6 +13,8 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
+from rmqstore.common.codec.speedups import _speedups
+
 INT32_MIN = -(2**31)
 _MASK32 = 0xFFFFFFFF
 # 31**e mod 2**32, grown on demand: the weight of a code unit e places from a string's end.
@@ -52,6 +54,11 @@ def index_key_hash(key: str) -> int:
     """IndexFile.indexKeyHashMethod: |hashCode|, with Integer.MIN_VALUE mapped to 0."""
     h = java_string_hash(key)
     return 0 if h == INT32_MIN else abs(h)
+
+
+def topic_key_hash(topic: str, key: str) -> int:
+    """``index_key_hash(index_key(topic, key))``: the hash a lookup of the key probes."""
+    return index_key_hash(index_key(topic, key))
 
 
 def _powers_31(count: int) -> np.ndarray:
@@ -177,3 +184,11 @@ def java_hashmap_order(keys: Iterable[str]) -> list[str]:
     for key in unique:
         buckets.setdefault(_hashmap_spread(key) & (capacity - 1), []).append(key)
     return [key for slot in sorted(buckets) for key in buckets[slot]]
+
+
+# The compiled versions, where the extension is built (it is, by every install of the
+# project): the same results, pinned by tests/test_speedups.py against the Python above.
+python_java_string_hash = java_string_hash
+if _speedups is not None:
+    java_string_hash = _speedups.java_string_hash
+    topic_key_hash = _speedups.index_key_hash

@@ -7,6 +7,7 @@ import operator
 from collections.abc import Mapping, Sequence
 
 from rmqstore.common.codec.javahash import java_hashmap_order
+from rmqstore.common.codec.speedups import _speedups
 
 NAME_VALUE_SEPARATOR = "\x01"
 PROPERTY_SEPARATOR = "\x02"
@@ -93,6 +94,8 @@ def encode_message_properties(user: Mapping[str, str], keys: Sequence[str], tags
 # {2} UNIQ_KEY): the properties of nearly every message a producer sends.
 _template, _in_order = _broker_template((KEYS, TAGS, UNIQ_KEY))
 _KEYS_TAGS_UNIQ_KEY = _template.format(*_in_order(("{0}", "{1}", "{2}")))
+# The same order as positions in (KEYS, TAGS, UNIQ_KEY), for the compiled path.
+_COMMON_ORDER = tuple(_in_order((0, 1, 2)))[:3]
 del _template, _in_order
 
 
@@ -102,6 +105,8 @@ def encode_messages_properties(
     """:func:`encode_message_properties` of many messages; messages with KEYS and TAGS
     and no properties of their own (the usual shape) share one template."""
     if all(keys) and all(tags) and not any(users):
+        if _speedups is not None and isinstance(keys, list) and isinstance(tags, list) and isinstance(uniq_keys, list):
+            return _speedups.encode_common_properties(_COMMON_ORDER, keys, tags, uniq_keys)
         fill = _KEYS_TAGS_UNIQ_KEY.format
         join = KEY_SEPARATOR.join
         return [fill(join(k), t, u).encode("utf-8") for k, t, u in zip(keys, tags, uniq_keys)]

@@ -29,6 +29,7 @@ TOTALSIZE = 74 + L + b + s + n + t + p (L = 1 in v1, 2 in v2).
 from __future__ import annotations
 
 import functools
+import itertools
 import struct
 import zlib
 from dataclasses import dataclass, field
@@ -36,6 +37,7 @@ from dataclasses import dataclass, field
 from rmqstore.common.codec import properties as props
 from rmqstore.common.codec import sysflag
 from rmqstore.common.codec.hosts import SocketAddress
+from rmqstore.common.codec.speedups import _speedups
 from rmqstore.common.errors import Corruption, CrcMismatch, InvalidArgument
 
 MAGIC_V1 = -626843481  # DA A3 20 A7
@@ -253,6 +255,65 @@ def encode_record(record: Record, *, properties_bytes: bytes | None = None) -> b
     return b"".join((head, body, tail))
 
 
+@functools.lru_cache(maxsize=1024)
+def _topic_field(topic: str) -> bytes:
+    """TOPICLENGTH and TOPIC of a v1 record."""
+    data = topic.encode("utf-8")
+    return len(data).to_bytes(1, "big") + data
+
+
+def encode_records(
+    first_offset: int,
+    queue_ids: list[int],
+    flags: list[int],
+    queue_offsets: list[int],
+    born_timestamps_ms: list[int | None],
+    born_hosts: list[SocketAddress],
+    bodies: list[bytes],
+    topics: list[str],
+    properties: list[bytes],
+    store_timestamp_ms: int,
+    store_host: SocketAddress,
+    now_ms: int,
+) -> tuple[bytes, list[int]]:
+    """The v1 records of a writer's batch, joined, and each one's size: the bytes of
+    :func:`encode_record` for each message, laid out one after another from
+    ``first_offset`` (their PHYSICALOFFSETs). A born timestamp of 0 or None becomes
+    ``now_ms``; RECONSUMETIMES and PREPAREDTRANSACTIONOFFSET are 0 and the sysFlag holds
+    only the host widths. The caller has validated the lengths (a topic of at most 127
+    UTF-8 bytes, properties of at most 32,767)."""
+    store_v6 = store_host.is_v6
+    store_flag = sysflag.STOREHOST_V6 if store_v6 else 0
+    tails = [_topic_field(topic) + len(p).to_bytes(2, "big") + p for topic, p in zip(topics, properties)]
+    # A tail is TOPICLENGTH (1) + topic + PROPERTIESLENGTH (2) + properties.
+    fixed = record_size(0, 0, 0, born_v6=False, store_v6=store_v6) - 3
+    born_v6 = [born.is_v6 for born in born_hosts]
+    sizes = [fixed + len(body) + len(tail) + (12 if v6 else 0) for body, tail, v6 in zip(bodies, tails, born_v6)]
+    offsets = itertools.accumulate(sizes, initial=first_offset)
+    heads = [
+        _FULL_V1[(v6, store_v6)].pack(
+            size, MAGIC_V1, body_crc(body), queue_id, flag, queue_offset, offset,
+            store_flag | (sysflag.BORNHOST_V6 if v6 else 0), born_ts or now_ms, born.ip, born.port,
+            store_timestamp_ms, store_host.ip, store_host.port, 0, 0, len(body),
+        )
+        for v6, size, queue_id, flag, queue_offset, offset, born_ts, born, body in zip(
+            born_v6, sizes, queue_ids, flags, queue_offsets, offsets, born_timestamps_ms, born_hosts, bodies,
+        )
+    ]  # fmt: skip
+    return b"".join(part for parts in zip(heads, bodies, tails) for part in parts), sizes
+
+
+def set_physical_offsets(records: bytes, sizes: list[int], offsets: list[int]) -> bytearray:
+    """Records joined by :func:`encode_records`, with the PHYSICALOFFSETs ``offsets`` (a
+    layout that starts a new file part-way through the batch)."""
+    patched = bytearray(records)
+    position = 0
+    for size, offset in zip(sizes, offsets):
+        _INT64.pack_into(patched, position + OFFSET_PHYSICAL_OFFSET, offset)
+        position += size
+    return patched
+
+
 def encode_head(
     size: int,
     crc: int,
@@ -325,7 +386,18 @@ def decode_record(
     ``commitlog_offset`` if given, else ``pos``.
     """
     end = len(buf) if limit is None else limit
-    at = pos if commitlog_offset is None else commitlog_offset
+    if _speedups is not None:
+        record = _speedups.decode_record(buf, pos, check_crc, end)
+        if record is not None:
+            return record
+    return _decode_record(buf, pos, pos if commitlog_offset is None else commitlog_offset, check_crc, end)
+
+
+def _decode_record(
+    buf: bytes | bytearray | memoryview, pos: int, at: int, check_crc: bool, end: int
+) -> Record | Blank | None:
+    """The definition of :func:`decode_record`, and its every outcome other than a good
+    record, which the compiled path hands back here."""
     if pos + 8 > end:
         if not any(bytes(buf[pos:end])):
             return None
@@ -409,3 +481,11 @@ def decode_record(
         total,
         version,
     )
+
+
+# The compiled paths, where the extension is built (every install builds it): the same
+# results, pinned by tests/test_speedups.py against the Python definitions above.
+python_encode_records = encode_records
+if _speedups is not None:
+    _speedups.configure(Record, _address, zlib.crc32)
+    encode_records = _speedups.encode_records

@@ -343,28 +343,32 @@ class CommitLog:
             offset += size
         return offsets
 
-    def write_laid_out(self, offsets: Sequence[int], encoded: Sequence[bytes]) -> None:
+    def write_laid_out(self, offsets: Sequence[int], sizes: Sequence[int], records: bytes | bytearray) -> None:
         """Write records at the offsets :meth:`layout` gave (their PHYSICALOFFSETs already
-        set), one write per file, with the BLANK that ends a file where the next starts."""
-        invariant(len(offsets) == len(encoded), "one offset per record")
+        set), given joined in order with their sizes: one write per file, with the BLANK
+        that ends a file where the next starts."""
+        invariant(len(offsets) == len(sizes) and sum(sizes) == len(records), "one offset and size per record")
         count = len(offsets)
+        view = memoryview(records)
         first = 0
+        position = 0
         while first < count:
             assert self.write_offset is not None
             offset = offsets[first]
             if offset != self.write_offset:
                 full = self._file_for_write(self.write_offset)
-                position = self.write_offset - full.start_offset
+                at = self.write_offset - full.start_offset
                 invariant(offset == full.end_offset, "records skip only the end of a file")
-                full.write(position, encode_blank(full.file_size_bytes - position))
+                full.write(at, encode_blank(full.file_size_bytes - at))
                 self._dirty.add(full)
                 self.write_offset = offset
             mapped = self._file_for_write(offset)
             last = bisect.bisect_left(offsets, mapped.end_offset, first)
-            end = offsets[last - 1] + len(encoded[last - 1])
-            mapped.write(offset - mapped.start_offset, b"".join(encoded[first:last]))
+            end = offsets[last - 1] + sizes[last - 1]
+            mapped.write(offset - mapped.start_offset, view[position : position + end - offset])
             self._dirty.add(mapped)
             self.write_offset = end
+            position += end - offset
             first = last
 
     def abandon(self, start: int, end: int) -> None:

@@ -20,6 +20,7 @@ import numpy as np
 from rmqstore.common.codec import index as ix
 from rmqstore.common.codec.dispatch import DispatchBatch, DispatchPlan
 from rmqstore.common.codec.javahash import index_key, index_key_hash
+from rmqstore.common.codec.speedups import _speedups
 from rmqstore.common.errors import Corruption, invariant
 from rmqstore.common.files.mapped import MappedFile, fsync_directory
 
@@ -249,6 +250,15 @@ class IndexFile:
         ``key_hash``, newest first: :meth:`chain` filtered, read without an object per
         entry (the lookup hot path)."""
         buf = self.mapped.buf
+        if _speedups is not None:
+            found = _speedups.matching_offsets(buf, self.slots, self.entries, key_hash)
+            if found is not None:
+                return iter(found)
+        return self._matching_offsets(buf, key_hash)
+
+    def _matching_offsets(self, buf: memoryview, key_hash: int) -> Iterator[int]:
+        """The definition the compiled walk follows; also where a chain leads outside
+        the file, which it hands back."""
         count = max(ix.HEADER.unpack_from(buf)[5], 1)
         (number,) = ix.SLOT.unpack_from(buf, ix.slot_position(key_hash % self.slots))
         if number <= 0 or number > count or count <= 1:

@@ -1,0 +1,646 @@
+/*
+ * Compiled fast paths of the codecs (rmqstore.common.codec._speedups).
+ *
+ * Each function here is the hot loop of a Python function that stays the definition:
+ *
+ *   java_string_hash, index_key_hash   javahash.java_string_hash / index_key_hash
+ *   matching_offsets                   files.index.IndexFile.matching_offsets
+ *   decode_record                      record.decode_record
+ *   encode_records                     record.encode_record over a writer's batch
+ *   encode_common_properties           properties.encode_messages_properties (KEYS, TAGS, UNIQ_KEY)
+ *
+ * The fast paths only ever succeed. Where the bytes are anything but a well-formed
+ * record or chain (a BLANK filler, zeros, a bad size or CRC, a read past the buffer), they
+ * return None and the caller runs the Python function, which decides what the bytes are
+ * and raises its exact errors. So every error path and message is written once, in
+ * Python, and tests compare both paths on the same bytes (tests/test_speedups.py).
+ *
+ * Layouts: FORMAT.md §3 (records) and §7 (index files), declared with their offsets in
+ * record.py and index.py; all integers big-endian.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+
+/* record.py */
+#define MAGIC_V1 0xDAA320A7u
+#define MAGIC_V2 0xDAA320ABu
+#define OFFSET_SYSFLAG 36
+#define PREFIX_SIZE 48 /* TOTALSIZE … BORNTIMESTAMP */
+#define BORNHOST_V6 0x10
+#define STOREHOST_V6 0x20
+/* calMsgLength with IPv4 hosts and nothing variable: 74 + L + 8 + 8 */
+#define MINIMUM_SIZE_V1 91
+#define MINIMUM_SIZE_V2 92
+
+/* index.py */
+#define INDEX_HEADER_SIZE 40
+#define INDEX_OFFSET_INDEX_COUNT 36
+#define INDEX_SLOT_SIZE 4
+#define INDEX_ENTRY_SIZE 20
+
+static inline uint32_t be32(const unsigned char *p) {
+    return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | (uint32_t)p[3];
+}
+
+static inline int64_t be64(const unsigned char *p) { return (int64_t)((uint64_t)be32(p) << 32 | be32(p + 4)); }
+
+static inline int16_t be16(const unsigned char *p) { return (int16_t)((uint16_t)p[0] << 8 | (uint16_t)p[1]); }
+
+/* ---- String.hashCode ---------------------------------------------------------------- */
+
+/* h = 31*h + unit over the UTF-16 code units of text (mod 2^32), continuing from h. */
+static uint32_t hash_units(uint32_t h, PyObject *text) {
+    int kind = PyUnicode_KIND(text);
+    const void *data = PyUnicode_DATA(text);
+    Py_ssize_t length = PyUnicode_GET_LENGTH(text);
+    if (kind == PyUnicode_1BYTE_KIND) {
+        const Py_UCS1 *units = data;
+        for (Py_ssize_t i = 0; i < length; i++) h = 31 * h + units[i];
+        return h;
+    }
+    for (Py_ssize_t i = 0; i < length; i++) {
+        Py_UCS4 cp = PyUnicode_READ(kind, data, i);
+        if (cp > 0xFFFF) { /* a surrogate pair, as Java stores it */
+            cp -= 0x10000;
+            h = 31 * h + (0xD800 + (cp >> 10));
+            h = 31 * h + (0xDC00 + (cp & 0x3FF));
+        } else {
+            h = 31 * h + cp;
+        }
+    }
+    return h;
+}
+
+static PyObject *java_string_hash(PyObject *module, PyObject *text) {
+    if (!PyUnicode_Check(text)) {
+        PyErr_SetString(PyExc_TypeError, "java_string_hash takes a str");
+        return NULL;
+    }
+    return PyLong_FromLong((int32_t)hash_units(0, text));
+}
+
+/* IndexFile.indexKeyHashMethod of "topic#key": |hashCode|, Integer.MIN_VALUE as 0. */
+static PyObject *index_key_hash(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2 || !PyUnicode_Check(args[0]) || !PyUnicode_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "index_key_hash takes (topic: str, key: str)");
+        return NULL;
+    }
+    uint32_t h = hash_units(0, args[0]);
+    h = 31 * h + '#';
+    h = hash_units(h, args[1]);
+    int32_t signed_h = (int32_t)h;
+    long result = signed_h == INT32_MIN ? 0 : (signed_h < 0 ? -(long)signed_h : signed_h);
+    return PyLong_FromLong(result);
+}
+
+/* ---- Index chains ------------------------------------------------------------------- */
+
+/* matching_offsets(buf, slots, entries, key_hash) -> list[int] | None: the phyOffsets
+ * along the key's slot chain whose hash is key_hash, newest first, with Apache's stop
+ * rules; None if the chain leads outside the buffer. */
+static PyObject *matching_offsets(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "matching_offsets takes (buf, slots, entries, key_hash)");
+        return NULL;
+    }
+    long long slots = PyLong_AsLongLong(args[1]);
+    long long entries = PyLong_AsLongLong(args[2]);
+    long long key_hash = PyLong_AsLongLong(args[3]);
+    if (PyErr_Occurred()) return NULL;
+    if (slots <= 0 || key_hash < 0) Py_RETURN_NONE;
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0) return NULL;
+    const unsigned char *buf = view.buf;
+    Py_ssize_t length = view.len;
+    PyObject *found = NULL;
+    long long slot_at = INDEX_HEADER_SIZE + (key_hash % slots) * INDEX_SLOT_SIZE;
+    long long entries_at = INDEX_HEADER_SIZE + slots * INDEX_SLOT_SIZE;
+    if (slot_at + INDEX_SLOT_SIZE > length) goto slow;
+    int32_t count = (int32_t)be32(buf + INDEX_OFFSET_INDEX_COUNT);
+    if (count < 1) count = 1;
+    int32_t number = (int32_t)be32(buf + slot_at);
+    found = PyList_New(0);
+    if (found == NULL) goto done;
+    if (number <= 0 || number > count || count <= 1) goto done;
+    for (int32_t step = 0; step < count; step++) {
+        if (number >= entries) goto done;
+        long long at = entries_at + (long long)number * INDEX_ENTRY_SIZE;
+        if (at + INDEX_ENTRY_SIZE > length) goto slow;
+        const unsigned char *entry = buf + at;
+        if ((int32_t)be32(entry) == key_hash) {
+            PyObject *offset = PyLong_FromLongLong(be64(entry + 4));
+            if (offset == NULL || PyList_Append(found, offset) < 0) {
+                Py_XDECREF(offset);
+                Py_CLEAR(found);
+                goto done;
+            }
+            Py_DECREF(offset);
+        }
+        int32_t prev = (int32_t)be32(entry + 16);
+        if (prev <= 0 || prev > count || prev == number) goto done;
+        number = prev;
+    }
+    goto done;
+slow:
+    Py_CLEAR(found);
+    found = Py_NewRef(Py_None);
+done:
+    PyBuffer_Release(&view);
+    return found;
+}
+
+/* ---- Records ------------------------------------------------------------------------ */
+
+/* Set once by record.py: the Record class, the (cached) SocketAddress factory and
+ * zlib.crc32. */
+static PyObject *record_type = NULL;
+static PyObject *address_factory = NULL;
+static PyObject *crc32_function = NULL;
+/* The property names nearly every record has, shared instead of decoded each time. */
+static PyObject *name_keys = NULL, *name_tags = NULL, *name_uniq_key = NULL;
+
+/* The last host seen in each role: records name few distinct hosts. */
+typedef struct {
+    unsigned char raw[20];
+    Py_ssize_t width;
+    PyObject *address;
+} HostCache;
+static HostCache born_cache, store_cache;
+
+static PyObject *configure(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "configure takes (Record, address, crc32)");
+        return NULL;
+    }
+    Py_XSETREF(record_type, Py_NewRef(args[0]));
+    Py_XSETREF(address_factory, Py_NewRef(args[1]));
+    Py_XSETREF(crc32_function, Py_NewRef(args[2]));
+    Py_CLEAR(born_cache.address);
+    Py_CLEAR(store_cache.address);
+    Py_RETURN_NONE;
+}
+
+/* The SocketAddress of an address (4 or 16 bytes) followed by an int32 port. */
+static PyObject *host_at(HostCache *cache, const unsigned char *p, Py_ssize_t width) {
+    if (cache->address != NULL && cache->width == width && memcmp(cache->raw, p, width + 4) == 0)
+        return Py_NewRef(cache->address);
+    PyObject *ip = PyBytes_FromStringAndSize((const char *)p, width);
+    if (ip == NULL) return NULL;
+    PyObject *port = PyLong_FromLong((int32_t)be32(p + width));
+    if (port == NULL) {
+        Py_DECREF(ip);
+        return NULL;
+    }
+    PyObject *address = PyObject_CallFunctionObjArgs(address_factory, ip, port, NULL);
+    Py_DECREF(ip);
+    Py_DECREF(port);
+    if (address == NULL) return NULL;
+    memcpy(cache->raw, p, width + 4);
+    cache->width = width;
+    Py_XSETREF(cache->address, Py_NewRef(address));
+    return address;
+}
+
+static PyObject *property_name(const unsigned char *p, Py_ssize_t n) {
+    if (n == 4 && memcmp(p, "KEYS", 4) == 0) return Py_NewRef(name_keys);
+    if (n == 4 && memcmp(p, "TAGS", 4) == 0) return Py_NewRef(name_tags);
+    if (n == 8 && memcmp(p, "UNIQ_KEY", 8) == 0) return Py_NewRef(name_uniq_key);
+    return PyUnicode_DecodeUTF8((const char *)p, n, "replace");
+}
+
+/* properties.decode_properties: segments split on 0x02, each cut at its first 0x01;
+ * empty names or values dropped, a later duplicate wins. Splitting the bytes before
+ * decoding gives the same texts as decoding first: 0x01 and 0x02 are ASCII, never part
+ * of a UTF-8 sequence, so the "replace" decoder resynchronises on them either way. */
+static PyObject *decode_properties(const unsigned char *p, Py_ssize_t n) {
+    PyObject *result = PyDict_New();
+    if (result == NULL) return NULL;
+    const unsigned char *end = p + n;
+    while (p < end) {
+        const unsigned char *segment_end = memchr(p, 0x02, end - p);
+        if (segment_end == NULL) segment_end = end;
+        const unsigned char *separator = memchr(p, 0x01, segment_end - p);
+        if (separator != NULL && separator > p && separator + 1 < segment_end) {
+            PyObject *name = property_name(p, separator - p);
+            PyObject *value = name == NULL ? NULL
+                : PyUnicode_DecodeUTF8((const char *)separator + 1, segment_end - separator - 1, "replace");
+            if (value == NULL || PyDict_SetItem(result, name, value) < 0) {
+                Py_XDECREF(name);
+                Py_XDECREF(value);
+                Py_DECREF(result);
+                return NULL;
+            }
+            Py_DECREF(name);
+            Py_DECREF(value);
+        }
+        p = segment_end + 1;
+    }
+    return result;
+}
+
+/* decode_record(buf, pos, check_crc, end) -> Record | None: the v1/v2 record at
+ * buf[pos:], reading nothing at or past end; None for anything else (record.py then
+ * decodes it and says what it is). */
+static PyObject *decode_record(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "decode_record takes (buf, pos, check_crc, end)");
+        return NULL;
+    }
+    if (record_type == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "_speedups.configure was not called");
+        return NULL;
+    }
+    Py_ssize_t pos = PyLong_AsSsize_t(args[1]);
+    int check_crc = PyObject_IsTrue(args[2]);
+    Py_ssize_t end = PyLong_AsSsize_t(args[3]);
+    if (PyErr_Occurred() || check_crc < 0) return NULL;
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0) return NULL;
+    PyObject *result = NULL;
+    PyObject *fields[17] = {NULL};
+    if (end > view.len) end = view.len;
+    if (pos < 0 || pos > end - 8) goto slow;
+    const unsigned char *r = (const unsigned char *)view.buf + pos;
+    int64_t total = (int32_t)be32(r);
+    uint32_t magic = be32(r + 4);
+    int version;
+    int64_t minimum;
+    if (magic == MAGIC_V1) {
+        version = 1;
+        minimum = MINIMUM_SIZE_V1;
+    } else if (magic == MAGIC_V2) {
+        version = 2;
+        minimum = MINIMUM_SIZE_V2;
+    } else {
+        goto slow;
+    }
+    if (total < minimum || total > end - pos) goto slow;
+    int32_t sys_flag = (int32_t)be32(r + OFFSET_SYSFLAG);
+    Py_ssize_t born_width = sys_flag & BORNHOST_V6 ? 16 : 4;
+    Py_ssize_t store_width = sys_flag & STOREHOST_V6 ? 16 : 4;
+    const unsigned char *born = r + PREFIX_SIZE;
+    const unsigned char *store_ts = born + born_width + 4;
+    const unsigned char *store = store_ts + 8;
+    const unsigned char *reconsume = store + store_width + 4;
+    int64_t head_size = (reconsume + 16) - r;
+    if (head_size > total) goto slow;
+    int64_t body_length = (int32_t)be32(reconsume + 12);
+    int64_t width = version == 1 ? 1 : 2;
+    if (body_length < 0 || head_size + body_length + width > total) goto slow;
+    const unsigned char *body = r + head_size;
+    const unsigned char *cursor = body + body_length;
+    int64_t topic_length = version == 1 ? (int8_t)cursor[0] : be16(cursor);
+    cursor += width;
+    if (topic_length < 0 || (cursor - r) + topic_length + 2 > total) goto slow;
+    const unsigned char *topic = cursor;
+    cursor += topic_length;
+    int64_t properties_length = be16(cursor);
+    cursor += 2;
+    if (properties_length < 0 || (cursor - r) + properties_length > total) goto slow;
+    int64_t expected = minimum + (born_width == 16 ? 12 : 0) + (store_width == 16 ? 12 : 0) + body_length
+        + topic_length + properties_length;
+    if (total != expected) goto slow;
+    int32_t stored_crc = (int32_t)be32(r + 8);
+
+    fields[1] = PyBytes_FromStringAndSize((const char *)body, body_length);
+    if (fields[1] == NULL) goto done;
+    if (check_crc && body_length > 0) {
+        PyObject *crc = PyObject_CallOneArg(crc32_function, fields[1]);
+        if (crc == NULL) goto done;
+        unsigned long computed = PyLong_AsUnsignedLongMask(crc);
+        Py_DECREF(crc);
+        if ((int32_t)(computed & 0x7FFFFFFF) != stored_crc) goto slow;
+    }
+    fields[0] = PyUnicode_DecodeUTF8((const char *)topic, topic_length, "replace");
+    fields[2] = decode_properties(cursor, properties_length);
+    fields[3] = PyLong_FromLong((int32_t)be32(r + 12));                         /* queue_id */
+    fields[4] = PyLong_FromLong((int32_t)be32(r + 16));                         /* flag */
+    fields[5] = PyLong_FromLongLong(be64(r + 20));                              /* queue_offset */
+    fields[6] = PyLong_FromLongLong(be64(r + 28));                              /* commitlog_offset */
+    fields[7] = PyLong_FromLong(sys_flag);
+    fields[8] = PyLong_FromLongLong(be64(r + 40));                              /* born_timestamp_ms */
+    fields[9] = host_at(&born_cache, born, born_width);
+    fields[10] = PyLong_FromLongLong(be64(store_ts));
+    fields[11] = host_at(&store_cache, store, store_width);
+    fields[12] = PyLong_FromLong((int32_t)be32(reconsume));                     /* reconsume_times */
+    fields[13] = PyLong_FromLongLong(be64(reconsume + 4));                      /* prepared_transaction_offset */
+    fields[14] = PyLong_FromLong(stored_crc);
+    fields[15] = PyLong_FromLongLong(total);
+    fields[16] = PyLong_FromLong(version);
+    for (int i = 0; i < 17; i++)
+        if (fields[i] == NULL) goto done;
+    result = PyObject_Vectorcall(record_type, fields, 17, NULL);
+    goto done;
+slow:
+    result = Py_NewRef(Py_None);
+done:
+    for (int i = 0; i < 17; i++) Py_XDECREF(fields[i]);
+    PyBuffer_Release(&view);
+    return result;
+}
+
+/* ---- Encoding a batch --------------------------------------------------------------- */
+
+static inline void put32(unsigned char *p, uint32_t v) {
+    p[0] = v >> 24;
+    p[1] = v >> 16;
+    p[2] = v >> 8;
+    p[3] = v;
+}
+
+static inline void put64(unsigned char *p, uint64_t v) {
+    put32(p, v >> 32);
+    put32(p + 4, (uint32_t)v);
+}
+
+/* A SocketAddress's address bytes (borrowed into *ip) and port; -1 with an error set. */
+static int host_fields(PyObject *host, PyObject **ip, long *port) {
+    PyObject *address = PyObject_GetAttrString(host, "ip");
+    if (address == NULL) return -1;
+    PyObject *port_object = PyObject_GetAttrString(host, "port");
+    if (port_object == NULL) {
+        Py_DECREF(address);
+        return -1;
+    }
+    *port = PyLong_AsLong(port_object);
+    Py_DECREF(port_object);
+    if (!PyBytes_Check(address) || (PyBytes_GET_SIZE(address) != 4 && PyBytes_GET_SIZE(address) != 16)) {
+        Py_DECREF(address);
+        PyErr_SetString(PyExc_ValueError, "a host address is 4 or 16 bytes");
+        return -1;
+    }
+    *ip = address; /* a new reference: the caller releases it */
+    return *port == -1 && PyErr_Occurred() ? -1 : 0;
+}
+
+static inline unsigned char *put_host(unsigned char *p, PyObject *ip, long port) {
+    Py_ssize_t width = PyBytes_GET_SIZE(ip);
+    memcpy(p, PyBytes_AS_STRING(ip), width);
+    put32(p + width, (uint32_t)port);
+    return p + width + 4;
+}
+
+/* encode_records(first_offset, queue_ids, flags, queue_offsets, born_timestamps_ms,
+ *                born_hosts, bodies, topics, properties, store_timestamp_ms, store_host,
+ *                now_ms) -> (bytes, sizes)
+ *
+ * The v1 records of a batch (record.encode_record's bytes: MessageExtEncoder), joined,
+ * laid out one after another from first_offset (their PHYSICALOFFSETs), and each one's
+ * size. A born timestamp of 0 becomes now_ms. Topics are str, bodies and properties
+ * bytes; the caller has validated their lengths (a topic ≤ 127 UTF-8 bytes, properties
+ * ≤ 32767). */
+static PyObject *encode_records(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 12) {
+        PyErr_SetString(PyExc_TypeError, "encode_records takes 12 arguments");
+        return NULL;
+    }
+    long long first_offset = PyLong_AsLongLong(args[0]);
+    long long store_timestamp = PyLong_AsLongLong(args[9]);
+    long long now = PyLong_AsLongLong(args[11]);
+    if (PyErr_Occurred()) return NULL;
+    PyObject *columns[8];
+    for (int i = 0; i < 8; i++) {
+        columns[i] = args[i + 1];
+        if (!PyList_Check(columns[i])) {
+            PyErr_SetString(PyExc_TypeError, "encode_records takes its columns as lists");
+            return NULL;
+        }
+    }
+    PyObject *queue_ids = columns[0], *flags = columns[1], *queue_offsets = columns[2], *born_timestamps = columns[3],
+             *born_hosts = columns[4], *bodies = columns[5], *topics = columns[6], *properties = columns[7];
+    Py_ssize_t count = PyList_GET_SIZE(bodies);
+    for (int i = 0; i < 8; i++) {
+        if (PyList_GET_SIZE(columns[i]) != count) {
+            PyErr_SetString(PyExc_ValueError, "encode_records: columns of different lengths");
+            return NULL;
+        }
+    }
+    PyObject *store_ip = NULL, *born_ip = NULL, *born_host = NULL;
+    long store_port = 0, born_port = 0;
+    PyObject *sizes = NULL, *joined = NULL, *result = NULL;
+    if (host_fields(args[10], &store_ip, &store_port) < 0) goto done;
+    int store_v6 = PyBytes_GET_SIZE(store_ip) == 16;
+    sizes = PyList_New(count);
+    if (sizes == NULL) goto done;
+
+    /* Sizes first: the one allocation for the whole batch. */
+    Py_ssize_t total = 0;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *body = PyList_GET_ITEM(bodies, i), *topic = PyList_GET_ITEM(topics, i),
+                 *property_bytes = PyList_GET_ITEM(properties, i), *host = PyList_GET_ITEM(born_hosts, i);
+        Py_ssize_t topic_length;
+        if (!PyBytes_Check(body) || !PyBytes_Check(property_bytes)) {
+            PyErr_SetString(PyExc_TypeError, "bodies and properties are bytes");
+            goto done;
+        }
+        if (PyUnicode_AsUTF8AndSize(topic, &topic_length) == NULL) goto done;
+        if (topic_length > 127 || PyBytes_GET_SIZE(property_bytes) > 32767) {
+            PyErr_SetString(PyExc_ValueError, "a topic is at most 127 bytes and properties at most 32767");
+            goto done;
+        }
+        if (host != born_host) { /* consecutive messages mostly share one SocketAddress */
+            Py_CLEAR(born_ip);
+            if (host_fields(host, &born_ip, &born_port) < 0) goto done;
+            born_host = host;
+        }
+        Py_ssize_t size = 75 + (PyBytes_GET_SIZE(born_ip) == 16 ? 20 : 8) + (store_v6 ? 20 : 8)
+            + PyBytes_GET_SIZE(body) + topic_length + PyBytes_GET_SIZE(property_bytes);
+        PyObject *size_object = PyLong_FromSsize_t(size);
+        if (size_object == NULL) goto done;
+        PyList_SET_ITEM(sizes, i, size_object);
+        total += size;
+    }
+    joined = PyBytes_FromStringAndSize(NULL, total);
+    if (joined == NULL) goto done;
+    unsigned char *p = (unsigned char *)PyBytes_AS_STRING(joined);
+    long long offset = first_offset;
+    born_host = NULL;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *body = PyList_GET_ITEM(bodies, i), *property_bytes = PyList_GET_ITEM(properties, i),
+                 *host = PyList_GET_ITEM(born_hosts, i);
+        if (host != born_host) {
+            Py_CLEAR(born_ip);
+            if (host_fields(host, &born_ip, &born_port) < 0) goto done;
+            born_host = host;
+        }
+        Py_ssize_t topic_length, body_length = PyBytes_GET_SIZE(body);
+        const char *topic = PyUnicode_AsUTF8AndSize(PyList_GET_ITEM(topics, i), &topic_length);
+        long long size = PyLong_AsLongLong(PyList_GET_ITEM(sizes, i));
+        long queue_id = PyLong_AsLong(PyList_GET_ITEM(queue_ids, i));
+        long flag = PyLong_AsLong(PyList_GET_ITEM(flags, i));
+        long long queue_offset = PyLong_AsLongLong(PyList_GET_ITEM(queue_offsets, i));
+        PyObject *born_timestamp_object = PyList_GET_ITEM(born_timestamps, i);
+        long long born_timestamp = born_timestamp_object == Py_None ? 0 : PyLong_AsLongLong(born_timestamp_object);
+        if (PyErr_Occurred()) goto done;
+        if (queue_id < INT32_MIN || queue_id > INT32_MAX || flag < INT32_MIN || flag > INT32_MAX) {
+            PyErr_SetString(PyExc_OverflowError, "a queue id or flag is outside int32");
+            goto done;
+        }
+        uint32_t crc = 0;
+        if (body_length > 0) { /* UtilAll.crc32: zlib's CRC-32 & 0x7FFFFFFF, 0 for no body */
+            PyObject *computed = PyObject_CallOneArg(crc32_function, body);
+            if (computed == NULL) goto done;
+            crc = (uint32_t)PyLong_AsUnsignedLongMask(computed) & 0x7FFFFFFF;
+            Py_DECREF(computed);
+        }
+        int born_v6 = PyBytes_GET_SIZE(born_ip) == 16;
+        put32(p, (uint32_t)size);
+        put32(p + 4, MAGIC_V1);
+        put32(p + 8, crc);
+        put32(p + 12, (uint32_t)queue_id);
+        put32(p + 16, (uint32_t)flag);
+        put64(p + 20, (uint64_t)queue_offset);
+        put64(p + 28, (uint64_t)offset);
+        put32(p + 36, (born_v6 ? BORNHOST_V6 : 0) | (store_v6 ? STOREHOST_V6 : 0));
+        put64(p + 40, (uint64_t)(born_timestamp ? born_timestamp : now));
+        unsigned char *q = put_host(p + PREFIX_SIZE, born_ip, born_port);
+        put64(q, (uint64_t)store_timestamp);
+        q = put_host(q + 8, store_ip, store_port);
+        put32(q, 0);      /* RECONSUMETIMES */
+        put64(q + 4, 0);  /* PREPAREDTRANSACTIONOFFSET */
+        put32(q + 12, (uint32_t)body_length);
+        q += 16;
+        memcpy(q, PyBytes_AS_STRING(body), body_length);
+        q += body_length;
+        *q++ = (unsigned char)topic_length;
+        memcpy(q, topic, topic_length);
+        q += topic_length;
+        Py_ssize_t properties_length = PyBytes_GET_SIZE(property_bytes);
+        q[0] = (unsigned char)(properties_length >> 8);
+        q[1] = (unsigned char)properties_length;
+        memcpy(q + 2, PyBytes_AS_STRING(property_bytes), properties_length);
+        q += 2 + properties_length;
+        if (q - p != size) {
+            PyErr_SetString(PyExc_AssertionError, "encode_records: a record's bytes differ from its size");
+            goto done;
+        }
+        p = q;
+        offset += size;
+    }
+    result = PyTuple_Pack(2, joined, sizes);
+done:
+    Py_XDECREF(store_ip);
+    Py_XDECREF(born_ip);
+    Py_XDECREF(sizes);
+    Py_XDECREF(joined);
+    return result;
+}
+
+/* encode_common_properties(order, keys, tags, uniq_keys) -> list[bytes]
+ *
+ * properties.encode_messages_properties for messages with KEYS (a list of str, joined
+ * with spaces), TAGS and UNIQ_KEY and no properties of their own: "name 0x01 value"
+ * joined by 0x02, the names in broker order, given as positions in (KEYS, TAGS,
+ * UNIQ_KEY). */
+static PyObject *encode_common_properties(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    static const char *names[3] = {"KEYS", "TAGS", "UNIQ_KEY"};
+    static const Py_ssize_t name_lengths[3] = {4, 4, 8};
+    if (nargs != 4 || !PyTuple_Check(args[0]) || PyTuple_GET_SIZE(args[0]) != 3 || !PyList_Check(args[1])
+        || !PyList_Check(args[2]) || !PyList_Check(args[3])) {
+        PyErr_SetString(PyExc_TypeError, "encode_common_properties takes (order, keys, tags, uniq_keys)");
+        return NULL;
+    }
+    int order[3];
+    for (int i = 0; i < 3; i++) {
+        order[i] = (int)PyLong_AsLong(PyTuple_GET_ITEM(args[0], i));
+        if (order[i] < 0 || order[i] > 2) {
+            if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "order holds positions 0, 1 and 2");
+            return NULL;
+        }
+    }
+    PyObject *keys = args[1], *tags = args[2], *uniq_keys = args[3];
+    Py_ssize_t count = PyList_GET_SIZE(keys);
+    if (PyList_GET_SIZE(tags) != count || PyList_GET_SIZE(uniq_keys) != count) {
+        PyErr_SetString(PyExc_ValueError, "encode_common_properties: columns of different lengths");
+        return NULL;
+    }
+    PyObject *result = PyList_New(count);
+    if (result == NULL) return NULL;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *key_list = PySequence_Fast(PyList_GET_ITEM(keys, i), "KEYS is a sequence of str");
+        if (key_list == NULL) goto fail;
+        Py_ssize_t key_count = PySequence_Fast_GET_SIZE(key_list);
+        const char *values[3];
+        Py_ssize_t lengths[3];
+        lengths[0] = key_count > 0 ? key_count - 1 : 0; /* the spaces */
+        for (Py_ssize_t k = 0; k < key_count; k++) {
+            Py_ssize_t length;
+            if (PyUnicode_AsUTF8AndSize(PySequence_Fast_GET_ITEM(key_list, k), &length) == NULL) {
+                Py_DECREF(key_list);
+                goto fail;
+            }
+            lengths[0] += length;
+        }
+        values[1] = PyUnicode_AsUTF8AndSize(PyList_GET_ITEM(tags, i), &lengths[1]);
+        values[2] = values[1] == NULL ? NULL : PyUnicode_AsUTF8AndSize(PyList_GET_ITEM(uniq_keys, i), &lengths[2]);
+        if (values[2] == NULL) {
+            Py_DECREF(key_list);
+            goto fail;
+        }
+        Py_ssize_t total = 2; /* the two 0x02 separators */
+        for (int n = 0; n < 3; n++) total += name_lengths[n] + 1 + lengths[n];
+        PyObject *encoded = PyBytes_FromStringAndSize(NULL, total);
+        if (encoded == NULL) {
+            Py_DECREF(key_list);
+            goto fail;
+        }
+        char *p = PyBytes_AS_STRING(encoded);
+        for (int n = 0; n < 3; n++) {
+            int field = order[n];
+            if (n > 0) *p++ = 0x02;
+            memcpy(p, names[field], name_lengths[field]);
+            p += name_lengths[field];
+            *p++ = 0x01;
+            if (field == 0) {
+                for (Py_ssize_t k = 0; k < key_count; k++) {
+                    Py_ssize_t length;
+                    const char *key = PyUnicode_AsUTF8AndSize(PySequence_Fast_GET_ITEM(key_list, k), &length);
+                    if (k > 0) *p++ = ' ';
+                    memcpy(p, key, length);
+                    p += length;
+                }
+            } else {
+                memcpy(p, values[field], lengths[field]);
+                p += lengths[field];
+            }
+        }
+        Py_DECREF(key_list);
+        PyList_SET_ITEM(result, i, encoded);
+    }
+    return result;
+fail:
+    Py_DECREF(result);
+    return NULL;
+}
+
+static PyMethodDef methods[] = {
+    {"java_string_hash", (PyCFunction)java_string_hash, METH_O, "String.hashCode of a str, as a signed int32."},
+    {"index_key_hash", (PyCFunction)(void (*)(void))index_key_hash, METH_FASTCALL,
+     "index_key_hash(topic, key): IndexFile.indexKeyHashMethod of topic#key."},
+    {"matching_offsets", (PyCFunction)(void (*)(void))matching_offsets, METH_FASTCALL,
+     "matching_offsets(buf, slots, entries, key_hash) -> list[int] | None."},
+    {"configure", (PyCFunction)(void (*)(void))configure, METH_FASTCALL,
+     "configure(Record, address, crc32): what decode_record builds records with."},
+    {"decode_record", (PyCFunction)(void (*)(void))decode_record, METH_FASTCALL,
+     "decode_record(buf, pos, check_crc, end) -> Record | None."},
+    {"encode_common_properties", (PyCFunction)(void (*)(void))encode_common_properties, METH_FASTCALL,
+     "encode_common_properties(order, keys, tags, uniq_keys) -> list[bytes]."},
+    {"encode_records", (PyCFunction)(void (*)(void))encode_records, METH_FASTCALL,
+     "encode_records(first_offset, queue_ids, flags, queue_offsets, born_timestamps_ms, born_hosts, bodies, "
+     "topics, properties, store_timestamp_ms, store_host, now_ms) -> (bytes, sizes)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module_def = {
+    PyModuleDef_HEAD_INIT, "_speedups", "Compiled fast paths of rmqstore's codecs.", -1, methods, NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC PyInit__speedups(void) {
+    name_keys = PyUnicode_InternFromString("KEYS");
+    name_tags = PyUnicode_InternFromString("TAGS");
+    name_uniq_key = PyUnicode_InternFromString("UNIQ_KEY");
+    if (name_keys == NULL || name_tags == NULL || name_uniq_key == NULL) return NULL;
+    return PyModule_Create(&module_def);
+}

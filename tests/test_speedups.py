@@ -1,0 +1,400 @@
+"""The compiled fast paths (common/codec/_speedups.c) against the Python definitions.
+
+Each fast path either gives exactly what its Python function gives, or hands the bytes
+back (None) so that the Python function decides; it never gives anything else. These
+tests hold both to that on the Apache-written fixture and on mutated and random bytes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import struct
+import zlib
+from types import SimpleNamespace
+
+import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+
+from rmqstore.common.codec import index as ix
+from rmqstore.common.codec import javahash, record
+from rmqstore.common.codec import properties as props
+from rmqstore.common.codec.hosts import SocketAddress
+from rmqstore.common.codec.record import Blank, Record, decode_record, encode_record
+from rmqstore.common.codec.speedups import _speedups
+from rmqstore.common.errors import Corruption, CrcMismatch
+from rmqstore.common.files.index import IndexFile
+
+from conftest import CLEAN, FIXTURE_SIZES, read_jsonl
+
+pytestmark = pytest.mark.skipif(_speedups is None, reason="RMQSTORE_PURE_PYTHON=1: the Python paths alone")
+
+
+def test_every_install_builds_the_extension() -> None:
+    """A broken build must not pass as the (slower) Python paths: CI installs the project
+    as users do, so the extension is there unless the Python paths are asked for."""
+    assert os.environ.get("RMQSTORE_PURE_PYTHON") != "1"
+    assert _speedups is not None
+    assert record.decode_record.__module__ == "rmqstore.common.codec.record"
+    assert javahash.java_string_hash is _speedups.java_string_hash
+    assert javahash.topic_key_hash is _speedups.index_key_hash
+
+
+# String.hashCode
+
+
+@given(st.text(max_size=200))
+@example("")
+@example("\U0001f600 emoji outside the BMP")
+@example("\ud800 lone surrogate")
+@example("é Latin-1 and ÿ")
+@example("polygenelubricants")  # hashCode is Integer.MIN_VALUE
+def test_java_string_hash_matches_the_python_definition(text: str) -> None:
+    assert _speedups.java_string_hash(text) == javahash.python_java_string_hash(text)
+
+
+@given(st.text(max_size=60), st.text(max_size=60))
+@example("", "")
+@example("TopicTest", "\U0001f600")
+def test_topic_key_hash_is_the_index_hash_of_topic_hash_key(topic: str, key: str) -> None:
+    h = javahash.python_java_string_hash(f"{topic}#{key}")
+    expected = 0 if h == -(2**31) else abs(h)
+    assert _speedups.index_key_hash(topic, key) == expected
+
+
+def _topic_key_hashing_to_integer_min_value(topic: str) -> str:
+    """A key whose topic#key has hashCode Integer.MIN_VALUE: "k", then seven characters
+    that are the base-31 digits of what the polynomial still needs
+    (h·31⁷ + Σ dᵢ·31^(6−i) ≡ 2³¹ mod 2³², and 31⁷ > 2³²)."""
+    rest = (2**31 - javahash.python_java_string_hash(f"{topic}#k") * 31**7) % 2**32
+    digits = []
+    for _ in range(7):
+        rest, digit = divmod(rest, 31)
+        digits.append(chr(digit))
+    return "k" + "".join(reversed(digits))
+
+
+def test_topic_key_hash_of_integer_min_value_is_zero() -> None:
+    key = _topic_key_hashing_to_integer_min_value("TopicTest")
+    assert javahash.python_java_string_hash(f"TopicTest#{key}") == -(2**31)
+    assert _speedups.index_key_hash("TopicTest", key) == 0
+    assert _speedups.index_key_hash("TopicTest", key + "x") != 0
+
+
+def test_hash_arguments_are_checked() -> None:
+    with pytest.raises(TypeError, match="takes a str"):
+        _speedups.java_string_hash(b"bytes")
+    with pytest.raises(TypeError, match=r"takes \(topic: str, key: str\)"):
+        _speedups.index_key_hash("T", 1)
+
+
+# Records
+
+
+def _fixture_log() -> bytes:
+    return b"".join(path.read_bytes() for path in sorted((CLEAN / "commitlog").iterdir()))
+
+
+def _python(buf: bytes | memoryview, pos: int, *, check_crc: bool = True, end: int | None = None) -> object:
+    """What the Python definition gives: an item, or the exception it raises."""
+    try:
+        return record._decode_record(buf, pos, pos, check_crc, len(buf) if end is None else end)
+    except Exception as error:  # the outcome under comparison
+        return error
+
+
+def test_every_fixture_record_decodes_the_same_on_both_paths() -> None:
+    data = _fixture_log()
+    file_size = FIXTURE_SIZES.commitlog_file_size_bytes
+    compared = 0
+    for start in range(0, len(data), file_size):
+        chunk = memoryview(data)[start : start + file_size]
+        pos = 0
+        while pos < len(chunk):
+            expected = _python(chunk, pos)
+            fast = _speedups.decode_record(chunk, pos, True, len(chunk))
+            if isinstance(expected, Record):
+                assert fast == expected
+                assert dataclasses.astuple(fast) == dataclasses.astuple(expected)
+                compared += 1
+                pos += expected.size
+            else:
+                assert fast is None  # a Blank or the zeros after the data
+                break
+    dump = read_jsonl(CLEAN.parent / "store-clean-commitlog-dump.jsonl")
+    assert compared == len(dump) == 2007  # every record Apache's dump lists
+
+
+def _sample_record(**changes: object) -> bytes:
+    fields = dict(
+        topic="TopicTest",
+        body=b"hello body",
+        properties={"KEYS": "order-1 cust-9", "TAGS": "TagA", "UNIQ_KEY": "7F00000100002A9F0000000000000001"},
+        queue_id=3,
+        flag=5,
+        queue_offset=42,
+        commitlog_offset=4096,
+        sys_flag=0,
+        born_timestamp_ms=1_795_000_000_000,
+        born_host=SocketAddress(b"\x7f\x00\x00\x01", 50123),
+        store_timestamp_ms=1_795_000_000_007,
+        store_host=SocketAddress(b"\x0a\x00\x00\x02", 10911),
+        reconsume_times=2,
+        prepared_transaction_offset=77,
+    )
+    fields.update(changes)
+    return encode_record(Record(**fields))  # type: ignore[arg-type]
+
+
+V6 = SocketAddress(bytes(range(16)), 443)
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {},
+        {"born_host": V6},
+        {"store_host": V6},
+        {"born_host": V6, "store_host": V6},
+        {"body": b""},
+        {"properties": {}},
+        {"topic": "é-not-ascii"},
+        {"properties": {"KEYS": "k", "WEIRD\x01NAME": "v\x01w", "TAGS": "t"}},
+        {"sys_flag": 0xC},
+    ],
+    ids=["ipv4", "born-v6", "store-v6", "both-v6", "empty-body", "no-properties", "utf8-topic", "0x01-in-value", "rollback"],
+)
+def test_well_formed_records_decode_the_same(changes: dict[str, object]) -> None:
+    encoded = b"\x00" * 7 + _sample_record(**changes) + b"\x00" * 5
+    expected = _python(encoded, 7)
+    assert isinstance(expected, Record)
+    assert _speedups.decode_record(encoded, 7, True, len(encoded)) == expected
+    assert decode_record(encoded, 7) == expected
+
+
+def test_version_2_records_decode_the_same() -> None:
+    v1 = bytearray(_sample_record())
+    topic_at = len(v1) - 2 - len(b"KEYS\x01order-1 cust-9\x02TAGS\x01TagA\x02UNIQ_KEY\x017F00000100002A9F0000000000000001")
+    topic_at -= len(b"TopicTest") + 1
+    # v2: magic DAA320AB, a 2-byte TOPICLENGTH, one byte longer.
+    v2 = v1[:topic_at] + struct.pack(">h", v1[topic_at]) + v1[topic_at + 1 :]
+    struct.pack_into(">ii", v2, 0, len(v2), record.MAGIC_V2)
+    expected = _python(bytes(v2), 0)
+    assert isinstance(expected, Record) and expected.version == 2 and expected.topic == "TopicTest"
+    assert _speedups.decode_record(bytes(v2), 0, True, len(v2)) == expected
+
+
+@pytest.mark.parametrize(
+    "name, mutate, error",
+    [
+        ("zeros", lambda b: bytes(len(b)), None),
+        ("blank", lambda b: struct.pack(">ii", len(b), record.BLANK_MAGIC) + b[8:], Blank),
+        ("bad magic", lambda b: b[:4] + b"\x01\x02\x03\x04" + b[8:], Corruption),
+        ("size past the end", lambda b: struct.pack(">i", len(b) + 1) + b[4:], Corruption),
+        ("size below the minimum", lambda b: struct.pack(">i", 90) + b[4:], Corruption),
+        ("body CRC", lambda b: b[:8] + struct.pack(">i", 12345) + b[12:], CrcMismatch),
+        ("body length", lambda b: b[:84] + struct.pack(">i", 2**30) + b[88:], Corruption),
+        ("negative body length", lambda b: b[:84] + struct.pack(">i", -1) + b[88:], Corruption),
+        ("truncated", lambda b: b[:60], Corruption),
+    ],
+)
+def test_anything_but_a_good_record_is_handed_back(name: str, mutate, error) -> None:  # type: ignore[no-untyped-def]
+    bad = mutate(_sample_record())
+    assert _speedups.decode_record(bad, 0, True, len(bad)) is None
+    expected = _python(bad, 0)
+    if error is None:
+        assert expected is None
+    else:
+        assert isinstance(expected, error)
+    outcome: object
+    try:
+        outcome = decode_record(bad, 0)
+    except Corruption as raised:
+        outcome = raised
+    assert type(outcome) is type(expected)
+    assert str(outcome) == str(expected)
+
+
+def test_the_crc_is_checked_only_when_asked() -> None:
+    bad = bytearray(_sample_record())
+    bad[-40] ^= 0xFF  # inside the properties: the body CRC still holds
+    bad_body = bytearray(_sample_record())
+    bad_body[88] ^= 0xFF  # the body's first byte
+    assert _speedups.decode_record(bytes(bad_body), 0, True, len(bad_body)) is None
+    unchecked = _speedups.decode_record(bytes(bad_body), 0, False, len(bad_body))
+    assert unchecked == _python(bytes(bad_body), 0, check_crc=False)
+    assert unchecked.body[0] == ord("h") ^ 0xFF
+    assert zlib.crc32(unchecked.body) & 0x7FFFFFFF != unchecked.body_crc
+
+
+def test_the_end_limits_what_is_read() -> None:
+    encoded = _sample_record()
+    assert _speedups.decode_record(encoded, 0, True, len(encoded) - 1) is None
+    assert isinstance(_python(encoded, 0, end=len(encoded) - 1), Corruption)
+    assert _speedups.decode_record(encoded, 0, True, len(encoded) + 100) == _python(encoded, 0)
+    assert _speedups.decode_record(encoded, -1, True, len(encoded)) is None
+    assert _speedups.decode_record(encoded, len(encoded) - 4, True, len(encoded)) is None
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.data())
+def test_mutated_records_never_decode_differently(data: st.DataObject) -> None:
+    """Whatever a byte flip does, the fast path gives the Python result or hands back."""
+    encoded = bytearray(_sample_record(born_host=data.draw(st.sampled_from([V6, SocketAddress(b"\x01\x02\x03\x04", 1)]))))
+    for _ in range(data.draw(st.integers(1, 4))):
+        encoded[data.draw(st.integers(0, len(encoded) - 1))] = data.draw(st.integers(0, 255))
+    end = data.draw(st.integers(0, len(encoded)))
+    check_crc = data.draw(st.booleans())
+    fast = _speedups.decode_record(bytes(encoded), 0, check_crc, end)
+    expected = _python(bytes(encoded), 0, check_crc=check_crc, end=end)
+    if fast is not None:
+        assert fast == expected
+
+
+@given(st.binary(min_size=8, max_size=300))
+def test_random_properties_decode_the_same(properties: bytes) -> None:
+    encoded = _sample_record()
+    head_and_body = encoded[: 88 + len(b"hello body")]
+    tail = bytes([len(b"TopicTest")]) + b"TopicTest" + struct.pack(">h", len(properties)) + properties
+    rebuilt = bytearray(head_and_body + tail)
+    struct.pack_into(">i", rebuilt, 0, len(rebuilt))
+    expected = _python(bytes(rebuilt), 0)
+    assert isinstance(expected, Record)
+    assert _speedups.decode_record(bytes(rebuilt), 0, True, len(rebuilt)) == expected
+
+
+# Index chains
+
+
+def test_every_fixture_chain_walks_the_same() -> None:
+    for path in sorted((CLEAN / "index").iterdir()):
+        index_file = IndexFile.open(str(path), FIXTURE_SIZES.index_slots, FIXTURE_SIZES.index_entries, writable=False)
+        try:
+            buf = index_file.mapped.buf
+            hashes = {
+                ix.ENTRY.unpack_from(buf, ix.entry_position(index_file.slots, n))[0]
+                for n in range(1, index_file.header.index_count)
+            }
+            assert len(hashes) > 10
+            walked = 0
+            for key_hash in sorted(hashes) + [1, 499, 12345]:
+                expected = list(index_file._matching_offsets(buf, key_hash))
+                assert _speedups.matching_offsets(buf, index_file.slots, index_file.entries, key_hash) == expected
+                walked += len(expected)
+            assert walked >= index_file.header.index_count - 1
+        finally:
+            index_file.close()
+
+
+def test_a_chain_leading_outside_the_file_is_handed_back() -> None:
+    slots, entries = 4, 8
+    buf = bytearray(ix.HEADER_SIZE + slots * ix.SLOT_SIZE + 3 * ix.ENTRY_SIZE)  # 8 entries declared, 3 there
+    struct.pack_into(">i", buf, ix.HEADER_OFFSET_INDEX_COUNT, 6)
+    struct.pack_into(">i", buf, ix.slot_position(7 % slots), 5)  # slot → entry 5, past the buffer
+    assert _speedups.matching_offsets(bytes(buf), slots, entries, 7) is None
+    struct.pack_into(">i", buf, ix.slot_position(7 % slots), 2)
+    ix.ENTRY.pack_into(buf, ix.entry_position(slots, 2), 7, 1000, 0, 1)
+    ix.ENTRY.pack_into(buf, ix.entry_position(slots, 1), 7, 900, 0, 0)
+    assert _speedups.matching_offsets(bytes(buf), slots, entries, 7) == [1000, 900]
+    assert _speedups.matching_offsets(bytes(buf[:30]), slots, entries, 7) is None
+
+
+# Encoding a batch
+
+HOSTS = [SocketAddress(b"\x7f\x00\x00\x01", 50123), SocketAddress(b"\x0a\x00\x00\x07", 1), V6]
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["TopicA", "%RETRY%group", "T" * 127]),
+            st.binary(max_size=300),
+            st.binary(max_size=120),
+            st.integers(0, 2**31 - 1),
+            st.integers(-(2**31), 2**31 - 1),
+            st.integers(0, 2**63 - 1),
+            st.one_of(st.none(), st.just(0), st.integers(1, 2**62)),
+            st.sampled_from(HOSTS),
+        ),
+        min_size=1,
+        max_size=30,
+    ),
+    st.sampled_from(HOSTS),
+    st.integers(0, 2**40),
+)
+def test_batch_encoding_equals_the_python_definition(messages, store_host: SocketAddress, first_offset: int) -> None:  # type: ignore[no-untyped-def]
+    topics, bodies, properties, queue_ids, flags, queue_offsets, born_timestamps, born_hosts = (
+        list(column) for column in zip(*messages)
+    )
+    arguments = (first_offset, queue_ids, flags, queue_offsets, born_timestamps, born_hosts, bodies, topics, properties,
+                 1_795_000_000_123, store_host, 1_795_000_000_100)  # fmt: skip
+    joined, sizes = _speedups.encode_records(*arguments)
+    assert (joined, sizes) == record.python_encode_records(*arguments)
+    # And each record reads back with its own fields.
+    position = 0
+    for n, size in enumerate(sizes):
+        decoded = decode_record(joined, position)
+        assert isinstance(decoded, Record) and decoded.size == size
+        assert decoded.commitlog_offset == first_offset + position
+        assert (decoded.topic, decoded.body, decoded.queue_offset) == (topics[n], bodies[n], queue_offsets[n])
+        assert decoded.born_timestamp_ms == (born_timestamps[n] or 1_795_000_000_100)
+        assert decoded.born_host == born_hosts[n] and decoded.store_host == store_host
+        position += size
+    assert position == len(joined)
+
+
+def test_batch_encoding_refuses_what_it_cannot_encode() -> None:
+    host = HOSTS[0]
+
+    def encode(**changes: object) -> tuple[bytes, list[int]]:
+        columns: dict[str, object] = dict(
+            queue_ids=[0], flags=[0], queue_offsets=[0], born_timestamps=[None], born_hosts=[host], bodies=[b"x"],
+            topics=["T"], properties=[b""],
+        )
+        columns.update(changes)
+        return _speedups.encode_records(0, *columns.values(), 1, host, 1)
+
+    assert encode()[1] == [93]
+    with pytest.raises(ValueError, match="columns of different lengths"):
+        encode(flags=[0, 0])
+    with pytest.raises(TypeError, match="as lists"):
+        encode(bodies=(b"x",))
+    with pytest.raises(TypeError, match="bodies and properties are bytes"):
+        encode(bodies=["x"])
+    with pytest.raises(ValueError, match="a topic is at most 127 bytes"):
+        encode(topics=["T" * 128])
+    with pytest.raises(ValueError, match="4 or 16 bytes"):
+        encode(born_hosts=[SimpleNamespace(ip=b"\x01\x02", port=3)])
+    with pytest.raises(OverflowError, match="outside int32"):
+        encode(queue_ids=[2**40])
+    with pytest.raises(OverflowError):
+        encode(queue_offsets=[2**64])
+
+
+@given(
+    st.lists(
+        st.tuples(
+            st.lists(st.text(min_size=1, max_size=8).filter(lambda t: not any(0xD800 <= ord(c) < 0xE000 for c in t)), min_size=1, max_size=3),
+            st.text(min_size=1, max_size=8).filter(lambda t: not any(0xD800 <= ord(c) < 0xE000 for c in t)),
+            st.text(alphabet="0123456789ABCDEF", min_size=1, max_size=32),
+        ),
+        min_size=1,
+        max_size=20,
+    )
+)
+def test_common_properties_equal_the_template(messages: list[tuple[list[str], str, str]]) -> None:
+    keys, tags, uniq_keys = (list(column) for column in zip(*messages))
+    expected = [
+        props._KEYS_TAGS_UNIQ_KEY.format(" ".join(k), t, u).encode("utf-8") for k, t, u in zip(keys, tags, uniq_keys)
+    ]
+    assert _speedups.encode_common_properties(props._COMMON_ORDER, keys, tags, uniq_keys) == expected
+    assert props.encode_messages_properties([{}] * len(keys), keys, tags, uniq_keys) == expected
+
+
+def test_common_properties_refuse_what_utf8_cannot_hold() -> None:
+    with pytest.raises(UnicodeEncodeError):
+        _speedups.encode_common_properties(props._COMMON_ORDER, [["\ud800"]], ["t"], ["u"])
+    with pytest.raises(ValueError, match="positions 0, 1 and 2"):
+        _speedups.encode_common_properties((0, 1, 5), [["k"]], ["t"], ["u"])

@@ -24,13 +24,18 @@ COPY query query
 COPY service service
 COPY pipeline pipeline
 # setup.py compiles protos/ with grpcio-tools, a build requirement that pip installs in an
-# isolated build environment: it never reaches the virtualenv. Every runtime dependency
-# ships binary wheels, so no compiler is needed. pip and setuptools leave the virtualenv
+# isolated build environment: it never reaches the virtualenv. It also builds the codecs'
+# C extension (common/codec/_speedups.c), which needs a C compiler in this stage only;
+# every runtime dependency ships binary wheels. pip and setuptools leave the virtualenv
 # once it is complete.
+RUN apt-get update \
+ && apt-get install --yes --no-install-recommends gcc libc6-dev \
+ && rm -rf /var/lib/apt/lists/*
 RUN python -m venv /opt/venv \
  && /opt/venv/bin/pip install /src \
  && /opt/venv/bin/python -m pip uninstall --yes pip setuptools \
- && /opt/venv/bin/rmqstore --help > /dev/null
+ && /opt/venv/bin/rmqstore --help > /dev/null \
+ && /opt/venv/bin/python -c "from rmqstore.common.codec.speedups import _speedups; assert _speedups"
 
 # ---- runtime: the virtualenv, a non-root user, nothing else ----
 FROM ${PYTHON_IMAGE}

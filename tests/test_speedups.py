@@ -13,12 +13,13 @@ import struct
 import zlib
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from rmqstore.common.codec import index as ix
-from rmqstore.common.codec import javahash, record
+from rmqstore.common.codec import columnar, javahash, record
 from rmqstore.common.codec import properties as props
 from rmqstore.common.codec.hosts import SocketAddress
 from rmqstore.common.codec.record import Blank, Record, decode_record, encode_record
@@ -398,3 +399,57 @@ def test_common_properties_refuse_what_utf8_cannot_hold() -> None:
         _speedups.encode_common_properties(props._COMMON_ORDER, [["\ud800"]], ["t"], ["u"])
     with pytest.raises(ValueError, match="positions 0, 1 and 2"):
         _speedups.encode_common_properties((0, 1, 5), [["k"]], ["t"], ["u"])
+
+
+# Walking and checking records in bulk
+
+
+@given(st.lists(st.binary(max_size=700), min_size=1, max_size=20))
+@example([b""])
+@example([b"123456789"])  # the CRC-32 check value: CBF43926
+def test_body_crcs_are_utilcrc32_of_each_body(bodies: list[bytes]) -> None:
+    data = b"\xee" + b"".join(bodies)
+    lengths = np.array([len(b) for b in bodies], dtype=np.int64)
+    at = 1 + np.concatenate(([0], np.cumsum(lengths)[:-1])).astype(np.int64)
+    computed = np.frombuffer(_speedups.body_crcs(np.frombuffer(data, np.uint8), at, lengths), np.int64)
+    assert computed.tolist() == [record.body_crc(b) for b in bodies]
+    if bodies == [b"123456789"]:
+        assert computed.tolist() == [0xCBF43926 & 0x7FFFFFFF]
+
+
+def test_body_crcs_refuse_a_body_outside_the_data() -> None:
+    data = np.zeros(10, np.uint8)
+    with pytest.raises(ValueError, match="a body outside the data"):
+        _speedups.body_crcs(data, np.array([5], np.int64), np.array([6], np.int64))
+    with pytest.raises(ValueError, match="int64 columns of one length"):
+        _speedups.body_crcs(data, np.array([5], np.int64), np.array([1, 2], np.int64))
+
+
+def _walks(buf: bytes, position: int, stop: int, rows_max: int, bytes_max: int, monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
+    fast = columnar.walk(buf, position, stop=stop, rows_max=rows_max, bytes_max=bytes_max)
+    with monkeypatch.context() as patch:
+        patch.setattr(columnar, "_speedups", None)
+        python = columnar.walk(buf, position, stop=stop, rows_max=rows_max, bytes_max=bytes_max)
+    return fast, python
+
+
+def test_walks_of_the_fixture_log_are_the_same(monkeypatch: pytest.MonkeyPatch) -> None:
+    chunk = (CLEAN / "commitlog" / "00000000000000000000").read_bytes()
+    fast, python = _walks(chunk, 0, len(chunk), 10**6, 10**9, monkeypatch)
+    assert fast == python and fast.end is columnar.WalkEnd.BLANK and len(fast.starts) > 100
+    for rows_max, bytes_max, stop in [(7, 10**9, len(chunk)), (10**6, 5000, len(chunk)), (10**6, 10**9, 3000), (0, 10, 10)]:
+        assert _walks(chunk, 0, stop, rows_max, bytes_max, monkeypatch)[0] == _walks(chunk, 0, stop, rows_max, bytes_max, monkeypatch)[1]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.data())
+def test_walks_of_mutated_logs_are_the_same(data: st.DataObject) -> None:
+    records = [_sample_record(body=bytes(data.draw(st.integers(0, 50)))) for _ in range(data.draw(st.integers(1, 5)))]
+    buf = bytearray(b"".join(records) + bytes(data.draw(st.integers(0, 20))))
+    for _ in range(data.draw(st.integers(0, 3))):
+        buf[data.draw(st.integers(0, len(buf) - 1))] = data.draw(st.integers(0, 255))
+    stop = data.draw(st.integers(0, len(buf) + 5))
+    rows_max = data.draw(st.integers(0, 6))
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        fast, python = _walks(bytes(buf), 0, stop, rows_max, data.draw(st.integers(1, 2000)), monkeypatch)
+    assert fast == python

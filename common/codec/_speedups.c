@@ -8,6 +8,7 @@
  *   decode_record                      record.decode_record
  *   encode_records                     record.encode_record over a writer's batch
  *   encode_common_properties           properties.encode_messages_properties (KEYS, TAGS, UNIQ_KEY)
+ *   walk_starts, body_crcs             columnar.walk's loop, the bodies' CRCs of columnar.decode
  *
  * The fast paths only ever succeed. Where the bytes are anything but a well-formed
  * record or chain (a BLANK filler, zeros, a bad size or CRC, a read past the buffer), they
@@ -615,6 +616,121 @@ fail:
     return NULL;
 }
 
+/* ---- Walking and checking records in bulk (codec.columnar) -------------------------- */
+
+/* walk_starts(buf, position, limit, rows_max) -> (starts, position): record starts from
+ * position on while a header passes (v1/v2 magic, a size of at least the smallest
+ * record's that fits the buffer) and the next start is before limit; columnar.walk's
+ * loop, which then says why it ended. */
+static PyObject *walk_starts(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "walk_starts takes (buf, position, limit, rows_max)");
+        return NULL;
+    }
+    Py_ssize_t position = PyLong_AsSsize_t(args[1]);
+    Py_ssize_t limit = PyLong_AsSsize_t(args[2]);
+    Py_ssize_t rows_max = PyLong_AsSsize_t(args[3]);
+    if (PyErr_Occurred()) return NULL;
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0) return NULL;
+    const unsigned char *buf = view.buf;
+    Py_ssize_t size_end = view.len;
+    if (limit > size_end - 7) limit = size_end - 7; /* a header's 8 bytes must fit */
+    PyObject *starts = PyList_New(0), *result = NULL;
+    if (starts == NULL) goto done;
+    for (Py_ssize_t row = 0; row < rows_max && position >= 0 && position < limit; row++) {
+        int64_t size = (int32_t)be32(buf + position);
+        uint32_t magic = be32(buf + position + 4);
+        if ((magic != MAGIC_V1 && magic != MAGIC_V2) || size < MINIMUM_SIZE_V1 || position + size > size_end) break;
+        PyObject *start = PyLong_FromSsize_t(position);
+        if (start == NULL || PyList_Append(starts, start) < 0) {
+            Py_XDECREF(start);
+            goto done;
+        }
+        Py_DECREF(start);
+        position += size;
+    }
+    result = Py_BuildValue("(On)", starts, position);
+done:
+    Py_XDECREF(starts);
+    PyBuffer_Release(&view);
+    return result;
+}
+
+/* CRC-32 (zlib's: reflected polynomial 0xEDB88320), slicing by 8. */
+static uint32_t crc_table[8][256];
+
+static void crc_init(void) {
+    for (uint32_t n = 0; n < 256; n++) {
+        uint32_t c = n;
+        for (int k = 0; k < 8; k++) c = c & 1 ? 0xEDB88320u ^ (c >> 1) : c >> 1;
+        crc_table[0][n] = c;
+    }
+    for (uint32_t n = 0; n < 256; n++)
+        for (int t = 1; t < 8; t++) crc_table[t][n] = (crc_table[t - 1][n] >> 8) ^ crc_table[0][crc_table[t - 1][n] & 0xFF];
+}
+
+static uint32_t crc32_of(const unsigned char *p, Py_ssize_t n) {
+    uint32_t c = 0xFFFFFFFFu;
+    while (n >= 8) {
+        uint32_t low = c ^ ((uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24);
+        c = crc_table[7][low & 0xFF] ^ crc_table[6][(low >> 8) & 0xFF] ^ crc_table[5][(low >> 16) & 0xFF]
+            ^ crc_table[4][low >> 24] ^ crc_table[3][p[4]] ^ crc_table[2][p[5]] ^ crc_table[1][p[6]]
+            ^ crc_table[0][p[7]];
+        p += 8;
+        n -= 8;
+    }
+    while (n-- > 0) c = crc_table[0][(c ^ *p++) & 0xFF] ^ (c >> 8);
+    return c ^ 0xFFFFFFFFu;
+}
+
+/* body_crcs(data, at, length) -> bytes: UtilAll.crc32 of each body data[at:at+length]
+ * (zlib's CRC-32 & 0x7FFFFFFF, 0 for an empty body), as native int64s; at and length
+ * are int64 buffers. */
+static PyObject *body_crcs(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "body_crcs takes (data, at, length)");
+        return NULL;
+    }
+    Py_buffer data, at, length;
+    if (PyObject_GetBuffer(args[0], &data, PyBUF_SIMPLE) < 0) return NULL;
+    if (PyObject_GetBuffer(args[1], &at, PyBUF_SIMPLE) < 0) {
+        PyBuffer_Release(&data);
+        return NULL;
+    }
+    if (PyObject_GetBuffer(args[2], &length, PyBUF_SIMPLE) < 0) {
+        PyBuffer_Release(&data);
+        PyBuffer_Release(&at);
+        return NULL;
+    }
+    PyObject *result = NULL;
+    Py_ssize_t rows = at.len / 8;
+    if (at.len != length.len || at.len % 8 != 0) {
+        PyErr_SetString(PyExc_ValueError, "body_crcs: at and length are int64 columns of one length");
+        goto done;
+    }
+    const int64_t *ats = at.buf, *lengths = length.buf;
+    for (Py_ssize_t i = 0; i < rows; i++) {
+        if (ats[i] < 0 || lengths[i] < 0 || ats[i] + lengths[i] > data.len) {
+            PyErr_SetString(PyExc_ValueError, "body_crcs: a body outside the data");
+            goto done;
+        }
+    }
+    result = PyBytes_FromStringAndSize(NULL, rows * 8);
+    if (result == NULL) goto done;
+    int64_t *crcs = (int64_t *)PyBytes_AS_STRING(result);
+    const unsigned char *bytes = data.buf;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < rows; i++)
+        crcs[i] = lengths[i] ? (int64_t)(crc32_of(bytes + ats[i], lengths[i]) & 0x7FFFFFFF) : 0;
+    Py_END_ALLOW_THREADS
+done:
+    PyBuffer_Release(&data);
+    PyBuffer_Release(&at);
+    PyBuffer_Release(&length);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"java_string_hash", (PyCFunction)java_string_hash, METH_O, "String.hashCode of a str, as a signed int32."},
     {"index_key_hash", (PyCFunction)(void (*)(void))index_key_hash, METH_FASTCALL,
@@ -625,6 +741,10 @@ static PyMethodDef methods[] = {
      "configure(Record, address, crc32): what decode_record builds records with."},
     {"decode_record", (PyCFunction)(void (*)(void))decode_record, METH_FASTCALL,
      "decode_record(buf, pos, check_crc, end) -> Record | None."},
+    {"walk_starts", (PyCFunction)(void (*)(void))walk_starts, METH_FASTCALL,
+     "walk_starts(buf, position, limit, rows_max) -> (starts, position)."},
+    {"body_crcs", (PyCFunction)(void (*)(void))body_crcs, METH_FASTCALL,
+     "body_crcs(data, at, length) -> bytes of native int64 CRCs."},
     {"encode_common_properties", (PyCFunction)(void (*)(void))encode_common_properties, METH_FASTCALL,
      "encode_common_properties(order, keys, tags, uniq_keys) -> list[bytes]."},
     {"encode_records", (PyCFunction)(void (*)(void))encode_records, METH_FASTCALL,
@@ -642,5 +762,6 @@ PyMODINIT_FUNC PyInit__speedups(void) {
     name_tags = PyUnicode_InternFromString("TAGS");
     name_uniq_key = PyUnicode_InternFromString("UNIQ_KEY");
     if (name_keys == NULL || name_tags == NULL || name_uniq_key == NULL) return NULL;
+    crc_init();
     return PyModule_Create(&module_def);
 }

@@ -34,8 +34,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+
 from rmqstore.common.codec import sysflag
 from rmqstore.common.codec.hosts import SocketAddress
+from rmqstore.common.codec.speedups import _speedups
 from rmqstore.common.codec.properties import (
     KEYS,
     NAME_VALUE_SEPARATOR,
@@ -141,18 +143,20 @@ def walk(buf: bytes | bytearray | memoryview, position: int, *, stop: int, rows_
     record's and fits the buffer; :func:`decode` checks the rest.
     """
     unpack = _SIZE_MAGIC.unpack_from
-    starts: list[int] = []
-    append = starts.append
     size_end = len(buf)
     limit = min(stop, position + bytes_max, size_end - _SIZE_MAGIC.size + 1)
-    for _ in range(rows_max):
-        if position >= limit:
-            break
-        size, magic = unpack(buf, position)
-        if (magic != MAGIC_V1 and magic != MAGIC_V2) or size < _SIZE_MIN or position + size > size_end:
-            break
-        append(position)
-        position += size
+    if _speedups is not None:
+        starts, position = _speedups.walk_starts(buf, position, limit, rows_max)
+    else:
+        starts = []
+        for _ in range(rows_max):
+            if position >= limit:
+                break
+            size, magic = unpack(buf, position)
+            if (magic != MAGIC_V1 and magic != MAGIC_V2) or size < _SIZE_MIN or position + size > size_end:
+                break
+            starts.append(position)
+            position += size
     if position >= stop:
         return Walk(starts, position, WalkEnd.STOP)
     if position + _SIZE_MAGIC.size <= size_end:
@@ -435,9 +439,15 @@ def _first_false(flags: np.ndarray) -> int | None:
 
 def _first_crc_mismatch(data: np.ndarray, at: np.ndarray, length: np.ndarray, stored: np.ndarray) -> int | None:
     """The first row whose non-empty body's CRC differs from the stored one (§3.5)."""
-    view = data.data
-    bodies = map(view.__getitem__, map(slice, at.tolist(), (at + length).tolist()))
-    computed = np.fromiter(map(body_crc, bodies), np.int64, len(at))
+    if _speedups is not None:
+        crcs = _speedups.body_crcs(
+            np.ascontiguousarray(data), np.ascontiguousarray(at, np.int64), np.ascontiguousarray(length, np.int64)
+        )
+        computed = np.frombuffer(crcs, np.int64)
+    else:
+        view = data.data
+        bodies = map(view.__getitem__, map(slice, at.tolist(), (at + length).tolist()))
+        computed = np.fromiter(map(body_crc, bodies), np.int64, len(at))
     return _first_false((length == 0) | (computed == stored))
 
 

@@ -163,11 +163,7 @@ class Dispatcher:
         units["commitlog_offset"] = batch.commitlog_offsets
         units["size"] = batch.sizes
         units["tags_code"] = batch.tags_codes
-        by_queue: dict[tuple[str, int], list[int]] = {}
-        for position, key in enumerate(zip(batch.topics, batch.queue_ids)):
-            if batch.has_unit[position]:
-                by_queue.setdefault(key, []).append(position)
-        for (topic, queue_id), positions in by_queue.items():
+        for topic, queue_id, positions in batch.queue_groups():
             queue = self.queues.get(topic, queue_id)
             first = batch.queue_offsets[positions[0]]
             last = positions[-1]
@@ -183,7 +179,7 @@ class Dispatcher:
                 queue.append(first, units[positions[0] : positions[0] + 1].tobytes())
                 positions = positions[1:]
                 first += 1
-            if positions:
+            if len(positions):
                 queue.append_block(
                     first, units[positions].tobytes(), batch.commitlog_offsets[last] + batch.sizes[last]
                 )

@@ -138,10 +138,12 @@ def _head(results: dict[str, Any], json_name: Path) -> list[str]:
 
 def _code(results: dict[str, Any], dirty: list[str]) -> str:
     commit = results["machine"]["git_commit"]
-    if results.get("code", {}).get("snapshot_of_head"):
-        return f"rmqstore as committed at {commit} (`--snapshot`: an archive of HEAD, not the working tree)"
+    code = results.get("code", {})
+    compiled = {True: ", codecs compiled (`_speedups`)", False: ", codecs in pure Python"}.get(code.get("compiled_codecs"), "")
+    if code.get("snapshot_of_head"):
+        return f"rmqstore as committed at {commit} (`--snapshot`: an archive of HEAD, not the working tree){compiled}"
     changes = f" plus uncommitted changes in {', '.join(f'`{d.split()[-1]}`' for d in dirty)}" if dirty else ""
-    return f"rmqstore's working tree at {commit}{changes}"
+    return f"rmqstore's working tree at {commit}{changes}{compiled}"
 
 
 def _append(sizes: dict[str, Any], summary: Summary, repeats: int) -> list[str]:

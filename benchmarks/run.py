@@ -525,6 +525,17 @@ def command_line(argv: list[str]) -> str:
     return shlex.join(["python", script, *argv])
 
 
+_BUILD_SPEEDUPS = """
+from setuptools import Extension, setup
+setup(
+    name="rmqstore-snapshot",
+    script_args=["build_ext", "--inplace", "--quiet"],
+    ext_modules=[Extension("rmqstore.common.codec._speedups", ["rmqstore/common/codec/_speedups.c"],
+                           extra_compile_args=["-O2"])],
+)
+"""
+
+
 def exec_in_snapshot(argv: list[str]) -> None:
     """Archive HEAD's packages into a fresh directory as an ``rmqstore`` package (with the
     compiled protos of the install) and re-run this command with it first on PYTHONPATH;
@@ -538,6 +549,8 @@ def exec_in_snapshot(argv: list[str]) -> None:
     subprocess.run(["tar", "-x", "-C", str(package)], input=archive, check=True)
     shutil.copytree(REPO / "protos" / "gen" / "rmqstore" / "v1", package / "v1")
     (package / "__init__.py").write_text('"""rmqstore as committed at HEAD, for benchmarks/run.py --snapshot."""\n')
+    # The codecs' C extension, built from HEAD's source as every install builds it.
+    subprocess.run([sys.executable, "-c", _BUILD_SPEEDUPS], cwd=target, check=True, capture_output=True)
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(target), env.get("PYTHONPATH", "")) if p)
     env[SNAPSHOT_ENV] = str(target)
@@ -550,11 +563,20 @@ def code_under_test() -> dict[str, Any]:
 
     import rmqstore.writer.store
 
+    from rmqstore.common.codec.speedups import _speedups
+
     snapshot = os.environ.get(SNAPSHOT_ENV)
     imported = Path(rmqstore.writer.store.__file__).resolve()
     if snapshot and not imported.is_relative_to(Path(snapshot).resolve()):
         raise SystemExit(f"--snapshot: rmqstore was imported from {imported}, not from the snapshot {snapshot}")
-    return {"snapshot_of_head": bool(snapshot), "imported_from": str(imported.parent.parent)}
+    if snapshot and _speedups is not None and not Path(_speedups.__file__).resolve().is_relative_to(Path(snapshot).resolve()):
+        raise SystemExit(f"--snapshot: the C extension was imported from {_speedups.__file__}, not from the snapshot")
+    return {
+        "snapshot_of_head": bool(snapshot),
+        "imported_from": str(imported.parent.parent),
+        # False: the codecs ran their Python definitions (RMQSTORE_PURE_PYTHON=1, or no build).
+        "compiled_codecs": _speedups is not None,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:

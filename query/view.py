@@ -130,6 +130,10 @@ class StoreView:
         self.sizes = sizes or resolve_sizes(root)
         self._lock = threading.RLock()
         self.log = CommitLog(self.paths.commitlog, self.sizes.commitlog_file_size_bytes)
+        # Lookups land anywhere in the log: each record is read with pread, which leaves
+        # the log's pages out of the node's resident set (the mapped-page budget below
+        # then holds the index and the queues).
+        self.log.read_through_file = True
         self.queues = ConsumeQueueSet(self.paths.consumequeue, self.sizes.cq_file_units)
         self.index = IndexFileList(self.paths.index, self.sizes.index_slots, self.sizes.index_entries)
         self.visible_offset = 0

@@ -27,7 +27,7 @@ from rmqstore.common.codec.javahash import (
 )
 from rmqstore.common.codec import record as record_module
 from rmqstore.common.codec.record import Record, encode_record
-from rmqstore.common.errors import InvalidArgument, NotFound
+from rmqstore.common.errors import CrcMismatch, InvalidArgument, NotFound
 from rmqstore.common.files import mapped as mapped_module
 from rmqstore.common.files.commitlog import CommitLog
 from rmqstore.common.files.consumequeue import ConsumeQueueSet
@@ -504,6 +504,7 @@ def test_a_query_view_leaves_no_mapped_pages_resident_after_a_trim(tmp_path: Pat
     acks = [ack for _ in range(10) for ack in writer.append([MessageInput("TopicA", body, ["k"])] * 100)]
     writer.close()
     view = StoreView(str(tmp_path / "store"), sizes)
+    view.log.read_through_file = False  # read through the mappings, as without the extension
     before = _rss_file_kib()
     first = [view.read(ack.commitlog_offset).body for ack in acks]
     touched = _rss_file_kib()
@@ -547,6 +548,48 @@ def test_append_results_are_columns_that_read_as_results(tmp_path: Path) -> None
         assert result.store_timestamp_ms == results.store_timestamp_ms
     with pytest.raises(IndexError):
         results[5]
+
+
+def test_a_query_view_reads_records_through_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Records a view reads (4 MiB of them, each larger than the first pread) leave no
+    page of the log resident, and read back what the mappings hold; a record larger than
+    a read through the file takes, and bytes that are not a good record, are read
+    through the mapping, which says what is wrong with them."""
+    from rmqstore.common.files import commitlog as commitlog_module
+    from rmqstore.query.view import StoreView
+
+    sizes = StoreSizes(commitlog_file_size_bytes=8 << 20, cq_file_units=100_000, index_slots=1000, index_entries=50_000)
+    writer = Writer(WriterConfig(store=str(tmp_path / "store"), sizes=sizes))
+    body = bytes(range(256)) * 16
+    acks = [ack for _ in range(10) for ack in writer.append([MessageInput("TopicA", body, ["k"])] * 100)]
+    writer.close()
+    view = StoreView(str(tmp_path / "store"), sizes)
+    assert view.log.read_through_file
+    view._trim()
+    before = _rss_file_kib()
+    records = [view.read(ack.commitlog_offset) for ack in acks]
+    assert _rss_file_kib() - before < 400  # 4,000 KiB of records read
+    view.log.read_through_file = False
+    assert [view.read(ack.commitlog_offset) for ack in acks] == records
+    assert [r.body for r in records] == [body] * 1000
+    view.log.read_through_file = True
+    monkeypatch.setattr(commitlog_module, "READ_THROUGH_FILE_RECORD_BYTES_MAX", 2000)
+    assert view.read(acks[3].commitlog_offset) == records[3]
+    view.close()
+    # A body byte flipped on disk: the same CrcMismatch either way.
+    with open(tmp_path / "store" / "commitlog" / f"{0:020d}", "r+b") as log_file:
+        log_file.seek(acks[2].commitlog_offset + 200)
+        log_file.write(b"\xff")
+    errors = []
+    for through_file in (True, False):
+        view = StoreView(str(tmp_path / "store"), sizes)
+        view.log.read_through_file = through_file
+        with pytest.raises(CrcMismatch) as raised:
+            view.read(acks[2].commitlog_offset)
+        errors.append(str(raised.value))
+        assert view.read(acks[1].commitlog_offset) == records[1]
+        view.close()
+    assert errors[0] == errors[1] and f"commit log offset {acks[2].commitlog_offset}" in errors[0]
 
 
 def test_a_query_view_keeps_mapped_pages_within_its_budget(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

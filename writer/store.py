@@ -15,16 +15,13 @@ import os
 import shutil
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import NamedTuple, overload
-from zlib import crc32
 
 from opentelemetry import trace
 
 from rmqstore.common.codec import properties as props
-from rmqstore.common.codec import sysflag
 from rmqstore.common.codec.dispatch import DispatchBatch
 from rmqstore.common.codec.checkpoint import Checkpoint
 from rmqstore.common.codec.hosts import SocketAddress

@@ -355,7 +355,7 @@ def encode_head(
 
 def head_struct(born_v6: bool, store_v6: bool) -> struct.Struct:
     """The struct of TOTALSIZE … BODYLENGTH for these host widths (the argument order of
-    :func:`encode_head`, hosts as address and port), for callers packing many records."""
+    :func:`encode_head`, hosts as address and port): the bulk decoder reads heads with it."""
     return _FULL_V1[(born_v6, store_v6)]
 
 

@@ -71,6 +71,7 @@ class MappedFile:
         self.buf = memoryview(self._mmap)
         if not writable:
             self.buf = self.buf.toreadonly()
+        self._read_fd: int | None = None
 
     @classmethod
     def create(
@@ -218,7 +219,19 @@ class MappedFile:
         finally:
             os.close(fd)
 
+    def pread(self, position: int, length: int) -> bytes:
+        """Up to ``length`` bytes from ``position`` (fewer at the end of the file), read
+        through the file rather than the mapping: no page is mapped into the process, so
+        the read costs no page fault and adds nothing to the resident set. The descriptor
+        stays open for the next read."""
+        if self._read_fd is None:
+            self._read_fd = os.open(self.path, os.O_RDONLY)
+        return os.pread(self._read_fd, max(0, min(length, self.file_size_bytes - position)), position)
+
     def close(self) -> None:
+        if self._read_fd is not None:
+            os.close(self._read_fd)
+            self._read_fd = None
         self.buf.release()
         self._mmap.close()
 

@@ -429,13 +429,22 @@ def test_end_of_data_skips_holes_and_sees_unflushed_writes(tmp_path: Path) -> No
     mapped.close()
 
 
-def test_plans_from_bulk_decoded_records_equal_plans_from_records(tmp_path: Path) -> None:
+@pytest.mark.parametrize("decoder", ["compiled", "python"])
+def test_plans_from_bulk_decoded_records_equal_plans_from_records(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, decoder: str
+) -> None:
     """DispatchBatch.of_columns over codec.columnar's decoding gives the plans add_record
     gives, on generated records (ROLLBACK, PREPARED, delayed, repeated and empty keys) and
-    on Apache's store."""
+    on Apache's store; with the compiled walk, CRCs, texts and key hashes, and with the
+    Python definitions."""
     from conftest import CLEAN, FIXTURE_SIZES
 
     from rmqstore.common.codec import columnar
+    from rmqstore.common.codec import dispatch as dispatch_module
+
+    if decoder == "python":
+        monkeypatch.setattr(columnar, "_speedups", None)
+        monkeypatch.setattr(dispatch_module, "_speedups", None)
 
     def plans_both_ways(log: CommitLog) -> tuple[DispatchBatch, DispatchBatch]:
         by_record = DispatchBatch()

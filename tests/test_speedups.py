@@ -452,3 +452,61 @@ def test_walks_of_mutated_logs_are_the_same(data: st.DataObject) -> None:
     with pytest.MonkeyPatch.context() as monkeypatch:
         fast, python = _walks(bytes(buf), 0, stop, rows_max, data.draw(st.integers(1, 2000)), monkeypatch)
     assert fast == python
+
+
+# Dispatch plans over bulk-decoded records (the rest: test_batch_paths, both ways)
+
+
+def test_span_texts_decode_and_share_repeated_texts() -> None:
+    data = np.frombuffer(b"TopicA\xff\xfeTopicA\xc3\xa9", np.uint8)
+    at = np.array([0, 8, -1, 6, 14, 8], np.int64)
+    length = np.array([6, 6, 3, 2, 2, 0], np.int64)
+    texts = _speedups.span_texts(data, at, length)
+    assert texts == ["TopicA", "TopicA", None, "\ufffd\ufffd", "é", ""]
+    assert texts[0] is texts[1]
+    with pytest.raises(ValueError, match="a span outside the data"):
+        _speedups.span_texts(data, np.array([10], np.int64), np.array([7], np.int64))
+
+
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["TopicA", "%RETRY%g", ""]),
+            st.one_of(st.none(), st.text(alphabet="AB09", max_size=12)),
+            st.one_of(st.none(), st.text(alphabet="k1 ", max_size=12)),
+        ),
+        min_size=1,
+        max_size=25,
+    )
+)
+def _python_index_hash(text: str) -> int:
+    h = javahash.python_java_string_hash(text)
+    return 0 if h == -(2**31) else abs(h)
+
+
+def test_span_key_hashes_are_the_index_hashes_of_each_key(rows: list[tuple[str, str | None, str | None]]) -> None:
+    data = bytearray()
+    columns: list[list[int]] = [[], [], [], []]
+    for _, uniq, keys in rows:
+        for value, (at_column, length_column) in ((uniq, (0, 1)), (keys, (2, 3))):
+            columns[at_column].append(len(data) if value is not None else -1)
+            columns[length_column].append(len(value or ""))
+            data += (value or "").encode()
+    prefixes = np.array([javahash.python_java_string_hash(f"{topic}#") & 0xFFFFFFFF for topic, _, _ in rows], np.int64)
+    hashes, counts = _speedups.span_key_hashes(
+        np.frombuffer(bytes(data) or b"\0", np.uint8), prefixes, *(np.array(c, np.int64) for c in columns)
+    )
+    expected = [
+        [_python_index_hash(f"{topic}#{key}") for key in ([uniq] if uniq is not None else []) + props.split_keys(keys)]
+        for topic, uniq, keys in rows
+    ]
+    assert np.frombuffer(counts, np.int64).tolist() == [len(e) for e in expected]
+    assert np.frombuffer(hashes, np.int64).tolist() == [h for e in expected for h in e]
+
+
+def test_span_key_hashes_hand_back_values_that_are_not_ascii() -> None:
+    data = np.frombuffer("UNIQé".encode(), np.uint8)
+    one = np.array([0], np.int64)
+    assert _speedups.span_key_hashes(data, one * 0, one * 0, np.array([6], np.int64), one - 1, one * 0) is None
+    with pytest.raises(ValueError, match="a span outside the data"):
+        _speedups.span_key_hashes(data, one * 0, one * 0, np.array([7], np.int64), one - 1, one * 0)

@@ -43,6 +43,7 @@ from rmqstore.common.codec.javahash import (
     topic_prefix_hashes,
 )
 from rmqstore.common.codec.record import Record
+from rmqstore.common.codec.speedups import _speedups
 from rmqstore.common.errors import invariant
 
 DEFAULT_DELAY_LEVELS_MS = parse_delay_levels()
@@ -114,6 +115,18 @@ def _key_hashes_of_spans(
     rows = np.arange(columns.rows, dtype=np.int64)
     has_uniq = indexed & (columns.uniq_key >= 0)
     has_keys = indexed & (columns.keys >= 0)
+    if _speedups is not None:
+        distinct, record_topics = _record_topics(topics)
+        found = _speedups.span_key_hashes(
+            np.ascontiguousarray(data),
+            topic_prefix_hashes(distinct).astype(np.int64)[record_topics],
+            *_value_spans(columns, np.where(has_uniq, columns.uniq_key, -1)),
+            *_value_spans(columns, np.where(has_keys, columns.keys, -1)),
+        )
+        if found is None:
+            return None
+        hashes_bytes, counts_bytes = found
+        return np.frombuffer(hashes_bytes, np.int64), np.frombuffer(counts_bytes, np.int64).tolist()
     uniq_row = rows[has_uniq]
     uniq_at = columns.values.at[columns.uniq_key[has_uniq]]
     uniq_length = columns.values.length[columns.uniq_key[has_uniq]]
@@ -147,10 +160,20 @@ def _key_hashes_of_spans(
     return hashes, np.bincount(row, minlength=columns.rows).tolist()
 
 
+def _value_spans(columns: RecordColumns, pairs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Where each row's property pair's value is in ``columns.data`` (at, length, as
+    contiguous int64s), at −1 where the row's pair is −1 (the row lacks it)."""
+    if not len(columns.values.at):
+        return np.full(len(pairs), -1, np.int64), np.zeros(len(pairs), np.int64)
+    safe = np.maximum(pairs, 0)
+    at = np.where(pairs >= 0, columns.values.at[safe], -1).astype(np.int64)
+    return at, np.ascontiguousarray(columns.values.length[safe], np.int64)
+
+
 def _record_topics(topics: list[str]) -> tuple[list[str], np.ndarray]:
     """The distinct topics, and each record's number among them."""
     numbers = {topic: number for number, topic in enumerate(dict.fromkeys(topics))}
-    return list(numbers), np.fromiter((numbers[t] for t in topics), dtype=np.int64, count=len(topics))
+    return list(numbers), np.fromiter(map(numbers.__getitem__, topics), dtype=np.int64, count=len(topics))
 
 
 def record_tags_code(record: Record, delay_levels_ms: dict[int, int] = DEFAULT_DELAY_LEVELS_MS) -> int:
@@ -257,18 +280,27 @@ class DispatchBatch:
     def of_columns(cls, columns: RecordColumns, delay_levels_ms: dict[int, int] = DEFAULT_DELAY_LEVELS_MS) -> DispatchBatch:
         """The plans of bulk-decoded records (``codec.columnar``): the rules of
         :meth:`add` over columns, with texts cut from the records' bytes."""
-        raw = columns.data.tobytes()
+        raw = memoryview(np.ascontiguousarray(columns.data)).cast("B")
 
         def texts(pairs: np.ndarray, decode: Callable[[bytes], str]) -> list[str | None]:
             """The value of a per-row property pair, None where the row lacks it."""
             at = columns.values.at[np.maximum(pairs, 0)].tolist()
             length = columns.values.length[np.maximum(pairs, 0)].tolist()
-            return [decode(raw[a : a + n]) if p >= 0 else None for p, a, n in zip(pairs.tolist(), at, length)]
+            return [decode(bytes(raw[a : a + n])) if p >= 0 else None for p, a, n in zip(pairs.tolist(), at, length)]
 
-        topics = [_text(raw[a : a + n]) for a, n in zip(columns.topic.at.tolist(), columns.topic.length.tolist())]
+        if _speedups is not None:
+            data = np.ascontiguousarray(columns.data)
+            topic_at = np.ascontiguousarray(columns.topic.at, np.int64)
+            topics = _speedups.span_texts(data, topic_at, np.ascontiguousarray(columns.topic.length, np.int64))
+            tags = _speedups.span_texts(data, *_value_spans(columns, columns.tags))
+        else:
+            topics = [
+                _text(bytes(raw[a : a + n])) for a, n in zip(columns.topic.at.tolist(), columns.topic.length.tolist())
+            ]
+            tags = texts(columns.tags, _text)
         transaction = columns.sys_flag & sysflag.TRANSACTION_MASK
         store_timestamps = columns.store_timestamp_ms.tolist()
-        tags_codes = [_cached_tags_code(t) for t in texts(columns.tags, _text)]
+        tags_codes = [_cached_tags_code(t) for t in tags]
         for row in (i for i, topic in enumerate(topics) if topic == SCHEDULE_TOPIC):
             # Delayed messages: tagsCode from DELAY, read as the one-record rule reads it.
             at, length = int(columns.properties.at[row]), int(columns.properties.length[row])

@@ -468,6 +468,11 @@ def test_span_texts_decode_and_share_repeated_texts() -> None:
         _speedups.span_texts(data, np.array([10], np.int64), np.array([7], np.int64))
 
 
+def _python_index_hash(text: str) -> int:
+    h = javahash.python_java_string_hash(text)
+    return 0 if h == -(2**31) else abs(h)
+
+
 @given(
     st.lists(
         st.tuples(
@@ -479,11 +484,6 @@ def test_span_texts_decode_and_share_repeated_texts() -> None:
         max_size=25,
     )
 )
-def _python_index_hash(text: str) -> int:
-    h = javahash.python_java_string_hash(text)
-    return 0 if h == -(2**31) else abs(h)
-
-
 def test_span_key_hashes_are_the_index_hashes_of_each_key(rows: list[tuple[str, str | None, str | None]]) -> None:
     data = bytearray()
     columns: list[list[int]] = [[], [], [], []]

@@ -267,6 +267,21 @@ def test_random_properties_decode_the_same(properties: bytes) -> None:
 # Index chains
 
 
+def _walk(buf: bytes | memoryview, slots: int, entries: int, key_hash: int, chunk: int) -> list[int] | None:
+    """The whole walk, resumed every ``chunk`` matches; None where the walk hands back."""
+    offsets: list[int] = []
+    number = steps = 0
+    while True:
+        found = _speedups.matching_offsets(buf, slots, entries, key_hash, number, steps, chunk)
+        if found is None:
+            return None
+        part, number, steps = found
+        assert len(part) <= chunk
+        offsets += part
+        if number == 0:
+            return offsets
+
+
 def test_every_fixture_chain_walks_the_same() -> None:
     for path in sorted((CLEAN / "index").iterdir()):
         index_file = IndexFile.open(str(path), FIXTURE_SIZES.index_slots, FIXTURE_SIZES.index_entries, writable=False)
@@ -280,7 +295,10 @@ def test_every_fixture_chain_walks_the_same() -> None:
             walked = 0
             for key_hash in sorted(hashes) + [1, 499, 12345]:
                 expected = list(index_file._matching_offsets(buf, key_hash))
-                assert _speedups.matching_offsets(buf, index_file.slots, index_file.entries, key_hash) == expected
+                assert _walk(buf, index_file.slots, index_file.entries, key_hash, 10**6) == expected
+                for chunk in (1, 2, 3):
+                    assert _walk(buf, index_file.slots, index_file.entries, key_hash, chunk) == expected
+                assert list(index_file.matching_offsets(key_hash)) == expected
                 walked += len(expected)
             assert walked >= index_file.header.index_count - 1
         finally:
@@ -292,12 +310,19 @@ def test_a_chain_leading_outside_the_file_is_handed_back() -> None:
     buf = bytearray(ix.HEADER_SIZE + slots * ix.SLOT_SIZE + 3 * ix.ENTRY_SIZE)  # 8 entries declared, 3 there
     struct.pack_into(">i", buf, ix.HEADER_OFFSET_INDEX_COUNT, 6)
     struct.pack_into(">i", buf, ix.slot_position(7 % slots), 5)  # slot → entry 5, past the buffer
-    assert _speedups.matching_offsets(bytes(buf), slots, entries, 7) is None
+    assert _walk(bytes(buf), slots, entries, 7, 10) is None
     struct.pack_into(">i", buf, ix.slot_position(7 % slots), 2)
     ix.ENTRY.pack_into(buf, ix.entry_position(slots, 2), 7, 1000, 0, 1)
     ix.ENTRY.pack_into(buf, ix.entry_position(slots, 1), 7, 900, 0, 0)
-    assert _speedups.matching_offsets(bytes(buf), slots, entries, 7) == [1000, 900]
-    assert _speedups.matching_offsets(bytes(buf[:30]), slots, entries, 7) is None
+    assert _walk(bytes(buf), slots, entries, 7, 10) == [1000, 900]
+    assert _speedups.matching_offsets(bytes(buf), slots, entries, 7, 0, 0, 1) == ([1000], 1, 1)
+    assert _speedups.matching_offsets(bytes(buf), slots, entries, 7, 1, 1, 1) == ([900], 0, 2)
+    assert _walk(bytes(buf[:30]), slots, entries, 7, 10) is None
+    # Entry 2 leads to entry 4, past the buffer, after one match: handed back mid-walk,
+    # and the file's walk yields that match before the Python walk's own error.
+    ix.ENTRY.pack_into(buf, ix.entry_position(slots, 2), 7, 1000, 0, 4)
+    assert _speedups.matching_offsets(bytes(buf), slots, entries, 7, 0, 0, 1) == ([1000], 4, 1)
+    assert _walk(bytes(buf), slots, entries, 7, 1) is None
 
 
 # Encoding a batch

@@ -99,58 +99,81 @@ static PyObject *index_key_hash(PyObject *module, PyObject *const *args, Py_ssiz
 
 /* ---- Index chains ------------------------------------------------------------------- */
 
-/* matching_offsets(buf, slots, entries, key_hash) -> list[int] | None: the phyOffsets
- * along the key's slot chain whose hash is key_hash, newest first, with Apache's stop
- * rules; None if the chain leads outside the buffer. */
+/* matching_offsets(buf, slots, entries, key_hash, number, steps, max_count)
+ *     -> (offsets, number, steps) | None
+ *
+ * The phyOffsets along the key's slot chain whose hash is key_hash, newest first, with
+ * Apache's stop rules, at most max_count of them per call: number 0 starts at the slot;
+ * the number and steps returned resume the walk (number 0: the chain ended). None if
+ * the chain leads outside the buffer. */
 static PyObject *matching_offsets(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 4) {
-        PyErr_SetString(PyExc_TypeError, "matching_offsets takes (buf, slots, entries, key_hash)");
+    if (nargs != 7) {
+        PyErr_SetString(PyExc_TypeError,
+                        "matching_offsets takes (buf, slots, entries, key_hash, number, steps, max_count)");
         return NULL;
     }
     long long slots = PyLong_AsLongLong(args[1]);
     long long entries = PyLong_AsLongLong(args[2]);
     long long key_hash = PyLong_AsLongLong(args[3]);
+    long long number = PyLong_AsLongLong(args[4]);
+    long long steps = PyLong_AsLongLong(args[5]);
+    Py_ssize_t max_count = PyLong_AsSsize_t(args[6]);
     if (PyErr_Occurred()) return NULL;
-    if (slots <= 0 || key_hash < 0) Py_RETURN_NONE;
+    if (slots <= 0 || key_hash < 0 || number < 0 || steps < 0 || max_count < 1) Py_RETURN_NONE;
     Py_buffer view;
     if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0) return NULL;
     const unsigned char *buf = view.buf;
     Py_ssize_t length = view.len;
-    PyObject *found = NULL;
+    PyObject *found = NULL, *result = NULL;
     long long slot_at = INDEX_HEADER_SIZE + (key_hash % slots) * INDEX_SLOT_SIZE;
     long long entries_at = INDEX_HEADER_SIZE + slots * INDEX_SLOT_SIZE;
     if (slot_at + INDEX_SLOT_SIZE > length) goto slow;
     int32_t count = (int32_t)be32(buf + INDEX_OFFSET_INDEX_COUNT);
     if (count < 1) count = 1;
-    int32_t number = (int32_t)be32(buf + slot_at);
     found = PyList_New(0);
     if (found == NULL) goto done;
-    if (number <= 0 || number > count || count <= 1) goto done;
-    for (int32_t step = 0; step < count; step++) {
-        if (number >= entries) goto done;
-        long long at = entries_at + (long long)number * INDEX_ENTRY_SIZE;
+    if (number == 0) {
+        number = (int32_t)be32(buf + slot_at);
+        if (number <= 0 || number > count || count <= 1) {
+            number = 0;
+            goto finished;
+        }
+    }
+    for (; steps < count; steps++) {
+        if (number >= entries) {
+            number = 0;
+            goto finished;
+        }
+        if (PyList_GET_SIZE(found) >= max_count) goto finished; /* resume at this entry */
+        long long at = entries_at + number * INDEX_ENTRY_SIZE;
         if (at + INDEX_ENTRY_SIZE > length) goto slow;
         const unsigned char *entry = buf + at;
         if ((int32_t)be32(entry) == key_hash) {
             PyObject *offset = PyLong_FromLongLong(be64(entry + 4));
             if (offset == NULL || PyList_Append(found, offset) < 0) {
                 Py_XDECREF(offset);
-                Py_CLEAR(found);
                 goto done;
             }
             Py_DECREF(offset);
         }
         int32_t prev = (int32_t)be32(entry + 16);
-        if (prev <= 0 || prev > count || prev == number) goto done;
+        if (prev <= 0 || prev > count || prev == number) {
+            number = 0;
+            steps++;
+            goto finished;
+        }
         number = prev;
     }
+    number = 0;
+finished:
+    result = Py_BuildValue("(OLL)", found, number, steps);
     goto done;
 slow:
-    Py_CLEAR(found);
-    found = Py_NewRef(Py_None);
+    result = Py_NewRef(Py_None);
 done:
+    Py_XDECREF(found);
     PyBuffer_Release(&view);
-    return found;
+    return result;
 }
 
 /* ---- Records ------------------------------------------------------------------------ */
@@ -909,7 +932,7 @@ static PyMethodDef methods[] = {
     {"index_key_hash", (PyCFunction)(void (*)(void))index_key_hash, METH_FASTCALL,
      "index_key_hash(topic, key): IndexFile.indexKeyHashMethod of topic#key."},
     {"matching_offsets", (PyCFunction)(void (*)(void))matching_offsets, METH_FASTCALL,
-     "matching_offsets(buf, slots, entries, key_hash) -> list[int] | None."},
+     "matching_offsets(buf, slots, entries, key_hash, number, steps, max_count) -> (offsets, number, steps) | None."},
     {"configure", (PyCFunction)(void (*)(void))configure, METH_FASTCALL,
      "configure(Record, address, crc32): what decode_record builds records with."},
     {"decode_record", (PyCFunction)(void (*)(void))decode_record, METH_FASTCALL,

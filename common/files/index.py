@@ -9,6 +9,7 @@ and Apache's lookup (``query_offsets``). Exact, complete lookups build on :meth:
 from __future__ import annotations
 
 import datetime as dt
+import itertools
 import os
 import struct
 from collections import Counter
@@ -25,6 +26,10 @@ from rmqstore.common.errors import Corruption, invariant
 from rmqstore.common.files.mapped import MappedFile, fsync_directory
 
 MAX_MSGS_NUM_BATCH = 64
+# A lookup walks a slot chain in chunks of matches: a page of 32 (and the one more that
+# says the page continues) first, then larger ones.
+MATCHING_OFFSETS_FIRST_CHUNK = 40
+MATCHING_OFFSETS_CHUNK = 256
 _INT64 = struct.Struct(">q")
 _HEADER_BEGIN_TIMESTAMP = 0
 _HEADER_END_TIMESTAMP = 8
@@ -250,11 +255,25 @@ class IndexFile:
         ``key_hash``, newest first: :meth:`chain` filtered, read without an object per
         entry (the lookup hot path)."""
         buf = self.mapped.buf
-        if _speedups is not None:
-            found = _speedups.matching_offsets(buf, self.slots, self.entries, key_hash)
-            if found is not None:
-                return iter(found)
-        return self._matching_offsets(buf, key_hash)
+        if _speedups is None:
+            yield from self._matching_offsets(buf, key_hash)
+            return
+        # In chunks: a caller that needs a page of matches stops early, and a hot key's
+        # long chain (an entry page each) is not walked to its end for nothing.
+        number = steps = yielded = 0
+        chunk = MATCHING_OFFSETS_FIRST_CHUNK
+        while True:
+            found = _speedups.matching_offsets(buf, self.slots, self.entries, key_hash, number, steps, chunk)
+            if found is None:
+                # The chain leads outside the file: the Python walk says so where it does.
+                yield from itertools.islice(self._matching_offsets(buf, key_hash), yielded, None)
+                return
+            offsets, number, steps = found
+            yield from offsets
+            yielded += len(offsets)
+            if number == 0:
+                return
+            chunk = MATCHING_OFFSETS_CHUNK
 
     def _matching_offsets(self, buf: memoryview, key_hash: int) -> Iterator[int]:
         """The definition the compiled walk follows; also where a chain leads outside

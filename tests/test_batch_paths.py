@@ -326,9 +326,12 @@ def test_writer_batches_write_what_records_one_by_one_would(
     from rmqstore.common.files.store import reindex
     from rmqstore.writer import store as writer_store
 
+    from rmqstore.common.codec import dispatch as dispatch_module
+
     if encoder == "python":
         monkeypatch.setattr(writer_store, "encode_records", record_module.python_encode_records)
         monkeypatch.setattr(props, "_speedups", None)
+        monkeypatch.setattr(dispatch_module, "_speedups", None)
     monkeypatch.setattr(mapped_module, "WRITE_THROUGH_FILE_BYTES", write_through_bytes)
     sizes = StoreSizes(commitlog_file_size_bytes=16384, cq_file_units=50, index_slots=17, index_entries=200)
     writer = Writer(WriterConfig(store=str(tmp_path / "store"), sizes=sizes))

@@ -535,3 +535,37 @@ def test_span_key_hashes_hand_back_values_that_are_not_ascii() -> None:
     assert _speedups.span_key_hashes(data, one * 0, one * 0, np.array([6], np.int64), one - 1, one * 0) is None
     with pytest.raises(ValueError, match="a span outside the data"):
         _speedups.span_key_hashes(data, one * 0, one * 0, np.array([7], np.int64), one - 1, one * 0)
+
+
+# Dispatch plans of a writer's batch
+
+TEXTS = st.text(max_size=10).filter(lambda t: not any(0xD800 <= ord(c) < 0xE000 for c in t)) | st.sampled_from(
+    ["\U0001f600", "é", "", "order-42"]
+)
+
+
+@given(st.lists(st.one_of(st.none(), TEXTS), max_size=20))
+def test_tags_codes_are_consume_queue_tags_codes(tags: list[str | None]) -> None:
+    expected = [javahash.python_java_string_hash(t) if t else 0 for t in tags]
+    assert _speedups.tags_codes(tags) == expected
+
+
+@given(st.lists(st.tuples(st.sampled_from(["TopicA", "主题", "T%RETRY%"]), TEXTS, st.lists(TEXTS, max_size=3)), max_size=20))
+def test_message_key_hashes_are_the_index_hashes_of_each_key(messages: list[tuple[str, str, list[str]]]) -> None:
+    prefixes = np.array([javahash.python_java_string_hash(f"{t}#") & 0xFFFFFFFF for t, _, _ in messages], np.int64)
+    hashes, counts = _speedups.message_key_hashes(prefixes, [u for _, u, _ in messages], [k for _, _, k in messages])
+    expected = [[_python_index_hash(f"{t}#{key}") for key in [u, *k]] for t, u, k in messages]
+    assert np.frombuffer(counts, np.int64).tolist() == [len(e) for e in expected]
+    assert np.frombuffer(hashes, np.int64).tolist() == [h for e in expected for h in e]
+
+
+def test_writer_plans_refuse_what_they_cannot_hash() -> None:
+    with pytest.raises(TypeError, match="a TAGS value is a str or None"):
+        _speedups.tags_codes([b"tag"])
+    one = np.zeros(1, np.int64)
+    with pytest.raises(TypeError, match="a UNIQ_KEY is a str"):
+        _speedups.message_key_hashes(one, [None], [[]])
+    with pytest.raises(TypeError, match="a key is a str"):
+        _speedups.message_key_hashes(one, ["U"], [[1]])
+    with pytest.raises(ValueError, match="columns of different lengths"):
+        _speedups.message_key_hashes(one, ["U", "V"], [[], []])

@@ -10,6 +10,7 @@
  *   encode_common_properties           properties.encode_messages_properties (KEYS, TAGS, UNIQ_KEY)
  *   walk_starts, body_crcs             columnar.walk's loop, the bodies' CRCs of columnar.decode
  *   span_texts, span_key_hashes        dispatch.DispatchBatch.of_columns: topics, tags, index key hashes
+ *   tags_codes, message_key_hashes     dispatch.DispatchBatch.of_messages: tags codes, index key hashes
  *
  * The fast paths only ever succeed. Where the bytes are anything but a well-formed
  * record or chain (a BLANK filler, zeros, a bad size or CRC, a read past the buffer), they
@@ -927,6 +928,101 @@ done:
     return result;
 }
 
+/* ---- Dispatch plans of a writer's batch (dispatch.DispatchBatch.of_messages) -------- */
+
+/* tags_codes(tags) -> list[int]: consumequeue.tags_code of each: String.hashCode of the
+ * whole TAGS value, 0 when it is None or empty. */
+static PyObject *tags_codes(PyObject *module, PyObject *tags) {
+    if (!PyList_Check(tags)) {
+        PyErr_SetString(PyExc_TypeError, "tags_codes takes a list");
+        return NULL;
+    }
+    Py_ssize_t count = PyList_GET_SIZE(tags);
+    PyObject *result = PyList_New(count);
+    if (result == NULL) return NULL;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *text = PyList_GET_ITEM(tags, i), *code;
+        if (text == Py_None) {
+            code = PyLong_FromLong(0);
+        } else if (PyUnicode_Check(text)) {
+            code = PyLong_FromLong((int32_t)hash_units(0, text));
+        } else {
+            PyErr_SetString(PyExc_TypeError, "a TAGS value is a str or None");
+            code = NULL;
+        }
+        if (code == NULL) {
+            Py_DECREF(result);
+            return NULL;
+        }
+        PyList_SET_ITEM(result, i, code);
+    }
+    return result;
+}
+
+/* message_key_hashes(prefixes, uniq_keys, keys) -> (hashes, counts)
+ *
+ * The index hashes of each message's keys in put order: its UNIQ_KEY, then each of its
+ * KEYS (already split), hashed as prefix + key over UTF-16 code units (prefixes: the
+ * uint32 String.hashCode of the message's "topic#", as int64s). hashes and counts (keys
+ * per message) are bytes of native int64s. */
+static PyObject *message_key_hashes(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3 || !PyList_Check(args[1]) || !PyList_Check(args[2])) {
+        PyErr_SetString(PyExc_TypeError, "message_key_hashes takes (prefixes, uniq_keys: list, keys: list)");
+        return NULL;
+    }
+    Buffers buffers = {.count = 0};
+    Py_ssize_t rows;
+    PyObject *uniq_keys = args[1], *keys = args[2], *hashes = NULL, *counts = NULL, *result = NULL;
+    const int64_t *prefixes = take_buffer(&buffers, args[0], 8, &rows);
+    if (prefixes == NULL) goto done;
+    if (PyList_GET_SIZE(uniq_keys) != rows || PyList_GET_SIZE(keys) != rows) {
+        PyErr_SetString(PyExc_ValueError, "message_key_hashes: columns of different lengths");
+        goto done;
+    }
+    Py_ssize_t total = rows;
+    for (Py_ssize_t row = 0; row < rows; row++) {
+        Py_ssize_t n = PyObject_Length(PyList_GET_ITEM(keys, row));
+        if (n < 0) goto done;
+        total += n;
+    }
+    hashes = PyBytes_FromStringAndSize(NULL, total * 8);
+    counts = PyBytes_FromStringAndSize(NULL, rows * 8);
+    if (hashes == NULL || counts == NULL) goto done;
+    int64_t *out = (int64_t *)PyBytes_AS_STRING(hashes), *count_out = (int64_t *)PyBytes_AS_STRING(counts);
+    Py_ssize_t emitted = 0;
+    for (Py_ssize_t row = 0; row < rows; row++) {
+        uint32_t prefix = (uint32_t)prefixes[row];
+        PyObject *uniq = PyList_GET_ITEM(uniq_keys, row);
+        PyObject *parts = PySequence_Fast(PyList_GET_ITEM(keys, row), "KEYS is a sequence of str");
+        if (parts == NULL) goto done;
+        Py_ssize_t part_count = PySequence_Fast_GET_SIZE(parts);
+        if (!PyUnicode_Check(uniq) || emitted + 1 + part_count > total) {
+            PyErr_SetString(PyExc_TypeError, "a UNIQ_KEY is a str (and KEYS did not change)");
+            Py_DECREF(parts);
+            goto done;
+        }
+        out[emitted++] = index_hash_of(hash_units(prefix, uniq));
+        for (Py_ssize_t k = 0; k < part_count; k++) {
+            PyObject *part = PySequence_Fast_GET_ITEM(parts, k);
+            if (!PyUnicode_Check(part)) {
+                PyErr_SetString(PyExc_TypeError, "a key is a str");
+                Py_DECREF(parts);
+                goto done;
+            }
+            out[emitted++] = index_hash_of(hash_units(prefix, part));
+        }
+        Py_DECREF(parts);
+        count_out[row] = 1 + part_count;
+    }
+    if (_PyBytes_Resize(&hashes, emitted * 8) < 0) goto done;
+    result = PyTuple_Pack(2, hashes, counts);
+done:
+    Py_XDECREF(hashes);
+    Py_XDECREF(counts);
+    release_buffers(&buffers);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"java_string_hash", (PyCFunction)java_string_hash, METH_O, "String.hashCode of a str, as a signed int32."},
     {"index_key_hash", (PyCFunction)(void (*)(void))index_key_hash, METH_FASTCALL,
@@ -945,6 +1041,9 @@ static PyMethodDef methods[] = {
      "span_texts(data, at, length) -> list[str | None]."},
     {"span_key_hashes", (PyCFunction)(void (*)(void))span_key_hashes, METH_FASTCALL,
      "span_key_hashes(data, prefixes, uniq_at, uniq_length, keys_at, keys_length) -> (hashes, counts) | None."},
+    {"tags_codes", (PyCFunction)tags_codes, METH_O, "tags_codes(tags) -> list[int]."},
+    {"message_key_hashes", (PyCFunction)(void (*)(void))message_key_hashes, METH_FASTCALL,
+     "message_key_hashes(prefixes, uniq_keys, keys) -> (hashes, counts)."},
     {"encode_common_properties", (PyCFunction)(void (*)(void))encode_common_properties, METH_FASTCALL,
      "encode_common_properties(order, keys, tags, uniq_keys) -> list[bytes]."},
     {"encode_records", (PyCFunction)(void (*)(void))encode_records, METH_FASTCALL,

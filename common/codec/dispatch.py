@@ -170,6 +170,11 @@ def _value_spans(columns: RecordColumns, pairs: np.ndarray) -> tuple[np.ndarray,
     return at, np.ascontiguousarray(columns.values.length[safe], np.int64)
 
 
+# Fewer records than this are dispatched one plan at a time (files.store.Dispatcher):
+# numpy's fixed cost per call outweighs its per-record saving for a handful of records.
+SMALL_BATCH_RECORDS = 16
+
+
 def _record_topics(topics: list[str]) -> tuple[list[str], np.ndarray]:
     """The distinct topics, and each record's number among them."""
     numbers = {topic: number for number, topic in enumerate(dict.fromkeys(topics))}
@@ -262,6 +267,18 @@ class DispatchBatch:
         gets a unit), not in SCHEDULE_TOPIC_XXXX, KEYS already split — built column-wise:
         the same plans :meth:`add` makes, without a properties map per record."""
         invariant(SCHEDULE_TOPIC not in topics, "producers may not send to the schedule topic")
+        if _speedups is not None and len(topics) >= SMALL_BATCH_RECORDS:
+            # Hashed here, without the flat list of key strings (a batch this large is
+            # dispatched as arrays, which need only the hashes).
+            distinct, record_topics = _record_topics(topics)
+            hashes, counts = _speedups.message_key_hashes(
+                topic_prefix_hashes(distinct).astype(np.int64)[record_topics], list(uniq_keys), list(keys)
+            )
+            return cls(
+                DEFAULT_DELAY_LEVELS_MS, topics, queue_ids, queue_offsets, commitlog_offsets, sizes,
+                store_timestamps_ms, _speedups.tags_codes(list(tags)), [True] * len(topics), [],
+                np.frombuffer(counts, np.int64).tolist(), np.frombuffer(hashes, np.int64),
+            )  # fmt: skip
         return cls(
             DEFAULT_DELAY_LEVELS_MS,
             topics,

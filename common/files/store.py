@@ -12,18 +12,19 @@ import numpy as np
 from rmqstore.common.codec import consumequeue as cq
 from rmqstore.common.codec import index as ix
 from rmqstore.common.codec.columnar import RecordColumns
-from rmqstore.common.codec.dispatch import DEFAULT_DELAY_LEVELS_MS, DispatchBatch, DispatchPlan, plan_dispatch
+from rmqstore.common.codec.dispatch import (
+    DEFAULT_DELAY_LEVELS_MS,
+    SMALL_BATCH_RECORDS,
+    DispatchBatch,
+    DispatchPlan,
+    plan_dispatch,
+)
 from rmqstore.common.codec.record import Record
 from rmqstore.common.errors import Corruption, InvalidArgument
 from rmqstore.common.files.commitlog import DEFAULT_FILE_SIZE_BYTES, CommitLog, ScanStop
 from rmqstore.common.files.consumequeue import ConsumeQueueSet, infer_file_units
 from rmqstore.common.files.index import IndexFileList
 from rmqstore.common.files.scan import ColumnScan
-
-
-# Below this many records a batch is dispatched record by record (measured: numpy's fixed
-# cost per call outweighs its per-record saving for a handful of records).
-SMALL_BATCH_RECORDS = 16
 
 
 @dataclass(frozen=True, slots=True)

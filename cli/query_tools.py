@@ -369,7 +369,7 @@ def register(commands: argparse._SubParsersAction) -> None:  # type: ignore[type
         "--mapped-budget-mb",
         type=int,
         metavar="MB",
-        help="resident mapped store pages kept before they are dropped (default 150, query.view's "
+        help="resident mapped store pages kept before they are dropped (default 96, query.view's "
         "MAPPED_RESIDENT_BUDGET_BYTES); lower keeps the RSS smaller, higher spares lookups re-mapping pages",
     )
     add_server_tls_options(serve)

@@ -654,3 +654,27 @@ def test_query_serve_refuses_a_budget_below_one_mb(tmp_path: Path) -> None:
     )
     assert done.returncode == 2
     assert "--mapped-budget-mb must be at least 1, got 0" in done.stderr
+
+
+def test_the_walk_for_rollback_keys_releases_the_log_as_it_goes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The header walk over new records drops the pages behind it in steps of the release
+    size, not all at the end (its peak would be the whole new log): the released ranges
+    are contiguous, cover what it walked, and each is about the step."""
+    import rmqstore.query.view as view_module
+
+    sizes = StoreSizes(commitlog_file_size_bytes=8 << 20, cq_file_units=100_000, index_slots=1000, index_entries=50_000)
+    writer = Writer(WriterConfig(store=str(tmp_path / "store"), sizes=sizes))
+    body = bytes(4000)
+    for _ in range(10):
+        writer.append([MessageInput("TopicA", body, ["k"])] * 100)
+    writer.close()
+    monkeypatch.setattr(view_module, "CATCH_UP_RELEASE_BYTES", 256 * 1024)
+    view = view_module.StoreView(str(tmp_path / "store"), sizes)
+    released: list[tuple[int, int]] = []
+    release = view.log.release
+    monkeypatch.setattr(view.log, "release", lambda start, stop: (released.append((start, stop)), release(start, stop)))
+    assert len(view.by_key("TopicA", "k", page_size=5).records) == 5
+    assert released[0][0] == 0 and released[-1][1] == view.visible_offset
+    assert all(a[1] == b[0] for a, b in zip(released, released[1:]))
+    assert len(released) >= 15 and max(stop - start for start, stop in released) < 256 * 1024 + 4200
+    view.close()

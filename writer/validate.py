@@ -4,6 +4,7 @@ unknown topic) before anything is written."""
 from __future__ import annotations
 
 import functools
+import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -170,7 +171,7 @@ def _plainly_valid(batch: MessageBatch, limits: Limits) -> bool:
         return False
     if max(map(len, batch.keys)) > limits.max_keys:
         return False
-    keys = [key for key_list in batch.keys for key in key_list]
+    keys = list(itertools.chain.from_iterable(batch.keys))
     text = "".join(keys) + "".join(batch.tags)
     if not text.isascii() or "\x01" in text or "\x02" in text or " " in "".join(keys):
         return False
@@ -181,8 +182,11 @@ def _plainly_valid(batch: MessageBatch, limits: Limits) -> bool:
     if longest + 64 + UNIQ_KEY_LENGTH_MAX > PROPERTIES_LENGTH_MAX:
         return False
     uniq_keys = "".join(batch.uniq_keys)
+    # bytes.isalnum is str.isalnum on ASCII text, by table rather than Unicode lookups.
     if uniq_keys and not (
-        uniq_keys.isascii() and uniq_keys.isalnum() and max(map(len, batch.uniq_keys)) <= UNIQ_KEY_LENGTH_MAX
+        uniq_keys.isascii()
+        and uniq_keys.encode("ascii").isalnum()
+        and max(map(len, batch.uniq_keys)) <= UNIQ_KEY_LENGTH_MAX
     ):
         return False
     return True

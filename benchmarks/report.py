@@ -376,23 +376,28 @@ def _rss(sizes: dict[str, Any], summary: Summary) -> list[str]:
         label = short_count(int(size))
         q, sq = rss["query_node_kib"], rss["sqlite_process_kib"]
         total_mb = q["VmRSS"] / 1024
-        totals.append(total_mb)
-        ok = _at_most(total_mb, RSS_LIMIT_MB)
-        summary.add(f"7. query-node RSS, {label}", "≤ 200 MB", f"{_n(total_mb, 1)} MB", ok)
+        # Judged on the peak: the RSS at the end depends on how long ago the node's last
+        # periodic trim was; the peak is what the node needed over all the query sets.
+        peak_mb = q.get("VmHWM", q["VmRSS"]) / 1024
+        totals.append(peak_mb)
+        ok = _at_most(peak_mb, RSS_LIMIT_MB)
+        summary.add(f"7. query-node RSS (peak), {label}", "≤ 200 MB", f"{_n(peak_mb, 1)} MB", ok)
         rows.append([label, _n(rss["store_bytes"] / 1e6), _n(total_mb, 1), _n(q["RssAnon"] / 1024, 1),
                      _n(q["RssFile"] / 1024, 1), _n(q.get("VmHWM", 0) / 1024, 1), _n(sq["VmRSS"] / 1024, 1),
                      _n(sq["RssAnon"] / 1024, 1), _x(_ratio_low(total_mb, sq["VmRSS"] / 1024)), "≤ 200 MB",
                      _verdict(ok)])  # fmt: skip
     if len(totals) > 1:
         growth = totals[-1] / totals[0]
-        summary.add("7. query-node RSS flat as the store grows", f"largest ≤ {RSS_FLAT_GROWTH}× smallest size's",
+        summary.add("7. query-node RSS (peak) flat as the store grows", f"largest ≤ {RSS_FLAT_GROWTH}× smallest size's",
                     f"{growth:.2f}×", growth <= RSS_FLAT_GROWTH)  # fmt: skip
     return [
         "## 7. Query-node memory after the query sets",
         "",
         "`/proc/PID/status` of `rmqstore query serve` after it answered the gRPC query sets of section 4. "
         "Mapped store files count in RSS as RssFile (page cache the kernel can reclaim); RssAnon is the "
-        "process's own memory. SQLite: a Python process that ran the same query sets on the database.",
+        "process's own memory. The targets are judged on the peak (VmHWM): the RSS at the end depends on "
+        "when the node last dropped its mapped pages (every 5 s and past its budget). SQLite: a Python "
+        "process that ran the same query sets on the database.",
         "",
         *_table(["messages", "store on disk MB", "VmRSS MB", "RssAnon MB", "RssFile MB", "peak (VmHWM) MB",
                  "SQLite VmRSS MB", "SQLite RssAnon MB", "× SQLite (VmRSS)", "target", "verdict"], rows),  # fmt: skip

@@ -569,3 +569,55 @@ def test_writer_plans_refuse_what_they_cannot_hash() -> None:
         _speedups.message_key_hashes(one, ["U"], [[1]])
     with pytest.raises(ValueError, match="columns of different lengths"):
         _speedups.message_key_hashes(one, ["U", "V"], [[], []])
+
+
+# References
+
+
+def test_no_call_leaks_what_it_builds() -> None:
+    """Each fast path, on its success and hand-back and error paths, keeps nothing: a
+    leaked reference per call would keep tens of thousands of objects alive here."""
+    import tracemalloc
+
+    good = _sample_record()
+    bad = good[:8] + b"\x00\x00\x00\x01" + good[12:]
+    data = np.frombuffer(good * 10, np.uint8)
+    at = np.arange(0, len(good) * 10, len(good), dtype=np.int64)
+    length = np.full(10, 50, np.int64)
+    host = HOSTS[0]
+
+    def refused(call, *args):  # type: ignore[no-untyped-def]
+        try:
+            call(*args)
+        except (TypeError, ValueError):
+            pass
+
+    calls = [
+        lambda: _speedups.decode_record(good, 0, True, len(good)),
+        lambda: _speedups.decode_record(bad, 0, True, len(bad)),
+        lambda: _speedups.index_key_hash("Topic", "key-é\U0001f600"),
+        lambda: _speedups.encode_records(0, [1, 2], [0, 0], [5, 6], [None, 3], [host, V6], [b"ab", b""], ["T", "T"],
+                                         [b"p", b""], 9, host, 8),  # fmt: skip
+        lambda: _speedups.encode_common_properties(props._COMMON_ORDER, [["a", "b"]], ["t"], ["u"]),
+        lambda: _speedups.walk_starts(good * 3, 0, 10**6, 10),
+        lambda: _speedups.body_crcs(data, at, length),
+        lambda: _speedups.span_texts(data, at, length),
+        lambda: _speedups.span_key_hashes(data, at * 0, at, length, at, length),
+        lambda: _speedups.tags_codes(["TagA", None, "TagB"]),  # hashes beyond the cached small ints
+        lambda: _speedups.message_key_hashes(at[:2] * 0, ["u", "v"], [["a"], []]),
+        lambda: refused(_speedups.encode_records, 0, [1], [0], [5], [None], [host], ["x"], ["T"], [b"p"], 9, host, 8),
+        lambda: refused(_speedups.message_key_hashes, at[:1], [None], [[]]),
+        lambda: refused(_speedups.span_texts, data, at + 10**6, length),
+    ]
+    for call in calls:
+        for _ in range(200):
+            call()
+        tracemalloc.start()
+        try:
+            before = tracemalloc.get_traced_memory()[0]
+            for _ in range(5000):
+                call()
+            grown = tracemalloc.get_traced_memory()[0] - before
+        finally:
+            tracemalloc.stop()
+        assert grown < 64 * 1024, (call, grown)

@@ -129,7 +129,7 @@ class CommitLog:
         mapped = self.files.find(offset)
         if mapped is None:
             raise NotFound(f"commit log offset {offset} is outside [{self.min_offset}, {self.max_file_offset})")
-        if self.read_through_file and _speedups is not None:
+        if self.read_through_file:
             record = self._read_through_file(mapped, offset - mapped.start_offset, check_crc)
             if record is not None:
                 return record
@@ -139,21 +139,27 @@ class CommitLog:
         return item
 
     def _read_through_file(self, mapped: MappedFile, position: int, check_crc: bool) -> Record | None:
-        """The well-formed record at ``position`` read with pread (the compiled decoder),
-        or None for anything else, which :meth:`read` then decodes through the mapping to
-        say what is there. Random lookups over a large log read this way: a page fault
-        costs more than the read, and the pages would fill the node's resident set."""
+        """The well-formed record at ``position`` read with pread, or None for anything
+        else, which :meth:`read` then decodes through the mapping to say what is there
+        (the bytes read here may stop short of the file's end). Random lookups over a large
+        log read this way: a page fault costs more than the read, and the pages would fill
+        the node's resident set."""
         data = mapped.pread(position, READ_AHEAD_BYTES)
         if len(data) < 8:
             return None
         (size,) = _INT32.unpack_from(data)
         if len(data) < size <= READ_THROUGH_FILE_RECORD_BYTES_MAX:
             data += mapped.pread(position + len(data), size - len(data))
-        assert _speedups is not None
-        record = _speedups.decode_record(data, 0, check_crc, len(data))
-        if record is None or record.commitlog_offset != mapped.start_offset + position:
+        if _speedups is not None:
+            item = _speedups.decode_record(data, 0, check_crc, len(data))
+        else:
+            try:
+                item = decode_record(data, 0, check_crc=check_crc)
+            except Corruption:
+                return None
+        if not isinstance(item, Record) or item.commitlog_offset != mapped.start_offset + position:
             return None
-        return record
+        return item
 
     def store_timestamp(self, offset: int) -> int:
         """The store time of the record at ``offset``, from its header alone (time search

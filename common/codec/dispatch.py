@@ -265,7 +265,9 @@ class DispatchBatch:
     ) -> DispatchBatch:
         """The plans of plain messages as a writer stores them — sysFlag NOT (every one
         gets a unit), not in SCHEDULE_TOPIC_XXXX, KEYS already split — built column-wise:
-        the same plans :meth:`add` makes, without a properties map per record."""
+        the same plans :meth:`add` makes, without a properties map per record. A batch of
+        ``SMALL_BATCH_RECORDS`` or more keeps only its keys' hashes when the codecs are
+        compiled."""
         invariant(SCHEDULE_TOPIC not in topics, "producers may not send to the schedule topic")
         if _speedups is not None and len(topics) >= SMALL_BATCH_RECORDS:
             # Hashed here, without the flat list of key strings (a batch this large is

@@ -41,16 +41,21 @@ def span(decoded: RecordColumns, spans: columnar.Spans, index: int) -> bytes:
     return decoded.data[at : at + length].tobytes()
 
 
+def text(data: bytes) -> str:
+    """A text as the per-record decoder reads it (UTF-8, bad bytes replaced)."""
+    return data.decode("utf-8", "replace")
+
+
 def rows_of(decoded: RecordColumns) -> list[dict[str, Any]]:
     """Each decoded row with the per-record decoder's names and value types."""
     rows = []
     for i in range(decoded.rows):
         pairs = range(int(decoded.pair_ends[i]), int(decoded.pair_ends[i + 1]))
-        properties = {span(decoded, decoded.names, j).decode(): span(decoded, decoded.values, j).decode() for j in pairs}
+        properties = {text(span(decoded, decoded.names, j)): text(span(decoded, decoded.values, j)) for j in pairs}
         assert len(properties) == len(pairs), "no name twice in a row"
 
         def named(column: np.ndarray, i: int = i) -> str | None:
-            return None if column[i] < 0 else span(decoded, decoded.values, int(column[i])).decode()
+            return None if column[i] < 0 else text(span(decoded, decoded.values, int(column[i])))
 
         rows.append(
             {
@@ -289,12 +294,24 @@ def test_generated_records_decode_as_record_by_record(items: list[tuple[Record, 
 @example(data=b"\x01v\x02B\x01c")
 @example(data=b"AB\x02C\x01d")
 @example(data=b"K\x011\x02T\x012\x02K\x013")  # a later duplicate wins, in the first one's place
+# Names that are not UTF-8: different bytes, one text (U+FFFD), so one pair.
+@example(data=b"\xff\x01a\x02\xfe\x01b")
+@example(data=b"A_LONG_NAME_\xff\x01a\x02KEYS\x01k\x02A_LONG_NAME_\xfe\x01b")
 def test_properties_split_as_the_per_record_decoder_does(data: bytes) -> None:
     record = encode_record(Record(topic="T", commitlog_offset=0), properties_bytes=data)
     decoded = columnar.decode(record, [0], base_offset=0)
     want = decode_record(record)
     assert isinstance(want, Record)
     assert rows_of(decoded) == [expected_row(want)]
+
+
+@given(st.lists(st.sampled_from([b"\x01", b"\x02", b"\xff", b"\xfe", b"\xc3", b"A", b"KEYS", b"A_LONG_NAME_"]), max_size=16))
+def test_properties_that_are_not_utf8_split_as_the_per_record_decoder_does(pieces: list[bytes]) -> None:
+    data = b"".join(pieces)
+    record = encode_record(Record(topic="T", commitlog_offset=0), properties_bytes=data)
+    want = decode_record(record)
+    assert isinstance(want, Record)
+    assert rows_of(columnar.decode(record, [0], base_offset=0)) == [expected_row(want)]
 
 
 def test_long_properties_and_many_pairs_share_a_batch_with_short_ones(tmp_path: Path) -> None:

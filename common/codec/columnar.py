@@ -531,7 +531,7 @@ def _pairs(data: np.ndarray, properties: Spans) -> tuple[np.ndarray, Spans, Span
     names = Spans(seg_start, cut - seg_start)
     values = Spans(cut + 1, seg_end - cut - 1)
     prefix = _prefix_words(data, names.at, names.length)
-    repeated = _rows_with_repeated_names(rows, pair_row, names, prefix, data[names.at + names.length - 1])
+    repeated = _rows_with_repeated_names(rows, data, pair_row, names, prefix, data[names.at + names.length - 1])
     if len(repeated):
         pair_row, names, values = _dedupe(data, repeated, pair_row, names, values)
         prefix = _prefix_words(data, names.at, names.length)
@@ -549,18 +549,36 @@ def _pairs(data: np.ndarray, properties: Spans) -> tuple[np.ndarray, Spans, Span
 
 
 def _rows_with_repeated_names(
-    rows: int, pair_row: np.ndarray, names: Spans, prefix: np.ndarray, last_byte: np.ndarray
+    rows: int, data: np.ndarray, pair_row: np.ndarray, names: Spans, prefix: np.ndarray, last_byte: np.ndarray
 ) -> np.ndarray:
     """Rows where two names may be equal: same length, first 8 bytes and last byte (a
-    superset of the rows with a repeated name), or more pairs than are compared."""
+    superset of the rows with a repeated name), or more pairs than are compared, or a
+    name that is not ASCII among two or more (different bytes that are not UTF-8 decode to
+    the same text, as U+FFFD, and the per-record decoder keeps one of them)."""
     fingerprint = prefix ^ (last_byte.astype(np.uint64) << np.uint64(56)) ^ (names.length.astype(np.uint64) << np.uint64(32))
     counts = np.bincount(pair_row, minlength=rows)
     suspects = [np.flatnonzero(counts > _PAIRS_COMPARED_MAX)]
+    non_ascii = _non_ascii(data, names, prefix)
+    if non_ascii.any():
+        suspects.append(pair_row[non_ascii & (counts[pair_row] > 1)])
     for distance in range(1, min(int(counts.max(initial=0)), _PAIRS_COMPARED_MAX + 1)):
         same = (pair_row[distance:] == pair_row[:-distance]) & (fingerprint[distance:] == fingerprint[:-distance])
         if same.any():
             suspects.append(pair_row[distance:][same])
     return np.unique(np.concatenate(suspects))
+
+
+def _non_ascii(data: np.ndarray, names: Spans, prefix: np.ndarray) -> np.ndarray:
+    """Whether each name has a byte above 0x7F: its first 8 bytes from ``prefix``, the
+    rest of the longer names read here."""
+    found = (prefix & np.uint64(0x8080808080808080)) != 0
+    longer = np.flatnonzero(names.length > 8)
+    if len(longer):
+        rest = names.length[longer] - 8
+        starts = np.cumsum(rest) - rest
+        where = np.repeat(names.at[longer] + 8 - starts, rest) + np.arange(int(rest.sum()), dtype=np.int64)
+        found[longer] |= np.logical_or.reduceat(data[where] >= 0x80, starts)
+    return found
 
 
 def _dedupe(

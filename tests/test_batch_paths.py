@@ -34,7 +34,7 @@ from rmqstore.common.files.consumequeue import ConsumeQueueSet
 from rmqstore.common.files.index import IndexFile, IndexFileList
 from rmqstore.common.files.store import Dispatcher, StoreSizes
 from rmqstore.writer.config import WriterConfig
-from rmqstore.writer.store import Writer
+from rmqstore.writer.store import AppendResult, Writer
 from rmqstore.writer.validate import Limits, MessageBatch, MessageInput, validate_batch, validate_message
 
 TEXT = st.text(alphabet=st.sampled_from("aZ09_#- é中\U0001f680"), max_size=40)
@@ -500,6 +500,20 @@ def test_plans_from_bulk_decoded_records_equal_plans_from_records(
         opened.close()
 
 
+# A store of 8 MiB commit log files, for the query views' memory tests.
+SMALL_FILE_SIZES = StoreSizes(commitlog_file_size_bytes=8 << 20, cq_file_units=100_000, index_slots=1000, index_entries=50_000)
+
+
+def _thousand_records(root: Path, body: bytes) -> list[AppendResult]:
+    """1,000 messages of ``body`` with the key "k" in TopicA's queue 0, written in batches
+    of 100 to a new store at ``root``; their acks."""
+    writer = Writer(WriterConfig(store=str(root), sizes=SMALL_FILE_SIZES))
+    try:
+        return [ack for _ in range(10) for ack in writer.append([MessageInput("TopicA", body, ["k"], queue_id=0)] * 100)]
+    finally:
+        writer.close()
+
+
 def _rss_file_kib() -> int:
     with open("/proc/self/status") as status:
         return next(int(line.split()[1]) for line in status if line.startswith("RssFile:"))
@@ -510,11 +524,9 @@ def test_a_query_view_leaves_no_mapped_pages_resident_after_a_trim(tmp_path: Pat
     periodic trim; the records still read back the same afterwards."""
     from rmqstore.query.view import StoreView
 
-    sizes = StoreSizes(commitlog_file_size_bytes=8 << 20, cq_file_units=100_000, index_slots=1000, index_entries=50_000)
-    writer = Writer(WriterConfig(store=str(tmp_path / "store"), sizes=sizes))
+    sizes = SMALL_FILE_SIZES
     body = bytes(range(256)) * 16
-    acks = [ack for _ in range(10) for ack in writer.append([MessageInput("TopicA", body, ["k"])] * 100)]
-    writer.close()
+    acks = _thousand_records(tmp_path / "store", body)
     view = StoreView(str(tmp_path / "store"), sizes)
     view.log.read_through_file = False  # read through the mappings, as without the extension
     before = _rss_file_kib()
@@ -570,11 +582,9 @@ def test_a_query_view_reads_records_through_the_file(tmp_path: Path, monkeypatch
     from rmqstore.common.files import commitlog as commitlog_module
     from rmqstore.query.view import StoreView
 
-    sizes = StoreSizes(commitlog_file_size_bytes=8 << 20, cq_file_units=100_000, index_slots=1000, index_entries=50_000)
-    writer = Writer(WriterConfig(store=str(tmp_path / "store"), sizes=sizes))
+    sizes = SMALL_FILE_SIZES
     body = bytes(range(256)) * 16
-    acks = [ack for _ in range(10) for ack in writer.append([MessageInput("TopicA", body, ["k"])] * 100)]
-    writer.close()
+    acks = _thousand_records(tmp_path / "store", body)
     view = StoreView(str(tmp_path / "store"), sizes)
     assert view.log.read_through_file
     view._trim()
@@ -608,12 +618,9 @@ def test_a_query_view_keeps_mapped_pages_within_its_budget(tmp_path: Path, monke
     """Lookups that touch 4 MiB of records leave at most about the budget resident."""
     import rmqstore.query.view as view_module
 
-    sizes = StoreSizes(commitlog_file_size_bytes=8 << 20, cq_file_units=100_000, index_slots=1000, index_entries=50_000)
-    writer = Writer(WriterConfig(store=str(tmp_path / "store"), sizes=sizes))
+    sizes = SMALL_FILE_SIZES
     body = bytes(range(256)) * 16
-    for _ in range(10):
-        writer.append([MessageInput("TopicA", body, ["k"], queue_id=0)] * 100)
-    writer.close()
+    _thousand_records(tmp_path / "store", body)
     monkeypatch.setattr(view_module, "MAPPED_RESIDENT_BUDGET_BYTES", 1 << 20)
     monkeypatch.setattr(view_module, "TRIM_CHECK_EVERY_LOOKUPS", 8)
     view = view_module.StoreView(str(tmp_path / "store"), sizes)
@@ -662,12 +669,8 @@ def test_the_walk_for_rollback_keys_releases_the_log_as_it_goes(tmp_path: Path, 
     are contiguous, cover what it walked, and each is about the step."""
     import rmqstore.query.view as view_module
 
-    sizes = StoreSizes(commitlog_file_size_bytes=8 << 20, cq_file_units=100_000, index_slots=1000, index_entries=50_000)
-    writer = Writer(WriterConfig(store=str(tmp_path / "store"), sizes=sizes))
-    body = bytes(4000)
-    for _ in range(10):
-        writer.append([MessageInput("TopicA", body, ["k"])] * 100)
-    writer.close()
+    sizes = SMALL_FILE_SIZES
+    _thousand_records(tmp_path / "store", bytes(4000))
     monkeypatch.setattr(view_module, "CATCH_UP_RELEASE_BYTES", 256 * 1024)
     view = view_module.StoreView(str(tmp_path / "store"), sizes)
     released: list[tuple[int, int]] = []

@@ -33,7 +33,6 @@ from rmqstore.common.codec.record import (
     patch_offsets,
     store_timestamp_at,
 )
-from rmqstore.common.codec.speedups import _speedups
 from rmqstore.common.errors import Corruption, InvalidArgument, NotFound, invariant
 from rmqstore.common.files.mapped import MappedFile, MappedFileQueue
 
@@ -150,13 +149,10 @@ class CommitLog:
         (size,) = _INT32.unpack_from(data)
         if len(data) < size <= READ_THROUGH_FILE_RECORD_BYTES_MAX:
             data += mapped.pread(position + len(data), size - len(data))
-        if _speedups is not None:
-            item = _speedups.decode_record(data, 0, check_crc, len(data))
-        else:
-            try:
-                item = decode_record(data, 0, check_crc=check_crc)
-            except Corruption:
-                return None
+        try:
+            item = decode_record(data, 0, check_crc=check_crc)
+        except Corruption:
+            return None
         if not isinstance(item, Record) or item.commitlog_offset != mapped.start_offset + position:
             return None
         return item

@@ -456,7 +456,7 @@ def test_plans_from_bulk_decoded_records_equal_plans_from_records(
         by_columns = DispatchBatch(key_hashes=np.zeros(0, np.int64))
         for mapped in log.files:
             found = columnar.walk(mapped.buf, 0, stop=mapped.file_size_bytes, rows_max=10**6, bytes_max=2**40)
-            if found.starts:
+            if len(found.starts):
                 part = DispatchBatch.of_columns(columnar.decode(mapped.buf, found.starts, base_offset=mapped.start_offset))
                 for field in DispatchBatch.__slots__[1:-1]:
                     getattr(by_columns, field).extend(getattr(part, field))
@@ -486,7 +486,7 @@ def test_plans_from_bulk_decoded_records_equal_plans_from_records(
     spans_used = [
         DispatchBatch.of_columns(columnar.decode(m.buf, found.starts, base_offset=m.start_offset)).key_hashes is not None
         for m in plain.files
-        if (found := columnar.walk(m.buf, 0, stop=m.file_size_bytes, rows_max=10**6, bytes_max=2**40)).starts
+        if (found := columnar.walk(m.buf, 0, stop=m.file_size_bytes, rows_max=10**6, bytes_max=2**40)).starts.size
     ]
     assert all(spans_used) and len(spans_used) > 5  # ASCII keys: hashed on their bytes
     apache = CommitLog(str(CLEAN / "commitlog"), FIXTURE_SIZES.commitlog_file_size_bytes)

@@ -159,10 +159,10 @@ def test_walk_stops_at_the_blank_that_ends_a_file_and_at_zeros() -> None:
         starts = [r.commitlog_offset for r in log.records(0, stop=first.end_offset)]
     finally:
         log.close()
-    assert full.end is WalkEnd.BLANK and full.starts == starts
+    assert full.end is WalkEnd.BLANK and full.starts.tolist() == starts
     assert tail.end is WalkEnd.OTHER and tail.position == 2_089_474 - 3 * 524288
-    assert (some.end, some.position, some.starts) == (WalkEnd.LIMIT, starts[5], starts[:5])
-    assert (cut.end, cut.starts) == (WalkEnd.STOP, starts[:3])
+    assert (some.end, some.position, some.starts.tolist()) == (WalkEnd.LIMIT, starts[5], starts[:5])
+    assert (cut.end, cut.starts.tolist()) == (WalkEnd.STOP, starts[:3])
 
 
 # Generated records
@@ -346,7 +346,7 @@ def test_walk_stops_after_the_record_that_crosses_its_byte_limit() -> None:
         starts = [r.commitlog_offset for r in log.records(0, stop=4000)]
     finally:
         log.close()
-    assert (one.starts, one.position, one.end) == ([0], starts[1], WalkEnd.LIMIT)
+    assert (one.starts.tolist(), one.position, one.end) == ([0], starts[1], WalkEnd.LIMIT)
 
 
 # Damaged logs end where, and as, the per-record reader says

@@ -454,13 +454,14 @@ def _walks(buf: bytes, position: int, stop: int, rows_max: int, bytes_max: int, 
     with monkeypatch.context() as patch:
         patch.setattr(columnar, "_speedups", None)
         python = columnar.walk(buf, position, stop=stop, rows_max=rows_max, bytes_max=bytes_max)
-    return fast, python
+    assert fast.starts.dtype == python.starts.dtype == np.int64
+    return (fast.starts.tolist(), fast.position, fast.end), (python.starts.tolist(), python.position, python.end)
 
 
 def test_walks_of_the_fixture_log_are_the_same(monkeypatch: pytest.MonkeyPatch) -> None:
     chunk = (CLEAN / "commitlog" / "00000000000000000000").read_bytes()
     fast, python = _walks(chunk, 0, len(chunk), 10**6, 10**9, monkeypatch)
-    assert fast == python and fast.end is columnar.WalkEnd.BLANK and len(fast.starts) > 100
+    assert fast == python and fast[2] is columnar.WalkEnd.BLANK and len(fast[0]) > 100
     for rows_max, bytes_max, stop in [(7, 10**9, len(chunk)), (10**6, 5000, len(chunk)), (10**6, 10**9, 3000), (0, 10, 10)]:
         assert _walks(chunk, 0, stop, rows_max, bytes_max, monkeypatch)[0] == _walks(chunk, 0, stop, rows_max, bytes_max, monkeypatch)[1]
 
@@ -571,6 +572,73 @@ def test_writer_plans_refuse_what_they_cannot_hash() -> None:
         _speedups.message_key_hashes(one, ["U", "V"], [[], []])
 
 
+# The properties' pairs in bulk
+
+
+def _pairs_both_ways(spans: list[bytes]):  # type: ignore[no-untyped-def]
+    """columnar._pairs over the spans (each after a byte of padding), compiled and numpy."""
+    data = np.zeros(1 + sum(len(s) + 1 for s in spans) + columnar._PAD_BYTES, np.uint8)
+    at, length, position = [], [], 1
+    for span in spans:
+        data[position : position + len(span)] = np.frombuffer(span, np.uint8)
+        at.append(position)
+        length.append(len(span))
+        position += len(span) + 1
+    properties = columnar.Spans(np.array(at, np.int64), np.array(length, np.int64))
+    results = []
+    for compiled in (True, False):
+        with pytest.MonkeyPatch.context() as patch:
+            if not compiled:
+                patch.setattr(columnar, "_speedups", None)
+            pair_ends, names, values, named = columnar._pairs(data, properties)
+        results.append(
+            (
+                pair_ends.tolist(),
+                [bytes(data[a : a + n]) for a, n in zip(names.at.tolist(), names.length.tolist())],
+                [bytes(data[a : a + n]) for a, n in zip(values.at.tolist(), values.length.tolist())],
+                {name: column.tolist() for name, column in named.items()},
+            )
+        )
+    return results
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.lists(st.sampled_from([b"\x01", b"\x02", b"\xff", b"\xfe", b"A", b"B", b"KEYS", b"TAGS", b"UNIQ_KEY", b"v"]),
+                 max_size=24).map(b"".join),  # fmt: skip
+        min_size=1,
+        max_size=12,
+    )
+)
+@example([b"", b"KEYS\x01k1 k2\x02TAGS\x01t\x02UNIQ_KEY\x01u", b"K\x011\x02T\x012\x02K\x013"])
+@example([b"\xff\x01a\x02\xfe\x01b", b"A\x01b\x02", b"\x01v\x02B\x01c", b"KEYS\x01a\x02KEYS\x01b"])
+def test_property_pairs_equal_the_numpy_split(spans: list[bytes]) -> None:
+    compiled, python = _pairs_both_ways(spans)
+    assert compiled == python
+
+
+def test_property_pairs_of_rows_with_many_pairs_equal_the_numpy_split() -> None:
+    """Past 64 pairs the scan leaves the names' comparison to the dictionary's rules."""
+    distinct = b"\x02".join(b"name-%d\x01v%d" % (n, n) for n in range(100))
+    repeating = b"\x02".join(b"name-%d\x01v%d" % (n % 9, n) for n in range(100)) + b"\x02KEYS\x01last"
+    compiled, python = _pairs_both_ways([distinct, repeating, b"TAGS\x01t"])
+    assert compiled == python
+    pair_ends, names, values, named = compiled
+    assert pair_ends == [0, 100, 110, 111]
+    assert names[100:110] == [b"name-%d" % n for n in range(9)] + [b"KEYS"]
+    assert values[100:110] == [b"v%d" % max(n for n in range(100) if n % 9 == k) for k in range(9)] + [b"last"]
+    assert named == {"KEYS": [-1, 109, -1], "TAGS": [-1, -1, 110], "UNIQ_KEY": [-1, -1, -1]}
+
+
+def test_property_pairs_refuse_a_span_outside_the_data() -> None:
+    data = np.zeros(10, np.uint8)
+    with pytest.raises(ValueError, match="a span outside the data"):
+        _speedups.property_pairs(data, np.array([5], np.int64), np.array([6], np.int64))
+    with pytest.raises(ValueError, match="at and length differ in length"):
+        _speedups.property_pairs(data, np.array([5], np.int64), np.array([1, 2], np.int64))
+
+
 # References
 
 
@@ -603,6 +671,8 @@ def test_no_call_leaks_what_it_builds() -> None:
         lambda: _speedups.body_crcs(data, at, length),
         lambda: _speedups.span_texts(data, at, length),
         lambda: _speedups.span_key_hashes(data, at * 0, at, length, at, length),
+        lambda: _speedups.property_pairs(data, at, length),
+        lambda: refused(_speedups.property_pairs, data, at + 10**6, length),
         lambda: _speedups.tags_codes(["TagA", None, "TagB"]),  # hashes beyond the cached small ints
         lambda: _speedups.message_key_hashes(at[:2] * 0, ["u", "v"], [["a"], []]),
         lambda: refused(_speedups.encode_records, 0, [1], [0], [5], [None], [host], ["x"], ["T"], [b"p"], 9, host, 8),

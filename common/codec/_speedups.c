@@ -643,41 +643,63 @@ fail:
 
 /* ---- Walking and checking records in bulk (codec.columnar) -------------------------- */
 
+/* A growable column of int64s. */
+typedef struct {
+    int64_t *items;
+    Py_ssize_t count, capacity;
+} Column;
+
+static int column_push(Column *column, int64_t value) {
+    if (column->count == column->capacity) {
+        Py_ssize_t capacity = column->capacity ? 2 * column->capacity : 1024;
+        int64_t *items = PyMem_Realloc(column->items, capacity * sizeof(int64_t));
+        if (items == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        column->items = items;
+        column->capacity = capacity;
+    }
+    column->items[column->count++] = value;
+    return 0;
+}
+
+static PyObject *column_bytes(const Column *column) {
+    return PyByteArray_FromStringAndSize((const char *)column->items, column->count * (Py_ssize_t)sizeof(int64_t));
+}
+
 /* walk_starts(buf, position, limit, rows_max) -> (starts, position): record starts from
  * position on while a header passes (v1/v2 magic, a size of at least the smallest
  * record's that fits the buffer) and the next start is before limit; columnar.walk's
- * loop, which then says why it ended. */
+ * loop, which then says why it ended. starts: a bytearray of native int64s. */
 static PyObject *walk_starts(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 4) {
         PyErr_SetString(PyExc_TypeError, "walk_starts takes (buf, position, limit, rows_max)");
         return NULL;
     }
-    Py_ssize_t position = PyLong_AsSsize_t(args[1]);
-    Py_ssize_t limit = PyLong_AsSsize_t(args[2]);
-    Py_ssize_t rows_max = PyLong_AsSsize_t(args[3]);
+    Py_ssize_t position = PyNumber_AsSsize_t(args[1], PyExc_OverflowError);
+    Py_ssize_t limit = PyNumber_AsSsize_t(args[2], PyExc_OverflowError);
+    Py_ssize_t rows_max = PyNumber_AsSsize_t(args[3], PyExc_OverflowError);
     if (PyErr_Occurred()) return NULL;
     Py_buffer view;
     if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0) return NULL;
     const unsigned char *buf = view.buf;
     Py_ssize_t size_end = view.len;
     if (limit > size_end - 7) limit = size_end - 7; /* a header's 8 bytes must fit */
-    PyObject *starts = PyList_New(0), *result = NULL;
-    if (starts == NULL) goto done;
+    Column starts = {0};
+    PyObject *result = NULL, *found = NULL;
     for (Py_ssize_t row = 0; row < rows_max && position >= 0 && position < limit; row++) {
         int64_t size = (int32_t)be32(buf + position);
         uint32_t magic = be32(buf + position + 4);
         if ((magic != MAGIC_V1 && magic != MAGIC_V2) || size < MINIMUM_SIZE_V1 || position + size > size_end) break;
-        PyObject *start = PyLong_FromSsize_t(position);
-        if (start == NULL || PyList_Append(starts, start) < 0) {
-            Py_XDECREF(start);
-            goto done;
-        }
-        Py_DECREF(start);
+        if (column_push(&starts, position) < 0) goto done;
         position += size;
     }
-    result = Py_BuildValue("(On)", starts, position);
+    found = column_bytes(&starts);
+    if (found != NULL) result = Py_BuildValue("(On)", found, position);
 done:
-    Py_XDECREF(starts);
+    Py_XDECREF(found);
+    PyMem_Free(starts.items);
     PyBuffer_Release(&view);
     return result;
 }
@@ -1023,6 +1045,115 @@ done:
     return result;
 }
 
+/* ---- The properties' pairs in bulk (codec.columnar._pairs) --------------------------- */
+
+/* A name of the pairs at names[first:last] (their at, length) equal to another's bytes, or
+ * one with a byte above 0x7F (names that are not UTF-8 may decode to one text): the row
+ * needs the decoded names' dictionary, which the caller builds. */
+static int names_may_repeat(const unsigned char *data, const int64_t *name_at, const int64_t *name_length,
+                            Py_ssize_t first, Py_ssize_t last) {
+    enum { COMPARED_MAX = 64 };
+    if (last - first < 2) return 0;
+    if (last - first > COMPARED_MAX) return 1;
+    for (Py_ssize_t i = first; i < last; i++) {
+        const unsigned char *name = data + name_at[i];
+        for (int64_t k = 0; k < name_length[i]; k++)
+            if (name[k] >= 0x80) return 1;
+        for (Py_ssize_t j = first; j < i; j++)
+            if (name_length[j] == name_length[i] && memcmp(data + name_at[j], name, name_length[i]) == 0) return 1;
+    }
+    return 0;
+}
+
+/* property_pairs(data, at, length)
+ *     -> (pair_ends, name_at, name_length, value_at, value_length, keys, tags, uniq_key, repeated)
+ *
+ * MessageDecoder.string2messageProperties over each row's span data[at:at+length]: the
+ * span cut at every 0x02; a segment is a pair when its first 0x01 lies after its first
+ * byte and before its last. All results are bytearrays of native int64s: pair_ends
+ * (rows + 1), the pairs' name and value spans in order, per row the pair named KEYS, TAGS
+ * and UNIQ_KEY (or -1), and the rows whose names may repeat (their pairs are as found;
+ * the caller applies the dictionary's rules to them). */
+static PyObject *property_pairs(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "property_pairs takes (data, at, length)");
+        return NULL;
+    }
+    static const char *wanted[3] = {"KEYS", "TAGS", "UNIQ_KEY"};
+    Buffers buffers = {.count = 0};
+    Py_ssize_t size, rows, rows_length;
+    PyObject *result = NULL, *named[3] = {NULL, NULL, NULL}, *ends = NULL, *spans[5] = {NULL};
+    Column name_at = {0}, name_length = {0}, value_at = {0}, value_length = {0}, repeated = {0};
+    const unsigned char *data = take_buffer(&buffers, args[0], 1, &size);
+    const int64_t *at = data == NULL ? NULL : take_buffer(&buffers, args[1], 8, &rows);
+    const int64_t *length = at == NULL ? NULL : take_buffer(&buffers, args[2], 8, &rows_length);
+    if (length == NULL) goto done;
+    if (rows != rows_length) {
+        PyErr_SetString(PyExc_ValueError, "property_pairs: at and length differ in length");
+        goto done;
+    }
+    for (Py_ssize_t row = 0; row < rows; row++) {
+        if (at[row] < 0 || length[row] < 0 || at[row] + length[row] > size) {
+            PyErr_SetString(PyExc_ValueError, "property_pairs: a span outside the data");
+            goto done;
+        }
+    }
+    ends = PyByteArray_FromStringAndSize(NULL, (rows + 1) * (Py_ssize_t)sizeof(int64_t));
+    for (int n = 0; n < 3 && ends != NULL; n++) {
+        named[n] = PyByteArray_FromStringAndSize(NULL, rows * (Py_ssize_t)sizeof(int64_t));
+        if (named[n] == NULL) goto done;
+    }
+    if (ends == NULL) goto done;
+    int64_t *pair_ends = (int64_t *)PyByteArray_AS_STRING(ends);
+    int64_t *holders[3];
+    for (int n = 0; n < 3; n++) holders[n] = (int64_t *)PyByteArray_AS_STRING(named[n]);
+    pair_ends[0] = 0;
+    for (Py_ssize_t row = 0; row < rows; row++) {
+        const unsigned char *p = data + at[row], *end = p + length[row];
+        Py_ssize_t first = name_at.count;
+        holders[0][row] = holders[1][row] = holders[2][row] = -1;
+        while (p < end) {
+            const unsigned char *cut_at = memchr(p, 0x02, end - p);
+            const unsigned char *segment_end = cut_at == NULL ? end : cut_at;
+            const unsigned char *split = memchr(p, 0x01, segment_end - p);
+            if (split != NULL && split > p && split < segment_end - 1) {
+                int64_t pair = name_at.count, n_length = split - p;
+                if (column_push(&name_at, p - data) < 0 || column_push(&name_length, n_length) < 0
+                    || column_push(&value_at, split + 1 - data) < 0
+                    || column_push(&value_length, segment_end - split - 1) < 0)
+                    goto done;
+                for (int n = 0; n < 3; n++)
+                    if ((size_t)n_length == strlen(wanted[n]) && memcmp(p, wanted[n], n_length) == 0)
+                        holders[n][row] = pair;
+            }
+            if (cut_at == NULL) break;
+            p = cut_at + 1;
+        }
+        pair_ends[row + 1] = name_at.count;
+        if (names_may_repeat(data, name_at.items, name_length.items, first, name_at.count)
+            && column_push(&repeated, row) < 0)
+            goto done;
+    }
+    spans[0] = column_bytes(&name_at);
+    spans[1] = column_bytes(&name_length);
+    spans[2] = column_bytes(&value_at);
+    spans[3] = column_bytes(&value_length);
+    spans[4] = column_bytes(&repeated);
+    if (spans[0] && spans[1] && spans[2] && spans[3] && spans[4])
+        result = PyTuple_Pack(9, ends, spans[0], spans[1], spans[2], spans[3], named[0], named[1], named[2], spans[4]);
+done:
+    Py_XDECREF(ends);
+    for (int n = 0; n < 5; n++) Py_XDECREF(spans[n]);
+    for (int n = 0; n < 3; n++) Py_XDECREF(named[n]);
+    PyMem_Free(name_at.items);
+    PyMem_Free(name_length.items);
+    PyMem_Free(value_at.items);
+    PyMem_Free(value_length.items);
+    PyMem_Free(repeated.items);
+    release_buffers(&buffers);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"java_string_hash", (PyCFunction)java_string_hash, METH_O, "String.hashCode of a str, as a signed int32."},
     {"index_key_hash", (PyCFunction)(void (*)(void))index_key_hash, METH_FASTCALL,
@@ -1041,6 +1172,9 @@ static PyMethodDef methods[] = {
      "span_texts(data, at, length) -> list[str | None]."},
     {"span_key_hashes", (PyCFunction)(void (*)(void))span_key_hashes, METH_FASTCALL,
      "span_key_hashes(data, prefixes, uniq_at, uniq_length, keys_at, keys_length) -> (hashes, counts) | None."},
+    {"property_pairs", (PyCFunction)(void (*)(void))property_pairs, METH_FASTCALL,
+     "property_pairs(data, at, length) -> (pair_ends, name_at, name_length, value_at, value_length, keys, tags, "
+     "uniq_key, repeated)."},
     {"tags_codes", (PyCFunction)tags_codes, METH_O, "tags_codes(tags) -> list[int]."},
     {"message_key_hashes", (PyCFunction)(void (*)(void))message_key_hashes, METH_FASTCALL,
      "message_key_hashes(prefixes, uniq_keys, keys) -> (hashes, counts)."},

@@ -130,7 +130,7 @@ class WalkEnd(enum.Enum):
 
 @dataclass(frozen=True, slots=True)
 class Walk:
-    starts: list[int]  # positions of consecutive records in the buffer
+    starts: np.ndarray  # int64 positions of consecutive records in the buffer
     position: int  # where the walk ended: the next record, the BLANK or the bad bytes
     end: WalkEnd
 
@@ -146,17 +146,19 @@ def walk(buf: bytes | bytearray | memoryview, position: int, *, stop: int, rows_
     size_end = len(buf)
     limit = min(stop, position + bytes_max, size_end - _SIZE_MAGIC.size + 1)
     if _speedups is not None:
-        starts, position = _speedups.walk_starts(buf, position, limit, rows_max)
+        found, position = _speedups.walk_starts(buf, position, limit, rows_max)
+        starts = np.frombuffer(found, np.int64)
     else:
-        starts = []
+        listed = []
         for _ in range(rows_max):
             if position >= limit:
                 break
             size, magic = unpack(buf, position)
             if (magic != MAGIC_V1 and magic != MAGIC_V2) or size < _SIZE_MIN or position + size > size_end:
                 break
-            starts.append(position)
+            listed.append(position)
             position += size
+        starts = np.array(listed, np.int64)
     if position >= stop:
         return Walk(starts, position, WalkEnd.STOP)
     if position + _SIZE_MAGIC.size <= size_end:
@@ -228,7 +230,7 @@ def decode_text(data: np.ndarray, at: int, length: int) -> str:
 
 def decode(
     buf: bytes | bytearray | memoryview,
-    starts: Sequence[int],
+    starts: np.ndarray | Sequence[int],
     *,
     base_offset: int,
     check_crc: bool = True,
@@ -238,11 +240,11 @@ def decode(
     copied (the result holds no view of ``buf``). Columns end before the first record
     that does not decode, or whose PHYSICALOFFSET is not its own offset, or (with
     ``check_crc``) whose non-empty body fails its CRC."""
-    if not starts:
+    if len(starts) == 0:
         raise ValueError("decode needs at least one record start")
-    first = starts[0]
-    (last_size,) = _INT32.unpack_from(buf, starts[-1])
-    length = starts[-1] + last_size - first
+    first, last = int(starts[0]), int(starts[-1])
+    (last_size,) = _INT32.unpack_from(buf, last)
+    length = last + last_size - first
     data = np.zeros(length + _PAD_BYTES, np.uint8)
     data[:length] = np.frombuffer(buf, np.uint8, length, first)
     position = np.asarray(starts, np.int64) - first
@@ -496,6 +498,8 @@ def _pairs(data: np.ndarray, properties: Spans) -> tuple[np.ndarray, Spans, Span
     if not rows:
         none = np.zeros(0, np.int64)
         return np.zeros(1, np.int64), Spans(none, none), Spans(none, none), {KEYS: none, TAGS: none, UNIQ_KEY: none}
+    if _speedups is not None:
+        return _compiled_pairs(data, properties)
     row, position, byte = _separators(data, properties)
     # Segments: each non-empty span cut at every 0x02, numbered in position order.
     cuts = byte == _PAIR_SEPARATOR
@@ -537,6 +541,35 @@ def _pairs(data: np.ndarray, properties: Spans) -> tuple[np.ndarray, Spans, Span
         prefix = _prefix_words(data, names.at, names.length)
     pair_ends = np.zeros(rows + 1, np.int64)
     np.cumsum(np.bincount(pair_row, minlength=rows), out=pair_ends[1:])
+    return pair_ends, names, values, _named(rows, pair_row, names, prefix)
+
+
+def _compiled_pairs(data: np.ndarray, properties: Spans) -> tuple[np.ndarray, Spans, Spans, dict[str, np.ndarray]]:
+    """:func:`_pairs` by the compiled scan, which finds the pairs and the rows whose names
+    may repeat; those rows get the dictionary's rules here, as in :func:`_pairs`."""
+    found = _speedups.property_pairs(
+        np.ascontiguousarray(data),
+        np.ascontiguousarray(properties.at, np.int64),
+        np.ascontiguousarray(properties.length, np.int64),
+    )
+    pair_ends, name_at, name_length, value_at, value_length, keys, tags, uniq_key, repeated = (
+        np.frombuffer(column, np.int64) for column in found
+    )
+    names, values = Spans(name_at, name_length), Spans(value_at, value_length)
+    if not len(repeated):
+        return pair_ends, names, values, {KEYS: keys, TAGS: tags, UNIQ_KEY: uniq_key}
+    rows = len(properties.at)
+    pair_row = np.repeat(np.arange(rows), np.diff(pair_ends))
+    pair_row, names, values = _dedupe(data, repeated, pair_row, names, values)
+    pair_ends = np.zeros(rows + 1, np.int64)
+    np.cumsum(np.bincount(pair_row, minlength=rows), out=pair_ends[1:])
+    prefix = _prefix_words(data, names.at, names.length)
+    return pair_ends, names, values, _named(rows, pair_row, names, prefix)
+
+
+def _named(rows: int, pair_row: np.ndarray, names: Spans, prefix: np.ndarray) -> dict[str, np.ndarray]:
+    """For KEYS, TAGS and UNIQ_KEY, the pair holding each per row (-1 where none does);
+    each row names each at most once."""
     named = {}
     for name in (KEYS, TAGS, UNIQ_KEY):
         wanted = name.encode()
@@ -545,7 +578,7 @@ def _pairs(data: np.ndarray, properties: Spans) -> tuple[np.ndarray, Spans, Span
         column = np.full(rows, -1, np.int64)
         column[pair_row[holder]] = holder
         named[name] = column
-    return pair_ends, names, values, named
+    return named
 
 
 def _rows_with_repeated_names(

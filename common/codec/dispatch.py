@@ -319,8 +319,9 @@ class DispatchBatch:
             tags = texts(columns.tags, _text)
         transaction = columns.sys_flag & sysflag.TRANSACTION_MASK
         store_timestamps = columns.store_timestamp_ms.tolist()
-        tags_codes = [_cached_tags_code(t) for t in tags]
-        for row in (i for i, topic in enumerate(topics) if topic == SCHEDULE_TOPIC):
+        tags_codes = _speedups.tags_codes(tags) if _speedups is not None else [_cached_tags_code(t) for t in tags]
+        delayed = [i for i, topic in enumerate(topics) if topic == SCHEDULE_TOPIC] if SCHEDULE_TOPIC in topics else []
+        for row in delayed:
             # Delayed messages: tagsCode from DELAY, read as the one-record rule reads it.
             at, length = int(columns.properties.at[row]), int(columns.properties.length[row])
             properties = props.decode_properties(raw[at : at + length])

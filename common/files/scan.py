@@ -57,12 +57,12 @@ class ColumnScan:
                 rows_max=self.batch_rows,
                 bytes_max=self.batch_bytes,
             )
-            if found.starts:
+            if len(found.starts):
                 decoded = columnar.decode(mapped.buf, found.starts, base_offset=base, check_crc=self.check_crc)
                 if decoded.rows:
                     yield decoded
                 if decoded.bad is not None:
-                    offset = base + found.starts[decoded.bad]
+                    offset = base + int(found.starts[decoded.bad])
                     break
             offset = base + found.position
             if found.end is WalkEnd.BLANK:

@@ -10,7 +10,7 @@
 2. Single process, for scale: a scan of the whole log record by record
    (``CommitLog.records``, what the data source did per row before its columnar decoder)
    and through the data source's own reader in one process (``read_split``: columnar
-   decode and Arrow batches): rows/s; then the single-process ``reindex``: msgs/s.
+   decode and Arrow batches): rows/s.
 3. Spark ``count()`` of the data source, as the jobs read it
    (``spark.read.format("rmqstore").option("minPartitions", 3 × cores).load(store)``), and
    with one piece per core, and with batches of 32,768 rows.
@@ -21,8 +21,9 @@
    itself allows here.
    The counts of 3 and 4 take turns (one warm-up each, then --scans rounds), and each
    reports the CPU Spark's JVM and its Python workers spent per row (from /proc).
-5. The Spark ``reindex``: msgs/s, its output checked byte for byte against the
-   single-process one.
+5. The Spark ``reindex`` and the single-process ``reindex``, taking turns (one warm-up
+   each, then --reindexes rounds; the median reported): msgs/s, the Spark output checked
+   byte for byte against the single-process one.
 
 Prints one JSON document with every figure, then the Markdown table of PIPELINE.md.
 """
@@ -243,6 +244,7 @@ def main() -> int:
     parser.add_argument("--messages", type=int, default=1_000_000)
     parser.add_argument("--master", default="local[2]")
     parser.add_argument("--scans", type=int, default=3, help="timed rounds of the counts (default 3)")
+    parser.add_argument("--reindexes", type=int, default=3, help="timed rounds of the two reindexes (default 3)")
     args = parser.parse_args()
 
     from rmqstore.common.files.store import StoreSizes, reindex, resolve_sizes
@@ -266,12 +268,6 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="rmqstore-bench-"))
     try:
         figures.update(single_process_scans(store, args.messages))
-        started = time.perf_counter()
-        single = reindex(str(store), str(work / "single"), sizes)
-        single_s = time.perf_counter() - started
-        assert single.records == args.messages
-        figures["single_reindex_s"] = round(single_s, 2)
-        figures["single_reindex_msgs_per_s"] = round(args.messages / single_s)
 
         started = time.perf_counter()
         spark = session.start(args.master)
@@ -309,15 +305,27 @@ def main() -> int:
             for label in ("scan", "scan_one_piece_per_core", "scan_batches_of_32768"):
                 assert figures[label]["rows"] == args.messages, figures[label]
 
-            started = time.perf_counter()
-            summary = spark_reindex.run(spark, str(store), str(work / "spark"), sizes)
-            spark_s = time.perf_counter() - started
-            assert summary.records == args.messages
-            figures["spark_reindex_s"] = round(spark_s, 2)
-            figures["spark_reindex_msgs_per_s"] = round(args.messages / spark_s)
+            # One warm-up each (the Python workers' imports, the JVM's JIT), then the
+            # two take turns, as the counts do; the last outputs stay to be compared.
+            runs: dict[str, list[float]] = {"single": [], "spark": []}
+            for round_number in range(args.reindexes + 1):
+                for kind in runs:
+                    out = work / kind
+                    shutil.rmtree(out, ignore_errors=True)
+                    started = time.perf_counter()
+                    if kind == "single":
+                        records = reindex(str(store), str(out), sizes).records
+                    else:
+                        records = spark_reindex.run(spark, str(store), str(out), sizes).records
+                    if round_number:
+                        runs[kind].append(time.perf_counter() - started)
+                    assert records == args.messages
         finally:
             spark.stop()
-        figures["spark_vs_single_reindex"] = round(single_s / spark_s, 2)
+        for kind, label in (("single", "single_reindex"), ("spark", "spark_reindex")):
+            figures[f"{label}_s"] = [round(t, 2) for t in runs[kind]]
+            figures[f"{label}_msgs_per_s"] = round(args.messages / statistics.median(runs[kind]))
+        figures["spark_vs_single_reindex"] = round(statistics.median(runs["single"]) / statistics.median(runs["spark"]), 2)
         figures["reindex_outputs_identical"] = _same_tree(work / "single", work / "spark")
         assert figures["reindex_outputs_identical"]
     finally:
@@ -344,8 +352,9 @@ def main() -> int:
     print(f"| single process, columnar + Arrow | {figures['single_columnar_rows_per_s']:,} rows/s |")
     for ratio in ("scan_vs_target", "scan_vs_single_columnar", "scan_vs_single_per_record", "scan_vs_floor"):
         print(f"| {ratio} | {figures[ratio]}× |")
-    print(f"| single-process reindex | {figures['single_reindex_msgs_per_s']:,} msgs/s ({figures['single_reindex_s']} s) |")
-    print(f"| Spark reindex | {figures['spark_reindex_msgs_per_s']:,} msgs/s ({figures['spark_reindex_s']} s) |")
+    for label, name in (("single_reindex", "single-process reindex"), ("spark_reindex", "Spark reindex")):
+        seconds = ", ".join(f"{s}" for s in figures[f"{label}_s"])
+        print(f"| {name} (median of {len(figures[f'{label}_s'])}) | {figures[f'{label}_msgs_per_s']:,} msgs/s ({seconds} s) |")
     print(f"| Spark reindex ÷ single-process | {figures['spark_vs_single_reindex']}× |")
     return 0
 

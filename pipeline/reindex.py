@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 from rmqstore.common.codec import consumequeue as cq
 from rmqstore.common.codec import index as ix
-from rmqstore.common.codec.dispatch import DispatchBatch
+from rmqstore.common.codec.dispatch import DispatchBatch, _record_topics
 from rmqstore.common.errors import Corruption, InvalidArgument, invariant
 from rmqstore.common.files.commitlog import CommitLog, ScanStop, StopReason
 from rmqstore.common.files.consumequeue import ConsumeQueue
@@ -126,24 +126,26 @@ def dispatch_split(number: int, split: Split, work: str) -> SplitResult:
                 batch = DispatchBatch.of_columns(decoded)
                 if first_ts is None:
                     first_ts = batch.store_timestamps_ms[0]
-                for topic, queue_id, has_unit in zip(batch.topics, batch.queue_ids, batch.has_unit):
-                    if has_unit:
-                        queues[(topic, queue_id)] = queues.get((topic, queue_id), 0) + 1
+                for topic, queue_id, positions in batch.queue_groups():
+                    queues[(topic, queue_id)] = queues.get((topic, queue_id), 0) + len(positions)
                 hash_ends = np.zeros(len(batch) + 1, np.int32)
                 np.cumsum(batch.key_counts, out=hash_ends[1:])
                 records_total += len(batch)
                 keys_total += int(hash_ends[-1])
+                # The record fields as decoded (one plan per record, in order); topics
+                # through their few distinct values.
+                distinct, numbers = _record_topics(batch.topics)
                 columns = (
-                    batch.commitlog_offsets,
-                    batch.sizes,
-                    batch.store_timestamps_ms,
-                    batch.topics,
-                    batch.queue_ids,
-                    batch.queue_offsets,
-                    batch.tags_codes,
-                    batch.has_unit,
+                    decoded.commitlog_offset,
+                    decoded.size,
+                    decoded.store_timestamp_ms,
+                    pa.DictionaryArray.from_arrays(pa.array(numbers, pa.int32()), pa.array(distinct, pa.string())),
+                    decoded.queue_id,
+                    decoded.queue_offset,
+                    np.asarray(batch.tags_codes, np.int64),
+                    np.asarray(batch.has_unit, bool),
                 )
-                arrays = [pa.array(values, field.type) for values, field in zip(columns, schema)]
+                arrays = [pa.array(values).cast(field.type) for values, field in zip(columns, schema)]
                 arrays.append(pa.ListArray.from_arrays(pa.array(hash_ends), pa.array(batch.index_hashes(), pa.int32())))
                 writer.write_batch(pa.RecordBatch.from_arrays(arrays, schema=schema))
         planning.check_cut(split, last_end)
@@ -392,16 +394,28 @@ def _write_queues(queues: list[tuple[str, int]], paths: list[str], out: str, siz
         for path in paths:
             table = _read_plans(path, ["topic", "queue_id", "queue_offset", "commitlog_offset", "size", "tags_code", "has_unit"])
             names = pc.binary_join_element_wise(table.column("topic"), pc.cast(table.column("queue_id"), pa.string()), "\x00")
-            table = table.filter(pc.and_(table.column("has_unit"), pc.is_in(names, value_set=wanted)))
-            fields = ("topic", "queue_id", "queue_offset", "commitlog_offset", "size", "tags_code")
-            for topic, queue_id, queue_offset, offset, size, tags in zip(*(table.column(name).to_pylist() for name in fields)):
+            number = pc.index_in(names, value_set=wanted)  # the queue's place in ``queues``, null for others
+            keep = pc.and_(table.column("has_unit"), pc.is_valid(number))
+            table = table.filter(keep)
+            if not table.num_rows:
+                continue
+            # Each queue's units in commit log order (a stable sort by queue).
+            queue_number = number.filter(keep).to_numpy()
+            order = np.argsort(queue_number, kind="stable")
+            queue_number = queue_number[order]
+            queue_offsets = table.column("queue_offset").to_numpy()[order]
+            units = np.empty(len(order), dtype=cq.UNIT_DTYPE)
+            for field in ("commitlog_offset", "size", "tags_code"):
+                units[field] = table.column(field).to_numpy()[order]
+            bounds = np.flatnonzero(np.diff(queue_number)) + 1
+            for low, high in zip([0, *bounds.tolist()], [*bounds.tolist(), len(order)]):
+                topic, queue_id = queues[int(queue_number[low])]
                 queue = opened.get((topic, queue_id))
                 if queue is None:
                     queue = opened[(topic, queue_id)] = ConsumeQueue(
                         StorePaths(out).consumequeue, topic, queue_id, sizes.cq_file_units, writable=True
                     )
-                if queue.append(queue_offset, cq.encode_unit(offset, size, tags)):
-                    written += 1
+                written += queue.append_units(queue_offsets[low:high], units[low:high])
         for queue in opened.values():
             queue.flush()
     finally:

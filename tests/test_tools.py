@@ -8,12 +8,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from conftest import CLEAN, CRASHED, FIXTURE_SIZE_ARGS, FIXTURE_SIZES
 from rmqstore.cli.main import main
-from rmqstore.common.codec.consumequeue import FILLER, encode_unit
-from rmqstore.common.errors import NotFound
+from rmqstore.common.codec.consumequeue import FILLER, UNIT_DTYPE, encode_unit
+from rmqstore.common.errors import Corruption, NotFound
 from rmqstore.common.files.check import check_store
 from rmqstore.common.files.commitlog import CommitLog
 from rmqstore.common.files.consumequeue import ConsumeQueue
@@ -140,6 +141,43 @@ def test_consume_queue_starting_late_gets_fillers(tmp_path: Path) -> None:
         reader.close()
 
 
+def test_append_units_writes_what_appending_one_by_one_writes(tmp_path: Path) -> None:
+    """Blocks across files, a queue starting late (fillers), units already there
+    (re-dispatch) and a torn unit rewritten: the same files, the same count."""
+    steps = [[6, 7, 8, 9, 10, 11, 12], [13], [12, 13, 14], [20]]
+
+    def unit(offset: int) -> bytes:
+        return encode_unit(100 * offset, 50, offset % 3)
+
+    def units(offsets: list[int]) -> np.ndarray:
+        return np.frombuffer(b"".join(unit(o) for o in offsets), dtype=UNIT_DTYPE)
+
+    counts: dict[str, list[int]] = {"blocks": [], "one_by_one": []}
+    for how in counts:
+        queue = ConsumeQueue(str(tmp_path / how), "T", 0, 4, writable=True)
+        try:
+            for offsets in steps[:3]:
+                if how == "blocks":
+                    counts[how].append(queue.append_units(np.array(offsets, np.int64), units(offsets)))
+                else:
+                    counts[how].append(sum(queue.append(o, unit(o)) for o in offsets))
+            with pytest.raises(Corruption, match="ends at offset 15; cannot write offset 20"):
+                if how == "blocks":
+                    queue.append_units(np.array(steps[3], np.int64), units(steps[3]))
+                else:
+                    queue.append(20, unit(20))
+        finally:
+            queue.close()
+    assert counts["blocks"] == counts["one_by_one"] == [7, 1, 1]
+    def files(root: Path) -> dict[str, bytes]:
+        return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+    assert files(tmp_path / "blocks") == files(tmp_path / "one_by_one")
+    assert len(files(tmp_path / "blocks")) == 3
+    first = (tmp_path / "blocks" / "T" / "0" / "00000000000000000080").read_bytes()
+    assert first == FILLER * 2 + unit(6) + unit(7)
+
+
 def test_consume_queue_truncation(tmp_path: Path) -> None:
     queue = ConsumeQueue(str(tmp_path), "T", 1, 3, writable=True)
     for n in range(7):
@@ -196,7 +234,6 @@ def test_checkpoint_round_trip_in_place(tmp_path: Path) -> None:
 
 
 def test_short_checkpoint_is_corruption(tmp_path: Path) -> None:
-    from rmqstore.common.errors import Corruption
     from rmqstore.common.files.checkpoint import read_checkpoint
 
     (tmp_path / "checkpoint").write_bytes(bytes(23))

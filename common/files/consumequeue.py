@@ -243,6 +243,30 @@ class ConsumeQueue:
         self._end_position = end
         self.max_commitlog_end = last_commitlog_end
 
+    def append_units(self, queue_offsets: np.ndarray, units: np.ndarray) -> int:
+        """Write ``units`` (``cq.UNIT_DTYPE``, in commit log order) at ``queue_offsets``
+        (increasing): consecutive ones from the queue's end as one block, anything else
+        (fillers before a new queue's first unit, a gap, units already there) through
+        :meth:`append`. Returns how many units were written."""
+        if not len(units):
+            return 0
+        first = int(queue_offsets[0])
+        consecutive = int(queue_offsets[-1]) - first == len(units) - 1
+        if not consecutive or first < self.max_offset:
+            return sum(self.append(offset, units[at : at + 1].tobytes()) for at, offset in enumerate(queue_offsets.tolist()))
+        written = 0
+        if self.files.last is None or first != self.max_offset:
+            # A new queue (its first file, fillers before its first unit) or a queue
+            # resuming after a gap: the one-unit path sets it up.
+            written += self.append(first, units[:1].tobytes())
+            units = units[1:]
+            first += 1
+        if len(units):
+            last = units[-1]
+            self.append_block(first, units.tobytes(), int(last["commitlog_offset"]) + int(last["size"]))
+            written += len(units)
+        return written
+
     def truncate_to_commitlog(self, commitlog_offset: int) -> None:
         """Drop every unit pointing at or past ``commitlog_offset`` (truncateDirtyLogicFiles),
         zeroing the dropped bytes so no stale unit can come back."""

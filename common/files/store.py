@@ -164,26 +164,9 @@ class Dispatcher:
         units["commitlog_offset"] = batch.commitlog_offsets
         units["size"] = batch.sizes
         units["tags_code"] = batch.tags_codes
+        queue_offsets = np.asarray(batch.queue_offsets, np.int64)
         for topic, queue_id, positions in batch.queue_groups():
-            queue = self.queues.get(topic, queue_id)
-            first = batch.queue_offsets[positions[0]]
-            last = positions[-1]
-            consecutive = batch.queue_offsets[last] - first == len(positions) - 1
-            if not consecutive or first < queue.max_offset:
-                # A gap (fillers) or units already there (re-dispatch): one by one.
-                for position in positions:
-                    queue.append(batch.queue_offsets[position], units[position : position + 1].tobytes())
-                continue
-            if queue.files.last is None or first != queue.max_offset:
-                # A new queue (its first file, fillers before its first unit) or a queue
-                # resuming after a gap: the one-unit path sets it up.
-                queue.append(first, units[positions[0] : positions[0] + 1].tobytes())
-                positions = positions[1:]
-                first += 1
-            if len(positions):
-                queue.append_block(
-                    first, units[positions].tobytes(), batch.commitlog_offsets[last] + batch.sizes[last]
-                )
+            self.queues.get(topic, queue_id).append_units(queue_offsets[positions], units[positions])
         for position in range(len(batch) - 1, -1, -1):
             if batch.has_unit[position]:
                 self.last_dispatched_timestamp_ms = batch.store_timestamps_ms[position]

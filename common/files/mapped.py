@@ -200,6 +200,14 @@ class MappedFile:
         if end > low and hasattr(mmap, "MADV_DONTNEED"):
             self._mmap.madvise(mmap.MADV_DONTNEED, low, min(end, self.file_size_bytes) - low)
 
+    def will_need(self, start: int, end: int) -> None:
+        """Say that [start, end) is about to be read (madvise WILLNEED): the kernel reads
+        it ahead and maps what it holds, so the reads take fewer page faults."""
+        low = start - start % mmap.PAGESIZE
+        end = min(end, self.file_size_bytes)
+        if end > low and hasattr(mmap, "MADV_WILLNEED"):
+            self._mmap.madvise(mmap.MADV_WILLNEED, low, end - low)
+
     def flush(self, start: int = 0, end: int | None = None) -> None:
         """Make the bytes written through the mapping durable. ``start``/``end`` name the
         range the caller needs; the whole file is synced (see below)."""

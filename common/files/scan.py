@@ -50,6 +50,7 @@ class ColumnScan:
             if mapped is None:
                 break  # past the last file: the per-record reader says END
             base = mapped.start_offset
+            mapped.will_need(offset - base, min(self.end, offset + self.batch_bytes) - base)
             found = columnar.walk(
                 mapped.buf,
                 offset - base,

@@ -52,7 +52,6 @@ from rmqstore.pipeline.progress import Progress
 from rmqstore.pipeline.splits import Split
 
 REACHED = "reached"  # the split's scan got to its stop: the log goes on
-BATCH_ROWS = 65_536
 QUEUE_GROUPS_PER_CORE = 2
 
 
@@ -118,7 +117,7 @@ def dispatch_split(number: int, split: Split, work: str) -> SplitResult:
     first_ts: int | None = None
     queues: dict[tuple[str, int], int] = {}
     try:
-        scan = ColumnScan(log, split.start, split.stop, batch_rows=BATCH_ROWS)
+        scan = ColumnScan(log, split.start, split.stop)
         last_end = split.start
         with pa.OSFile(path, "wb") as sink, pa.ipc.new_file(sink, schema) as writer:
             for decoded in scan:
@@ -170,7 +169,7 @@ def _read_plans(path: str, columns: list[str]) -> Any:
     import pyarrow as pa
 
     with pa.memory_map(path) as source:
-        return pa.ipc.open_file(source).read_all().select(columns)
+        return pa.ipc.open_file(source).read_all().select(columns).combine_chunks()
 
 
 def _log_end(results: list[SplitResult], splits: list[Split], log_start: int) -> tuple[ScanStop, int]:

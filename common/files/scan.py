@@ -16,7 +16,10 @@ from rmqstore.common.codec.columnar import RecordColumns, WalkEnd
 from rmqstore.common.errors import invariant
 from rmqstore.common.files.commitlog import CommitLog, ScanStop
 
-BATCH_ROWS_MAX = 32_768
+# Batches of 8,192 records (about 3.5 MB at 256-byte bodies) stay in the CPU's caches
+# from the copy out of the log through the passes over them: a reindex of 1M records ran
+# at 300–316 MB/s with them against 238–253 with 32,768 (alternating runs, one machine).
+BATCH_ROWS_DEFAULT = 8192
 BATCH_BYTES_MAX = 32 * 1024 * 1024
 
 
@@ -32,7 +35,7 @@ class ColumnScan:
         stop: int,
         *,
         check_crc: bool = True,
-        batch_rows: int = BATCH_ROWS_MAX,
+        batch_rows: int = BATCH_ROWS_DEFAULT,
         batch_bytes: int = BATCH_BYTES_MAX,
     ):
         self.log = log

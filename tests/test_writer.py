@@ -605,6 +605,27 @@ def test_a_record_too_large_for_a_file_is_refused_and_takes_no_queue_offset(tmp_
     log.close()
 
 
+def test_batches_of_given_queue_ids_take_each_queues_next_offsets(tmp_path: Path) -> None:
+    """Queue ids given, left to the writer and interleaved in a batch; a negative one
+    anywhere refuses the batch (named by its place) and takes no offset."""
+    writer = Writer(WriterConfig(store=str(tmp_path / "store"), sizes=SMALL))
+    try:
+        writer.topics.create("Orders", 3)
+        writer.topics.create("Audit", 2)
+        first = writer.append(
+            [MessageInput(t, b"m", queue_id=q) for t, q in [("Orders", 2), ("Audit", 1), ("Orders", 2), ("Orders", 0), ("Audit", 1)]]
+        )
+        assert [(r.topic, r.queue_id, r.queue_offset) for r in first] == [
+            ("Orders", 2, 0), ("Audit", 1, 0), ("Orders", 2, 1), ("Orders", 0, 0), ("Audit", 1, 1),
+        ]  # fmt: skip
+        with pytest.raises(InvalidArgument, match="^message 3: queue id -1 is negative$"):
+            writer.append([MessageInput("Orders", b"m", queue_id=2), MessageInput("Orders", b"m"), MessageInput("Orders", b"m", queue_id=-1)])
+        again = writer.append([MessageInput("Orders", b"m", queue_id=2), MessageInput("Audit", b"m", queue_id=1)])
+        assert [(r.topic, r.queue_id, r.queue_offset) for r in again] == [("Orders", 2, 2), ("Audit", 1, 2)]
+    finally:
+        writer.close()
+
+
 def test_a_full_disk_mid_write_stores_nothing_of_the_batch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The file system fills up part-way through a batch's write (injected: the disk
     here is not full): the caller gets StoreFull, the half-written bytes are cleared,

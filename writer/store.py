@@ -472,7 +472,8 @@ class Writer:
         queue_count = self.topics.queue_count
         known = {topic: queue_count(topic) for topic in set(batch.topics)}
         if None not in known.values() and all(
-            q is None or q < known[t] for t, q in zip(batch.topics, batch.queue_ids)  # type: ignore[operator]
+            q is None or q < known[t]  # type: ignore[operator]
+            for t, q in set(zip(batch.topics, batch.queue_ids))  # each distinct queue once
         ):
             return
         numbered = batch.message_count > 1
@@ -553,14 +554,12 @@ class Writer:
     ) -> tuple[list[int], dict[tuple[str, int], int]]:
         """Each message's queue offset, and each queue's next offset once they are
         written (taken only then: a refused batch leaves no gap in a queue)."""
-        next_offset = dict.fromkeys(zip(topics, queue_ids), 0)
-        next_offset.update((key, self._next_queue_offset.get(key, 0)) for key in next_offset)
-        offsets = []
-        for key in zip(topics, queue_ids):
-            offset = next_offset[key]
-            next_offset[key] = offset + 1
-            offsets.append(offset)
-        return offsets, next_offset
+        keys = list(zip(topics, queue_ids))
+        # A counter per queue, each message taking the next number of its queue's (the
+        # loop runs in C: map calls next on each message's counter).
+        counters = {key: itertools.count(self._next_queue_offset.get(key, 0)) for key in dict.fromkeys(keys)}
+        offsets = list(map(next, map(counters.__getitem__, keys)))
+        return offsets, {key: next(counter) for key, counter in counters.items()}
 
     # Flushing
 

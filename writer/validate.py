@@ -167,7 +167,8 @@ def _plainly_valid(batch: MessageBatch, limits: Limits) -> bool:
         return False
     if any(batch.properties):
         return False
-    if any(q is not None and q < 0 for q in batch.queue_ids):
+    given = batch.queue_ids if None not in batch.queue_ids else [q for q in batch.queue_ids if q is not None]
+    if given and min(given) < 0:  # type: ignore[type-var]
         return False
     if max(map(len, batch.keys)) > limits.max_keys:
         return False

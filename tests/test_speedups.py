@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import struct
+import tempfile
 import zlib
 from types import SimpleNamespace
 
@@ -26,6 +27,7 @@ from rmqstore.common.codec.record import Blank, Record, decode_record, encode_re
 from rmqstore.common.codec.speedups import _speedups
 from rmqstore.common.errors import Corruption, CrcMismatch
 from rmqstore.common.files.index import IndexFile
+from rmqstore.writer import validate
 
 # Skipped only when the Python paths are asked for: an install that failed to build the
 # extension fails here instead of passing as the (slower) Python paths.
@@ -323,6 +325,147 @@ def test_a_chain_leading_outside_the_file_is_handed_back() -> None:
     ix.ENTRY.pack_into(buf, ix.entry_position(slots, 2), 7, 1000, 0, 4)
     assert _speedups.matching_offsets(bytes(buf), slots, entries, 7, 0, 0, 1) == ([1000], 4, 1)
     assert _walk(bytes(buf), slots, entries, 7, 1) is None
+
+
+def _put_both_ways(slots: int, start: int, begin_ts: int, prefill: dict[int, int], keys: list[tuple[int, int, int]]):  # type: ignore[no-untyped-def]
+    """The bytes of an index file after put_keys on each path (and put_key one by one),
+    each from the same header and slot table."""
+    from rmqstore.common.files import index as index_module
+
+    entries = start + len(keys) + 3
+    results = []
+    with tempfile.TemporaryDirectory() as directory:
+        for way in ("compiled", "numpy", "one by one"):
+            path = os.path.join(directory, way)
+            made = IndexFile.create(path, slots, entries, prev_end_phy_offset=0, prev_end_timestamp_ms=0)
+            struct.pack_into(">q", made.mapped.buf, 0, begin_ts)
+            struct.pack_into(">i", made.mapped.buf, ix.HEADER_OFFSET_INDEX_COUNT, start)
+            for slot, value in prefill.items():
+                struct.pack_into(">i", made.mapped.buf, ix.slot_position(slot), value)
+            made.close()
+            index_file = IndexFile.open(path, slots, entries, writable=True)
+            hashes, offsets, times = (np.array(column, dtype=np.int64).reshape(-1) for column in zip(*keys))
+            with pytest.MonkeyPatch.context() as patch:
+                if way != "compiled":
+                    patch.setattr(index_module, "_speedups", None)
+                if way == "one by one":
+                    put = sum(index_file.put_key(*key) for key in keys)
+                else:
+                    put = index_file.put_keys(hashes, offsets, times)
+            results.append((put, bytes(index_file.mapped.buf)))
+            index_file.close()
+    return results
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.integers(1, 9),
+    st.integers(1, 6),
+    st.sampled_from([0, -5, 1_700_000_000_000]),
+    st.dictionaries(st.integers(0, 8), st.integers(-(2**31), 2**31 - 1), max_size=9),
+    st.lists(
+        st.tuples(
+            st.integers(0, 2**31 - 1),
+            st.integers(0, 2**63 - 1),
+            st.one_of(st.integers(1_699_999_990_000, 1_700_000_090_000), st.integers(-(2**40), 2**62)),
+        ),
+        min_size=1,
+        max_size=40,
+    ),
+)
+def test_index_put_keys_writes_what_putting_one_key_at_a_time_writes(slots, start, begin_ts, prefill, keys) -> None:  # type: ignore[no-untyped-def]
+    prefill = {slot % slots: value for slot, value in prefill.items()}
+    compiled, vectorized, one_by_one = _put_both_ways(slots, start, begin_ts, prefill, keys)
+    assert compiled[0] == vectorized[0] == len(keys)
+    assert compiled[1] == vectorized[1]
+    if not any(value == start + i for i, (key_hash, _, _) in enumerate(keys) for value in [prefill.get(key_hash % slots)]):
+        assert one_by_one == compiled
+
+
+def test_index_put_keys_hands_back_a_slot_naming_the_entry_about_to_be_written() -> None:
+    slots, start = 5, 3
+    buf = bytearray(ix.HEADER_SIZE + slots * ix.SLOT_SIZE + 10 * ix.ENTRY_SIZE)
+    struct.pack_into(">i", buf, ix.slot_position(12 % slots), start + 1)  # the second key's entry
+    before = bytes(buf)
+    columns = [np.array(column, dtype=np.int64) for column in ([7, 12], [100, 200], [1_000, 2_000])]
+    assert _speedups.index_put_keys(buf, slots, start, 1_000, *columns) is None
+    assert bytes(buf) == before  # nothing written
+    assert _speedups.index_put_keys(buf[: len(buf) - 6 * ix.ENTRY_SIZE], slots, start, 1_000, *columns) is None
+    with pytest.raises(ValueError, match="differ in length"):
+        _speedups.index_put_keys(buf, slots, start, 1_000, columns[0], columns[1][:1], columns[2])
+    negative = [np.array([-1], dtype=np.int64), columns[1][:1], columns[2][:1]]
+    assert _speedups.index_put_keys(buf, slots, start, 1_000, *negative) is None
+    with pytest.raises(BufferError, match="not writable"):
+        _speedups.index_put_keys(bytes(buf), slots, start, 1_000, *columns)
+
+
+# The writer's batch screen
+
+_SCREEN_LIMITS = [
+    validate.Limits(max_body_bytes=10, max_keys=2, max_key_length=4, max_batch_messages=100),
+    # KEYS at their longest leave TAGS 3 characters of the properties.
+    validate.Limits(max_body_bytes=10, max_keys=1, max_key_length=32_571, max_batch_messages=100),
+]
+_SCREEN_TEXT = st.text(alphabet=["a", "Z", "0", " ", "\x01", "\x02", "-", "é", "\U0001f600"], max_size=6)
+
+
+def _screens(batch: validate.MessageBatch, limits: validate.Limits) -> tuple[bool, bool]:
+    compiled = validate._plainly_valid(batch, limits)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(validate, "_speedups", None)
+        return compiled, validate._plainly_valid(batch, limits)
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    st.sampled_from(_SCREEN_LIMITS),
+    st.lists(
+        st.tuples(
+            st.binary(max_size=12),
+            st.lists(_SCREEN_TEXT, max_size=3).map(tuple),
+            _SCREEN_TEXT,
+            st.one_of(st.none(), st.integers(-2, 3), st.just(2**70)),
+            st.one_of(_SCREEN_TEXT, st.sampled_from(["A" * 128, "A" * 129])),
+        ),
+        min_size=1,
+        max_size=6,
+    ),
+)
+def test_the_batch_screen_agrees_with_the_python_screen(limits: validate.Limits, messages) -> None:  # type: ignore[no-untyped-def]
+    batch = validate.MessageBatch.of(
+        [
+            validate.MessageInput("TopicA", body, keys=keys, tags=tags, queue_id=queue_id, uniq_key=uniq_key)
+            for body, keys, tags, queue_id, uniq_key in messages
+        ]
+    )
+    compiled, python = _screens(batch, limits)
+    assert compiled == python
+    if compiled:  # the screen only passes what the message-by-message check passes
+        for position in range(batch.message_count):
+            validate.validate_message(batch.message(position), limits, position + 1)
+
+
+def test_the_batch_screen_sends_values_of_other_types_to_the_message_checks() -> None:
+    limits = _SCREEN_LIMITS[0]
+    good = validate.MessageInput("TopicA", b"body", keys=("k1",), tags="t", uniq_key="AB12")
+    assert _screens(validate.MessageBatch.of([good, good]), limits) == (True, True)
+    for odd in (
+        good._replace(body=bytearray(b"body")),
+        good._replace(keys=iter(["k1"])),
+        good._replace(keys=("k1", 5)),
+        good._replace(tags=None),
+        good._replace(uniq_key=None),
+        good._replace(queue_id=1.5),
+        good._replace(queue_id=-(2**70)),
+    ):
+        batch = validate.MessageBatch.of([good, odd])
+        assert _speedups.screen_batch(
+            batch.bodies, batch.keys, batch.tags, batch.uniq_keys, batch.queue_ids, 10, 2, 4, 100
+        ) is False, odd  # fmt: skip
+    batch = validate.MessageBatch.of([good])
+    with pytest.raises(TypeError, match="bodies"):
+        _speedups.screen_batch(5, batch.keys, batch.tags, batch.uniq_keys, batch.queue_ids, 10, 2, 4, 100)
+    assert _speedups.screen_batch(batch.bodies * 2, batch.keys, batch.tags, batch.uniq_keys, batch.queue_ids, 10, 2, 4, 100) is False
 
 
 # Encoding a batch

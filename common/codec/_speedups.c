@@ -9,8 +9,11 @@
  *   encode_records                     record.encode_record over a writer's batch
  *   encode_common_properties           properties.encode_messages_properties (KEYS, TAGS, UNIQ_KEY)
  *   walk_starts, body_crcs             columnar.walk's loop, the bodies' CRCs of columnar.decode
+ *   property_pairs                     columnar's split of the properties into pairs
  *   span_texts, span_key_hashes        dispatch.DispatchBatch.of_columns: topics, tags, index key hashes
  *   tags_codes, message_key_hashes     dispatch.DispatchBatch.of_messages: tags codes, index key hashes
+ *   index_put_keys                     files.index.IndexFile.put_keys
+ *   screen_batch                       writer.validate._plainly_valid
  *
  * The fast paths only ever succeed. Where the bytes are anything but a well-formed
  * record or chain (a BLANK filler, zeros, a bad size or CRC, a read past the buffer), they
@@ -1161,6 +1164,166 @@ done:
     return result;
 }
 
+/* ---- Index entries of a writer's batch (files.index.IndexFile.put_keys) ------------- */
+
+static inline void put_be32(unsigned char *p, uint32_t v) {
+    p[0] = (unsigned char)(v >> 24);
+    p[1] = (unsigned char)(v >> 16);
+    p[2] = (unsigned char)(v >> 8);
+    p[3] = (unsigned char)v;
+}
+
+/* index_put_keys(buf, slots, start, begin_ts, key_hashes, phy_offsets, timestamps)
+ *     -> new_slots | None
+ *
+ * IndexFile.putKey for each key in order, entries numbered from start: the entry (keyHash,
+ * phyOffset, timeDiff, prevIndex) first, then its slot, so a reader following a slot
+ * always finds a written entry. timeDiff counts from begin_ts, except that when start
+ * <= 1 every entry after the first counts from the first key's time (FORMAT.md §15 3a).
+ * Returns how many keys began a chain (prevIndex 0: the header's hashSlotCount grows by
+ * that); the header itself is the caller's. None, with nothing written, when a slot
+ * already names an entry about to be written (a kill inside putKey: the Python path
+ * repairs that chain) or an entry would fall outside the buffer. key_hashes, phy_offsets
+ * and timestamps are native int64s of one length. */
+static PyObject *index_put_keys(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 7) {
+        PyErr_SetString(PyExc_TypeError,
+                        "index_put_keys takes (buf, slots, start, begin_ts, key_hashes, phy_offsets, timestamps)");
+        return NULL;
+    }
+    long long slots = PyLong_AsLongLong(args[1]);
+    long long start = PyLong_AsLongLong(args[2]);
+    long long begin_ts = PyLong_AsLongLong(args[3]);
+    if (PyErr_Occurred()) return NULL;
+    Buffers buffers = {.count = 0};
+    Py_ssize_t count, offsets_count, times_count;
+    PyObject *result = NULL;
+    Py_buffer target;
+    if (PyObject_GetBuffer(args[0], &target, PyBUF_WRITABLE) < 0) return NULL;
+    const int64_t *hashes = take_buffer(&buffers, args[4], 8, &count);
+    const int64_t *offsets = hashes == NULL ? NULL : take_buffer(&buffers, args[5], 8, &offsets_count);
+    const int64_t *times = offsets == NULL ? NULL : take_buffer(&buffers, args[6], 8, &times_count);
+    if (times == NULL) goto done;
+    if (offsets_count != count || times_count != count) {
+        PyErr_SetString(PyExc_ValueError, "index_put_keys: the columns differ in length");
+        goto done;
+    }
+    unsigned char *buf = target.buf;
+    long long entries_at = INDEX_HEADER_SIZE + slots * INDEX_SLOT_SIZE;
+    if (slots <= 0 || start < 0 || entries_at + (start + count) * INDEX_ENTRY_SIZE > target.len) goto slow;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        if (hashes[i] < 0 || hashes[i] > INT32_MAX) goto slow;
+        if ((int32_t)be32(buf + INDEX_HEADER_SIZE + (hashes[i] % slots) * INDEX_SLOT_SIZE) == start + i) goto slow;
+    }
+    long long chains = 0;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        long long number = start + i;
+        unsigned char *slot = buf + INDEX_HEADER_SIZE + (hashes[i] % slots) * INDEX_SLOT_SIZE;
+        long long previous = (int32_t)be32(slot);
+        if (previous <= 0 || previous > number) previous = 0;
+        chains += previous == 0;
+        long long begin = i > 0 && start <= 1 ? times[0] : begin_ts;
+        long long diff = 0;
+        if (begin > 0 && times[i] > begin) {
+            diff = (times[i] - begin) / 1000;
+            if (diff > INT32_MAX) diff = INT32_MAX;
+        }
+        unsigned char *entry = buf + entries_at + number * INDEX_ENTRY_SIZE;
+        put_be32(entry, (uint32_t)hashes[i]);
+        put_be32(entry + 4, (uint32_t)((uint64_t)offsets[i] >> 32));
+        put_be32(entry + 8, (uint32_t)offsets[i]);
+        put_be32(entry + 12, (uint32_t)diff);
+        put_be32(entry + 16, (uint32_t)previous);
+        put_be32(slot, (uint32_t)number);
+    }
+    result = PyLong_FromLongLong(chains);
+    goto done;
+slow:
+    result = Py_NewRef(Py_None);
+done:
+    release_buffers(&buffers);
+    PyBuffer_Release(&target);
+    return result;
+}
+
+/* ---- The writer's batch screen (writer.validate._plainly_valid) --------------------- */
+
+static inline int ascii_text(PyObject *text) { return PyUnicode_Check(text) && PyUnicode_IS_ASCII(text); }
+
+/* screen_batch(bodies, keys, tags, uniq_keys, queue_ids, max_body, max_keys, max_key_length,
+ *              max_tags_length) -> bool
+ *
+ * True when every message passes the checks of _plainly_valid's Python screen: bodies
+ * (bytes) of at most max_body; queue ids None or non-negative ints; at most max_keys keys
+ * (a tuple or list) each a non-empty ASCII str of at most max_key_length without \x01,
+ * \x02 or a space; TAGS ASCII without \x01 or \x02 and at most max_tags_length long;
+ * UNIQ_KEYs empty or ASCII letters and digits, at most 128. False sends the batch to the
+ * message-by-message check, which words the first problem (also for a value of an
+ * unexpected type). */
+static PyObject *screen_batch(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 9) {
+        PyErr_SetString(PyExc_TypeError, "screen_batch takes (bodies, keys, tags, uniq_keys, queue_ids, max_body, "
+                                         "max_keys, max_key_length, max_tags_length)");
+        return NULL;
+    }
+    Py_ssize_t max_body = PyLong_AsSsize_t(args[5]), max_keys = PyLong_AsSsize_t(args[6]);
+    Py_ssize_t max_key_length = PyLong_AsSsize_t(args[7]), max_tags_length = PyLong_AsSsize_t(args[8]);
+    if (PyErr_Occurred()) return NULL;
+    PyObject *columns[5] = {NULL};
+    const char *names[5] = {"bodies", "keys", "tags", "uniq_keys", "queue_ids"};
+    int valid = 0;
+    for (int c = 0; c < 5; c++) {
+        columns[c] = PySequence_Fast(args[c], names[c]);
+        if (columns[c] == NULL) goto done;
+    }
+    Py_ssize_t count = PySequence_Fast_GET_SIZE(columns[0]);
+    for (int c = 1; c < 5; c++)
+        if (PySequence_Fast_GET_SIZE(columns[c]) != count) goto done;
+    PyObject **bodies = PySequence_Fast_ITEMS(columns[0]), **keys = PySequence_Fast_ITEMS(columns[1]);
+    PyObject **tags = PySequence_Fast_ITEMS(columns[2]), **uniq_keys = PySequence_Fast_ITEMS(columns[3]);
+    PyObject **queue_ids = PySequence_Fast_ITEMS(columns[4]);
+    for (Py_ssize_t i = 0; i < count; i++) {
+        if (!PyBytes_Check(bodies[i]) || PyBytes_GET_SIZE(bodies[i]) > max_body) goto done;
+        if (queue_ids[i] != Py_None) {
+            if (!PyLong_Check(queue_ids[i])) goto done;
+            int overflow;
+            long long queue_id = PyLong_AsLongLongAndOverflow(queue_ids[i], &overflow);
+            if (overflow < 0 || (overflow == 0 && queue_id < 0)) goto done;
+        }
+        PyObject *message_keys = keys[i];
+        if (!PyTuple_Check(message_keys) && !PyList_Check(message_keys)) goto done;
+        Py_ssize_t key_count = PySequence_Fast_GET_SIZE(message_keys);
+        if (key_count > max_keys) goto done;
+        PyObject **items = PySequence_Fast_ITEMS(message_keys);
+        for (Py_ssize_t k = 0; k < key_count; k++) {
+            PyObject *key = items[k];
+            if (!ascii_text(key)) goto done;
+            Py_ssize_t length = PyUnicode_GET_LENGTH(key);
+            if (length == 0 || length > max_key_length) goto done;
+            const unsigned char *text = PyUnicode_1BYTE_DATA(key);
+            for (Py_ssize_t j = 0; j < length; j++)
+                if (text[j] == 0x01 || text[j] == 0x02 || text[j] == ' ') goto done;
+        }
+        if (!ascii_text(tags[i]) || PyUnicode_GET_LENGTH(tags[i]) > max_tags_length) goto done;
+        const unsigned char *tag = PyUnicode_1BYTE_DATA(tags[i]);
+        if (memchr(tag, 0x01, PyUnicode_GET_LENGTH(tags[i])) || memchr(tag, 0x02, PyUnicode_GET_LENGTH(tags[i])))
+            goto done;
+        if (!ascii_text(uniq_keys[i])) goto done;
+        Py_ssize_t uniq_length = PyUnicode_GET_LENGTH(uniq_keys[i]);
+        if (uniq_length > 128) goto done;
+        const unsigned char *uniq = PyUnicode_1BYTE_DATA(uniq_keys[i]);
+        for (Py_ssize_t j = 0; j < uniq_length; j++) {
+            unsigned char u = uniq[j];
+            if (!((u >= '0' && u <= '9') || (u >= 'A' && u <= 'Z') || (u >= 'a' && u <= 'z'))) goto done;
+        }
+    }
+    valid = 1;
+done:
+    for (int c = 0; c < 5; c++) Py_XDECREF(columns[c]);
+    if (PyErr_Occurred()) return NULL;
+    return PyBool_FromLong(valid);
+}
+
 static PyMethodDef methods[] = {
     {"java_string_hash", (PyCFunction)java_string_hash, METH_O, "String.hashCode of a str, as a signed int32."},
     {"index_key_hash", (PyCFunction)(void (*)(void))index_key_hash, METH_FASTCALL,
@@ -1187,6 +1350,11 @@ static PyMethodDef methods[] = {
      "message_key_hashes(prefixes, uniq_keys, keys) -> (hashes, counts)."},
     {"encode_common_properties", (PyCFunction)(void (*)(void))encode_common_properties, METH_FASTCALL,
      "encode_common_properties(order, keys, tags, uniq_keys) -> list[bytes]."},
+    {"index_put_keys", (PyCFunction)(void (*)(void))index_put_keys, METH_FASTCALL,
+     "index_put_keys(buf, slots, start, begin_ts, key_hashes, phy_offsets, timestamps) -> new_slots | None."},
+    {"screen_batch", (PyCFunction)(void (*)(void))screen_batch, METH_FASTCALL,
+     "screen_batch(bodies, keys, tags, uniq_keys, queue_ids, max_body, max_keys, max_key_length, max_tags_length)"
+     " -> bool."},
     {"encode_records", (PyCFunction)(void (*)(void))encode_records, METH_FASTCALL,
      "encode_records(first_offset, queue_ids, flags, queue_offsets, born_timestamps_ms, born_hosts, bodies, "
      "topics, properties, store_timestamp_ms, store_host, now_ms) -> (bytes, sizes)."},

@@ -31,7 +31,9 @@ class ConsumeQueue:
         self.queue_id = queue_id
         self.file_units = file_units
         self.directory = os.path.join(root, topic, str(queue_id))
-        self.files = MappedFileQueue(self.directory, file_units * UNIT_SIZE, writable=writable)
+        # The writer appends units page by page (read-ahead over the holes only costs);
+        # a reader scans the written pages, which read-ahead serves.
+        self.files = MappedFileQueue(self.directory, file_units * UNIT_SIZE, writable=writable, read_ahead=not writable)
         self.writable = writable
         self._end_position = 0
         self._min_position = 0

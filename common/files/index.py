@@ -138,13 +138,22 @@ class IndexFile:
         """:meth:`put_key` for many keys in order, with the same bytes as one call per key;
         returns how many fit (the caller rolls over for the rest).
 
-        Entries are written first, then the slots, then the header, as put_key orders a
+        Each entry is written before its slot and the header last, as put_key orders a
         single key: a reader never follows a slot to an unwritten entry, and a kill leaves
-        slots at or past the count only where :meth:`repair_slots` finds them."""
+        slots at or past the count only where :meth:`repair_slots` finds them. (The
+        compiled path puts key by key; the numpy one writes every entry, then every slot.)"""
         count = min(len(key_hashes), self.entries - self._index_count)
         if count <= 0:
             return 0
         start = self._index_count
+        if _speedups is not None:
+            chains = _speedups.index_put_keys(
+                self.mapped.buf, self.slots, start, self._begin_ts,
+                *(np.ascontiguousarray(column[:count], dtype=np.int64) for column in (key_hashes, phy_offsets, timestamps_ms)),
+            )  # fmt: skip
+            if chains is not None:
+                self._finish_put(start, count, chains, phy_offsets, timestamps_ms)
+                return count
         numbers = np.arange(start, start + count, dtype=np.int64)
         slots = key_hashes[:count] % self.slots
         buf = self.mapped.buf
@@ -178,17 +187,24 @@ class IndexFile:
         last_of_slot = np.append(~same_as_before, True)
         slot_table[sorted_slots[last_of_slot]] = numbers[order[last_of_slot]]
         del slot_table, entries
+        self._finish_put(start, count, int(np.count_nonzero(previous == 0)), phy_offsets, timestamps_ms)
+        return count
+
+    def _finish_put(
+        self, start: int, count: int, chains: int, phy_offsets: np.ndarray, timestamps_ms: np.ndarray
+    ) -> None:
+        """The header after ``count`` entries from ``start`` were written, ``chains`` of
+        them the first of their slot."""
         if start <= 1:
             self._begin_ts = int(timestamps_ms[0])
             self.mapped.write(_HEADER_BEGIN_PHY_OFFSET, _INT64.pack(int(phy_offsets[0])))
             self.mapped.write(_HEADER_BEGIN_TIMESTAMP, _INT64.pack(self._begin_ts))
-        self._hash_slot_count += int(np.count_nonzero(previous == 0))
+        self._hash_slot_count += chains
         self.mapped.write(ix.HEADER_OFFSET_HASH_SLOT_COUNT, ix.SLOT.pack(self._hash_slot_count))
         self._index_count = start + count
         self.mapped.write(ix.HEADER_OFFSET_INDEX_COUNT, ix.SLOT.pack(self._index_count))
         self.mapped.write(_HEADER_END_PHY_OFFSET, _INT64.pack(int(phy_offsets[count - 1])))
         self.mapped.write(_HEADER_END_TIMESTAMP, _INT64.pack(int(timestamps_ms[count - 1])))
-        return count
 
     def repair_slots(self) -> int:
         """Point every slot that names an entry at or past the count (written by a batch a

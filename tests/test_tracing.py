@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 
 from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
@@ -85,6 +86,22 @@ def test_tracing_is_off_unless_asked() -> None:
     assert tracing_requested({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4317"}) == "otlp"
     assert tracing_requested({"OTEL_TRACES_EXPORTER": "console"}) == "console"
     assert tracing_requested({"OTEL_TRACES_EXPORTER": "otlp", "OTEL_SDK_DISABLED": "true"}) is None
+
+
+def test_the_server_interceptor_steps_aside_without_a_tracer_provider(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    import grpc
+
+    from rmqstore.service import server
+
+    handler = grpc.unary_unary_rpc_method_handler(lambda request, context: request)
+    details = SimpleNamespace(method="/rmqstore.v1.QueryService/Ping", invocation_metadata=())
+    interceptor = server.TracingInterceptor()
+    for unset in (trace.ProxyTracerProvider(), trace.NoOpTracerProvider()):
+        monkeypatch.setattr(server.trace, "get_tracer_provider", lambda unset=unset: unset)
+        assert interceptor.intercept_service(lambda _: handler, details) is handler
+    monkeypatch.setattr(server.trace, "get_tracer_provider", TracerProvider)
+    traced = interceptor.intercept_service(lambda _: handler, details)
+    assert traced is not handler and traced.unary_unary is not handler.unary_unary  # wrapped in a span
 
 
 def test_metrics_are_off_unless_asked() -> None:

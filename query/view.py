@@ -404,18 +404,21 @@ class StoreView:
             return
         # The walk touches every page of the new records, which are not this node's
         # working set: they leave the resident set as the walk goes.
-        released = start
-        for offset, _, sys_flag in self.log.headers(start, self.visible_offset):
-            if sys_flag & sysflag.TRANSACTION_MASK == sysflag.TRANSACTION_ROLLBACK:
+        while start < self.visible_offset:
+            stop = min(start + CATCH_UP_RELEASE_BYTES, self.visible_offset)
+            offsets, flags, end = self.log.sys_flags(start, stop)
+            rolled_back = offsets[(flags & sysflag.TRANSACTION_MASK) == sysflag.TRANSACTION_ROLLBACK]
+            for offset in rolled_back.tolist():
                 record = self.log.read(offset, check_crc=False)
                 for key in {record.uniq_key, *split_keys(record.keys)} - {None}:
-                    self._unindexed.setdefault((record.topic, key), []).insert(0, offset)
-            self._unindexed_scanned = offset + 1
-            if offset - released >= CATCH_UP_RELEASE_BYTES:
-                self.log.release(released, offset)
-                released = offset
+                    held = self._unindexed.setdefault((record.topic, key), [])
+                    if offset not in held:  # a walk a failed read cut short goes over it again
+                        held.insert(0, offset)
+            self.log.release(start, max(end, stop))
+            if end <= start:
+                break  # not a record where one should start: nothing further to find
+            start = self._unindexed_scanned = end
         self._unindexed_scanned = max(self._unindexed_scanned, self.visible_offset)
-        self.log.release(released, self.visible_offset)
 
     def _all_candidates(self, topic: str, key: str, below_offset: int, begin_ms: int) -> Iterator[int]:
         self._catch_up_unindexed()

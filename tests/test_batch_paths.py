@@ -681,3 +681,35 @@ def test_the_walk_for_rollback_keys_releases_the_log_as_it_goes(tmp_path: Path, 
     assert all(a[1] == b[0] for a, b in zip(released, released[1:]))
     assert len(released) >= 15 and max(stop - start for start, stop in released) < 256 * 1024 + 4200
     view.close()
+
+
+def test_the_bulk_header_walk_gives_every_records_offset_and_sys_flag() -> None:
+    from conftest import CLEAN, CRASHED, FIXTURE_SIZES, FIXTURES, read_jsonl
+
+    from rmqstore.common.codec import sysflag
+    from rmqstore.query.view import StoreView
+
+    for root, dump in ((CLEAN, "store-clean-commitlog-dump.jsonl"), (CRASHED, "store-crashed-recovered-commitlog-dump.jsonl")):
+        lines = read_jsonl(FIXTURES / dump)
+        expected = [(line["commitLogOffset"], line["sysFlag"]) for line in lines]
+        log = CommitLog(str(root / "commitlog"), FIXTURE_SIZES.commitlog_file_size_bytes)
+        end = expected[-1][0] + 1
+        offsets, flags, stopped = log.sys_flags(0, end)
+        assert list(zip(offsets.tolist(), flags.tolist())) == expected
+        assert stopped == lines[-1]["commitLogOffset"] + lines[-1]["size"]  # past the last record
+        # From any record, the records that start before the stop; from inside a record, none.
+        offsets, _, stopped = log.sys_flags(expected[100][0], expected[700][0] - 1)
+        assert offsets.tolist() == [offset for offset, _ in expected[100:700]]
+        assert stopped == expected[700][0]
+        offsets, _, stopped = log.sys_flags(expected[100][0] + 1, expected[700][0])
+        assert (offsets.tolist(), stopped) == ([], expected[100][0] + 1)
+        log.close()
+    rolled_back = [line for line in read_jsonl(FIXTURES / "manifest.jsonl") if line["tranType"] == "ROLLBACK"]
+    assert len(rolled_back) == 6 and all(line["sysFlag"] & sysflag.TRANSACTION_MASK == sysflag.TRANSACTION_ROLLBACK for line in rolled_back)
+    view = StoreView(str(CLEAN), FIXTURE_SIZES)
+    for line in rolled_back:  # not in the index (FORMAT.md §7.4): found through the walk
+        found = view.by_uniq_key(line["storedTopic"], line["uniqKey"])
+        assert [record.commitlog_offset for record in found] == [line["commitLogOffset"]]
+        for key in line["keys"].split(" ") if line["keys"] else ():
+            assert line["commitLogOffset"] in [r.commitlog_offset for r in view.by_key(line["storedTopic"], key, page_size=100).records]
+    view.close()

@@ -61,7 +61,7 @@ def count_records(store: Path) -> int:
         return 0
     log = CommitLog(StorePaths(str(store)).commitlog, resolve_sizes(str(store)).commitlog_file_size_bytes)
     try:
-        return sum(1 for _ in log.headers(log.min_offset, log.max_file_offset))
+        return len(log.sys_flags(log.min_offset, log.max_file_offset)[0])
     finally:
         log.close()
 

@@ -11,12 +11,13 @@ import dataclasses
 import os
 import struct
 import tempfile
+from pathlib import Path
 import zlib
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from conftest import CLEAN, FIXTURE_SIZES, read_jsonl
+from conftest import CLEAN, CRASHED, FIXTURE_SIZES, read_jsonl
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from rmqstore.common.codec import columnar, javahash, record
@@ -126,6 +127,63 @@ def test_every_fixture_record_decodes_the_same_on_both_paths() -> None:
                 break
     dump = read_jsonl(CLEAN.parent / "store-clean-commitlog-dump.jsonl")
     assert compared == len(dump) == 2007  # every record Apache's dump lists
+
+
+def test_bulk_reads_give_what_single_reads_give() -> None:
+    """CommitLog.read_many (pread and decode in one compiled pass) against read() of each
+    offset through the mapping: every record of Apache's logs, and None for the offsets
+    where no record starts (inside records, BLANK fillers, the zeros after the data,
+    past the files)."""
+    from rmqstore.common.files.commitlog import CommitLog
+
+    for root in (CLEAN, CRASHED):
+        log = CommitLog(str(root / "commitlog"), FIXTURE_SIZES.commitlog_file_size_bytes)
+        records = list(log.records(check_crc=True))
+        starts = [record.commitlog_offset for record in records]
+        others = [start + 1 for start in starts[::50]] + [records[-1].next_offset, log.max_file_offset, -5]
+        others += [mapped.end_offset - 10 for mapped in log.files]  # BLANK fillers or zeros
+        log.read_through_file = True
+        assert log.read_many(starts) == records
+        assert log.read_many(starts[::-1], check_crc=False) == records[::-1]
+        assert log.read_many(others) == [None] * len(others)
+        assert log.read_many(starts[:3] + others[:2]) == records[:3] + [None, None]
+        log.read_through_file = False  # reads through the mappings: nothing in bulk
+        assert log.read_many(starts[:5]) == [None] * 5
+        log.close()
+
+
+def test_bulk_reads_take_long_records_and_hand_back_bad_ones(tmp_path: Path) -> None:
+    from rmqstore.common.files.commitlog import READ_AHEAD_BYTES
+
+    long_body = bytes(range(256)) * 40  # longer than one read-ahead: a second pread
+    assert len(long_body) > READ_AHEAD_BYTES
+    first = _sample_record(commitlog_offset=0)
+    second = _sample_record(commitlog_offset=len(first), body=long_body)
+    third = _sample_record(commitlog_offset=len(first) + len(second))
+    data = bytearray(first + second + third)
+    path = tmp_path / "log"
+    path.write_bytes(bytes(data) + bytes(100))
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        size = len(data) + 100
+        offsets = [0, len(first), len(first) + len(second)]
+        found = _speedups.read_records(fd, offsets, size, 0, READ_AHEAD_BYTES, True)
+        assert [record.body for record in found] == [b"hello body", long_body, b"hello body"]
+        assert found == [decode_record(bytes(data), offset) for offset in offsets]
+        # A file starting elsewhere: each PHYSICALOFFSET names another offset.
+        assert _speedups.read_records(fd, offsets, size, 4096, READ_AHEAD_BYTES, True) == [None] * 3
+        # The long record cut short by the file's end, then a bad body CRC.
+        assert _speedups.read_records(fd, offsets[1:2], len(first) + 2000, 0, READ_AHEAD_BYTES, True) == [None]
+        data[len(first) + len(second) - 100] ^= 0xFF
+        path.write_bytes(bytes(data) + bytes(100))
+        assert _speedups.read_records(fd, offsets, size, 0, READ_AHEAD_BYTES, True)[1] is None
+        assert _speedups.read_records(fd, offsets, size, 0, READ_AHEAD_BYTES, False)[1] is not None
+        with pytest.raises(ValueError, match="at least 8"):
+            _speedups.read_records(fd, offsets, size, 0, 4, True)
+        with pytest.raises(TypeError):
+            _speedups.read_records(fd, ["0"], size, 0, READ_AHEAD_BYTES, True)
+    finally:
+        os.close(fd)
 
 
 def _sample_record(**changes: object) -> bytes:
@@ -785,7 +843,7 @@ def test_property_pairs_refuse_a_span_outside_the_data() -> None:
 # References
 
 
-def test_no_call_leaks_what_it_builds() -> None:
+def test_no_call_leaks_what_it_builds(tmp_path: Path) -> None:
     """Each fast path, on its success and hand-back and error paths, keeps nothing: a
     leaked reference per call would keep tens of thousands of objects alive here."""
     import tracemalloc
@@ -796,6 +854,9 @@ def test_no_call_leaks_what_it_builds() -> None:
     at = np.arange(0, len(good) * 10, len(good), dtype=np.int64)
     length = np.full(10, 50, np.int64)
     host = HOSTS[0]
+    logged = _sample_record(commitlog_offset=0)
+    (tmp_path / "log").write_bytes(logged * 3)  # one record read, two handed back
+    descriptor = os.open(tmp_path / "log", os.O_RDONLY)
 
     def refused(call, *args):  # type: ignore[no-untyped-def]
         try:
@@ -811,6 +872,7 @@ def test_no_call_leaks_what_it_builds() -> None:
                                          [b"p", b""], 9, host, 8),  # fmt: skip
         lambda: _speedups.encode_common_properties(props._COMMON_ORDER, [["a", "b"]], ["t"], ["u"]),
         lambda: _speedups.walk_starts(good * 3, 0, 10**6, 10),
+        lambda: _speedups.read_records(descriptor, [0, 1, len(logged)], len(logged) * 3, 0, 1024, True),
         lambda: _speedups.body_crcs(data, at, length),
         lambda: _speedups.span_texts(data, at, length),
         lambda: _speedups.span_key_hashes(data, at * 0, at, length, at, length),
@@ -834,3 +896,4 @@ def test_no_call_leaks_what_it_builds() -> None:
         finally:
             tracemalloc.stop()
         assert grown < 64 * 1024, (call, grown)
+    os.close(descriptor)

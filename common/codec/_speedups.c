@@ -6,6 +6,7 @@
  *   java_string_hash, index_key_hash   javahash.java_string_hash / index_key_hash
  *   matching_offsets                   files.index.IndexFile.matching_offsets
  *   decode_record                      record.decode_record
+ *   read_records                       commitlog.CommitLog._read_through_file, for many offsets
  *   encode_records                     record.encode_record over a writer's batch
  *   encode_common_properties           properties.encode_messages_properties (KEYS, TAGS, UNIQ_KEY)
  *   walk_starts, body_crcs             columnar.walk's loop, the bodies' CRCs of columnar.decode
@@ -28,6 +29,7 @@
 #include <Python.h>
 #include <stdint.h>
 #include <string.h>
+#include <unistd.h>
 
 /* record.py */
 #define MAGIC_V1 0xDAA320A7u
@@ -39,6 +41,8 @@
 /* calMsgLength with IPv4 hosts and nothing variable: 74 + L + 8 + 8 */
 #define MINIMUM_SIZE_V1 91
 #define MINIMUM_SIZE_V2 92
+/* commitlog.py: READ_THROUGH_FILE_RECORD_BYTES_MAX */
+#define READ_THROUGH_RECORD_BYTES_MAX (16 * 1024 * 1024)
 
 /* index.py */
 #define INDEX_HEADER_SIZE 40
@@ -272,6 +276,8 @@ static PyObject *decode_properties(const unsigned char *p, Py_ssize_t n) {
 /* decode_record(buf, pos, check_crc, end) -> Record | None: the v1/v2 record at
  * buf[pos:], reading nothing at or past end; None for anything else (record.py then
  * decodes it and says what it is). */
+static PyObject *decode_at(const unsigned char *buf, Py_ssize_t pos, Py_ssize_t end, int check_crc);
+
 static PyObject *decode_record(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 4) {
         PyErr_SetString(PyExc_TypeError, "decode_record takes (buf, pos, check_crc, end)");
@@ -287,11 +293,18 @@ static PyObject *decode_record(PyObject *module, PyObject *const *args, Py_ssize
     if (PyErr_Occurred() || check_crc < 0) return NULL;
     Py_buffer view;
     if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0) return NULL;
+    PyObject *result = decode_at(view.buf, pos, end > view.len ? view.len : end, check_crc);
+    PyBuffer_Release(&view);
+    return result;
+}
+
+/* The record at buf[pos:], reading nothing at or past end: a Record, None for anything
+ * else, NULL with an error set. */
+static PyObject *decode_at(const unsigned char *buf, Py_ssize_t pos, Py_ssize_t end, int check_crc) {
     PyObject *result = NULL;
     PyObject *fields[17] = {NULL};
-    if (end > view.len) end = view.len;
     if (pos < 0 || pos > end - 8) goto slow;
-    const unsigned char *r = (const unsigned char *)view.buf + pos;
+    const unsigned char *r = buf + pos;
     int64_t total = (int32_t)be32(r);
     uint32_t magic = be32(r + 4);
     int version;
@@ -366,8 +379,85 @@ slow:
     result = Py_NewRef(Py_None);
 done:
     for (int i = 0; i < 17; i++) Py_XDECREF(fields[i]);
-    PyBuffer_Release(&view);
     return result;
+}
+
+/* read_records(fd, positions, file_size, start_offset, read_ahead, check_crc)
+ *     -> list[Record | None]
+ *
+ * CommitLog._read_through_file for each position of one commit log file (fd, of
+ * file_size bytes, starting at commit log offset start_offset): read_ahead bytes with
+ * pread, the rest of a longer record with a second one, then decode_record. None where
+ * that finds anything but a well-formed record whose PHYSICALOFFSET is its own offset
+ * (the caller reads that one through the Python path, which says what is there). */
+static PyObject *read_records(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 6 || !PyList_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError,
+                        "read_records takes (fd, positions: list, file_size, start_offset, read_ahead, check_crc)");
+        return NULL;
+    }
+    if (record_type == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "_speedups.configure was not called");
+        return NULL;
+    }
+    int fd = PyLong_AsLong(args[0]);
+    long long file_size = PyLong_AsLongLong(args[2]);
+    long long start_offset = PyLong_AsLongLong(args[3]);
+    Py_ssize_t read_ahead = PyLong_AsSsize_t(args[4]);
+    int check_crc = PyObject_IsTrue(args[5]);
+    if (PyErr_Occurred() || check_crc < 0) return NULL;
+    if (read_ahead < 8) {
+        PyErr_SetString(PyExc_ValueError, "read_records: read_ahead is at least 8 bytes");
+        return NULL;
+    }
+    Py_ssize_t count = PyList_GET_SIZE(args[1]);
+    PyObject *result = PyList_New(count);
+    if (result == NULL) return NULL;
+    Py_ssize_t capacity = read_ahead;
+    unsigned char *buffer = PyMem_Malloc(capacity);
+    if (buffer == NULL) {
+        Py_DECREF(result);
+        return PyErr_NoMemory();
+    }
+    for (Py_ssize_t i = 0; i < count; i++) {
+        long long position = PyLong_AsLongLong(PyList_GET_ITEM(args[1], i));
+        if (position == -1 && PyErr_Occurred()) goto failed;
+        PyObject *record = NULL;
+        if (position < 0 || position >= file_size) goto none;
+        long long wanted = file_size - position < read_ahead ? file_size - position : read_ahead;
+        ssize_t got = pread(fd, buffer, (size_t)wanted, (off_t)position);
+        if (got < 8) goto none;
+        long long size = (int32_t)be32(buffer);
+        if (size > got && size <= READ_THROUGH_RECORD_BYTES_MAX && position + size <= file_size) {
+            if (size > capacity) {
+                unsigned char *larger = PyMem_Realloc(buffer, (size_t)size);
+                if (larger == NULL) {
+                    PyErr_NoMemory();
+                    goto failed;
+                }
+                buffer = larger;
+                capacity = size;
+            }
+            while (got < size) {
+                ssize_t more = pread(fd, buffer + got, (size_t)(size - got), (off_t)(position + got));
+                if (more <= 0) goto none;
+                got += more;
+            }
+        }
+        if (got < 36 || be64(buffer + 28) != start_offset + position) goto none;
+        record = decode_at(buffer, 0, got, check_crc);
+        if (record == NULL) goto failed;
+        PyList_SET_ITEM(result, i, record);
+        continue;
+    none:
+        PyList_SET_ITEM(result, i, Py_NewRef(Py_None));
+    }
+    PyMem_Free(buffer);
+    return result;
+failed:
+    PyMem_Free(buffer);
+    Py_DECREF(result);
+    return NULL;
 }
 
 /* ---- Encoding a batch --------------------------------------------------------------- */
@@ -1334,6 +1424,8 @@ static PyMethodDef methods[] = {
      "configure(Record, address, crc32): what decode_record builds records with."},
     {"decode_record", (PyCFunction)(void (*)(void))decode_record, METH_FASTCALL,
      "decode_record(buf, pos, check_crc, end) -> Record | None."},
+    {"read_records", (PyCFunction)(void (*)(void))read_records, METH_FASTCALL,
+     "read_records(fd, positions, file_size, start_offset, read_ahead, check_crc) -> list[Record | None]."},
     {"walk_starts", (PyCFunction)(void (*)(void))walk_starts, METH_FASTCALL,
      "walk_starts(buf, position, limit, rows_max) -> (starts, position)."},
     {"body_crcs", (PyCFunction)(void (*)(void))body_crcs, METH_FASTCALL,

@@ -245,9 +245,14 @@ class MappedFile:
         through the file rather than the mapping: no page is mapped into the process, so
         the read costs no page fault and adds nothing to the resident set. The descriptor
         stays open for the next read."""
+        return os.pread(self.read_descriptor(), max(0, min(length, self.file_size_bytes - position)), position)
+
+    def read_descriptor(self) -> int:
+        """A read-only descriptor of the file, open until :meth:`close` (for reads that
+        go through the file rather than the mapping)."""
         if self._read_fd is None:
             self._read_fd = os.open(self.path, os.O_RDONLY)
-        return os.pread(self._read_fd, max(0, min(length, self.file_size_bytes - position)), position)
+        return self._read_fd
 
     def close(self) -> None:
         if self._read_fd is not None:

@@ -360,8 +360,9 @@ class StoreView:
                 return self.log.store_timestamp(unit.commitlog_offset)
 
             offset = queue.offset_by_time(
-                timestamp_ms, store_time, boundary, commitlog_min_offset=self.min_offset, stop=high
-            )
+                timestamp_ms, store_time, boundary, commitlog_min_offset=self.min_offset, stop=high,
+                bisect_file=self.log.first_stored_after,
+            )  # fmt: skip
             found = low <= offset < high
             return OffsetSearch(offset, found)
 

@@ -186,6 +186,169 @@ def test_bulk_reads_take_long_records_and_hand_back_bad_ones(tmp_path: Path) -> 
         os.close(fd)
 
 
+V6 = SocketAddress(bytes(range(16)), 443)
+
+
+def test_time_bisection_in_a_file_gives_what_the_python_steps_give() -> None:
+    """ConsumeQueue.offset_by_time with CommitLog.first_stored_after (one compiled pass
+    once the range lies in one queue file and one log file) against the Python steps
+    alone and against brute force, on every queue of Apache's stores (queue files of 200
+    units and log files of 512 KiB, so ranges span both), at every store time, either
+    side of it and beyond both ends."""
+    from rmqstore.common.files.commitlog import CommitLog
+    from rmqstore.common.files.consumequeue import Boundary, ConsumeQueue
+
+    compiled_passes = 0
+    for root in (CLEAN, CRASHED):
+        log = CommitLog(str(root / "commitlog"), FIXTURE_SIZES.commitlog_file_size_bytes)
+        log.read_through_file = True
+        times: dict[tuple[str, int], list[int]] = {}
+        for item in log.records(check_crc=False):
+            times.setdefault((item.topic, item.queue_id), []).append(item.store_timestamp_ms)
+
+        def bisect_file(*args):  # type: ignore[no-untyped-def]
+            nonlocal compiled_passes
+            found = log.first_stored_after(*args)
+            compiled_passes += found is not None
+            return found
+
+        for (topic, queue_id), queue_times in times.items():
+            queue = ConsumeQueue(str(root / "consumequeue"), topic, queue_id, FIXTURE_SIZES.cq_file_units)
+            if queue.max_offset - queue.min_offset != len(queue_times):
+                queue.close()  # the crashed store's last records were never dispatched
+                continue
+            probes = sorted({t + d for t in queue_times for d in (-1, 0, 1)} | {0, 2**62})
+            for probe in probes:
+                for boundary in Boundary:
+                    fast = queue.offset_by_time(probe, lambda u: log.store_timestamp(u.commitlog_offset), boundary,
+                                                bisect_file=bisect_file)  # fmt: skip
+                    python = queue.offset_by_time(probe, lambda u: log.store_timestamp(u.commitlog_offset), boundary)
+                    if boundary is Boundary.LOWER:
+                        expected = next((i for i, t in enumerate(queue_times) if t >= probe), len(queue_times))
+                    else:
+                        expected = max((i for i, t in enumerate(queue_times) if t <= probe), default=-1)
+                    assert fast == python == queue.min_offset + expected, (topic, queue_id, probe, boundary)
+            queue.close()
+        log.close()
+    assert compiled_passes > 1000
+
+
+def _timed_log(tmp_path: Path, times: list[int], **changes: object) -> tuple[int, int, bytes, list[int]]:
+    """A log file of records stored at ``times`` and the units of a queue over them:
+    (descriptor, file size, units, offsets)."""
+    data = bytearray()
+    offsets = []
+    for n, stored in enumerate(times):
+        offsets.append(len(data))
+        data += _sample_record(commitlog_offset=len(data), store_timestamp_ms=stored, queue_offset=n, **changes)
+    path = tmp_path / "log"
+    path.write_bytes(bytes(data) + bytes(64))
+    units = b"".join(struct.pack(">qiq", offset, 100, 0) for offset in offsets)
+    return os.open(path, os.O_RDONLY), len(data) + 64, units, offsets
+
+
+@pytest.mark.parametrize("born_host", [SocketAddress(b"\x7f\x00\x00\x01", 1), V6], ids=["ipv4", "born-v6"])
+def test_time_bisection_finds_the_first_record_stored_at_or_after(tmp_path: Path, born_host: SocketAddress) -> None:
+    import bisect
+
+    times = [100, 100, 105, 107, 107, 107, 200, 201, 350]
+    fd, size, units, _ = _timed_log(tmp_path, times, born_host=born_host)
+    try:
+        for probe in range(95, 360):
+            assert _speedups.first_stored_after(units, 0, len(times), probe, False, fd, 0, size) == bisect.bisect_left(times, probe)
+            assert _speedups.first_stored_after(units, 0, len(times), probe, True, fd, 0, size) == bisect.bisect_right(times, probe)
+            assert _speedups.first_stored_after(units, 2, 6, probe, False, fd, 0, size) == 2 + bisect.bisect_left(times[2:6], probe)
+        assert _speedups.first_stored_after(units, 4, 4, 0, False, fd, 0, size) == 4  # an empty range
+    finally:
+        os.close(fd)
+
+
+def test_time_bisection_hands_back_what_it_cannot_read(tmp_path: Path) -> None:
+    from rmqstore.common.codec import consumequeue as cq
+
+    times = [10, 20, 30, 40, 50]
+    fd, size, units, offsets = _timed_log(tmp_path, times)
+    middle = 2 * cq.UNIT_SIZE  # the first unit probed of five
+
+    def with_unit(offset: int, unit_size: int = 100) -> bytes:
+        return units[:middle] + struct.pack(">qiq", offset, unit_size, 0) + units[middle + cq.UNIT_SIZE :]
+
+    try:
+        assert _speedups.first_stored_after(units, 0, 5, 30, False, fd, 0, size) == 2
+        assert _speedups.first_stored_after(with_unit(offsets[2] + 1), 0, 5, 30, False, fd, 0, size) is None  # no record
+        assert _speedups.first_stored_after(cq.FILLER.join([units[:middle], units[middle + cq.UNIT_SIZE :]]), 0, 5, 30, False, fd, 0, size) is None
+        assert _speedups.first_stored_after(with_unit(size + 10), 0, 5, 30, False, fd, 0, size) is None  # past the file
+        assert _speedups.first_stored_after(units, 0, 5, 30, False, fd, 4096, size) is None  # a file starting elsewhere
+        assert _speedups.first_stored_after(units, 0, 5, 30, False, fd, 0, offsets[2] + 60) is None  # cut inside the header
+        # Units the probes never reach are never read.
+        assert _speedups.first_stored_after(with_unit(offsets[2] + 1), 3, 5, 45, False, fd, 0, size) == 4
+        with pytest.raises(ValueError, match="outside the units"):
+            _speedups.first_stored_after(units, 0, 6, 30, False, fd, 0, size)
+        with pytest.raises(ValueError, match="outside the units"):
+            _speedups.first_stored_after(units, 3, 2, 30, False, fd, 0, size)
+        with pytest.raises(TypeError):
+            _speedups.first_stored_after(units, 0, 5, 30, False, fd, 0)
+    finally:
+        os.close(fd)
+
+
+def test_time_search_over_a_damaged_record_fails_alike_both_ways(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A queue unit pointing where no record starts, probed first by the compiled pass:
+    the pass hands the search back, and the Python step that probes the same unit raises
+    the error the Python steps alone raise."""
+    import shutil
+
+    from rmqstore.common.errors import NotFound
+    from rmqstore.common.files import commitlog as commitlog_module
+    from rmqstore.common.files.consumequeue import Boundary
+    from rmqstore.query.view import StoreView
+
+    shutil.copytree(CLEAN, tmp_path / "store")
+    view = StoreView(str(tmp_path / "store"), FIXTURE_SIZES)
+    low, high = view.queue_bounds("TopicTest", 3)
+    queue = view._queue("TopicTest", 3)
+    target = view.log.store_timestamp(queue.read(high - 1).commitlog_offset)  # the search runs to the end
+
+    def log_file(queue_offset: int) -> int:
+        return queue.read(queue_offset).commitlog_offset // FIXTURE_SIZES.commitlog_file_size_bytes
+
+    while log_file(low) != log_file(high - 1):  # the Python steps, until one log file holds the rest
+        mid = (low + high) // 2
+        if view.log.store_timestamp(queue.read(mid).commitlog_offset) >= target:
+            high = mid
+        else:
+            low = mid + 1
+    damaged = (low + high) // 2  # the compiled pass's first probe
+    offset = queue.read(damaged).commitlog_offset
+    view.close()
+    queue_file = tmp_path / "store" / "consumequeue" / "TopicTest" / "3" / "00000000000000000000"
+    units = bytearray(queue_file.read_bytes())
+    struct.pack_into(">q", units, damaged * 20, offset + 1)
+    queue_file.write_bytes(bytes(units))
+
+    passes: list[int | None] = []
+    original = commitlog_module.CommitLog.first_stored_after
+
+    def first_stored_after(self, *args):  # type: ignore[no-untyped-def]
+        passes.append(original(self, *args))
+        return passes[-1]
+
+    monkeypatch.setattr(commitlog_module.CommitLog, "first_stored_after", first_stored_after)
+    errors = []
+    for compiled in (True, False):
+        with monkeypatch.context() as patch:
+            if not compiled:
+                patch.setattr(commitlog_module, "_speedups", None)
+            view = StoreView(str(tmp_path / "store"), FIXTURE_SIZES)
+            with pytest.raises(NotFound) as raised:
+                view.search_offset("TopicTest", 3, target, Boundary.LOWER)
+            errors.append(str(raised.value))
+            view.close()
+        if compiled:
+            assert passes and passes[-1] is None and all(found is None for found in passes)
+    assert errors[0] == errors[1] == f"no record at commit log offset {offset + 1}"
+
+
 def _sample_record(**changes: object) -> bytes:
     fields = dict(
         topic="TopicTest",
@@ -205,9 +368,6 @@ def _sample_record(**changes: object) -> bytes:
     )
     fields.update(changes)
     return encode_record(Record(**fields))  # type: ignore[arg-type]
-
-
-V6 = SocketAddress(bytes(range(16)), 443)
 
 
 @pytest.mark.parametrize(

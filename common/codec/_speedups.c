@@ -7,6 +7,7 @@
  *   matching_offsets                   files.index.IndexFile.matching_offsets
  *   decode_record                      record.decode_record
  *   read_records                       commitlog.CommitLog._read_through_file, for many offsets
+ *   first_stored_after                 files.consumequeue.ConsumeQueue.offset_by_time's bisection
  *   encode_records                     record.encode_record over a writer's batch
  *   encode_common_properties           properties.encode_messages_properties (KEYS, TAGS, UNIQ_KEY)
  *   walk_starts, body_crcs             columnar.walk's loop, the bodies' CRCs of columnar.decode
@@ -458,6 +459,73 @@ failed:
     PyMem_Free(buffer);
     Py_DECREF(result);
     return NULL;
+}
+
+/* ---- Time search ------------------------------------------------------------------- */
+
+#define STORE_TIME_HEADER_MAX (PREFIX_SIZE + 20 + 8) /* … BORNHOST (IPv6 at most), STORETIMESTAMP */
+#define CQ_UNIT_SIZE 20
+#define CQ_FILLER_SIZE 0x7FFFFFFFu
+
+/* first_stored_after(units, lo, hi, timestamp, strict, fd, file_start, file_size) -> int | None
+ *
+ * ConsumeQueue.offset_by_time's bisection over units [lo, hi) of one consume queue file's
+ * bytes: the first unit whose record was stored at or after timestamp (after it when
+ * strict), hi if none. Each probe reads the record's header with pread from the one commit
+ * log file that holds the records of all these units (its descriptor, first offset and
+ * size) and takes STORETIMESTAMP as record.store_timestamp_at does. None when a probed
+ * unit is a filler, points outside that file or at no record header: the caller's Python
+ * bisection then reads that unit and says what is wrong. */
+static PyObject *first_stored_after(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 8) {
+        PyErr_SetString(PyExc_TypeError,
+                        "first_stored_after takes (units, lo, hi, timestamp, strict, fd, file_start, file_size)");
+        return NULL;
+    }
+    long long low = PyLong_AsLongLong(args[1]);
+    long long high = PyLong_AsLongLong(args[2]);
+    long long timestamp = PyLong_AsLongLong(args[3]);
+    int strict = PyObject_IsTrue(args[4]);
+    int fd = PyLong_AsLong(args[5]);
+    long long file_start = PyLong_AsLongLong(args[6]);
+    long long file_size = PyLong_AsLongLong(args[7]);
+    if (PyErr_Occurred() || strict < 0) return NULL;
+    Py_buffer units;
+    if (PyObject_GetBuffer(args[0], &units, PyBUF_SIMPLE) < 0) return NULL;
+    PyObject *result = NULL;
+    if (low < 0 || high < low || high * CQ_UNIT_SIZE > units.len) {
+        PyErr_SetString(PyExc_ValueError, "first_stored_after: the range is outside the units");
+        goto done;
+    }
+    const unsigned char *base = units.buf;
+    unsigned char header[STORE_TIME_HEADER_MAX];
+    while (low < high) {
+        long long mid = low + (high - low) / 2;
+        const unsigned char *unit = base + mid * CQ_UNIT_SIZE;
+        if (be32(unit + 8) == CQ_FILLER_SIZE) goto slow; /* a filler, or a torn unit */
+        long long position = be64(unit) - file_start;
+        if (position < 0 || position >= file_size) goto slow;
+        long long wanted = file_size - position < STORE_TIME_HEADER_MAX ? file_size - position : STORE_TIME_HEADER_MAX;
+        ssize_t got = pread(fd, header, (size_t)wanted, (off_t)position);
+        if (got < OFFSET_SYSFLAG + 4) goto slow;
+        long long size = (int32_t)be32(header);
+        uint32_t magic = be32(header + 4);
+        if (magic != MAGIC_V1 && magic != MAGIC_V2) goto slow;
+        long long at = PREFIX_SIZE + ((be32(header + OFFSET_SYSFLAG) & BORNHOST_V6) ? 20 : 8);
+        if (at + 8 > size || at + 8 > got) goto slow;
+        int64_t stored = be64(header + at);
+        if (strict ? stored > timestamp : stored >= timestamp)
+            high = mid;
+        else
+            low = mid + 1;
+    }
+    result = PyLong_FromLongLong(low);
+    goto done;
+slow:
+    result = Py_NewRef(Py_None);
+done:
+    PyBuffer_Release(&units);
+    return result;
 }
 
 /* ---- Encoding a batch --------------------------------------------------------------- */
@@ -1426,6 +1494,8 @@ static PyMethodDef methods[] = {
      "decode_record(buf, pos, check_crc, end) -> Record | None."},
     {"read_records", (PyCFunction)(void (*)(void))read_records, METH_FASTCALL,
      "read_records(fd, positions, file_size, start_offset, read_ahead, check_crc) -> list[Record | None]."},
+    {"first_stored_after", (PyCFunction)(void (*)(void))first_stored_after, METH_FASTCALL,
+     "first_stored_after(units, lo, hi, timestamp, strict, fd, file_start, file_size) -> int | None."},
     {"walk_starts", (PyCFunction)(void (*)(void))walk_starts, METH_FASTCALL,
      "walk_starts(buf, position, limit, rows_max) -> (starts, position)."},
     {"body_crcs", (PyCFunction)(void (*)(void))body_crcs, METH_FASTCALL,

@@ -28,6 +28,7 @@ from rmqstore.common.codec.record import (
     END_FILE_MIN_BLANK_LENGTH,
     MAGIC_V1,
     MAGIC_V2,
+    OFFSET_BORN_HOST,
     OFFSET_SYSFLAG,
     Blank,
     Record,
@@ -46,6 +47,8 @@ _SIZE_MAGIC = struct.Struct(">ii")
 # and reads the rest of a larger record up to this size (a larger one is read through the
 # mapping, which also says what is wrong with a size no record can have).
 READ_AHEAD_BYTES = 1024
+# a header up to STORETIMESTAMP: 48 bytes to BORNTIMESTAMP, BORNHOST (20 bytes if IPv6), 8
+STORE_TIME_HEADER_BYTES_MAX = OFFSET_BORN_HOST + 20 + 8
 READ_THROUGH_FILE_RECORD_BYTES_MAX = 16 * 1024 * 1024
 _INT32 = struct.Struct(">i")
 
@@ -194,10 +197,34 @@ class CommitLog:
         """The store time of the record at ``offset``, from its header alone (time search
         probes many records and needs nothing else of them)."""
         mapped = self.files.find(offset)
-        found = None if mapped is None else store_timestamp_at(mapped.buf, offset - mapped.start_offset)
+        found = None
+        if mapped is not None and self.read_through_file:
+            found = store_timestamp_at(mapped.pread(offset - mapped.start_offset, STORE_TIME_HEADER_BYTES_MAX), 0)
+        elif mapped is not None:
+            found = store_timestamp_at(mapped.buf, offset - mapped.start_offset)
         if found is None:
             raise NotFound(f"no record at commit log offset {offset}")
         return found
+
+    def first_stored_after(
+        self, units: memoryview, lo: int, hi: int, first_offset: int, last_offset: int, timestamp_ms: int, strict: bool
+    ) -> int | None:
+        """ConsumeQueue.offset_by_time's bisection over units [lo, hi) of one consume
+        queue file in one compiled pass, each record's header read with pread: the first
+        unit stored at or after ``timestamp_ms`` (after it when ``strict``), ``hi`` if
+        none. None without the compiled codecs, when the units' records (from
+        ``first_offset`` to ``last_offset``, ascending in a queue) are not all in one log
+        file, or when a probe finds no record header (the caller's Python steps then
+        probe the same units and raise the exact error)."""
+        if _speedups is None:
+            return None
+        mapped = self.files.find(first_offset)
+        if mapped is None or not mapped.start_offset <= last_offset < mapped.end_offset:
+            return None
+        found = _speedups.first_stored_after(
+            units, lo, hi, timestamp_ms, strict, mapped.read_descriptor(), mapped.start_offset, mapped.file_size_bytes
+        )
+        return found  # type: ignore[no-any-return]
 
     @property
     def max_file_offset(self) -> int:

@@ -16,6 +16,12 @@ from rmqstore.common.files.mapped import MappedFile, MappedFileQueue
 UNIT_SIZE = cq.UNIT_SIZE
 
 
+# (units of one file, lo, hi, the first and last unit's commit log offsets, timestamp_ms,
+# strict) -> the first unit in [lo, hi) stored at or after (strict: after) the timestamp, or
+# None when it cannot tell: CommitLog.first_stored_after
+FileBisect = Callable[[memoryview, int, int, int, int, int, bool], "int | None"]
+
+
 class Boundary(enum.Enum):
     LOWER = "lower"  # the first message stored at or after t
     UPPER = "upper"  # the last message stored at or before t
@@ -152,39 +158,63 @@ class ConsumeQueue:
         *,
         commitlog_min_offset: int = 0,
         stop: int | None = None,
+        bisect_file: FileBisect | None = None,
     ) -> int:
         """Binary search over the records' store times, independent of file mtimes.
 
         LOWER: the first queue offset whose message was stored at or after ``timestamp_ms``
         (max_offset if none). UPPER: the last one stored at or before it (min_offset − 1 if
         none). Units pointing below ``commitlog_min_offset`` (expired) are skipped; units
-        at or past ``stop`` (not yet visible) are not considered.
+        at or past ``stop`` (not yet visible) are not considered. ``bisect_file``, when
+        given, finishes the search in one call once the range lies in one file
+        (CommitLog.first_stored_after); it probes the same units as the loop here.
         """
         low = self.min_offset
         high = self.max_offset if stop is None else min(stop, self.max_offset)
         while low < high and (unit := self.read(low)) is not None and unit.commitlog_offset < commitlog_min_offset:
             low += 1
-        if boundary is Boundary.LOWER:
-            # first offset in [low, high) with time >= t
-            while low < high:
-                mid = (low + high) // 2
-                unit = self.read(mid)
-                assert unit is not None
-                if store_time_of(unit) >= timestamp_ms:
-                    high = mid
-                else:
-                    low = mid + 1
-            return low
-        first = low
+        strict = boundary is Boundary.UPPER
+        first_after = self._first_stored_after(low, high, timestamp_ms, strict, store_time_of, bisect_file)
+        # UPPER: the offset before the first one stored after t
+        return first_after - 1 if strict else first_after
+
+    def _first_stored_after(
+        self,
+        low: int,
+        high: int,
+        timestamp_ms: int,
+        strict: bool,
+        store_time_of: Callable[[cq.Unit], int],
+        bisect_file: FileBisect | None,
+    ) -> int:
+        """The first offset in [low, high) whose message was stored at or after
+        ``timestamp_ms`` (after it when ``strict``), ``high`` if none."""
         while low < high:
+            if bisect_file is not None:
+                found = self._bisect_in_file(low, high, timestamp_ms, strict, bisect_file)
+                if found is not None:
+                    return found
             mid = (low + high) // 2
             unit = self.read(mid)
             assert unit is not None
-            if store_time_of(unit) > timestamp_ms:
+            stored = store_time_of(unit)
+            if stored > timestamp_ms or (stored == timestamp_ms and not strict):
                 high = mid
             else:
                 low = mid + 1
-        return low - 1 if low > first else first - 1
+        return low
+
+    def _bisect_in_file(self, low: int, high: int, timestamp_ms: int, strict: bool, bisect_file: FileBisect) -> int | None:
+        """:meth:`_first_stored_after` by ``bisect_file`` when [low, high) lies in one
+        file; None when it does not, or when ``bisect_file`` cannot finish the search."""
+        mapped = self.files.find(low * UNIT_SIZE)
+        if mapped is None or high * UNIT_SIZE > mapped.end_offset:
+            return None
+        base = mapped.start_offset // UNIT_SIZE
+        first = self._unit_at(low * UNIT_SIZE).commitlog_offset
+        last = self._unit_at((high - 1) * UNIT_SIZE).commitlog_offset
+        found = bisect_file(mapped.buf, low - base, high - base, first, last, timestamp_ms, strict)
+        return None if found is None else found + base
 
     # Writing
 

@@ -52,7 +52,6 @@ from rmqstore.pipeline.progress import Progress
 from rmqstore.pipeline.splits import Split
 
 REACHED = "reached"  # the split's scan got to its stop: the log goes on
-QUEUE_GROUPS_PER_CORE = 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,7 +189,8 @@ def run(spark: Any, store: str, out: str, sizes: StoreSizes, *, progress: Progre
     check_output(out)
     context = spark.sparkContext
     with progress.phase("planning splits"):
-        plan = planning.plan([store], file_size_bytes=sizes.commitlog_file_size_bytes, min_partitions=pieces_for(spark))
+        wave = pieces_for(spark)  # tasks that run at once
+        plan = planning.plan([store], file_size_bytes=sizes.commitlog_file_size_bytes, min_partitions=wave)
         log = CommitLog(StorePaths(store).commitlog, sizes.commitlog_file_size_bytes)
         log_start = log.min_offset
         log.close()
@@ -211,9 +211,11 @@ def run(spark: Any, store: str, out: str, sizes: StoreSizes, *, progress: Progre
         for result in counted:
             for key, units in result.queues.items():
                 queues[key] = queues.get(key, 0) + units
-        tasks = [("index", numbers) for numbers in _index_ranges(len(names), context.defaultParallelism)] + [
-            ("queues", group) for group in _queue_groups(queues, QUEUE_GROUPS_PER_CORE * context.defaultParallelism)
-        ]
+        # The index files' tasks, and the queues dealt into the rest of one wave (each task
+        # costs its own start: PIECES_PER_CORE).
+        index_tasks = [("index", numbers) for numbers in _index_ranges(len(names), wave)]
+        queue_groups = _queue_groups(queues, max(1, wave - len(index_tasks)))
+        tasks = index_tasks + [("queues", group) for group in queue_groups]
         paths = [result.path for result in counted]
         bases = _key_bases(counted)
         key_counts = [result.keys for result in counted]

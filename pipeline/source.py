@@ -12,7 +12,7 @@ Options:
 * ``commitlogFileSize``: bytes per commit log file (default: the files' own size);
 * ``maxPartitionBytes``: cut files larger than this (default 256 MiB);
 * ``minPartitions``: with fewer files than this, cut their data into about this many
-  pieces (default 1; the jobs pass three per core);
+  pieces (default 1; the jobs pass one per core);
 * ``checkCrc``: verify body CRCs (default true);
 * ``batchRows``: records per Arrow batch (default 8192; batches also stop at 32 MiB).
 

@@ -24,10 +24,7 @@ import numpy as np
 
 from rmqstore.common.codec import columnar
 from rmqstore.common.codec.record import (
-    BLANK_MAGIC,
     END_FILE_MIN_BLANK_LENGTH,
-    MAGIC_V1,
-    MAGIC_V2,
     OFFSET_BORN_HOST,
     OFFSET_SYSFLAG,
     Blank,
@@ -42,7 +39,6 @@ from rmqstore.common.errors import Corruption, InvalidArgument, NotFound, invari
 from rmqstore.common.files.mapped import MappedFile, MappedFileQueue
 
 DEFAULT_FILE_SIZE_BYTES = 1024 * 1024 * 1024
-_SIZE_MAGIC = struct.Struct(">ii")
 # A read through the file takes this much first (most records are smaller: one pread),
 # and reads the rest of a larger record up to this size (a larger one is read through the
 # mapping, which also says what is wrong with a size no record can have).
@@ -89,6 +85,16 @@ class RecordScan:
 
     def __iter__(self) -> Iterator[Record]:
         self.stop = yield from self._generator
+
+
+def _read_records(mapped: MappedFile, positions: list[int], check_crc: bool) -> list[Record | None]:
+    """The compiled read_records over ``positions`` of one file: each well-formed record
+    read with pread (READ_AHEAD_BYTES first) and decoded, None for anything else."""
+    assert _speedups is not None
+    records = _speedups.read_records(
+        mapped.read_descriptor(), positions, mapped.file_size_bytes, mapped.start_offset, READ_AHEAD_BYTES, check_crc
+    )
+    return records  # type: ignore[no-any-return]
 
 
 class CommitLog:
@@ -159,10 +165,7 @@ class CommitLog:
                 by_file.setdefault(self.files.index_of(mapped), []).append(item)
         for number, items in by_file.items():
             mapped = self.files.files[number]
-            records = _speedups.read_records(
-                mapped.read_descriptor(), [offsets[item] - mapped.start_offset for item in items],
-                mapped.file_size_bytes, mapped.start_offset, READ_AHEAD_BYTES, check_crc,
-            )  # fmt: skip
+            records = _read_records(mapped, [offsets[item] - mapped.start_offset for item in items], check_crc)
             for item, record in zip(items, records):
                 found[item] = record
         return found
@@ -174,11 +177,8 @@ class CommitLog:
         log read this way: a page fault costs more than the read, and the pages would fill
         the node's resident set."""
         if _speedups is not None:
-            (found,) = _speedups.read_records(
-                mapped.read_descriptor(), [position], mapped.file_size_bytes, mapped.start_offset,
-                READ_AHEAD_BYTES, check_crc,
-            )  # fmt: skip
-            return found  # type: ignore[no-any-return]
+            (found,) = _read_records(mapped, [position], check_crc)
+            return found
         data = mapped.pread(position, READ_AHEAD_BYTES)
         if len(data) < 8:
             return None

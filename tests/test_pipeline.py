@@ -92,6 +92,16 @@ def clean_rows(spark: Any) -> list[dict[str, Any]]:
     return rows_of(spark.read.format("rmqstore").load(str(CLEAN)))
 
 
+def test_a_local_session_runs_its_workers_and_jvm_as_configured(spark: Any) -> None:
+    """Arrow Java's checks off in the JVM that reads the workers' batches; one OpenBLAS
+    thread in the Python workers; everything on the loopback interface."""
+    jvm_property = spark.sparkContext._jvm.java.lang.System.getProperty
+    assert [jvm_property(option[2:].split("=")[0]) for option in session.LOCAL_JAVA_OPTIONS] == ["true", "false"]
+    seen = spark.sparkContext.parallelize([0, 1], 2).map(lambda _: __import__("os").environ.get("OPENBLAS_NUM_THREADS")).collect()
+    assert seen == ["1", "1"]
+    assert spark.sparkContext.getConf().get("spark.driver.bindAddress") == "127.0.0.1"
+
+
 # The data source
 
 

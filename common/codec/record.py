@@ -487,5 +487,5 @@ def _decode_record(
 # results, pinned by tests/test_speedups.py against the Python definitions above.
 python_encode_records = encode_records
 if _speedups is not None:
-    _speedups.configure(Record, _address, zlib.crc32)
+    _speedups.configure(Record, _address)
     encode_records = _speedups.encode_records

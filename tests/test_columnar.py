@@ -371,10 +371,8 @@ DAMAGE = {
 }
 
 
-@pytest.mark.parametrize("damage", sorted(DAMAGE))
-@pytest.mark.parametrize("victim", [0, 7, 19], ids=["first", "middle", "last"])
-@pytest.mark.parametrize("check_crc", [True, False])
-def test_damaged_logs_end_as_record_by_record(tmp_path: Path, damage: str, victim: int, check_crc: bool) -> None:
+def damaged_log(tmp_path: Path, damage: str, victim: int) -> CommitLog:
+    """20 records, the one numbered ``victim`` damaged as ``DAMAGE`` says."""
     items = [
         (Record(topic=f"T{n % 3}", body=bytes([n]) * (50 + n), properties={"KEYS": f"k{n}"}), b"KEYS\x01k%d" % n, 1)
         for n in range(20)
@@ -384,7 +382,14 @@ def test_damaged_logs_end_as_record_by_record(tmp_path: Path, damage: str, victi
     damaged = bytearray(encoded[victim])
     damaged[at : at + len(patch)] = patch
     encoded[victim] = bytes(damaged)
-    log = write_log(str(tmp_path / "commitlog"), encoded)
+    return write_log(str(tmp_path / "commitlog"), encoded)
+
+
+@pytest.mark.parametrize("damage", sorted(DAMAGE))
+@pytest.mark.parametrize("victim", [0, 7, 19], ids=["first", "middle", "last"])
+@pytest.mark.parametrize("check_crc", [True, False])
+def test_damaged_logs_end_as_record_by_record(tmp_path: Path, damage: str, victim: int, check_crc: bool) -> None:
+    log = damaged_log(tmp_path, damage, victim)
     try:
         bulk, bulk_stop = scan_rows(log, check_crc=check_crc, batch_rows=4)
         single, single_stop = per_record(log, check_crc)
@@ -510,18 +515,9 @@ def test_the_compiled_pass_builds_the_general_paths_batches_of_generated_records
 @pytest.mark.parametrize("check_crc", [True, False])
 def test_the_compiled_pass_stops_where_the_general_path_does(tmp_path: Path, damage: str, victim: int, check_crc: bool) -> None:
     compiled_only()
-    from rmqstore.pipeline.columns import CompiledColumns
+    from rmqstore.pipeline import columns
 
-    items = [
-        (Record(topic=f"T{n % 3}", body=bytes([n]) * (50 + n), properties={"KEYS": f"k{n}"}), b"KEYS\x01k%d" % n, 1)
-        for n in range(20)
-    ]
-    encoded = laid_out(items)
-    at, patch = DAMAGE[damage]
-    damaged = bytearray(encoded[victim])
-    damaged[at : at + len(patch)] = patch
-    encoded[victim] = bytes(damaged)
-    log = write_log(str(tmp_path / "commitlog"), encoded)
+    log = damaged_log(tmp_path, damage, victim)
     try:
         general, fast, found = both_batches(log, check_crc=check_crc, batch_rows=4)
         mapped = log.files.find(0)
@@ -529,16 +525,14 @@ def test_the_compiled_pass_stops_where_the_general_path_does(tmp_path: Path, dam
         walked = columnar.walk(mapped.buf, 0, stop=FILE_SIZE, rows_max=20, bytes_max=FILE_SIZE)
         if len(walked.starts):
             want = columnar.decode(mapped.buf, walked.starts, base_offset=0, check_crc=check_crc)
-            got = __import__("rmqstore.pipeline.columns", fromlist=["decode"]).decode(
-                mapped.buf, walked.starts, base_offset=0, check_crc=check_crc
-            )
-            assert isinstance(got, CompiledColumns)
+            got = columns.decode(mapped.buf, walked.starts, base_offset=0, check_crc=check_crc)
+            assert isinstance(got, columns.CompiledColumns)
             assert (got.rows, got.bad) == (want.rows, want.bad)
             assert got.commitlog_offset.tolist() == want.commitlog_offset.tolist()
     finally:
         log.close()
     assert fast.equals(general)
-    assert all(isinstance(decoded, CompiledColumns) for decoded in found)
+    assert all(isinstance(decoded, columns.CompiledColumns) for decoded in found)
 
 
 def arrow_columns_of(records_: list[tuple[Record, bytes, int]]) -> Any:

@@ -299,73 +299,84 @@ static PyObject *decode_record(PyObject *module, PyObject *const *args, Py_ssize
     return result;
 }
 
+/* Where the fields of a v1/v2 record lie (FORMAT.md §3). */
+typedef struct {
+    int version;
+    int64_t total;
+    int32_t sys_flag;
+    Py_ssize_t born_width, store_width;
+    const unsigned char *born, *store_ts, *store, *reconsume, *body, *topic, *properties;
+    int64_t body_length, topic_length, properties_length;
+} Layout;
+
+/* The layout of the record at r, of which available bytes may be read: 0 if it is a
+ * v1/v2 record whose lengths add up to its TOTALSIZE (record.decode_record's checks, the
+ * CRC and PHYSICALOFFSET aside), -1 for anything else. */
+static int record_layout(const unsigned char *r, int64_t available, Layout *l) {
+    if (available < 8) return -1;
+    l->total = (int32_t)be32(r);
+    uint32_t magic = be32(r + 4);
+    l->version = magic == MAGIC_V1 ? 1 : magic == MAGIC_V2 ? 2 : 0;
+    int64_t minimum = l->version == 2 ? MINIMUM_SIZE_V2 : MINIMUM_SIZE_V1;
+    if (l->version == 0 || l->total < minimum || l->total > available) return -1;
+    l->sys_flag = (int32_t)be32(r + OFFSET_SYSFLAG);
+    l->born_width = l->sys_flag & BORNHOST_V6 ? 16 : 4;
+    l->store_width = l->sys_flag & STOREHOST_V6 ? 16 : 4;
+    l->born = r + PREFIX_SIZE;
+    l->store_ts = l->born + l->born_width + 4;
+    l->store = l->store_ts + 8;
+    l->reconsume = l->store + l->store_width + 4;
+    int64_t head_size = (l->reconsume + 16) - r;
+    if (head_size > l->total) return -1;
+    l->body_length = (int32_t)be32(l->reconsume + 12);
+    int64_t width = l->version; /* of the topic's length: 1 byte in v1, 2 in v2 */
+    if (l->body_length < 0 || head_size + l->body_length + width > l->total) return -1;
+    l->body = r + head_size;
+    const unsigned char *cursor = l->body + l->body_length;
+    l->topic_length = l->version == 1 ? (int8_t)cursor[0] : be16(cursor);
+    cursor += width;
+    if (l->topic_length < 0 || (cursor - r) + l->topic_length + 2 > l->total) return -1;
+    l->topic = cursor;
+    cursor += l->topic_length;
+    l->properties_length = be16(cursor);
+    l->properties = cursor + 2;
+    if (l->properties_length < 0 || (l->properties - r) + l->properties_length > l->total) return -1;
+    int64_t expected = minimum + (l->born_width == 16 ? 12 : 0) + (l->store_width == 16 ? 12 : 0) + l->body_length
+        + l->topic_length + l->properties_length;
+    return l->total == expected ? 0 : -1;
+}
+
 /* The record at buf[pos:], reading nothing at or past end: a Record, None for anything
  * else, NULL with an error set. */
 static PyObject *decode_at(const unsigned char *buf, Py_ssize_t pos, Py_ssize_t end, int check_crc) {
     PyObject *result = NULL;
     PyObject *fields[17] = {NULL};
+    Layout l;
     if (pos < 0 || pos > end - 8) goto slow;
     const unsigned char *r = buf + pos;
-    int64_t total = (int32_t)be32(r);
-    uint32_t magic = be32(r + 4);
-    int version;
-    int64_t minimum;
-    if (magic == MAGIC_V1) {
-        version = 1;
-        minimum = MINIMUM_SIZE_V1;
-    } else if (magic == MAGIC_V2) {
-        version = 2;
-        minimum = MINIMUM_SIZE_V2;
-    } else {
-        goto slow;
-    }
-    if (total < minimum || total > end - pos) goto slow;
-    int32_t sys_flag = (int32_t)be32(r + OFFSET_SYSFLAG);
-    Py_ssize_t born_width = sys_flag & BORNHOST_V6 ? 16 : 4;
-    Py_ssize_t store_width = sys_flag & STOREHOST_V6 ? 16 : 4;
-    const unsigned char *born = r + PREFIX_SIZE;
-    const unsigned char *store_ts = born + born_width + 4;
-    const unsigned char *store = store_ts + 8;
-    const unsigned char *reconsume = store + store_width + 4;
-    int64_t head_size = (reconsume + 16) - r;
-    if (head_size > total) goto slow;
-    int64_t body_length = (int32_t)be32(reconsume + 12);
-    int64_t width = version == 1 ? 1 : 2;
-    if (body_length < 0 || head_size + body_length + width > total) goto slow;
-    const unsigned char *body = r + head_size;
-    const unsigned char *cursor = body + body_length;
-    int64_t topic_length = version == 1 ? (int8_t)cursor[0] : be16(cursor);
-    cursor += width;
-    if (topic_length < 0 || (cursor - r) + topic_length + 2 > total) goto slow;
-    const unsigned char *topic = cursor;
-    cursor += topic_length;
-    int64_t properties_length = be16(cursor);
-    cursor += 2;
-    if (properties_length < 0 || (cursor - r) + properties_length > total) goto slow;
-    int64_t expected = minimum + (born_width == 16 ? 12 : 0) + (store_width == 16 ? 12 : 0) + body_length
-        + topic_length + properties_length;
-    if (total != expected) goto slow;
+    if (record_layout(r, end - pos, &l) < 0) goto slow;
     int32_t stored_crc = (int32_t)be32(r + 8);
 
-    if (check_crc && body_length > 0 && (int32_t)(crc32_of(body, body_length) & 0x7FFFFFFF) != stored_crc) goto slow;
-    fields[1] = PyBytes_FromStringAndSize((const char *)body, body_length);
+    if (check_crc && l.body_length > 0 && (int32_t)(crc32_of(l.body, l.body_length) & 0x7FFFFFFF) != stored_crc)
+        goto slow;
+    fields[1] = PyBytes_FromStringAndSize((const char *)l.body, l.body_length);
     if (fields[1] == NULL) goto done;
-    fields[0] = PyUnicode_DecodeUTF8((const char *)topic, topic_length, "replace");
-    fields[2] = decode_properties(cursor, properties_length);
+    fields[0] = PyUnicode_DecodeUTF8((const char *)l.topic, l.topic_length, "replace");
+    fields[2] = decode_properties(l.properties, l.properties_length);
     fields[3] = PyLong_FromLong((int32_t)be32(r + 12));                         /* queue_id */
     fields[4] = PyLong_FromLong((int32_t)be32(r + 16));                         /* flag */
     fields[5] = PyLong_FromLongLong(be64(r + 20));                              /* queue_offset */
     fields[6] = PyLong_FromLongLong(be64(r + 28));                              /* commitlog_offset */
-    fields[7] = PyLong_FromLong(sys_flag);
+    fields[7] = PyLong_FromLong(l.sys_flag);
     fields[8] = PyLong_FromLongLong(be64(r + 40));                              /* born_timestamp_ms */
-    fields[9] = host_at(&born_cache, born, born_width);
-    fields[10] = PyLong_FromLongLong(be64(store_ts));
-    fields[11] = host_at(&store_cache, store, store_width);
-    fields[12] = PyLong_FromLong((int32_t)be32(reconsume));                     /* reconsume_times */
-    fields[13] = PyLong_FromLongLong(be64(reconsume + 4));                      /* prepared_transaction_offset */
+    fields[9] = host_at(&born_cache, l.born, l.born_width);
+    fields[10] = PyLong_FromLongLong(be64(l.store_ts));
+    fields[11] = host_at(&store_cache, l.store, l.store_width);
+    fields[12] = PyLong_FromLong((int32_t)be32(l.reconsume));                   /* reconsume_times */
+    fields[13] = PyLong_FromLongLong(be64(l.reconsume + 4));                    /* prepared_transaction_offset */
     fields[14] = PyLong_FromLong(stored_crc);
-    fields[15] = PyLong_FromLongLong(total);
-    fields[16] = PyLong_FromLong(version);
+    fields[15] = PyLong_FromLongLong(l.total);
+    fields[16] = PyLong_FromLong(l.version);
     for (int i = 0; i < 17; i++)
         if (fields[i] == NULL) goto done;
     result = PyObject_Vectorcall(record_type, fields, 17, NULL);
@@ -1614,6 +1625,7 @@ static PyObject *arrow_columns(PyObject *module, PyObject *const *args, Py_ssize
     }
     PyObject *allocate = args[4];
     static const char *wanted[3] = {"KEYS", "TAGS", "UNIQ_KEY"};
+    static const Py_ssize_t wanted_length[3] = {4, 4, 8};
     static const char hex[] = "0123456789ABCDEF";
     long long base_offset = PyLong_AsLongLong(args[2]);
     int check_crc = PyObject_IsTrue(args[3]);
@@ -1666,53 +1678,29 @@ static PyObject *arrow_columns(PyObject *module, PyObject *const *args, Py_ssize
         int64_t at = starts[row];
         if (at < 0 || at > length - 8) { bad = row; break; }
         const unsigned char *r = buf + at;
-        int64_t total = (int32_t)be32(r);
-        uint32_t magic = be32(r + 4);
-        int version = magic == MAGIC_V1 ? 1 : magic == MAGIC_V2 ? 2 : 0;
-        int64_t minimum = version == 2 ? MINIMUM_SIZE_V2 : MINIMUM_SIZE_V1;
-        if (version == 0 || total < minimum || total > length - at) { bad = row; break; }
-        if (at < next_at || at + total > first + span) {
-            overlapping = 1;
-            break;
-        }
-        next_at = at + total;
-        int32_t sys_flag = (int32_t)be32(r + OFFSET_SYSFLAG);
-        Py_ssize_t born_width = sys_flag & BORNHOST_V6 ? 16 : 4;
-        Py_ssize_t store_width = sys_flag & STOREHOST_V6 ? 16 : 4;
-        const unsigned char *born = r + PREFIX_SIZE;
-        const unsigned char *store_ts = born + born_width + 4;
-        const unsigned char *store = store_ts + 8;
-        const unsigned char *reconsume = store + store_width + 4;
-        int64_t head_size = (reconsume + 16) - r;
-        if (head_size > total) { bad = row; break; }
-        int64_t body_length = (int32_t)be32(reconsume + 12);
-        int64_t width = version;
-        if (body_length < 0 || head_size + body_length + width > total) { bad = row; break; }
-        const unsigned char *body = r + head_size;
-        const unsigned char *cursor = body + body_length;
-        int64_t topic_length = version == 1 ? (int8_t)cursor[0] : be16(cursor);
-        cursor += width;
-        if (topic_length < 0 || (cursor - r) + topic_length + 2 > total) { bad = row; break; }
-        const unsigned char *topic = cursor;
-        cursor += topic_length;
-        int64_t properties_length = be16(cursor);
-        cursor += 2;
-        int64_t expected = minimum + (born_width == 16 ? 12 : 0) + (store_width == 16 ? 12 : 0) + body_length
-            + topic_length + properties_length;
-        if (properties_length < 0 || total != expected) { bad = row; break; }
-        int64_t offset = be64(r + 28);
-        if (offset != base_offset + at) { bad = row; break; }
-        int32_t stored_crc = (int32_t)be32(r + 8);
-        if (check_crc && body_length > 0 && (int32_t)(crc32_of(body, body_length) & 0x7FFFFFFF) != stored_crc) {
+        Layout l;
+        if (record_layout(r, length - at, &l) < 0) {
             bad = row;
             break;
         }
-        if (!utf8_valid(topic, topic_length)) { general = 1; break; }
+        if (at < next_at || at + l.total > first + span) {
+            overlapping = 1;
+            break;
+        }
+        next_at = at + l.total;
+        int64_t offset = be64(r + 28);
+        if (offset != base_offset + at) { bad = row; break; }
+        int32_t stored_crc = (int32_t)be32(r + 8);
+        if (check_crc && l.body_length > 0 && (int32_t)(crc32_of(l.body, l.body_length) & 0x7FFFFFFF) != stored_crc) {
+            bad = row;
+            break;
+        }
+        if (!utf8_valid(l.topic, l.topic_length)) { general = 1; break; }
 
         /* properties.decode_properties: segments split on 0x02, each cut at its first 0x01,
          * empty names or values dropped; a name given twice takes the general path. */
         Py_ssize_t first_pair = out.names.count, holder[3] = {-1, -1, -1};
-        const unsigned char *p = cursor, *end = cursor + properties_length;
+        const unsigned char *p = l.properties, *end = l.properties + l.properties_length;
         while (p < end && !general) {
             const unsigned char *cut_at = memchr(p, 0x02, end - p);
             const unsigned char *segment_end = cut_at == NULL ? end : cut_at;
@@ -1731,7 +1719,7 @@ static PyObject *arrow_columns(PyObject *module, PyObject *const *args, Py_ssize
                         general = 1;
                 if (general) break;
                 for (int n = 0; n < 3; n++)
-                    if ((size_t)name_length == strlen(wanted[n]) && memcmp(p, wanted[n], name_length) == 0)
+                    if (name_length == wanted_length[n] && memcmp(p, wanted[n], name_length) == 0)
                         holder[n] = out.values.count;
                 texts_add(&out.names, p, name_length);
                 texts_add(&out.values, split + 1, value_length);
@@ -1753,31 +1741,31 @@ static PyObject *arrow_columns(PyObject *module, PyObject *const *args, Py_ssize
 
         /* offsetMsgId: the store host's address and port bytes, then PHYSICALOFFSET, in hex. */
         unsigned char raw[28];
-        memcpy(raw, store, store_width + 4);
-        memcpy(raw + store_width + 4, r + 28, 8);
+        memcpy(raw, l.store, l.store_width + 4);
+        memcpy(raw + l.store_width + 4, r + 28, 8);
         unsigned char text[56];
-        Py_ssize_t raw_length = store_width + 12;
+        Py_ssize_t raw_length = l.store_width + 12;
         for (Py_ssize_t i = 0; i < raw_length; i++) {
             text[2 * i] = hex[raw[i] >> 4];
             text[2 * i + 1] = hex[raw[i] & 0xF];
         }
         texts_add(&out.msg_id, text, 2 * raw_length);
-        texts_add(&out.topic, topic, topic_length);
-        texts_add(&out.body, body, body_length);
-        add_host(&out.born_host, &born_last, born, born_width);
-        add_host(&out.store_host, &store_last, store, store_width);
+        texts_add(&out.topic, l.topic, l.topic_length);
+        texts_add(&out.body, l.body, l.body_length);
+        add_host(&out.born_host, &born_last, l.born, l.born_width);
+        add_host(&out.store_host, &store_last, l.store, l.store_width);
         int64_t values[FIXED_COLUMNS] = {
             [C_OFFSET] = offset,
-            [C_SIZE] = total,
+            [C_SIZE] = l.total,
             [C_QUEUE_ID] = (int32_t)be32(r + 12),
             [C_QUEUE_OFFSET] = be64(r + 20),
-            [C_SYS_FLAG] = sys_flag,
+            [C_SYS_FLAG] = l.sys_flag,
             [C_FLAG] = (int32_t)be32(r + 16),
             [C_BODY_CRC] = stored_crc,
             [C_BORN_TS] = be64(r + 40),
-            [C_STORE_TS] = be64(store_ts),
-            [C_RECONSUME] = (int32_t)be32(reconsume),
-            [C_PREPARED] = be64(reconsume + 4),
+            [C_STORE_TS] = be64(l.store_ts),
+            [C_RECONSUME] = (int32_t)be32(l.reconsume),
+            [C_PREPARED] = be64(l.reconsume + 4),
         };
         for (int c = 0; c < FIXED_COLUMNS; c++) put_fixed(&out.fixed[c], row, fixed_width[c], values[c]);
     }

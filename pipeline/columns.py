@@ -11,7 +11,7 @@ Arrays are built from buffers, never from a Python object per record. With the c
 codecs, :func:`decode` reads the walked records straight into Arrow's buffers in one pass
 (``_speedups.arrow_columns``: every check of ``columnar.decode``, every value of
 :func:`arrow_batch`). A batch holding what that pass leaves to the general path (a text
-that is not UTF-8, a property name given twice, more than 64 properties or hosts) is
+that is not UTF-8, a property name given twice, more than 64 properties) is
 decoded by ``columnar.decode``, and its arrays are built from numpy: numbers directly;
 body, topic and property texts by one ``take`` over an array whose offsets alternate
 between the spans and the gaps of the decoded bytes; hosts by a ``take`` of their few
@@ -131,13 +131,13 @@ def _allocate(size: int) -> pa.Buffer:
     return pa.allocate_buffer(size)
 
 
-def decode(buf: object, starts: np.ndarray, *, base_offset: int, check_crc: bool = True) -> CompiledColumns | RecordColumns:
+def decode(
+    buf: object, starts: np.ndarray, *, base_offset: int, check_crc: bool = True
+) -> CompiledColumns | RecordColumns:
     """``columnar.decode``'s records, as :func:`arrow_batch` takes them: read by the
     compiled pass where it can, by ``columnar.decode`` otherwise (same rows, same ``bad``)."""
     if _speedups is not None:
-        found = _speedups.arrow_columns(
-            buf, np.ascontiguousarray(starts, np.int64), base_offset, check_crc, _allocate
-        )
+        found = _speedups.arrow_columns(buf, np.ascontiguousarray(starts, np.int64), base_offset, check_crc, _allocate)
         if found is not None:
             rows, bad, fixed, *texts = found
             return CompiledColumns(rows, None if bad < 0 else bad, dict(zip(_FIXED, fixed)), *texts)
@@ -210,7 +210,9 @@ def _compiled_batch(decoded: CompiledColumns, store: str, schema: pa.Schema) -> 
 
     pair_ends, names, values = decoded.properties
     pairs = int(np.frombuffer(pair_ends, np.int32, rows + 1)[rows])
-    keys_of, tags_of, uniq_of = (texts(pa.string(), rows, offsets, chars, validity, nulls) for validity, offsets, chars, nulls in decoded.named)
+    keys_of, tags_of, uniq_of = (
+        texts(pa.string(), rows, offsets, chars, validity, nulls) for validity, offsets, chars, nulls in decoded.named
+    )
     columns = {
         "msgId": texts(pa.string(), rows, *decoded.msg_id),
         "topic": texts(pa.string(), rows, *decoded.topic),

@@ -29,7 +29,7 @@ LOOPBACK = "127.0.0.1"
 LOCAL_DRIVER_MEMORY = "2g"
 # A local session's JVM reads the Python workers' Arrow batches without Arrow Java's bounds
 # and null checks (its own switches): they are pyarrow's, validated by the IPC reader, and
-# a scan's JVM time per row fell by about a tenth (benchmarks/PIPELINE.md).
+# a scan's JVM time per row fell by a tenth to a quarter (benchmarks/PIPELINE.md).
 LOCAL_JAVA_OPTIONS = ("-Darrow.enable_unsafe_memory_access=true", "-Darrow.enable_null_check_for_get=false")
 # Environment the local session's Python workers inherit, unless already set: each task
 # runs on its own core, and OpenBLAS's own thread pool (numpy starts one per core at

@@ -237,10 +237,41 @@ static PyObject *host_at(HostCache *cache, const unsigned char *p, Py_ssize_t wi
     return address;
 }
 
+/* properties.decode_properties' next pair in [*p, end): segments split on 0x02, each cut
+ * at its first 0x01, a segment with an empty name or value holding none. 1 with the
+ * pair's name and value (and *p past its segment); 0 when no pair is left. */
+static inline int next_property(const unsigned char **p, const unsigned char *end, const unsigned char **name,
+                                Py_ssize_t *name_length, const unsigned char **value, Py_ssize_t *value_length) {
+    while (*p < end) {
+        const unsigned char *start = *p;
+        const unsigned char *cut_at = memchr(start, 0x02, end - start);
+        const unsigned char *segment_end = cut_at == NULL ? end : cut_at;
+        const unsigned char *split = memchr(start, 0x01, segment_end - start);
+        *p = cut_at == NULL ? end : cut_at + 1;
+        if (split != NULL && split > start && split < segment_end - 1) {
+            *name = start;
+            *name_length = split - start;
+            *value = split + 1;
+            *value_length = segment_end - split - 1;
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* Which of the properties the columns single out a name is: 0 KEYS, 1 TAGS, 2 UNIQ_KEY,
+ * -1 any other. */
+static inline int named_property(const unsigned char *p, Py_ssize_t n) {
+    if (n == 4 && memcmp(p, "KEYS", 4) == 0) return 0;
+    if (n == 4 && memcmp(p, "TAGS", 4) == 0) return 1;
+    if (n == 8 && memcmp(p, "UNIQ_KEY", 8) == 0) return 2;
+    return -1;
+}
+
 static PyObject *property_name(const unsigned char *p, Py_ssize_t n) {
-    if (n == 4 && memcmp(p, "KEYS", 4) == 0) return Py_NewRef(name_keys);
-    if (n == 4 && memcmp(p, "TAGS", 4) == 0) return Py_NewRef(name_tags);
-    if (n == 8 && memcmp(p, "UNIQ_KEY", 8) == 0) return Py_NewRef(name_uniq_key);
+    PyObject *shared[3] = {name_keys, name_tags, name_uniq_key};
+    int named = named_property(p, n);
+    if (named >= 0) return Py_NewRef(shared[named]);
     return PyUnicode_DecodeUTF8((const char *)p, n, "replace");
 }
 
@@ -251,25 +282,19 @@ static PyObject *property_name(const unsigned char *p, Py_ssize_t n) {
 static PyObject *decode_properties(const unsigned char *p, Py_ssize_t n) {
     PyObject *result = PyDict_New();
     if (result == NULL) return NULL;
-    const unsigned char *end = p + n;
-    while (p < end) {
-        const unsigned char *segment_end = memchr(p, 0x02, end - p);
-        if (segment_end == NULL) segment_end = end;
-        const unsigned char *separator = memchr(p, 0x01, segment_end - p);
-        if (separator != NULL && separator > p && separator + 1 < segment_end) {
-            PyObject *name = property_name(p, separator - p);
-            PyObject *value = name == NULL ? NULL
-                : PyUnicode_DecodeUTF8((const char *)separator + 1, segment_end - separator - 1, "replace");
-            if (value == NULL || PyDict_SetItem(result, name, value) < 0) {
-                Py_XDECREF(name);
-                Py_XDECREF(value);
-                Py_DECREF(result);
-                return NULL;
-            }
-            Py_DECREF(name);
-            Py_DECREF(value);
+    const unsigned char *end = p + n, *name_at, *value_at;
+    Py_ssize_t name_length, value_length;
+    while (next_property(&p, end, &name_at, &name_length, &value_at, &value_length)) {
+        PyObject *name = property_name(name_at, name_length);
+        PyObject *value = name == NULL ? NULL : PyUnicode_DecodeUTF8((const char *)value_at, value_length, "replace");
+        if (value == NULL || PyDict_SetItem(result, name, value) < 0) {
+            Py_XDECREF(name);
+            Py_XDECREF(value);
+            Py_DECREF(result);
+            return NULL;
         }
-        p = segment_end + 1;
+        Py_DECREF(name);
+        Py_DECREF(value);
     }
     return result;
 }
@@ -1304,7 +1329,6 @@ static PyObject *property_pairs(PyObject *module, PyObject *const *args, Py_ssiz
         PyErr_SetString(PyExc_TypeError, "property_pairs takes (data, at, length)");
         return NULL;
     }
-    static const char *wanted[3] = {"KEYS", "TAGS", "UNIQ_KEY"};
     Buffers buffers = {.count = 0};
     Py_ssize_t size, rows, rows_length;
     PyObject *result = NULL, *named[3] = {NULL, NULL, NULL}, *ends = NULL, *spans[5] = {NULL};
@@ -1334,25 +1358,16 @@ static PyObject *property_pairs(PyObject *module, PyObject *const *args, Py_ssiz
     for (int n = 0; n < 3; n++) holders[n] = (int64_t *)PyByteArray_AS_STRING(named[n]);
     pair_ends[0] = 0;
     for (Py_ssize_t row = 0; row < rows; row++) {
-        const unsigned char *p = data + at[row], *end = p + length[row];
-        Py_ssize_t first = name_at.count;
+        const unsigned char *p = data + at[row], *end = p + length[row], *name, *value;
+        Py_ssize_t first = name_at.count, n_length, v_length;
         holders[0][row] = holders[1][row] = holders[2][row] = -1;
-        while (p < end) {
-            const unsigned char *cut_at = memchr(p, 0x02, end - p);
-            const unsigned char *segment_end = cut_at == NULL ? end : cut_at;
-            const unsigned char *split = memchr(p, 0x01, segment_end - p);
-            if (split != NULL && split > p && split < segment_end - 1) {
-                int64_t pair = name_at.count, n_length = split - p;
-                if (column_push(&name_at, p - data) < 0 || column_push(&name_length, n_length) < 0
-                    || column_push(&value_at, split + 1 - data) < 0
-                    || column_push(&value_length, segment_end - split - 1) < 0)
-                    goto done;
-                for (int n = 0; n < 3; n++)
-                    if ((size_t)n_length == strlen(wanted[n]) && memcmp(p, wanted[n], n_length) == 0)
-                        holders[n][row] = pair;
-            }
-            if (cut_at == NULL) break;
-            p = cut_at + 1;
+        while (next_property(&p, end, &name, &n_length, &value, &v_length)) {
+            int64_t pair = name_at.count;
+            if (column_push(&name_at, name - data) < 0 || column_push(&name_length, n_length) < 0
+                || column_push(&value_at, value - data) < 0 || column_push(&value_length, v_length) < 0)
+                goto done;
+            int named = named_property(name, n_length);
+            if (named >= 0) holders[named][row] = pair;
         }
         pair_ends[row + 1] = name_at.count;
         if (names_may_repeat(data, name_at.items, name_length.items, first, name_at.count)
@@ -1624,8 +1639,6 @@ static PyObject *arrow_columns(PyObject *module, PyObject *const *args, Py_ssize
         return NULL;
     }
     PyObject *allocate = args[4];
-    static const char *wanted[3] = {"KEYS", "TAGS", "UNIQ_KEY"};
-    static const Py_ssize_t wanted_length[3] = {4, 4, 8};
     static const char hex[] = "0123456789ABCDEF";
     long long base_offset = PyLong_AsLongLong(args[2]);
     int check_crc = PyObject_IsTrue(args[3]);
@@ -1697,35 +1710,25 @@ static PyObject *arrow_columns(PyObject *module, PyObject *const *args, Py_ssize
         }
         if (!utf8_valid(l.topic, l.topic_length)) { general = 1; break; }
 
-        /* properties.decode_properties: segments split on 0x02, each cut at its first 0x01,
-         * empty names or values dropped; a name given twice takes the general path. */
-        Py_ssize_t first_pair = out.names.count, holder[3] = {-1, -1, -1};
-        const unsigned char *p = l.properties, *end = l.properties + l.properties_length;
-        while (p < end && !general) {
-            const unsigned char *cut_at = memchr(p, 0x02, end - p);
-            const unsigned char *segment_end = cut_at == NULL ? end : cut_at;
-            const unsigned char *split = memchr(p, 0x01, segment_end - p);
-            if (split != NULL && split > p && split < segment_end - 1) {
-                Py_ssize_t name_length = split - p, value_length = segment_end - split - 1;
-                const int32_t *name_ends = (const int32_t *)out.names.offsets.data;
-                if (out.names.count - first_pair >= ARROW_PAIRS_MAX || !utf8_valid(p, name_length)
-                    || !utf8_valid(split + 1, value_length)) {
-                    general = 1;
-                    break;
-                }
-                for (Py_ssize_t pair = first_pair; pair < out.names.count; pair++)
-                    if (name_ends[pair + 1] - name_ends[pair] == name_length
-                        && memcmp(out.names.chars.data + name_ends[pair], p, name_length) == 0)
-                        general = 1;
-                if (general) break;
-                for (int n = 0; n < 3; n++)
-                    if (name_length == wanted_length[n] && memcmp(p, wanted[n], name_length) == 0)
-                        holder[n] = out.values.count;
-                texts_add(&out.names, p, name_length);
-                texts_add(&out.values, split + 1, value_length);
+        /* The record's pairs (a name given twice takes the general path). */
+        Py_ssize_t first_pair = out.names.count, holder[3] = {-1, -1, -1}, name_length, value_length;
+        const unsigned char *p = l.properties, *end = l.properties + l.properties_length, *name, *value;
+        while (!general && next_property(&p, end, &name, &name_length, &value, &value_length)) {
+            const int32_t *name_ends = (const int32_t *)out.names.offsets.data;
+            if (out.names.count - first_pair >= ARROW_PAIRS_MAX || !utf8_valid(name, name_length)
+                || !utf8_valid(value, value_length)) {
+                general = 1;
+                break;
             }
-            if (cut_at == NULL) break;
-            p = cut_at + 1;
+            for (Py_ssize_t pair = first_pair; pair < out.names.count; pair++)
+                if (name_ends[pair + 1] - name_ends[pair] == name_length
+                    && memcmp(out.names.chars.data + name_ends[pair], name, name_length) == 0)
+                    general = 1;
+            if (general) break;
+            int named = named_property(name, name_length);
+            if (named >= 0) holder[named] = out.values.count;
+            texts_add(&out.names, name, name_length);
+            texts_add(&out.values, value, value_length);
         }
         if (general) break;
         pair_ends[row + 1] = (int32_t)out.names.count;

@@ -54,22 +54,28 @@ def grpc_append_run(store: Path, spec: WorkloadSpec, log_dir: Path, batch: int) 
     return result
 
 
+SYNC_CALLS = ("send", "stream")
+
+
 def sync_run(store: Path, spec: WorkloadSpec, log_dir: Path, producers: list[int], seconds: float) -> list[dict[str, Any]]:
-    """One writer with ``--flush sync`` on a fresh store; for each producer count, the
-    sync client (another process) sends one message per Send from that many producers."""
+    """One writer with ``--flush sync`` on a fresh store; for each producer count and each
+    of the client's calls (a Send per message; a SendStream per producer, one message a
+    request), the sync client (another process) runs that many producers."""
     shutil.rmtree(store, ignore_errors=True)
     runs = []
     with Nodes(log_dir) as nodes:
         writer = nodes.start("writer", store, "--flush", "sync")
         create_topics(writer.endpoint)
         for count in producers:
-            result = run_client(
-                _client_args("sync", writer.endpoint, spec, "--producers", str(count), "--seconds", str(seconds)),
-                timeout_s=seconds * 10 + 120,
-            )
-            if result["errors"]:
-                raise RuntimeError(f"SYNC producers failed: {result['errors']}")
-            runs.append(result)
+            for call in SYNC_CALLS:
+                result = run_client(
+                    _client_args("sync", writer.endpoint, spec, "--producers", str(count), "--seconds", str(seconds),
+                                 "--call", call),
+                    timeout_s=seconds * 10 + 120,
+                )  # fmt: skip
+                if result["errors"]:
+                    raise RuntimeError(f"SYNC producers ({call}) failed: {result['errors']}")
+                runs.append(result)
         writer.stop()
     return runs
 

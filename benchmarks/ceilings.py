@@ -8,9 +8,11 @@ what any Python store would reach here, beside which section 3's figures are rea
 ``Writer.append`` does, and the thread at the front writes 100 bytes and ``fdatasync``s
 for the whole queue: the group commit with no encoding, dispatch or validation.
 
-``grpc``: a writer service whose ``Send`` does nothing, once as a thread-pool server (as
-``writer serve`` runs, 64 workers) and once as an asyncio server, loaded by the
-benchmark's own SYNC client (``grpc_clients.py sync``, another process).
+``grpc``: a writer service whose ``Send`` and ``SendStream`` do nothing (each message
+answered with an empty ack), once as a thread-pool server (64 workers) and once as an
+asyncio server (as ``writer serve`` runs), loaded by the benchmark's own SYNC client
+(``grpc_clients.py sync``, another process) with each of its calls: a ``Send`` per
+message, and one message per request on a ``SendStream`` per producer.
 
 Each prints one JSON line of calls per second.
 """
@@ -96,11 +98,16 @@ def _serve(kind: str) -> None:
     from rmqstore.v1 import writer_pb2, writer_pb2_grpc
 
     empty = writer_pb2.SendResponse()
+    acked = writer_pb2.SendBatchResponse()
     if kind == "sync":
 
         class Noop(writer_pb2_grpc.WriterServiceServicer):
             def Send(self, request: Any, context: Any) -> Any:
                 return empty
+
+            def SendStream(self, requests: Any, context: Any) -> Any:
+                for _ in requests:
+                    yield acked
 
         server = grpc.server(futures.ThreadPoolExecutor(64))
         writer_pb2_grpc.add_WriterServiceServicer_to_server(Noop(), server)
@@ -113,6 +120,10 @@ def _serve(kind: str) -> None:
         async def Send(self, request: Any, context: Any) -> Any:
             return empty
 
+        async def SendStream(self, requests: Any, context: Any) -> Any:
+            async for _ in requests:
+                yield acked
+
     async def main() -> None:
         server = grpc.aio.server()
         writer_pb2_grpc.add_WriterServiceServicer_to_server(AsyncNoop(), server)
@@ -123,14 +134,15 @@ def _serve(kind: str) -> None:
     asyncio.run(main())
 
 
-def grpc_noop(kind: str, producers: int, seconds: float) -> dict[str, Any]:
+def grpc_noop(kind: str, call: str, producers: int, seconds: float) -> dict[str, Any]:
     server = subprocess.Popen([sys.executable, __file__, "serve", kind], stdout=subprocess.PIPE, text=True)
     try:
         assert server.stdout is not None
         port = int(server.stdout.readline())
         client = subprocess.run(
             [sys.executable, str(HERE / "grpc_clients.py"), "sync", "--endpoint", f"127.0.0.1:{port}",
-             "--messages", "5000", "--seed", "1", "--seconds", str(seconds), "--producers", str(producers)],
+             "--messages", "5000", "--seed", "1", "--seconds", str(seconds), "--producers", str(producers),
+             "--call", call],
             capture_output=True, text=True, check=True, timeout=seconds * 10 + 60,
         )  # fmt: skip
     finally:
@@ -138,8 +150,9 @@ def grpc_noop(kind: str, producers: int, seconds: float) -> dict[str, Any]:
         server.wait()
     result = json.loads(client.stdout.splitlines()[-1])
     if result["errors"]:
-        raise RuntimeError(f"no-op Send failed: {result['errors']}")
-    return {"ceiling": f"grpc_{kind}_server", "producers": producers, "calls_per_s": round(result["acked"] / seconds)}
+        raise RuntimeError(f"no-op {call} failed: {result['errors']}")
+    return {"ceiling": f"grpc_{kind}_server", "call": call, "producers": producers,
+            "messages_per_s": round(result["acked"] / seconds)}  # fmt: skip
 
 
 def main() -> None:
@@ -154,8 +167,9 @@ def main() -> None:
     elif args.what == "threads":
         print(json.dumps(threads(args.producers, args.seconds)))
     else:
-        for kind in ("sync", "aio"):
-            print(json.dumps(grpc_noop(kind, args.producers, args.seconds)), flush=True)
+        for call in ("send", "stream"):
+            for kind in ("sync", "aio"):
+                print(json.dumps(grpc_noop(kind, call, args.producers, args.seconds)), flush=True)
 
 
 if __name__ == "__main__":

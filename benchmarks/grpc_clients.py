@@ -12,8 +12,11 @@ section); with ``--progress`` it prints the acked count after every batch (the r
 section kills the writer part-way). The last line printed is one JSON document.
 
 ``sync``: ``--producers`` concurrent producers on one asyncio channel, each sending one
-message per ``Send`` call and waiting for its ack: throughput and ack latencies of the
-window after a warm-up.
+message and waiting for its ack before the next: throughput and ack latencies of the
+window after a warm-up. With ``--call send`` each message is a ``Send`` call; with
+``--call stream`` each producer keeps one ``SendStream`` open and sends each message as
+a one-message batch on it (as a RocketMQ producer keeps its connection and sends
+request after request).
 """
 
 from __future__ import annotations
@@ -101,6 +104,8 @@ async def _sync_producers(args: argparse.Namespace) -> dict[str, Any]:
     requests = [writer_pb2.SendRequest(message=m) for m in workload.proto_messages(range(len(workload)))]
     latencies: list[int] = []
     errors: list[str] = []
+    if args.call == "stream":
+        requests = [writer_pb2.SendBatchRequest(messages=[r.message]) for r in requests]
     async with grpc.aio.insecure_channel(args.endpoint, options=CHANNEL_OPTIONS) as channel:
         await asyncio.wait_for(channel.channel_ready(), timeout=30)
         stub = writer_pb2_grpc.WriterServiceStub(channel)
@@ -108,23 +113,33 @@ async def _sync_producers(args: argparse.Namespace) -> dict[str, Any]:
         stop_at = start_at + int(args.seconds * 1e9)
 
         async def produce(p: int) -> None:
+            call = stub.SendStream(timeout=args.timeout) if args.call == "stream" else None
             i = p
-            while True:
-                begun = time.perf_counter_ns()
-                if begun >= stop_at:
-                    return
-                try:
-                    await stub.Send(requests[i % len(requests)], timeout=args.timeout)
-                except grpc.RpcError as error:
-                    errors.append(f"{error.code().name}: {error.details()}")  # type: ignore[attr-defined]
-                    return
-                if begun >= start_at:
-                    latencies.append(time.perf_counter_ns() - begun)
-                i += args.producers
+            try:
+                while True:
+                    begun = time.perf_counter_ns()
+                    if begun >= stop_at:
+                        break
+                    if call is None:
+                        await stub.Send(requests[i % len(requests)], timeout=args.timeout)
+                    else:
+                        await call.write(requests[i % len(requests)])
+                        if await call.read() is grpc.aio.EOF:
+                            raise RuntimeError("the stream ended before its ack")
+                    if begun >= start_at:
+                        latencies.append(time.perf_counter_ns() - begun)
+                    i += args.producers
+                if call is not None:
+                    await call.done_writing()
+                    if (code := await call.code()) != grpc.StatusCode.OK:
+                        errors.append(f"{code.name}: {await call.details()}")
+            except grpc.RpcError as error:
+                errors.append(f"{error.code().name}: {error.details()}")  # type: ignore[attr-defined]
 
         await asyncio.gather(*(produce(p) for p in range(args.producers)))
     return {
         "producers": args.producers,
+        "call": args.call,
         "acked": len(latencies),
         "seconds": args.seconds,
         "errors": errors[:5],
@@ -151,6 +166,7 @@ def main(argv: list[str] | None = None) -> None:
     roles.choices["stream"].add_argument("--stop-file", help="stop sending once this file exists")
     roles.choices["sync"].add_argument("--producers", type=int, required=True)
     roles.choices["sync"].add_argument("--warmup", type=float, default=0.5)
+    roles.choices["sync"].add_argument("--call", choices=["send", "stream"], default="send")
     args = parser.parse_args(argv)
     if args.role == "stream":
         result = stream(args)

@@ -27,6 +27,7 @@ import gc
 import json
 import shlex
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -40,6 +41,7 @@ REPO = HERE.parent
 sys.path.insert(0, str(HERE))
 
 import bench_grpc  # noqa: E402
+import ceilings  # noqa: E402
 import bench_rmq  # noqa: E402
 import report  # noqa: E402
 import sqlite_baseline  # noqa: E402
@@ -188,13 +190,20 @@ def section_sync(ctx: Context) -> dict[str, Any]:
     workload = Workload(spec)
     counts = ctx.args.sync_producers
     ours: dict[int, list[dict[str, Any]]] = {p: [] for p in counts}
+    streamed: dict[int, list[dict[str, Any]]] = {p: [] for p in counts}
     inner: dict[int, list[dict[str, Any]]] = {p: [] for p in counts}
     theirs: dict[int, list[dict[str, Any]]] = {p: [] for p in counts}
+    most = max(counts)
+    ceiling: dict[str, list[int]] = {call: [] for call in bench_grpc.SYNC_CALLS}
     for run in range(ctx.args.repeats):
         store = ctx.work / "sync"
         for result in bench_grpc.sync_run(store, spec, ctx.logs, counts, ctx.args.sync_seconds):
-            ours[result["producers"]].append(_sync_figures(result))
+            (ours if result["call"] == "send" else streamed)[result["producers"]].append(_sync_figures(result))
         shutil.rmtree(store, ignore_errors=True)
+        # The same client against an asyncio server that acks without storing: what
+        # Python gRPC allows on this machine, in the same run.
+        for call in bench_grpc.SYNC_CALLS:
+            ceiling[call].append(ceilings.grpc_noop("aio", call, most, ctx.args.sync_seconds)["messages_per_s"])
         for producers in counts:
             result = bench_rmq.sync_threads_run(store, workload, producers, ctx.args.sync_seconds, warmup_s=0.5)
             inner[producers].append(_sync_figures(result))
@@ -206,7 +215,12 @@ def section_sync(ctx: Context) -> dict[str, Any]:
         sqlite_baseline.remove_database(ctx.work / "sync.db")
         log(
             f"  SYNC run {run + 1}/{ctx.args.repeats}: "
-            + ", ".join(f"{p}: {ours[p][-1]['msgs_per_s']:,} vs SQLite {theirs[p][-1]['msgs_per_s']:,}" for p in counts)
+            + ", ".join(
+                f"{p}: {ours[p][-1]['msgs_per_s']:,} / stream {streamed[p][-1]['msgs_per_s']:,}"
+                f" vs SQLite {theirs[p][-1]['msgs_per_s']:,}"
+                for p in counts
+            )
+            + f"; no-op server at {most}: {ceiling['send'][-1]:,} / stream {ceiling['stream'][-1]:,}"
         )
     rows = []
     for producers in counts:
@@ -218,6 +232,9 @@ def section_sync(ctx: Context) -> dict[str, Any]:
                 "msgs_per_s": rmq,
                 "p50_ms": median_of(ours[producers], "p50_ms"),
                 "p99_ms": median_of(ours[producers], "p99_ms"),
+                "stream_msgs_per_s": median_of(streamed[producers], "msgs_per_s"),
+                "stream_p50_ms": median_of(streamed[producers], "p50_ms"),
+                "stream_p99_ms": median_of(streamed[producers], "p99_ms"),
                 "in_process_msgs_per_s": median_of(inner[producers], "msgs_per_s"),
                 "in_process_p50_ms": median_of(inner[producers], "p50_ms"),
                 "in_process_p99_ms": median_of(inner[producers], "p99_ms"),
@@ -226,11 +243,24 @@ def section_sync(ctx: Context) -> dict[str, Any]:
                 "sqlite_p99_ms": median_of(theirs[producers], "p99_ms"),
                 "ratio": ratio(rmq, sql),
                 "rmqstore_runs": ours[producers],
+                "stream_runs": streamed[producers],
                 "in_process_runs": inner[producers],
                 "sqlite_runs": theirs[producers],
             }
         )
-    return {"seconds_per_run": ctx.args.sync_seconds, "warmup_s": 0.5, "workload_messages": spec.messages, "rows": rows}
+    return {
+        "seconds_per_run": ctx.args.sync_seconds,
+        "warmup_s": 0.5,
+        "workload_messages": spec.messages,
+        "rows": rows,
+        "noop_server": {
+            "producers": most,
+            "send_msgs_per_s": statistics.median(ceiling["send"]),
+            "stream_msgs_per_s": statistics.median(ceiling["stream"]),
+            "send_runs": ceiling["send"],
+            "stream_runs": ceiling["stream"],
+        },
+    }
 
 
 def _sync_figures(result: dict[str, Any]) -> dict[str, Any]:

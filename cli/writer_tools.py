@@ -24,7 +24,7 @@ SHUTDOWN_GRACE_S = 10.0
 
 # TLS and listener options, shared with query_tools.
 
-DEFAULT_WORKERS = 64  # enough for 64 producers each holding a stream
+DEFAULT_WORKERS = 64
 
 
 def add_server_tls_options(parser: argparse.ArgumentParser) -> None:
@@ -47,7 +47,8 @@ def add_server_tls_options(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=DEFAULT_WORKERS,
         metavar="N",
-        help=f"threads serving RPCs (default {DEFAULT_WORKERS}); each open stream holds one while it lasts",
+        help=f"threads running handlers (default {DEFAULT_WORKERS}): a query node's lookups, each open StreamByTime"
+        " holding one while it lasts; a writer's Flush, Status and CreateTopic (its appends and streams hold none)",
     )
 
 
@@ -102,7 +103,7 @@ def channel_from(args: argparse.Namespace, endpoint: str) -> grpc.Channel:
 
 
 def cmd_writer_serve(args: argparse.Namespace) -> int:
-    from rmqstore.service.server import Serving
+    from rmqstore.service.server import AsyncServing
     from rmqstore.service.metrics import configure_metrics
     from rmqstore.service.telemetry import configure_tracing
     from rmqstore.writer.config import FlushPolicy, WriterConfig
@@ -132,9 +133,10 @@ def cmd_writer_serve(args: argparse.Namespace) -> int:
     )
     writer = Writer(config)
     writer.start_background()
+    servicer = WriterServicer(writer)
     try:
-        serving = Serving(
-            lambda s: writer_pb2_grpc.add_WriterServiceServicer_to_server(WriterServicer(writer), s),
+        serving = AsyncServing(
+            lambda s: writer_pb2_grpc.add_WriterServiceServicer_to_server(servicer, s),
             [SERVICE_NAME],
             host=args.host,
             port=args.port,
@@ -143,6 +145,7 @@ def cmd_writer_serve(args: argparse.Namespace) -> int:
             workers=args.workers,
         )
     except BaseException:
+        servicer.close()
         writer.close()
         raise
     recovery = writer.recovery
@@ -167,6 +170,7 @@ def cmd_writer_serve(args: argparse.Namespace) -> int:
     )
     stopping.wait()
     serving.stop(SHUTDOWN_GRACE_S)
+    servicer.close()
     writer.close()
     print(json.dumps({"event": "stopped", "service": "writer"}), flush=True)
     return EXIT_OK

@@ -54,3 +54,22 @@ def mapped(method: F) -> F:
             abort_with(context, error)
 
     return wrapper  # type: ignore[return-value]
+
+
+async def abort_with_async(context: grpc.aio.ServicerContext, error: errors.StoreError) -> None:
+    """:func:`abort_with` on an asyncio server's context."""
+    context.set_trailing_metadata(((REASON_KEY, type(error).__name__),))
+    await context.abort(code_for(error), str(error))
+
+
+def mapped_async(method: F) -> F:
+    """:func:`mapped` for the unary handlers of an asyncio server."""
+
+    @functools.wraps(method)
+    async def wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        try:
+            return await method(self, request, context)
+        except errors.StoreError as error:
+            await abort_with_async(context, error)
+
+    return wrapper  # type: ignore[return-value]

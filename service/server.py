@@ -1,21 +1,35 @@
 """Start a gRPC server with health checking, reflection and the tracing interceptor, and
-the TLS credentials of both ends (server certificates, client trust and client certificates)."""
+the TLS credentials of both ends (server certificates, client trust and client certificates).
+
+Two kinds of server: grpc's thread-pool server (the query node: each lookup is a short
+piece of CPU work), and its asyncio server on an event loop of its own thread
+(:class:`AsyncServing`, the writer: a SYNC ack waits for an fsync and a SendStream lasts as
+long as its producer, and neither may hold a thread while it waits)."""
 
 from __future__ import annotations
 
+import asyncio
 import ssl
-from collections.abc import Callable, Sequence
+import threading
+from collections.abc import Callable, Coroutine, Sequence
 from concurrent import futures
+from typing import Any, TypeVar
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from opentelemetry import trace
-from opentelemetry.instrumentation.grpc import server_interceptor
+from opentelemetry.instrumentation.grpc import aio_server_interceptor, server_interceptor
 
 from rmqstore.common.errors import InvalidArgument
 
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+SERVER_OPTIONS = [
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.so_reuseport", 0),
+]
+T = TypeVar("T")
 
 
 class TracingInterceptor(grpc.ServerInterceptor):
@@ -28,9 +42,26 @@ class TracingInterceptor(grpc.ServerInterceptor):
         self._traced = server_interceptor()
 
     def intercept_service(self, continuation, handler_call_details):  # type: ignore[no-untyped-def]
-        if isinstance(trace.get_tracer_provider(), (trace.ProxyTracerProvider, trace.NoOpTracerProvider)):
+        if _untraced():
             return continuation(handler_call_details)
         return self._traced.intercept_service(continuation, handler_call_details)
+
+
+class AsyncTracingInterceptor(grpc.aio.ServerInterceptor):
+    """:class:`TracingInterceptor` for the asyncio server (whose handlers are all async:
+    OpenTelemetry's asyncio interceptor awaits each)."""
+
+    def __init__(self) -> None:
+        self._traced = aio_server_interceptor()
+
+    async def intercept_service(self, continuation, handler_call_details):  # type: ignore[no-untyped-def]
+        if _untraced():
+            return await continuation(handler_call_details)
+        return await self._traced.intercept_service(continuation, handler_call_details)
+
+
+def _untraced() -> bool:
+    return isinstance(trace.get_tracer_provider(), (trace.ProxyTracerProvider, trace.NoOpTracerProvider))
 
 
 def _read_pem(option: str, path: str) -> bytes:
@@ -133,11 +164,7 @@ def start_server(
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="rpc"),
         interceptors=[TracingInterceptor()],
-        options=[
-            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-            ("grpc.so_reuseport", 0),
-        ],
+        options=SERVER_OPTIONS,
     )
     register(server)
     health_servicer = health.HealthServicer()
@@ -206,3 +233,104 @@ class Serving:
         self.server.stop(grace_s).wait()
         if self.health_server is not None:
             self.health_server.stop(None).wait()
+
+
+class AsyncServing:
+    """:class:`Serving` on grpc's asyncio server: an event loop on its own thread runs the
+    main server and, when asked, the plaintext health port, so that a call that waits (a
+    SYNC ack, an open stream) holds no thread, however many producers are connected.
+    ``register`` adds services whose handlers are all async; they hand blocking work to
+    the loop's default executor (``workers`` threads). Driven from synchronous code."""
+
+    def __init__(
+        self,
+        register: Callable[[grpc.aio.Server], None],
+        service_names: Sequence[str],
+        *,
+        host: str,
+        port: int,
+        credentials: grpc.ServerCredentials | None,
+        health_port: int | None,
+        workers: int = 32,
+    ):
+        self.loop = asyncio.new_event_loop()
+        self.loop.set_default_executor(futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="rpc"))
+        self._thread = threading.Thread(target=self.loop.run_forever, name="grpc-loop", daemon=True)
+        self._thread.start()
+        self.health_servicer = health.aio.HealthServicer()
+        self._servers: list[grpc.aio.Server] = []
+        self.health_port: int | None = None
+        try:
+            self.port = self.call(self._start(register, service_names, host, port, credentials))
+            if health_port is not None:
+                self.health_port = self.call(self._start_health(host, health_port))
+        except BaseException:
+            self._stop_loop()
+            raise
+
+    def call(self, coroutine: Coroutine[Any, Any, T]) -> T:
+        """Run ``coroutine`` on the server's loop and return its result."""
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result()
+
+    async def _start(
+        self,
+        register: Callable[[grpc.aio.Server], None],
+        service_names: Sequence[str],
+        host: str,
+        port: int,
+        credentials: grpc.ServerCredentials | None,
+    ) -> int:
+        server = grpc.aio.server(interceptors=[AsyncTracingInterceptor()], options=SERVER_OPTIONS)
+        register(server)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health_servicer, server)
+        for name in (*service_names, ""):
+            await self.health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+        reflection.enable_server_reflection((*service_names, reflection.SERVICE_NAME, health.SERVICE_NAME), server)
+        address = f"{host}:{port}"
+        bound = await self._bind(server, address, credentials, f"cannot bind {address}")
+        await server.start()
+        self._servers.append(server)
+        return bound
+
+    async def _start_health(self, host: str, port: int) -> int:
+        server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+        health_pb2_grpc.add_HealthServicer_to_server(self.health_servicer, server)
+        bound = await self._bind(server, f"{host}:{port}", None, f"cannot bind the health port {host}:{port}")
+        await server.start()
+        self._servers.append(server)
+        return bound
+
+    @staticmethod
+    async def _bind(server: grpc.aio.Server, address: str, credentials: grpc.ServerCredentials | None, problem: str) -> int:
+        try:
+            bound = server.add_secure_port(address, credentials) if credentials else server.add_insecure_port(address)
+        except RuntimeError:
+            bound = 0
+        if bound == 0:
+            raise OSError(problem)
+        return bound
+
+    def stop(self, grace_s: float | None) -> None:
+        """Report NOT_SERVING, let in-flight calls finish within ``grace_s``, close the
+        listeners and the loop."""
+        try:
+            self.call(self._stop(grace_s))
+        finally:
+            self._stop_loop()
+
+    async def _stop(self, grace_s: float | None) -> None:
+        await self.health_servicer.enter_graceful_shutdown()
+        await self._stop_servers(grace_s)
+
+    async def _stop_servers(self, grace_s: float | None) -> None:
+        while self._servers:
+            await self._servers.pop(0).stop(grace_s)
+
+    def _stop_loop(self) -> None:
+        if self._servers:
+            # A start that failed half way: whatever did start stops at once.
+            self.call(self._stop_servers(None))
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join()
+        self.loop.run_until_complete(self.loop.shutdown_default_executor())
+        self.loop.close()

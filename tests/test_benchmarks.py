@@ -75,7 +75,12 @@ def test_throughput_sections_have_both_systems(smoke: tuple[dict[str, Any], str,
     assert [row["producers"] for row in rows] == PRODUCERS
     for row in rows:
         assert _positive(row["msgs_per_s"]) and _positive(row["sqlite_msgs_per_s"])
+        assert _positive(row["stream_msgs_per_s"]) and len(row["stream_runs"]) == 1
         assert row["p50_ms"] <= row["p99_ms"] and row["sqlite_p50_ms"] <= row["sqlite_p99_ms"]
+        assert row["stream_p50_ms"] <= row["stream_p99_ms"]
+    noop = results["once"]["sync"]["noop_server"]
+    assert noop["producers"] == max(PRODUCERS)
+    assert _positive(noop["send_msgs_per_s"]) and _positive(noop["stream_msgs_per_s"])
 
 
 @pytest.mark.slow

@@ -31,10 +31,9 @@ from rmqstore.cli.main import main
 from rmqstore.common.errors import InvalidArgument
 from rmqstore.common.files.store import StoreSizes
 from rmqstore.service.server import (
+    AsyncServing,
     load_server_credentials,
     open_channel,
-    start_health_server,
-    start_server,
 )
 from rmqstore.v1 import messages_pb2, query_pb2, query_pb2_grpc, writer_pb2, writer_pb2_grpc
 from rmqstore.writer.config import FlushPolicy, WriterConfig
@@ -149,24 +148,29 @@ class WriterNode:
 
     def __init__(self, store: Path, pki: Pki, client_auth: bool):
         self.writer = Writer(WriterConfig(store=str(store), sizes=SMALL, flush=FlushPolicy.SYNC))
-        credentials = load_server_credentials(
-            str(pki.server_cert), str(pki.server_key), str(pki.ca) if client_auth else None
-        )
+        self.servicer = WriterServicer(self.writer)
         try:
-            self.server, self.port, self.health = start_server(
-                lambda s: writer_pb2_grpc.add_WriterServiceServicer_to_server(WriterServicer(self.writer), s),
-                [WRITER_SERVICE],
-                credentials=credentials,
+            credentials = load_server_credentials(
+                str(pki.server_cert), str(pki.server_key), str(pki.ca) if client_auth else None
             )
-            self.health_server, self.health_port = start_health_server(self.health)
+            self.serving = AsyncServing(
+                lambda s: writer_pb2_grpc.add_WriterServiceServicer_to_server(self.servicer, s),
+                [WRITER_SERVICE],
+                host="127.0.0.1",
+                port=0,
+                credentials=credentials,
+                health_port=0,
+            )
         except BaseException:
+            self.servicer.close()
             self.writer.close()
             raise
-        self.endpoint = f"127.0.0.1:{self.port}"
+        self.endpoint = f"127.0.0.1:{self.serving.port}"
+        self.health_port = self.serving.health_port
 
     def close(self) -> None:
-        self.server.stop(None).wait()
-        self.health_server.stop(None).wait()
+        self.serving.stop(None)
+        self.servicer.close()
         self.writer.close()
 
 
@@ -269,7 +273,7 @@ def test_the_plaintext_health_port_serves_only_health(writer_node: WriterNode) -
             send_one(channel)
         assert missing.value.code() == grpc.StatusCode.UNIMPLEMENTED
         # One HealthServicer: a graceful stop shows on the health port as well.
-        writer_node.health.enter_graceful_shutdown()
+        writer_node.serving.call(writer_node.serving.health_servicer.enter_graceful_shutdown())
         assert health_status(channel, WRITER_SERVICE) == health_pb2.HealthCheckResponse.NOT_SERVING
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import queue
 import subprocess
 import sys
 import threading
@@ -19,7 +20,7 @@ from rmqstore.common.errors import InvalidArgument
 from rmqstore.common.files.check import check_store
 from rmqstore.common.files.commitlog import CommitLog
 from rmqstore.common.files.store import StoreSizes
-from rmqstore.service.server import start_server
+from rmqstore.service.server import AsyncServing
 from rmqstore.v1 import messages_pb2, writer_pb2, writer_pb2_grpc
 from rmqstore.writer.config import FlushPolicy, WriterConfig
 from rmqstore.writer.service import SERVICE_NAME, WriterServicer
@@ -30,30 +31,41 @@ SMALL = StoreSizes(commitlog_file_size_bytes=65536, cq_file_units=50, index_slot
 
 
 class Node:
-    def __init__(self, writer: Writer, server: grpc.Server, port: int):
+    """A writer served as ``writer serve`` serves it (WriterServicer on AsyncServing)."""
+
+    def __init__(self, writer: Writer, servicer: WriterServicer, serving: AsyncServing):
         self.writer = writer
-        self.server = server
-        self.port = port
-        self.channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+        self.servicer = servicer
+        self.serving = serving
+        self.port = serving.port
+        self.channel = grpc.insecure_channel(f"127.0.0.1:{self.port}")
         self.stub = writer_pb2_grpc.WriterServiceStub(self.channel)
 
     def close(self) -> None:
         self.channel.close()
-        self.server.stop(None).wait()
+        self.serving.stop(None)
+        self.servicer.close()
         self.writer.close()
 
 
 def start_node(store: Path, **overrides: object) -> Node:
     config = WriterConfig(store=str(store), sizes=SMALL, **overrides)  # type: ignore[arg-type]
     writer = Writer(config)
+    servicer = WriterServicer(writer)
     try:
-        server, port, _ = start_server(
-            lambda s: writer_pb2_grpc.add_WriterServiceServicer_to_server(WriterServicer(writer), s), [SERVICE_NAME]
+        serving = AsyncServing(
+            lambda s: writer_pb2_grpc.add_WriterServiceServicer_to_server(servicer, s),
+            [SERVICE_NAME],
+            host="127.0.0.1",
+            port=0,
+            credentials=None,
+            health_port=None,
         )
     except BaseException:
+        servicer.close()
         writer.close()
         raise
-    return Node(writer, server, port)
+    return Node(writer, servicer, serving)
 
 
 @pytest.fixture
@@ -274,6 +286,32 @@ def test_disk_full_ratio_refuses_writes(tmp_path: Path) -> None:
         assert not os.path.exists(tmp_path / "store" / "commitlog" / "00000000000000000000")
     finally:
         node.close()
+
+
+def test_open_streams_hold_no_thread(tmp_path: Path) -> None:
+    """Three times as many producers as the server has threads each keep a SendStream
+    open: every batch is acked, and other calls are answered meanwhile (a thread-pool
+    server gives each open stream a thread until it ends, and stops answering)."""
+    node = start_node(tmp_path / "store", flush=FlushPolicy.SYNC)
+    producers = 96
+    inputs: list[queue.Queue[writer_pb2.SendBatchRequest | None]] = [queue.Queue() for _ in range(producers)]
+    streams = [node.stub.SendStream(iter(q.get, None), timeout=60) for q in inputs]
+    try:
+        for rounds in range(2):
+            for p, q in enumerate(inputs):
+                q.put(writer_pb2.SendBatchRequest(messages=[message("Streams", body=f"{p}-{rounds}".encode())]))
+            acks = [next(stream).results[0] for stream in streams]
+            status = node.stub.Status(writer_pb2.StatusRequest(), timeout=5)
+            assert status.commitlog_max_offset == max(a.commitlog_offset + a.size for a in acks)
+            assert status.flushed_offset == status.commitlog_max_offset  # SYNC: acked means fsynced
+        for q in inputs:
+            q.put(None)
+        assert all(list(stream) == [] for stream in streams)
+    finally:
+        node.close()
+    records = dump(tmp_path / "store")
+    assert sorted(r.body for r in records) == sorted(f"{p}-{r}".encode() for p in range(producers) for r in range(2))
+    assert [r.queue_offset for r in records if r.queue_id == 0] == list(range(sum(r.queue_id == 0 for r in records)))
 
 
 def test_concurrent_producers_get_contiguous_offsets(tmp_path: Path) -> None:

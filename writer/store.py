@@ -9,6 +9,7 @@ the end, re-dispatch what the queues and index lack), then mark the run with ``a
 from __future__ import annotations
 
 import collections
+import contextlib
 import errno
 import itertools
 import os
@@ -158,11 +159,12 @@ class _AppendRequest:
 
     __slots__ = ("batch", "peer", "wake", "done", "results", "error")
 
-    def __init__(self, batch: MessageBatch, peer: SocketAddress | None):
+    def __init__(self, batch: MessageBatch, peer: SocketAddress | None, waits: bool = True):
         self.batch = batch
         self.peer = peer
         self.wake = threading.Lock()
-        self.wake.acquire()
+        if waits:
+            self.wake.acquire()
         self.done = False
         self.results: AppendResults | None = None
         self.error: BaseException | None = None
@@ -389,16 +391,7 @@ class Writer:
                     break
                 group.append(request)
         try:
-            self._append_group(group)
-            if self.config.flush is FlushPolicy.SYNC and any(request.results is not None for request in group):
-                self.flush()
-        except BaseException as error:
-            # Nothing of the group is acknowledged: what was appended but not fsynced is
-            # not known to be stored.
-            for request in group:
-                if request.error is None:
-                    request.results, request.error = None, error
-            raise
+            self._commit(group)
         finally:
             with self._queue_lock:
                 for _ in group:
@@ -410,6 +403,31 @@ class Writer:
                 request.wake.release()
             if leader is not None:
                 leader.wake.release()
+
+    def append_group(self, batches: Sequence[tuple[MessageBatch, SocketAddress | None]]) -> list[AppendResults | BaseException]:
+        """Store batches that :func:`validate_batch` passed as one group, as :meth:`append`
+        stores the callers queued behind its leader, and return each batch's results or
+        the error that refused it; under SYNC one fsync covers the group. For a caller
+        that queues the batches itself (the writer's asyncio service)."""
+        group = [_AppendRequest(batch, peer, waits=False) for batch, peer in batches]
+        with contextlib.suppress(Exception):  # each request holds the error
+            self._commit(group)
+        return [request.error if request.error is not None else request.results for request in group]  # type: ignore[misc]
+
+    def _commit(self, group: list[_AppendRequest]) -> None:
+        """Append the group, fsync it under SYNC, and give each request its results or
+        its error; a failure of the whole group is every request's error, and raised."""
+        try:
+            self._append_group(group)
+            if self.config.flush is FlushPolicy.SYNC and any(request.results is not None for request in group):
+                self.flush()
+        except BaseException as error:
+            # Nothing of the group is acknowledged: what was appended but not fsynced is
+            # not known to be stored.
+            for request in group:
+                if request.error is None:
+                    request.results, request.error = None, error
+            raise
 
     def _append_group(self, group: list[_AppendRequest]) -> None:
         """Store the group's good batches as one; each bad one gets its own error."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import errno
 import hashlib
 import json
 import os
@@ -23,7 +25,8 @@ from rmqstore.common.files.store import StoreSizes
 from rmqstore.service.server import AsyncServing
 from rmqstore.v1 import messages_pb2, writer_pb2, writer_pb2_grpc
 from rmqstore.writer.config import FlushPolicy, WriterConfig
-from rmqstore.writer.service import SERVICE_NAME, WriterServicer
+from rmqstore.service.metrics import WriterMetrics
+from rmqstore.writer.service import SERVICE_NAME, GroupAppender, WriterServicer, batch_response
 from rmqstore.writer.store import Writer
 from rmqstore.writer.validate import MessageInput
 
@@ -620,6 +623,119 @@ def test_concurrent_appends_are_combined_and_each_keeps_its_own_outcome(tmp_path
     finally:
         writer.close()
     assert check_store(str(store), SMALL).ok
+
+
+def _appended_as_one_group(writer: Writer, requests: list[tuple[list[messages_pb2.Message], SocketAddress]]) -> list[object]:
+    """Each request's response or error, the requests queued on one event loop with no
+    await between them: the appender's first drain takes them all as one group."""
+    appender = GroupAppender(writer, WriterMetrics(writer))
+
+    async def send_all() -> list[object]:
+        futures = [appender.append(messages, peer, batch_response) for messages, peer in requests]
+        return await asyncio.gather(*futures, return_exceptions=True)
+
+    try:
+        return asyncio.run(send_all())
+    finally:
+        appender.close()
+
+
+GROUP_CASES = {
+    "all good": (),  # one batch throughout
+    "refused at admission": (4,),  # checked as one, admitted request by request, stored as one
+    "refused at reading and admission": (2, 4, 8),  # checked and admitted request by request
+    "refused at layout too": (2, 4, 6, 8),  # the good ones then stored one by one
+}
+
+
+@pytest.mark.parametrize("flush", [FlushPolicy.SYNC, FlushPolicy.ASYNC])
+@pytest.mark.parametrize("case", GROUP_CASES)
+def test_a_group_of_requests_is_stored_as_one_batch_and_each_keeps_its_own_outcome(
+    tmp_path: Path, flush: FlushPolicy, case: str
+) -> None:
+    """The asyncio service's group commit (GroupAppender → Writer.append_group): the
+    requests queued together are appended as one batch with one fsync under SYNC; each
+    good request stays contiguous and in order with its caller's address as born host,
+    and each bad one (a born host that is no address, a topic name the store refuses,
+    a queue id out of range, a record larger than a commit log file) is refused alone,
+    its messages numbered within its own request."""
+    store = tmp_path / "store"
+    writer = Writer(WriterConfig(store=str(store), sizes=SMALL, flush=flush, auto_create_topics=False))
+    writer.topics.create("Orders", 4)
+    flushes: list[int] = []
+    real_flush = writer.flush
+    writer.flush = lambda: flushes.append(real_flush()) or flushes[-1]  # type: ignore[method-assign]
+
+    def good(caller: int) -> list[messages_pb2.Message]:
+        return [message("Orders", body=f"{caller}-{n}".encode(), keys=[f"c{caller}"], queue_id=caller % 4) for n in range(caller + 1)]
+
+    bad = {
+        2: [message("Orders", body=b"ok"), message("Orders", body=b"bad", born_host="nowhere")],
+        4: [message("Orders", body=b"bad", queue_id=7)],
+        6: [message("Orders", body=b"x" * SMALL.commitlog_file_size_bytes, queue_id=2)],
+        8: [message("Orders", body=b"ok"), message("Orders", body=b"ok"), message("bad topic!", body=b"bad")],
+    }
+    special = {caller: bad[caller] for caller in GROUP_CASES[case]}
+    callers = range(10)
+    peers = [SocketAddress.parse(f"10.0.0.{caller}:{5000 + caller}") for caller in callers]
+    outcomes = _appended_as_one_group(writer, [(special.get(c) or good(c), peers[c]) for c in callers])
+    reasons = {
+        2: lambda text: text.startswith("message 2: born_host: "),
+        4: lambda text: text == "queue id 7 is out of range: topic Orders has 4 queues",
+        6: lambda text: text.endswith(f"bytes of records cannot fit in a commit log file of {SMALL.commitlog_file_size_bytes} bytes"),
+        8: lambda text: text.startswith("message 3: ") and "bad topic!" in text,
+    }
+    try:
+        for caller in special:
+            assert isinstance(outcomes[caller], InvalidArgument) and reasons[caller](str(outcomes[caller])), outcomes[caller]
+        good_callers = [c for c in callers if c not in special]
+        records = {r.commitlog_offset: r for r in dump(store)}
+        assert len(records) == sum(c + 1 for c in good_callers)
+        previous_end = 0
+        for caller in good_callers:
+            results = outcomes[caller].results  # type: ignore[attr-defined]
+            assert len(results) == caller + 1
+            assert results[0].commitlog_offset == previous_end  # in order, each after the one before
+            for n, result in enumerate(results):
+                record = records[result.commitlog_offset]
+                assert record.body == f"{caller}-{n}".encode()
+                assert record.born_host == peers[caller]
+                assert (record.queue_id, record.queue_offset) == (caller % 4, result.queue_offset)
+                assert result.commitlog_offset == previous_end
+                previous_end = result.commitlog_offset + result.size
+        # SYNC: one fsync for the whole group (the layout failure stored the others one by
+        # one, and still under that one fsync); ASYNC: none before the acks.
+        assert flushes == ([previous_end] if flush is FlushPolicy.SYNC else [])
+    finally:
+        writer.close()
+    assert check_store(str(store), SMALL).ok
+
+
+def test_a_group_whose_fsync_fails_is_acknowledged_to_nobody(tmp_path: Path) -> None:
+    """SYNC: the fsync covering a group fails (EIO, injected): every request of the group
+    gets that error and none is acknowledged; a request refused on its own keeps its own
+    error; the next group, whose fsync succeeds, is acknowledged."""
+    writer = Writer(WriterConfig(store=str(tmp_path / "store"), sizes=SMALL, flush=FlushPolicy.SYNC))
+    real_flush = writer.flush
+
+    def failing_flush() -> int:
+        raise OSError(errno.EIO, "Input/output error")
+
+    writer.flush = failing_flush  # type: ignore[method-assign]
+    peer = SocketAddress.parse("10.0.0.1:5000")
+    try:
+        outcomes = _appended_as_one_group(
+            writer, [([message("Orders", body=b"a")], peer), ([message("Orders", queue_id=-1)], peer), ([message("Orders", body=b"b")], peer)]
+        )
+        assert [type(o) for o in outcomes] == [OSError, InvalidArgument, OSError]
+        assert outcomes[0] is outcomes[2] and outcomes[0].errno == errno.EIO  # type: ignore[union-attr]
+        assert "queue id -1" in str(outcomes[1])
+        writer.flush = real_flush  # type: ignore[method-assign]
+        (after,) = _appended_as_one_group(writer, [([message("Orders", body=b"c")], peer)])
+        assert after.results[0].commitlog_offset > 0  # type: ignore[attr-defined]
+        assert writer.flushed_offset == after.results[0].commitlog_offset + after.results[0].size  # type: ignore[attr-defined]
+    finally:
+        writer.close()
 
 
 def test_a_record_too_large_for_a_file_is_refused_and_takes_no_queue_offset(tmp_path: Path) -> None:

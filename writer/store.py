@@ -42,7 +42,7 @@ from rmqstore.writer.config import FlushPolicy, WriterConfig
 from rmqstore.writer.ids import UniqKeyGenerator
 from rmqstore.writer.lock import StoreLock
 from rmqstore.writer.topics import TopicTable
-from rmqstore.writer.validate import Limits, MessageBatch, MessageInput, validate_batch
+from rmqstore.writer.validate import Limits, MessageBatch, MessageInput, validate_batch, validate_parts
 
 DISK_CHECK_INTERVAL_S = 0.1
 RETENTION_FILES_PER_RUN = 10
@@ -157,10 +157,13 @@ class RecoveryReport:
 class _AppendRequest:
     """One caller's batch waiting in the writer's queue."""
 
-    __slots__ = ("batch", "peer", "wake", "done", "results", "error")
+    __slots__ = ("batch", "count", "peer", "wake", "done", "results", "error")
 
-    def __init__(self, batch: MessageBatch, peer: SocketAddress | None, waits: bool = True):
+    def __init__(self, batch: MessageBatch | None, peer: SocketAddress | None, waits: bool = True, count: int = 0):
+        # No batch of its own: a part of a group given as one batch (Writer.append_group),
+        # sliced out only if the parts must be taken one by one.
         self.batch = batch
+        self.count = batch.message_count if batch is not None else count
         self.peer = peer
         self.wake = threading.Lock()
         if waits:
@@ -170,18 +173,22 @@ class _AppendRequest:
         self.error: BaseException | None = None
 
 
-def _combined(requests: list[_AppendRequest], store_host: SocketAddress) -> MessageBatch:
-    """The batches of several callers as one, each message keeping its own caller's
-    address as its default born host."""
-    columns = MessageBatch(*map(list, map(itertools.chain.from_iterable, zip(*(r.batch for r in requests)))))
-    born_hosts = columns.born_hosts
+def _default_born_hosts(born_hosts: list[SocketAddress | None], requests: list[_AppendRequest], store_host: SocketAddress) -> None:
+    """In several callers' batches taken as one, each message without a born host takes
+    its own caller's address (one pass over a column of each message's caller)."""
+    callers = [None if request.peer == store_host else request.peer for request in requests]
+    if not any(callers):
+        return
+    per_message = itertools.chain.from_iterable(map(itertools.repeat, callers, (r.count for r in requests)))
+    born_hosts[:] = [born or caller for born, caller in zip(born_hosts, per_message)]
+
+
+def _split(requests: list[_AppendRequest], combined: MessageBatch) -> None:
+    """Give each part of a group given as one batch its own batch."""
     start = 0
     for request in requests:
-        stop = start + request.batch.message_count
-        if request.peer is not None and request.peer != store_host:
-            born_hosts[start:stop] = [born or request.peer for born in born_hosts[start:stop]]
-        start = stop
-    return columns
+        request.batch = combined.slice(start, start + request.count)
+        start += request.count
 
 
 class Writer:
@@ -404,22 +411,40 @@ class Writer:
             if leader is not None:
                 leader.wake.release()
 
-    def append_group(self, batches: Sequence[tuple[MessageBatch, SocketAddress | None]]) -> list[AppendResults | BaseException]:
-        """Store batches that :func:`validate_batch` passed as one group, as :meth:`append`
-        stores the callers queued behind its leader, and return each batch's results or
-        the error that refused it; under SYNC one fsync covers the group. For a caller
-        that queues the batches itself (the writer's asyncio service)."""
-        group = [_AppendRequest(batch, peer, waits=False) for batch, peer in batches]
-        with contextlib.suppress(Exception):  # each request holds the error
-            self._commit(group)
-        return [request.error if request.error is not None else request.results for request in group]  # type: ignore[misc]
+    def append_group(
+        self, batch: MessageBatch, parts: Sequence[tuple[int, SocketAddress | None]], *, flush: bool = True
+    ) -> list[AppendResults | BaseException]:
+        """Store several callers' batches as one group, as :meth:`append` stores the
+        callers queued behind its leader: ``batch`` holds their messages in order, and
+        ``parts`` each caller's message count and address. Returns each caller's results,
+        or the error that refused its batch. For a caller that queues the batches itself
+        (the writer's asyncio service): the group is checked, admitted and stored as one
+        batch, and only when some part is refused is each part taken on its own.
 
-    def _commit(self, group: list[_AppendRequest]) -> None:
-        """Append the group, fsync it under SYNC, and give each request its results or
-        its error; a failure of the whole group is every request's error, and raised."""
+        Under SYNC one fsync covers the group, unless ``flush`` is False: the caller then
+        calls :meth:`flush` before it acknowledges any of them (the asyncio service does,
+        on a thread of its own, while the next group is appended)."""
+        requests = [_AppendRequest(None, peer, waits=False, count=count) for count, peer in parts]
+        problems = validate_parts(batch, [count for count, _ in parts], self.limits)
+        combined: MessageBatch | None = batch
+        if any(problems):
+            _split(requests, batch)
+            for request, problem in zip(requests, problems):
+                request.error = problem
+            combined = None
+        group = [request for request in requests if request.error is None]
+        if group:
+            with contextlib.suppress(Exception):  # each request holds the error
+                self._commit(group, combined, flush)
+        return [request.error if request.error is not None else request.results for request in requests]  # type: ignore[misc]
+
+    def _commit(self, group: list[_AppendRequest], combined: MessageBatch | None = None, flush: bool = True) -> None:
+        """Append the group (its batches given as one in ``combined``, if they are), fsync
+        it under SYNC (if ``flush``), and give each request its results or its error; a
+        failure of the whole group is every request's error, and raised."""
         try:
-            self._append_group(group)
-            if self.config.flush is FlushPolicy.SYNC and any(request.results is not None for request in group):
+            self._append_group(group, combined)
+            if flush and self.config.flush is FlushPolicy.SYNC and any(request.results is not None for request in group):
                 self.flush()
         except BaseException as error:
             # Nothing of the group is acknowledged: what was appended but not fsynced is
@@ -429,42 +454,57 @@ class Writer:
                     request.results, request.error = None, error
             raise
 
-    def _append_group(self, group: list[_AppendRequest]) -> None:
+    def _append_group(self, group: list[_AppendRequest], combined: MessageBatch | None = None) -> None:
         """Store the group's good batches as one; each bad one gets its own error."""
         with self._append_lock:
             if self._closed:
                 raise InvalidArgument("the writer is closed")
             self._check_disk()
-            accepted = []
-            for request in group:
+            if combined is not None:
                 try:
-                    self._admit(request.batch)
-                except (InvalidArgument, NotFound) as error:
-                    request.error = error
-                else:
-                    accepted.append(request)
+                    self._admit(combined)  # every part at once
+                except (InvalidArgument, NotFound):
+                    _split(group, combined)  # some part is refused: each is admitted on its own
+                    combined = None
+            if combined is not None:
+                accepted = group
+            else:
+                accepted = []
+                for request in group:
+                    try:
+                        self._admit(request.batch)  # type: ignore[arg-type]
+                    except (InvalidArgument, NotFound) as error:
+                        request.error = error
+                    else:
+                        accepted.append(request)
             if not accepted:
                 return
             try:
-                self._store(accepted)
+                self._store(accepted, combined)
             except InvalidArgument:
                 if len(accepted) == 1:
                     raise
                 # One batch cannot be laid out (a record larger than a file): nothing was
                 # written, so each is stored alone and only that one is refused.
+                if combined is not None:
+                    _split(accepted, combined)
                 for request in accepted:
                     try:
                         self._store([request])
                     except InvalidArgument as error:
                         request.error = error
 
-    def _store(self, requests: list[_AppendRequest]) -> None:
-        """Append, dispatch and publish the batches of ``requests`` as one, and give each
-        its part of the results."""
+    def _store(self, requests: list[_AppendRequest], combined: MessageBatch | None = None) -> None:
+        """Append, dispatch and publish the batches of ``requests`` as one (``combined``,
+        if the caller gave them so), and give each its part of the results."""
         if len(requests) == 1:
-            batch, peer = requests[0].batch, requests[0].peer
+            batch, peer = combined if combined is not None else requests[0].batch, requests[0].peer
         else:
-            batch, peer = _combined(requests, self.store_host), None
+            if combined is None:
+                combined = MessageBatch.concat([request.batch for request in requests])  # type: ignore[misc]
+            _default_born_hosts(combined.born_hosts, requests, self.store_host)
+            batch, peer = combined, None
+        assert batch is not None
         with span(_TRACER, "rmqstore.append") as current:
             current.set_attribute("rmqstore.messages", batch.message_count)
             plans, results = self._append_batch(batch, peer)
@@ -480,7 +520,7 @@ class Writer:
         )
         start = 0
         for request in requests:
-            stop = start + request.batch.message_count
+            stop = start + request.count
             request.results = results.part(start, stop) if len(requests) > 1 else results
             start = stop
 

@@ -150,12 +150,21 @@ class MessageBatch(NamedTuple):
     def of(cls, messages: Sequence[MessageInput]) -> MessageBatch:
         return cls(*(list(column) for column in zip(*messages))) if messages else cls(*([] for _ in MessageInput._fields))
 
+    @classmethod
+    def concat(cls, batches: Sequence[MessageBatch]) -> MessageBatch:
+        """Several batches as one, in order."""
+        return cls(*map(list, map(itertools.chain.from_iterable, zip(*batches))))
+
     @property
     def message_count(self) -> int:
         return len(self.topics)
 
     def message(self, position: int) -> MessageInput:
         return MessageInput(*(column[position] for column in self))
+
+    def slice(self, start: int, stop: int) -> MessageBatch:
+        """Messages ``start`` to ``stop`` as a batch of their own."""
+        return MessageBatch(*(column[start:stop] for column in self))
 
 
 def _plainly_valid(batch: MessageBatch, limits: Limits) -> bool:
@@ -214,3 +223,23 @@ def validate_batch(batch: MessageBatch | Sequence[MessageInput], limits: Limits)
     if not _plainly_valid(batch, limits):
         for i in range(count):
             validate_message(batch.message(i), limits, i + 1 if count > 1 else 0)
+
+
+def validate_parts(batch: MessageBatch, counts: Sequence[int], limits: Limits) -> list[InvalidArgument | None]:
+    """:func:`validate_batch` for several callers' batches given as one (``batch``, their
+    messages in order, ``counts`` of them each): each caller's error, or None. One screen
+    of the whole when every part passes; only otherwise is each part checked on its own,
+    its messages numbered within it."""
+    if all(0 < count <= limits.max_batch_messages for count in counts) and _plainly_valid(batch, limits):
+        return [None] * len(counts)
+    problems: list[InvalidArgument | None] = []
+    start = 0
+    for count in counts:
+        try:
+            validate_batch(batch.slice(start, start + count), limits)
+        except InvalidArgument as error:
+            problems.append(error)
+        else:
+            problems.append(None)
+        start += count
+    return problems

@@ -15,7 +15,7 @@ from typing import Any, NamedTuple, TypeVar
 import grpc
 
 from rmqstore.common.codec.hosts import SocketAddress
-from rmqstore.common.codec.msgid import MSG_ID_OFFSET_DIGITS
+from rmqstore.common.codec.msgid import MSG_ID_OFFSET_DIGITS, offset_msg_ids
 from rmqstore.common.errors import InvalidArgument, StoreError, invariant
 from rmqstore.service.errors import abort_with_async, mapped_async
 from rmqstore.service.metrics import WriterMetrics
@@ -110,16 +110,20 @@ def send_response(results: AppendResults) -> writer_pb2.SendResponse:
 def batch_response(results: AppendResults) -> writer_pb2.SendBatchResponse:
     response = writer_pb2.SendBatchResponse()
     add = response.results.add  # built in place: a SendResult made apart is copied in
-    for r in results:
+    timestamp_ms = results.store_timestamp_ms
+    for msg_id, uniq_key, topic, queue_id, queue_offset, offset, size in zip(
+        offset_msg_ids(results.store_host, results.commitlog_offsets), results.uniq_keys, results.topics,
+        results.queue_ids, results.queue_offsets, results.commitlog_offsets, results.sizes,
+    ):  # fmt: skip
         add(
-            offset_msg_id=r.offset_msg_id,
-            uniq_key=r.uniq_key,
-            topic=r.topic,
-            queue_id=r.queue_id,
-            queue_offset=r.queue_offset,
-            commitlog_offset=r.commitlog_offset,
-            store_timestamp_ms=r.store_timestamp_ms,
-            size=r.size,
+            offset_msg_id=msg_id,
+            uniq_key=uniq_key,
+            topic=topic,
+            queue_id=queue_id,
+            queue_offset=queue_offset,
+            commitlog_offset=offset,
+            store_timestamp_ms=timestamp_ms,
+            size=size,
         )
     return response
 

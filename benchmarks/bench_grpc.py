@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import native_client
 from bench_common import Node, Nodes, quiet_env, run_client
 from rmqstore.v1 import (
     messages_pb2,
@@ -54,28 +55,47 @@ def grpc_append_run(store: Path, spec: WorkloadSpec, log_dir: Path, batch: int) 
     return result
 
 
-SYNC_CALLS = ("send", "stream")
+SYNC_CALLS = ("stream", "send")
+SYNC_CLIENTS = ("cpp", "python")
 
 
-def sync_run(store: Path, spec: WorkloadSpec, log_dir: Path, producers: list[int], seconds: float) -> list[dict[str, Any]]:
-    """One writer with ``--flush sync`` on a fresh store; for each producer count and each
-    of the client's calls (a Send per message; a SendStream per producer, one message a
-    request), the sync client (another process) runs that many producers."""
+def sync_way(client: str, call: str) -> str:
+    """``cpp_stream``: the C++ client's producers, each a SendStream of one message a request."""
+    return f"{client}_{call}"
+
+
+def sync_client_run(client: str, call: str, endpoint: str, spec: WorkloadSpec, requests: dict[str, Path],
+                    producers: int, seconds: float) -> dict[str, Any]:  # fmt: skip
+    """One run of a SYNC client (another process) against ``endpoint``: the C++ one
+    (native_client.py, fed ``requests[call]``) or the Python asyncio one (grpc_clients.py)."""
+    if client == "cpp":
+        result = native_client.sync_run(endpoint, requests[call], call, producers, seconds)
+    else:
+        result = run_client(
+            _client_args("sync", endpoint, spec, "--producers", str(producers), "--seconds", str(seconds), "--call", call),
+            timeout_s=seconds * 10 + 120,
+        )
+    if result["errors"]:
+        raise RuntimeError(f"SYNC producers ({client}, {call}) failed: {result['errors']}")
+    return result
+
+
+def sync_run(store: Path, spec: WorkloadSpec, requests: dict[str, Path], log_dir: Path, producers: list[int],
+             seconds: float) -> dict[str, list[dict[str, Any]]]:  # fmt: skip
+    """One writer with ``--flush sync`` on a fresh store, loaded in turn by each way of
+    sending (client × call): the C++ client at every producer count, the Python client
+    at the largest. Each way's runs, in producer order."""
     shutil.rmtree(store, ignore_errors=True)
-    runs = []
+    runs: dict[str, list[dict[str, Any]]] = {}
     with Nodes(log_dir) as nodes:
         writer = nodes.start("writer", store, "--flush", "sync")
         create_topics(writer.endpoint)
-        for count in producers:
+        for client in SYNC_CLIENTS:
             for call in SYNC_CALLS:
-                result = run_client(
-                    _client_args("sync", writer.endpoint, spec, "--producers", str(count), "--seconds", str(seconds),
-                                 "--call", call),
-                    timeout_s=seconds * 10 + 120,
-                )  # fmt: skip
-                if result["errors"]:
-                    raise RuntimeError(f"SYNC producers ({call}) failed: {result['errors']}")
-                runs.append(result)
+                counts = producers if client == "cpp" else [max(producers)]
+                runs[sync_way(client, call)] = [
+                    sync_client_run(client, call, writer.endpoint, spec, requests, count, seconds) for count in counts
+                ]
         writer.stop()
     return runs
 

@@ -10,9 +10,10 @@ for the whole queue: the group commit with no encoding, dispatch or validation.
 
 ``grpc``: a writer service whose ``Send`` and ``SendStream`` do nothing (each message
 answered with an empty ack), once as a thread-pool server (64 workers) and once as an
-asyncio server (as ``writer serve`` runs), loaded by the benchmark's own SYNC client
-(``grpc_clients.py sync``, another process) with each of its calls: a ``Send`` per
-message, and one message per request on a ``SendStream`` per producer.
+asyncio server (as ``writer serve`` runs), loaded by each of the benchmark's SYNC
+clients (another process: ``grpc_clients.py sync``, Python asyncio, and
+``native_client.py``, C++) with each of their calls: a ``Send`` per message, and one
+message per request on a ``SendStream`` per producer.
 
 Each prints one JSON line of calls per second.
 """
@@ -34,6 +35,10 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).parent
+sys.path.insert(0, str(HERE))
+
+import native_client  # noqa: E402
+from workload import Workload, WorkloadSpec  # noqa: E402
 
 
 def threads(producers: int, seconds: float) -> dict[str, Any]:
@@ -134,24 +139,31 @@ def _serve(kind: str) -> None:
     asyncio.run(main())
 
 
-def grpc_noop(kind: str, call: str, producers: int, seconds: float) -> dict[str, Any]:
+def grpc_noop(kind: str, call: str, producers: int, seconds: float, client: str = "python",
+              requests: Path | None = None) -> dict[str, Any]:  # fmt: skip
+    """The SYNC client (``python``: grpc_clients.py; ``cpp``: native_client.py, fed the
+    serialized ``requests``) against a no-op server of ``kind``."""
     server = subprocess.Popen([sys.executable, __file__, "serve", kind], stdout=subprocess.PIPE, text=True)
     try:
         assert server.stdout is not None
-        port = int(server.stdout.readline())
-        client = subprocess.run(
-            [sys.executable, str(HERE / "grpc_clients.py"), "sync", "--endpoint", f"127.0.0.1:{port}",
-             "--messages", "5000", "--seed", "1", "--seconds", str(seconds), "--producers", str(producers),
-             "--call", call],
-            capture_output=True, text=True, check=True, timeout=seconds * 10 + 60,
-        )  # fmt: skip
+        endpoint = f"127.0.0.1:{int(server.stdout.readline())}"
+        if client == "cpp":
+            assert requests is not None
+            result = native_client.sync_run(endpoint, requests, call, producers, seconds)
+        else:
+            done = subprocess.run(
+                [sys.executable, str(HERE / "grpc_clients.py"), "sync", "--endpoint", endpoint,
+                 "--messages", "5000", "--seed", "1", "--seconds", str(seconds), "--producers", str(producers),
+                 "--call", call],
+                capture_output=True, text=True, check=True, timeout=seconds * 10 + 60,
+            )  # fmt: skip
+            result = json.loads(done.stdout.splitlines()[-1])
     finally:
         server.kill()
         server.wait()
-    result = json.loads(client.stdout.splitlines()[-1])
     if result["errors"]:
-        raise RuntimeError(f"no-op {call} failed: {result['errors']}")
-    return {"ceiling": f"grpc_{kind}_server", "call": call, "producers": producers,
+        raise RuntimeError(f"no-op {call} ({client} client) failed: {result['errors']}")
+    return {"ceiling": f"grpc_{kind}_server", "client": client, "call": call, "producers": producers,
             "messages_per_s": round(result["acked"] / seconds)}  # fmt: skip
 
 
@@ -167,9 +179,16 @@ def main() -> None:
     elif args.what == "threads":
         print(json.dumps(threads(args.producers, args.seconds)))
     else:
-        for call in ("send", "stream"):
-            for kind in ("sync", "aio"):
-                print(json.dumps(grpc_noop(kind, call, args.producers, args.seconds)), flush=True)
+        with tempfile.TemporaryDirectory() as scratch:
+            requests = {}
+            for call in ("send", "stream"):
+                requests[call] = Path(scratch) / f"{call}.bin"
+                native_client.write_requests(requests[call], Workload(WorkloadSpec(5000, 256, 1)), call)
+            for client in ("python", "cpp"):
+                for call in ("send", "stream"):
+                    for kind in ("sync", "aio"):
+                        figures = grpc_noop(kind, call, args.producers, args.seconds, client, requests[call])
+                        print(json.dumps(figures), flush=True)
 
 
 if __name__ == "__main__":

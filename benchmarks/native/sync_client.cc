@@ -54,6 +54,11 @@ enum Step : std::uintptr_t { kStarted, kWritten, kRead, kHalfClosed, kFinished, 
 struct Producer {
   std::size_t next_request = 0;
   Clock::time_point sent_at;
+  Clock::time_point acked_at;
+  // A stream may have one write outstanding: the next message (or the half-close) waits
+  // for the write's completion as well as for the ack, which can come first.
+  bool writing = false;
+  bool acked = false;
   std::unique_ptr<grpc::ClientContext> context;
   std::unique_ptr<grpc::GenericClientAsyncReaderWriter> stream;
   std::unique_ptr<grpc::GenericClientAsyncResponseReader> unary;
@@ -146,6 +151,8 @@ int main(int argc, char** argv) {
     producer->next_request += options.producers;
     producer->sent_at = Clock::now();
     if (options.stream) {
+      producer->writing = true;
+      producer->acked = false;
       producer->stream->Write(request, TagOf(producer, kWritten));
       producer->stream->Read(&producer->reply, TagOf(producer, kRead));
     } else {
@@ -176,17 +183,24 @@ int main(int argc, char** argv) {
   while (running > 0 && queue.Next(&tag, &ok)) {
     auto* producer = reinterpret_cast<Producer*>(reinterpret_cast<std::uintptr_t>(tag) & ~std::uintptr_t{7});
     const auto step = static_cast<Step>(reinterpret_cast<std::uintptr_t>(tag) & 7);
-    bool acked = false;
+    bool done = false;  // the message is acked and its producer free to go on
     switch (step) {
       case kStarted:
         if (ok) send_next(producer);
         else producer->stream->Finish(&producer->status, TagOf(producer, kFinished));
         break;
       case kWritten:
-        break;  // a failed write shows in its read
+        producer->writing = false;  // a failed write shows in its read
+        done = producer->acked;
+        break;
       case kRead:
-        if (ok && producer->reply.Length() > 0) acked = true;
-        else producer->stream->Finish(&producer->status, TagOf(producer, kFinished));  // the stream ended early
+        if (ok) {  // any reply is the ack (an empty message too: the no-op server's)
+          producer->acked = true;
+          producer->acked_at = Clock::now();
+          done = !producer->writing;
+        } else {
+          producer->stream->Finish(&producer->status, TagOf(producer, kFinished));  // the stream ended early
+        }
         break;
       case kHalfClosed:
         producer->stream->Finish(&producer->status, TagOf(producer, kFinished));
@@ -197,19 +211,20 @@ int main(int argc, char** argv) {
         --running;
         break;
       case kAnswered:
-        if (producer->status.ok() && producer->reply.Length() > 0) acked = true;
-        else {
+        if (producer->status.ok()) {
+          producer->acked_at = Clock::now();
+          done = true;
+        } else {
           note_error(producer->status);
           --running;
         }
         break;
     }
-    if (!acked) continue;
-    const auto now = Clock::now();
+    if (!done) continue;
     if (producer->sent_at >= counted_from) {
-      latencies_ns.push_back(std::chrono::duration_cast<std::chrono::nanoseconds>(now - producer->sent_at).count());
+      latencies_ns.push_back(std::chrono::duration_cast<std::chrono::nanoseconds>(producer->acked_at - producer->sent_at).count());
     }
-    if (now < stop_at) send_next(producer);
+    if (Clock::now() < stop_at) send_next(producer);
     else if (options.stream) producer->stream->WritesDone(TagOf(producer, kHalfClosed));
     else --running;
   }

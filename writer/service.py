@@ -21,7 +21,7 @@ from rmqstore.service.errors import abort_with_async, mapped_async
 from rmqstore.service.metrics import WriterMetrics
 from rmqstore.v1 import messages_pb2, writer_pb2, writer_pb2_grpc
 from rmqstore.writer.config import FlushPolicy
-from rmqstore.writer.store import GROUP_MAX_MESSAGES, AppendResult, AppendResults, Writer
+from rmqstore.writer.store import GROUP_MAX_MESSAGES, AppendResults, Writer
 from rmqstore.writer.validate import EMPTY_PROPERTIES, MessageBatch
 
 SERVICE_NAME = "rmqstore.v1.WriterService"
@@ -73,19 +73,6 @@ def to_batch(messages: Sequence[messages_pb2.Message]) -> MessageBatch:
     )
 
 
-def to_result(result: AppendResult) -> messages_pb2.SendResult:
-    return messages_pb2.SendResult(
-        offset_msg_id=result.offset_msg_id,
-        uniq_key=result.uniq_key,
-        topic=result.topic,
-        queue_id=result.queue_id,
-        queue_offset=result.queue_offset,
-        commitlog_offset=result.commitlog_offset,
-        store_timestamp_ms=result.store_timestamp_ms,
-        size=result.size,
-    )
-
-
 def to_compact(results: AppendResults) -> writer_pb2.CompactResults:
     if not len(results):
         return writer_pb2.CompactResults()
@@ -104,7 +91,9 @@ Respond = Callable[[AppendResults], Any]  # a request's results → its response
 
 
 def send_response(results: AppendResults) -> writer_pb2.SendResponse:
-    return writer_pb2.SendResponse(result=to_result(results[0]))  # type: ignore[arg-type]
+    response = writer_pb2.SendResponse()
+    response.result.CopyFrom(batch_response(results).results[0])  # one message's, made as a batch's
+    return response
 
 
 def batch_response(results: AppendResults) -> writer_pb2.SendBatchResponse:

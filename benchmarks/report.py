@@ -230,7 +230,7 @@ def _sync(sync: dict[str, Any], summary: Summary, repeats: int) -> list[str]:
             ceiling = noop["ways"][way]["msgs_per_s"] if producers == noop["producers"] else None
             rows.append([str(producers), client, call, _n(figures["msgs_per_s"]), _n(figures["p50_ms"], 2),
                          _n(figures["p99_ms"], 2), _n(ceiling), _share(figures["msgs_per_s"], ceiling),
-                         _x(ratio_of(figures["msgs_per_s"], r["sqlite_msgs_per_s"])),
+                         _x(figures["ratio"]),
                          _verdict(ok) + ("" if headline or ok is None else " (not the target's)")])  # fmt: skip
             if target:
                 summary.add(
@@ -242,7 +242,7 @@ def _sync(sync: dict[str, Any], summary: Summary, repeats: int) -> list[str]:
                 )  # fmt: skip
         rows.append([str(producers), "in process", "Writer.append per thread", _n(r["in_process_msgs_per_s"]),
                      _n(r["in_process_p50_ms"], 2), _n(r["in_process_p99_ms"], 2), NA, NA,
-                     _x(ratio_of(r["in_process_msgs_per_s"], r["sqlite_msgs_per_s"])), NA])  # fmt: skip
+                     _x(r["in_process_ratio"]), NA])  # fmt: skip
         rows.append([str(producers), "SQLite", "a transaction per message", _n(r["sqlite_msgs_per_s"]),
                      _n(r["sqlite_p50_ms"], 2), _n(r["sqlite_p99_ms"], 2), NA, NA, NA, NA])  # fmt: skip
         if target:
@@ -272,10 +272,6 @@ def _sync(sync: dict[str, Any], summary: Summary, repeats: int) -> list[str]:
         *_table(["producers", "client", "call", "msgs/s", "p50 ack ms", "p99 ack ms", "no-op server msgs/s",
                  "share of no-op", "× SQLite", "verdict (≥ 20,000 at 64)"], rows),  # fmt: skip
     ]
-
-
-def ratio_of(value: float | None, baseline: float | None) -> float | None:
-    return None if value is None or not baseline else value / baseline
 
 
 def _share(value: float | None, ceiling: float | None) -> str:

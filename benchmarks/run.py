@@ -248,11 +248,13 @@ def section_sync(ctx: Context) -> dict[str, Any]:
                         "msgs_per_s": median_of(runs, "msgs_per_s"),
                         "p50_ms": median_of(runs, "p50_ms"),
                         "p99_ms": median_of(runs, "p99_ms"),
+                        "ratio": ratio(median_of(runs, "msgs_per_s"), sql),
                         "runs": runs,
                     }
                     for way, runs in measured.items()
                 },
                 "in_process_msgs_per_s": median_of(inner[producers], "msgs_per_s"),
+                "in_process_ratio": ratio(median_of(inner[producers], "msgs_per_s"), sql),
                 "in_process_p50_ms": median_of(inner[producers], "p50_ms"),
                 "in_process_p99_ms": median_of(inner[producers], "p99_ms"),
                 "sqlite_msgs_per_s": sql,

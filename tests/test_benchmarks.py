@@ -81,6 +81,8 @@ def test_throughput_sections_have_both_systems(smoke: tuple[dict[str, Any], str,
         for figures in row["ways"].values():
             assert _positive(figures["msgs_per_s"]) and len(figures["runs"]) == 1
             assert figures["p50_ms"] <= figures["p99_ms"]
+            assert figures["ratio"] == round(figures["msgs_per_s"] / row["sqlite_msgs_per_s"], 2)
+        assert row["in_process_ratio"] == round(row["in_process_msgs_per_s"] / row["sqlite_msgs_per_s"], 2)
         assert row["msgs_per_s"] == row["ways"][sync["headline_way"]]["msgs_per_s"]
         assert _positive(row["sqlite_msgs_per_s"]) and _positive(row["in_process_msgs_per_s"])
         assert row["sqlite_p50_ms"] <= row["sqlite_p99_ms"]

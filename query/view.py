@@ -32,7 +32,7 @@ from rmqstore.common.codec.properties import split_keys
 from rmqstore.common.codec.record import Record
 from rmqstore.common.codec.topic import cached_topic_problem as topic_problem
 from rmqstore.common.errors import Corruption, InvalidArgument, NotFound, OutOfRange
-from rmqstore.common.files.commitlog import CommitLog, StopReason
+from rmqstore.common.files.commitlog import CommitLog, KeyMatch, StopReason
 from rmqstore.common.files.consumequeue import Boundary, ConsumeQueue, ConsumeQueueSet
 from rmqstore.common.files.index import IndexFileList
 from rmqstore.common.files.progress import read_progress
@@ -381,9 +381,10 @@ class StoreView:
 
     # Index lookups
 
-    def _candidates(self, topic: str, key: str, below_offset: int, begin_ms: int) -> Iterator[int]:
+    def _candidates(self, topic: str, key: str, below_offset: int, begin_ms: int) -> Iterator[list[int]]:
         """Distinct commit log offsets of index entries with the key's hash, descending,
-        below ``below_offset``; files wholly older than ``begin_ms`` are not read."""
+        below ``below_offset``, in lists as the index walk finds them; files wholly older
+        than ``begin_ms`` are not read."""
         key_hash = topic_key_hash(topic, key)
         previous = None
         for index_file in reversed(self.index.files):
@@ -392,11 +393,12 @@ class StoreView:
                 continue
             if end_ms < begin_ms:
                 return
-            for offset in index_file.matching_offsets(key_hash):
-                if offset >= below_offset or offset == previous:
-                    continue
-                previous = offset
-                yield offset
+            for chunk in index_file.matching_offset_chunks(key_hash):
+                below = chunk if not chunk or chunk[0] < below_offset else [o for o in chunk if o < below_offset]
+                if below:
+                    # A record indexed under the key twice (KEYS "a a") is one candidate.
+                    yield [offset for offset, before in zip(below, [previous, *below]) if offset != before]
+                    previous = below[-1]
 
     def _catch_up_unindexed(self) -> None:
         """RocketMQ's index skips ROLLBACK records (FORMAT.md §7.4); keep their keys here,
@@ -422,31 +424,40 @@ class StoreView:
             start = self._unindexed_scanned = end
         self._unindexed_scanned = max(self._unindexed_scanned, self.visible_offset)
 
-    def _all_candidates(self, topic: str, key: str, below_offset: int, begin_ms: int) -> Iterator[int]:
+    def _all_candidates(self, topic: str, key: str, below_offset: int, begin_ms: int) -> Iterator[list[int]]:
+        """:meth:`_candidates` and the unindexed records' offsets, merged."""
         self._catch_up_unindexed()
         extra = [offset for offset in self._unindexed.get((topic, key), ()) if offset < below_offset]
         if not extra:
             # The usual case (no ROLLBACK record has the key): the index alone.
             yield from self._candidates(topic, key, below_offset, begin_ms)
             return
+        indexed = itertools.chain.from_iterable(self._candidates(topic, key, below_offset, begin_ms))
         previous = None
-        for offset in heapq.merge(self._candidates(topic, key, below_offset, begin_ms), extra, reverse=True):
+        for offset in heapq.merge(indexed, extra, reverse=True):
             if offset != previous:
                 previous = offset
-                yield offset
+                yield [offset]
 
-    def _matching_many(self, topic: str, offsets: list[int]) -> list[Record | None]:
-        """:meth:`_matching` of each offset, the well-formed records read in one pass
-        (one offset, the usual count for a UNIQ_KEY or an order id, takes the plain
-        path, which costs less for one)."""
-        if len(offsets) <= 1:
+    def _matching_many(self, topic: str, offsets: list[int], match: KeyMatch | None = None) -> list[Record | None]:
+        """:meth:`_matching` of each offset, None too for a record ``match`` does not
+        keep; the well-formed records read in one pass, which with ``match`` builds only
+        the kept ones (without it, one offset, the usual count for a UNIQ_KEY, takes the
+        plain path, which costs less for one)."""
+        if not offsets or (match is None and len(offsets) == 1):
             return [self._matching(topic, offset) for offset in offsets]
-        return [
-            self._matching(topic, offset)
-            if record is None
-            else (record if record.topic == topic and self._visible(offset, record.size) else None)
-            for offset, record in zip(offsets, self.log.read_many(offsets))
-        ]
+        found: list[Record | None] = []
+        for offset, record in zip(offsets, self.log.read_many(offsets, match=match)):
+            if record is None:  # not read there: read it here, which says what is there
+                record = self._matching(topic, offset)
+                if match is not None and record is not None and not match(record):
+                    record = None
+            elif record is False:
+                record = None
+            elif match is None and not (record.topic == topic and self._visible(offset, record.size)):
+                record = None
+            found.append(record)
+        return found
 
     def _matching(self, topic: str, offset: int) -> Record | None:
         if not self._visible(offset, 1):
@@ -482,13 +493,18 @@ class StoreView:
             below = decode_cursor(cursor, _cursor_hash(topic, key, begin_ms, end_ms)) if cursor else self.visible_offset
             records: list[Record] = []
             candidates = self._all_candidates(topic, key, below, begin_ms)
+            pending: list[int] = []
             # Read as many candidates at once as could still fill the page and one more.
             wanted = page_size + 1
-            while offsets := list(itertools.islice(candidates, wanted)):
-                for record in self._matching_many(topic, offsets):
-                    if record is None or key not in split_keys(record.keys):
-                        continue
-                    if not begin_ms <= record.store_timestamp_ms <= end_ms:
+            while True:
+                while len(pending) < wanted and (chunk := next(candidates, None)) is not None:
+                    pending += chunk
+                if not pending:
+                    break
+                offsets, pending = pending[:wanted], pending[wanted:]
+                match = KeyMatch(topic, key, begin_ms, end_ms, self.min_offset, self.visible_offset)
+                for record in self._matching_many(topic, offsets, match):
+                    if record is None:
                         continue
                     if len(records) == page_size:
                         # One more match exists: the answer continues after the last one.
@@ -510,7 +526,11 @@ class StoreView:
             raise InvalidArgument("the unique key is empty")
         self.refresh()
         with self._lock:
-            offsets = list(self._all_candidates(topic, uniq_key, self.visible_offset, TIME_MIN_MS))
+            offsets = [
+                offset
+                for chunk in self._all_candidates(topic, uniq_key, self.visible_offset, TIME_MIN_MS)
+                for offset in chunk
+            ]
             return [
                 record
                 for record in self._matching_many(topic, offsets)

@@ -514,6 +514,51 @@ def _thousand_records(root: Path, body: bytes) -> list[AppendResult]:
         writer.close()
 
 
+
+def test_key_pages_across_the_index_walks_chunks_give_each_match_once(tmp_path: Path) -> None:
+    """A key on 700 records, more than the index walk's first chunk (40) and its next
+    (256), some of them holding it twice ("k k": two index entries, one match), among
+    records of other keys and another topic: pages of 7, 32 and 1,000, followed by their
+    cursors, give every match once, newest first, against the acks; and a time window
+    gives the acks stored within it."""
+    from rmqstore.query.view import StoreView
+
+    writer = Writer(WriterConfig(store=str(tmp_path / "store"), sizes=SMALL_FILE_SIZES))
+    acks: list[tuple[AppendResult, bool]] = []
+    try:
+        for batch in range(14):
+            messages = [
+                MessageInput("TopicA", b"body", ["k", "k"] if i % 5 == 0 else ["k"] if i % 3 else ["other"], queue_id=0)
+                for i in range(75)
+            ]
+            messages.append(MessageInput("TopicB", b"body", ["k"], queue_id=0))
+            results = writer.append(messages)
+            acks += [(ack, message.topic == "TopicA" and "k" in message.keys) for ack, message in zip(results, messages)]
+    finally:
+        writer.close()
+    expected = [ack.commitlog_offset for ack, keyed in reversed(acks) if keyed]
+    assert len(expected) > 40 + 256 + 256
+    view = StoreView(str(tmp_path / "store"), SMALL_FILE_SIZES)
+    for page_size in (7, 32, 1000):
+        found: list[int] = []
+        cursor = ""
+        while True:
+            page = view.by_key("TopicA", "k", page_size=page_size, cursor=cursor)
+            found += [record.commitlog_offset for record in page.records]
+            assert len(page.records) == page_size or page.complete
+            if page.complete:
+                break
+            cursor = page.cursor
+        assert found == expected, page_size
+    times = sorted({ack.store_timestamp_ms for ack, keyed in acks if keyed})
+    begin, end = times[len(times) // 3], times[2 * len(times) // 3]
+    within = view.by_key("TopicA", "k", begin_ms=begin, end_ms=end, page_size=1000)
+    assert [record.commitlog_offset for record in within.records] == [
+        ack.commitlog_offset for ack, keyed in reversed(acks) if keyed and begin <= ack.store_timestamp_ms <= end
+    ]
+    view.close()
+
+
 def _rss_file_kib() -> int:
     with open("/proc/self/status") as status:
         return next(int(line.split()[1]) for line in status if line.startswith("RssFile:"))

@@ -167,23 +167,126 @@ def test_bulk_reads_take_long_records_and_hand_back_bad_ones(tmp_path: Path) -> 
     try:
         size = len(data) + 100
         offsets = [0, len(first), len(first) + len(second)]
-        found = _speedups.read_records(fd, offsets, size, 0, READ_AHEAD_BYTES, True)
+        found = _speedups.read_records(fd, offsets, size, 0, READ_AHEAD_BYTES, True, None)
         assert [record.body for record in found] == [b"hello body", long_body, b"hello body"]
         assert found == [decode_record(bytes(data), offset) for offset in offsets]
         # A file starting elsewhere: each PHYSICALOFFSET names another offset.
-        assert _speedups.read_records(fd, offsets, size, 4096, READ_AHEAD_BYTES, True) == [None] * 3
+        assert _speedups.read_records(fd, offsets, size, 4096, READ_AHEAD_BYTES, True, None) == [None] * 3
         # The long record cut short by the file's end, then a bad body CRC.
-        assert _speedups.read_records(fd, offsets[1:2], len(first) + 2000, 0, READ_AHEAD_BYTES, True) == [None]
+        assert _speedups.read_records(fd, offsets[1:2], len(first) + 2000, 0, READ_AHEAD_BYTES, True, None) == [None]
         data[len(first) + len(second) - 100] ^= 0xFF
         path.write_bytes(bytes(data) + bytes(100))
-        assert _speedups.read_records(fd, offsets, size, 0, READ_AHEAD_BYTES, True)[1] is None
-        assert _speedups.read_records(fd, offsets, size, 0, READ_AHEAD_BYTES, False)[1] is not None
+        assert _speedups.read_records(fd, offsets, size, 0, READ_AHEAD_BYTES, True, None)[1] is None
+        assert _speedups.read_records(fd, offsets, size, 0, READ_AHEAD_BYTES, False, None)[1] is not None
         with pytest.raises(ValueError, match="at least 8"):
-            _speedups.read_records(fd, offsets, size, 0, 4, True)
+            _speedups.read_records(fd, offsets, size, 0, 4, True, None)
         with pytest.raises(TypeError):
-            _speedups.read_records(fd, ["0"], size, 0, READ_AHEAD_BYTES, True)
+            _speedups.read_records(fd, ["0"], size, 0, READ_AHEAD_BYTES, True, None)
     finally:
         os.close(fd)
+
+
+
+# A KEYS value's bytes drawn from pieces that decide a key match: separators, the bytes
+# that cut properties, invalid UTF-8, a two-byte letter and U+FFFD's own bytes.
+KEYS_PIECES = [b"a", b"b", b" ", b"\x01", b"\x02", b"\xff", b"\xc3\xa9", b"\xef\xbf\xbd", b"KEYS\x01"]
+MATCH_KEYS = ["a", "b", "ab", "\xe9", "a\xe9", "\ufffd", "a\ufffd", "\ud800"]
+
+
+@settings(max_examples=300, deadline=None)
+@given(keys=st.lists(st.lists(st.sampled_from(KEYS_PIECES), max_size=8).map(b"".join), min_size=1, max_size=3))
+def test_a_compiled_key_match_keeps_what_the_python_one_keeps(keys: list[bytes]) -> None:
+    """read_records with a match against KeyMatch.__call__ on the record decoded in
+    Python: KEYS values with empty parts, property separators, invalid UTF-8 (which
+    decodes to U+FFFD) and repeated KEYS pairs (the last one counts); for keys with and
+    without U+FFFD (which KeyMatch leaves to Python), other topics, and time windows and
+    visible ranges that end at, just before and just after the record."""
+    import itertools
+
+    from rmqstore.common.files.commitlog import READ_AHEAD_BYTES, KeyMatch
+
+    properties = b"\x02".join(b"KEYS\x01" + value for value in keys) + b"\x02UNIQ_KEY\x01a"
+    data = encode_record(decode_record(_sample_record(commitlog_offset=0), 0), properties_bytes=properties)  # type: ignore[arg-type]
+    expected = decode_record(data, 0)
+    assert isinstance(expected, Record)
+    stored = expected.store_timestamp_ms
+    windows = [(0, 2**62), (stored, stored), (stored + 1, 2**62), (0, stored - 1)]
+    visible = [(0, len(data)), (1, 10**9), (0, len(data) - 1)]
+    with tempfile.TemporaryDirectory() as directory:
+        path = Path(directory) / "log"
+        path.write_bytes(data)
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            for key, topic, window, bounds in itertools.product(MATCH_KEYS, ["TopicTest", "TopicTes", "Other"], windows, visible):
+                match = KeyMatch(topic, key, *window, *bounds)
+                compiled = match.compiled()
+                assert (compiled is None) == ("\ufffd" in key or "\ud800" in key)
+                (found,) = _speedups.read_records(fd, [0], len(data), 0, READ_AHEAD_BYTES, True, compiled)
+                if compiled is None:
+                    assert found == expected  # nothing decided here: read_many applies the match
+                else:
+                    assert found == (expected if match(expected) else False), match
+        finally:
+            os.close(fd)
+
+
+def test_bulk_reads_with_a_key_match_keep_what_the_match_keeps() -> None:
+    """CommitLog.read_many with a KeyMatch against the match applied to read() of each
+    offset: every record of Apache's logs, for keys and topics they hold, a key they do
+    not, time windows and visible ranges that cut them; None still where no record
+    starts; and the same with a key the compiled pass leaves to Python."""
+    from rmqstore.common.files.commitlog import CommitLog, KeyMatch
+    from rmqstore.common.codec.properties import split_keys
+
+    for root in (CLEAN, CRASHED):
+        log = CommitLog(str(root / "commitlog"), FIXTURE_SIZES.commitlog_file_size_bytes)
+        log.read_through_file = True
+        records = list(log.records(check_crc=True))
+        starts = [record.commitlog_offset for record in records]
+        keyed = [record for record in records if split_keys(record.keys)]
+        middle = records[len(records) // 2]
+        matches = [
+            KeyMatch(record.topic, split_keys(record.keys)[-1], 0, 2**62, 0, 2**62) for record in keyed[:: len(keyed) // 5]
+        ]
+        matches += [
+            KeyMatch(keyed[0].topic, "no-such-key", 0, 2**62, 0, 2**62),
+            KeyMatch(middle.topic, split_keys(middle.keys)[0], middle.store_timestamp_ms, 2**62, 0, 2**62),
+            KeyMatch(middle.topic, split_keys(middle.keys)[0], 0, 2**62, middle.commitlog_offset, middle.next_offset),
+            KeyMatch(middle.topic, split_keys(middle.keys)[0], 0, 2**62, 0, middle.next_offset - 1),
+            KeyMatch(middle.topic, "\ufffd", 0, 2**62, 0, 2**62),
+        ]
+        kept = 0
+        for match in matches:
+            expected = [record if match(record) else False for record in records]
+            assert log.read_many(starts, match=match) == expected
+            assert log.read_many([*starts[:3], starts[0] + 1], match=match) == [*expected[:3], None]
+            kept += sum(1 for record in expected if record is not False)
+        assert kept > len(matches)  # the matches keep records, not only refuse them
+        log.close()
+
+
+def test_records_are_built_alike_with_slots_filled_or_through_init() -> None:
+    """The compiled decoder fills a Record's slots in place; told nothing of the slots it
+    calls Record(...) instead: the two give equal records, tracked by the collector, and
+    configure refuses slot names Record does not have."""
+    import gc
+
+    data = _sample_record()
+    filled = _speedups.decode_record(data, 0, True, len(data))
+    assert gc.is_tracked(filled)
+    try:
+        _speedups.configure(Record, record._address, None)
+        called = _speedups.decode_record(data, 0, True, len(data))
+        with pytest.raises(TypeError, match="'bodies' is not an object slot"):
+            names = tuple(f.name for f in dataclasses.fields(Record))
+            _speedups.configure(Record, record._address, names[:1] + ("bodies",) + names[2:])
+        with pytest.raises(TypeError, match="17 fields"):
+            _speedups.configure(Record, record._address, names[:3])
+    finally:
+        _speedups.configure(Record, record._address, tuple(f.name for f in dataclasses.fields(Record)))
+    assert called == filled == decode_record(data, 0)
+    assert type(called) is type(filled) is Record
+    assert [getattr(filled, name) for name in Record.__slots__] == [getattr(called, name) for name in Record.__slots__]
 
 
 V6 = SocketAddress(bytes(range(16)), 443)
@@ -1047,7 +1150,11 @@ def test_no_call_leaks_what_it_builds(tmp_path: Path) -> None:
                                          [b"p", b""], 9, host, 8),  # fmt: skip
         lambda: _speedups.encode_common_properties(props._COMMON_ORDER, [["a", "b"]], ["t"], ["u"]),
         lambda: _speedups.walk_starts(good * 3, 0, 10**6, 10),
-        lambda: _speedups.read_records(descriptor, [0, 1, len(logged)], len(logged) * 3, 0, 1024, True),
+        lambda: _speedups.read_records(descriptor, [0, 1, len(logged)], len(logged) * 3, 0, 1024, True, None),
+        lambda: _speedups.read_records(descriptor, [0, 1], len(logged) * 3, 0, 1024, True, (b"T", b"k", 0, 9, 0, 10**9)),
+        lambda: _speedups.read_records(descriptor, [0], len(logged) * 3, 0, 1024, True, (b"TopicTest", b"cust-9", 0,
+                                                                                          2**62, 0, 10**9)),  # fmt: skip
+        lambda: refused(_speedups.read_records, descriptor, [0], len(logged), 0, 1024, True, ("T", b"k", 0, 9, 0, 1)),
         lambda: _speedups.body_crcs(data, at, length),
         lambda: _speedups.span_texts(data, at, length),
         lambda: _speedups.span_key_hashes(data, at * 0, at, length, at, length),

@@ -32,7 +32,7 @@ import functools
 import itertools
 import struct
 import zlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 from rmqstore.common.codec import properties as props
 from rmqstore.common.codec import sysflag
@@ -487,5 +487,8 @@ def _decode_record(
 # results, pinned by tests/test_speedups.py against the Python definitions above.
 python_encode_records = encode_records
 if _speedups is not None:
-    _speedups.configure(Record, _address)
+    # With Record's fields, in order, as its slots and nothing more to its __init__, the
+    # compiled decoder fills a record's slots in place rather than calling __init__.
+    _plain_record = not hasattr(Record, "__post_init__") and "__slots__" in Record.__dict__
+    _speedups.configure(Record, _address, tuple(f.name for f in fields(Record)) if _plain_record else None)
     encode_records = _speedups.encode_records

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from rmqstore.common.codec import columnar
+from rmqstore.common.codec.properties import split_keys
 from rmqstore.common.codec.record import (
     END_FILE_MIN_BLANK_LENGTH,
     OFFSET_BORN_HOST,
@@ -87,12 +88,55 @@ class RecordScan:
         self.stop = yield from self._generator
 
 
-def _read_records(mapped: MappedFile, positions: list[int], check_crc: bool) -> list[Record | None]:
+@dataclass(slots=True)
+class KeyMatch:
+    """The records a key lookup keeps: of ``topic``, with ``key`` among the parts of its
+    KEYS, stored within [begin_ms, end_ms], and lying within [visible_begin, visible_end)."""
+
+    topic: str
+    key: str
+    begin_ms: int
+    end_ms: int
+    visible_begin: int
+    visible_end: int
+
+    def __call__(self, record: Record) -> bool:
+        return (
+            record.topic == self.topic
+            and self.begin_ms <= record.store_timestamp_ms <= self.end_ms
+            and self.visible_begin <= record.commitlog_offset
+            and record.next_offset <= self.visible_end
+            and self.key in split_keys(record.keys)
+        )
+
+    def compiled(self) -> tuple[bytes, bytes, int, int, int, int] | None:
+        """The compiled read_records' form, which compares bytes. None where bytes would
+        not decide as texts do: a topic outside ASCII, or a key holding U+FFFD, which a
+        KEYS part with invalid UTF-8 decodes to (FORMAT.md §4, decoded with "replace")."""
+        if not self.topic.isascii() or "\ufffd" in self.key:
+            return None
+        try:
+            key = self.key.encode()
+        except UnicodeEncodeError:  # a lone surrogate: no record's KEYS decodes to it
+            return None
+        return (self.topic.encode(), key, self.begin_ms, self.end_ms, self.visible_begin, self.visible_end)
+
+
+def _read_records(
+    mapped: MappedFile, positions: list[int], check_crc: bool, match: tuple[bytes, bytes, int, int, int, int] | None
+) -> list[Record | None | bool]:
     """The compiled read_records over ``positions`` of one file: each well-formed record
-    read with pread (READ_AHEAD_BYTES first) and decoded, None for anything else."""
+    read with pread (READ_AHEAD_BYTES first) and decoded, None for anything else, False
+    for a record ``match`` (KeyMatch.compiled) does not keep."""
     assert _speedups is not None
     records = _speedups.read_records(
-        mapped.read_descriptor(), positions, mapped.file_size_bytes, mapped.start_offset, READ_AHEAD_BYTES, check_crc
+        mapped.read_descriptor(),
+        positions,
+        mapped.file_size_bytes,
+        mapped.start_offset,
+        READ_AHEAD_BYTES,
+        check_crc,
+        match,
     )
     return records  # type: ignore[no-any-return]
 
@@ -150,24 +194,36 @@ class CommitLog:
             raise NotFound(f"no record at commit log offset {offset}")
         return item
 
-    def read_many(self, offsets: Sequence[int], *, check_crc: bool = True) -> list[Record | None]:
+    def read_many(
+        self, offsets: Sequence[int], *, check_crc: bool = True, match: KeyMatch | None = None
+    ) -> list[Record | None | bool]:
         """:meth:`read` of each offset where it is quick: the well-formed records read
         with pread and decoded in one compiled pass (read_through_file), None for the
         rest, which the caller reads one by one (every offset is None without the
-        compiled codecs or when reading through the mappings)."""
-        found: list[Record | None] = [None] * len(offsets)
-        if _speedups is None or not self.read_through_file:
-            return found
-        by_file: dict[int, list[int]] = {}
-        for item, offset in enumerate(offsets):
-            mapped = self.files.find(offset)
-            if mapped is not None:
-                by_file.setdefault(self.files.index_of(mapped), []).append(item)
-        for number, items in by_file.items():
-            mapped = self.files.files[number]
-            records = _read_records(mapped, [offsets[item] - mapped.start_offset for item in items], check_crc)
-            for item, record in zip(items, records):
-                found[item] = record
+        compiled codecs or when reading through the mappings). With ``match``, a record
+        read here that it does not keep is False: decided in the compiled pass where
+        KeyMatch.compiled allows, so only the kept records are built."""
+        if _speedups is None or not self.read_through_file or not offsets:
+            return [None] * len(offsets)
+        compiled = None if match is None else match.compiled()
+        first = self.files.find(offsets[0])
+        if first is not None and first.start_offset <= min(offsets) and max(offsets) < first.end_offset:
+            # The usual case: every offset in one file.
+            found = _read_records(first, [offset - first.start_offset for offset in offsets], check_crc, compiled)
+        else:
+            found = [None] * len(offsets)
+            by_file: dict[int, list[int]] = {}
+            for item, offset in enumerate(offsets):
+                mapped = self.files.find(offset)
+                if mapped is not None:
+                    by_file.setdefault(self.files.index_of(mapped), []).append(item)
+            for number, items in by_file.items():
+                mapped = self.files.files[number]
+                positions = [offsets[item] - mapped.start_offset for item in items]
+                for item, record in zip(items, _read_records(mapped, positions, check_crc, compiled)):
+                    found[item] = record
+        if match is not None and compiled is None:
+            return [record if record is None or record is False or match(record) else False for record in found]
         return found
 
     def _read_through_file(self, mapped: MappedFile, position: int, check_crc: bool) -> Record | None:
@@ -177,8 +233,8 @@ class CommitLog:
         log read this way: a page fault costs more than the read, and the pages would fill
         the node's resident set."""
         if _speedups is not None:
-            (found,) = _read_records(mapped, [position], check_crc)
-            return found
+            (found,) = _read_records(mapped, [position], check_crc, None)
+            return found  # type: ignore[return-value]
         data = mapped.pread(position, READ_AHEAD_BYTES)
         if len(data) < 8:
             return None

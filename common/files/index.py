@@ -37,6 +37,14 @@ _HEADER_BEGIN_PHY_OFFSET = 16
 _HEADER_END_PHY_OFFSET = 24
 
 
+def _in_chunks(offsets: Iterator[int]) -> Iterator[list[int]]:
+    """``offsets`` in lists of the sizes the compiled walk returns."""
+    size = MATCHING_OFFSETS_FIRST_CHUNK
+    while chunk := list(itertools.islice(offsets, size)):
+        yield chunk
+        size = MATCHING_OFFSETS_CHUNK
+
+
 class IndexFile:
     """One index file. The header lives in the mapped bytes; writes go straight there."""
 
@@ -270,9 +278,14 @@ class IndexFile:
         """The phyOffsets of the entries along the slot's chain whose hash is
         ``key_hash``, newest first: :meth:`chain` filtered, read without an object per
         entry (the lookup hot path)."""
+        for chunk in self.matching_offset_chunks(key_hash):
+            yield from chunk
+
+    def matching_offset_chunks(self, key_hash: int) -> Iterator[list[int]]:
+        """:meth:`matching_offsets` in lists, as the compiled walk finds them."""
         buf = self.mapped.buf
         if _speedups is None:
-            yield from self._matching_offsets(buf, key_hash)
+            yield from _in_chunks(self._matching_offsets(buf, key_hash))
             return
         # In chunks: a caller that needs a page of matches stops early, and a hot key's
         # long chain (an entry page each) is not walked to its end for nothing.
@@ -282,10 +295,10 @@ class IndexFile:
             found = _speedups.matching_offsets(buf, self.slots, self.entries, key_hash, number, steps, chunk)
             if found is None:
                 # The chain leads outside the file: the Python walk says so where it does.
-                yield from itertools.islice(self._matching_offsets(buf, key_hash), yielded, None)
+                yield from _in_chunks(itertools.islice(self._matching_offsets(buf, key_hash), yielded, None))
                 return
             offsets, number, steps = found
-            yield from offsets
+            yield offsets
             yielded += len(offsets)
             if number == 0:
                 return

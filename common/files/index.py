@@ -26,9 +26,9 @@ from rmqstore.common.errors import Corruption, invariant
 from rmqstore.common.files.mapped import MappedFile, fsync_directory
 
 MAX_MSGS_NUM_BATCH = 64
-# A lookup walks a slot chain in chunks of matches: a page of 32 (and the one more that
-# says the page continues) first, then larger ones.
-MATCHING_OFFSETS_FIRST_CHUNK = 40
+# A lookup walks a slot chain in chunks of matches: first as many as it asks for (by
+# default a page of 32, and the one more that says the page continues), then larger ones.
+MATCHING_OFFSETS_FIRST_CHUNK = 33
 MATCHING_OFFSETS_CHUNK = 256
 _INT64 = struct.Struct(">q")
 _HEADER_BEGIN_TIMESTAMP = 0
@@ -37,9 +37,9 @@ _HEADER_BEGIN_PHY_OFFSET = 16
 _HEADER_END_PHY_OFFSET = 24
 
 
-def _in_chunks(offsets: Iterator[int]) -> Iterator[list[int]]:
+def _in_chunks(offsets: Iterator[int], first: int) -> Iterator[list[int]]:
     """``offsets`` in lists of the sizes the compiled walk returns."""
-    size = MATCHING_OFFSETS_FIRST_CHUNK
+    size = first
     while chunk := list(itertools.islice(offsets, size)):
         yield chunk
         size = MATCHING_OFFSETS_CHUNK
@@ -281,21 +281,23 @@ class IndexFile:
         for chunk in self.matching_offset_chunks(key_hash):
             yield from chunk
 
-    def matching_offset_chunks(self, key_hash: int) -> Iterator[list[int]]:
-        """:meth:`matching_offsets` in lists, as the compiled walk finds them."""
+    def matching_offset_chunks(self, key_hash: int, first: int = MATCHING_OFFSETS_FIRST_CHUNK) -> Iterator[list[int]]:
+        """:meth:`matching_offsets` in lists, as the compiled walk finds them: ``first``
+        matches, then MATCHING_OFFSETS_CHUNK at a time (each entry the walk reads is a
+        page of the file, likely a cold one, so it reads no more than it is asked for)."""
         buf = self.mapped.buf
         if _speedups is None:
-            yield from _in_chunks(self._matching_offsets(buf, key_hash))
+            yield from _in_chunks(self._matching_offsets(buf, key_hash), first)
             return
         # In chunks: a caller that needs a page of matches stops early, and a hot key's
         # long chain (an entry page each) is not walked to its end for nothing.
         number = steps = yielded = 0
-        chunk = MATCHING_OFFSETS_FIRST_CHUNK
+        chunk = max(first, 1)
         while True:
             found = _speedups.matching_offsets(buf, self.slots, self.entries, key_hash, number, steps, chunk)
             if found is None:
                 # The chain leads outside the file: the Python walk says so where it does.
-                yield from _in_chunks(itertools.islice(self._matching_offsets(buf, key_hash), yielded, None))
+                yield from _in_chunks(itertools.islice(self._matching_offsets(buf, key_hash), yielded, None), chunk)
                 return
             offsets, number, steps = found
             yield offsets

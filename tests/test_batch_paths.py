@@ -577,6 +577,36 @@ def test_a_cursor_is_the_compact_json_of_its_offset_and_check() -> None:
             decode_cursor(cursor, check + 1)
 
 
+
+def test_the_resident_gauge_reads_the_current_figure_each_time(tmp_path: Path) -> None:
+    """The budget check's gauge keeps /proc/self/statm open and reads it with pread:
+    each read is the process's shared resident memory at that moment (pages a mapping
+    touches count, and stop counting when it is closed), and a process that is not the
+    one that opened it opens its own."""
+    import mmap
+    import os
+
+    from rmqstore.query.view import _ResidentGauge
+
+    path = tmp_path / "data"
+    path.write_bytes(b"\x01" * 16 * 2**20)  # 16 MiB in the page cache
+    gauge = _ResidentGauge()
+    before = gauge.read()
+    assert before is not None and before > 0
+    with open(path, "rb") as file, mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+        assert sum(mapped[at] for at in range(0, len(mapped), mmap.PAGESIZE)) == len(mapped) // mmap.PAGESIZE
+        touched = gauge.read()
+        assert touched is not None and touched >= before + 15 * 2**20
+    after = gauge.read()
+    assert after is not None and after <= touched - 15 * 2**20
+    opened = gauge._fd
+    gauge._pid = -1  # as a forked child sees it
+    assert gauge.read() is not None and gauge._pid == os.getpid()
+    gauge.close()
+    with pytest.raises(OSError):
+        os.fstat(opened)  # type: ignore[arg-type]
+
+
 def _rss_file_kib() -> int:
     with open("/proc/self/status") as status:
         return next(int(line.split()[1]) for line in status if line.startswith("RssFile:"))

@@ -427,7 +427,7 @@ static int record_layout(const unsigned char *r, int64_t available, Layout *l) {
 
 /* Whether the well-formed record r laid out as l is one match keeps (KeyMatch.__call__):
  * of the topic, stored within [begin_ms, end_ms], lying within [visible_begin,
- * visible_end), and with the key among the space-separated parts of its last KEYS pair.
+ * visible_end), and with the key among the non-empty space-separated parts of its last KEYS pair.
  * Bytes stand for texts here: the topic is ASCII and the key's UTF-8 holds no U+FFFD
  * (KeyMatch.compiled), so a part decodes to the key exactly when its bytes are the key's. */
 static int matches(const unsigned char *r, const Layout *l, const Match *match) {
@@ -445,7 +445,8 @@ static int matches(const unsigned char *r, const Layout *l, const Match *match) 
     for (Py_ssize_t start = 0; keys != NULL && start < keys_length;) {
         const unsigned char *space = memchr(keys + start, ' ', keys_length - start);
         Py_ssize_t stop = space == NULL ? keys_length : space - keys;
-        if (stop - start == match->key_length && memcmp(keys + start, match->key, match->key_length) == 0) return 1;
+        if (stop - start == match->key_length && stop > start && memcmp(keys + start, match->key, match->key_length) == 0)
+            return 1;
         start = stop + 1;
     }
     return 0;

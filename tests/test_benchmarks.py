@@ -155,3 +155,20 @@ def test_results_md_names_the_command(smoke: tuple[dict[str, Any], str, list[str
     assert "All 1,260 answers agree." in markdown
     most = results["once"]["sync"]["rows"][-1]
     assert f"| {most['producers']} | C++ | a SendStream per producer | {most['msgs_per_s']:,.0f} |" in markdown
+
+
+def test_the_key_floor_probe_reads_the_pages_by_key_gives(tmp_path: Path) -> None:
+    """benchmarks/key_floor.py at a smoke size: every hot page it reads with the compiled
+    calls alone is the page StoreView.by_key answers, and each part is timed once per
+    hot lookup."""
+    done = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "key_floor.py"), "--size", "5000", "--lookups", "400", "--work", str(tmp_path)],
+        cwd=REPO, capture_output=True, text=True, timeout=TIMEOUT_S, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout)
+    assert result["size"] == 5000 and result["hot_lookups"] > 50
+    assert result["pages_agree"] == result["hot_lookups"]
+    for part in ("walk", "reads", "walk_and_reads", "records", "by_key"):
+        assert result[part]["count"] == result["hot_lookups"] and _positive(result[part]["p96_us"]), part
+    assert not (tmp_path / "store").exists()  # the store is removed, the directory given is kept

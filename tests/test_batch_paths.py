@@ -132,7 +132,9 @@ def make_records(rng: random.Random, count: int, file_size: int, *, ascii_only: 
     return records
 
 
-def dispatch_into(root: Path, records: list[Record], batch_size: int | None) -> None:
+def dispatch_into(root: Path, records: list[Record], batch_size: int | None) -> dict[object, int]:
+    """Dispatch ``records`` one at a time or in batches; each queue's maxPhysicOffset
+    (``max_commitlog_end``) as the dispatch left it in memory."""
     queues = ConsumeQueueSet(str(root / "consumequeue"), 7, writable=True)
     index = IndexFileList(str(root / "index"), 11, 40, writable=True)
     dispatcher = Dispatcher(queues, index)
@@ -146,8 +148,10 @@ def dispatch_into(root: Path, records: list[Record], batch_size: int | None) -> 
                 batch.add_record(record)
             dispatcher.dispatch_batch(batch)
     dispatcher.flush()
+    ends = {key: queue.max_commitlog_end for key, queue in queues.queues.items()}
     queues.close()
     index.close()
+    return ends
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -160,8 +164,8 @@ def test_batch_dispatch_writes_the_bytes_of_one_record_at_a_time(
     records = make_records(random.Random(seed), count, 4096)
     root = Path(tempfile.mkdtemp(dir=tmp_path))
     try:
-        dispatch_into(root / "one", records, None)
-        dispatch_into(root / "many", records, batch_size)
+        ends = dispatch_into(root / "one", records, None)
+        assert dispatch_into(root / "many", records, batch_size) == ends
         assert tree_bytes(root / "many") == tree_bytes(root / "one")
     finally:
         shutil.rmtree(root)

@@ -258,6 +258,11 @@ class ConsumeQueue:
         self.max_commitlog_end = offset + size
         return True
 
+    def continues_at(self, queue_offset: int) -> bool:
+        """Whether a unit at ``queue_offset`` goes right after the queue's last one, in a
+        file the queue has: what :meth:`append_block` takes."""
+        return self.files.last is not None and queue_offset * UNIT_SIZE == self._end_position
+
     def append_block(self, first_queue_offset: int, units: bytes, last_commitlog_end: int) -> None:
         """Write consecutive units starting at ``first_queue_offset`` (the queue's end) in
         as few writes as the files allow; :meth:`append` covers every other case."""
@@ -287,7 +292,7 @@ class ConsumeQueue:
         if not consecutive or first < self.max_offset:
             return sum(self.append(offset, units[at : at + 1].tobytes()) for at, offset in enumerate(queue_offsets.tolist()))
         written = 0
-        if self.files.last is None or first != self.max_offset:
+        if not self.continues_at(first):
             # A new queue (its first file, fillers before its first unit) or a queue
             # resuming after a gap: the one-unit path sets it up.
             written += self.append(first, units[:1].tobytes())

@@ -149,6 +149,16 @@ def open_channel(
     return grpc.secure_channel(endpoint, load_channel_credentials(ca, client_cert, client_key), options=options)
 
 
+def _add_services(
+    server: Any, register: Callable[[Any], None], health_servicer: Any, service_names: Sequence[str]
+) -> None:
+    """A node's services on ``server`` (grpc's threaded or asyncio server): its own, the
+    health service and reflection listing both."""
+    register(server)
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    reflection.enable_server_reflection((*service_names, reflection.SERVICE_NAME, health.SERVICE_NAME), server)
+
+
 def start_server(
     register: Callable[[grpc.Server], None],
     service_names: Sequence[str],
@@ -166,12 +176,10 @@ def start_server(
         interceptors=[TracingInterceptor()],
         options=SERVER_OPTIONS,
     )
-    register(server)
     health_servicer = health.HealthServicer()
-    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    _add_services(server, register, health_servicer, service_names)
     for name in (*service_names, ""):
         health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
-    reflection.enable_server_reflection((*service_names, reflection.SERVICE_NAME, health.SERVICE_NAME), server)
     address = f"{host}:{port}"
     bound = server.add_secure_port(address, credentials) if credentials else server.add_insecure_port(address)
     if bound == 0:
@@ -281,11 +289,9 @@ class AsyncServing:
         credentials: grpc.ServerCredentials | None,
     ) -> int:
         server = grpc.aio.server(interceptors=[AsyncTracingInterceptor()], options=SERVER_OPTIONS)
-        register(server)
-        health_pb2_grpc.add_HealthServicer_to_server(self.health_servicer, server)
+        _add_services(server, register, self.health_servicer, service_names)
         for name in (*service_names, ""):
             await self.health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
-        reflection.enable_server_reflection((*service_names, reflection.SERVICE_NAME, health.SERVICE_NAME), server)
         address = f"{host}:{port}"
         bound = await self._bind(server, address, credentials, f"cannot bind {address}")
         await server.start()

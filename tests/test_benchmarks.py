@@ -172,3 +172,21 @@ def test_the_key_floor_probe_reads_the_pages_by_key_gives(tmp_path: Path) -> Non
     for part in ("walk", "reads", "walk_and_reads", "records", "by_key"):
         assert result[part]["count"] == result["hot_lookups"] and _positive(result[part]["p96_us"]), part
     assert not (tmp_path / "store").exists()  # the store is removed, the directory given is kept
+
+
+def test_the_front_probe_stores_what_both_designs_acked() -> None:
+    """benchmarks/front_probe.py at a smoke size: the writer and the fronts prototype each
+    acked messages from every producer, and each store holds at least as many records as
+    were acked (both really append and fsync; neither is a no-op)."""
+    done = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "front_probe.py"), "--rounds", "1", "--seconds", "0.5"],
+        cwd=REPO, capture_output=True, text=True, timeout=TIMEOUT_S, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout)
+    assert (result["fronts"], result["clients"], result["producers"]) == (2, 2, 64)
+    for design in ("writer", "fronts"):
+        (rate,) = result["acked_per_s"][design]
+        (stored,) = result["stored_records"][design]
+        assert rate > 0 and stored >= rate * result["seconds"] - 1, (design, rate, stored)
+    assert result["fronts_to_writer"] == round(result["median"]["fronts"] / result["median"]["writer"], 2)

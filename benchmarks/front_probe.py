@@ -107,9 +107,12 @@ def front(path: str, port: int) -> None:
         next_id = 0
 
         async def answers() -> None:
-            while True:
-                length, request_id, status = FRAME.unpack(await reader.readexactly(FRAME.size))
-                waiting.pop(request_id).set_result((status, await reader.readexactly(length)))
+            try:
+                while True:
+                    length, request_id, status = FRAME.unpack(await reader.readexactly(FRAME.size))
+                    waiting.pop(request_id).set_result((status, await reader.readexactly(length)))
+            except asyncio.IncompleteReadError:
+                return  # the core is gone: so is this front
 
         async def send_stream(requests: Any, context: Any) -> Any:
             nonlocal next_id
@@ -131,7 +134,8 @@ def front(path: str, port: int) -> None:
         server.add_insecure_port(f"127.0.0.1:{port}")
         await server.start()
         print("serving", flush=True)
-        await asyncio.wait([reading, asyncio.ensure_future(server.wait_for_termination())], return_when="FIRST_COMPLETED")
+        stopped = asyncio.ensure_future(server.wait_for_termination())
+        await asyncio.wait([reading, stopped], return_when=asyncio.FIRST_COMPLETED)
 
     asyncio.run(serve())
 

@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import shutil
 import socket
 import statistics
@@ -221,7 +220,7 @@ def main() -> None:
         return
     if PRODUCERS % args.clients:
         parser.error(f"--clients must divide {PRODUCERS}")
-    with tempfile.TemporaryDirectory(dir=os.environ.get("TMPDIR")) as scratch:
+    with tempfile.TemporaryDirectory() as scratch:
         work = Path(scratch)
         requests = work / "stream.bin"
         native_client.write_requests(requests, Workload(WorkloadSpec(5000, 256, 1)), "stream")

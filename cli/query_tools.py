@@ -12,9 +12,7 @@ import base64
 import datetime as dt
 import hashlib
 import json
-import signal
 import sys
-import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -27,6 +25,8 @@ from rmqstore.cli.writer_tools import (
     channel_from,
     server_credentials_from,
     serving_tls_fields,
+    stop_requested,
+    wait_for_stop,
 )
 from rmqstore.common.errors import InvalidArgument
 from rmqstore.v1 import messages_pb2, query_pb2, query_pb2_grpc
@@ -301,9 +301,7 @@ def cmd_query_serve(args: argparse.Namespace) -> int:
 
     # TLS files are checked before anything else.
     credentials = server_credentials_from(args)
-    stopping = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stopping.set())
-    signal.signal(signal.SIGINT, lambda *_: stopping.set())
+    stopping = stop_requested()
     configure_tracing("rmqstore-query")
     configure_metrics("rmqstore-query")
     budget = args.mapped_budget_mb
@@ -338,7 +336,7 @@ def cmd_query_serve(args: argparse.Namespace) -> int:
         ),
         flush=True,
     )
-    stopping.wait()
+    wait_for_stop(stopping)
     serving.stop(SHUTDOWN_GRACE_S)
     view.close()
     print(json.dumps({"event": "stopped", "service": "query"}), flush=True)

@@ -22,6 +22,29 @@ EXIT_ERROR = 2
 SHUTDOWN_GRACE_S = 10.0
 
 
+# Stopping on SIGTERM or SIGINT, shared with query_tools.
+
+# The kernel hands a process's signal to any of its threads that does not block it (grpc's,
+# the flusher), and CPython runs the Python handler only in the main thread, the next time
+# that thread runs Python. A main thread blocked in an untimed wait would never run it, so
+# it waits in slices this long.
+STOP_POLL_S = 0.2
+
+
+def stop_requested() -> threading.Event:
+    """An event that SIGTERM and SIGINT set (their handlers are installed here)."""
+    stopping = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stopping.set())
+    signal.signal(signal.SIGINT, lambda *_: stopping.set())
+    return stopping
+
+
+def wait_for_stop(stopping: threading.Event) -> None:
+    """Block until ``stopping`` is set, running due signal handlers meanwhile."""
+    while not stopping.wait(STOP_POLL_S):
+        pass
+
+
 # TLS and listener options, shared with query_tools.
 
 DEFAULT_WORKERS = 64
@@ -114,9 +137,7 @@ def cmd_writer_serve(args: argparse.Namespace) -> int:
     credentials = server_credentials_from(args)
     # Handlers first: a SIGTERM during recovery or right after the serving line must still
     # end in a clean stop (final flush, checkpoint, abort removed).
-    stopping = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stopping.set())
-    signal.signal(signal.SIGINT, lambda *_: stopping.set())
+    stopping = stop_requested()
     configure_tracing("rmqstore-writer")
     configure_metrics("rmqstore-writer")
     config = WriterConfig(
@@ -168,7 +189,7 @@ def cmd_writer_serve(args: argparse.Namespace) -> int:
         ),
         flush=True,
     )
-    stopping.wait()
+    wait_for_stop(stopping)
     serving.stop(SHUTDOWN_GRACE_S)
     servicer.close()
     writer.close()

@@ -496,3 +496,197 @@ def test_readyz_says_when_the_query_node_is_gone(tmp_path: Path) -> None:
         assert get(console.url + "/healthz")[:1] == (200,)
     finally:
         console.stop()
+
+
+# In a real browser: Debian's chromium through chromedriver (test.sh installs both)
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for flag in (
+        "--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu", "--window-size=1280,1000",
+        # Nothing but the console: no background traffic of the browser's own.
+        "--disable-background-networking", "--disable-component-update", "--disable-sync", "--no-first-run",
+        "--disable-default-apps", "--disable-domain-reliability", "--disable-breakpad",
+    ):  # fmt: skip
+        options.add_argument(flag)
+    options.set_capability("goog:loggingPrefs", {"performance": "ALL", "browser": "ALL"})
+    driver = webdriver.Chrome(options=options, service=Service(CHROMEDRIVER))
+    driver.set_page_load_timeout(HTTP_TIMEOUT_S)
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def _requested_urls(driver: Any) -> list[str]:
+    urls = []
+    for entry in driver.get_log("performance"):
+        event = json.loads(entry["message"])["message"]
+        if event["method"] == "Network.requestWillBeSent":
+            urls.append(event["params"]["request"]["url"])
+    return urls
+
+
+def _click_and_wait(driver: Any, element: Any) -> None:
+    """Click what navigates, and wait until the next page has replaced this one."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions
+    from selenium.webdriver.support.wait import WebDriverWait
+
+    page = driver.find_element(By.TAG_NAME, "html")
+    element.click()
+    WebDriverWait(driver, HTTP_TIMEOUT_S).until(expected_conditions.staleness_of(page))
+    WebDriverWait(driver, HTTP_TIMEOUT_S).until(lambda d: d.find_elements(By.TAG_NAME, "footer"))
+
+
+def _submit(driver: Any, form_id: str, values: dict[str, str]) -> None:
+    from selenium.webdriver.common.by import By
+
+    form = driver.find_element(By.ID, form_id)
+    for name, value in values.items():
+        box = form.find_element(By.NAME, name)
+        box.clear()
+        box.send_keys(value)
+    _click_and_wait(driver, form.find_element(By.CSS_SELECTOR, "button[type=submit]"))
+
+
+def _table(driver: Any, table_id: str) -> dict[str, str]:
+    from selenium.webdriver.common.by import By
+
+    rows = driver.find_elements(By.CSS_SELECTOR, f"#{table_id} tr")
+    return {row.find_element(By.TAG_NAME, "th").text: row.find_element(By.TAG_NAME, "td").text for row in rows}
+
+
+def _shot(driver: Any, name: str) -> None:
+    driver.save_screenshot(str(SCREENSHOTS / f"console-{name}.png"))
+
+
+def test_browser_finds_messages_on_every_page(store: Store, browser: Any) -> None:
+    from selenium.webdriver.common.by import By
+
+    driver = browser
+    driver.get_log("performance")
+    # Topics: every topic with its message count.
+    driver.get(store.url + "/topics")
+    rows = driver.find_elements(By.CSS_SELECTOR, "#topics tr[data-topic]")
+    assert {r.get_attribute("data-topic"): int(r.find_element(By.CSS_SELECTOR, ".count").text) for r in rows} == {
+        TOPIC: len(store.sent[TOPIC]), HOSTILE_TOPIC: len(store.sent[HOSTILE_TOPIC])
+    }
+    _shot(driver, "topics")
+    # A key with a time range and a tag, three per page, paged to the end.
+    begin, end = store.window
+    driver.get(store.url + "/search")
+    _submit(driver, "form-key", {"topic": TOPIC, "key": KEY, "begin": str(begin), "end": str(end), "tag": "paid", "pageSize": "3"})
+    found: list[str] = []
+    for _ in range(10):
+        found += [r.get_attribute("data-msgid") for r in driver.find_elements(By.CSS_SELECTOR, "#messages tr.message")]
+        nexts = driver.find_elements(By.ID, "next-page")
+        if not nexts:
+            break
+        _click_and_wait(driver, nexts[0])
+    assert found == _with_key(store, begin, end, {"paid"}), driver.current_url
+    assert driver.find_element(By.ID, "complete").text == "complete"
+    _submit(driver, "form-key", {"topic": TOPIC, "key": KEY, "begin": str(begin), "end": str(end), "tag": "paid", "pageSize": ""})
+    _shot(driver, "search")
+    # By offsetMsgId, then by UNIQ_KEY without a topic.
+    ack = store.acks[TOPIC][9]
+    for given, matched in ((ack.offset_msg_id, "offsetMsgId"), (ack.uniq_key, "UNIQ_KEY")):
+        _submit(driver, "form-id", {"id": given, "topic": ""})
+        (row,) = driver.find_elements(By.CSS_SELECTOR, "#messages tr.message")
+        assert row.get_attribute("data-msgid") == ack.offset_msg_id and matched in row.text
+    # Its detail page equals queryMsgById --json.
+    _click_and_wait(driver, driver.find_element(By.CSS_SELECTOR, "#messages a.detail"))
+    done = subprocess.run(
+        [sys.executable, "-m", "rmqstore.cli.main", "queryMsgById", "--endpoint", store.query_endpoint, "-i", ack.offset_msg_id, "--json"],
+        capture_output=True, text=True, timeout=60, env=quiet_env(),
+    )  # fmt: skip
+    want = json.loads(done.stdout)
+    fields = _table(driver, "fields")
+    assert (fields["OffsetID"], fields["Topic"], fields["Unique Key"]) == (want["msgId"], want["topic"], want["uniqKey"])
+    assert (int(fields["Queue ID"]), int(fields["Queue Offset"]), int(fields["CommitLog Offset"])) == (
+        want["queueId"], want["queueOffset"], want["commitLogOffset"]
+    )
+    assert (fields["Keys"], fields["Tags"]) == (f"[{want['keys']}]", f"[{want['tags']}]")
+    assert (int(fields["Body Length"]), fields["Body SHA-256"]) == (want["bodyLen"], want["bodySha256"])
+    assert _table(driver, "properties") == want["properties"]
+    assert _table(driver, "decoded")["Commit log offset"] == str(want["commitLogOffset"])
+    assert json.loads(driver.find_element(By.ID, "body").text) == json.loads(store.sent[TOPIC][9].body)
+    _shot(driver, "message")
+    # Next and previous in its queue.
+    _click_and_wait(driver, driver.find_element(By.ID, "next"))
+    assert int(_table(driver, "fields")["Queue Offset"]) == ack.queue_offset + 1
+    _click_and_wait(driver, driver.find_element(By.ID, "previous"))
+    _click_and_wait(driver, driver.find_element(By.ID, "previous"))
+    assert int(_table(driver, "fields")["Queue Offset"]) == ack.queue_offset - 1
+    # The rate chart's bars sum to the range's messages.
+    driver.get(store.url + "/rate")
+    lo, hi = begin - 2000, end + 2000
+    _submit(driver, "form-rate", {"topic": TOPIC, "begin": str(lo), "end": str(hi), "interval": "1s"})
+    bars = driver.find_elements(By.CSS_SELECTOR, "#chart-topic rect")
+    want_count = sum(1 for a in store.acks[TOPIC] if lo <= a.store_timestamp_ms < hi)
+    assert sum(int(b.get_attribute("data-count")) for b in bars) == want_count == int(driver.find_element(By.ID, "rate-total").text)
+    assert len(bars) == -(-(hi - lo) // 1000)
+    _shot(driver, "rate")
+    driver.get(store.url + "/nodes")
+    assert _table(driver, "query-node")["messages"] == str(len(store.sent[TOPIC]) + len(store.sent[HOSTILE_TOPIC]))
+    assert _table(driver, "writer-node")["store"] == str(store.root)
+    _shot(driver, "nodes")
+    # Every request the pages made went to the console itself, and none broke its CSP.
+    urls = _requested_urls(driver)
+    assert urls and all(u.startswith(store.url + "/") for u in urls), [u for u in urls if not u.startswith(store.url)]
+    assert [e for e in driver.get_log("browser") if "Content Security Policy" in e["message"]] == []
+
+
+def test_browser_shows_hostile_content_as_text(store: Store, browser: Any) -> None:
+    from selenium.common.exceptions import NoAlertPresentException
+    from selenium.webdriver.common.by import By
+
+    driver = browser
+    driver.get_log("performance")
+    first, patched = store.acks[HOSTILE_TOPIC]
+    driver.get(f"{store.url}/message?id={first.offset_msg_id}")
+    fields = _table(driver, "fields")
+    assert fields["Tags"] == f"[{SCRIPT}]"
+    assert fields["Keys"] == f"[{SCRIPT.replace(' ', '')} {IMG_NO_SPACE}]"
+    properties = _table(driver, "properties")
+    assert (properties["evil"], properties[SCRIPT]) == (IMG, "name")
+    assert driver.find_elements(By.TAG_NAME, "script") == [] and driver.find_elements(By.TAG_NAME, "img") == []
+    driver.get(f"{store.url}/search?mode=time&topic={HOSTILE_TOPIC}&begin=0&end={patched.store_timestamp_ms}")
+    tags = [e.text for e in driver.find_elements(By.CSS_SELECTOR, "#messages td.tags")]
+    assert tags == [SCRIPT, TAG_INVALID.decode("utf-8", "replace")]
+    driver.get(f"{store.url}/message?id={first.offset_msg_id}&view=hex")
+    assert " ff fe 80 " in driver.find_element(By.ID, "body").text
+    _shot(driver, "hostile")
+    with pytest.raises(NoAlertPresentException):
+        driver.switch_to.alert.text
+    assert all(u.startswith(store.url + "/") for u in _requested_urls(driver))
+
+
+def test_browser_bad_input_shows_inline_errors_and_the_console_goes_on(store: Store, browser: Any) -> None:
+    from selenium.webdriver.common.by import By
+
+    driver = browser
+    cases = [
+        ("form-time", {"topic": TOPIC, "begin": "20", "end": "10"}, "the range is reversed: end 10 is before begin 20"),
+        ("form-key", {"topic": "NoSuchTopic", "key": "k"}, "topic NoSuchTopic does not exist in this store"),
+        ("form-id", {"id": "has space"}, "id: 'has space' is not a message id (printable, no spaces, at most 128 characters)"),
+        ("form-offset", {"topic": TOPIC, "queue": "0", "offset": "x"}, "offset: 'x' is not a whole number"),
+        ("form-timeoffset", {"topic": TOPIC, "queue": "0", "timestamp": "noon"},
+         "timestamp: 'noon' is neither epoch milliseconds nor an ISO 8601 time"),
+    ]  # fmt: skip
+    for form, values, message in cases:
+        driver.get(store.url + "/search")
+        _submit(driver, form, values)
+        assert driver.find_element(By.ID, "error").text == message
+    driver.get(store.url + "/rate")
+    _submit(driver, "form-rate", {"topic": TOPIC, "interval": "soon"})
+    assert driver.find_element(By.ID, "error").text == "interval: 'soon' is not a duration such as 30s, 1m, 5m or 1h"
+    driver.get(store.url + "/topics")
+    assert len(driver.find_elements(By.CSS_SELECTOR, "#topics tr[data-topic]")) == 2

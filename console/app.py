@@ -18,12 +18,24 @@ from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, RedirectResponse, Response
+from starlette.responses import (
+    HTMLResponse,
+    JSONResponse,
+    PlainTextResponse,
+    RedirectResponse,
+    Response,
+)
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from rmqstore.console.auth import check_basic
-from rmqstore.console.backend import Backend, BadInput, ConsoleError, body_views, utc_text
+from rmqstore.console.backend import (
+    Backend,
+    BadInput,
+    ConsoleError,
+    body_views,
+    utc_text,
+)
 from rmqstore.console.chart import bar_chart
 from rmqstore.v1 import query_pb2
 
@@ -236,4 +248,4 @@ def build_app(backend: Backend, users: dict[str, str] | None) -> ASGIApp:
         ],
         exception_handlers={404: not_found, 405: not_found},
     )
-    return Guard(app, users)  # type: ignore[arg-type]
+    return Guard(app, users)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import datetime as dt
+import itertools
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -21,7 +22,13 @@ from rmqstore.cli.query_tools import message_json, message_rows
 from rmqstore.common.codec.msgid import decode_offset_msg_id
 from rmqstore.common.codec.topic import topic_problem
 from rmqstore.common.errors import InvalidArgument
-from rmqstore.v1 import messages_pb2, query_pb2, query_pb2_grpc, writer_pb2, writer_pb2_grpc
+from rmqstore.v1 import (
+    messages_pb2,
+    query_pb2,
+    query_pb2_grpc,
+    writer_pb2,
+    writer_pb2_grpc,
+)
 
 PAGE_SIZE_DEFAULT = 50
 PAGE_SIZE_MAX = 1000
@@ -69,8 +76,10 @@ HTTP_STATUS: dict[grpc.StatusCode, type[ConsoleError]] = {
 
 
 def _from_rpc(error: grpc.RpcError) -> ConsoleError:
-    code: grpc.StatusCode = error.code()  # type: ignore[attr-defined]
-    details: str = error.details() or ""  # type: ignore[attr-defined]
+    # grpc ships no types: a failed call's error is also its Call, with code() and details().
+    call: Any = error
+    code: grpc.StatusCode = call.code()
+    details: str = call.details() or ""
     kind = HTTP_STATUS.get(code, NodeUnavailable)
     if kind is NodeUnavailable:
         return NodeUnavailable(f"the node answered {code.name}: {details}")
@@ -184,8 +193,10 @@ class Backend:
     """The console's one client of the nodes; thread-safe (gRPC stubs are)."""
 
     def __init__(self, endpoints: Endpoints):
-        self.query = query_pb2_grpc.QueryServiceStub(endpoints.query)
-        self.writer = None if endpoints.writer is None else writer_pb2_grpc.WriterServiceStub(endpoints.writer)
+        self.query: Any = query_pb2_grpc.QueryServiceStub(endpoints.query)  # type: ignore[no-untyped-call]
+        self.writer: Any = None
+        if endpoints.writer is not None:
+            self.writer = writer_pb2_grpc.WriterServiceStub(endpoints.writer)  # type: ignore[no-untyped-call]
         self.timeout_s = endpoints.timeout_s
 
     def _call(self, method: Callable[..., Any], request: Any) -> Any:
@@ -236,7 +247,7 @@ class Backend:
         for queue_id in queue_ids:
             request = query_pb2.OffsetsByTimeRequest(topic=topic, queue_id=queue_id, timestamps_ms=edges)
             offsets = list(self._call(self.query.OffsetsByTime, request).offsets)
-            per_queue[queue_id] = [later - earlier for earlier, later in zip(offsets, offsets[1:])]
+            per_queue[queue_id] = [later - earlier for earlier, later in itertools.pairwise(offsets)]
         total = [sum(column) for column in zip(*per_queue.values())] if per_queue else [0] * (len(edges) - 1)
         return total, per_queue
 

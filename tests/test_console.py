@@ -26,9 +26,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from test_query_live import Nodes, quiet_env, send_all
 
 from rmqstore.v1 import messages_pb2, query_pb2
-from test_query_live import Nodes, quiet_env, send_all
 
 ROOT = Path(__file__).resolve().parent.parent
 SCREENSHOTS = Path(os.environ.get("RMQSTORE_SCREENSHOTS", ROOT / "test-screenshots"))
@@ -230,9 +230,10 @@ def test_key_search_with_time_range_and_tag_pages_to_the_exact_answer(store: Sto
     got: list[str] = []
     cursor = ""
     pages = 0
-    for pages in range(1, 20):
+    for _ in range(20):
         status, data = api(store, "search", mode="key", topic=TOPIC, key=KEY, begin=begin, end=end, tag="paid", pageSize=3, cursor=cursor)
         assert status == 200
+        pages += 1
         got += [m["msgId"] for m in data["messages"]]
         assert all(m["tags"] == "paid" for m in data["messages"])
         if data["complete"]:
@@ -280,7 +281,7 @@ def test_message_api_equals_query_msg_by_id_json(store: Store) -> None:
     done = subprocess.run(
         [sys.executable, "-m", "rmqstore.cli.main", "queryMsgById", "--endpoint", store.query_endpoint, "-i", ack.offset_msg_id,
          "--json", "--body"],
-        capture_output=True, text=True, timeout=60, env=quiet_env(),
+        check=False, capture_output=True, text=True, timeout=60, env=quiet_env(),
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     status, data = api(store, "message", id=ack.offset_msg_id)
@@ -398,7 +399,7 @@ def test_bad_search_input_gets_an_inline_error_and_a_4xx(store: Store, query: st
     got, _, body = get(f"{store.url}/search?{query}")
     assert got == status
     html = body.decode()
-    shown = re.search(r'<p class="error" role="alert" id="error">(.*?)</p>', html, re.S)
+    shown = re.search(r'<p class="error" role="alert" id="error">(.*?)</p>', html, re.DOTALL)
     assert shown is not None, html[:500]
     api_status, _, api_body = get(f"{store.url}/api/search?{query}")
     assert api_status == status
@@ -427,7 +428,7 @@ def test_bad_search_input_gets_an_inline_error_and_a_4xx(store: Store, query: st
 def test_bad_page_input_gets_an_inline_error_and_a_4xx(store: Store, path: str, status: int, message: str | None) -> None:
     got, _, body = get(store.url + path)
     assert got == status
-    shown = re.search(r'<p class="error" role="alert" id="error">(.*?)</p>', body.decode(), re.S)
+    shown = re.search(r'<p class="error" role="alert" id="error">(.*?)</p>', body.decode(), re.DOTALL)
     assert shown is not None
     if message is not None:
         assert shown.group(1) == message.replace("'", "&#39;")
@@ -444,7 +445,7 @@ def test_unknown_api_and_page_are_404_not_500(store: Store) -> None:
 
 
 def _console(args: list[str], timeout_s: float = 60.0) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "rmqstore.cli.main", "console", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "rmqstore.cli.main", "console", *args], check=False, capture_output=True, text=True,
                           timeout=timeout_s, env=quiet_env(), stdin=subprocess.DEVNULL)  # fmt: skip
 
 
@@ -605,7 +606,7 @@ def test_browser_finds_messages_on_every_page(store: Store, browser: Any) -> Non
     _click_and_wait(driver, driver.find_element(By.CSS_SELECTOR, "#messages a.detail"))
     done = subprocess.run(
         [sys.executable, "-m", "rmqstore.cli.main", "queryMsgById", "--endpoint", store.query_endpoint, "-i", ack.offset_msg_id, "--json"],
-        capture_output=True, text=True, timeout=60, env=quiet_env(),
+        check=False, capture_output=True, text=True, timeout=60, env=quiet_env(),
     )  # fmt: skip
     want = json.loads(done.stdout)
     fields = _table(driver, "fields")
@@ -665,7 +666,7 @@ def test_browser_shows_hostile_content_as_text(store: Store, browser: Any) -> No
     assert " ff fe 80 " in driver.find_element(By.ID, "body").text
     _shot(driver, "hostile")
     with pytest.raises(NoAlertPresentException):
-        driver.switch_to.alert.text
+        _ = driver.switch_to.alert.text
     assert all(u.startswith(store.url + "/") for u in _requested_urls(driver))
 
 

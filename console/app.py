@@ -36,7 +36,7 @@ from rmqstore.console.backend import (
     body_views,
     utc_text,
 )
-from rmqstore.console.chart import bar_chart
+from rmqstore.console.chart import bar_chart, svg
 from rmqstore.v1 import query_pb2
 
 HERE = Path(__file__).parent
@@ -110,6 +110,7 @@ class Pages:
             loader=FileSystemLoader(HERE / "templates"), autoescape=select_autoescape(default=True, default_for_string=True)
         )
         self.templates.filters["utc"] = lambda ms: "" if ms is None else utc_text(int(ms))
+        self.templates.globals["svg"] = svg
 
     def render(self, name: str, status: int = 200, **context: Any) -> HTMLResponse:
         html = self.templates.get_template(name).render(**context)

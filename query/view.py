@@ -399,18 +399,24 @@ class StoreView:
         self.refresh()
         with self._lock:
             queue = self._queue(topic, queue_id)
-            _, high = self._bounds(topic, queue_id, queue)
+            low, high = self._bounds(topic, queue_id, queue)
 
             def store_time(unit: cq.Unit) -> int:
                 return self.log.store_timestamp(unit.commitlog_offset)
 
-            return [
-                queue.offset_by_time(
-                    t, store_time, Boundary.LOWER, commitlog_min_offset=self.min_offset, stop=high,
-                    bisect_file=self.log.first_stored_after,
-                )  # fmt: skip
-                for t in timestamps_ms
-            ]
+            first, last = queue.read(low), queue.read(high - 1) if high > low else None
+            if first is None or last is None:
+                return [high] * len(timestamps_ms)
+            # The search assumes store times ascend along the queue; so do these bounds. A
+            # chart's edges mostly lie before the first or after the last message: no search.
+            first_ms, last_ms = store_time(first), store_time(last)
+            before = sum(1 for t in timestamps_ms if t <= first_ms)
+            after = sum(1 for t in timestamps_ms if t > last_ms)
+            inside = timestamps_ms[before : len(timestamps_ms) - after]
+            searched = queue.first_offsets_stored_from(
+                inside, store_time, low=low, high=high, bisect_file=self.log.first_stored_after
+            )
+            return [low] * before + searched + [high] * after
 
     def newest_store_timestamp(self, topic: str, queue_id: int) -> int:
         """Store time of a queue's last visible message; 0 when it has none."""

@@ -633,7 +633,8 @@ def test_browser_finds_messages_on_every_page(store: Store, browser: Any) -> Non
     bars = driver.find_elements(By.CSS_SELECTOR, "#chart-topic rect")
     want_count = sum(1 for a in store.acks[TOPIC] if lo <= a.store_timestamp_ms < hi)
     assert sum(int(b.get_attribute("data-count")) for b in bars) == want_count == int(driver.find_element(By.ID, "rate-total").text)
-    assert len(bars) == -(-(hi - lo) // 1000)
+    # Empty intervals draw no bar.
+    assert 0 < len(bars) <= -(-(hi - lo) // 1000) and all(int(b.get_attribute("data-count")) > 0 for b in bars)
     _shot(driver, "rate")
     driver.get(store.url + "/nodes")
     assert _table(driver, "query-node")["messages"] == str(len(store.sent[TOPIC]) + len(store.sent[HOSTILE_TOPIC]))

@@ -438,3 +438,12 @@ def test_offsets_by_time_rejects_bad_timestamps(apache: QueryNode, timestamps: l
         apache.stub.OffsetsByTime(query_pb2.OffsetsByTimeRequest(topic="TopicTest", queue_id=3, timestamps_ms=timestamps))
     assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert raised.value.details() == message
+
+
+def test_offsets_by_time_with_repeated_and_outside_times(apache: QueryNode) -> None:
+    times = _queue_times("TopicTest", 0)
+    first, last = min(times), max(times)
+    middle = sorted(times)[len(times) // 2]
+    edges = [0, first - 1, first, middle, middle, middle + 1, last, last + 1, 2**62]
+    response = apache.stub.OffsetsByTime(query_pb2.OffsetsByTimeRequest(topic="TopicTest", queue_id=0, timestamps_ms=edges))
+    assert list(response.offsets) == [next((i for i, t in enumerate(times) if t >= edge), len(times)) for edge in edges]

@@ -178,6 +178,27 @@ class ConsumeQueue:
         # UPPER: the offset before the first one stored after t
         return first_after - 1 if strict else first_after
 
+    def first_offsets_stored_from(
+        self,
+        timestamps_ms: list[int],
+        store_time_of: Callable[[cq.Unit], int],
+        *,
+        low: int,
+        high: int,
+        bisect_file: FileBisect | None = None,
+    ) -> list[int]:
+        """For ascending times, the first offset in [low, high) stored at or after each
+        (``high`` if none). Each search starts where the previous one ended, and a run of
+        equal times costs one search."""
+        found: list[int] = []
+        previous_ms: int | None = None
+        for timestamp_ms in timestamps_ms:
+            if timestamp_ms != previous_ms:
+                low = self._first_stored_after(low, high, timestamp_ms, False, store_time_of, bisect_file)
+                previous_ms = timestamp_ms
+            found.append(low)
+        return found
+
     def _first_stored_after(
         self,
         low: int,

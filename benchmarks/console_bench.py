@@ -39,11 +39,11 @@ import grpc
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_common import Nodes, machine_facts, quiet_env  # noqa: E402
-from bench_rmq import append_run  # noqa: E402
-from workload import TOPICS, Workload, WorkloadSpec  # noqa: E402
+from bench_common import Nodes, machine_facts, quiet_env
+from bench_rmq import append_run
+from workload import TOPICS, Workload, WorkloadSpec
 
-from rmqstore.v1 import query_pb2, query_pb2_grpc  # noqa: E402
+from rmqstore.v1 import query_pb2, query_pb2_grpc
 
 REPO = Path(__file__).resolve().parent.parent
 PAGE_SIZE = 50
@@ -80,7 +80,7 @@ def _summary(samples: list[float]) -> dict[str, float]:
 def _start_console(query_endpoint: str, log: Path) -> tuple[subprocess.Popen[bytes], str]:
     process = subprocess.Popen(
         [sys.executable, "-m", "rmqstore.cli.main", "console", "--query-endpoint", query_endpoint, "--port", "0"],
-        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=open(log, "wb"), env=quiet_env(),  # noqa: SIM115
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=open(log, "wb"), env=quiet_env(),
     )  # fmt: skip
     assert process.stdout is not None
     line = process.stdout.readline()
@@ -136,7 +136,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         detail_page = f"{url}/message?id={msg_id}"
         rate_page = f"{url}/rate?" + urllib.parse.urlencode({"topic": TOPICS[0], "begin": begin, "end": end, "interval": "1m"})
         for _ in range(args.warmup):
-            _server_ms(key_page), _server_ms(detail_page), _server_ms(rate_page)
+            for page in (key_page, detail_page, rate_page):
+                _server_ms(page)
             stub.QueryByKey(key_request)
         samples: dict[str, list[float]] = collections.defaultdict(list)
         for _ in range(args.repeats):

@@ -203,7 +203,7 @@ def report(result: dict[str, Any]) -> str:
         "# The console's server time beside its gRPC calls",
         "",
         f"`{result['command']}` on a store of {result['messages']:,} benchmark-workload messages "
-        f"(commit {result['machine'].get('commit', '?')}). Page times are the console's Server-Timing; "
+        f"(commit {result['machine']['git_commit']}, load average at start {result['machine']['loadavg_start']}). Page times are the console's Server-Timing; "
         "gRPC times are client round trips; medians (p90) in ms, alternating call by call.",
         "",
         "| page | page ms | baseline | baseline ms | ratio | target | met |",

@@ -384,6 +384,35 @@ def test_search_offset_property(steps: list[tuple[int, int]], probes: list[int])
             view.close()
 
 
+@settings(max_examples=40, deadline=None)
+@given(
+    steps=st.lists(st.tuples(st.integers(0, 1), st.integers(0, 3)), min_size=1, max_size=60),
+    probes=st.lists(st.integers(-5, 400), min_size=1, max_size=40),
+)
+def test_offsets_by_time_property(steps: list[tuple[int, int]], probes: list[int]) -> None:
+    """OffsetsByTime's one pass (each search bounded by its neighbours' answers) agrees with
+    brute force on queues with repeated and gapped store times, across file boundaries."""
+    times = []
+    clock = 1000
+    for queue_id, gap in steps:
+        clock += gap
+        times.append((queue_id, clock))
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        sizes = _build_store(root, times)
+        view = StoreView(str(root), sizes)
+        try:
+            edges = sorted(1000 + p for p in probes)
+            for queue_id in (0, 1):
+                queue_times = [t for q, t in times if q == queue_id]
+                if not queue_times:
+                    continue
+                want = [next((i for i, t in enumerate(queue_times) if t >= edge), len(queue_times)) for edge in edges]
+                assert view.offsets_by_time("T", queue_id, edges) == want
+        finally:
+            view.close()
+
+
 def test_json_of_a_query_line(apache: QueryNode, capsys: pytest.CaptureFixture[str]) -> None:
     from rmqstore.cli.main import main
 

@@ -616,6 +616,10 @@ def test_browser_finds_messages_on_every_page(store: Store, browser: Any) -> Non
         TOPIC: len(store.sent[TOPIC]), HOSTILE_TOPIC: len(store.sent[HOSTILE_TOPIC])
     }
     _shot(driver, "topics")
+    # Each topic's links open a page that answers.
+    for link in driver.find_elements(By.CSS_SELECTOR, "#topics tr[data-topic] a"):
+        status, _, _ = get(link.get_attribute("href"))
+        assert status == 200, link.get_attribute("href")
     # A key with a time range and a tag, three per page, paged to the end.
     begin, end = store.window
     driver.get(store.url + "/search")

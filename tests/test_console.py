@@ -498,6 +498,28 @@ def test_non_loopback_listening_needs_a_users_file_or_no_auth(store: Store, tmp_
     assert done.stderr == f"rmqstore: error: users file {bad}, line 1: expected name:$argon2id$... (make one with rmqstore console-passwd)\n"
     done = _console(["--query-endpoint", store.query_endpoint, "--users", str(tmp_path / "missing")])
     assert (done.returncode, done.stderr) == (2, f"rmqstore: error: users file {tmp_path / 'missing'}: No such file or directory\n")
+    done = _console(["--query-endpoint", store.query_endpoint, "--users", str(bad), "--no-auth"])
+    assert (done.returncode, done.stderr) == (2, "rmqstore: error: give --users FILE or --no-auth, not both\n")
+    empty = tmp_path / "empty"
+    empty.write_text("# nobody yet\n")
+    done = _console(["--query-endpoint", store.query_endpoint, "--users", str(empty)])
+    assert (done.returncode, done.stderr) == (2, f"rmqstore: error: users file {empty} holds no user\n")
+
+
+@pytest.mark.parametrize(
+    ("user", "password", "message"),
+    [
+        ("alice", "\n", "the password is empty"),
+        ("al:ice", "pw\n", "user name 'al:ice': 1-64 printable characters, no ':' and no outer spaces"),
+        (" alice", "pw\n", "user name ' alice': 1-64 printable characters, no ':' and no outer spaces"),
+    ],
+)
+def test_console_passwd_refuses_bad_users_and_writes_nothing(tmp_path: Path, user: str, password: str, message: str) -> None:
+    users = tmp_path / "users"
+    done = subprocess.run([sys.executable, "-m", "rmqstore.cli.main", "console-passwd", "--users", str(users), "--user", user],
+                          check=False, input=password, capture_output=True, text=True, timeout=60, env=quiet_env())  # fmt: skip
+    assert (done.returncode, done.stderr) == (2, f"rmqstore: error: {message}\n")
+    assert not users.exists() and list(tmp_path.iterdir()) == []
 
 
 def test_users_file_guards_every_page_but_the_probes(store: Store, tmp_path: Path) -> None:

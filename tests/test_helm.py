@@ -836,6 +836,12 @@ def test_console_command_line_is_accepted_by_the_cli(console_rendering: Renderin
         assert (args.tls_ca, args.tls_client_cert) == (None, None)
 
 
+def test_console_notes_tell_how_to_reach_it(console_rendering: Rendering) -> None:
+    port = value(console_rendering, "console", "port") or 8080
+    assert f"port-forward service/{CONSOLE} {port}:{port}" in console_rendering.notes
+    assert f"open http://127.0.0.1:{port}/" in console_rendering.notes
+
+
 @pytest.mark.parametrize(
     ("console", "message"),
     [

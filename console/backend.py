@@ -178,7 +178,11 @@ def summary(message: messages_pb2.StoredMessage) -> dict[str, Any]:
 
 
 def utc_text(epoch_ms: int) -> str:
-    moment = dt.datetime.fromtimestamp(epoch_ms / 1000, dt.UTC)
+    """A time as the pages show it; one past year 9999 (any int64 is a valid input) stays a number."""
+    try:
+        moment = dt.datetime.fromtimestamp(epoch_ms / 1000, dt.UTC)
+    except (ValueError, OverflowError, OSError):
+        return f"{epoch_ms} ms (past year 9999)"
     return moment.strftime("%Y-%m-%d %H:%M:%S.") + f"{epoch_ms % 1000:03d} UTC"
 
 

@@ -42,7 +42,10 @@ def bar_chart(counts: list[int], starts_ms: list[int], width: int, height: int) 
 
 
 def _utc(epoch_ms: int) -> str:
-    moment = dt.datetime.fromtimestamp(epoch_ms / 1000, dt.UTC)
+    try:
+        moment = dt.datetime.fromtimestamp(epoch_ms / 1000, dt.UTC)
+    except (ValueError, OverflowError, OSError):
+        return f"{epoch_ms} ms"
     return moment.strftime("%Y-%m-%d %H:%M:%S UTC")
 
 

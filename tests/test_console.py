@@ -426,6 +426,10 @@ BAD_INPUTS = [
     ("mode=timeoffset&topic=Orders&queue=0&timestamp=5&boundary=MIDDLE", 400, "boundary: 'MIDDLE' is neither LOWER nor UPPER"),
     ("mode=timeoffset&topic=NoSuchTopic&queue=0&timestamp=5", 404, "topic NoSuchTopic does not exist in this store"),
     ("mode=nonsense", 400, "mode: 'nonsense' is not one of time, key, id, offset, timeoffset"),
+    ("mode=key&topic=Orders&key=k&begin=99999999999999999999999", 400, "begin: '99999999999999999999999' is too large"),
+    ("mode=key&topic=Orders&key=k&begin=1969-12-31T00:00:00", 400, "begin: '1969-12-31T00:00:00' is before 1970"),
+    ("mode=time&topic=Orders&begin=-5&end=3", 400, "begin: '-5' is neither epoch milliseconds nor an ISO 8601 time"),
+    ("mode=key&topic=%E2%82%AC&key=k", 400, "topic: the topic '€' contains characters outside [%|a-zA-Z0-9_-]"),
 ]
 
 
@@ -468,6 +472,13 @@ def test_bad_page_input_gets_an_inline_error_and_a_4xx(store: Store, path: str, 
     if message is not None:
         assert shown.group(1) == message.replace("'", "&#39;")
     assert get(store.url + "/healthz")[:1] == (200,)
+
+
+def test_times_past_the_calendar_are_shown_as_numbers(store: Store) -> None:
+    top = 2**63 - 1
+    status, _, page = get(f"{store.url}/search?mode=timeoffset&topic={TOPIC}&queue=0&timestamp={top}&boundary=UPPER")
+    assert status == 200 and f"{top} ms (past year 9999)" in page.decode()
+    assert f'<strong class="offset">{GROUP_SIZE * 3 // 4 - 1}</strong>' in page.decode()
 
 
 def test_unknown_api_and_page_are_404_not_500(store: Store) -> None:

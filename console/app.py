@@ -37,7 +37,6 @@ from rmqstore.console.backend import (
     utc_text,
 )
 from rmqstore.console.chart import bar_chart, svg
-from rmqstore.v1 import query_pb2
 
 HERE = Path(__file__).parent
 CONTENT_SECURITY_POLICY = (
@@ -210,7 +209,7 @@ class Pages:
 
     async def ready(self, request: Request) -> Response:
         try:
-            await self._data(lambda: self.backend._call(self.backend.query.Ping, query_pb2.PingRequest()))
+            await self._data(self.backend.ping)
         except ConsoleError as error:
             return PlainTextResponse(f"query node: {error.message}\n", status_code=503)
         return PlainTextResponse("ready\n")

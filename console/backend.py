@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import datetime as dt
 import itertools
+import json
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -208,6 +209,9 @@ class Backend:
             return method(request, timeout=self.timeout_s)
         except grpc.RpcError as error:
             raise _from_rpc(error) from None
+
+    def ping(self) -> None:
+        self._call(self.query.Ping, query_pb2.PingRequest())
 
     # Topics
 
@@ -500,8 +504,6 @@ def _time_cursor(cursor: str) -> tuple[int, int]:
 
 def body_views(body: bytes) -> dict[str, str | None]:
     """The body as text (if it is UTF-8), as pretty JSON (if it parses), and as hex."""
-    import json
-
     try:
         text: str | None = body.decode("utf-8")
     except UnicodeDecodeError:

@@ -23,6 +23,7 @@ COPY writer writer
 COPY query query
 COPY service service
 COPY pipeline pipeline
+COPY console console
 # setup.py compiles protos/ with grpcio-tools, a build requirement that pip installs in an
 # isolated build environment: it never reaches the virtualenv. It also builds the codecs'
 # C extension (common/codec/_speedups.c), which needs a C compiler in this stage only;

@@ -25,4 +25,17 @@ if ! pkg-config --exists grpc++ 2>/dev/null; then
         exit 1
     fi
 fi
+# The console's browser tests drive Debian's chromium through its chromedriver (Selenium),
+# installed from the OS's packages if missing.
+if ! { command -v chromium && command -v chromedriver; } > /dev/null 2>&1; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get > /dev/null; then
+        if ! { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver; } > "$VENV/apt-chromium.log" 2>&1; then
+            cat "$VENV/apt-chromium.log" >&2
+            exit 1
+        fi
+    else
+        echo "test.sh: the console's browser tests need chromium and chromium-driver (Debian); install them" >&2
+        exit 1
+    fi
+fi
 exec "$VENV/bin/python" -m pytest "$@"

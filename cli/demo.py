@@ -115,16 +115,35 @@ def cmd_demo(args: argparse.Namespace) -> int:
               "--timestamp", str(paid["storeTimestamp"]), "--boundary", "upper")
         _show("queue 0 between two times", "printMsg", *q, "-t", "Orders", "-q", "0",
               "--begin", str(first["storeTimestamp"]), "--end", str(acks[4]["storeTimestamp"]), "--json")
+        console = Node("console", _rmqstore("console", "--query-endpoint", query.endpoint, "--writer-endpoint", writer.endpoint,
+                                            "--port", str(args.console_port)))  # fmt: skip
+        nodes.append(console)
+        url = console.serving["url"]
+        if args.console:
+            print(f"\nconsole: {url}    (Ctrl-C stops the console and both nodes)", flush=True)
+            _wait_for_interrupt()
     finally:
         for node in reversed(nodes):
             node.stop()
-    _show("after both nodes stopped: do commit log, queues and index agree?", "check", store)
+    _show("after the nodes stopped: do commit log, queues and index agree?", "check", store)
+    print(f"\nconsole: {url} (stopped with the nodes; `rmqstore demo --console` keeps it up until Ctrl-C)")
     return 0
+
+
+def _wait_for_interrupt() -> None:
+    """Until SIGINT or SIGTERM; the nodes, in the same process group, see a terminal's Ctrl-C too."""
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    while not stop.wait(0.2):
+        pass
 
 
 def register(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     demo = commands.add_parser("demo", help="run a writer and a query node on a local store and show each lookup")
     demo.add_argument("--store", default="demo-store", help="store directory, recreated (default ./demo-store)")
+    demo.add_argument("--console", action="store_true", help="keep the web console (and the nodes) up until Ctrl-C")
+    demo.add_argument("--console-port", type=int, default=0, help="the console's port (default 0: any free port, printed)")
     demo.set_defaults(handler=cmd_demo)
 
 

@@ -6,7 +6,7 @@ import argparse
 import os
 import sys
 
-from rmqstore.cli import demo, pipeline_tools, query_tools, store_tools, writer_tools
+from rmqstore.cli import console_tools, demo, pipeline_tools, query_tools, store_tools, writer_tools
 from rmqstore.common.errors import StoreError
 
 EXIT_ERROR = 2
@@ -21,6 +21,7 @@ def build_parser() -> argparse.ArgumentParser:
     store_tools.register(commands)
     writer_tools.register(commands)
     query_tools.register(commands)
+    console_tools.register(commands)
     demo.register(commands)
     pipeline_tools.register(commands)
     return parser

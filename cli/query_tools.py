@@ -162,8 +162,9 @@ def message_json(message: messages_pb2.StoredMessage, with_body: bool) -> dict[s
     return document
 
 
-def message_text(message: messages_pb2.StoredMessage) -> str:
-    rows = [
+def message_rows(message: messages_pb2.StoredMessage) -> list[tuple[str, object]]:
+    """queryMsgById's fields, label and value, in its order (the console shows the same)."""
+    return [
         ("OffsetID:", message.offset_msg_id),
         ("Topic:", message.topic),
         ("Tags:", f"[{message.tags}]" if message.tags else "[]"),
@@ -182,6 +183,10 @@ def message_text(message: messages_pb2.StoredMessage) -> str:
         ("Body Length:", len(message.body)),
         ("Body SHA-256:", hashlib.sha256(message.body).hexdigest()),
     ]
+
+
+def message_text(message: messages_pb2.StoredMessage) -> str:
+    rows = message_rows(message)
     return "\n".join(f"{label:<20} {value}" for label, value in rows) + "\n"
 
 

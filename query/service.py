@@ -142,9 +142,18 @@ class QueryServicer(query_pb2_grpc.QueryServiceServicer):
             queues = []
             for queue_id in queue_ids:
                 low, high = self.view.queue_bounds(name, queue_id)
-                queues.append(query_pb2.QueueInfo(queue_id=queue_id, min_offset=low, max_offset=high))
+                newest = self.view.newest_store_timestamp(name, queue_id)
+                queues.append(
+                    query_pb2.QueueInfo(queue_id=queue_id, min_offset=low, max_offset=high, newest_store_timestamp_ms=newest)
+                )
             topics.append(query_pb2.TopicInfo(name=name, queues=queues))
         return query_pb2.ListQueryTopicsResponse(topics=topics)
+
+    @mapped
+    def OffsetsByTime(self, request: query_pb2.OffsetsByTimeRequest, context: grpc.ServicerContext) -> query_pb2.OffsetsByTimeResponse:
+        with self._lookup("offsets_by_time"):
+            offsets = self.view.offsets_by_time(request.topic, request.queue_id, list(request.timestamps_ms))
+        return query_pb2.OffsetsByTimeResponse(offsets=offsets)
 
     @mapped
     def Ping(self, request: query_pb2.PingRequest, context: grpc.ServicerContext) -> query_pb2.PingResponse:

@@ -44,6 +44,8 @@ TIME_MIN_MS = 0
 TIME_MAX_MS = 2**63 - 1
 PAGE_SIZE_MAX = 10_000
 PULL_COUNT_MAX = 10_000
+# A day at one-minute intervals is 1,441 boundaries; two weeks fit.
+OFFSETS_BY_TIME_MAX = 20_000
 REFRESH_INTERVAL_S = 0.01
 # The node drops the mapped pages it has touched from its resident set every so often,
 # and as soon as they pass a budget (checked every 32 lookups: a page fault maps
@@ -385,6 +387,46 @@ class StoreView:
             )  # fmt: skip
             found = low <= offset < high
             return OffsetSearch(offset, found)
+
+    def offsets_by_time(self, topic: str, queue_id: int, timestamps_ms: list[int]) -> list[int]:
+        """For each ascending time, the first offset stored at or after it (max if none):
+        one view of the queue for all of them, so the differences are consistent."""
+        if not 1 <= len(timestamps_ms) <= OFFSETS_BY_TIME_MAX:
+            raise InvalidArgument(f"give 1 to {OFFSETS_BY_TIME_MAX} timestamps, got {len(timestamps_ms)}")
+        if timestamps_ms[0] < 0:
+            raise InvalidArgument(f"timestamp {timestamps_ms[0]} is negative")
+        if any(later < earlier for earlier, later in itertools.pairwise(timestamps_ms)):
+            raise InvalidArgument("the timestamps must be in ascending order")
+        self.refresh()
+        with self._lock:
+            queue = self._queue(topic, queue_id)
+            low, high = self._bounds(topic, queue_id, queue)
+
+            def store_time(unit: cq.Unit) -> int:
+                return self.log.store_timestamp(unit.commitlog_offset)
+
+            first, last = queue.read(low), queue.read(high - 1) if high > low else None
+            if first is None or last is None:
+                return [high] * len(timestamps_ms)
+            # The search assumes store times ascend along the queue; so do these bounds. A
+            # chart's edges mostly lie before the first or after the last message: no search.
+            first_ms, last_ms = store_time(first), store_time(last)
+            before = sum(1 for t in timestamps_ms if t <= first_ms)
+            after = sum(1 for t in timestamps_ms if t > last_ms)
+            inside = timestamps_ms[before : len(timestamps_ms) - after]
+            searched = queue.first_offsets_stored_from(
+                inside, store_time, low=low, high=high, bisect_file=self.log.first_stored_after
+            )
+            return [low] * before + searched + [high] * after
+
+    def newest_store_timestamp(self, topic: str, queue_id: int) -> int:
+        """Store time of a queue's last visible message; 0 when it has none."""
+        self.refresh()
+        with self._lock:
+            queue = self._queue(topic, queue_id)
+            low, high = self._bounds(topic, queue_id, queue)
+            unit = queue.read(high - 1) if high > low else None
+            return 0 if unit is None else self.log.store_timestamp(unit.commitlog_offset)
 
     def messages_between(self, topic: str, queue_id: int, begin_ms: int, end_ms: int) -> Iterator[Record]:
         """A queue's messages stored in [begin, end], in queue order."""

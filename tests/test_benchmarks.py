@@ -190,3 +190,28 @@ def test_the_front_probe_stores_what_both_designs_acked() -> None:
         (stored,) = result["stored_records"][design]
         assert rate > 0 and stored >= rate * result["seconds"] - 1, (design, rate, stored)
     assert result["fronts_to_writer"] == round(result["median"]["fronts"] / result["median"]["writer"], 2)
+
+
+@pytest.mark.slow
+def test_console_benchmark_runs_at_a_smoke_size(tmp_path: Path) -> None:
+    """benchmarks/console_bench.py end to end on a small store: every figure and verdict
+    written, CONSOLE.md naming the command. No timing is asserted."""
+    out = tmp_path / "out"
+    args = ["--messages", "3000", "--repeats", "5", "--chart-repeats", "2", "--warmup", "1",
+            "--work", str(tmp_path / "work"), "--out", str(out)]  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "console_bench.py"), *args],
+        cwd=REPO, capture_output=True, text=True, timeout=TIMEOUT_S, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-5000:]
+    (result_file,) = (out / "results").glob("console-*-3000.json")
+    result = json.loads(result_file.read_text(encoding="utf-8"))
+    assert set(result["figures"]) == {"key_page", "key_grpc", "detail_page", "detail_grpc", "rate_page", "rate_grpc", "rate_dense_grpc"}
+    assert all(f["n"] == (2 if name.startswith("rate") else 5) and _positive(f["p50_ms"]) for name, f in result["figures"].items())
+    assert set(result["verdicts"]) == {"key", "detail", "rate", "rate_dense_estimate"}
+    assert result["rate"]["intervals"] == 1440 and result["rate"]["queues"] == 8
+    assert 1 <= result["key"]["first_page"] <= 50
+    assert result["command"] == "python benchmarks/console_bench.py " + " ".join(args)
+    report = (out / "CONSOLE.md").read_text(encoding="utf-8")
+    assert f"`{result['command']}`" in report and "| key search page (50) |" in report
+    assert not (tmp_path / "work" / "console-store").exists()

@@ -758,3 +758,108 @@ def test_chart_runs_this_release_of_rmqstore(chart: helm.Chart) -> None:
     assert images == {f"rmqstore:{pyproject()['project']['version']}"}
     pinned = render(chart, {"image": {"repository": "r/rmqstore", "digest": "sha256:" + "0" * 64}})
     assert {c["image"] for _, c in pinned.containers()} == {"r/rmqstore@sha256:" + "0" * 64}
+
+
+# The web console (console.enabled)
+
+CONSOLE = f"{FULLNAME}-console"
+CONSOLE_RENDERINGS: dict[str, dict[str, Any]] = {
+    "console-users": {"console": {"enabled": True, "usersSecret": "console-users"}},
+    "console-no-auth-shared": {"mode": "shared", "console": {"enabled": True, "noAuth": True, "port": 9090}},
+    "console-everything": {**EVERYTHING, "mode": "shared", "console": {"enabled": True, "usersSecret": "console-users", "replicas": 2}},
+}
+
+
+@pytest.fixture(scope="module", params=sorted(CONSOLE_RENDERINGS))
+def console_rendering(request: pytest.FixtureRequest, chart: helm.Chart) -> Rendering:
+    return render(chart, CONSOLE_RENDERINGS[request.param])
+
+
+def test_console_is_off_by_default(rendering: Rendering) -> None:
+    assert not any(o["metadata"]["name"] == CONSOLE for o in rendering.objects)
+
+
+@pytest.mark.parametrize("kube_version", KUBE_VERSIONS)
+def test_console_renderings_lint_and_validate(console_rendering: Rendering, kube_version: str) -> None:
+    report = helm.lint(CHART, console_rendering.values, strict=True, kube_version=f"v{kube_version}.0")
+    assert report["errors"] == [] and [m for m in report["messages"] if m["severity"] >= 2] == []
+    for obj in console_rendering.objects:
+        assert kubernetes_validate.validate(obj, kube_version, strict=True) == kube_version
+
+
+def test_console_deployment_is_non_root_read_only_with_http_probes(console_rendering: Rendering) -> None:
+    deployment = console_rendering.one("Deployment", CONSOLE)
+    pod = deployment["spec"]["template"]["spec"]
+    assert deployment["spec"]["replicas"] == (value(console_rendering, "console", "replicas") or 1)
+    assert pod["securityContext"]["runAsNonRoot"] is True and pod["securityContext"]["runAsUser"] == 10001
+    assert pod["automountServiceAccountToken"] is False
+    (container,) = pod["containers"]
+    context = container["securityContext"]
+    assert (context["runAsNonRoot"], context["readOnlyRootFilesystem"], context["allowPrivilegeEscalation"]) == (True, True, False)
+    assert context["capabilities"] == {"drop": ["ALL"]}
+    port = value(console_rendering, "console", "port") or 8080
+    assert container["ports"] == [{"name": "http", "containerPort": port, "protocol": "TCP"}]
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
+    # Nothing of the store is mounted: the console reads through the query Service only.
+    assert [m["name"] for m in container["volumeMounts"] if m["name"] == "data"] == []
+    assert all(m.get("readOnly") for m in container["volumeMounts"] if m["name"] != "tmp")
+    service = console_rendering.one("Service", CONSOLE)
+    assert service["spec"]["ports"] == [{"name": "http", "port": port, "targetPort": "http", "protocol": "TCP", "appProtocol": "http"}]
+    assert subset(service["spec"]["selector"], deployment["spec"]["template"]["metadata"]["labels"])
+    assert not subset(service["spec"]["selector"], console_rendering.one("Service", QUERY)["spec"]["selector"])
+
+
+def test_console_command_line_is_accepted_by_the_cli(console_rendering: Rendering) -> None:
+    from rmqstore.cli import console_tools
+
+    container = console_rendering.one("Deployment", CONSOLE)["spec"]["template"]["spec"]["containers"][0]
+    assert container["command"] == ["rmqstore"]
+    args = parse_cli(container["args"])
+    assert args.handler is console_tools.cmd_console
+    query_port = value(console_rendering, "query", "port") or 10912
+    writer_port = value(console_rendering, "writer", "port") or 10911
+    assert args.query_endpoint == f"{QUERY}.{NAMESPACE}.svc:{query_port}"
+    assert args.writer_endpoint == f"{WRITER}.{NAMESPACE}.svc:{writer_port}"
+    assert (args.host, args.port) == ("0.0.0.0", container["ports"][0]["containerPort"])
+    volumes = volumes_of(console_rendering.one("Deployment", CONSOLE))
+    if value(console_rendering, "console", "usersSecret"):
+        assert (args.users, args.no_auth) == ("/etc/rmqstore/console/users", False)
+        assert volumes["users"]["secret"]["secretName"] == "console-users"
+        assert volumes["users"]["secret"]["items"] == [{"key": "users", "path": "users"}]
+    else:
+        assert (args.users, args.no_auth) == (None, True)
+    if tls_enabled(console_rendering):
+        tls_mount = Path(next(m for m in container["volumeMounts"] if m["name"] == "tls")["mountPath"])
+        assert args.tls_ca == str(tls_mount / "ca.crt")
+        assert (args.tls_client_cert, args.tls_client_key) == (str(tls_mount / "tls.crt"), str(tls_mount / "tls.key"))
+    else:
+        assert (args.tls_ca, args.tls_client_cert) == (None, None)
+
+
+def test_console_notes_tell_how_to_reach_it(console_rendering: Rendering) -> None:
+    port = value(console_rendering, "console", "port") or 8080
+    assert f"port-forward service/{CONSOLE} {port}:{port}" in console_rendering.notes
+    assert f"open http://127.0.0.1:{port}/" in console_rendering.notes
+
+
+@pytest.mark.parametrize(
+    ("console", "message"),
+    [
+        ({"enabled": True}, "console.enabled needs console.usersSecret (a users file) or, behind something that authenticates, console.noAuth: true"),
+        ({"enabled": True, "usersSecret": "u", "noAuth": True}, "console: give usersSecret or noAuth, not both"),
+    ],
+)
+def test_chart_refuses_a_console_without_a_decision_on_auth(chart: helm.Chart, console: dict[str, Any], message: str) -> None:
+    with pytest.raises(helm.HelmRenderError, match=re.escape(message)):
+        chart.render({"console": console}, name=RELEASE, namespace=NAMESPACE)
+
+
+def test_schema_refuses_bad_console_values(chart: helm.Chart) -> None:
+    for values, where in (
+        ({"console": {"port": 0}}, "/console/port"),
+        ({"console": {"noAuth": "yes"}}, "/console/noAuth"),
+        ({"console": {"replica": 2}}, "replica"),
+    ):
+        with pytest.raises(helm.HelmValuesError, match=re.escape(where)):
+            chart.render(values, name=RELEASE, namespace=NAMESPACE)

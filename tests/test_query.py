@@ -384,6 +384,35 @@ def test_search_offset_property(steps: list[tuple[int, int]], probes: list[int])
             view.close()
 
 
+@settings(max_examples=40, deadline=None)
+@given(
+    steps=st.lists(st.tuples(st.integers(0, 1), st.integers(0, 3)), min_size=1, max_size=60),
+    probes=st.lists(st.integers(-5, 400), min_size=1, max_size=40),
+)
+def test_offsets_by_time_property(steps: list[tuple[int, int]], probes: list[int]) -> None:
+    """OffsetsByTime's one pass (each search bounded by its neighbours' answers) agrees with
+    brute force on queues with repeated and gapped store times, across file boundaries."""
+    times = []
+    clock = 1000
+    for queue_id, gap in steps:
+        clock += gap
+        times.append((queue_id, clock))
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        sizes = _build_store(root, times)
+        view = StoreView(str(root), sizes)
+        try:
+            edges = sorted(1000 + p for p in probes)
+            for queue_id in (0, 1):
+                queue_times = [t for q, t in times if q == queue_id]
+                if not queue_times:
+                    continue
+                want = [next((i for i, t in enumerate(queue_times) if t >= edge), len(queue_times)) for edge in edges]
+                assert view.offsets_by_time("T", queue_id, edges) == want
+        finally:
+            view.close()
+
+
 def test_json_of_a_query_line(apache: QueryNode, capsys: pytest.CaptureFixture[str]) -> None:
     from rmqstore.cli.main import main
 
@@ -397,3 +426,53 @@ def test_json_of_a_query_line(apache: QueryNode, capsys: pytest.CaptureFixture[s
     ]
     assert (document["commitLogOffset"], document["keys"], document["bodySha256"]) == (
         line["commitLogOffset"], line["keys"], line["storedBodySha256"])
+
+
+def _queue_times(topic: str, queue_id: int) -> list[int]:
+    """A queue's store times in queue order, from Apache's own dumps of the fixture."""
+    dump = {line["commitLogOffset"]: line["storeTimestamp"] for line in read_jsonl(FIXTURES / "store-clean-commitlog-dump.jsonl")}
+    units = read_jsonl(FIXTURES / "store-clean-consumequeue-dump.jsonl")
+    return [dump[u["commitLogOffset"]] for u in units if (u["topic"], u["queueId"]) == (topic, queue_id)]
+
+
+def test_list_topics_gives_each_queues_newest_store_time(apache: QueryNode) -> None:
+    listed = {t.name: t for t in apache.stub.ListTopics(query_pb2.ListQueryTopicsRequest()).topics}
+    for queue in listed["TopicTest"].queues:
+        assert queue.newest_store_timestamp_ms == _queue_times("TopicTest", queue.queue_id)[queue.max_offset - 1]
+
+
+def test_offsets_by_time_count_each_interval_like_brute_force(apache: QueryNode) -> None:
+    times = _queue_times("TopicTest", 3)
+    first, last = min(times), max(times)
+    step = max((last - first) // 7, 1)
+    edges = [first + i * step for i in range(8)] + [last + 1]
+    response = apache.stub.OffsetsByTime(query_pb2.OffsetsByTimeRequest(topic="TopicTest", queue_id=3, timestamps_ms=edges))
+    assert list(response.offsets) == [next((i for i, t in enumerate(times) if t >= edge), len(times)) for edge in edges]
+    assert response.offsets[0] == 0 and response.offsets[-1] == len(times)
+    counts = [b - a for a, b in zip(response.offsets, response.offsets[1:])]
+    assert sum(counts) == len(times) == 190
+
+
+@pytest.mark.parametrize(
+    ("timestamps", "message"),
+    [
+        ([], "give 1 to 20000 timestamps, got 0"),
+        ([5, 4], "the timestamps must be in ascending order"),
+        ([-1, 4], "timestamp -1 is negative"),
+        (list(range(20_001)), "give 1 to 20000 timestamps, got 20001"),
+    ],
+)
+def test_offsets_by_time_rejects_bad_timestamps(apache: QueryNode, timestamps: list[int], message: str) -> None:
+    with pytest.raises(grpc.RpcError) as raised:
+        apache.stub.OffsetsByTime(query_pb2.OffsetsByTimeRequest(topic="TopicTest", queue_id=3, timestamps_ms=timestamps))
+    assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert raised.value.details() == message
+
+
+def test_offsets_by_time_with_repeated_and_outside_times(apache: QueryNode) -> None:
+    times = _queue_times("TopicTest", 0)
+    first, last = min(times), max(times)
+    middle = sorted(times)[len(times) // 2]
+    edges = [0, first - 1, first, middle, middle, middle + 1, last, last + 1, 2**62]
+    response = apache.stub.OffsetsByTime(query_pb2.OffsetsByTimeRequest(topic="TopicTest", queue_id=0, timestamps_ms=edges))
+    assert list(response.offsets) == [next((i for i, t in enumerate(times) if t >= edge), len(times)) for edge in edges]

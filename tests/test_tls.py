@@ -391,3 +391,45 @@ def test_cli_send_and_lookups_over_tls(tmp_path: Path, pki: Pki, capsys: pytest.
             query.stop()
     finally:
         writer.stop()
+
+
+def test_console_reads_nodes_over_mutual_tls(tmp_path: Path, pki: Pki, capsys: pytest.CaptureFixture[str]) -> None:
+    """``rmqstore console`` with the same --tls-* options as the other clients, for both
+    endpoints; without its client certificate the query node refuses it and the pages say so."""
+    from test_console import ConsoleProcess, get
+
+    store = tmp_path / "store"
+    tls = ["--tls-cert", str(pki.server_cert), "--tls-key", str(pki.server_key), "--tls-client-ca", str(pki.ca), "--health-port", "0"]
+    mutual = ["--tls-ca", str(pki.ca), "--tls-client-cert", str(pki.client_cert), "--tls-client-key", str(pki.client_key)]
+    writer = NodeProcess("writer", store, ["--flush", "sync", *tls])
+    try:
+        assert main(["send", "--endpoint", writer.endpoint, "-t", "TopicTls", "-k", "ORDER-9", "--body", "hi", *mutual]) == 0
+        ack = json.loads(capsys.readouterr().out)
+        query = NodeProcess("query", store, tls)
+        try:
+            endpoints = ["--query-endpoint", query.endpoint, "--writer-endpoint", writer.endpoint]
+            console = ConsoleProcess([*endpoints, *mutual], tmp_path / "console.stderr")
+            try:
+                deadline = time.monotonic() + VISIBLE_WITHIN_S
+                while True:
+                    status, _, body = get(f"{console.url}/api/search?mode=key&topic=TopicTls&key=ORDER-9")
+                    found = json.loads(body).get("messages", [])
+                    if status == 200 and found:
+                        break
+                    assert time.monotonic() < deadline, body
+                    time.sleep(0.2)
+                assert [m["msgId"] for m in found] == [ack["offsetMsgId"]]
+                status, _, body = get(f"{console.url}/api/nodes")
+                assert status == 200 and json.loads(body)["writer"]["store"] == str(store)
+            finally:
+                console.stop()
+            console = ConsoleProcess([*endpoints, "--tls-ca", str(pki.ca), "--timeout", "5"], tmp_path / "console-2.stderr")
+            try:
+                status, _, body = get(f"{console.url}/api/topics")
+                assert status == 502 and json.loads(body)["error"].startswith("the node answered UNAVAILABLE")
+            finally:
+                console.stop()
+        finally:
+            query.stop()
+    finally:
+        writer.stop()

@@ -341,4 +341,60 @@ livenessProbe:
 {{- if gt (int64 .Values.query.autoscaling.minReplicas) (int64 .Values.query.autoscaling.maxReplicas) }}
 {{- fail "query.autoscaling.minReplicas must not exceed maxReplicas" }}
 {{- end }}
+{{- if .Values.console.enabled }}
+{{- if and .Values.console.usersSecret .Values.console.noAuth }}
+{{- fail "console: give usersSecret or noAuth, not both" }}
+{{- end }}
+{{- if not (or .Values.console.usersSecret .Values.console.noAuth) }}
+{{- fail "console.enabled needs console.usersSecret (a users file) or, behind something that authenticates, console.noAuth: true" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "rmqstore.consoleName" -}}
+{{- printf "%s-console" (include "rmqstore.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+The console's command line: the query and writer Services by their in-cluster names
+(the names a TLS certificate holds), a users file or --no-auth.
+*/}}
+{{- define "rmqstore.consoleArgs" -}}
+{{- $tls := .Values.tls }}
+- console
+- --query-endpoint
+- {{ printf "%s.%s.svc:%d" (include "rmqstore.queryName" .) .Release.Namespace (int64 .Values.query.port) | quote }}
+- --writer-endpoint
+- {{ printf "%s.%s.svc:%d" (include "rmqstore.writerName" .) .Release.Namespace (int64 .Values.writer.port) | quote }}
+- --host
+- "0.0.0.0"
+- --port
+- {{ int64 .Values.console.port | quote }}
+{{- if .Values.console.usersSecret }}
+- --users
+- "/etc/rmqstore/console/users"
+{{- else }}
+- --no-auth
+{{- end }}
+{{- if $tls.enabled }}
+{{- $dir := trimSuffix "/" $tls.mountPath }}
+- --tls-ca
+- {{ printf "%s/ca.crt" $dir | quote }}
+{{- if $tls.clientAuth }}
+- --tls-client-cert
+- {{ printf "%s/tls.crt" $dir | quote }}
+- --tls-client-key
+- {{ printf "%s/tls.key" $dir | quote }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* An HTTP probe of the console; call with (dict "path" P "settings" probeValues). */}}
+{{- define "rmqstore.httpProbe" -}}
+httpGet:
+  path: {{ .path }}
+  port: http
+periodSeconds: {{ int64 .settings.periodSeconds }}
+timeoutSeconds: {{ int64 .settings.timeoutSeconds }}
+failureThreshold: {{ int64 .settings.failureThreshold }}
 {{- end }}

@@ -1,0 +1,116 @@
+"""``rmqstore console``: the web console over a query node (and the writer, for status),
+and ``rmqstore console-passwd``, which adds a user to a console users file."""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import json
+import socket
+import sys
+
+from rmqstore.cli.writer_tools import add_client_tls_options, channel_from
+from rmqstore.common.errors import InvalidArgument
+
+EXIT_OK = 0
+DEFAULT_PORT = 8080
+RPC_TIMEOUT_S = 10.0
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _listening_socket(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as error:
+        sock.close()
+        raise InvalidArgument(f"cannot listen on {host}:{port}: {error.strerror}") from None
+    sock.listen(128)
+    return sock
+
+
+def cmd_console(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from rmqstore.console.app import build_app
+    from rmqstore.console.auth import read_users
+    from rmqstore.console.backend import Backend, Endpoints
+
+    if args.users and args.no_auth:
+        raise InvalidArgument("give --users FILE or --no-auth, not both")
+    if not is_loopback(args.host) and not args.users and not args.no_auth:
+        raise InvalidArgument(
+            f"--host {args.host} is not a loopback address: give --users FILE (rmqstore console-passwd makes one) "
+            "or, to serve without passwords, --no-auth"
+        )
+    users = read_users(args.users) if args.users else None
+    sock = _listening_socket(args.host, args.port)
+    query = channel_from(args, args.query_endpoint)
+    writer = channel_from(args, args.writer_endpoint) if args.writer_endpoint else None
+    backend = Backend(Endpoints(query, writer, args.timeout))
+    port = sock.getsockname()[1]
+    shown_host = f"[{args.host}]" if ":" in args.host else args.host
+    server = uvicorn.Server(
+        uvicorn.Config(build_app(backend, users), log_config=None, access_log=False, log_level="warning", lifespan="off")
+    )
+    print(
+        json.dumps(
+            {
+                "event": "serving",
+                "service": "console",
+                "port": port,
+                "url": f"http://{shown_host}:{port}/",
+                "queryEndpoint": args.query_endpoint,
+                "writerEndpoint": args.writer_endpoint,
+                "auth": "users" if users else "none",
+            }
+        ),
+        flush=True,
+    )
+    try:
+        # uvicorn stops gracefully on SIGTERM and SIGINT.
+        server.run(sockets=[sock])
+    finally:
+        sock.close()
+        query.close()
+        if writer is not None:
+            writer.close()
+    print(json.dumps({"event": "stopped", "service": "console"}), flush=True)
+    return EXIT_OK
+
+
+def cmd_console_passwd(args: argparse.Namespace) -> int:
+    from rmqstore.console.auth import add_user
+
+    password = sys.stdin.readline().rstrip("\n")
+    add_user(args.users, args.user, password)
+    print(f"user {args.user} saved in {args.users}")
+    return EXIT_OK
+
+
+def register(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    console = commands.add_parser("console", help="serve the web console (pages and a JSON API) over a query node")
+    console.add_argument("--query-endpoint", required=True, metavar="HOST:PORT", help="the query node to read from")
+    console.add_argument("--writer-endpoint", metavar="HOST:PORT", help="the writer, for its status on the nodes page")
+    console.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    console.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT}; 0: any free port, printed at start)")
+    console.add_argument("--users", metavar="FILE", help="users file (name:argon2 hash lines): HTTP Basic authentication")
+    console.add_argument("--no-auth", action="store_true", help="serve a non-loopback address without passwords")
+    console.add_argument("--timeout", type=float, default=RPC_TIMEOUT_S, help=f"seconds per call to a node (default {RPC_TIMEOUT_S:.0f})")
+    add_client_tls_options(console)
+    console.set_defaults(handler=cmd_console)
+
+    passwd = commands.add_parser("console-passwd", help="add or replace a console user; reads the password from stdin")
+    passwd.add_argument("--users", required=True, metavar="FILE", help="the users file (created if missing)")
+    passwd.add_argument("--user", required=True, help="the user name")
+    passwd.set_defaults(handler=cmd_console_passwd)

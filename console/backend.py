@@ -1,0 +1,521 @@
+"""What the console's pages show, as plain JSON-able data, fetched from a query node (and,
+for the nodes page only, the writer) through rmqstore.v1 gRPC.
+
+Every page and its ``/api/`` twin are built from one function here, so the HTML and the
+JSON cannot disagree. Bad input raises :class:`BadInput` before any call; a node's error
+status is mapped to an HTTP status in one table (:data:`HTTP_STATUS`).
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import itertools
+import json
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+
+from rmqstore.cli.query_tools import message_json, message_rows
+from rmqstore.common.codec.msgid import decode_offset_msg_id
+from rmqstore.common.codec.topic import topic_problem
+from rmqstore.common.errors import InvalidArgument
+from rmqstore.v1 import (
+    messages_pb2,
+    query_pb2,
+    query_pb2_grpc,
+    writer_pb2,
+    writer_pb2_grpc,
+)
+
+PAGE_SIZE_DEFAULT = 50
+PAGE_SIZE_MAX = 1000
+# A tag filter can empty whole pages of a key's matches: a console page reads at most this
+# many node pages before it answers with what it has and a cursor to go on from.
+FILTER_PAGES_MAX = 100
+ID_LENGTH_MAX = 128
+RATE_BUCKETS_MAX = 10_000
+RATE_INTERVAL_MIN_MS = 1000
+TOPICS_SPARK_BUCKETS = 12
+TOPICS_SPARK_INTERVAL_MS = 5 * 60 * 1000
+_HEX_ID = re.compile(r"[0-9A-Fa-f]{32}|[0-9A-Fa-f]{56}")
+_INTERVAL = re.compile(r"(\d+)(ms|s|m|h)?")
+_INTERVAL_UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, None: 1000}
+_MS_MAX = 2**63 - 1
+
+
+class ConsoleError(Exception):
+    """An error the page shows inline, with the HTTP status it is served with."""
+
+    status = 500
+
+    def __init__(self, message: str):
+        super().__init__(message)
+        self.message = message
+
+
+class BadInput(ConsoleError):
+    status = 400
+
+
+class Missing(ConsoleError):
+    status = 404
+
+
+class NodeUnavailable(ConsoleError):
+    status = 502
+
+
+HTTP_STATUS: dict[grpc.StatusCode, type[ConsoleError]] = {
+    grpc.StatusCode.INVALID_ARGUMENT: BadInput,
+    grpc.StatusCode.NOT_FOUND: Missing,
+    grpc.StatusCode.OUT_OF_RANGE: Missing,
+}
+
+
+def _from_rpc(error: grpc.RpcError) -> ConsoleError:
+    # grpc ships no types: a failed call's error is also its Call, with code() and details().
+    call: Any = error
+    code: grpc.StatusCode = call.code()
+    details: str = call.details() or ""
+    kind = HTTP_STATUS.get(code, NodeUnavailable)
+    if kind is NodeUnavailable:
+        return NodeUnavailable(f"the node answered {code.name}: {details}")
+    return kind(details)
+
+
+# Input parsing: every field a form or URL can carry.
+
+
+def parse_time_ms(text: str, name: str) -> int | None:
+    """Epoch milliseconds, or an ISO 8601 time (UTC unless it names an offset); blank: none."""
+    text = text.strip()
+    if not text:
+        return None
+    if text.isdigit():
+        value = int(text)
+    else:
+        try:
+            moment = dt.datetime.fromisoformat(text)
+        except ValueError:
+            raise BadInput(f"{name}: {text!r} is neither epoch milliseconds nor an ISO 8601 time") from None
+        if moment.tzinfo is None:
+            moment = moment.replace(tzinfo=dt.UTC)
+        value = int(moment.timestamp() * 1000)
+        if value < 0:
+            raise BadInput(f"{name}: {text!r} is before 1970")
+    if value > _MS_MAX:
+        raise BadInput(f"{name}: {text!r} is too large")
+    return value
+
+
+def parse_int(text: str, name: str, low: int, high: int, default: int | None = None) -> int:
+    text = text.strip()
+    if not text and default is not None:
+        return default
+    if not re.fullmatch(r"-?\d+", text):
+        raise BadInput(f"{name}: {text!r} is not a whole number")
+    value = int(text)
+    if not low <= value <= high:
+        raise BadInput(f"{name}: {value} is outside [{low}, {high}]")
+    return value
+
+
+def parse_topic(text: str) -> str:
+    topic = text.strip()
+    if not topic:
+        raise BadInput("topic: give a topic")
+    problem = topic_problem(topic)
+    if problem is not None:
+        raise BadInput(f"topic: {problem}")
+    return topic
+
+
+def parse_range(begin_text: str, end_text: str) -> tuple[int | None, int | None]:
+    begin = parse_time_ms(begin_text, "begin")
+    end = parse_time_ms(end_text, "end")
+    if begin is not None and end is not None and end < begin:
+        raise BadInput(f"the range is reversed: end {end} is before begin {begin}")
+    return begin, end
+
+
+def parse_interval_ms(text: str) -> int:
+    """``30s``, ``1m``, ``5m``, ``1h``, ``500ms`` or bare seconds."""
+    match = _INTERVAL.fullmatch(text.strip() or "1m")
+    if match is None:
+        raise BadInput(f"interval: {text!r} is not a duration such as 30s, 1m, 5m or 1h")
+    value = int(match.group(1)) * _INTERVAL_UNIT_MS[match.group(2)]
+    if value < RATE_INTERVAL_MIN_MS:
+        raise BadInput(f"interval: {text!r} is shorter than one second")
+    return value
+
+
+def tag_filter(text: str) -> Callable[[str], bool] | None:
+    """RocketMQ's tag expression: ``*`` or blank for all, else tags joined by ``||``."""
+    wanted = {part.strip() for part in text.split("||")} - {""}
+    if not wanted or "*" in wanted:
+        return None
+    return lambda tags: tags in wanted
+
+
+# Shapes of what the pages show.
+
+
+def summary(message: messages_pb2.StoredMessage) -> dict[str, Any]:
+    return {
+        "msgId": message.offset_msg_id,
+        "topic": message.topic,
+        "queueId": message.queue_id,
+        "queueOffset": message.queue_offset,
+        "storeTimestamp": message.store_timestamp_ms,
+        "tags": message.tags or None,
+        "keys": " ".join(message.keys) if message.keys else None,
+        "uniqKey": message.uniq_key or None,
+        "bodyLen": len(message.body),
+    }
+
+
+def utc_text(epoch_ms: int) -> str:
+    """A time as the pages show it; one past year 9999 (any int64 is a valid input) stays a number."""
+    try:
+        moment = dt.datetime.fromtimestamp(epoch_ms / 1000, dt.UTC)
+    except (ValueError, OverflowError, OSError):
+        return f"{epoch_ms} ms (past year 9999)"
+    return moment.strftime("%Y-%m-%d %H:%M:%S.") + f"{epoch_ms % 1000:03d} UTC"
+
+
+@dataclass(frozen=True)
+class Endpoints:
+    query: grpc.Channel
+    writer: grpc.Channel | None
+    timeout_s: float
+
+
+class Backend:
+    """The console's one client of the nodes; thread-safe (gRPC stubs are)."""
+
+    def __init__(self, endpoints: Endpoints):
+        self.query: Any = query_pb2_grpc.QueryServiceStub(endpoints.query)  # type: ignore[no-untyped-call]
+        self.writer: Any = None
+        if endpoints.writer is not None:
+            self.writer = writer_pb2_grpc.WriterServiceStub(endpoints.writer)  # type: ignore[no-untyped-call]
+        self.timeout_s = endpoints.timeout_s
+
+    def _call(self, method: Callable[..., Any], request: Any) -> Any:
+        try:
+            return method(request, timeout=self.timeout_s)
+        except grpc.RpcError as error:
+            raise _from_rpc(error) from None
+
+    def ping(self) -> None:
+        self._call(self.query.Ping, query_pb2.PingRequest())
+
+    # Topics
+
+    def topics(self, now_ms: int) -> dict[str, Any]:
+        listed = self._call(self.query.ListTopics, query_pb2.ListQueryTopicsRequest()).topics
+        spark_edges = [now_ms - (TOPICS_SPARK_BUCKETS - i) * TOPICS_SPARK_INTERVAL_MS for i in range(TOPICS_SPARK_BUCKETS + 1)]
+        topics = []
+        for topic in listed:
+            queues = [
+                {
+                    "queueId": q.queue_id,
+                    "minOffset": q.min_offset,
+                    "maxOffset": q.max_offset,
+                    "messages": q.max_offset - q.min_offset,
+                    "newestStoreTimestamp": q.newest_store_timestamp_ms or None,
+                }
+                for q in topic.queues
+            ]
+            newest = [q["newestStoreTimestamp"] for q in queues if q["newestStoreTimestamp"]]
+            topics.append(
+                {
+                    "name": topic.name,
+                    "messages": sum(q["messages"] for q in queues),
+                    "newestStoreTimestamp": max(newest) if newest else None,
+                    "queues": queues,
+                    "recentCounts": self._counts(topic.name, [q.queue_id for q in topic.queues], spark_edges)[0],
+                }
+            )
+        return {"topics": topics, "recentIntervalMs": TOPICS_SPARK_INTERVAL_MS, "recentEnd": now_ms}
+
+    def _topic_queues(self, topic: str) -> list[int]:
+        for listed in self._call(self.query.ListTopics, query_pb2.ListQueryTopicsRequest()).topics:
+            if listed.name == topic:
+                return [q.queue_id for q in listed.queues]
+        raise Missing(f"topic {topic} does not exist in this store")
+
+    def _counts(self, topic: str, queue_ids: list[int], edges: list[int]) -> tuple[list[int], dict[int, list[int]]]:
+        """Messages per interval [edges[i], edges[i+1]) for the topic and for each queue,
+        from the first offset stored at or after each edge: no message is read."""
+        per_queue: dict[int, list[int]] = {}
+        for queue_id in queue_ids:
+            request = query_pb2.OffsetsByTimeRequest(topic=topic, queue_id=queue_id, timestamps_ms=edges)
+            offsets = list(self._call(self.query.OffsetsByTime, request).offsets)
+            per_queue[queue_id] = [later - earlier for earlier, later in itertools.pairwise(offsets)]
+        total = [sum(column) for column in zip(*per_queue.values())] if per_queue else [0] * (len(edges) - 1)
+        return total, per_queue
+
+    # Rate
+
+    def rate(self, params: dict[str, str], now_ms: int) -> dict[str, Any]:
+        topic = parse_topic(params.get("topic", ""))
+        interval_ms = parse_interval_ms(params.get("interval", ""))
+        begin, end = parse_range(params.get("begin", ""), params.get("end", ""))
+        end = now_ms if end is None else end
+        begin = end - 3_600_000 if begin is None else begin
+        if end <= begin:
+            raise BadInput(f"the range is empty: end {end} is not after begin {begin}")
+        buckets = -(-(end - begin) // interval_ms)
+        if buckets > RATE_BUCKETS_MAX:
+            raise BadInput(f"{buckets} intervals: at most {RATE_BUCKETS_MAX}; choose a longer interval or a shorter range")
+        edges = [begin + i * interval_ms for i in range(buckets)] + [end]
+        total, per_queue = self._counts(topic, self._topic_queues(topic), edges)
+        return {
+            "topic": topic,
+            "begin": begin,
+            "end": end,
+            "intervalMs": interval_ms,
+            "starts": edges[:-1],
+            "counts": total,
+            "total": sum(total),
+            "queues": [{"queueId": q, "counts": counts, "total": sum(counts)} for q, counts in per_queue.items()],
+        }
+
+    # Search
+
+    def search(self, params: dict[str, str]) -> dict[str, Any]:
+        mode = params.get("mode", "")
+        handlers: dict[str, Callable[[dict[str, str]], dict[str, Any]]] = {
+            "time": self._by_time,
+            "key": self._by_key,
+            "id": self._by_id,
+            "offset": self._by_offset,
+            "timeoffset": self._time_offset,
+        }
+        if mode not in handlers:
+            raise BadInput(f"mode: {mode!r} is not one of {', '.join(handlers)}")
+        return {"mode": mode, **handlers[mode](params)}
+
+    def _by_key(self, params: dict[str, str]) -> dict[str, Any]:
+        topic = parse_topic(params.get("topic", ""))
+        key = params.get("key", "").strip()
+        if not key:
+            raise BadInput("key: give a key")
+        if " " in key:
+            raise BadInput("key: a key holds no space (KEYS are split on spaces)")
+        begin, end = parse_range(params.get("begin", ""), params.get("end", ""))
+        page_size = parse_int(params.get("pageSize", ""), "pageSize", 1, PAGE_SIZE_MAX, PAGE_SIZE_DEFAULT)
+        keep = tag_filter(params.get("tag", ""))
+        cursor = params.get("cursor", "")
+        found: list[messages_pb2.StoredMessage] = []
+        complete = False
+        for _ in range(FILTER_PAGES_MAX):
+            request = query_pb2.QueryByKeyRequest(topic=topic, key=key, page_size=page_size, cursor=cursor)
+            if begin is not None:
+                request.begin_ms = begin
+            if end is not None:
+                request.end_ms = end
+            response = self._call(self.query.QueryByKey, request)
+            found += [m for m in response.messages if keep is None or keep(m.tags)]
+            cursor, complete = response.cursor, response.complete
+            if complete or len(found) >= page_size:
+                break
+        if not found and not params.get("cursor"):
+            self._topic_queues(topic)  # an unknown topic says so, rather than "no match"
+        return {"messages": [summary(m) for m in found], "cursor": "" if complete else cursor, "complete": complete}
+
+    def _by_time(self, params: dict[str, str]) -> dict[str, Any]:
+        """A topic's messages stored in [begin, end], queue by queue, in queue order; the
+        cursor is ``queue:offset``, where the next page starts."""
+        topic = parse_topic(params.get("topic", ""))
+        begin, end = parse_range(params.get("begin", ""), params.get("end", ""))
+        if begin is None or end is None:
+            raise BadInput("a time search needs both begin and end")
+        page_size = parse_int(params.get("pageSize", ""), "pageSize", 1, PAGE_SIZE_MAX, PAGE_SIZE_DEFAULT)
+        keep = tag_filter(params.get("tag", ""))
+        start_queue, start_offset = _time_cursor(params.get("cursor", ""))
+        queue_ids = self._topic_queues(topic)
+        found: list[messages_pb2.StoredMessage] = []
+        in_range = 0
+        next_cursor = ""
+        for queue_id in queue_ids:
+            first = self._search_offset(topic, queue_id, begin, query_pb2.BOUNDARY_LOWER).offset
+            last = self._search_offset(topic, queue_id, end, query_pb2.BOUNDARY_UPPER).offset
+            in_range += max(last - first + 1, 0)
+            if queue_id < start_queue or next_cursor:
+                continue
+            offset = max(first, start_offset) if queue_id == start_queue else first
+            for _ in range(FILTER_PAGES_MAX):
+                if offset > last:
+                    break
+                if len(found) >= page_size:
+                    next_cursor = f"{queue_id}:{offset}"
+                    break
+                want = min(page_size - len(found), last - offset + 1)
+                pulled = self._call(
+                    self.query.Pull, query_pb2.PullRequest(topic=topic, queue_id=queue_id, from_offset=offset, max_count=want)
+                )
+                if not pulled.messages:
+                    break
+                found += [m for m in pulled.messages if keep is None or keep(m.tags)]
+                offset = pulled.next_offset
+            else:
+                next_cursor = f"{queue_id}:{offset}"
+        return {
+            "messages": [summary(m) for m in found],
+            "cursor": next_cursor,
+            "complete": not next_cursor,
+            "inRange": in_range,
+        }
+
+    def _search_offset(self, topic: str, queue_id: int, timestamp_ms: int, boundary: int) -> Any:
+        request = query_pb2.SearchOffsetRequest(topic=topic, queue_id=queue_id, timestamp_ms=timestamp_ms, boundary=boundary)  # type: ignore[arg-type]
+        return self._call(self.query.SearchOffset, request)
+
+    def _by_id(self, params: dict[str, str]) -> dict[str, Any]:
+        """An offsetMsgId and a UNIQ_KEY can look alike (32 hex characters each for IPv4):
+        a hex id of either length is looked up both ways, anything else as a UNIQ_KEY."""
+        msg_id = params.get("id", "").strip()
+        if not msg_id:
+            raise BadInput("id: give an offsetMsgId or a UNIQ_KEY")
+        if len(msg_id) > ID_LENGTH_MAX or not msg_id.isprintable() or " " in msg_id:
+            raise BadInput(f"id: {msg_id[:ID_LENGTH_MAX]!r} is not a message id (printable, no spaces, at most {ID_LENGTH_MAX} characters)")
+        topic_text = params.get("topic", "").strip()
+        matches: list[dict[str, Any]] = []
+        if _HEX_ID.fullmatch(msg_id):
+            try:
+                found = self._call(self.query.QueryByMsgId, query_pb2.QueryByMsgIdRequest(msg_id=msg_id)).message
+            except (Missing, BadInput):
+                found = None
+            if found is not None and found.offset_msg_id.upper() == msg_id.upper():
+                matches.append({**summary(found), "matchedAs": "offsetMsgId"})
+        topics = [parse_topic(topic_text)] if topic_text else [
+            t.name for t in self._call(self.query.ListTopics, query_pb2.ListQueryTopicsRequest()).topics
+        ]
+        if topic_text:
+            self._topic_queues(topics[0])
+        for topic in topics:
+            response = self._call(self.query.QueryByUniqKey, query_pb2.QueryByUniqKeyRequest(topic=topic, uniq_key=msg_id))
+            matches += [{**summary(m), "matchedAs": "UNIQ_KEY"} for m in response.messages]
+        if not matches:
+            where = f"topic {topic_text}" if topic_text else "any topic"
+            raise Missing(f"no message has id {msg_id} in {where}")
+        return {"messages": matches, "complete": True, "cursor": ""}
+
+    def _by_offset(self, params: dict[str, str]) -> dict[str, Any]:
+        topic = parse_topic(params.get("topic", ""))
+        queue_id = parse_int(params.get("queue", ""), "queue", 0, 2**31 - 1)
+        offset = parse_int(params.get("offset", ""), "offset", 0, _MS_MAX)
+        request = query_pb2.QueryByQueueOffsetRequest(topic=topic, queue_id=queue_id, queue_offset=offset)
+        return {"messages": [summary(self._call(self.query.QueryByQueueOffset, request).message)], "complete": True, "cursor": ""}
+
+    def _time_offset(self, params: dict[str, str]) -> dict[str, Any]:
+        topic = parse_topic(params.get("topic", ""))
+        queue_id = parse_int(params.get("queue", ""), "queue", 0, 2**31 - 1)
+        timestamp = parse_time_ms(params.get("timestamp", ""), "timestamp")
+        if timestamp is None:
+            raise BadInput("timestamp: give a time")
+        boundary = params.get("boundary", "LOWER").strip().upper() or "LOWER"
+        if boundary not in ("LOWER", "UPPER"):
+            raise BadInput(f"boundary: {boundary!r} is neither LOWER nor UPPER")
+        code = query_pb2.BOUNDARY_UPPER if boundary == "UPPER" else query_pb2.BOUNDARY_LOWER
+        result = self._search_offset(topic, queue_id, timestamp, code)
+        return {"topic": topic, "queueId": queue_id, "timestamp": timestamp, "boundary": boundary,
+                "offset": result.offset, "found": result.found}  # fmt: skip
+
+    # Message detail
+
+    def message(self, params: dict[str, str]) -> tuple[dict[str, Any], messages_pb2.StoredMessage]:
+        """The message by offsetMsgId (``id``) or by ``topic``, ``queue``, ``offset``."""
+        msg_id = params.get("id", "").strip()
+        if msg_id:
+            if not _HEX_ID.fullmatch(msg_id):
+                raise BadInput(f"id: {msg_id[:ID_LENGTH_MAX]!r} is not an offsetMsgId (32 or 56 hex characters)")
+            found = self._call(self.query.QueryByMsgId, query_pb2.QueryByMsgIdRequest(msg_id=msg_id)).message
+        else:
+            topic = parse_topic(params.get("topic", ""))
+            queue_id = parse_int(params.get("queue", ""), "queue", 0, 2**31 - 1)
+            offset = parse_int(params.get("offset", ""), "offset", 0, _MS_MAX)
+            request = query_pb2.QueryByQueueOffsetRequest(topic=topic, queue_id=queue_id, queue_offset=offset)
+            found = self._call(self.query.QueryByQueueOffset, request).message
+        bounds = self._call(self.query.QueueBounds, query_pb2.QueueBoundsRequest(topic=found.topic, queue_id=found.queue_id))
+        try:
+            decoded = decode_offset_msg_id(found.offset_msg_id)
+        except InvalidArgument:
+            decoded = None
+        detail = {
+            "message": message_json(found, with_body=True),
+            "fields": [[label.rstrip(":"), value] for label, value in message_rows(found)],
+            "msgIdDecoded": None if decoded is None else {
+                "storeHost": decoded.store_host.java_text(), "commitLogOffset": decoded.commitlog_offset,
+            },
+            "previousOffset": found.queue_offset - 1 if found.queue_offset - 1 >= bounds.min_offset else None,
+            "nextOffset": found.queue_offset + 1 if found.queue_offset + 1 < bounds.max_offset else None,
+        }  # fmt: skip
+        return detail, found
+
+    # Nodes
+
+    def nodes(self) -> dict[str, Any]:
+        stats = self._call(self.query.Stats, query_pb2.StatsRequest())
+        query = {
+            "store": stats.store,
+            "commitlogMinOffset": stats.commitlog_min_offset,
+            "visibleOffset": stats.visible_offset,
+            "publishedOffset": stats.published_offset,
+            "lagBytes": stats.lag_bytes,
+            "refreshedAgoMs": round(stats.refreshed_ago_ms, 3),
+            "messages": stats.messages,
+            "commitlogFiles": stats.commitlog_files,
+            "indexFiles": stats.index_files,
+            "followsWriter": stats.follows_writer,
+        }
+        writer: dict[str, Any] | None = None
+        if self.writer is not None:
+            try:
+                status = self._call(self.writer.Status, writer_pb2.StatusRequest())
+                writer = {
+                    "store": status.store,
+                    "commitlogMinOffset": status.commitlog_min_offset,
+                    "commitlogMaxOffset": status.commitlog_max_offset,
+                    "dispatchedOffset": status.dispatched_offset,
+                    "flushedOffset": status.flushed_offset,
+                    "flushPolicy": status.flush_policy,
+                    "diskUsedRatio": round(status.disk_used_ratio, 4),
+                    "queues": len(status.queues),
+                }
+            except ConsoleError as error:
+                writer = {"error": error.message}
+        return {"query": query, "writer": writer}
+
+
+def _time_cursor(cursor: str) -> tuple[int, int]:
+    if not cursor:
+        return 0, 0
+    match = re.fullmatch(r"(\d{1,10}):(\d{1,19})", cursor)
+    if match is None:
+        raise BadInput(f"cursor: {cursor[:64]!r} is not a time search cursor")
+    return int(match.group(1)), int(match.group(2))
+
+
+def body_views(body: bytes) -> dict[str, str | None]:
+    """The body as text (if it is UTF-8), as pretty JSON (if it parses), and as hex."""
+    try:
+        text: str | None = body.decode("utf-8")
+    except UnicodeDecodeError:
+        text = None
+    pretty = None
+    if text is not None:
+        try:
+            pretty = json.dumps(json.loads(text), indent=2, ensure_ascii=False)
+        except ValueError:
+            pretty = None
+    hex_rows = "\n".join(
+        f"{i:08x}  {body[i:i + 16].hex(' '):<47}  " + "".join(chr(b) if 32 <= b < 127 else "." for b in body[i:i + 16])
+        for i in range(0, len(body), 16)
+    )
+    return {"text": text, "json": pretty, "hex": hex_rows, "base64": base64.b64encode(body).decode()}

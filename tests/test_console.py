@@ -1,0 +1,766 @@
+"""The web console (rmqstore console) on a real writer and query node, over HTTP and in a
+real headless Chromium (Debian's chromium and chromium-driver, driven by Selenium).
+
+One store per module: known messages in three time groups (so a time range has exact
+answers), hostile content in every field a message carries, and invalid UTF-8 patched
+into a stored tag and property value (gRPC strings cannot carry it; Apache's broker
+stores whatever bytes a client sent).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_query_live import Nodes, quiet_env, send_all
+
+from rmqstore.v1 import messages_pb2, query_pb2
+
+ROOT = Path(__file__).resolve().parent.parent
+SCREENSHOTS = Path(os.environ.get("RMQSTORE_SCREENSHOTS", ROOT / "test-screenshots"))
+START_TIMEOUT_S = 60.0
+STOP_TIMEOUT_S = 30.0
+HTTP_TIMEOUT_S = 30.0
+CHROMIUM = "/usr/bin/chromium"
+CHROMEDRIVER = "/usr/bin/chromedriver"
+TOPIC = "Orders"
+HOSTILE_TOPIC = "Hostile"
+KEY = "order-1"
+# Three groups: two of three messages carry KEY, so it matches 72, past RocketMQ's cap of 64.
+GROUP_SIZE = 36
+SCRIPT = "<script>alert(1)</script>"
+IMG = '"><img src=x onerror=alert(2)>'
+IMG_NO_SPACE = '"><img/src=x/onerror=alert(3)>'
+# Same length as what replaces them in the commit log: the record keeps its layout.
+TAG_PLACEHOLDER = b"TAGNOTUTF8X"
+KEY_PLACEHOLDER = b"KEYNOTUTF8X"
+KEY_INVALID = b"key\xed\xa0\x80\xffxxxx"
+TAG_INVALID = b"tag\xff\xfe\xc3(badd"
+PROP_PLACEHOLDER = b"PROPNOTUTF8"
+PROP_INVALID = b"prop\xc3\x28\xa0\xa1xyz"
+BODY_INVALID = SCRIPT.encode() + b" \xff\xfe\x80 " + IMG.encode()
+CSP = "default-src 'none'; style-src 'self'; img-src 'self'; form-action 'self'; base-uri 'none'; frame-ancestors 'none'"
+
+
+class ConsoleProcess:
+    """``rmqstore console`` as a subprocess; its first stdout line says where it serves."""
+
+    def __init__(self, args: list[str], log: Path):
+        self._stderr = open(log, "wb")
+        self.log = log
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "rmqstore.cli.main", "console", "--port", "0", *args],
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=self._stderr, env=quiet_env(),
+        )  # fmt: skip
+        assert self.proc.stdout is not None
+        deadline = time.monotonic() + START_TIMEOUT_S
+        line = b""
+        while not line and time.monotonic() < deadline and self.proc.poll() is None:
+            line = self.proc.stdout.readline()
+        if not line:
+            self.stop()
+            raise AssertionError(f"the console did not start; stderr:\n{log.read_text(errors='replace')}")
+        self.serving = json.loads(line)
+        self.url = f"http://127.0.0.1:{self.serving['port']}"
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=STOP_TIMEOUT_S)
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+        self._stderr.close()
+
+
+@dataclass
+class Store:
+    root: Path
+    query_endpoint: str
+    writer_endpoint: str
+    console: ConsoleProcess
+    acks: dict[str, list[messages_pb2.SendResult]] = field(default_factory=dict)
+    sent: dict[str, list[messages_pb2.Message]] = field(default_factory=dict)
+    window: tuple[int, int] = (0, 0)
+    query: Any = None
+
+    @property
+    def url(self) -> str:
+        return self.console.url
+
+
+def _orders(group: int, count: int) -> list[messages_pb2.Message]:
+    messages = []
+    for i in range(count):
+        keys = [KEY, f"o-{group}-{i}"] if i % 3 != 2 else [f"o-{group}-{i}"]
+        messages.append(
+            messages_pb2.Message(
+                topic=TOPIC, queue_id=i % 4, keys=keys, tags="paid" if i % 2 else "created",
+                body=json.dumps({"group": group, "i": i}).encode(), properties={"group": str(group)},
+            )
+        )  # fmt: skip
+    return messages
+
+
+def _hostile() -> list[messages_pb2.Message]:
+    return [
+        messages_pb2.Message(
+            topic=HOSTILE_TOPIC, queue_id=0, keys=[SCRIPT.replace(" ", ""), IMG_NO_SPACE], tags=SCRIPT,
+            properties={"evil": IMG, SCRIPT: "name"}, body=BODY_INVALID,
+        ),
+        messages_pb2.Message(
+            topic=HOSTILE_TOPIC, queue_id=0, keys=["patched", KEY_PLACEHOLDER.decode()], tags=TAG_PLACEHOLDER.decode(),
+            properties={"patched": PROP_PLACEHOLDER.decode()}, body=b"patched",
+        ),
+    ]  # fmt: skip
+
+
+def _patch_commitlog(root: Path, placeholder: bytes, replacement: bytes) -> None:
+    assert len(placeholder) == len(replacement)
+    (log,) = sorted((root / "commitlog").iterdir())[:1]
+    with open(log, "r+b") as handle:
+        data = handle.read()
+        at = data.find(placeholder)
+        assert at > 0 and data.find(placeholder, at + 1) == -1, placeholder
+        handle.seek(at)
+        handle.write(replacement)
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Store]:
+    base = tmp_path_factory.mktemp("console")
+    (base / "logs").mkdir()
+    nodes = Nodes(base / "logs")
+    console: ConsoleProcess | None = None
+    try:
+        root = base / "store"
+        writer = nodes.start("writer", root)
+        query_node = nodes.start("query", root)
+        writer_stub = nodes.writer(writer)
+        acks: list[messages_pb2.SendResult] = []
+        sent: list[messages_pb2.Message] = []
+        groups = []
+        for group in range(3):
+            messages = _orders(group, GROUP_SIZE)
+            groups.append(send_all(writer_stub, messages, batch=8))
+            acks += groups[-1]
+            sent += messages
+            time.sleep(0.05)  # the groups' store times do not overlap
+        hostile = _hostile()
+        hostile_acks = send_all(writer_stub, hostile)
+        _patch_commitlog(root, TAG_PLACEHOLDER, TAG_INVALID)
+        _patch_commitlog(root, PROP_PLACEHOLDER, PROP_INVALID)
+        _patch_commitlog(root, KEY_PLACEHOLDER, KEY_INVALID)
+        console = ConsoleProcess(
+            ["--query-endpoint", query_node.endpoint, "--writer-endpoint", writer.endpoint], base / "logs" / "console.stderr"
+        )
+        middle = [a.store_timestamp_ms for a in groups[1]]
+        assert max(a.store_timestamp_ms for a in groups[0]) < min(middle) and max(middle) < min(a.store_timestamp_ms for a in groups[2])
+        yield Store(
+            root, query_node.endpoint, writer.endpoint, console,
+            acks={TOPIC: acks, HOSTILE_TOPIC: hostile_acks}, sent={TOPIC: sent, HOSTILE_TOPIC: hostile},
+            window=(min(middle), max(middle)), query=nodes.query(query_node),
+        )  # fmt: skip
+    finally:
+        if console is not None:
+            console.stop()
+        nodes.close()
+
+
+def get(url: str, auth: tuple[str, str] | None = None) -> tuple[int, dict[str, str], bytes]:
+    request = urllib.request.Request(url)
+    if auth is not None:
+        request.add_header("Authorization", "Basic " + base64.b64encode(f"{auth[0]}:{auth[1]}".encode()).decode())
+    try:
+        with urllib.request.urlopen(request, timeout=HTTP_TIMEOUT_S) as response:
+            return response.status, {k.lower(): v for k, v in response.headers.items()}, response.read()
+    except urllib.error.HTTPError as error:
+        with error:
+            return error.code, {k.lower(): v for k, v in error.headers.items()}, error.read()
+
+
+def api(store: Store, name: str, **params: object) -> tuple[int, Any]:
+    status, _, body = get(f"{store.url}/api/{name}?{urllib.parse.urlencode(params)}")
+    return status, json.loads(body)
+
+
+def _with_key(store: Store, begin: int, end: int, tags: set[str]) -> list[str]:
+    """offsetMsgIds of the sent Orders messages with KEY, stored in [begin, end], tag in tags, newest first."""
+    chosen = [
+        (ack.commitlog_offset, ack.offset_msg_id)
+        for message, ack in zip(store.sent[TOPIC], store.acks[TOPIC])
+        if KEY in message.keys and begin <= ack.store_timestamp_ms <= end and message.tags in tags
+    ]
+    return [msg_id for _, msg_id in sorted(chosen, reverse=True)]
+
+
+# The JSON API and the pages over HTTP
+
+
+def test_topics_api_lists_every_topic_with_the_stores_counts(store: Store) -> None:
+    status, data = api(store, "topics")
+    assert status == 200
+    listed = {t.name: t for t in store.query.ListTopics(query_pb2.ListQueryTopicsRequest()).topics}
+    assert [t["name"] for t in data["topics"]] == sorted(listed) == [HOSTILE_TOPIC, TOPIC]
+    for topic in data["topics"]:
+        assert topic["messages"] == len(store.sent[topic["name"]])
+        assert topic["newestStoreTimestamp"] == max(a.store_timestamp_ms for a in store.acks[topic["name"]])
+        assert [(q["queueId"], q["minOffset"], q["maxOffset"]) for q in topic["queues"]] == [
+            (q.queue_id, q.min_offset, q.max_offset) for q in listed[topic["name"]].queues
+        ]
+        assert sum(topic["recentCounts"]) == len(store.sent[topic["name"]])
+
+
+def test_key_search_with_time_range_and_tag_pages_to_the_exact_answer(store: Store) -> None:
+    begin, end = store.window
+    want = _with_key(store, begin, end, {"paid"})
+    assert len(want) == 12
+    got: list[str] = []
+    cursor = ""
+    pages = 0
+    for _ in range(20):
+        status, data = api(store, "search", mode="key", topic=TOPIC, key=KEY, begin=begin, end=end, tag="paid", pageSize=3, cursor=cursor)
+        assert status == 200
+        pages += 1
+        got += [m["msgId"] for m in data["messages"]]
+        assert all(m["tags"] == "paid" for m in data["messages"])
+        if data["complete"]:
+            assert data["cursor"] == ""
+            break
+        cursor = data["cursor"]
+    assert got == want and pages >= 3
+    status, whole = api(store, "search", mode="key", topic=TOPIC, key=KEY, pageSize=1000)
+    assert (status, whole["complete"]) == (200, True)
+    assert [m["msgId"] for m in whole["messages"]] == _with_key(store, 0, 2**62, {"paid", "created"})
+    assert len(whole["messages"]) == 72  # no cap at 64
+
+
+def test_time_search_pages_every_queue_in_the_range(store: Store) -> None:
+    begin, end = store.window
+    want = sorted(
+        (ack.queue_id, ack.queue_offset) for ack in store.acks[TOPIC] if begin <= ack.store_timestamp_ms <= end
+    )
+    got: list[tuple[int, int]] = []
+    cursor = ""
+    for _ in range(20):
+        status, data = api(store, "search", mode="time", topic=TOPIC, begin=begin, end=end, pageSize=5, cursor=cursor)
+        assert status == 200 and data["inRange"] == len(want) == GROUP_SIZE
+        got += [(m["queueId"], m["queueOffset"]) for m in data["messages"]]
+        if data["complete"]:
+            break
+        cursor = data["cursor"]
+    assert got == want
+
+
+def test_id_search_recognises_offset_msg_id_and_uniq_key(store: Store) -> None:
+    ack = store.acks[TOPIC][5]
+    status, data = api(store, "search", mode="id", id=ack.offset_msg_id)
+    assert status == 200
+    assert [(m["msgId"], m["matchedAs"]) for m in data["messages"]] == [(ack.offset_msg_id, "offsetMsgId")]
+    for topic in ("", TOPIC):
+        status, data = api(store, "search", mode="id", id=ack.uniq_key, topic=topic)
+        assert status == 200
+        assert [(m["msgId"], m["uniqKey"], m["matchedAs"]) for m in data["messages"]] == [(ack.offset_msg_id, ack.uniq_key, "UNIQ_KEY")]
+    status, data = api(store, "search", mode="id", id=ack.uniq_key, topic=HOSTILE_TOPIC)
+    assert (status, data) == (404, {"error": f"no message has id {ack.uniq_key} in topic {HOSTILE_TOPIC}"})
+
+
+def test_message_api_equals_query_msg_by_id_json(store: Store) -> None:
+    ack = store.acks[TOPIC][7]
+    done = subprocess.run(
+        [sys.executable, "-m", "rmqstore.cli.main", "queryMsgById", "--endpoint", store.query_endpoint, "-i", ack.offset_msg_id,
+         "--json", "--body"],
+        check=False, capture_output=True, text=True, timeout=60, env=quiet_env(),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    status, data = api(store, "message", id=ack.offset_msg_id)
+    assert status == 200
+    assert data["message"] == json.loads(done.stdout)
+    fields = dict(data["fields"])
+    assert fields["OffsetID"] == ack.offset_msg_id and fields["Topic"] == TOPIC
+    assert data["msgIdDecoded"] == {"storeHost": fields["Store Host"], "commitLogOffset": ack.commitlog_offset}
+    assert (data["previousOffset"], data["nextOffset"]) == (ack.queue_offset - 1, ack.queue_offset + 1)
+    status, by_offset = api(store, "message", topic=TOPIC, queue=ack.queue_id, offset=ack.queue_offset)
+    assert (status, by_offset) == (200, data)
+
+
+def test_rate_counts_sum_to_the_ranges_messages(store: Store) -> None:
+    begin, end = store.window
+    status, data = api(store, "rate", topic=TOPIC, begin=begin - 5000, end=end + 1, interval="1s")
+    assert status == 200
+    want = sum(1 for a in store.acks[TOPIC] if begin - 5000 <= a.store_timestamp_ms < end + 1)
+    assert data["total"] == sum(data["counts"]) == want
+    assert sum(q["total"] for q in data["queues"]) == want
+    assert len(data["counts"]) == len(data["starts"]) == 6
+
+
+def test_time_to_offset_lower_and_upper(store: Store) -> None:
+    begin, end = store.window
+    acks = sorted((a.queue_offset, a.store_timestamp_ms) for a in store.acks[TOPIC] if a.queue_id == 1)
+    for boundary, time_ms in (("LOWER", begin), ("UPPER", end), ("lower", end + 1), ("UPPER", 1)):
+        status, data = api(store, "search", mode="timeoffset", topic=TOPIC, queue=1, timestamp=time_ms, boundary=boundary)
+        assert status == 200
+        if boundary.upper() == "LOWER":
+            want = next((o for o, t in acks if t >= time_ms), len(acks))
+        else:
+            want = max((o for o, t in acks if t <= time_ms), default=-1)
+        assert (data["boundary"], data["offset"], data["found"]) == (boundary.upper(), want, 0 <= want < len(acks))
+    status, _, page = get(f"{store.url}/search?mode=timeoffset&topic={TOPIC}&queue=1&timestamp={begin}&boundary=LOWER")
+    want = next(o for o, t in acks if t >= begin)
+    assert status == 200 and f'<strong class="offset">{want}</strong>' in page.decode()
+    assert f'href="/message?topic={TOPIC}&amp;queue=1&amp;offset={want}"' in page.decode()
+
+
+def test_detail_shows_the_body_as_pretty_json_and_hex(store: Store) -> None:
+    ack = store.acks[TOPIC][4]
+    body = store.sent[TOPIC][4].body
+    _, _, page = get(f"{store.url}/message?id={ack.offset_msg_id}&view=json")
+    pretty = json.dumps(json.loads(body), indent=2).replace('"', "&#34;")
+    assert f'<pre id="body" class="body">{pretty}</pre>' in page.decode()
+    _, _, page = get(f"{store.url}/message?id={ack.offset_msg_id}&view=hex")
+    assert f"00000000  {body[:16].hex(' ')}" in page.decode()
+    assert f'href="/message/body?topic={TOPIC}&amp;queue={ack.queue_id}&amp;offset={ack.queue_offset}"' in page.decode()
+
+
+def test_nodes_api_shows_query_and_writer(store: Store) -> None:
+    status, data = api(store, "nodes")
+    assert status == 200
+    stats = store.query.Stats(query_pb2.StatsRequest())
+    assert data["query"]["messages"] == stats.messages == 3 * GROUP_SIZE + 2
+    assert data["query"]["store"] == str(store.root)
+    assert data["writer"]["store"] == str(store.root) and data["writer"]["flushPolicy"] in ("sync", "async")
+
+
+def test_pages_carry_the_csp_and_answer_shareable_urls(store: Store) -> None:
+    ack = store.acks[TOPIC][0]
+    for path in ("/topics", f"/search?mode=key&topic={TOPIC}&key={KEY}", f"/message?id={ack.offset_msg_id}", f"/rate?topic={TOPIC}",
+                 "/nodes", "/api/topics", "/static/console.css", "/nope"):  # fmt: skip
+        status, headers, body = get(store.url + path)
+        assert status == (404 if path == "/nope" else 200), path
+        assert headers["content-security-policy"] == CSP
+        assert headers["x-content-type-options"] == "nosniff"
+        assert re.fullmatch(r"app;dur=\d+\.\d{3}", headers["server-timing"])
+        if path.startswith(("/topics", "/search", "/message", "/rate", "/nodes")):
+            assert b"<script" not in body.lower()
+    status, headers, body = get(f"{store.url}/message/body?id={ack.offset_msg_id}")
+    assert status == 200 and headers["content-type"] == "application/octet-stream"
+    assert headers["content-disposition"] == f'attachment; filename="{TOPIC}-{ack.queue_id}-{ack.queue_offset}.bin"'
+    assert body == store.sent[TOPIC][0].body
+
+
+def test_hostile_content_is_shown_as_text_in_every_field(store: Store) -> None:
+    first, patched = store.acks[HOSTILE_TOPIC]
+    pages = [
+        f"/message?id={first.offset_msg_id}",
+        f"/message?id={first.offset_msg_id}&view=hex",
+        f"/message?id={patched.offset_msg_id}",
+        f"/search?mode=time&topic={HOSTILE_TOPIC}&begin=0&end={patched.store_timestamp_ms}",
+        f"/search?mode=id&id={first.uniq_key}",
+        f"/search?mode=key&topic={HOSTILE_TOPIC}&key={urllib.parse.quote(IMG_NO_SPACE)}",
+    ]
+    for path in pages:
+        status, _, body = get(store.url + path)
+        assert status == 200, path
+        html = body.decode("utf-8")
+        assert "<script" not in html.lower() and "<img" not in html.lower(), path
+    _, _, detail = get(store.url + pages[0])
+    html = detail.decode()
+    for text in (SCRIPT, IMG, IMG_NO_SPACE):
+        escaped = text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace('"', "&#34;")
+        assert escaped in html, text
+    assert "The body is not UTF-8 text" in html
+    _, _, hexed = get(store.url + pages[1])
+    assert "3c 73 63 72 69 70 74 3e" in hexed.decode() and " ff fe 80 " in hexed.decode()
+    status, data = api(store, "message", id=patched.offset_msg_id)
+    assert status == 200
+    assert data["message"]["tags"] == TAG_INVALID.decode("utf-8", "replace")
+    assert data["message"]["properties"]["patched"] == PROP_INVALID.decode("utf-8", "replace")
+    assert data["message"]["keys"] == "patched " + KEY_INVALID.decode("utf-8", "replace")
+    _, _, patched_page = get(store.url + pages[2])
+    assert f"<td class=\"mono\">[{TAG_INVALID.decode('utf-8', 'replace')}]</td>" in patched_page.decode()
+    assert f"<td class=\"mono\">{PROP_INVALID.decode('utf-8', 'replace')}</td>" in patched_page.decode()
+
+
+BAD_INPUTS = [
+    ("mode=key&topic=&key=k", 400, "topic: give a topic"),
+    ("mode=key&topic=Orders&key=", 400, "key: give a key"),
+    ("mode=key&topic=Orders&key=a%20b", 400, "key: a key holds no space (KEYS are split on spaces)"),
+    ("mode=key&topic=Orders&key=k&begin=20&end=10", 400, "the range is reversed: end 10 is before begin 20"),
+    ("mode=key&topic=Orders&key=k&begin=yesterday", 400, "begin: 'yesterday' is neither epoch milliseconds nor an ISO 8601 time"),
+    ("mode=key&topic=Orders&key=k&cursor=garbage", 400, "the cursor is malformed or belongs to another query"),
+    ("mode=key&topic=NoSuchTopic&key=k", 404, "topic NoSuchTopic does not exist in this store"),
+    ("mode=key&topic=bad%20topic&key=k", 400, None),
+    ("mode=key&topic=Orders&key=k&pageSize=0", 400, "pageSize: 0 is outside [1, 1000]"),
+    ("mode=time&topic=Orders&begin=2026-01-02T00:00:00&end=2026-01-01T00:00:00", 400,
+     "the range is reversed: end 1767225600000 is before begin 1767312000000"),
+    ("mode=time&topic=Orders&begin=1", 400, "a time search needs both begin and end"),
+    ("mode=time&topic=NoSuchTopic&begin=1&end=2", 404, "topic NoSuchTopic does not exist in this store"),
+    ("mode=time&topic=Orders&begin=1&end=2&cursor=x", 400, "cursor: 'x' is not a time search cursor"),
+    ("mode=id&id=", 400, "id: give an offsetMsgId or a UNIQ_KEY"),
+    ("mode=id&id=has%20space", 400, None),
+    ("mode=id&id=" + "A" * 129, 400, None),
+    ("mode=id&id=0123456789ABCDEF0123456789ABCDEF", 404, "no message has id 0123456789ABCDEF0123456789ABCDEF in any topic"),
+    ("mode=id&id=ABC&topic=NoSuchTopic", 404, "topic NoSuchTopic does not exist in this store"),
+    ("mode=offset&topic=Orders&queue=x&offset=0", 400, "queue: 'x' is not a whole number"),
+    ("mode=offset&topic=Orders&queue=0&offset=-1", 400, "offset: -1 is outside [0, 9223372036854775807]"),
+    ("mode=offset&topic=Orders&queue=0&offset=999", 404, "queue offset 999 of Orders/0 is outside [0, 27)"),
+    ("mode=offset&topic=Orders&queue=77&offset=0", 404, "topic Orders has no queue 77 in this store"),
+    ("mode=timeoffset&topic=Orders&queue=0&timestamp=", 400, "timestamp: give a time"),
+    ("mode=timeoffset&topic=Orders&queue=0&timestamp=5&boundary=MIDDLE", 400, "boundary: 'MIDDLE' is neither LOWER nor UPPER"),
+    ("mode=timeoffset&topic=NoSuchTopic&queue=0&timestamp=5", 404, "topic NoSuchTopic does not exist in this store"),
+    ("mode=nonsense", 400, "mode: 'nonsense' is not one of time, key, id, offset, timeoffset"),
+    ("mode=key&topic=Orders&key=k&begin=99999999999999999999999", 400, "begin: '99999999999999999999999' is too large"),
+    ("mode=key&topic=Orders&key=k&begin=1969-12-31T00:00:00", 400, "begin: '1969-12-31T00:00:00' is before 1970"),
+    ("mode=time&topic=Orders&begin=-5&end=3", 400, "begin: '-5' is neither epoch milliseconds nor an ISO 8601 time"),
+    ("mode=key&topic=%E2%82%AC&key=k", 400, "topic: the topic '€' contains characters outside [%|a-zA-Z0-9_-]"),
+]
+
+
+@pytest.mark.parametrize(("query", "status", "message"), BAD_INPUTS)
+def test_bad_search_input_gets_an_inline_error_and_a_4xx(store: Store, query: str, status: int, message: str | None) -> None:
+    got, _, body = get(f"{store.url}/search?{query}")
+    assert got == status
+    html = body.decode()
+    shown = re.search(r'<p class="error" role="alert" id="error">(.*?)</p>', html, re.DOTALL)
+    assert shown is not None, html[:500]
+    api_status, _, api_body = get(f"{store.url}/api/search?{query}")
+    assert api_status == status
+    error = json.loads(api_body)["error"]
+    if message is not None:
+        assert error == message
+    assert shown.group(1) == error.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace('"', "&#34;").replace("'", "&#39;")
+    assert get(store.url + "/healthz")[:1] == (200,)
+
+
+@pytest.mark.parametrize(
+    ("path", "status", "message"),
+    [
+        ("/message?id=xyz", 400, "id: 'xyz' is not an offsetMsgId (32 or 56 hex characters)"),
+        ("/message?id=7F00000100002A9F00000000FFFFFFFF", 404, None),
+        ("/message?topic=Orders&queue=0", 400, "offset: '' is not a whole number"),
+        ("/message?topic=Orders&queue=0&offset=0&view=pdf", 400, "view: 'pdf' is not one of text, json, hex"),
+        ("/rate?topic=Orders&interval=fast", 400, "interval: 'fast' is not a duration such as 30s, 1m, 5m or 1h"),
+        ("/rate?topic=Orders&interval=100ms", 400, "interval: '100ms' is shorter than one second"),
+        ("/rate?topic=Orders&begin=10&end=5", 400, "the range is reversed: end 5 is before begin 10"),
+        ("/rate?topic=Orders&begin=0&end=86400000000&interval=1s", 400,
+         "86400000 intervals: at most 10000; choose a longer interval or a shorter range"),
+        ("/rate?topic=NoSuchTopic", 404, "topic NoSuchTopic does not exist in this store"),
+    ],
+)
+def test_bad_page_input_gets_an_inline_error_and_a_4xx(store: Store, path: str, status: int, message: str | None) -> None:
+    got, _, body = get(store.url + path)
+    assert got == status
+    shown = re.search(r'<p class="error" role="alert" id="error">(.*?)</p>', body.decode(), re.DOTALL)
+    assert shown is not None
+    if message is not None:
+        assert shown.group(1) == message.replace("'", "&#39;")
+    assert get(store.url + "/healthz")[:1] == (200,)
+
+
+def test_times_past_the_calendar_are_shown_as_numbers(store: Store) -> None:
+    top = 2**63 - 1
+    status, _, page = get(f"{store.url}/search?mode=timeoffset&topic={TOPIC}&queue=0&timestamp={top}&boundary=UPPER")
+    assert status == 200 and f"{top} ms (past year 9999)" in page.decode()
+    assert f'<strong class="offset">{GROUP_SIZE * 3 // 4 - 1}</strong>' in page.decode()
+
+
+def test_unknown_api_and_page_are_404_not_500(store: Store) -> None:
+    assert api(store, "nothing") == (404, {"error": "no API named nothing"})
+    status, _, body = get(store.url + "/no/such/page")
+    assert status == 404 and "no page at /no/such/page" in body.decode()
+
+
+# Listening and authentication
+
+
+def _console(args: list[str], timeout_s: float = 60.0) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "rmqstore.cli.main", "console", *args], check=False, capture_output=True, text=True,
+                          timeout=timeout_s, env=quiet_env(), stdin=subprocess.DEVNULL)  # fmt: skip
+
+
+def test_non_loopback_listening_needs_a_users_file_or_no_auth(store: Store, tmp_path: Path) -> None:
+    done = _console(["--query-endpoint", store.query_endpoint, "--host", "0.0.0.0", "--port", "0"])
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr == (
+        "rmqstore: error: --host 0.0.0.0 is not a loopback address: give --users FILE (rmqstore console-passwd makes one) "
+        "or, to serve without passwords, --no-auth\n"
+    )
+    bad = tmp_path / "users"
+    bad.write_text("alice:plaintext\n")
+    done = _console(["--query-endpoint", store.query_endpoint, "--host", "0.0.0.0", "--users", str(bad)])
+    assert done.returncode == 2
+    assert done.stderr == f"rmqstore: error: users file {bad}, line 1: expected name:$argon2id$... (make one with rmqstore console-passwd)\n"
+    done = _console(["--query-endpoint", store.query_endpoint, "--users", str(tmp_path / "missing")])
+    assert (done.returncode, done.stderr) == (2, f"rmqstore: error: users file {tmp_path / 'missing'}: No such file or directory\n")
+    done = _console(["--query-endpoint", store.query_endpoint, "--users", str(bad), "--no-auth"])
+    assert (done.returncode, done.stderr) == (2, "rmqstore: error: give --users FILE or --no-auth, not both\n")
+    empty = tmp_path / "empty"
+    empty.write_text("# nobody yet\n")
+    done = _console(["--query-endpoint", store.query_endpoint, "--users", str(empty)])
+    assert (done.returncode, done.stderr) == (2, f"rmqstore: error: users file {empty} holds no user\n")
+
+
+@pytest.mark.parametrize(
+    ("user", "password", "message"),
+    [
+        ("alice", "\n", "the password is empty"),
+        ("al:ice", "pw\n", "user name 'al:ice': 1-64 printable characters, no ':' and no outer spaces"),
+        (" alice", "pw\n", "user name ' alice': 1-64 printable characters, no ':' and no outer spaces"),
+    ],
+)
+def test_console_passwd_refuses_bad_users_and_writes_nothing(tmp_path: Path, user: str, password: str, message: str) -> None:
+    users = tmp_path / "users"
+    done = subprocess.run([sys.executable, "-m", "rmqstore.cli.main", "console-passwd", "--users", str(users), "--user", user],
+                          check=False, input=password, capture_output=True, text=True, timeout=60, env=quiet_env())  # fmt: skip
+    assert (done.returncode, done.stderr) == (2, f"rmqstore: error: {message}\n")
+    assert not users.exists() and list(tmp_path.iterdir()) == []
+
+
+def test_users_file_guards_every_page_but_the_probes(store: Store, tmp_path: Path) -> None:
+    users = tmp_path / "users"
+    made = subprocess.run([sys.executable, "-m", "rmqstore.cli.main", "console-passwd", "--users", str(users), "--user", "alice"],
+                          input="s3cret pass\n", capture_output=True, text=True, timeout=60, env=quiet_env())  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    line = users.read_text()
+    assert line.startswith("alice:$argon2id$") and "s3cret" not in line
+    assert users.stat().st_mode & 0o777 == 0o600
+    console = ConsoleProcess(["--query-endpoint", store.query_endpoint, "--users", str(users)], tmp_path / "console.stderr")
+    try:
+        assert console.serving["auth"] == "users"
+        status, headers, _ = get(console.url + "/topics")
+        assert status == 401 and headers["www-authenticate"] == 'Basic realm="rmqstore console", charset="UTF-8"'
+        assert get(console.url + "/api/topics", ("alice", "wrong"))[0] == 401
+        assert get(console.url + "/api/topics", ("bob", "s3cret pass"))[0] == 401
+        assert get(console.url + "/api/topics", ("alice", "s3cret pass"))[0] == 200
+        assert get(console.url + "/healthz")[:1] == (200,)
+        assert get(console.url + "/readyz")[0] == 200
+    finally:
+        console.stop()
+
+
+def test_readyz_says_when_the_query_node_is_gone(tmp_path: Path) -> None:
+    console = ConsoleProcess(["--query-endpoint", "127.0.0.1:1", "--timeout", "2"], tmp_path / "console.stderr")
+    try:
+        status, _, body = get(console.url + "/readyz")
+        assert status == 503 and body.startswith(b"query node: the node answered UNAVAILABLE")
+        status, _, body = get(console.url + "/topics")
+        assert status == 502 and b"the node answered UNAVAILABLE" in body
+        assert get(console.url + "/healthz")[:1] == (200,)
+    finally:
+        console.stop()
+
+
+# In a real browser: Debian's chromium through chromedriver (test.sh installs both)
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for flag in (
+        "--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu", "--window-size=1280,1000",
+        # Nothing but the console: no background traffic of the browser's own.
+        "--disable-background-networking", "--disable-component-update", "--disable-sync", "--no-first-run",
+        "--disable-default-apps", "--disable-domain-reliability", "--disable-breakpad",
+    ):  # fmt: skip
+        options.add_argument(flag)
+    options.set_capability("goog:loggingPrefs", {"performance": "ALL", "browser": "ALL"})
+    driver = webdriver.Chrome(options=options, service=Service(CHROMEDRIVER))
+    driver.set_page_load_timeout(HTTP_TIMEOUT_S)
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def _requested_urls(driver: Any) -> list[str]:
+    urls = []
+    for entry in driver.get_log("performance"):
+        event = json.loads(entry["message"])["message"]
+        if event["method"] == "Network.requestWillBeSent":
+            urls.append(event["params"]["request"]["url"])
+    return urls
+
+
+def _click_and_wait(driver: Any, element: Any) -> None:
+    """Click what navigates, and wait until the next page has replaced this one."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions
+    from selenium.webdriver.support.wait import WebDriverWait
+
+    page = driver.find_element(By.TAG_NAME, "html")
+    element.click()
+    WebDriverWait(driver, HTTP_TIMEOUT_S).until(expected_conditions.staleness_of(page))
+    WebDriverWait(driver, HTTP_TIMEOUT_S).until(lambda d: d.find_elements(By.TAG_NAME, "footer"))
+
+
+def _submit(driver: Any, form_id: str, values: dict[str, str]) -> None:
+    from selenium.webdriver.common.by import By
+
+    form = driver.find_element(By.ID, form_id)
+    for name, value in values.items():
+        box = form.find_element(By.NAME, name)
+        box.clear()
+        box.send_keys(value)
+    _click_and_wait(driver, form.find_element(By.CSS_SELECTOR, "button[type=submit]"))
+
+
+def _table(driver: Any, table_id: str) -> dict[str, str]:
+    from selenium.webdriver.common.by import By
+
+    rows = driver.find_elements(By.CSS_SELECTOR, f"#{table_id} tr")
+    return {row.find_element(By.TAG_NAME, "th").text: row.find_element(By.TAG_NAME, "td").text for row in rows}
+
+
+def _shot(driver: Any, name: str) -> None:
+    driver.save_screenshot(str(SCREENSHOTS / f"console-{name}.png"))
+
+
+def test_browser_finds_messages_on_every_page(store: Store, browser: Any) -> None:
+    from selenium.webdriver.common.by import By
+
+    driver = browser
+    driver.get_log("performance")
+    # Topics: every topic with its message count.
+    driver.get(store.url + "/topics")
+    rows = driver.find_elements(By.CSS_SELECTOR, "#topics tr[data-topic]")
+    assert {r.get_attribute("data-topic"): int(r.find_element(By.CSS_SELECTOR, ".count").text) for r in rows} == {
+        TOPIC: len(store.sent[TOPIC]), HOSTILE_TOPIC: len(store.sent[HOSTILE_TOPIC])
+    }
+    _shot(driver, "topics")
+    # Each topic's links open a page that answers.
+    for link in driver.find_elements(By.CSS_SELECTOR, "#topics tr[data-topic] a"):
+        status, _, _ = get(link.get_attribute("href"))
+        assert status == 200, link.get_attribute("href")
+    # A key with a time range and a tag, three per page, paged to the end.
+    begin, end = store.window
+    driver.get(store.url + "/search")
+    _submit(driver, "form-key", {"topic": TOPIC, "key": KEY, "begin": str(begin), "end": str(end), "tag": "paid", "pageSize": "3"})
+    found: list[str] = []
+    for _ in range(10):
+        found += [r.get_attribute("data-msgid") for r in driver.find_elements(By.CSS_SELECTOR, "#messages tr.message")]
+        nexts = driver.find_elements(By.ID, "next-page")
+        if not nexts:
+            break
+        _click_and_wait(driver, nexts[0])
+    assert found == _with_key(store, begin, end, {"paid"}), driver.current_url
+    assert driver.find_element(By.ID, "complete").text == "complete"
+    _submit(driver, "form-key", {"topic": TOPIC, "key": KEY, "begin": str(begin), "end": str(end), "tag": "paid", "pageSize": ""})
+    _shot(driver, "search")
+    # By offsetMsgId, then by UNIQ_KEY without a topic.
+    ack = store.acks[TOPIC][9]
+    for given, matched in ((ack.offset_msg_id, "offsetMsgId"), (ack.uniq_key, "UNIQ_KEY")):
+        _submit(driver, "form-id", {"id": given, "topic": ""})
+        (row,) = driver.find_elements(By.CSS_SELECTOR, "#messages tr.message")
+        assert row.get_attribute("data-msgid") == ack.offset_msg_id and matched in row.text
+    # Its detail page equals queryMsgById --json.
+    _click_and_wait(driver, driver.find_element(By.CSS_SELECTOR, "#messages a.detail"))
+    done = subprocess.run(
+        [sys.executable, "-m", "rmqstore.cli.main", "queryMsgById", "--endpoint", store.query_endpoint, "-i", ack.offset_msg_id, "--json"],
+        check=False, capture_output=True, text=True, timeout=60, env=quiet_env(),
+    )  # fmt: skip
+    want = json.loads(done.stdout)
+    fields = _table(driver, "fields")
+    assert (fields["OffsetID"], fields["Topic"], fields["Unique Key"]) == (want["msgId"], want["topic"], want["uniqKey"])
+    assert (int(fields["Queue ID"]), int(fields["Queue Offset"]), int(fields["CommitLog Offset"])) == (
+        want["queueId"], want["queueOffset"], want["commitLogOffset"]
+    )
+    assert (fields["Keys"], fields["Tags"]) == (f"[{want['keys']}]", f"[{want['tags']}]")
+    assert (int(fields["Body Length"]), fields["Body SHA-256"]) == (want["bodyLen"], want["bodySha256"])
+    assert _table(driver, "properties") == want["properties"]
+    assert _table(driver, "decoded")["Commit log offset"] == str(want["commitLogOffset"])
+    assert json.loads(driver.find_element(By.ID, "body").text) == json.loads(store.sent[TOPIC][9].body)
+    _shot(driver, "message")
+    # Next and previous in its queue.
+    _click_and_wait(driver, driver.find_element(By.ID, "next"))
+    assert int(_table(driver, "fields")["Queue Offset"]) == ack.queue_offset + 1
+    _click_and_wait(driver, driver.find_element(By.ID, "previous"))
+    _click_and_wait(driver, driver.find_element(By.ID, "previous"))
+    assert int(_table(driver, "fields")["Queue Offset"]) == ack.queue_offset - 1
+    # The rate chart's bars sum to the range's messages.
+    driver.get(store.url + "/rate")
+    lo, hi = begin - 2000, end + 2000
+    _submit(driver, "form-rate", {"topic": TOPIC, "begin": str(lo), "end": str(hi), "interval": "1s"})
+    bars = driver.find_elements(By.CSS_SELECTOR, "#chart-topic rect")
+    want_count = sum(1 for a in store.acks[TOPIC] if lo <= a.store_timestamp_ms < hi)
+    assert sum(int(b.get_attribute("data-count")) for b in bars) == want_count == int(driver.find_element(By.ID, "rate-total").text)
+    # Empty intervals draw no bar.
+    assert 0 < len(bars) <= -(-(hi - lo) // 1000) and all(int(b.get_attribute("data-count")) > 0 for b in bars)
+    _shot(driver, "rate")
+    driver.get(store.url + "/nodes")
+    assert _table(driver, "query-node")["messages"] == str(len(store.sent[TOPIC]) + len(store.sent[HOSTILE_TOPIC]))
+    assert _table(driver, "writer-node")["store"] == str(store.root)
+    _shot(driver, "nodes")
+    # Every request the pages made went to the console itself, and none broke its CSP.
+    urls = _requested_urls(driver)
+    assert urls and all(u.startswith(store.url + "/") for u in urls), [u for u in urls if not u.startswith(store.url)]
+    assert [e for e in driver.get_log("browser") if "Content Security Policy" in e["message"]] == []
+
+
+def test_browser_shows_hostile_content_as_text(store: Store, browser: Any) -> None:
+    from selenium.common.exceptions import NoAlertPresentException
+    from selenium.webdriver.common.by import By
+
+    driver = browser
+    driver.get_log("performance")
+    first, patched = store.acks[HOSTILE_TOPIC]
+    driver.get(f"{store.url}/message?id={first.offset_msg_id}")
+    fields = _table(driver, "fields")
+    assert fields["Tags"] == f"[{SCRIPT}]"
+    assert fields["Keys"] == f"[{SCRIPT.replace(' ', '')} {IMG_NO_SPACE}]"
+    properties = _table(driver, "properties")
+    assert (properties["evil"], properties[SCRIPT]) == (IMG, "name")
+    assert driver.find_elements(By.TAG_NAME, "script") == [] and driver.find_elements(By.TAG_NAME, "img") == []
+    driver.get(f"{store.url}/search?mode=time&topic={HOSTILE_TOPIC}&begin=0&end={patched.store_timestamp_ms}")
+    tags = [e.text for e in driver.find_elements(By.CSS_SELECTOR, "#messages td.tags")]
+    assert tags == [SCRIPT, TAG_INVALID.decode("utf-8", "replace")]
+    driver.get(f"{store.url}/message?id={first.offset_msg_id}&view=hex")
+    assert " ff fe 80 " in driver.find_element(By.ID, "body").text
+    _shot(driver, "hostile")
+    with pytest.raises(NoAlertPresentException):
+        _ = driver.switch_to.alert.text
+    assert all(u.startswith(store.url + "/") for u in _requested_urls(driver))
+
+
+def test_browser_bad_input_shows_inline_errors_and_the_console_goes_on(store: Store, browser: Any) -> None:
+    from selenium.webdriver.common.by import By
+
+    driver = browser
+    cases = [
+        ("form-time", {"topic": TOPIC, "begin": "20", "end": "10"}, "the range is reversed: end 10 is before begin 20"),
+        ("form-key", {"topic": "NoSuchTopic", "key": "k"}, "topic NoSuchTopic does not exist in this store"),
+        ("form-id", {"id": "has space"}, "id: 'has space' is not a message id (printable, no spaces, at most 128 characters)"),
+        ("form-offset", {"topic": TOPIC, "queue": "0", "offset": "x"}, "offset: 'x' is not a whole number"),
+        ("form-timeoffset", {"topic": TOPIC, "queue": "0", "timestamp": "noon"},
+         "timestamp: 'noon' is neither epoch milliseconds nor an ISO 8601 time"),
+    ]  # fmt: skip
+    for form, values, message in cases:
+        driver.get(store.url + "/search")
+        _submit(driver, form, values)
+        assert driver.find_element(By.ID, "error").text == message
+    driver.get(store.url + "/rate")
+    _submit(driver, "form-rate", {"topic": TOPIC, "interval": "soon"})
+    assert driver.find_element(By.ID, "error").text == "interval: 'soon' is not a duration such as 30s, 1m, 5m or 1h"
+    driver.get(store.url + "/topics")
+    assert len(driver.find_elements(By.CSS_SELECTOR, "#topics tr[data-topic]")) == 2

@@ -25,4 +25,16 @@ if ! pkg-config --exists grpc++ 2>/dev/null; then
         exit 1
     fi
 fi
+# The official RocketMQ 5 Python client, in a virtualenv of its own (it bundles its own
+# copy of the apache.rocketmq.v2 protos): tests/test_rocketmq5_clients.py runs it as a
+# separate process. Made once; a later run only checks it is there.
+RMQ5_VENV="${RMQSTORE_RMQ5_VENV:-.venv-rmq5}"
+if [ ! -x "$RMQ5_VENV/bin/python" ] || ! "$RMQ5_VENV/bin/python" -c 'import rocketmq' 2> /dev/null; then
+    python3 -m venv "$RMQ5_VENV"
+    if ! "$RMQ5_VENV/bin/pip" install 'rocketmq-python-client>=5.1,<6' > "$RMQ5_VENV/install.log" 2>&1; then
+        cat "$RMQ5_VENV/install.log" >&2
+        exit 1
+    fi
+fi
+export RMQSTORE_RMQ5_VENV="$(cd "$RMQ5_VENV" && pwd)"
 exec "$VENV/bin/python" -m pytest "$@"

@@ -1,0 +1,181 @@
+"""The official RocketMQ 5 clients, unmodified, against ``rmqstore writer serve`` processes;
+every message then found through a ``rmqstore query serve`` process.
+
+The Python client (PyPI rocketmq-python-client 5.x) runs in a virtualenv of its own
+(``.venv-rmq5``, made by test.sh; ``RMQSTORE_RMQ5_VENV`` names another), since it bundles
+its own copy of the v2 protos, and in a process of its own (tests/rocketmq5/python_producer.py)."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import os
+import subprocess
+import sys
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from test_query_live import SIZE_ARGS, NodeProcess, Nodes, nodes  # noqa: F401  (nodes: the fixture)
+
+from rmqstore.v1 import messages_pb2, query_pb2, query_pb2_grpc
+
+ROOT = Path(__file__).resolve().parent.parent
+DRIVERS = Path(__file__).resolve().parent / "rocketmq5"
+RMQ5_VENV = Path(os.environ.get("RMQSTORE_RMQ5_VENV", ROOT / ".venv-rmq5"))
+# The acceptance size; RMQSTORE_RMQ5_COUNT makes a quicker run by hand.
+PYTHON_CLIENT_MESSAGES = int(os.environ.get("RMQSTORE_RMQ5_COUNT", "10000"))
+CLIENT_TIMEOUT_S = 600.0
+RPC_TIMEOUT_S = 15.0
+
+
+def rmq5_python() -> str:
+    python = RMQ5_VENV / "bin" / "python"
+    if not python.exists():
+        pytest.fail(f"the official Python client's virtualenv {RMQ5_VENV} is missing: test.sh makes it")
+    return str(python)
+
+
+def client_env(home: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_") and k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    env["HOME"] = str(home)  # the client writes its log under ~/logs
+    return env
+
+
+def run_python_client(tmp_path: Path, *args: str) -> list[dict[str, Any]]:
+    home = tmp_path / "client-home"
+    home.mkdir(exist_ok=True)
+    done = subprocess.run(
+        [rmq5_python(), str(DRIVERS / "python_producer.py"), *args],
+        capture_output=True,
+        timeout=CLIENT_TIMEOUT_S,
+        env=client_env(home),
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, f"client failed: {done.stderr.decode(errors='replace')[-3000:]}"
+    return [json.loads(line) for line in done.stdout.splitlines()]
+
+
+def official_wire_shape(package: str, python: str) -> dict[str, Any]:
+    done = subprocess.run(
+        [python, str(DRIVERS / "wire_summary.py"), package], capture_output=True, timeout=120, check=True,
+        env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
+    )  # fmt: skip
+    return json.loads(done.stdout)  # type: ignore[no-any-return]
+
+
+def test_our_v2_protos_equal_the_official_clients_on_the_wire() -> None:
+    """Every message, field (number, type, repetition, oneof), enum value and method the
+    official client knows is ours too, identically; ours may be newer (more fields)."""
+    theirs = official_wire_shape("rocketmq.grpc_protocol", rmq5_python())
+    ours = official_wire_shape("rmqstore.rocketmq_v2", sys.executable)
+    assert set(theirs) <= set(ours)
+    for name, shape in theirs.items():
+        missing = [entry for entry in shape if entry not in ours[name]]
+        assert not missing, f"{name}: {missing}"
+    assert "apache.rocketmq.v2.MessagingService" in theirs
+
+
+def query_stub(nodes: Nodes, node: NodeProcess) -> query_pb2_grpc.QueryServiceStub:
+    return nodes.query(node)
+
+
+def find_everywhere(query: query_pb2_grpc.QueryServiceStub, line: dict[str, Any]) -> messages_pb2.StoredMessage:
+    """The message found by its client message id, by each key, by the queue offset of its
+    receipt (in the queue it was stored in) and by that record's offset msgId: one record."""
+    topic = line["topic"]
+    by_uniq = query.QueryByUniqKey(query_pb2.QueryByUniqKeyRequest(topic=topic, uniq_key=line["message_id"]), timeout=RPC_TIMEOUT_S)
+    assert len(by_uniq.messages) == 1, line
+    stored = by_uniq.messages[0]
+    for key in line["keys"]:
+        by_key = query.QueryByKey(query_pb2.QueryByKeyRequest(topic=topic, key=key, page_size=1000), timeout=RPC_TIMEOUT_S)
+        assert stored.commitlog_offset in [m.commitlog_offset for m in by_key.messages], (key, line)
+    at = query.QueryByQueueOffset(
+        query_pb2.QueryByQueueOffsetRequest(topic=topic, queue_id=stored.queue_id, queue_offset=line["offset"]),
+        timeout=RPC_TIMEOUT_S,
+    ).message
+    assert at.commitlog_offset == stored.commitlog_offset, line
+    by_id = query.QueryByMsgId(query_pb2.QueryByMsgIdRequest(msg_id=at.offset_msg_id), timeout=RPC_TIMEOUT_S).message
+    assert by_id.commitlog_offset == stored.commitlog_offset, line
+    assert stored.body == line["body"].encode()
+    assert stored.uniq_key == line["message_id"]
+    assert sorted(stored.keys) == line["keys"]
+    properties = dict(stored.properties)
+    if "group" in line:
+        assert properties.pop("__SHARDINGKEY") == line["group"]
+    else:
+        assert stored.tags == line["tag"] and properties.pop("TAGS") == line["tag"]
+        for name, value in line["properties"].items():
+            assert properties.pop(name) == value
+    assert sorted(properties.pop("KEYS").split(" ")) == line["keys"]
+    assert properties.pop("UNIQ_KEY") == line["message_id"]
+    assert properties == {}, properties
+    return stored
+
+
+@pytest.mark.slow
+def test_official_python_client_sends_and_every_message_is_found(nodes: Nodes, tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    writer = nodes.start("writer", store, *SIZE_ARGS)
+    assert writer.serving["advertise"] == writer.endpoint
+    lines = run_python_client(tmp_path, "send", writer.endpoint, "Orders", "Carts", str(PYTHON_CLIENT_MESSAGES))
+    assert len(lines) == PYTHON_CLIENT_MESSAGES  # every receipt OK (the driver stops at the first error)
+    assert {line["mode"] for line in lines} == {"sync", "async"}
+    assert len({line["message_id"] for line in lines}) == PYTHON_CLIENT_MESSAGES
+    query_node = nodes.start("query", store, *SIZE_ARGS)
+    query = query_stub(nodes, query_node)
+    with concurrent.futures.ThreadPoolExecutor(max_workers=4) as pool:
+        stored = list(pool.map(lambda line: find_everywhere(query, line), lines))
+    groups: dict[str, list[tuple[int, messages_pb2.StoredMessage]]] = defaultdict(list)
+    for line, message in zip(lines, stored):
+        if "group" in line:
+            groups[line["group"]].append((line["n"], message))
+    assert len(groups) == 8
+    for group, members in groups.items():
+        assert len({m.queue_id for _, m in members}) == 1, group  # one queue a group
+        by_send = [m.queue_offset for _, m in sorted(members, key=lambda pair: pair[0])]
+        assert by_send == sorted(by_send), group  # in send order
+    writer.stop()
+    query_node.stop()
+    check = subprocess.run(
+        [sys.executable, "-m", "rmqstore.cli.main", "check", str(store), *SIZE_ARGS], capture_output=True, timeout=300
+    )
+    assert check.returncode == 0, check.stdout.decode() + check.stderr.decode()
+
+
+def test_python_client_sees_a_bad_topic_refused_and_the_writer_keeps_serving(nodes: Nodes, tmp_path: Path) -> None:
+    writer = nodes.start("writer", tmp_path / "store", *SIZE_ARGS, "--no-auto-create")
+    home = tmp_path / "client-home"
+    home.mkdir()
+    script = (
+        "import sys\n"
+        "from rocketmq import ClientConfiguration, Credentials, Message, Producer\n"
+        "p = Producer(ClientConfiguration(sys.argv[1], Credentials(), request_timeout=5), ('Missing',))\n"
+        "p.startup()\n"
+        "m = Message()\n"
+        "m.topic = 'Missing'\n"
+        "m.body = b'x'\n"
+        "try:\n"
+        "    p.send(m)\n"
+        "except Exception as e:\n"
+        "    print('refused:', e)\n"
+        "p.shutdown()\n"
+    )
+    done = subprocess.run(
+        [rmq5_python(), "-c", script, writer.endpoint], capture_output=True, timeout=120, env=client_env(home)
+    )
+    output = done.stdout.decode()
+    # The client words the failure itself; the writer's v2 status is in its log.
+    assert output == "refused: failed to fetch topic:Missing route.\n", (output, done.stderr.decode()[-2000:])
+    log = (home / "logs" / "rocketmq_python" / "rocketmq_client.log").read_text(errors="replace")
+    assert "40402, topic Missing does not exist and the writer does not create topics (--no-auto-create)" in log
+    channel = grpc.insecure_channel(writer.endpoint)
+    try:
+        from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+        status = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=RPC_TIMEOUT_S)
+        assert status.status == health_pb2.HealthCheckResponse.SERVING
+    finally:
+        channel.close()

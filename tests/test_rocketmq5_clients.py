@@ -12,7 +12,7 @@ import json
 import os
 import subprocess
 import sys
-from collections import defaultdict
+from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
@@ -179,3 +179,81 @@ def test_python_client_sees_a_bad_topic_refused_and_the_writer_keeps_serving(nod
         assert status.status == health_pb2.HealthCheckResponse.SERVING
     finally:
         channel.close()
+
+
+@pytest.mark.crash
+def test_sigkill_under_sync_flush_loses_no_acknowledged_python_client_send(nodes: Nodes, tmp_path: Path) -> None:
+    """SIGKILL the writer during the Python client's send loop: every message whose
+    receipt was OK is in the store after a restart. A send whose answer the client never
+    got in time (its request timeout) is retried, up to three attempts in all, and a retry
+    the writer answers stores the message again: such duplicates are counted (records of
+    one message id), never more than the attempts."""
+    import queue
+    import threading
+
+    from rmqstore.common.files.commitlog import CommitLog
+
+    store = tmp_path / "store"
+    writer = nodes.start("writer", store, *SIZE_ARGS, "--flush", "sync")
+    home = tmp_path / "client-home"
+    home.mkdir()
+    client = subprocess.Popen(
+        [rmq5_python(), str(DRIVERS / "python_producer.py"), "loop", writer.endpoint, "Orders", "120"],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=client_env(home),
+    )  # fmt: skip
+    lines: queue.Queue[bytes | None] = queue.Queue()
+
+    def read() -> None:
+        assert client.stdout is not None
+        for line in client.stdout:
+            lines.put(line)
+        lines.put(None)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    acknowledged: list[dict[str, Any]] = []
+    try:
+        while len(acknowledged) < 300:
+            line = lines.get(timeout=60)
+            assert line is not None, "the client stopped before the kill"
+            event = json.loads(line)
+            if "message_id" in event:
+                acknowledged.append(event)
+        writer.proc.kill()
+        writer.proc.wait(timeout=30)
+        # Receipts already on their way out are acknowledged too: read until the client,
+        # whose sends now fail, has printed nothing for a while.
+        while (line := _next_or_none(lines, 5.0)) is not None:
+            event = json.loads(line)
+            if "message_id" in event:
+                acknowledged.append(event)
+    finally:
+        client.kill()
+        client.wait(timeout=30)
+        reader.join(timeout=30)
+        if client.stdout is not None:
+            client.stdout.close()
+    restarted = nodes.start("writer", store, *SIZE_ARGS, "--flush", "sync")
+    assert restarted.serving["recovered"]["uncleanShutdown"] is True
+    restarted.stop()
+    log = CommitLog(str(store / "commitlog"), 65536)
+    try:
+        stored = [record.properties["UNIQ_KEY"] for record in log.records()]
+    finally:
+        log.close()
+    missing = {event["message_id"] for event in acknowledged} - set(stored)
+    assert not missing, f"{len(missing)} acknowledged messages lost"
+    copies = Counter(stored)
+    duplicates = sum(count - 1 for count in copies.values())
+    print(f"acknowledged {len(acknowledged)}, stored {len(stored)}, duplicate records {duplicates}")
+    assert max(copies.values()) <= 3  # the client's attempts
+    assert len(stored) >= len(acknowledged)
+
+
+def _next_or_none(lines: Any, timeout_s: float) -> bytes | None:
+    import queue
+
+    try:
+        return lines.get(timeout=timeout_s)  # type: ignore[no-any-return]
+    except queue.Empty:
+        return None

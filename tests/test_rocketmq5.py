@@ -227,7 +227,7 @@ def test_send_message_stores_a_rocketmq_record(node: Node) -> None:
     }  # fmt: skip
     assert first.born_timestamp_ms == 1_700_000_000_123
     assert first.born_host.ip == bytes([192, 0, 2, 7]) and first.born_host.port > 0  # with the connection's port
-    # A FIFO message without a queue id (the Python client's) goes to queue 0 with its group.
+    # The queue id a client sends (0 here, from a caller that names no language) is kept.
     assert (second.queue_id, second.queue_offset, second.properties["__SHARDINGKEY"]) == (0, 1, "cart-9")
     assert check_store(str(node.store), SMALL).ok
 
@@ -241,6 +241,21 @@ def test_fifo_queue_chosen_by_the_client_is_kept(node: Node) -> None:
         offsets.append(response.entries[0].offset)
     assert offsets == [0, 1, 2]
     assert [(r.queue_id, r.queue_offset) for r in node.records()] == [(3, 0), (3, 1), (3, 2)]
+
+
+def test_clients_that_send_no_queue_id_get_the_python_clients_group_placement(node: Node) -> None:
+    node.v2.QueryRoute(v2s.QueryRouteRequest(topic=v2.Resource(name="Orders")))
+    python = (("x-mq-language", "PYTHON"),)
+    for n, group in enumerate(["cart-1", "cart-2", "cart-3", "cart-1"]):
+        message = v2_message(message_id=f"{MESSAGE_ID[:-2]}{n:02d}", message_group=group, message_type=v2.FIFO)
+        assert node.v2.SendMessage(v2s.SendMessageRequest(messages=[message]), metadata=python).status.code == v2.OK
+    for n in range(4, 8):
+        message = v2_message(message_id=f"{MESSAGE_ID[:-2]}{n:02d}")
+        assert node.v2.SendMessage(v2s.SendMessageRequest(messages=[message]), metadata=python).status.code == v2.OK
+    records = node.records()
+    expected = [int.from_bytes(hashlib.sha256(g.encode()).digest(), "big") % 4 for g in ["cart-1", "cart-2", "cart-3", "cart-1"]]
+    assert [r.queue_id for r in records[:4]] == expected
+    assert sorted(r.queue_id for r in records[4:]) == [0, 1, 2, 3]  # the writer's round robin
 
 
 @pytest.mark.parametrize(

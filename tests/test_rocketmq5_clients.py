@@ -132,6 +132,9 @@ def test_official_python_client_sends_and_every_message_is_found(nodes: Nodes, t
     for line, message in zip(lines, stored):
         if "group" in line:
             groups[line["group"]].append((line["n"], message))
+            # The writer places a group where the Python client's own hash does: the
+            # receipt's queue and offset name the record.
+            assert (message.queue_id, message.queue_offset) == (line["queue_id"], line["offset"]), line
     assert len(groups) == 8
     for group, members in groups.items():
         assert len({m.queue_id for _, m in members}) == 1, group  # one queue a group

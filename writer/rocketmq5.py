@@ -45,6 +45,10 @@ BACKOFF_MAX_MS = 1_000
 BACKOFF_MULTIPLIER = 2.0
 DEFAULT_MAX_ATTEMPTS = 3
 ACCEPTED_TYPES = (v2.NORMAL, v2.FIFO)
+# The header every official client names its language in, and the languages whose clients
+# send no queue id with a message (see MessageReader._queue_id).
+LANGUAGE_HEADER = "x-mq-language"
+LANGUAGES_WITHOUT_QUEUE_ID = frozenset({"PYTHON", "GOLANG"})
 # A message group is a RocketMQ property value: the same rules, a bounded length.
 MESSAGE_GROUP_LENGTH_MAX = 255
 
@@ -194,7 +198,9 @@ class MessageReader:
         self.writer = writer
         self.limits = writer.config
 
-    def read(self, messages: Sequence[v2.Message], peer: SocketAddress | None) -> list[messages_pb2.Message]:
+    def read(
+        self, messages: Sequence[v2.Message], peer: SocketAddress | None, sends_queue_id: bool = True
+    ) -> list[messages_pb2.Message]:
         if not messages:
             raise V2Refusal(v2.BAD_REQUEST, "the request has no messages")
         if len(messages) > self.limits.max_batch_messages:
@@ -205,14 +211,14 @@ class MessageReader:
         out = []
         for position, message in enumerate(messages, 1):
             try:
-                out.append(self._one(message, peer))
+                out.append(self._one(message, peer, sends_queue_id))
             except V2Refusal as refusal:
                 if numbered:
                     raise V2Refusal(refusal.code, f"message {position}: {refusal}") from None
                 raise
         return out
 
-    def _one(self, message: v2.Message, peer: SocketAddress | None) -> messages_pb2.Message:
+    def _one(self, message: v2.Message, peer: SocketAddress | None, sends_queue_id: bool) -> messages_pb2.Message:
         system = message.system_properties
         topic = _topic(message.topic)
         kind = system.message_type
@@ -271,7 +277,7 @@ class MessageReader:
             born_timestamp_ms=system.born_timestamp.seconds * 1000 + system.born_timestamp.nanos // 1_000_000,
             born_host=_born_host(system.born_host, peer),
         )
-        queue_id = self._queue_id(topic, system.queue_id, group)
+        queue_id = self._queue_id(topic, system.queue_id, group, sends_queue_id)
         if queue_id is not None:
             stored.queue_id = queue_id
         return stored
@@ -299,17 +305,21 @@ class MessageReader:
                     f"user property {name} has an empty value or holds 0x01/0x02, which RocketMQ's format cannot keep",
                 )
 
-    def _queue_id(self, topic: str, client_queue_id: int, group: str) -> int | None:
-        """The queue the client chose: the Java and Node.js clients send it (a FIFO
-        group's by their own hash, so a group stays in one queue); the Python client
-        sends none (0). A 0 is kept for a FIFO message (a group still stays in one queue)
-        and left to the writer's round robin otherwise."""
+    def _queue_id(self, topic: str, client_queue_id: int, group: str, sends_queue_id: bool) -> int | None:
+        """The queue the message goes to. Most official clients (Java, C#, C++, Rust,
+        Node.js) send the queue they picked from the route, a FIFO group's by their own
+        hash: it is kept, so their receipt's queue and offset name the stored record. The
+        Python and Go clients send none (0 on the wire): their FIFO group is placed by the
+        Python client's own rule (SHA-256 of the group, modulo the queue count), so a
+        group stays in one queue and the Python receipt names it, and their other messages
+        take the writer's round robin."""
         count = self.writer.topics.queue_count(topic)
-        if count is None:
-            return 0 if group else None
-        if 0 < client_queue_id < count or (client_queue_id == 0 and group):
-            return client_queue_id
-        return None
+        if sends_queue_id:
+            return client_queue_id if count is None or client_queue_id < count else None
+        if not group:
+            return None
+        digest = int.from_bytes(hashlib.sha256(group.encode()).digest(), "big")
+        return digest % (count or self.writer.config.auto_create_queue_count)
 
 
 def _has_separator(text: str) -> bool:
@@ -391,7 +401,8 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
     ) -> v2s.SendMessageResponse:
         try:
             peer = peer_address(context)
-            messages = self.reader.read(request.messages, peer)
+            language = next((v for k, v in context.invocation_metadata() or () if k == LANGUAGE_HEADER), "")
+            messages = self.reader.read(request.messages, peer, language not in LANGUAGES_WITHOUT_QUEUE_ID)
             return await self.appender.append(messages, peer, send_response)  # type: ignore[no-any-return]
         except asyncio.CancelledError:
             raise

@@ -260,3 +260,75 @@ def _next_or_none(lines: Any, timeout_s: float) -> bytes | None:
         return lines.get(timeout=timeout_s)  # type: ignore[no-any-return]
     except queue.Empty:
         return None
+
+
+# Node.js: the official client and a client of our own contracts, from tests/node
+# (package.json; test.sh installs Node.js and npm from the OS's packages where missing,
+# and the packages into tests/node/node_modules).
+
+NODE_DIR = Path(__file__).resolve().parent / "node"
+NODE_CLIENT_MESSAGES = 1000
+
+
+def node_command() -> list[str]:
+    if not (NODE_DIR / "node_modules" / "rocketmq-client-nodejs").is_dir():
+        pytest.fail(f"{NODE_DIR}/node_modules is missing: test.sh installs it (npm ci)")
+    return ["node"]
+
+
+def run_node(tmp_path: Path, script: str, *args: str) -> bytes:
+    home = tmp_path / "node-home"
+    home.mkdir(exist_ok=True)
+    done = subprocess.run(
+        [*node_command(), str(NODE_DIR / script), *args],
+        capture_output=True, timeout=CLIENT_TIMEOUT_S, env=client_env(home), cwd=NODE_DIR,
+    )  # fmt: skip
+    assert done.returncode == 0, f"{script} failed: {done.stderr.decode(errors='replace')[-3000:]}"
+    return done.stdout
+
+
+@pytest.mark.slow
+def test_official_nodejs_client_sends_and_every_message_is_found(nodes: Nodes, tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    writer = nodes.start("writer", store, *SIZE_ARGS)
+    output = run_node(tmp_path, "official_producer.js", writer.endpoint, "NodeOrders", str(NODE_CLIENT_MESSAGES))
+    lines = [json.loads(line) for line in output.splitlines()]
+    assert len(lines) == NODE_CLIENT_MESSAGES
+    assert len({line["message_id"] for line in lines}) == NODE_CLIENT_MESSAGES
+    query = query_stub(nodes, nodes.start("query", store, *SIZE_ARGS))
+    with concurrent.futures.ThreadPoolExecutor(max_workers=4) as pool:
+        stored = list(pool.map(lambda line: find_everywhere(query, line), lines))
+    for line, message in zip(lines, stored):
+        # The Node.js client sends the queue it picked: its receipt names the record.
+        assert (message.queue_id, message.queue_offset) == (line["queue_id"], line["offset"]), line
+    # The Node.js client 1.0.x keeps only the route's queues whose queue id equals the
+    # master broker id (0), so it writes to queue 0 of any server, Apache's proxy included.
+    assert {m.queue_id for m in stored} == {0}
+
+
+def test_nodejs_client_of_our_own_contracts_sends_and_looks_up(nodes: Nodes, tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    writer = nodes.start("writer", store, *SIZE_ARGS)
+    query_node = nodes.start("query", store, *SIZE_ARGS)
+    out = json.loads(run_node(tmp_path, "own_contracts.js", str(ROOT / "protos"), writer.endpoint, query_node.endpoint, "Own"))
+    acks = out["acks"]
+    assert [(a["queue_id"], a["queue_offset"]) for a in acks] == [(0, n) for n in range(5)]
+
+    def expected(n: int) -> dict[str, Any]:
+        return {
+            "topic": "Own", "queue_id": 0, "queue_offset": n, "body": f"own contract {n}", "keys": [f"own-{n}", "own-all"],
+            "tags": f"T{n}", "uniq_key": acks[n]["uniq_key"], "offset_msg_id": acks[n]["offset_msg_id"],
+        }  # fmt: skip
+
+    assert out["by_key"] == [expected(n) for n in (4, 3, 2, 1, 0)]  # newest first
+    assert out["by_uniq_key"] == [expected(2)]
+    assert out["by_msg_id"] == expected(3)
+    assert out["by_queue_offset"] == expected(4)
+    assert out["pull"] == {"messages": [expected(1), expected(2)], "next_offset": 3, "min_offset": 0, "max_offset": 5}
+    assert out["queue_bounds"] == {"min_offset": 0, "max_offset": 5}
+    assert out["search_offset"] == {"offset": 0, "found": True}
+    assert out["stream_by_time"] == [expected(n) for n in range(5)]
+    [topic] = out["list_topics"]
+    assert topic["name"] == "Own" and topic["queues"][0] == {"queue_id": 0, "min_offset": 0, "max_offset": 5}
+    assert out["stats"] == {"messages": 5, "follows_writer": True}
+    assert out["ping"] == {}

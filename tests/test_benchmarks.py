@@ -190,3 +190,21 @@ def test_the_front_probe_stores_what_both_designs_acked() -> None:
         (stored,) = result["stored_records"][design]
         assert rate > 0 and stored >= rate * result["seconds"] - 1, (design, rate, stored)
     assert result["fronts_to_writer"] == round(result["median"]["fronts"] / result["median"]["writer"], 2)
+
+
+def test_the_rocketmq5_benchmark_measures_both_senders(tmp_path: Path) -> None:
+    """benchmarks/rocketmq5_bench.py at a smoke size: the official Python client and our own
+    Send each deliver every message, and the ratio is theirs of the medians."""
+    out = tmp_path / "ROCKETMQ5.md"
+    done = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "rocketmq5_bench.py"), "--messages", "200", "--rounds", "1", "--out", str(out)],
+        cwd=REPO, capture_output=True, text=True, timeout=TIMEOUT_S, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert (result["messages"], result["concurrency"], result["rounds"]) == (200, 64, 1)
+    medians = result["median_msgs_per_s"]
+    assert medians["official_python_client"] > 0 and medians["own_send"] > 0
+    assert abs(result["client_to_own_send"] - medians["official_python_client"] / medians["own_send"]) < 0.011
+    assert result["met"] == (result["client_to_own_send"] >= 0.8)
+    assert "python benchmarks/rocketmq5_bench.py --messages 200" in out.read_text()

@@ -1,0 +1,167 @@
+"""RocketMQ 5 producers against the writer: the official Python client's send rate with
+CONCURRENCY async sends in flight (apache.rocketmq.v2 SendMessage, one message each),
+beside rmqstore's own ``WriterService.Send`` per message from CONCURRENCY Python threads,
+each against a fresh writer (ASYNC flush) in the same run, alternating, ROUNDS times.
+The figure is the ratio of the medians (target: at least 0.8).
+
+    python benchmarks/rocketmq5_bench.py [--messages N] [--concurrency C] [--rounds R]
+        [--out benchmarks/ROCKETMQ5.md]
+
+The official client runs from its own virtualenv (``RMQSTORE_RMQ5_VENV``, default
+.venv-rmq5, which test.sh makes). Both senders are separate processes, as the writer is."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+sys.path.insert(0, str(HERE))
+
+from bench_common import Nodes, load_average, machine_facts, quiet_env, ratio  # noqa: E402
+
+TARGET = 0.8
+TIMEOUT_S = 1800.0
+
+
+def own_send(endpoint: str, topic: str, count: int, concurrency: int) -> dict[str, Any]:
+    """``count`` one-message Sends from ``concurrency`` threads, each waiting for its ack."""
+    import grpc
+
+    from rmqstore.v1 import messages_pb2, writer_pb2, writer_pb2_grpc
+
+    channel = grpc.insecure_channel(endpoint)
+    stub = writer_pb2_grpc.WriterServiceStub(channel)
+
+    def request(n: int) -> writer_pb2.SendRequest:
+        # The same message the official client's benchmark sends: tag, two keys, two properties.
+        return writer_pb2.SendRequest(
+            message=messages_pb2.Message(
+                topic=topic, body=f"message {n} to {topic}".encode(), tags=f"Tag{n % 3}",
+                keys=[f"order-{n}", f"customer-{n % 100}"], properties={"seq": str(n), "origin": "python-client"},
+            )
+        )  # fmt: skip
+
+    stub.Send(request(-1), timeout=30)  # the topic and the channel warmed, as the client's are
+    next_n = iter(range(count))
+    lock = threading.Lock()
+    failures: list[BaseException] = []
+
+    def caller() -> None:
+        while True:
+            with lock:
+                n = next(next_n, None)
+            if n is None:
+                return
+            try:
+                stub.Send(request(n), timeout=30)
+            except grpc.RpcError as error:
+                failures.append(error)
+                return
+
+    threads = [threading.Thread(target=caller) for _ in range(concurrency)]
+    started = time.perf_counter()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    seconds = time.perf_counter() - started
+    channel.close()
+    if failures:
+        raise RuntimeError(f"{len(failures)} Sends failed, first: {failures[0]!r}")
+    return {"messages": count, "seconds": seconds}
+
+
+def run_sender(command: list[str], env: dict[str, str]) -> dict[str, Any]:
+    done = subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT_S, env=env, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"{command[:3]} failed ({done.returncode}):\n{done.stderr[-3000:]}")
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--messages", type=int, default=20_000)
+    parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--out", type=Path, help="write the results as markdown here")
+    parser.add_argument("--own-send", nargs=2, metavar=("ENDPOINT", "TOPIC"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.own_send:
+        print(json.dumps(own_send(args.own_send[0], args.own_send[1], args.messages, args.concurrency)), flush=True)
+        return
+    rmq5 = Path(os.environ.get("RMQSTORE_RMQ5_VENV", REPO / ".venv-rmq5")) / "bin" / "python"
+    if not rmq5.exists():
+        raise SystemExit(f"the official Python client's virtualenv is missing ({rmq5}): run test.sh once")
+    rates: dict[str, list[float]] = {"official_python_client": [], "own_send": []}
+    with tempfile.TemporaryDirectory(prefix="rocketmq5-bench-") as work_text:
+        work = Path(work_text)
+        client_env = {k: v for k, v in quiet_env().items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+        client_env["HOME"] = str(work)  # the client's log goes under ~/logs
+        with Nodes(work / "logs") as nodes:
+            for round_number in range(args.rounds):
+                for way in rates:
+                    writer = nodes.start("writer", work / f"store-{way}-{round_number}")
+                    if way == "official_python_client":
+                        command = [str(rmq5), str(REPO / "tests" / "rocketmq5" / "python_producer.py"), "bench",
+                                   writer.endpoint, "Bench", str(args.messages), str(args.concurrency)]  # fmt: skip
+                        result = run_sender(command, client_env)
+                    else:
+                        command = [sys.executable, __file__, "--own-send", writer.endpoint, "Bench",
+                                   "--messages", str(args.messages), "--concurrency", str(args.concurrency)]  # fmt: skip
+                        result = run_sender(command, quiet_env())
+                    writer.stop()
+                    rates[way].append(result["messages"] / result["seconds"])
+    medians = {way: statistics.median(values) for way, values in rates.items()}
+    figure = ratio(medians["official_python_client"], medians["own_send"])
+    report = {
+        "messages": args.messages,
+        "concurrency": args.concurrency,
+        "rounds": args.rounds,
+        "msgs_per_s": {way: [round(v, 1) for v in values] for way, values in rates.items()},
+        "median_msgs_per_s": {way: round(v, 1) for way, v in medians.items()},
+        "client_to_own_send": figure,
+        "target": TARGET,
+        "met": figure is not None and figure >= TARGET,
+    }
+    print(json.dumps(report), flush=True)
+    if args.out:
+        args.out.write_text(markdown(report, " ".join(["python", "benchmarks/rocketmq5_bench.py", *sys.argv[1:]])))
+
+
+def markdown(report: dict[str, Any], command: str) -> str:
+    facts = machine_facts(REPO)
+    rows = "\n".join(
+        f"| {way} | {' / '.join(f'{v:,.0f}' for v in report['msgs_per_s'][way])} | {report['median_msgs_per_s'][way]:,.0f} |"
+        for way in report["msgs_per_s"]
+    )
+    verdict = "met" if report["met"] else "missed"
+    return f"""# RocketMQ 5 producers: the official Python client against rmqstore's own Send
+
+`{command}`
+
+{report['messages']:,} messages a round, {report['concurrency']} in flight, {report['rounds']} rounds alternating,
+each way against a fresh `rmqstore writer serve` (ASYNC flush) on 127.0.0.1; {facts['date_utc']}, commit
+{facts['git_commit']}, {facts['cores']} cores ({facts['cpu']}), load average at the end {load_average()}.
+
+| sender | msgs/s by round | median |
+|---|---|---|
+{rows}
+
+Official client ÷ own `Send`: **{report['client_to_own_send']}** (target ≥ {report['target']}: {verdict}).
+"""
+
+
+if __name__ == "__main__":
+    main()

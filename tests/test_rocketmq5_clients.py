@@ -332,3 +332,42 @@ def test_nodejs_client_of_our_own_contracts_sends_and_looks_up(nodes: Nodes, tmp
     assert topic["name"] == "Own" and topic["queues"][0] == {"queue_id": 0, "min_offset": 0, "max_offset": 5}
     assert out["stats"] == {"messages": 5, "follows_writer": True}
     assert out["ping"] == {}
+
+
+def _code_blocks(document: Path, language: str) -> list[str]:
+    import re
+
+    return re.findall(rf"```{language}\n(.*?)```", document.read_text(encoding="utf-8"), re.S)
+
+
+@pytest.mark.parametrize("document", ["README.md", "docs/rocketmq5.md"])
+def test_the_documented_client_examples_work_against_writer_serve(nodes: Nodes, tmp_path: Path, document: str) -> None:
+    """The Python and Node.js examples, as written, against ``rmqstore writer serve``
+    (the documented port swapped for the test's), and the message found by its key."""
+    store = tmp_path / "store"
+    writer = nodes.start("writer", store, *SIZE_ARGS)
+    [python_example] = [b for b in _code_blocks(ROOT / document, "python") if "rocketmq" in b]
+    [node_example] = [b for b in _code_blocks(ROOT / document, "js") if "rocketmq-client-nodejs" in b]
+    home = tmp_path / "home"
+    home.mkdir()
+    python_run = subprocess.run(
+        [rmq5_python(), "-c", python_example.replace("127.0.0.1:8081", writer.endpoint)],
+        capture_output=True, timeout=120, env=client_env(home),
+    )  # fmt: skip
+    assert python_run.returncode == 0, python_run.stderr.decode()[-2000:]
+    python_id, python_offset = python_run.stdout.decode().split()
+    script = NODE_DIR / f"example-{tmp_path.name}.js"  # beside node_modules, so require finds the client
+    script.write_text(node_example.replace("127.0.0.1:8081", writer.endpoint))
+    try:
+        node_run = subprocess.run(
+            [*node_command(), str(script)], capture_output=True, timeout=120, env=client_env(home), cwd=NODE_DIR
+        )
+    finally:
+        script.unlink()
+    assert node_run.returncode == 0, node_run.stderr.decode()[-2000:]
+    node_id = node_run.stdout.decode().split()[0]
+    query = query_stub(nodes, nodes.start("query", store, *SIZE_ARGS))
+    found = query.QueryByKey(query_pb2.QueryByKeyRequest(topic="Orders", key="order-1", page_size=10), timeout=RPC_TIMEOUT_S)
+    assert sorted(m.uniq_key for m in found.messages) == sorted([python_id, node_id])
+    assert {m.body for m in found.messages} == {b"order 1 paid"} and {m.tags for m in found.messages} == {"paid"}
+    assert int(python_offset) in [m.queue_offset for m in found.messages]

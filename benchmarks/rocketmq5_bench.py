@@ -28,7 +28,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(HERE))
 
-from bench_common import Nodes, load_average, machine_facts, quiet_env, ratio  # noqa: E402
+from bench_common import Nodes, load_average, machine_facts, quiet_env, ratio
 
 TARGET = 0.8
 TIMEOUT_S = 1800.0
@@ -37,7 +37,6 @@ TIMEOUT_S = 1800.0
 def own_send(endpoint: str, topic: str, count: int, concurrency: int) -> dict[str, Any]:
     """``count`` one-message Sends from ``concurrency`` threads, each waiting for its ack."""
     import grpc
-
     from rmqstore.v1 import messages_pb2, writer_pb2, writer_pb2_grpc
 
     channel = grpc.insecure_channel(endpoint)
@@ -111,7 +110,7 @@ def main() -> None:
         client_env["HOME"] = str(work)  # the client's log goes under ~/logs
         with Nodes(work / "logs") as nodes:
             for round_number in range(args.rounds):
-                for way in rates:
+                for way, values in rates.items():
                     writer = nodes.start("writer", work / f"store-{way}-{round_number}")
                     if way == "official_python_client":
                         command = [str(rmq5), str(REPO / "tests" / "rocketmq5" / "python_producer.py"), "bench",
@@ -122,7 +121,7 @@ def main() -> None:
                                    "--messages", str(args.messages), "--concurrency", str(args.concurrency)]  # fmt: skip
                         result = run_sender(command, quiet_env())
                     writer.stop()
-                    rates[way].append(result["messages"] / result["seconds"])
+                    values.append(result["messages"] / result["seconds"])
     medians = {way: statistics.median(values) for way, values in rates.items()}
     figure = ratio(medians["official_python_client"], medians["own_send"])
     report = {
@@ -143,8 +142,8 @@ def main() -> None:
 def markdown(report: dict[str, Any], command: str) -> str:
     facts = machine_facts(REPO)
     rows = "\n".join(
-        f"| {way} | {' / '.join(f'{v:,.0f}' for v in report['msgs_per_s'][way])} | {report['median_msgs_per_s'][way]:,.0f} |"
-        for way in report["msgs_per_s"]
+        f"| {way} | {' / '.join(f'{v:,.0f}' for v in values)} | {report['median_msgs_per_s'][way]:,.0f} |"
+        for way, values in report["msgs_per_s"].items()
     )
     verdict = "met" if report["met"] else "missed"
     return f"""# RocketMQ 5 producers: the official Python client against rmqstore's own Send

@@ -13,14 +13,14 @@ import os
 import subprocess
 import sys
 from collections import Counter, defaultdict
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
-from test_query_live import SIZE_ARGS, NodeProcess, Nodes, nodes  # noqa: F401  (nodes: the fixture)
-
 from rmqstore.v1 import messages_pb2, query_pb2, query_pb2_grpc
+from test_query_live import SIZE_ARGS, NodeProcess, Nodes
 
 ROOT = Path(__file__).resolve().parent.parent
 DRIVERS = Path(__file__).resolve().parent / "rocketmq5"
@@ -29,6 +29,15 @@ RMQ5_VENV = Path(os.environ.get("RMQSTORE_RMQ5_VENV", ROOT / ".venv-rmq5"))
 PYTHON_CLIENT_MESSAGES = int(os.environ.get("RMQSTORE_RMQ5_COUNT", "10000"))
 CLIENT_TIMEOUT_S = 600.0
 RPC_TIMEOUT_S = 15.0
+
+
+@pytest.fixture
+def nodes(tmp_path: Path) -> Iterator[Nodes]:
+    log_dir = tmp_path / "logs"
+    log_dir.mkdir()
+    started = Nodes(log_dir)
+    yield started
+    started.close()
 
 
 def rmq5_python() -> str:
@@ -53,6 +62,7 @@ def run_python_client(tmp_path: Path, *args: str) -> list[dict[str, Any]]:
         timeout=CLIENT_TIMEOUT_S,
         env=client_env(home),
         cwd=tmp_path,
+        check=False,
     )
     assert done.returncode == 0, f"client failed: {done.stderr.decode(errors='replace')[-3000:]}"
     return [json.loads(line) for line in done.stdout.splitlines()]
@@ -143,7 +153,7 @@ def test_official_python_client_sends_and_every_message_is_found(nodes: Nodes, t
     writer.stop()
     query_node.stop()
     check = subprocess.run(
-        [sys.executable, "-m", "rmqstore.cli.main", "check", str(store), *SIZE_ARGS], capture_output=True, timeout=300
+        [sys.executable, "-m", "rmqstore.cli.main", "check", str(store), *SIZE_ARGS], capture_output=True, timeout=300, check=False
     )
     assert check.returncode == 0, check.stdout.decode() + check.stderr.decode()
 
@@ -167,7 +177,7 @@ def test_python_client_sees_a_bad_topic_refused_and_the_writer_keeps_serving(nod
         "p.shutdown()\n"
     )
     done = subprocess.run(
-        [rmq5_python(), "-c", script, writer.endpoint], capture_output=True, timeout=120, env=client_env(home)
+        [rmq5_python(), "-c", script, writer.endpoint], capture_output=True, timeout=120, env=client_env(home), check=False
     )
     output = done.stdout.decode()
     # The client words the failure itself; the writer's v2 status is in its log.
@@ -281,7 +291,7 @@ def run_node(tmp_path: Path, script: str, *args: str) -> bytes:
     home.mkdir(exist_ok=True)
     done = subprocess.run(
         [*node_command(), str(NODE_DIR / script), *args],
-        capture_output=True, timeout=CLIENT_TIMEOUT_S, env=client_env(home), cwd=NODE_DIR,
+        capture_output=True, timeout=CLIENT_TIMEOUT_S, env=client_env(home), cwd=NODE_DIR, check=False,
     )  # fmt: skip
     assert done.returncode == 0, f"{script} failed: {done.stderr.decode(errors='replace')[-3000:]}"
     return done.stdout
@@ -337,7 +347,7 @@ def test_nodejs_client_of_our_own_contracts_sends_and_looks_up(nodes: Nodes, tmp
 def _code_blocks(document: Path, language: str) -> list[str]:
     import re
 
-    return re.findall(rf"```{language}\n(.*?)```", document.read_text(encoding="utf-8"), re.S)
+    return re.findall(rf"```{language}\n(.*?)```", document.read_text(encoding="utf-8"), re.DOTALL)
 
 
 @pytest.mark.parametrize("document", ["README.md", "docs/rocketmq5.md"])
@@ -352,7 +362,7 @@ def test_the_documented_client_examples_work_against_writer_serve(nodes: Nodes, 
     home.mkdir()
     python_run = subprocess.run(
         [rmq5_python(), "-c", python_example.replace("127.0.0.1:8081", writer.endpoint)],
-        capture_output=True, timeout=120, env=client_env(home),
+        capture_output=True, timeout=120, env=client_env(home), check=False,
     )  # fmt: skip
     assert python_run.returncode == 0, python_run.stderr.decode()[-2000:]
     python_id, python_offset = python_run.stdout.decode().split()
@@ -360,7 +370,7 @@ def test_the_documented_client_examples_work_against_writer_serve(nodes: Nodes, 
     script.write_text(node_example.replace("127.0.0.1:8081", writer.endpoint))
     try:
         node_run = subprocess.run(
-            [*node_command(), str(script)], capture_output=True, timeout=120, env=client_env(home), cwd=NODE_DIR
+            [*node_command(), str(script)], capture_output=True, timeout=120, env=client_env(home), cwd=NODE_DIR, check=False
         )
     finally:
         script.unlink()

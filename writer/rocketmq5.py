@@ -374,7 +374,10 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         try:
             topic = _topic(request.topic)
             count = await self._queue_count(topic)
-        except BaseException as error:  # every answer is a v2 status
+        except (V2Refusal, StoreError) as error:  # every answer is a v2 status
+            return v2s.QueryRouteResponse(status=status_for(error))
+        except Exception as error:
+            log.exception("QueryRoute failed")
             return v2s.QueryRouteResponse(status=status_for(error))
         broker = v2.Broker(name=self.route.broker_name, id=0, endpoints=self.route.endpoints())
         resource = v2.Resource(name=topic, resource_namespace=request.topic.resource_namespace)
@@ -404,9 +407,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             language = next((v for k, v in context.invocation_metadata() or () if k == LANGUAGE_HEADER), "")
             messages = self.reader.read(request.messages, peer, language not in LANGUAGES_WITHOUT_QUEUE_ID)
             return await self.appender.append(messages, peer, send_response)  # type: ignore[no-any-return]
-        except asyncio.CancelledError:
-            raise
-        except BaseException as error:  # every answer is a v2 status
+        except Exception as error:  # every answer is a v2 status; a cancelled call is not an answer
             status = status_for(error)
             if status.code == v2.INTERNAL_SERVER_ERROR:
                 log.exception("SendMessage failed")

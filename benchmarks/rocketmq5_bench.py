@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -81,11 +82,26 @@ def own_send(endpoint: str, topic: str, count: int, concurrency: int) -> dict[st
     return {"messages": count, "seconds": seconds}
 
 
-def run_sender(command: list[str], env: dict[str, str]) -> dict[str, Any]:
+def process_cpu_s(pid: int) -> float:
+    """User and system CPU a live process has used (/proc/PID/stat)."""
+    with open(f"/proc/{pid}/stat", encoding="ascii") as handle:
+        fields = handle.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def run_sender(command: list[str], env: dict[str, str], writer_pid: int) -> dict[str, Any]:
+    """Run a sender; its result with the CPU seconds the sender and the writer spent."""
+    writer_before = process_cpu_s(writer_pid)
+    children_before = resource.getrusage(resource.RUSAGE_CHILDREN)
     done = subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT_S, env=env, check=False)
+    children_after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if done.returncode != 0:
         raise RuntimeError(f"{command[:3]} failed ({done.returncode}):\n{done.stderr[-3000:]}")
     result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    result["sender_cpu_s"] = (children_after.ru_utime + children_after.ru_stime) - (
+        children_before.ru_utime + children_before.ru_stime
+    )
+    result["writer_cpu_s"] = process_cpu_s(writer_pid) - writer_before
     return result
 
 
@@ -104,6 +120,8 @@ def main() -> None:
     if not rmq5.exists():
         raise SystemExit(f"the official Python client's virtualenv is missing ({rmq5}): run test.sh once")
     rates: dict[str, list[float]] = {"official_python_client": [], "own_send": []}
+    # CPU a message costs each process: on a machine with few cores the two compete.
+    cpu_us: dict[str, dict[str, list[float]]] = {way: {"sender": [], "writer": []} for way in rates}
     with tempfile.TemporaryDirectory(prefix="rocketmq5-bench-") as work_text:
         work = Path(work_text)
         client_env = {k: v for k, v in quiet_env().items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
@@ -115,13 +133,15 @@ def main() -> None:
                     if way == "official_python_client":
                         command = [str(rmq5), str(REPO / "tests" / "rocketmq5" / "python_producer.py"), "bench",
                                    writer.endpoint, "Bench", str(args.messages), str(args.concurrency)]  # fmt: skip
-                        result = run_sender(command, client_env)
+                        result = run_sender(command, client_env, writer.proc.pid)
                     else:
                         command = [sys.executable, __file__, "--own-send", writer.endpoint, "Bench",
                                    "--messages", str(args.messages), "--concurrency", str(args.concurrency)]  # fmt: skip
-                        result = run_sender(command, quiet_env())
+                        result = run_sender(command, quiet_env(), writer.proc.pid)
                     writer.stop()
                     values.append(result["messages"] / result["seconds"])
+                    for side in ("sender", "writer"):
+                        cpu_us[way][side].append(result[f"{side}_cpu_s"] / result["messages"] * 1e6)
     medians = {way: statistics.median(values) for way, values in rates.items()}
     figure = ratio(medians["official_python_client"], medians["own_send"])
     report = {
@@ -131,6 +151,9 @@ def main() -> None:
         "msgs_per_s": {way: [round(v, 1) for v in values] for way, values in rates.items()},
         "median_msgs_per_s": {way: round(v, 1) for way, v in medians.items()},
         "client_to_own_send": figure,
+        "median_cpu_us_per_message": {
+            way: {side: round(statistics.median(v), 1) for side, v in sides.items()} for way, sides in cpu_us.items()
+        },
         "target": TARGET,
         "met": figure is not None and figure >= TARGET,
     }
@@ -146,6 +169,9 @@ def markdown(report: dict[str, Any], command: str) -> str:
         for way, values in report["msgs_per_s"].items()
     )
     verdict = "met" if report["met"] else "missed"
+    cpu_rows = "\n".join(
+        f"| {way} | {sides['sender']:,.0f} | {sides['writer']:,.0f} |" for way, sides in report["median_cpu_us_per_message"].items()
+    )
     return f"""# RocketMQ 5 producers: the official Python client against rmqstore's own Send
 
 `{command}`
@@ -159,6 +185,12 @@ each way against a fresh `rmqstore writer serve` (ASYNC flush) on 127.0.0.1; {fa
 {rows}
 
 Official client ÷ own `Send`: **{report['client_to_own_send']}** (target ≥ {report['target']}: {verdict}).
+
+CPU a message costs each process (median µs; user + system):
+
+| sender | in the sender | in the writer |
+|---|---|---|
+{cpu_rows}
 """
 
 

@@ -11,6 +11,7 @@ it like any other service on the port."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import ipaddress
 import logging
@@ -181,12 +182,20 @@ def decode_body(encoding: int, body: bytes, max_body_bytes: int) -> bytes:
 def _born_host(text: str, peer: SocketAddress | None) -> str:
     """The client's address when it gives an IP (with the connection's port), else the
     connection's: the Java and Node.js clients send a host name, which a record cannot hold."""
+    host = _ip_host(text)
+    if host is None:
+        return ""  # the writer takes the peer's address
+    return f"{host}:{peer.port if peer is not None else 0}"
+
+
+@functools.lru_cache(maxsize=1024)  # a client sends the same born host with every message
+def _ip_host(text: str) -> str | None:
+    """``text`` as the host part of a socket address if it is an IP address, else None."""
     try:
         address = ipaddress.ip_address(text)
     except ValueError:
-        return ""  # the writer takes the peer's address
-    port = peer.port if peer is not None else 0
-    return f"[{address}]:{port}" if address.version == 6 else f"{address}:{port}"
+        return None
+    return f"[{address}]" if address.version == 6 else str(address)
 
 
 class MessageReader:
@@ -263,7 +272,7 @@ class MessageReader:
                     f"message_group must be 1-{MESSAGE_GROUP_LENGTH_MAX} characters without 0x01 or 0x02",
                 )
             properties[SHARDING_KEY] = group
-        if _properties_size(properties, keys, tag) > PROPERTIES_LENGTH_MAX:
+        if _properties_may_overflow(properties, keys, tag) and _properties_size(properties, keys, tag) > PROPERTIES_LENGTH_MAX:
             raise V2Refusal(
                 v2.MESSAGE_PROPERTIES_TOO_LARGE, f"the properties take more than the {PROPERTIES_LENGTH_MAX} bytes a record holds"
             )
@@ -324,6 +333,16 @@ class MessageReader:
 
 def _has_separator(text: str) -> bool:
     return "\x01" in text or "\x02" in text
+
+
+def _properties_may_overflow(properties: dict[str, str], keys: list[str], tag: str) -> bool:
+    """False when the properties surely fit: every character at most 3 UTF-8 bytes, every
+    name and value with its separators, and room for the writer's own. Encoding them
+    costs more than this count, and almost every message is far below the limit."""
+    characters = sum(len(name) + len(value) for name, value in properties.items())
+    characters += sum(map(len, keys)) + len(tag)
+    separators = 2 * (len(properties) + 3) + len(keys)
+    return 3 * characters + separators + 64 + UNIQ_KEY_LENGTH_MAX > PROPERTIES_LENGTH_MAX
 
 
 def _properties_size(properties: dict[str, str], keys: list[str], tag: str) -> int:

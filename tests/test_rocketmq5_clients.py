@@ -381,3 +381,44 @@ def test_the_documented_client_examples_work_against_writer_serve(nodes: Nodes, 
     assert sorted(m.uniq_key for m in found.messages) == sorted([python_id, node_id])
     assert {m.body for m in found.messages} == {b"order 1 paid"} and {m.tags for m in found.messages} == {"paid"}
     assert int(python_offset) in [m.queue_offset for m in found.messages]
+
+
+@pytest.fixture(scope="module")
+def tls_files(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    import test_tls
+
+    return test_tls.pki.__wrapped__(tmp_path_factory)  # type: ignore[attr-defined]
+
+
+def test_python_client_sends_over_tls_when_the_writer_serves_it(nodes: Nodes, tmp_path: Path, tls_files: Any) -> None:
+    """The same port, TLS only: the official client with TLS on (trusting the test CA
+    through gRPC's roots file variable) routes, gets its settings and sends."""
+    writer = nodes.start("writer", tmp_path / "store", *SIZE_ARGS, "--tls-cert", str(tls_files.server_cert),
+                         "--tls-key", str(tls_files.server_key))  # fmt: skip
+    assert writer.serving["tls"] is True
+    home = tmp_path / "client-home"
+    home.mkdir()
+    env = client_env(home)
+    env["GRPC_DEFAULT_SSL_ROOTS_FILE_PATH"] = str(tls_files.ca)
+    script = (
+        "import sys\n"
+        "from rocketmq import ClientConfiguration, Credentials, Message, Producer\n"
+        "p = Producer(ClientConfiguration(sys.argv[1], Credentials(), request_timeout=5), ('Secure',), tls_enable=True)\n"
+        "p.startup()\n"
+        "m = Message()\n"
+        "m.topic = 'Secure'\n"
+        "m.body = b'over tls'\n"
+        "print(p.send(m).message_id)\n"
+        "p.shutdown()\n"
+    )
+    done = subprocess.run([rmq5_python(), "-c", script, writer.endpoint], capture_output=True, timeout=120, env=env, check=False)
+    assert done.returncode == 0, done.stderr.decode()[-2000:]
+    message_id = done.stdout.decode().strip()
+    writer.stop()
+    from rmqstore.common.files.commitlog import CommitLog
+
+    log = CommitLog(str(tmp_path / "store" / "commitlog"), 65536)
+    try:
+        assert [(r.topic, r.body, r.properties["UNIQ_KEY"]) for r in log.records()] == [("Secure", b"over tls", message_id)]
+    finally:
+        log.close()

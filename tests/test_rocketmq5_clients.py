@@ -342,6 +342,23 @@ def test_nodejs_client_of_our_own_contracts_sends_and_looks_up(nodes: Nodes, tmp
     assert topic["name"] == "Own" and topic["queues"][0] == {"queue_id": 0, "min_offset": 0, "max_offset": 5}
     assert out["stats"] == {"messages": 5, "follows_writer": True}
     assert out["ping"] == {}
+    # Both nodes answer reflection v1, which current grpcurl asks first.
+    for node, service in ((writer, "rmqstore.v1.WriterService"), (query_node, "rmqstore.v1.QueryService")):
+        assert service in reflection_v1_services(node.endpoint)
+    assert "apache.rocketmq.v2.MessagingService" in reflection_v1_services(writer.endpoint)
+
+
+def reflection_v1_services(endpoint: str) -> set[str]:
+    from grpc_reflection.v1alpha import reflection_pb2
+
+    with grpc.insecure_channel(endpoint) as channel:
+        info = channel.stream_stream(
+            "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo",
+            request_serializer=reflection_pb2.ServerReflectionRequest.SerializeToString,
+            response_deserializer=reflection_pb2.ServerReflectionResponse.FromString,
+        )
+        answers = list(info(iter([reflection_pb2.ServerReflectionRequest(list_services="")]), timeout=RPC_TIMEOUT_S))
+    return {s.name for s in answers[0].list_services_response.service}
 
 
 def _code_blocks(document: Path, language: str) -> list[str]:

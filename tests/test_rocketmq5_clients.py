@@ -439,3 +439,21 @@ def test_python_client_sends_over_tls_when_the_writer_serves_it(nodes: Nodes, tm
         assert [(r.topic, r.body, r.properties["UNIQ_KEY"]) for r in log.records()] == [("Secure", b"over tls", message_id)]
     finally:
         log.close()
+
+
+@pytest.mark.parametrize(
+    ("options", "line"),
+    [
+        (["--advertise", "nope"], "rmqstore: error: --advertise 'nope': expected HOST:PORT with a port in 1-65535"),
+        (["--advertise", "writer:70000"], "rmqstore: error: --advertise 'writer:70000': expected HOST:PORT with a port in 1-65535"),
+        (["--broker-name", ""], "rmqstore: error: --broker-name '': expected a non-empty name without spaces"),
+    ],
+)
+def test_bad_route_options_stop_the_writer_before_it_touches_the_store(tmp_path: Path, options: list[str], line: str) -> None:
+    store = tmp_path / "store"
+    done = subprocess.run(
+        [sys.executable, "-m", "rmqstore.cli.main", "writer", "serve", "--store", str(store), "--port", "0", *options],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert (done.returncode, done.stdout, done.stderr) == (2, "", line + "\n")
+    assert not store.exists()

@@ -206,6 +206,7 @@ def cmd_writer_serve(args: argparse.Namespace) -> int:
         flush=True,
     )
     wait_for_stop(stopping)
+    serving.call(messaging.end_streams())
     serving.stop(SHUTDOWN_GRACE_S)
     servicer.close()
     writer.close()

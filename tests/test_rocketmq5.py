@@ -192,6 +192,26 @@ def test_telemetry_answers_each_settings_and_stays_open(node: Node) -> None:
     assert list(stream) == []
 
 
+def test_end_streams_closes_open_telemetry_streams(node: Node) -> None:
+    import queue
+
+    outgoing: queue.Queue[v2s.TelemetryCommand | None] = queue.Queue()
+
+    def commands() -> Iterator[v2s.TelemetryCommand]:
+        while (command := outgoing.get(timeout=20)) is not None:
+            yield command
+
+    stream = node.v2.Telemetry(commands(), timeout=20)
+    outgoing.put(v2s.TelemetryCommand(settings=v2.Settings(client_type=v2.PRODUCER)))
+    assert next(stream).status.code == v2.OK
+    node.serving.call(node.messaging.end_streams())
+    assert list(stream) == []  # ended by the server, cleanly, while the client still had it open
+    assert stream.code() == grpc.StatusCode.OK
+    later = node.v2.Telemetry(iter([v2s.TelemetryCommand(settings=v2.Settings(client_type=v2.PRODUCER))]), timeout=20)
+    assert list(later) == []  # a stream opened while stopping ends at once
+    outgoing.put(None)
+
+
 def test_heartbeat_and_termination_answer_ok(node: Node) -> None:
     beat = node.v2.Heartbeat(v2s.HeartbeatRequest(client_type=v2.PRODUCER))
     assert (beat.status.code, beat.status.message) == (v2.OK, "OK")

@@ -457,3 +457,34 @@ def test_bad_route_options_stop_the_writer_before_it_touches_the_store(tmp_path:
     )  # fmt: skip
     assert (done.returncode, done.stdout, done.stderr) == (2, "", line + "\n")
     assert not store.exists()
+
+
+def test_a_writer_with_a_connected_client_stops_promptly(nodes: Nodes, tmp_path: Path) -> None:
+    """The client holds its Telemetry stream open for its lifetime; SIGTERM ends it at once
+    instead of waiting out the 10 s shutdown grace."""
+    import time
+
+    writer = nodes.start("writer", tmp_path / "store", *SIZE_ARGS)
+    home = tmp_path / "client-home"
+    home.mkdir()
+    script = (
+        "import sys, time\n"
+        "from rocketmq import ClientConfiguration, Credentials, Producer\n"
+        "p = Producer(ClientConfiguration(sys.argv[1], Credentials()), ('Held',))\n"
+        "p.startup()\n"
+        "print('started', flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    client = subprocess.Popen(
+        [rmq5_python(), "-c", script, writer.endpoint], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=client_env(home)
+    )
+    try:
+        assert client.stdout is not None and client.stdout.readline() == b"started\n"
+        started = time.monotonic()
+        writer.stop()
+        assert time.monotonic() - started < 5.0
+    finally:
+        client.kill()
+        client.wait(timeout=30)
+        if client.stdout is not None:
+            client.stdout.close()

@@ -371,6 +371,13 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         self.appender = appender
         self.route = route
         self.reader = MessageReader(writer)
+        # Set when the writer stops: open Telemetry streams end at once rather than hold
+        # the server's shutdown grace (a client keeps its stream open for its lifetime).
+        self._stopping = asyncio.Event()
+
+    async def end_streams(self) -> None:
+        """End every open Telemetry stream (on the server's loop), and any opened later."""
+        self._stopping.set()
 
     @staticmethod
     async def _blocking(call: Callable[[], T]) -> T:
@@ -460,7 +467,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         """Answer each Settings; the stream stays open until the client ends it. The
         client's other commands (thread stack traces, verify results) answer the server's
         own commands, which the writer never sends: they are read and dropped."""
-        async for command in request_iterator:
+        async for command in self._until_stopping(request_iterator):
             if command.WhichOneof("command") != "settings":
                 continue
             settings = command.settings
@@ -474,6 +481,24 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
                 )
                 continue
             yield v2s.TelemetryCommand(status=ok_status(), settings=self._settings(settings))
+
+    async def _until_stopping(self, commands: AsyncIterator[v2s.TelemetryCommand]) -> AsyncIterator[v2s.TelemetryCommand]:
+        """The client's commands until it ends the stream or the writer stops."""
+        iterator = commands.__aiter__()
+        stopping = asyncio.ensure_future(self._stopping.wait())
+        try:
+            while True:
+                following = asyncio.ensure_future(iterator.__anext__())
+                await asyncio.wait((following, stopping), return_when=asyncio.FIRST_COMPLETED)
+                if not following.done():
+                    following.cancel()
+                    return
+                try:
+                    yield following.result()
+                except StopAsyncIteration:
+                    return
+        finally:
+            stopping.cancel()
 
     # The consumer and transaction calls: answered with a v2 status, never a bare gRPC error.
 

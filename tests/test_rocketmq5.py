@@ -188,6 +188,10 @@ def test_telemetry_answers_each_settings_and_stays_open(node: Node) -> None:
     third = next(stream)
     assert third.status.code == v2.NOT_IMPLEMENTED
     assert "consumers are not served by rmqstore yet" in third.status.message
+    unknown = v2.Settings(client_type=77)  # type: ignore[arg-type]
+    outgoing.put(v2s.TelemetryCommand(settings=unknown))
+    fourth = next(stream)
+    assert (fourth.status.code, fourth.status.message) == (v2.UNRECOGNIZED_CLIENT_TYPE, "client_type 77 is not a client type")
     outgoing.put(None)
     assert list(stream) == []
 
@@ -217,6 +221,8 @@ def test_heartbeat_and_termination_answer_ok(node: Node) -> None:
     assert (beat.status.code, beat.status.message) == (v2.OK, "OK")
     bye = node.v2.NotifyClientTermination(v2s.NotifyClientTerminationRequest())
     assert bye.status.code == v2.OK
+    odd = node.v2.Heartbeat(v2s.HeartbeatRequest(client_type=9))  # type: ignore[arg-type]
+    assert (odd.status.code, odd.status.message) == (v2.UNRECOGNIZED_CLIENT_TYPE, "client_type 9 is not a client type")
 
 
 def test_send_message_stores_a_rocketmq_record(node: Node) -> None:

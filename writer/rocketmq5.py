@@ -418,6 +418,8 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         )
 
     async def Heartbeat(self, request: v2s.HeartbeatRequest, context: grpc.aio.ServicerContext) -> v2s.HeartbeatResponse:
+        if request.client_type not in v2.ClientType.values():
+            return v2s.HeartbeatResponse(status=_unknown_client_type(request.client_type))
         return v2s.HeartbeatResponse(status=ok_status())
 
     async def NotifyClientTermination(
@@ -471,6 +473,9 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             if command.WhichOneof("command") != "settings":
                 continue
             settings = command.settings
+            if settings.client_type not in v2.ClientType.values():
+                yield v2s.TelemetryCommand(status=_unknown_client_type(settings.client_type), settings=settings)
+                continue
             if settings.client_type not in (v2.CLIENT_TYPE_UNSPECIFIED, v2.PRODUCER):
                 yield v2s.TelemetryCommand(
                     status=v2.Status(
@@ -543,6 +548,10 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         self, request: Any, context: grpc.aio.ServicerContext
     ) -> v2s.SyncLiteSubscriptionResponse:
         return v2s.SyncLiteSubscriptionResponse(status=_not_served("SyncLiteSubscription"))
+
+
+def _unknown_client_type(client_type: int) -> v2.Status:
+    return v2.Status(code=v2.UNRECOGNIZED_CLIENT_TYPE, message=f"client_type {client_type} is not a client type")
 
 
 def _not_served(call: str) -> v2.Status:

@@ -230,47 +230,15 @@ class MessageReader:
     def _one(self, message: v2.Message, peer: SocketAddress | None, sends_queue_id: bool) -> messages_pb2.Message:
         system = message.system_properties
         topic = _topic(message.topic)
-        kind = system.message_type
-        group = system.message_group if system.HasField("message_group") else ""
-        if kind in (v2.DELAY, v2.TRANSACTION, v2.LITE, v2.PRIORITY):
-            name = v2.MessageType.Name(kind)
-            raise V2Refusal(v2.UNSUPPORTED, f"{name} messages are not supported: rmqstore stores NORMAL and FIFO messages")
-        if system.HasField("delivery_timestamp"):
-            raise V2Refusal(v2.UNSUPPORTED, "delivery_timestamp (a DELAY message) is not supported: rmqstore stores NORMAL and FIFO messages")
-        if kind not in (v2.MESSAGE_TYPE_UNSPECIFIED, v2.NORMAL, v2.FIFO):
-            raise V2Refusal(v2.BAD_REQUEST, f"message_type {kind} is not a message type")
-        if kind == v2.FIFO and not group:
-            raise V2Refusal(v2.ILLEGAL_MESSAGE_GROUP, "a FIFO message needs a message_group")
-        if group and kind == v2.NORMAL:
-            raise V2Refusal(v2.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE, "a NORMAL message has no message_group; send it as FIFO")
-        message_id = system.message_id
-        if not message_id:
-            raise V2Refusal(v2.ILLEGAL_MESSAGE_ID, "the message has no message_id")
-        if len(message_id) > UNIQ_KEY_LENGTH_MAX or not message_id.isascii() or not message_id.isalnum():
-            raise V2Refusal(
-                v2.ILLEGAL_MESSAGE_ID, f"message_id must be 1-{UNIQ_KEY_LENGTH_MAX} ASCII letters and digits"
-            )
-        check_digest(system.body_digest, message.body)
-        body = decode_body(system.body_encoding, message.body, self.limits.max_body_bytes)
-        if not body:
-            raise V2Refusal(v2.MESSAGE_BODY_EMPTY, "the message body is empty")
-        if len(body) > self.limits.max_body_bytes:
-            raise V2Refusal(
-                v2.MESSAGE_BODY_TOO_LARGE, f"the body is {len(body)} bytes; at most {self.limits.max_body_bytes} allowed"
-            )
+        group = _message_group(system)
+        message_id = _message_id(system)
+        body = self._body(message)
         keys = list(system.keys)
         self._check_keys(keys)
-        tag = system.tag if system.HasField("tag") else ""
-        if system.HasField("tag") and (not tag.strip() or "|" in tag or _has_separator(tag)):
-            raise V2Refusal(v2.ILLEGAL_MESSAGE_TAG, f"tag {tag!r} is blank or holds '|', 0x01 or 0x02")
+        tag = _tag(system)
         properties = dict(message.user_properties)
         self._check_properties(properties)
         if group:
-            if len(group) > MESSAGE_GROUP_LENGTH_MAX or _has_separator(group) or not group.strip():
-                raise V2Refusal(
-                    v2.ILLEGAL_MESSAGE_GROUP,
-                    f"message_group must be 1-{MESSAGE_GROUP_LENGTH_MAX} characters without 0x01 or 0x02",
-                )
             properties[SHARDING_KEY] = group
         if _properties_may_overflow(properties, keys, tag) and _properties_size(properties, keys, tag) > PROPERTIES_LENGTH_MAX:
             raise V2Refusal(
@@ -290,6 +258,19 @@ class MessageReader:
         if queue_id is not None:
             stored.queue_id = queue_id
         return stored
+
+    def _body(self, message: v2.Message) -> bytes:
+        """The body to store: its digest checked, gzip decoded, its size checked."""
+        system = message.system_properties
+        check_digest(system.body_digest, message.body)
+        body = decode_body(system.body_encoding, message.body, self.limits.max_body_bytes)
+        if not body:
+            raise V2Refusal(v2.MESSAGE_BODY_EMPTY, "the message body is empty")
+        if len(body) > self.limits.max_body_bytes:
+            raise V2Refusal(
+                v2.MESSAGE_BODY_TOO_LARGE, f"the body is {len(body)} bytes; at most {self.limits.max_body_bytes} allowed"
+            )
+        return body
 
     def _check_keys(self, keys: list[str]) -> None:
         if len(keys) > self.limits.max_keys:
@@ -329,6 +310,50 @@ class MessageReader:
             return None
         digest = int.from_bytes(hashlib.sha256(group.encode()).digest(), "big")
         return digest % (count or self.writer.config.auto_create_queue_count)
+
+
+def _message_group(system: v2.SystemProperties) -> str:
+    """The FIFO group ("" for a NORMAL message), once the type is one rmqstore stores."""
+    kind = system.message_type
+    group = system.message_group if system.HasField("message_group") else ""
+    if kind in (v2.DELAY, v2.TRANSACTION, v2.LITE, v2.PRIORITY):
+        name = v2.MessageType.Name(kind)
+        raise V2Refusal(v2.UNSUPPORTED, f"{name} messages are not supported: rmqstore stores NORMAL and FIFO messages")
+    if system.HasField("delivery_timestamp"):
+        raise V2Refusal(
+            v2.UNSUPPORTED, "delivery_timestamp (a DELAY message) is not supported: rmqstore stores NORMAL and FIFO messages"
+        )
+    if kind not in (v2.MESSAGE_TYPE_UNSPECIFIED, v2.NORMAL, v2.FIFO):
+        raise V2Refusal(v2.BAD_REQUEST, f"message_type {kind} is not a message type")
+    if kind == v2.FIFO and not group:
+        raise V2Refusal(v2.ILLEGAL_MESSAGE_GROUP, "a FIFO message needs a message_group")
+    if group and kind == v2.NORMAL:
+        raise V2Refusal(v2.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE, "a NORMAL message has no message_group; send it as FIFO")
+    if group and (len(group) > MESSAGE_GROUP_LENGTH_MAX or _has_separator(group) or not group.strip()):
+        raise V2Refusal(
+            v2.ILLEGAL_MESSAGE_GROUP, f"message_group must be 1-{MESSAGE_GROUP_LENGTH_MAX} characters without 0x01 or 0x02"
+        )
+    return group
+
+
+def _message_id(system: v2.SystemProperties) -> str:
+    """The client's message id, which becomes the record's UNIQ_KEY."""
+    message_id = system.message_id
+    if not message_id:
+        raise V2Refusal(v2.ILLEGAL_MESSAGE_ID, "the message has no message_id")
+    if len(message_id) > UNIQ_KEY_LENGTH_MAX or not message_id.isascii() or not message_id.isalnum():
+        raise V2Refusal(v2.ILLEGAL_MESSAGE_ID, f"message_id must be 1-{UNIQ_KEY_LENGTH_MAX} ASCII letters and digits")
+    return message_id
+
+
+def _tag(system: v2.SystemProperties) -> str:
+    if not system.HasField("tag"):
+        return ""
+    tag = system.tag
+    # '|' separates tags in a subscription expression ("TagA || TagB"): no tag holds one.
+    if not tag.strip() or "|" in tag or _has_separator(tag):
+        raise V2Refusal(v2.ILLEGAL_MESSAGE_TAG, f"tag {tag!r} is blank or holds '|', 0x01 or 0x02")
+    return tag
 
 
 def _has_separator(text: str) -> bool:

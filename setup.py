@@ -4,10 +4,12 @@ the codecs' compiled fast paths (common/codec/_speedups.c, plain C on the Python
 Every install (regular or editable) compiles protos/rmqstore/v1/*.proto with grpcio-tools
 (a build requirement) into protos/gen/, which is not committed and is installed as the
 rmqstore.v1 package; and protos/apache/rocketmq/v2/*.proto (RocketMQ 5's protocol) into
-the rmqstore.rocketmq_v2 package. The official RocketMQ 5 clients bundle their own copies
-of those protos under their own package names; ours are renamed (the generated imports
-rewritten) so the two can never shadow each other in one interpreter, while the files keep
-their proto names (apache/rocketmq/v2/...), which is what reflection and the wire see.
+the rmqstore.rocketmq_v2 package, its generated imports rewritten to that name: a
+top-level ``apache`` package of ours would shadow (or be shadowed by) the copy that an
+official RocketMQ 5 client installed beside rmqstore bundles. The files keep their proto
+names (apache/rocketmq/v2/...), which is what reflection and the wire see; so both copies
+cannot be loaded in one interpreter (protobuf's default pool takes a file name once), and
+the official client runs in a process of its own.
 It runs when setuptools loads this file, because the package directory must exist before
 egg_info looks for it.
 """

@@ -16,6 +16,8 @@ from typing import Any
 import grpc
 import native_client
 from bench_common import Node, Nodes, quiet_env, run_client
+from workload import KEY_PAGE_SIZE, QUEUES_PER_TOPIC, TOPICS, WorkloadSpec
+
 from rmqstore.v1 import (
     messages_pb2,
     query_pb2,
@@ -23,7 +25,6 @@ from rmqstore.v1 import (
     writer_pb2,
     writer_pb2_grpc,
 )
-from workload import KEY_PAGE_SIZE, QUEUES_PER_TOPIC, TOPICS, WorkloadSpec
 
 RPC_TIMEOUT_S = 30.0
 CLIENTS = Path(__file__).parent / "grpc_clients.py"

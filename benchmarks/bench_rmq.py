@@ -23,9 +23,10 @@ def append_run(store: Path, workload: Workload, *, keep_times: bool) -> tuple[di
     its ASYNC background flushes running, as ``writer serve`` runs it. Only
     ``writer.append`` is timed (building MessageInput objects is the workload's cost).
     Returns the figures and, with ``keep_times``, each message's acked store time."""
+    from workload import QUEUES_PER_TOPIC, TOPICS
+
     from rmqstore.writer.config import FlushPolicy, WriterConfig
     from rmqstore.writer.store import Writer
-    from workload import QUEUES_PER_TOPIC, TOPICS
 
     shutil.rmtree(store, ignore_errors=True)
     writer = Writer(WriterConfig(store=str(store), flush=FlushPolicy.ASYNC))
@@ -195,10 +196,10 @@ def sync_threads_run(store: Path, workload: Workload, producers: int, seconds: f
     Counts the acks of the ``seconds`` after ``warmup_s``."""
     import threading
 
+    from workload import QUEUES_PER_TOPIC, TOPICS
+
     from rmqstore.writer.config import FlushPolicy, WriterConfig
     from rmqstore.writer.store import Writer
-
-    from workload import QUEUES_PER_TOPIC, TOPICS
 
     shutil.rmtree(store, ignore_errors=True)
     writer = Writer(WriterConfig(store=str(store), flush=FlushPolicy.SYNC))

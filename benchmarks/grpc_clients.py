@@ -35,8 +35,9 @@ import grpc
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from rmqstore.v1 import writer_pb2, writer_pb2_grpc  # noqa: E402
-from workload import Workload, WorkloadSpec  # noqa: E402
+from workload import Workload, WorkloadSpec
+
+from rmqstore.v1 import writer_pb2, writer_pb2_grpc
 
 SEND_STREAM = "/rmqstore.v1.WriterService/SendStream"
 CHANNEL_OPTIONS = [("grpc.max_send_message_length", 64 << 20), ("grpc.max_receive_message_length", 64 << 20)]

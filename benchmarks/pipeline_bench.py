@@ -168,6 +168,7 @@ def prebuilt_source(store: Path, rows: int, pieces: int, batch_rows: int, column
     has its share of ``rows``. With ``columns_kept``, a schema of those columns only."""
     from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
     from pyspark.sql.types import StructType
+
     from rmqstore.pipeline import columns
 
     root = str(store)
@@ -182,6 +183,7 @@ def prebuilt_source(store: Path, rows: int, pieces: int, batch_rows: int, column
 
         def read(self, partition: InputPartition) -> Any:
             import pyarrow as pa
+
             from rmqstore.common.files.commitlog import CommitLog
             from rmqstore.common.files.scan import ColumnScan
 

@@ -41,9 +41,9 @@ REPO = HERE.parent
 sys.path.insert(0, str(HERE))
 
 import bench_grpc  # noqa: E402
+import bench_rmq  # noqa: E402
 import ceilings  # noqa: E402
 import native_client  # noqa: E402
-import bench_rmq  # noqa: E402
 import report  # noqa: E402
 import sqlite_baseline  # noqa: E402
 from bench_common import (  # noqa: E402
@@ -619,7 +619,6 @@ def code_under_test() -> dict[str, Any]:
     import os
 
     import rmqstore.writer.store
-
     from rmqstore.common.codec.speedups import _speedups
 
     snapshot = os.environ.get(SNAPSHOT_ENV)

@@ -30,7 +30,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from workload import KEY_PAGE_SIZE, QuerySets, Workload, WorkloadSpec  # noqa: E402
+from workload import KEY_PAGE_SIZE, QuerySets, Workload, WorkloadSpec
 
 TRANSACTION_MESSAGES = 1000
 BUSY_TIMEOUT_MS = 30_000  # writers in two processes wait for each other's transactions

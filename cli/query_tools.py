@@ -295,8 +295,8 @@ def cmd_print_msg(args: argparse.Namespace) -> int:
 def cmd_query_serve(args: argparse.Namespace) -> int:
     from rmqstore.query.service import SERVICE_NAME, QueryServicer
     from rmqstore.query.view import StoreView
-    from rmqstore.service.server import Serving
     from rmqstore.service.metrics import configure_metrics
+    from rmqstore.service.server import Serving
     from rmqstore.service.telemetry import configure_tracing
 
     # TLS files are checked before anything else.

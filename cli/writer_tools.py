@@ -126,8 +126,8 @@ def channel_from(args: argparse.Namespace, endpoint: str) -> grpc.Channel:
 
 
 def cmd_writer_serve(args: argparse.Namespace) -> int:
-    from rmqstore.service.server import AsyncServing
     from rmqstore.service.metrics import configure_metrics
+    from rmqstore.service.server import AsyncServing
     from rmqstore.service.telemetry import configure_tracing
     from rmqstore.writer.config import FlushPolicy, WriterConfig
     from rmqstore.rocketmq_v2 import service_pb2_grpc as messaging_pb2_grpc

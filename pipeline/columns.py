@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
+
 from rmqstore.common.codec import columnar
 from rmqstore.common.codec import properties as props
 from rmqstore.common.codec.columnar import Hosts, RecordColumns, Spans, decode_text

@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import grpc
+
 from rmqstore.cli.writer_tools import message_from_json
 from rmqstore.common import errors
 from rmqstore.common.codec import properties as props

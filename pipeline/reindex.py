@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+
 from rmqstore.common.codec import consumequeue as cq
 from rmqstore.common.codec import index as ix
 from rmqstore.common.codec.dispatch import DispatchBatch, _record_topics

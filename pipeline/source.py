@@ -47,12 +47,15 @@ from pyspark.sql.datasource import (
     LessThanOrEqual,
 )
 from pyspark.sql.types import StructType
+
 from rmqstore.common.errors import InvalidArgument
 from rmqstore.common.files.commitlog import CommitLog, StopReason
 from rmqstore.common.files.scan import ColumnScan
 from rmqstore.common.files.store import StorePaths
 from rmqstore.pipeline import columns, splits
 from rmqstore.pipeline.splits import TIME_MAX_MS, TIME_MIN_MS, Split, TimeRange
+
+ALL_TIMES = TimeRange()
 
 FORMAT_NAME = "rmqstore"
 PUSHDOWN_CONF = "spark.sql.python.filterPushdown.enabled"
@@ -72,7 +75,7 @@ class RowFilter:
     """The pushed filters, ANDed: a topic set, and inclusive store-time and offset bounds."""
 
     topics: frozenset[str] | None = None
-    times: TimeRange = TimeRange()
+    times: TimeRange = ALL_TIMES
     offset_min: int = TIME_MIN_MS
     offset_max: int = TIME_MAX_MS
 

@@ -24,6 +24,7 @@ corruption) exactly as a single-process scan does.
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 import struct
@@ -235,7 +236,7 @@ def _searched_pieces(root: str, file_size: int, log: CommitLog, mapped: MappedFi
     last = len(cuts) - 2
     return [
         Split(root, file_size, start, stop, cut_end=number < last)
-        for number, (start, stop) in enumerate(zip(cuts, cuts[1:]))
+        for number, (start, stop) in enumerate(itertools.pairwise(cuts))
         if stop > start
     ]
 
@@ -253,7 +254,7 @@ def _walked_pieces(root: str, file_size: int, mapped: MappedFile, walk: _Walk, e
     cuts.append(end)
     splits = []
     index = 0
-    for start, stop in zip(cuts, cuts[1:]):
+    for start, stop in itertools.pairwise(cuts):
         low, high, records = TIME_MAX_MS, TIME_MIN_MS, 0
         while index < len(walk.offsets) and walk.offsets[index] < stop:
             stamp = walk.times_ms[index]

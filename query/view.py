@@ -23,6 +23,7 @@ import time
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Literal
 
 from rmqstore.common.codec import consumequeue as cq
 from rmqstore.common.codec import index as ix
@@ -227,7 +228,7 @@ class StoreView:
         """Apache's store: the end of the records that validate, scanning on from the last
         known end (or from the newest file with data)."""
         start = self.visible_offset
-        if start < self.log.min_offset or self.log.files.find(start) is None and start != self.log.max_file_offset:
+        if start < self.log.min_offset or (self.log.files.find(start) is None and start != self.log.max_file_offset):
             start = self.log.min_offset
             for mapped in reversed(self.log.files.files):
                 if mapped.last_nonzero_position(0) > 0:
@@ -433,7 +434,7 @@ class StoreView:
             rolled_back = offsets[(flags & sysflag.TRANSACTION_MASK) == sysflag.TRANSACTION_ROLLBACK]
             for offset in rolled_back.tolist():
                 record = self.log.read(offset, check_crc=False)
-                for key in {record.uniq_key, *split_keys(record.keys)} - {None}:
+                for key in {key for key in (record.uniq_key, *split_keys(record.keys)) if key is not None}:
                     held = self._unindexed.setdefault((record.topic, key), [])
                     if offset not in held:  # a walk a failed read cut short goes over it again
                         held.insert(0, offset)
@@ -468,12 +469,12 @@ class StoreView:
             return [self._matching(topic, offset) for offset in offsets]
         return [
             self._matching(topic, offset)
-            if record is None
+            if record is None or record is False
             else (record if record.topic == topic and self._visible(offset, record.size) else None)
             for offset, record in zip(offsets, self.log.read_many(offsets))
         ]
 
-    def _kept(self, offsets: list[int], match: KeyMatch) -> list[Record | bool | None]:
+    def _kept(self, offsets: list[int], match: KeyMatch) -> list[Record | Literal[False] | None]:
         """The record at each offset where ``match`` keeps it, else False or None: the
         well-formed records read and matched in one compiled pass (which builds only the
         kept ones), the rest read one by one."""

@@ -31,7 +31,7 @@ CODES: dict[type[errors.StoreError], grpc.StatusCode] = {
 def code_for(error: errors.StoreError) -> grpc.StatusCode:
     for kind in type(error).__mro__:
         if kind in CODES:
-            return CODES[kind]  # type: ignore[index]
+            return CODES[kind]
     return grpc.StatusCode.INTERNAL
 
 

@@ -331,7 +331,7 @@ class AsyncServing:
     @staticmethod
     async def _bind(server: grpc.aio.Server, address: str, credentials: grpc.ServerCredentials | None, problem: str) -> int:
         try:
-            bound = server.add_secure_port(address, credentials) if credentials else server.add_insecure_port(address)
+            bound: int = server.add_secure_port(address, credentials) if credentials else server.add_insecure_port(address)
         except RuntimeError:
             bound = 0
         if bound == 0:

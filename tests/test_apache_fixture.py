@@ -7,8 +7,8 @@ import os
 from pathlib import Path
 
 import pytest
-
 from conftest import CLEAN, CRASHED, FIXTURE_SIZE_ARGS, FIXTURE_SIZES, FIXTURES, read_jsonl
+
 from rmqstore.cli.main import main
 from rmqstore.common.codec.record import Record, encode_record
 from rmqstore.common.files.checkpoint import read_checkpoint

@@ -4,6 +4,7 @@ same answers, same errors."""
 
 from __future__ import annotations
 
+import itertools
 import random
 import shutil
 import tempfile
@@ -15,6 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from rmqstore.common.codec import properties as props
+from rmqstore.common.codec import record as record_module
 from rmqstore.common.codec.dispatch import DispatchBatch
 from rmqstore.common.codec.hosts import SocketAddress
 from rmqstore.common.codec.javahash import (
@@ -25,7 +27,6 @@ from rmqstore.common.codec.javahash import (
     java_string_hashes,
     topic_key_hashes,
 )
-from rmqstore.common.codec import record as record_module
 from rmqstore.common.codec.record import Record, encode_record
 from rmqstore.common.errors import CrcMismatch, InvalidArgument, NotFound
 from rmqstore.common.files import mapped as mapped_module
@@ -35,7 +36,13 @@ from rmqstore.common.files.index import IndexFile, IndexFileList
 from rmqstore.common.files.store import Dispatcher, StoreSizes
 from rmqstore.writer.config import WriterConfig
 from rmqstore.writer.store import AppendResult, Writer
-from rmqstore.writer.validate import Limits, MessageBatch, MessageInput, validate_batch, validate_message
+from rmqstore.writer.validate import (
+    Limits,
+    MessageBatch,
+    MessageInput,
+    validate_batch,
+    validate_message,
+)
 
 TEXT = st.text(alphabet=st.sampled_from("aZ09_#- é中\U0001f680"), max_size=40)
 
@@ -327,10 +334,9 @@ def test_writer_batches_write_what_records_one_by_one_would(
     through the file (large writes) or through the mapping, with IPv4 born hosts only
     (one head struct) or mixed with IPv6, by the compiled batch encoder or the Python
     definitions."""
+    from rmqstore.common.codec import dispatch as dispatch_module
     from rmqstore.common.files.store import reindex
     from rmqstore.writer import store as writer_store
-
-    from rmqstore.common.codec import dispatch as dispatch_module
 
     if encoder == "python":
         monkeypatch.setattr(writer_store, "encode_records", record_module.python_encode_records)
@@ -530,7 +536,7 @@ def test_key_pages_across_the_index_walks_chunks_give_each_match_once(tmp_path: 
     writer = Writer(WriterConfig(store=str(tmp_path / "store"), sizes=SMALL_FILE_SIZES))
     acks: list[tuple[AppendResult, bool]] = []
     try:
-        for batch in range(14):
+        for _batch in range(14):
             messages = [
                 MessageInput("TopicA", b"body", ["k", "k"] if i % 5 == 0 else ["k"] if i % 3 else ["other"], queue_id=0)
                 for i in range(75)
@@ -775,7 +781,7 @@ def test_the_walk_for_rollback_keys_releases_the_log_as_it_goes(tmp_path: Path, 
     monkeypatch.setattr(view.log, "release", lambda start, stop: (released.append((start, stop)), release(start, stop)))
     assert len(view.by_key("TopicA", "k", page_size=5).records) == 5
     assert released[0][0] == 0 and released[-1][1] == view.visible_offset
-    assert all(a[1] == b[0] for a, b in zip(released, released[1:]))
+    assert all(a[1] == b[0] for a, b in itertools.pairwise(released))
     assert len(released) >= 15 and max(stop - start for start, stop in released) < 256 * 1024 + 4200
     view.close()
 

@@ -16,6 +16,7 @@ import pytest
 from conftest import CLEAN, CRASHED, FIXTURE_SIZES
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
+
 from rmqstore.common.codec import columnar
 from rmqstore.common.codec.columnar import RecordColumns, WalkEnd
 from rmqstore.common.codec.hosts import SocketAddress

@@ -23,8 +23,8 @@ import zlib
 from pathlib import Path
 
 import pytest
-
 from conftest import CLEAN, FIXTURE_SIZE_ARGS, FIXTURE_SIZES
+
 from rmqstore.cli.main import main
 from rmqstore.common.codec.hosts import SocketAddress
 from rmqstore.common.codec.record import Record, decode_record, encode_record
@@ -384,7 +384,7 @@ def test_short_garbage_size_in_a_middle_record_is_corruption(tmp_path: Path, nam
         stop = scan_bounded(log)
         assert (stop.reason, stop.end_offset, stop.dropped_bytes) == (StopReason.CORRUPT, 169, 676 - 169)
         assert type(stop.error) is Corruption and stop.error.offset == 169
-        with pytest.raises(Corruption, match="bad record size .* at commit log offset 169"):
+        with pytest.raises(Corruption, match=r"bad record size .* at commit log offset 169"):
             log.recover_write_position()
     finally:
         log.close()

@@ -311,7 +311,7 @@ class TestIndexCodec:
         assert ix.file_size(500, 1500) == 32040
 
     def test_file_names(self) -> None:
-        assert ix.file_name(1700000000123, dt.timezone.utc) == "20231114221320123"
+        assert ix.file_name(1700000000123, dt.UTC) == "20231114221320123"
         assert ix.file_name(1700000000123, ZoneInfo("Asia/Shanghai")) == "20231115061320123"
 
     def test_time_diff(self) -> None:

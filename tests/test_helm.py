@@ -11,6 +11,7 @@ text: there is no Docker engine here.
 from __future__ import annotations
 
 import importlib
+import itertools
 import json
 import re
 import shlex
@@ -472,7 +473,7 @@ def parse_cli(argv: list[str]) -> Any:
 @pytest.mark.slow
 def test_container_command_lines_are_accepted_by_the_cli(rendering: Rendering) -> None:
     parsed: dict[str, Any] = {}
-    for workload, container in rendering.containers():
+    for _workload, container in rendering.containers():
         assert container["command"] == ["rmqstore"]
         argv = container["args"]
         # The installed CLI runs the command line, with --help so that no server starts;
@@ -615,7 +616,7 @@ def test_tls_secret_is_mounted_read_only_and_served(rendering: Rendering) -> Non
         directory = tls.get("mountPath", "/etc/rmqstore/tls").rstrip("/")
         assert mounts["tls"]["mountPath"] == tls.get("mountPath", "/etc/rmqstore/tls")
         assert volumes_of(workload)["tls"]["secret"]["secretName"] == tls["secretName"]
-        pairs = dict(zip(args, args[1:], strict=False))
+        pairs = dict(itertools.pairwise(args))
         assert pairs["--tls-cert"] == f"{directory}/tls.crt"
         assert pairs["--tls-key"] == f"{directory}/tls.key"
         if tls.get("clientAuth"):

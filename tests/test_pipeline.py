@@ -18,20 +18,21 @@ import pytest
 pytest.importorskip("pyspark")
 pytest.importorskip("pyarrow")
 
-import pyarrow.dataset as pads  # noqa: E402
-from conftest import CLEAN, CRASHED, FIXTURE_SIZE_ARGS, FIXTURE_SIZES, FIXTURES, read_jsonl  # noqa: E402
-from rmqstore.cli.main import main  # noqa: E402
-from rmqstore.common.codec.msgid import offset_msg_id  # noqa: E402
-from rmqstore.common.codec.record import Record  # noqa: E402
-from rmqstore.common.errors import Corruption  # noqa: E402
-from rmqstore.common.files.commitlog import CommitLog, StopReason  # noqa: E402
-from rmqstore.common.files.index import IndexFile  # noqa: E402
-from rmqstore.common.files.store import StoreSizes, reindex  # noqa: E402
-from rmqstore.pipeline import export, load, session, splits, stats  # noqa: E402
-from rmqstore.pipeline import reindex as spark_reindex  # noqa: E402
-from rmqstore.pipeline.source import RmqstoreDataSource, read_split  # noqa: E402
-from rmqstore.v1 import messages_pb2, writer_pb2  # noqa: E402
-from test_writer import SMALL, start_node  # noqa: E402
+import pyarrow.dataset as pads
+from conftest import CLEAN, CRASHED, FIXTURE_SIZE_ARGS, FIXTURE_SIZES, FIXTURES, read_jsonl
+from test_writer import SMALL, start_node
+
+from rmqstore.cli.main import main
+from rmqstore.common.codec.msgid import offset_msg_id
+from rmqstore.common.codec.record import Record
+from rmqstore.common.errors import Corruption
+from rmqstore.common.files.commitlog import CommitLog, StopReason
+from rmqstore.common.files.index import IndexFile
+from rmqstore.common.files.store import StoreSizes, reindex
+from rmqstore.pipeline import export, load, session, splits, stats
+from rmqstore.pipeline import reindex as spark_reindex
+from rmqstore.pipeline.source import RmqstoreDataSource, read_split
+from rmqstore.v1 import messages_pb2, writer_pb2
 
 pytestmark = pytest.mark.spark
 
@@ -189,7 +190,14 @@ def _files(reader: Any) -> set[int]:
 
 
 def test_time_filters_skip_files_on_the_reader(clean_rows: list[dict[str, Any]]) -> None:
-    from pyspark.sql.datasource import EqualTo, GreaterThanOrEqual, In, IsNotNull, LessThan, LessThanOrEqual
+    from pyspark.sql.datasource import (
+        EqualTo,
+        GreaterThanOrEqual,
+        In,
+        IsNotNull,
+        LessThan,
+        LessThanOrEqual,
+    )
 
     assert _files(_reader([])) == {0, 1, 2, 3}
     first_file_end = max(r["storeTimestamp"] for r in clean_rows if r["commitLogOffset"] < 524288)
@@ -279,7 +287,7 @@ def test_a_cut_on_a_record_hidden_in_a_body_fails_the_read(tmp_path: Path) -> No
     with pytest.raises(Corruption, match=f"{host_at + 88} looked like a record start"):
         list(read_split(before))
     whole = [batch.column("topic").to_pylist() for batch in read_split(splits.Split(store, 1 << 20, 0, 1 << 20))]
-    assert sum(whole, []) == ["Plain"] * 50 + ["Host", "Plain"]
+    assert [topic for batch in whole for topic in batch] == ["Plain"] * 50 + ["Host", "Plain"]
 
 
 # reindex

@@ -617,7 +617,7 @@ def _walk_index_file(index_file: IndexFile, report: Counter[tuple[int, int]]) ->
 def test_index_rollover(plans: list[tuple[str, list[str]]]) -> None:
     puts: list[tuple[str, str, int]] = []  # (topic, key, commit log offset) in put order
     with tempfile.TemporaryDirectory() as directory:
-        writer = IndexFileList(directory, INDEX_SLOTS, INDEX_ENTRIES, writable=True, zone=dt.timezone.utc)
+        writer = IndexFileList(directory, INDEX_SLOTS, INDEX_ENTRIES, writable=True, zone=dt.UTC)
         for n, (topic, keys) in enumerate(plans):
             offset = 200 * (n + 1)
             plan = DispatchPlan(

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import grpc
 import pytest
+from conftest import CLEAN, FIXTURE_SIZES, FIXTURES, read_jsonl
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import CLEAN, FIXTURE_SIZES, FIXTURES, read_jsonl
 from rmqstore.common.codec.hosts import SocketAddress
 from rmqstore.common.codec.properties import split_keys
 from rmqstore.common.codec.record import Record, encode_record

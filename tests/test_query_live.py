@@ -38,8 +38,8 @@ from typing import Any
 
 import grpc
 import pytest
-
 from conftest import CLEAN, FIXTURE_SIZE_ARGS, FIXTURES, read_jsonl
+
 from rmqstore.common.files.progress import read_progress
 from rmqstore.v1 import messages_pb2, query_pb2, query_pb2_grpc, writer_pb2, writer_pb2_grpc
 

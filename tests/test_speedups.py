@@ -11,8 +11,8 @@ import dataclasses
 import os
 import struct
 import tempfile
-from pathlib import Path
 import zlib
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -20,6 +20,7 @@ import pytest
 from conftest import CLEAN, CRASHED, FIXTURE_SIZES, read_jsonl
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
+
 from rmqstore.common.codec import columnar, javahash, record
 from rmqstore.common.codec import index as ix
 from rmqstore.common.codec import properties as props
@@ -235,8 +236,8 @@ def test_bulk_reads_with_a_key_match_keep_what_the_match_keeps() -> None:
     offset: every record of Apache's logs, for keys and topics they hold, a key they do
     not, time windows and visible ranges that cut them; None still where no record
     starts; and the same with a key the compiled pass leaves to Python."""
-    from rmqstore.common.files.commitlog import CommitLog, KeyMatch
     from rmqstore.common.codec.properties import split_keys
+    from rmqstore.common.files.commitlog import CommitLog, KeyMatch
 
     for root in (CLEAN, CRASHED):
         log = CommitLog(str(root / "commitlog"), FIXTURE_SIZES.commitlog_file_size_bytes)
@@ -309,7 +310,7 @@ def test_time_bisection_in_a_file_gives_what_the_python_steps_give() -> None:
         for item in log.records(check_crc=False):
             times.setdefault((item.topic, item.queue_id), []).append(item.store_timestamp_ms)
 
-        def bisect_file(*args):  # type: ignore[no-untyped-def]
+        def bisect_file(*args, log=log):  # type: ignore[no-untyped-def]
             nonlocal compiled_passes
             found = log.first_stored_after(*args)
             compiled_passes += found is not None
@@ -323,9 +324,10 @@ def test_time_bisection_in_a_file_gives_what_the_python_steps_give() -> None:
             probes = sorted({t + d for t in queue_times for d in (-1, 0, 1)} | {0, 2**62})
             for probe in probes:
                 for boundary in Boundary:
-                    fast = queue.offset_by_time(probe, lambda u: log.store_timestamp(u.commitlog_offset), boundary,
+                    stored_at = log.store_timestamp
+                    fast = queue.offset_by_time(probe, lambda u, at=stored_at: at(u.commitlog_offset), boundary,
                                                 bisect_file=bisect_file)  # fmt: skip
-                    python = queue.offset_by_time(probe, lambda u: log.store_timestamp(u.commitlog_offset), boundary)
+                    python = queue.offset_by_time(probe, lambda u, at=stored_at: at(u.commitlog_offset), boundary)
                     if boundary is Boundary.LOWER:
                         expected = next((i for i, t in enumerate(queue_times) if t >= probe), len(queue_times))
                     else:

@@ -20,12 +20,11 @@ from pathlib import Path
 
 import grpc
 import pytest
-from grpc_health.v1 import health_pb2, health_pb2_grpc
-
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from rmqstore.cli.main import main
 from rmqstore.common.errors import InvalidArgument
@@ -35,7 +34,7 @@ from rmqstore.service.server import (
     load_server_credentials,
     open_channel,
 )
-from rmqstore.v1 import messages_pb2, query_pb2, query_pb2_grpc, writer_pb2, writer_pb2_grpc
+from rmqstore.v1 import messages_pb2, writer_pb2, writer_pb2_grpc
 from rmqstore.writer.config import FlushPolicy, WriterConfig
 from rmqstore.writer.service import SERVICE_NAME as WRITER_SERVICE
 from rmqstore.writer.service import WriterServicer

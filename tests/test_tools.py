@@ -10,8 +10,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from conftest import CLEAN, CRASHED, FIXTURE_SIZE_ARGS, FIXTURE_SIZES
+
 from rmqstore.cli.main import main
 from rmqstore.common.codec.consumequeue import FILLER, UNIT_DTYPE, encode_unit
 from rmqstore.common.errors import Corruption, NotFound

@@ -9,11 +9,11 @@ from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from test_writer import start_node
 
 from rmqstore.service.telemetry import tracing_requested
 from rmqstore.v1 import messages_pb2, writer_pb2
 from rmqstore.writer.config import FlushPolicy
-from test_writer import start_node
 
 TRACE_ID = 0x4BF92F3577B34DA6A3CE929D0E0E4736
 PARENT_SPAN_ID = 0x00F067AA0BA902B7
@@ -144,8 +144,8 @@ def collected(reader) -> dict[str, list]:
 
 def test_writer_and_query_metrics(tmp_path: Path) -> None:
     from test_query import QueryNode
-
     from test_writer import SMALL
+
     from rmqstore.v1 import query_pb2
 
     reader = metric_reader()

@@ -22,10 +22,10 @@ from rmqstore.common.errors import InvalidArgument
 from rmqstore.common.files.check import check_store
 from rmqstore.common.files.commitlog import CommitLog
 from rmqstore.common.files.store import StoreSizes
+from rmqstore.service.metrics import WriterMetrics
 from rmqstore.service.server import AsyncServing
 from rmqstore.v1 import messages_pb2, writer_pb2, writer_pb2_grpc
 from rmqstore.writer.config import FlushPolicy, WriterConfig
-from rmqstore.service.metrics import WriterMetrics
 from rmqstore.writer.service import SERVICE_NAME, GroupAppender, WriterServicer, batch_response
 from rmqstore.writer.store import Writer
 from rmqstore.writer.validate import MessageInput
@@ -406,7 +406,7 @@ def test_retention_deletes_old_files_and_what_points_into_them(tmp_path: Path) -
         new_min = int(files_after[0])
         status = node.writer.status()
         assert status["commitlog_min_offset"] == new_min
-        for (topic, queue_id), queue in node.writer.queues.queues.items():
+        for queue in node.writer.queues.queues.values():
             first = queue.read(queue.min_offset)
             assert first is not None and first.commitlog_offset >= new_min
         node.stub.Send(writer_pb2.SendRequest(message=message("T0", body=b"after")))
@@ -525,7 +525,7 @@ def test_time_based_retention_at_the_delete_hour(tmp_path: Path) -> None:
     hour = clock.localtime().tm_hour
     node = start_node(store, retention_hours=1.0, retention_delete_hours=(hour,), disk_clean_ratio=1.0)
     try:
-        for n in range(4):
+        for _ in range(4):
             node.stub.SendBatch(writer_pb2.SendBatchRequest(messages=[message(body=bytes(900)) for _ in range(100)]))
         node.writer.flush_thoroughly()
         files = sorted((store / "commitlog").iterdir())
@@ -573,7 +573,7 @@ def test_concurrent_appends_are_combined_and_each_keeps_its_own_outcome(tmp_path
     def append(caller: int) -> None:
         try:
             outcomes[caller] = writer.append(batch_of(caller), peer=SocketAddress.parse(f"10.0.0.{caller}:{5000 + caller}"))
-        except Exception as error:  # noqa: BLE001 - the outcome is asserted below
+        except Exception as error:
             outcomes[caller] = error
 
     # Hold the append lock: caller 0 leads alone and waits on it, the others queue up
@@ -772,7 +772,7 @@ def test_batches_of_given_queue_ids_take_each_queues_next_offsets(tmp_path: Path
         assert [(r.topic, r.queue_id, r.queue_offset) for r in first] == [
             ("Orders", 2, 0), ("Audit", 1, 0), ("Orders", 2, 1), ("Orders", 0, 0), ("Audit", 1, 1),
         ]  # fmt: skip
-        with pytest.raises(InvalidArgument, match="^message 3: queue id -1 is negative$"):
+        with pytest.raises(InvalidArgument, match=r"^message 3: queue id -1 is negative$"):
             writer.append([MessageInput("Orders", b"m", queue_id=2), MessageInput("Orders", b"m"), MessageInput("Orders", b"m", queue_id=-1)])
         again = writer.append([MessageInput("Orders", b"m", queue_id=2), MessageInput("Audit", b"m", queue_id=1)])
         assert [(r.topic, r.queue_id, r.queue_offset) for r in again] == [("Orders", 2, 2), ("Audit", 1, 2)]

@@ -7,7 +7,13 @@ import os
 import secrets
 import threading
 
-from rmqstore.common.codec.msgid import UniqKey, encode_uniq_key, month_start_ms, next_month_start_ms, uniq_key_time_field
+from rmqstore.common.codec.msgid import (
+    UniqKey,
+    encode_uniq_key,
+    month_start_ms,
+    next_month_start_ms,
+    uniq_key_time_field,
+)
 
 
 class UniqKeyGenerator:

@@ -124,7 +124,7 @@ def compact_response(results: AppendResults) -> writer_pb2.SendBatchResponse:
 class _Pending:
     """One request waiting for the group commit."""
 
-    __slots__ = ("messages", "peer", "respond", "future", "context", "started")
+    __slots__ = ("context", "future", "messages", "peer", "respond", "started")
 
     def __init__(
         self,
@@ -232,12 +232,15 @@ class GroupAppender:
         stored = iter(self.writer.append_group(batch, parts, flush=False) if kept else ())
         outcomes: list[_Stored | BaseException] = []
         for pending, problem in zip(group, refused):
-            outcome = problem if problem is not None else next(stored)
-            if isinstance(outcome, AppendResults):
+            result = problem if problem is not None else next(stored)
+            outcome: _Stored | BaseException
+            if isinstance(result, AppendResults):
                 try:
-                    outcome = _Stored(pending.respond(outcome), len(outcome), outcome.size_bytes)
+                    outcome = _Stored(pending.respond(result), len(result), result.size_bytes)
                 except BaseException as error:  # never leave a caller waiting
                     outcome = error
+            else:
+                outcome = result
             outcomes.append(outcome)
         return outcomes
 
@@ -380,7 +383,7 @@ class WriterServicer(writer_pb2_grpc.WriterServiceServicer):
             flushed_offset=status["flushed_offset"],
             queues=[
                 writer_pb2.QueueStatus(topic=t, queue_id=q, min_offset=lo, max_offset=hi)
-                for t, q, lo, hi in status["queues"]  # type: ignore[attr-defined]
+                for t, q, lo, hi in status["queues"]
             ],
             disk_total_bytes=status["disk_total_bytes"],
             disk_used_bytes=status["disk_used_bytes"],

@@ -18,13 +18,13 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple, overload
+from typing import NamedTuple, TypedDict, overload
 
 from opentelemetry import trace
 
 from rmqstore.common.codec import properties as props
-from rmqstore.common.codec.dispatch import DispatchBatch
 from rmqstore.common.codec.checkpoint import Checkpoint
+from rmqstore.common.codec.dispatch import DispatchBatch
 from rmqstore.common.codec.hosts import SocketAddress
 from rmqstore.common.codec.msgid import offset_msg_id, offset_msg_ids
 from rmqstore.common.codec.record import encode_records, set_physical_offsets
@@ -42,7 +42,13 @@ from rmqstore.writer.config import FlushPolicy, WriterConfig
 from rmqstore.writer.ids import UniqKeyGenerator
 from rmqstore.writer.lock import StoreLock
 from rmqstore.writer.topics import TopicTable
-from rmqstore.writer.validate import Limits, MessageBatch, MessageInput, validate_batch, validate_parts
+from rmqstore.writer.validate import (
+    Limits,
+    MessageBatch,
+    MessageInput,
+    validate_batch,
+    validate_parts,
+)
 
 DISK_CHECK_INTERVAL_S = 0.1
 RETENTION_FILES_PER_RUN = 10
@@ -154,10 +160,25 @@ class RecoveryReport:
     dropped_index_files: int
 
 
+class WriterStatus(TypedDict):
+    """What :meth:`Writer.status` reports (the Status RPC's fields)."""
+
+    store: str
+    commitlog_min_offset: int
+    commitlog_max_offset: int
+    dispatched_offset: int
+    flushed_offset: int
+    queues: list[tuple[str, int, int, int]]
+    disk_total_bytes: int
+    disk_used_bytes: int
+    disk_used_ratio: float
+    flush_policy: str
+
+
 class _AppendRequest:
     """One caller's batch waiting in the writer's queue."""
 
-    __slots__ = ("batch", "count", "peer", "wake", "done", "results", "error")
+    __slots__ = ("batch", "count", "done", "error", "peer", "results", "wake")
 
     def __init__(self, batch: MessageBatch | None, peer: SocketAddress | None, waits: bool = True, count: int = 0):
         # No batch of its own: a part of a group given as one batch (Writer.append_group),
@@ -391,9 +412,9 @@ class Writer:
         next leader."""
         with self._queue_lock:
             group = [self._queue[0]]
-            messages = group[0].batch.message_count
+            messages = group[0].count
             for request in itertools.islice(self._queue, 1, None):
-                messages += request.batch.message_count
+                messages += request.count
                 if messages > GROUP_MAX_MESSAGES:
                     break
                 group.append(request)
@@ -570,6 +591,7 @@ class Writer:
         properties = props.encode_messages_properties(batch.properties, keys, tags, uniq_keys)
         start = self.log.write_offset
         assert start is not None
+        records: bytes | bytearray
         records, sizes = encode_records(
             start, queue_ids, batch.flags, queue_offsets, batch.born_timestamps_ms, born_hosts, bodies, topics,
             properties, store_ts, store_host, now,
@@ -714,7 +736,7 @@ class Writer:
         published = self.publisher.last.dispatched_offset if self.publisher.last else 0
         return max((self.log.write_offset or 0) - published, 0)
 
-    def status(self) -> dict[str, object]:
+    def status(self) -> WriterStatus:
         usage = shutil.disk_usage(self.config.store)
         with self._append_lock:
             queues = [

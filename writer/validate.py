@@ -160,11 +160,11 @@ class MessageBatch(NamedTuple):
         return len(self.topics)
 
     def message(self, position: int) -> MessageInput:
-        return MessageInput(*(column[position] for column in self))
+        return MessageInput(*(column[position] for column in self))  # type: ignore[arg-type]  # column-wise
 
     def slice(self, start: int, stop: int) -> MessageBatch:
         """Messages ``start`` to ``stop`` as a batch of their own."""
-        return MessageBatch(*(column[start:stop] for column in self))
+        return MessageBatch(*(column[start:stop] for column in self))  # type: ignore[arg-type]  # column-wise
 
 
 def _plainly_valid(batch: MessageBatch, limits: Limits) -> bool:
@@ -188,7 +188,7 @@ def _plainly_valid(batch: MessageBatch, limits: Limits) -> bool:
     if max(map(len, batch.bodies)) > limits.max_body_bytes:
         return False
     given = batch.queue_ids if None not in batch.queue_ids else [q for q in batch.queue_ids if q is not None]
-    if given and min(given) < 0:  # type: ignore[type-var]
+    if given and min(given) < 0:  # type: ignore[type-var,operator]
         return False
     if max(map(len, batch.keys)) > limits.max_keys:
         return False

@@ -32,12 +32,12 @@ import re
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from rmqstore.common.codec import sysflag
 from rmqstore.common.codec.hosts import SocketAddress
-from rmqstore.common.codec.speedups import _speedups
 from rmqstore.common.codec.properties import (
     KEYS,
     NAME_VALUE_SEPARATOR,
@@ -56,6 +56,7 @@ from rmqstore.common.codec.record import (
     head_struct,
     record_size,
 )
+from rmqstore.common.codec.speedups import _speedups
 
 # The fields of ``record.head_struct`` (TOTALSIZE … BODYLENGTH), in its order.
 _HEAD_FIELDS = (
@@ -85,7 +86,7 @@ def _head_dtype(layout: struct.Struct) -> np.dtype:
     """The numpy record dtype with exactly ``layout``'s bytes (big-endian, no padding)."""
     fmt = layout.format
     assert fmt.startswith(">"), fmt
-    fields: list[tuple] = []
+    fields: list[tuple[str, Any] | tuple[str, Any, tuple[int]]] = []
     names = iter(_HEAD_FIELDS)
     for count, code in _STRUCT_TOKEN.findall(fmt[1:]):
         if code == "s":
@@ -165,7 +166,7 @@ def walk(buf: bytes | bytearray | memoryview, position: int, *, stop: int, rows_
         size, magic = unpack(buf, position)
         if magic == BLANK_MAGIC:
             return Walk(starts, position, WalkEnd.BLANK)
-        if (magic == MAGIC_V1 or magic == MAGIC_V2) and _SIZE_MIN <= size and position + size <= size_end:
+        if (magic == MAGIC_V1 or magic == MAGIC_V2) and size >= _SIZE_MIN and position + size <= size_end:
             return Walk(starts, position, WalkEnd.LIMIT)
     return Walk(starts, position, WalkEnd.OTHER)
 
@@ -547,6 +548,7 @@ def _pairs(data: np.ndarray, properties: Spans) -> tuple[np.ndarray, Spans, Span
 def _compiled_pairs(data: np.ndarray, properties: Spans) -> tuple[np.ndarray, Spans, Spans, dict[str, np.ndarray]]:
     """:func:`_pairs` by the compiled scan, which finds the pairs and the rows whose names
     may repeat; those rows get the dictionary's rules here, as in :func:`_pairs`."""
+    assert _speedups is not None, "called only where the extension is loaded"
     found = _speedups.property_pairs(
         np.ascontiguousarray(data),
         np.ascontiguousarray(properties.at, np.int64),

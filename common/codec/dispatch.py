@@ -299,7 +299,7 @@ class DispatchBatch:
     def of_columns(cls, columns: RecordColumns, delay_levels_ms: dict[int, int] = DEFAULT_DELAY_LEVELS_MS) -> DispatchBatch:
         """The plans of bulk-decoded records (``codec.columnar``): the rules of
         :meth:`add` over columns, with texts cut from the records' bytes."""
-        raw = memoryview(np.ascontiguousarray(columns.data)).cast("B")
+        raw = np.ascontiguousarray(columns.data).data.cast("B")
 
         def texts(pairs: np.ndarray, decode: Callable[[bytes], str]) -> list[str | None]:
             """The value of a per-row property pair, None where the row lacks it."""

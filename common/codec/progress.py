@@ -24,6 +24,7 @@ from __future__ import annotations
 import struct
 import zlib
 from dataclasses import dataclass
+from mmap import mmap
 
 from rmqstore.common.errors import Corruption
 
@@ -72,7 +73,7 @@ def encode_slot(progress: Progress) -> bytes:
     return body + _CRC.pack(zlib.crc32(body))
 
 
-def decode_slot(buf: bytes | bytearray | memoryview, pos: int = 0) -> Progress | None:
+def decode_slot(buf: bytes | bytearray | memoryview | mmap, pos: int = 0) -> Progress | None:
     """The slot's progress, or None if it is empty, torn or from another version."""
     body = bytes(buf[pos : pos + SLOT_BODY_SIZE])
     if len(body) < SLOT_BODY_SIZE or body[:4] != MAGIC:
@@ -80,7 +81,7 @@ def decode_slot(buf: bytes | bytearray | memoryview, pos: int = 0) -> Progress |
     (crc,) = _CRC.unpack_from(buf, pos + SLOT_BODY_SIZE)
     if zlib.crc32(body) != crc:
         return None
-    magic, version, _, sequence, dispatched, durable, min_offset, last_ts = SLOT.unpack(body)
+    _magic, version, _, sequence, dispatched, durable, min_offset, last_ts = SLOT.unpack(body)
     if version != VERSION:
         return None
     return Progress(sequence, dispatched, durable, min_offset, last_ts)
@@ -91,7 +92,7 @@ def slot_position(sequence: int) -> int:
     return (sequence % 2) * SLOT_SIZE
 
 
-def decode_file(buf: bytes | bytearray | memoryview) -> Progress | None:
+def decode_file(buf: bytes | bytearray | memoryview | mmap) -> Progress | None:
     """The newest valid slot; None for a file with no valid slot (never written)."""
     if len(buf) < FILE_SIZE:
         raise Corruption(f"progress file is {len(buf)} bytes; {FILE_SIZE} expected")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import operator
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 from rmqstore.common.codec.javahash import java_hashmap_order
 from rmqstore.common.codec.speedups import _speedups
@@ -39,7 +40,7 @@ def encode_properties(properties: Mapping[str, str]) -> bytes:
     return text.encode("utf-8")
 
 
-def decode_properties(data: bytes | memoryview) -> dict[str, str]:
+def decode_properties(data: bytes | bytearray | memoryview) -> dict[str, str]:
     """string2messageProperties, exactly: empty names or values are dropped, a later
     duplicate wins, and a value may itself contain 0x01."""
     result: dict[str, str] = {}
@@ -59,7 +60,7 @@ def broker_order(properties: Mapping[str, str]) -> dict[str, str]:
 
 
 @functools.lru_cache(maxsize=1024)
-def _broker_template(names: tuple[str, ...]) -> tuple[str, operator.itemgetter]:
+def _broker_template(names: tuple[str, ...]) -> tuple[str, operator.itemgetter[Any]]:
     """For properties with these names in this insertion order: a format string that
     writes them in broker order, and the getter that puts their values in that order."""
     order = java_hashmap_order(names)
@@ -68,7 +69,7 @@ def _broker_template(names: tuple[str, ...]) -> tuple[str, operator.itemgetter]:
     positions = [names.index(name) for name in order]
     # itemgetter of one position returns a bare value, of two a tuple: repeat the single
     # position so the result is always a tuple (format uses the first).
-    return template, operator.itemgetter(*positions, *positions[: 2 - len(positions)])
+    return template, operator.itemgetter(*[*positions, *positions[: 2 - len(positions)]])
 
 
 def encode_message_properties(user: Mapping[str, str], keys: Sequence[str], tags: str, uniq_key: str) -> bytes:
@@ -106,7 +107,8 @@ def encode_messages_properties(
     and no properties of their own (the usual shape) share one template."""
     if all(keys) and all(tags) and not any(users):
         if _speedups is not None and isinstance(keys, list) and isinstance(tags, list) and isinstance(uniq_keys, list):
-            return _speedups.encode_common_properties(_COMMON_ORDER, keys, tags, uniq_keys)
+            encoded: list[bytes] = _speedups.encode_common_properties(_COMMON_ORDER, keys, tags, uniq_keys)
+            return encoded
         fill = _KEYS_TAGS_UNIQ_KEY.format
         join = KEY_SEPARATOR.join
         return [fill(join(k), t, u).encode("utf-8") for k, t, u in zip(keys, tags, uniq_keys)]

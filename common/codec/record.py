@@ -32,6 +32,7 @@ import functools
 import itertools
 import struct
 import zlib
+from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 
 from rmqstore.common.codec import properties as props
@@ -197,7 +198,8 @@ def store_timestamp_at(buf: bytes | bytearray | memoryview, pos: int) -> int | N
     at = pos + OFFSET_BORN_HOST + (20 if sys_flag & sysflag.BORNHOST_V6 else 8)
     if at + 8 > pos + size or at + 8 > len(buf):
         return None
-    return _INT64.unpack_from(buf, at)[0]
+    (born_timestamp_ms,) = _INT64.unpack_from(buf, at)
+    return int(born_timestamp_ms)
 
 
 def encode_blank(size: int) -> bytes:
@@ -267,7 +269,7 @@ def encode_records(
     queue_ids: list[int],
     flags: list[int],
     queue_offsets: list[int],
-    born_timestamps_ms: list[int | None],
+    born_timestamps_ms: Sequence[int | None],
     born_hosts: list[SocketAddress],
     bodies: list[bytes],
     topics: list[str],
@@ -387,7 +389,7 @@ def decode_record(
     """
     end = len(buf) if limit is None else limit
     if _speedups is not None:
-        record = _speedups.decode_record(buf, pos, check_crc, end)
+        record: Record | Blank | None = _speedups.decode_record(buf, pos, check_crc, end)
         if record is not None:
             return record
     return _decode_record(buf, pos, pos if commitlog_offset is None else commitlog_offset, check_crc, end)

@@ -6,6 +6,7 @@ Python definitions, which give the same results more slowly."""
 
 from __future__ import annotations
 
+import importlib
 import os
 from types import ModuleType
 
@@ -14,6 +15,6 @@ if os.environ.get("RMQSTORE_PURE_PYTHON") == "1":
     _speedups = None
 else:
     try:
-        from rmqstore.common.codec import _speedups
+        _speedups = importlib.import_module("rmqstore.common.codec._speedups")
     except ImportError:
         _speedups = None

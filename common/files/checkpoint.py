@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import os
 
-from rmqstore.common.codec.checkpoint import FILE_SIZE, V4_SIZE, Checkpoint, decode_checkpoint, encode_checkpoint
+from rmqstore.common.codec.checkpoint import (
+    FILE_SIZE,
+    V4_SIZE,
+    Checkpoint,
+    decode_checkpoint,
+    encode_checkpoint,
+)
 from rmqstore.common.errors import Corruption
 
 

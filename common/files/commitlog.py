@@ -19,6 +19,7 @@ import os
 import struct
 from collections.abc import Generator, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 
@@ -124,7 +125,7 @@ class KeyMatch:
 
 def _read_records(
     mapped: MappedFile, positions: list[int], check_crc: bool, match: tuple[bytes, bytes, int, int, int, int] | None
-) -> list[Record | None | bool]:
+) -> list[Record | Literal[False] | None]:
     """The compiled read_records over ``positions`` of one file: each well-formed record
     read with pread (READ_AHEAD_BYTES first) and decoded, None for anything else, False
     for a record ``match`` (KeyMatch.compiled) does not keep."""
@@ -196,7 +197,7 @@ class CommitLog:
 
     def read_many(
         self, offsets: Sequence[int], *, check_crc: bool = True, match: KeyMatch | None = None
-    ) -> list[Record | None | bool]:
+    ) -> list[Record | Literal[False] | None]:
         """:meth:`read` of each offset where it is quick: the well-formed records read
         with pread and decoded in one compiled pass (read_through_file), None for the
         rest, which the caller reads one by one (every offset is None without the

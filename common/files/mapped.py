@@ -122,7 +122,7 @@ class MappedFile:
     def write(self, position: int, data: bytes | bytearray | memoryview) -> None:
         if not self.writable:
             raise ReadOnly(f"{self.path} is mapped read-only")
-        invariant(0 <= position and position + len(data) <= self.file_size_bytes, "write past file end")
+        invariant(position >= 0 and position + len(data) <= self.file_size_bytes, "write past file end")
         if len(data) < WRITE_THROUGH_FILE_BYTES:
             self._mmap[position : position + len(data)] = data
             return

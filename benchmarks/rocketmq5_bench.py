@@ -29,7 +29,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(HERE))
 
-from bench_common import Nodes, load_average, machine_facts, quiet_env, ratio
+from bench_common import Nodes, load_average, machine_facts, quiet_env, ratio  # noqa: E402
 
 TARGET = 0.8
 TIMEOUT_S = 1800.0
@@ -38,6 +38,7 @@ TIMEOUT_S = 1800.0
 def own_send(endpoint: str, topic: str, count: int, concurrency: int) -> dict[str, Any]:
     """``count`` one-message Sends from ``concurrency`` threads, each waiting for its ack."""
     import grpc
+
     from rmqstore.v1 import messages_pb2, writer_pb2, writer_pb2_grpc
 
     channel = grpc.insecure_channel(endpoint)

@@ -126,11 +126,11 @@ def channel_from(args: argparse.Namespace, endpoint: str) -> grpc.Channel:
 
 
 def cmd_writer_serve(args: argparse.Namespace) -> int:
+    from rmqstore.rocketmq_v2 import service_pb2_grpc as messaging_pb2_grpc
     from rmqstore.service.metrics import configure_metrics
     from rmqstore.service.server import AsyncServing
     from rmqstore.service.telemetry import configure_tracing
     from rmqstore.writer.config import FlushPolicy, WriterConfig
-    from rmqstore.rocketmq_v2 import service_pb2_grpc as messaging_pb2_grpc
     from rmqstore.writer.rocketmq5 import SERVICE_NAME as MESSAGING_SERVICE_NAME
     from rmqstore.writer.rocketmq5 import MessagingServicer, RouteConfig
     from rmqstore.writer.service import SERVICE_NAME, WriterServicer

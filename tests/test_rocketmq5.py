@@ -12,6 +12,7 @@ from pathlib import Path
 import grpc
 import pytest
 from google.protobuf import timestamp_pb2
+
 from rmqstore.common.files.check import check_store
 from rmqstore.common.files.commitlog import CommitLog
 from rmqstore.common.files.store import StoreSizes

@@ -19,8 +19,9 @@ from typing import Any
 
 import grpc
 import pytest
-from rmqstore.v1 import messages_pb2, query_pb2, query_pb2_grpc
 from test_query_live import SIZE_ARGS, NodeProcess, Nodes
+
+from rmqstore.v1 import messages_pb2, query_pb2, query_pb2_grpc
 
 ROOT = Path(__file__).resolve().parent.parent
 DRIVERS = Path(__file__).resolve().parent / "rocketmq5"

@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 
 import grpc
 from google.protobuf import duration_pb2
+
 from rmqstore.common.codec import properties as props
 from rmqstore.common.codec.hosts import SocketAddress
 from rmqstore.common.codec.record import PROPERTIES_LENGTH_MAX

@@ -31,10 +31,14 @@ from rmqstore.common.errors import InvalidArgument, NotFound, StoreError, StoreF
 from rmqstore.rocketmq_v2 import definition_pb2 as v2
 from rmqstore.rocketmq_v2 import service_pb2 as v2s
 from rmqstore.rocketmq_v2 import service_pb2_grpc
-from rmqstore.v1 import messages_pb2
 from rmqstore.writer.service import GroupAppender, peer_address
 from rmqstore.writer.store import AppendResults, Writer
-from rmqstore.writer.validate import RESERVED_PROPERTIES, UNIQ_KEY_LENGTH_MAX
+from rmqstore.writer.validate import (
+    RESERVED_PROPERTIES,
+    UNIQ_KEY_LENGTH_MAX,
+    MessageBatch,
+    MessageInput,
+)
 
 SERVICE_NAME = "apache.rocketmq.v2.MessagingService"
 DEFAULT_BROKER_NAME = "rmqstore-0"
@@ -180,29 +184,28 @@ def decode_body(encoding: int, body: bytes, max_body_bytes: int) -> bytes:
     return plain
 
 
-def _born_host(text: str, peer: SocketAddress | None) -> str:
-    """The client's address when it gives an IP (with the connection's port), else the
-    connection's: the Java and Node.js clients send a host name, which a record cannot hold."""
-    host = _ip_host(text)
-    if host is None:
-        return ""  # the writer takes the peer's address
-    return f"{host}:{peer.port if peer is not None else 0}"
+def _born_host(text: str, peer: SocketAddress | None) -> SocketAddress | None:
+    """The client's address when it gives an IP (with the connection's port), else None,
+    which the writer fills with the connection's address: the Java and Node.js clients
+    send a host name, which a record cannot hold."""
+    return _ip_address(text, peer.port if peer is not None else 0)
 
 
 @functools.lru_cache(maxsize=1024)  # a client sends the same born host with every message
-def _ip_host(text: str) -> str | None:
-    """``text`` as the host part of a socket address if it is an IP address, else None."""
+def _ip_address(text: str, port: int) -> SocketAddress | None:
+    """``text`` with ``port`` as a socket address if ``text`` is an IP address, else None."""
     try:
         address = ipaddress.ip_address(text)
     except ValueError:
         return None
-    return f"[{address}]" if address.version == 6 else str(address)
+    return SocketAddress(address.packed, port)
 
 
 class MessageReader:
-    """v2 messages as the writer's own ``Message`` protos, each checked with the code a
-    RocketMQ 5 client understands (the writer's validation then finds nothing left to
-    refuse but what only the store knows)."""
+    """v2 messages as the writer's columns (the batch a ``WriterService`` request is read
+    into, with no proto of ours built in between), each checked with the code a RocketMQ
+    5 client understands (the writer's validation then finds nothing left to refuse but
+    what only the store knows)."""
 
     def __init__(self, writer: Writer):
         self.writer = writer
@@ -210,7 +213,7 @@ class MessageReader:
 
     def read(
         self, messages: Sequence[v2.Message], peer: SocketAddress | None, sends_queue_id: bool = True
-    ) -> list[messages_pb2.Message]:
+    ) -> MessageBatch:
         if not messages:
             raise V2Refusal(v2.BAD_REQUEST, "the request has no messages")
         if len(messages) > self.limits.max_batch_messages:
@@ -226,9 +229,9 @@ class MessageReader:
                 if numbered:
                     raise V2Refusal(refusal.code, f"message {position}: {refusal}") from None
                 raise
-        return out
+        return MessageBatch.of(out)
 
-    def _one(self, message: v2.Message, peer: SocketAddress | None, sends_queue_id: bool) -> messages_pb2.Message:
+    def _one(self, message: v2.Message, peer: SocketAddress | None, sends_queue_id: bool) -> MessageInput:
         system = message.system_properties
         topic = _topic(message.topic)
         group = _message_group(system)
@@ -245,20 +248,19 @@ class MessageReader:
             raise V2Refusal(
                 v2.MESSAGE_PROPERTIES_TOO_LARGE, f"the properties take more than the {PROPERTIES_LENGTH_MAX} bytes a record holds"
             )
-        stored = messages_pb2.Message(
+        born = system.born_timestamp
+        return MessageInput(
             topic=topic,
             body=body,
             keys=keys,
             tags=tag,
             properties=properties,
+            queue_id=self._queue_id(topic, system.queue_id, group, sends_queue_id),
             uniq_key=message_id,
-            born_timestamp_ms=system.born_timestamp.seconds * 1000 + system.born_timestamp.nanos // 1_000_000,
+            flag=0,
+            born_timestamp_ms=born.seconds * 1000 + born.nanos // 1_000_000,
             born_host=_born_host(system.born_host, peer),
         )
-        queue_id = self._queue_id(topic, system.queue_id, group, sends_queue_id)
-        if queue_id is not None:
-            stored.queue_id = queue_id
-        return stored
 
     def _body(self, message: v2.Message) -> bytes:
         """The body to store: its digest checked, gzip decoded, its size checked."""
@@ -460,7 +462,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             peer = peer_address(context)
             language = next((v for k, v in context.invocation_metadata() or () if k == LANGUAGE_HEADER), "")
             messages = self.reader.read(request.messages, peer, language not in LANGUAGES_WITHOUT_QUEUE_ID)
-            return await self.appender.append(messages, peer, send_response)  # type: ignore[no-any-return]
+            return await self.appender.append_batch(messages, peer, send_response)  # type: ignore[no-any-return]
         except Exception as error:  # every answer is a v2 status; a cancelled call is not an answer
             status = status_for(error)
             if status.code == v2.INTERNAL_SERVER_ERROR:

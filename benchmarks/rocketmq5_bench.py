@@ -4,6 +4,11 @@ beside rmqstore's own ``WriterService.Send`` per message from CONCURRENCY Python
 each against a fresh writer (ASYNC flush) in the same run, alternating, ROUNDS times.
 The figure is the ratio of the medians (target: at least 0.8).
 
+A third sender splits the client's cost from the writer's: the same Python threads as
+our own Send's, calling v2 SendMessage with the messages and the eight metadata headers
+the official client sends. Its rate shows what the writer's v2 path allows a caller as
+cheap as ours; its writer CPU a message is the v2 path's own.
+
     python benchmarks/rocketmq5_bench.py [--messages N] [--concurrency C] [--rounds R]
         [--out benchmarks/ROCKETMQ5.md]
 
@@ -35,25 +40,14 @@ TARGET = 0.8
 TIMEOUT_S = 1800.0
 
 
-def own_send(endpoint: str, topic: str, count: int, concurrency: int) -> dict[str, Any]:
-    """``count`` one-message Sends from ``concurrency`` threads, each waiting for its ack."""
+def own_send(endpoint: str, topic: str, count: int, concurrency: int, protocol: str = "v1") -> dict[str, Any]:
+    """``count`` one-message sends from ``concurrency`` threads, each waiting for its ack:
+    WriterService.Send (``v1``), or v2 SendMessage as the official client makes it (``v2``)."""
     import grpc
 
-    from rmqstore.v1 import messages_pb2, writer_pb2, writer_pb2_grpc
-
     channel = grpc.insecure_channel(endpoint)
-    stub = writer_pb2_grpc.WriterServiceStub(channel)
-
-    def request(n: int) -> writer_pb2.SendRequest:
-        # The same message the official client's benchmark sends: tag, two keys, two properties.
-        return writer_pb2.SendRequest(
-            message=messages_pb2.Message(
-                topic=topic, body=f"message {n} to {topic}".encode(), tags=f"Tag{n % 3}",
-                keys=[f"order-{n}", f"customer-{n % 100}"], properties={"seq": str(n), "origin": "python-client"},
-            )
-        )  # fmt: skip
-
-    stub.Send(request(-1), timeout=30)  # the topic and the channel warmed, as the client's are
+    send = _v2_sender(channel, topic) if protocol == "v2" else _v1_sender(channel, topic)
+    send(-1)  # the topic and the channel warmed, as the client's are
     next_n = iter(range(count))
     lock = threading.Lock()
     failures: list[BaseException] = []
@@ -65,8 +59,8 @@ def own_send(endpoint: str, topic: str, count: int, concurrency: int) -> dict[st
             if n is None:
                 return
             try:
-                stub.Send(request(n), timeout=30)
-            except grpc.RpcError as error:
+                send(n)
+            except (grpc.RpcError, RuntimeError) as error:
                 failures.append(error)
                 return
 
@@ -81,6 +75,62 @@ def own_send(endpoint: str, topic: str, count: int, concurrency: int) -> dict[st
     if failures:
         raise RuntimeError(f"{len(failures)} Sends failed, first: {failures[0]!r}")
     return {"messages": count, "seconds": seconds}
+
+
+def _v1_sender(channel: Any, topic: str) -> Any:
+    from rmqstore.v1 import messages_pb2, writer_pb2, writer_pb2_grpc
+
+    stub = writer_pb2_grpc.WriterServiceStub(channel)
+
+    def send(n: int) -> None:
+        # The same message the official client's benchmark sends: tag, two keys, two properties.
+        request = writer_pb2.SendRequest(
+            message=messages_pb2.Message(
+                topic=topic, body=f"message {n} to {topic}".encode(), tags=f"Tag{n % 3}",
+                keys=[f"order-{n}", f"customer-{n % 100}"], properties={"seq": str(n), "origin": "python-client"},
+            )
+        )  # fmt: skip
+        stub.Send(request, timeout=30)
+
+    return send
+
+
+def _v2_sender(channel: Any, topic: str) -> Any:
+    """v2 SendMessage with what the official Python client puts in each call: the message
+    with its id, born time and host, and its eight metadata headers (a request id each)."""
+    import socket
+    import uuid
+
+    from rmqstore.rocketmq_v2 import definition_pb2 as v2
+    from rmqstore.rocketmq_v2 import service_pb2 as v2s
+    from rmqstore.rocketmq_v2 import service_pb2_grpc
+
+    stub = service_pb2_grpc.MessagingServiceStub(channel)
+    born_host = socket.gethostbyname(socket.gethostname())
+    client_id = f"{socket.gethostname()}@{os.getpid()}@0@{uuid.uuid4().hex[:10]}"
+    signature = "MQv2-HMAC-SHA1 Credential=, SignedHeaders=x-mq-date-time, Signature=" + "0" * 40
+
+    def send(n: int) -> None:
+        message = v2.Message(body=f"message {n} to {topic}".encode(), user_properties={"seq": str(n), "origin": "python-client"})
+        message.topic.name = topic
+        system = message.system_properties
+        system.tag = f"Tag{n % 3}"
+        system.keys.extend([f"order-{n}", f"customer-{n % 100}"])
+        system.message_id = uuid.uuid4().hex.upper()
+        system.born_timestamp.GetCurrentTime()
+        system.born_host = born_host
+        system.body_encoding = v2.IDENTITY
+        system.message_type = v2.NORMAL
+        metadata = (
+            ("x-mq-language", "PYTHON"), ("x-mq-protocol", "GRPC_V2"), ("x-mq-client-version", "5.1.2"),
+            ("x-mq-date-time", time.strftime("%Y%m%dT%H%M%SZ")), ("x-mq-request-id", str(uuid.uuid4())),
+            ("x-mq-client-id", client_id), ("x-mq-namespace", ""), ("authorization", signature),
+        )  # fmt: skip
+        response = stub.SendMessage(v2s.SendMessageRequest(messages=[message]), timeout=30, metadata=metadata)
+        if response.status.code != v2.OK:
+            raise RuntimeError(f"SendMessage answered {response.status.code}: {response.status.message}")
+
+    return send
 
 
 def process_cpu_s(pid: int) -> float:
@@ -112,15 +162,16 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--out", type=Path, help="write the results as markdown here")
-    parser.add_argument("--own-send", nargs=2, metavar=("ENDPOINT", "TOPIC"), help=argparse.SUPPRESS)
+    parser.add_argument("--own-send", nargs=3, metavar=("PROTOCOL", "ENDPOINT", "TOPIC"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.own_send:
-        print(json.dumps(own_send(args.own_send[0], args.own_send[1], args.messages, args.concurrency)), flush=True)
+        protocol, endpoint, topic = args.own_send
+        print(json.dumps(own_send(endpoint, topic, args.messages, args.concurrency, protocol)), flush=True)
         return
     rmq5 = Path(os.environ.get("RMQSTORE_RMQ5_VENV", REPO / ".venv-rmq5")) / "bin" / "python"
     if not rmq5.exists():
         raise SystemExit(f"the official Python client's virtualenv is missing ({rmq5}): run test.sh once")
-    rates: dict[str, list[float]] = {"official_python_client": [], "own_send": []}
+    rates: dict[str, list[float]] = {"official_python_client": [], "own_send": [], "own_callers_v2": []}
     # CPU a message costs each process: on a machine with few cores the two compete.
     cpu_us: dict[str, dict[str, list[float]]] = {way: {"sender": [], "writer": []} for way in rates}
     with tempfile.TemporaryDirectory(prefix="rocketmq5-bench-") as work_text:
@@ -136,7 +187,8 @@ def main() -> None:
                                    writer.endpoint, "Bench", str(args.messages), str(args.concurrency)]  # fmt: skip
                         result = run_sender(command, client_env, writer.proc.pid)
                     else:
-                        command = [sys.executable, __file__, "--own-send", writer.endpoint, "Bench",
+                        protocol = "v2" if way == "own_callers_v2" else "v1"
+                        command = [sys.executable, __file__, "--own-send", protocol, writer.endpoint, "Bench",
                                    "--messages", str(args.messages), "--concurrency", str(args.concurrency)]  # fmt: skip
                         result = run_sender(command, quiet_env(), writer.proc.pid)
                     writer.stop()
@@ -152,6 +204,11 @@ def main() -> None:
         "msgs_per_s": {way: [round(v, 1) for v in values] for way, values in rates.items()},
         "median_msgs_per_s": {way: round(v, 1) for way, v in medians.items()},
         "client_to_own_send": figure,
+        "own_callers_v2_to_own_send": ratio(medians["own_callers_v2"], medians["own_send"]),
+        # Each round's own pair: how far the machine's load moved the figure between rounds.
+        "client_to_own_send_by_round": [
+            ratio(client, own) for client, own in zip(rates["official_python_client"], rates["own_send"])
+        ],
         "median_cpu_us_per_message": {
             way: {side: round(statistics.median(v), 1) for side, v in sides.items()} for way, sides in cpu_us.items()
         },
@@ -186,6 +243,9 @@ each way against a fresh `rmqstore writer serve` (ASYNC flush) on 127.0.0.1; {fa
 {rows}
 
 Official client ÷ own `Send`: **{report['client_to_own_send']}** (target ≥ {report['target']}: {verdict}).
+By round: {' / '.join(str(r) for r in report['client_to_own_send_by_round'])}.
+Our own callers sending v2 `SendMessage` as the official client does (its messages and its
+eight headers) ÷ own `Send`: {report['own_callers_v2_to_own_send']}.
 
 CPU a message costs each process (median µs; user + system):
 

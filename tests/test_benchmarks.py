@@ -193,8 +193,9 @@ def test_the_front_probe_stores_what_both_designs_acked() -> None:
 
 
 def test_the_rocketmq5_benchmark_measures_both_senders(tmp_path: Path) -> None:
-    """benchmarks/rocketmq5_bench.py at a smoke size: the official Python client and our own
-    Send each deliver every message, and the ratio is theirs of the medians."""
+    """benchmarks/rocketmq5_bench.py at a smoke size: the official Python client, our own
+    Send and our own callers of v2 SendMessage each deliver every message, and the ratios
+    are theirs of the medians."""
     out = tmp_path / "ROCKETMQ5.md"
     done = subprocess.run(
         [sys.executable, str(REPO / "benchmarks" / "rocketmq5_bench.py"), "--messages", "200", "--rounds", "1", "--out", str(out)],
@@ -204,7 +205,9 @@ def test_the_rocketmq5_benchmark_measures_both_senders(tmp_path: Path) -> None:
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert (result["messages"], result["concurrency"], result["rounds"]) == (200, 64, 1)
     medians = result["median_msgs_per_s"]
-    assert medians["official_python_client"] > 0 and medians["own_send"] > 0
+    assert medians["official_python_client"] > 0 and medians["own_send"] > 0 and medians["own_callers_v2"] > 0
     assert abs(result["client_to_own_send"] - medians["official_python_client"] / medians["own_send"]) < 0.011
+    assert abs(result["own_callers_v2_to_own_send"] - medians["own_callers_v2"] / medians["own_send"]) < 0.011
+    assert result["client_to_own_send_by_round"] == [result["client_to_own_send"]]  # one round: its own pair
     assert result["met"] == (result["client_to_own_send"] >= 0.8)
     assert "python benchmarks/rocketmq5_bench.py --messages 200" in out.read_text()

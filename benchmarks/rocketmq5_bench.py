@@ -217,7 +217,21 @@ def main() -> None:
     }
     print(json.dumps(report), flush=True)
     if args.out:
-        args.out.write_text(markdown(report, " ".join(["python", "benchmarks/rocketmq5_bench.py", *sys.argv[1:]])))
+        text = markdown(report, " ".join(["python", "benchmarks/rocketmq5_bench.py", *sys.argv[1:]]))
+        args.out.write_text(text + kept_analysis(args.out))
+
+
+ANALYSIS_HEADING = "\n## What bounds the figure"
+
+
+def kept_analysis(out: Path) -> str:
+    """The hand-written analysis at the end of an earlier report (from its heading on),
+    kept when the figures above it are measured again."""
+    if not out.exists():
+        return ""
+    earlier = out.read_text(encoding="utf-8")
+    start = earlier.find(ANALYSIS_HEADING)
+    return earlier[start:] if start >= 0 else ""
 
 
 def markdown(report: dict[str, Any], command: str) -> str:

@@ -162,7 +162,7 @@ class GroupAppender:
     A handler queues its request's messages and awaits a future. A drain, scheduled on
     the loop when a request finds none pending, takes every request queued by then as
     one group and appends it right there: the messages read out of their protos in one
-    pass, checked, appended and dispatched as one batch (Writer.append_group), and each
+    pass (or brought already read into columns, as the RocketMQ 5 gateway's are), checked, appended and dispatched as one batch (Writer.append_group), and each
     request's response made. Under ASYNC the futures are settled at once; under SYNC the
     flusher thread fsyncs what has been appended, then settles every request the fsync
     covered, while the loop reads the next requests and appends them.

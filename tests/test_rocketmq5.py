@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import hashlib
+import ipaddress
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
@@ -257,6 +258,20 @@ def test_send_message_stores_a_rocketmq_record(node: Node) -> None:
     # The queue id a client sends (0 here, from a caller that names no language) is kept.
     assert (second.queue_id, second.queue_offset, second.properties["__SHARDINGKEY"]) == (0, 1, "cart-9")
     assert check_store(str(node.store), SMALL).ok
+
+
+def test_born_host_is_the_clients_ip_with_the_connections_port_else_the_connection(node: Node) -> None:
+    """An IP the client names (v4 or v6) is kept with the connection's port; a host name
+    (as the Java and Node.js clients send) or none gives the connection's own address."""
+    given = ["192.0.2.7", "2001:db8::7", "laptop.example", ""]
+    messages = [v2_message(message_id=f"{MESSAGE_ID[:-1]}{n}", born_host=host) for n, host in enumerate(given)]
+    response = send(node, *messages)
+    assert [e.status.code for e in response.entries] == [v2.OK] * 4
+    hosts = [record.born_host for record in node.records()]
+    port = hosts[0].port
+    assert port > 0 and all(host.port == port for host in hosts)  # one connection, one port
+    loopback = bytes([127, 0, 0, 1])
+    assert [host.ip for host in hosts] == [bytes([192, 0, 2, 7]), ipaddress.ip_address("2001:db8::7").packed, loopback, loopback]
 
 
 def test_fifo_queue_chosen_by_the_client_is_kept(node: Node) -> None:

@@ -38,4 +38,37 @@ if ! { command -v chromium && command -v chromedriver; } > /dev/null 2>&1; then
         exit 1
     fi
 fi
+# The official RocketMQ 5 Python client, in a virtualenv of its own (it bundles its own
+# copy of the apache.rocketmq.v2 protos): tests/test_rocketmq5_clients.py runs it as a
+# separate process. Made once; a later run only checks it is there.
+RMQ5_VENV="${RMQSTORE_RMQ5_VENV:-.venv-rmq5}"
+if [ ! -x "$RMQ5_VENV/bin/python" ] || ! "$RMQ5_VENV/bin/python" -c 'import rocketmq' 2> /dev/null; then
+    python3 -m venv "$RMQ5_VENV"
+    if ! "$RMQ5_VENV/bin/pip" install 'rocketmq-python-client>=5.1,<6' > "$RMQ5_VENV/install.log" 2>&1; then
+        cat "$RMQ5_VENV/install.log" >&2
+        exit 1
+    fi
+fi
+export RMQSTORE_RMQ5_VENV="$(cd "$RMQ5_VENV" && pwd)"
+# The Node.js clients (tests/node: the official RocketMQ 5 client and one of our own
+# contracts) need Node.js and npm, from the OS's packages where missing, and their npm
+# packages, installed from the committed lock file whenever it is newer than them.
+if ! command -v node > /dev/null || ! command -v npm > /dev/null; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get > /dev/null; then
+        if ! { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm; } > "$VENV/apt-node.log" 2>&1; then
+            cat "$VENV/apt-node.log" >&2
+            exit 1
+        fi
+    else
+        echo "test.sh: the Node.js client tests need node and npm; install nodejs and npm (Debian)" >&2
+        exit 1
+    fi
+fi
+if [ ! -d tests/node/node_modules ] || [ tests/node/package-lock.json -nt tests/node/node_modules ]; then
+    if ! (cd tests/node && npm ci --no-audit --no-fund) > "$VENV/npm.log" 2>&1; then
+        cat "$VENV/npm.log" >&2
+        exit 1
+    fi
+    touch tests/node/node_modules
+fi
 exec "$VENV/bin/python" -m pytest "$@"

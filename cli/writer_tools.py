@@ -126,10 +126,13 @@ def channel_from(args: argparse.Namespace, endpoint: str) -> grpc.Channel:
 
 
 def cmd_writer_serve(args: argparse.Namespace) -> int:
+    from rmqstore.rocketmq_v2 import service_pb2_grpc as messaging_pb2_grpc
     from rmqstore.service.metrics import configure_metrics
     from rmqstore.service.server import AsyncServing
     from rmqstore.service.telemetry import configure_tracing
     from rmqstore.writer.config import FlushPolicy, WriterConfig
+    from rmqstore.writer.rocketmq5 import SERVICE_NAME as MESSAGING_SERVICE_NAME
+    from rmqstore.writer.rocketmq5 import MessagingServicer, RouteConfig
     from rmqstore.writer.service import SERVICE_NAME, WriterServicer
     from rmqstore.writer.store import Writer
 
@@ -152,13 +155,23 @@ def cmd_writer_serve(args: argparse.Namespace) -> int:
         disk_full_ratio=args.disk_full_ratio,
         truncate_corrupt_tail=args.truncate_corrupt_tail,
     )
+    # Checked before recovery, like the TLS files; without --advertise the port is the
+    # bound one, known once the server listens.
+    route = RouteConfig.parse(args.advertise or f"{args.host}:{args.port or 1}", args.broker_name)
     writer = Writer(config)
     writer.start_background()
     servicer = WriterServicer(writer)
+    # RocketMQ 5's producers share the WriterService's group commit: one appender per loop.
+    messaging = MessagingServicer(writer, servicer.appender, route)
+
+    def register(server: grpc.aio.Server) -> None:
+        writer_pb2_grpc.add_WriterServiceServicer_to_server(servicer, server)
+        messaging_pb2_grpc.add_MessagingServiceServicer_to_server(messaging, server)
+
     try:
         serving = AsyncServing(
-            lambda s: writer_pb2_grpc.add_WriterServiceServicer_to_server(servicer, s),
-            [SERVICE_NAME],
+            register,
+            [SERVICE_NAME, MESSAGING_SERVICE_NAME],
             host=args.host,
             port=args.port,
             credentials=credentials,
@@ -169,6 +182,8 @@ def cmd_writer_serve(args: argparse.Namespace) -> int:
         servicer.close()
         writer.close()
         raise
+    if not args.advertise:
+        messaging.route = RouteConfig(route.advertise_host, serving.port, route.broker_name)
     recovery = writer.recovery
     print(
         json.dumps(
@@ -178,6 +193,7 @@ def cmd_writer_serve(args: argparse.Namespace) -> int:
                 "port": serving.port,
                 "store": config.store,
                 "flush": config.flush.value,
+                "advertise": f"{messaging.route.advertise_host}:{messaging.route.advertise_port}",
                 **serving_tls_fields(args, serving.health_port),
                 "recovered": {
                     "uncleanShutdown": recovery.unclean,
@@ -190,6 +206,7 @@ def cmd_writer_serve(args: argparse.Namespace) -> int:
         flush=True,
     )
     wait_for_stop(stopping)
+    serving.call(messaging.end_streams())
     serving.stop(SHUTDOWN_GRACE_S)
     servicer.close()
     writer.close()
@@ -312,7 +329,10 @@ def _batches(messages: Iterator[messages_pb2.Message], size: int) -> Iterator[wr
 def register(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     writer = commands.add_parser("writer", help="the writer node")
     writer_commands = writer.add_subparsers(dest="writer_command", required=True)
-    serve = writer_commands.add_parser("serve", help="own a store directory and serve WriterService over gRPC")
+    serve = writer_commands.add_parser(
+        "serve",
+        help="own a store directory and serve WriterService (and RocketMQ 5's MessagingService) over gRPC",
+    )
     serve.add_argument("--store", required=True, help="store directory (created if missing)")
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     serve.add_argument("--port", type=int, default=0, help="port (default 0: any free port, printed at start)")
@@ -320,6 +340,16 @@ def register(commands: argparse._SubParsersAction) -> None:  # type: ignore[type
     serve.add_argument("--flush-interval-ms", type=int, default=500, help="ASYNC fsync interval (default 500)")
     serve.add_argument("--store-host", help="ip:port written into records and msgIds (default 127.0.0.1:PORT)")
     serve.add_argument("--no-auto-create", action="store_true", help="refuse messages to unknown topics")
+    serve.add_argument(
+        "--advertise",
+        metavar="HOST:PORT",
+        help="the endpoint RocketMQ 5 clients are routed to by QueryRoute (default: the listen address)",
+    )
+    serve.add_argument(
+        "--broker-name",
+        default="rmqstore-0",
+        help="the broker name QueryRoute gives the writer (default rmqstore-0)",
+    )
     serve.add_argument("--retention-hours", type=float, default=72.0, help="commit log file reserved time (default 72)")
     serve.add_argument("--disk-clean-ratio", type=float, default=0.75, help="delete old files above this disk use")
     serve.add_argument("--disk-full-ratio", type=float, default=0.90, help="refuse writes above this disk use")

@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
+from grpc_reflection.v1alpha import reflection, reflection_pb2, reflection_pb2_grpc
 from opentelemetry import trace
 from opentelemetry.instrumentation.grpc import aio_server_interceptor, server_interceptor
 
@@ -30,6 +30,7 @@ SERVER_OPTIONS = [
     ("grpc.so_reuseport", 0),
 ]
 T = TypeVar("T")
+REFLECTION_V1_SERVICE = "grpc.reflection.v1.ServerReflection"
 
 
 class TracingInterceptor(grpc.ServerInterceptor):
@@ -156,7 +157,28 @@ def _add_services(
     health service and reflection listing both."""
     register(server)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    reflection.enable_server_reflection((*service_names, reflection.SERVICE_NAME, health.SERVICE_NAME), server)
+    enable_reflection(server, (*service_names, health.SERVICE_NAME))
+
+
+def enable_reflection(server: Any, service_names: Sequence[str]) -> None:
+    """Server reflection as both v1alpha and v1 (current grpcurl asks v1 first). grpcio's
+    reflection package serves v1alpha only; v1 renamed the package and kept every
+    message, so the same servicer answers it, its messages read and written as v1alpha's."""
+    names = (*service_names, reflection.SERVICE_NAME, REFLECTION_V1_SERVICE)
+    servicer = (
+        reflection.aio.ReflectionServicer(names)
+        if isinstance(server, grpc.aio.Server)
+        else reflection.ReflectionServicer(names)
+    )
+    reflection_pb2_grpc.add_ServerReflectionServicer_to_server(servicer, server)
+    info = grpc.stream_stream_rpc_method_handler(
+        servicer.ServerReflectionInfo,
+        request_deserializer=reflection_pb2.ServerReflectionRequest.FromString,
+        response_serializer=reflection_pb2.ServerReflectionResponse.SerializeToString,
+    )
+    server.add_generic_rpc_handlers(
+        (grpc.method_handlers_generic_handler(REFLECTION_V1_SERVICE, {"ServerReflectionInfo": info}),)
+    )
 
 
 def start_server(

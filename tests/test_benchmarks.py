@@ -215,3 +215,29 @@ def test_console_benchmark_runs_at_a_smoke_size(tmp_path: Path) -> None:
     report = (out / "CONSOLE.md").read_text(encoding="utf-8")
     assert f"`{result['command']}`" in report and "| key search page (50) |" in report
     assert not (tmp_path / "work" / "console-store").exists()
+
+
+def test_the_rocketmq5_benchmark_measures_both_senders(tmp_path: Path) -> None:
+    """benchmarks/rocketmq5_bench.py at a smoke size: the official Python client, our own
+    Send and our own callers of v2 SendMessage each deliver every message, and the ratios
+    are theirs of the medians. An earlier report's hand-written analysis is kept below the
+    new figures."""
+    out = tmp_path / "ROCKETMQ5.md"
+    out.write_text("# old figures\n\n## What bounds the figure\n\nkept as written\n")
+    done = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "rocketmq5_bench.py"), "--messages", "200", "--rounds", "1", "--out", str(out)],
+        cwd=REPO, capture_output=True, text=True, timeout=TIMEOUT_S, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert (result["messages"], result["concurrency"], result["rounds"]) == (200, 64, 1)
+    medians = result["median_msgs_per_s"]
+    assert medians["official_python_client"] > 0 and medians["own_send"] > 0 and medians["own_callers_v2"] > 0
+    assert abs(result["client_to_own_send"] - medians["official_python_client"] / medians["own_send"]) < 0.011
+    assert abs(result["own_callers_v2_to_own_send"] - medians["own_callers_v2"] / medians["own_send"]) < 0.011
+    assert result["client_to_own_send_by_round"] == [result["client_to_own_send"]]  # one round: its own pair
+    assert result["met"] == (result["client_to_own_send"] >= 0.8)
+    report = out.read_text()
+    assert "python benchmarks/rocketmq5_bench.py --messages 200" in report
+    assert "# old figures" not in report
+    assert report.endswith("|\n\n## What bounds the figure\n\nkept as written\n")

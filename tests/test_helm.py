@@ -533,6 +533,20 @@ def test_store_values_reach_the_writers_command_line(chart: helm.Chart) -> None:
     )
 
 
+def test_writer_advertises_its_service_to_rocketmq5_clients(chart: helm.Chart) -> None:
+    """QueryRoute hands RocketMQ 5 clients the writer's Service by default, or the value given."""
+    from rmqstore.writer.rocketmq5 import RouteConfig
+
+    writer = next(c for _, c in render(chart, {}).containers() if c["name"] == "writer")
+    args = parse_cli(writer["args"])
+    assert args.advertise == f"{RELEASE}-rmqstore-writer.{NAMESPACE}.svc:10911"
+    assert args.broker_name == "rmqstore-0"
+    RouteConfig.parse(args.advertise, args.broker_name)
+    custom = render(chart, {"writer": {"advertise": "mq.example.com:443", "brokerName": "east-1"}})
+    args = parse_cli(next(c for _, c in custom.containers() if c["name"] == "writer")["args"])
+    assert (args.advertise, args.broker_name) == ("mq.example.com:443", "east-1")
+
+
 def test_default_command_lines_use_rocketmqs_sizes_without_float_notation(chart: helm.Chart) -> None:
     rendering = render(chart, {})
     writer = next(c for _, c in rendering.containers() if c["name"] == "writer")

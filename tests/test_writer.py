@@ -11,7 +11,7 @@ import queue
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from pathlib import Path
 
 import grpc
@@ -26,7 +26,13 @@ from rmqstore.service.metrics import WriterMetrics
 from rmqstore.service.server import AsyncServing
 from rmqstore.v1 import messages_pb2, writer_pb2, writer_pb2_grpc
 from rmqstore.writer.config import FlushPolicy, WriterConfig
-from rmqstore.writer.service import SERVICE_NAME, GroupAppender, WriterServicer, batch_response
+from rmqstore.writer.service import (
+    SERVICE_NAME,
+    GroupAppender,
+    WriterServicer,
+    batch_response,
+    to_batch,
+)
 from rmqstore.writer.store import Writer
 from rmqstore.writer.validate import MessageInput
 
@@ -625,13 +631,22 @@ def test_concurrent_appends_are_combined_and_each_keeps_its_own_outcome(tmp_path
     assert check_store(str(store), SMALL).ok
 
 
-def _appended_as_one_group(writer: Writer, requests: list[tuple[list[messages_pb2.Message], SocketAddress]]) -> list[object]:
+def _appended_as_one_group(
+    writer: Writer, requests: list[tuple[list[messages_pb2.Message], SocketAddress]], as_columns: Collection[int] = ()
+) -> list[object]:
     """Each request's response or error, the requests queued on one event loop with no
-    await between them: the appender's first drain takes them all as one group."""
+    await between them: the appender's first drain takes them all as one group. The
+    requests numbered in ``as_columns`` come already read into columns (append_batch, as
+    the RocketMQ 5 gateway sends), the others as protos."""
     appender = GroupAppender(writer, WriterMetrics(writer))
 
     async def send_all() -> list[object]:
-        futures = [appender.append(messages, peer, batch_response) for messages, peer in requests]
+        futures = [
+            appender.append_batch(to_batch(messages), peer, batch_response)
+            if n in as_columns
+            else appender.append(messages, peer, batch_response)
+            for n, (messages, peer) in enumerate(requests)
+        ]
         return await asyncio.gather(*futures, return_exceptions=True)
 
     try:
@@ -648,17 +663,20 @@ GROUP_CASES = {
 }
 
 
+@pytest.mark.parametrize("mixed", [False, True], ids=["protos", "protos and columns"])
 @pytest.mark.parametrize("flush", [FlushPolicy.SYNC, FlushPolicy.ASYNC])
 @pytest.mark.parametrize("case", GROUP_CASES)
 def test_a_group_of_requests_is_stored_as_one_batch_and_each_keeps_its_own_outcome(
-    tmp_path: Path, flush: FlushPolicy, case: str
+    tmp_path: Path, flush: FlushPolicy, case: str, mixed: bool
 ) -> None:
     """The asyncio service's group commit (GroupAppender → Writer.append_group): the
     requests queued together are appended as one batch with one fsync under SYNC; each
     good request stays contiguous and in order with its caller's address as born host,
     and each bad one (a born host that is no address, a topic name the store refuses,
     a queue id out of range, a record larger than a commit log file) is refused alone,
-    its messages numbered within its own request."""
+    its messages numbered within its own request. Mixed: the odd callers' requests and
+    the bad ones that can be read (4, 8) come as columns, the others as protos, and the
+    outcomes are the same."""
     store = tmp_path / "store"
     writer = Writer(WriterConfig(store=str(store), sizes=SMALL, flush=flush, auto_create_topics=False))
     writer.topics.create("Orders", 4)
@@ -678,7 +696,8 @@ def test_a_group_of_requests_is_stored_as_one_batch_and_each_keeps_its_own_outco
     special = {caller: bad[caller] for caller in GROUP_CASES[case]}
     callers = range(10)
     peers = [SocketAddress.parse(f"10.0.0.{caller}:{5000 + caller}") for caller in callers]
-    outcomes = _appended_as_one_group(writer, [(special.get(c) or good(c), peers[c]) for c in callers])
+    as_columns = {c for c in callers if c % 2 or c in (4, 8)} if mixed else set()
+    outcomes = _appended_as_one_group(writer, [(special.get(c) or good(c), peers[c]) for c in callers], as_columns)
     reasons = {
         2: lambda text: text.startswith("message 2: born_host: "),
         4: lambda text: text == "queue id 7 is out of range: topic Orders has 4 queues",

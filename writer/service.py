@@ -124,7 +124,7 @@ def compact_response(results: AppendResults) -> writer_pb2.SendBatchResponse:
 class _Pending:
     """One request waiting for the group commit."""
 
-    __slots__ = ("context", "future", "messages", "peer", "respond", "started")
+    __slots__ = ("batch", "context", "count", "future", "messages", "peer", "respond", "started")
 
     def __init__(
         self,
@@ -132,8 +132,13 @@ class _Pending:
         peer: SocketAddress | None,
         respond: Respond,
         future: asyncio.Future[Any],
+        batch: MessageBatch | None = None,
     ):
+        # Proto messages, read into columns by the drain; or (``batch``) columns a
+        # handler has already read out of another protocol's messages.
         self.messages = messages
+        self.batch = batch
+        self.count = batch.message_count if batch is not None else len(messages)
         self.peer = peer
         self.respond = respond
         self.future = future
@@ -157,7 +162,7 @@ class GroupAppender:
     A handler queues its request's messages and awaits a future. A drain, scheduled on
     the loop when a request finds none pending, takes every request queued by then as
     one group and appends it right there: the messages read out of their protos in one
-    pass, checked, appended and dispatched as one batch (Writer.append_group), and each
+    pass (or brought already read into columns, as the RocketMQ 5 gateway's are), checked, appended and dispatched as one batch (Writer.append_group), and each
     request's response made. Under ASYNC the futures are settled at once; under SYNC the
     flusher thread fsyncs what has been appended, then settles every request the fsync
     covered, while the loop reads the next requests and appends them.
@@ -187,13 +192,22 @@ class GroupAppender:
     ) -> asyncio.Future[Any]:
         """Queue a request's messages (on the loop); the future holds
         ``respond(results)`` once they are stored, or the error that refused them."""
+        return self._enqueue(lambda future: _Pending(messages, peer, respond, future))
+
+    def append_batch(self, batch: MessageBatch, peer: SocketAddress | None, respond: Respond) -> asyncio.Future[Any]:
+        """:meth:`append` for messages a handler has already read into columns (the
+        RocketMQ 5 gateway reads its own protocol's messages): no proto is built only to
+        be read back."""
+        return self._enqueue(lambda future: _Pending((), peer, respond, future, batch))
+
+    def _enqueue(self, make: Callable[[asyncio.Future[Any]], _Pending]) -> asyncio.Future[Any]:
         if self._closed:
             raise InvalidArgument("the writer is closed")
         loop = asyncio.get_running_loop()
         if self._loop is None:
             self._loop = loop
         invariant(loop is self._loop, "a GroupAppender serves one event loop")
-        pending = _Pending(messages, peer, respond, loop.create_future())
+        pending = make(loop.create_future())
         self._queue.append(pending)
         if not self._drain_scheduled:
             # After the callbacks already due: the requests read meanwhile join the group.
@@ -206,9 +220,9 @@ class GroupAppender:
         if not self._queue:
             return
         group = [self._queue.popleft()]
-        messages = len(group[0].messages)
-        while self._queue and messages + len(self._queue[0].messages) <= GROUP_MAX_MESSAGES:
-            messages += len(self._queue[0].messages)
+        messages = group[0].count
+        while self._queue and messages + self._queue[0].count <= GROUP_MAX_MESSAGES:
+            messages += self._queue[0].count
             group.append(self._queue.popleft())
         if self._queue:
             self._drain_scheduled = True
@@ -228,7 +242,7 @@ class GroupAppender:
         """Append the group; each request's response, or the error that refused it."""
         batch, refused = _group_batch(group)
         kept = [pending for pending, problem in zip(group, refused) if problem is None]
-        parts = [(len(pending.messages), pending.peer) for pending in kept]
+        parts = [(pending.count, pending.peer) for pending in kept]
         stored = iter(self.writer.append_group(batch, parts, flush=False) if kept else ())
         outcomes: list[_Stored | BaseException] = []
         for pending, problem in zip(group, refused):
@@ -290,17 +304,19 @@ class GroupAppender:
 def _group_batch(group: list[_Pending]) -> tuple[MessageBatch, list[InvalidArgument | None]]:
     """The group's messages as one batch, and each request's error in reading its own
     (a born host that is no address) or None; only the good requests' messages are in
-    the batch. Read in one pass, and request by request only when that fails (so an
-    error is worded for its own request)."""
-    try:
-        return to_batch([m for pending in group for m in pending.messages]), [None] * len(group)
-    except InvalidArgument:
-        pass
+    the batch. Read in one pass when every request brings protos, request by request
+    when some bring columns already read or when that pass fails (so an error is worded
+    for its own request)."""
+    if all(pending.batch is None for pending in group):
+        try:
+            return to_batch([m for pending in group for m in pending.messages]), [None] * len(group)
+        except InvalidArgument:
+            pass
     batches: list[MessageBatch] = []
     refused: list[InvalidArgument | None] = []
     for pending in group:
         try:
-            batches.append(to_batch(pending.messages))
+            batches.append(pending.batch if pending.batch is not None else to_batch(pending.messages))
         except InvalidArgument as error:
             refused.append(error)
         else:

@@ -155,6 +155,10 @@ TLS flags of a server, and its plaintext health port, when tls.enabled; call wit
 - --store-host
 - {{ .Values.store.storeHost | quote }}
 {{- end }}
+- --advertise
+- {{ .Values.writer.advertise | default (printf "%s.%s.svc:%d" (include "rmqstore.writerName" .) .Release.Namespace (int64 .Values.writer.port)) | quote }}
+- --broker-name
+- {{ .Values.writer.brokerName | quote }}
 {{- include "rmqstore.tlsArgs" (dict "root" . "healthPort" .Values.writer.healthPort) }}
 {{- include "rmqstore.sizeArgs" . }}
 {{- end }}

@@ -1,0 +1,455 @@
+"""RocketMQ 5's MessagingService on the writer's port, through real gRPC with our own v2
+stubs: routes, settings, sends stored as RocketMQ records, every refusal's v2 status."""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import ipaddress
+import zlib
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+from google.protobuf import timestamp_pb2
+
+from rmqstore.common.files.check import check_store
+from rmqstore.common.files.commitlog import CommitLog
+from rmqstore.common.files.store import StoreSizes
+from rmqstore.rocketmq_v2 import definition_pb2 as v2
+from rmqstore.rocketmq_v2 import service_pb2 as v2s
+from rmqstore.rocketmq_v2 import service_pb2_grpc
+from rmqstore.service.server import AsyncServing
+from rmqstore.v1 import writer_pb2, writer_pb2_grpc
+from rmqstore.writer.config import FlushPolicy, WriterConfig
+from rmqstore.writer.rocketmq5 import SERVICE_NAME as MESSAGING
+from rmqstore.writer.rocketmq5 import MessagingServicer, RouteConfig
+from rmqstore.writer.service import SERVICE_NAME, WriterServicer
+from rmqstore.writer.store import Writer
+
+SMALL = StoreSizes(commitlog_file_size_bytes=1 << 20, cq_file_units=100, index_slots=17, index_entries=400)
+MESSAGE_ID = "01AABBCCDDEEFF0001000000000000000A"
+
+
+class Node:
+    """A writer served as ``writer serve`` serves it: WriterService and MessagingService
+    sharing one group commit on one port."""
+
+    def __init__(self, store: Path, **overrides: object):
+        self.store = store
+        self.writer = Writer(WriterConfig(store=str(store), sizes=SMALL, **overrides))  # type: ignore[arg-type]
+        self.servicer = WriterServicer(self.writer)
+        self.messaging = MessagingServicer(
+            self.writer, self.servicer.appender, RouteConfig("writer.example", 8081, "broker-a")
+        )
+
+        def register(server: grpc.aio.Server) -> None:
+            writer_pb2_grpc.add_WriterServiceServicer_to_server(self.servicer, server)
+            service_pb2_grpc.add_MessagingServiceServicer_to_server(self.messaging, server)
+
+        try:
+            self.serving = AsyncServing(
+                register, [SERVICE_NAME, MESSAGING], host="127.0.0.1", port=0, credentials=None, health_port=None
+            )
+        except BaseException:
+            self.servicer.close()
+            self.writer.close()
+            raise
+        self.channel = grpc.insecure_channel(f"127.0.0.1:{self.serving.port}")
+        self.v2 = service_pb2_grpc.MessagingServiceStub(self.channel)
+        self.v1 = writer_pb2_grpc.WriterServiceStub(self.channel)
+
+    def close(self) -> None:
+        self.channel.close()
+        self.serving.stop(None)
+        self.servicer.close()
+        self.writer.close()
+
+    def records(self) -> list:
+        self.writer.flush_thoroughly()
+        log = CommitLog(str(self.store / "commitlog"), SMALL.commitlog_file_size_bytes)
+        try:
+            return list(log.records())
+        finally:
+            log.close()
+
+
+@pytest.fixture
+def node(tmp_path: Path) -> Iterator[Node]:
+    started = Node(tmp_path / "store", flush=FlushPolicy.SYNC)
+    yield started
+    started.close()
+
+
+def v2_message(topic: str = "Orders", body: bytes = b"hello", message_id: str = MESSAGE_ID, **system: object) -> v2.Message:
+    system.setdefault("message_type", v2.NORMAL)
+    properties = v2.SystemProperties(message_id=message_id, **system)  # type: ignore[arg-type]
+    return v2.Message(topic=v2.Resource(name=topic), body=body, system_properties=properties)
+
+
+def send(node: Node, *messages: v2.Message) -> v2s.SendMessageResponse:
+    return node.v2.SendMessage(v2s.SendMessageRequest(messages=messages), timeout=10)
+
+
+def test_query_route_creates_the_topic_and_routes_to_the_advertised_writer(node: Node) -> None:
+    response = node.v2.QueryRoute(v2s.QueryRouteRequest(topic=v2.Resource(name="Orders", resource_namespace="ns")))
+    assert (response.status.code, response.status.message) == (v2.OK, "OK")
+    assert [q.id for q in response.message_queues] == [0, 1, 2, 3]
+    endpoints = v2.Endpoints(scheme=v2.DOMAIN_NAME, addresses=[v2.Address(host="writer.example", port=8081)])
+    for queue in response.message_queues:
+        assert queue.topic == v2.Resource(name="Orders", resource_namespace="ns")
+        assert queue.permission == v2.READ_WRITE
+        assert queue.broker == v2.Broker(name="broker-a", id=0, endpoints=endpoints)
+        assert list(queue.accept_message_types) == [v2.NORMAL, v2.FIFO]
+    assert node.writer.topics.queue_count("Orders") == 4
+    node.v1.CreateTopic(writer_pb2.CreateTopicRequest(name="Wide", queue_count=6))
+    wide = node.v2.QueryRoute(v2s.QueryRouteRequest(topic=v2.Resource(name="Wide")))
+    assert [q.id for q in wide.message_queues] == [0, 1, 2, 3, 4, 5]
+
+
+def test_route_endpoints_scheme_follows_the_advertised_host() -> None:
+    assert RouteConfig.parse("10.1.2.3:8081").endpoints().scheme == v2.IPv4
+    six = RouteConfig.parse("[2001:db8::1]:8081").endpoints()
+    assert (six.scheme, six.addresses[0].host, six.addresses[0].port) == (v2.IPv6, "2001:db8::1", 8081)
+    assert RouteConfig.parse("rmqstore-writer:8081").endpoints().scheme == v2.DOMAIN_NAME
+
+
+@pytest.mark.parametrize(
+    ("advertise", "broker", "problem"),
+    [
+        ("writer", "b", "--advertise 'writer': expected HOST:PORT"),
+        ("writer:0", "b", "--advertise 'writer:0': expected HOST:PORT"),
+        ("writer:x", "b", "--advertise 'writer:x': expected HOST:PORT"),
+        ("writer:1", "", "--broker-name '': expected a non-empty name"),
+        ("writer:1", "a b", "--broker-name 'a b': expected a non-empty name"),
+    ],
+)
+def test_route_options_refused_with_their_reason(advertise: str, broker: str, problem: str) -> None:
+    from rmqstore.common.errors import InvalidArgument
+
+    with pytest.raises(InvalidArgument, match="^" + problem.replace("(", r"\(").replace("[", r"\[")):
+        RouteConfig.parse(advertise, broker)
+
+
+def test_query_route_refuses_illegal_and_unknown_topics(tmp_path: Path) -> None:
+    closed = Node(tmp_path / "store", auto_create_topics=False)
+    try:
+        bad = closed.v2.QueryRoute(v2s.QueryRouteRequest(topic=v2.Resource(name="no/such")))
+        assert bad.status.code == v2.ILLEGAL_TOPIC
+        assert bad.status.message == "the topic 'no/such' contains characters outside [%|a-zA-Z0-9_-]"
+        assert not bad.message_queues
+        system = closed.v2.QueryRoute(v2s.QueryRouteRequest(topic=v2.Resource(name="SCHEDULE_TOPIC_XXXX")))
+        assert system.status.code == v2.ILLEGAL_TOPIC
+        unknown = closed.v2.QueryRoute(v2s.QueryRouteRequest(topic=v2.Resource(name="Orders")))
+        assert unknown.status.code == v2.TOPIC_NOT_FOUND
+        assert unknown.status.message == "topic Orders does not exist and the writer does not create topics (--no-auto-create)"
+        refused = send(closed, v2_message())
+        assert refused.status.code == v2.TOPIC_NOT_FOUND
+        assert [e.status.code for e in refused.entries] == [v2.TOPIC_NOT_FOUND]
+        assert closed.writer.topics.queue_count("Orders") is None
+    finally:
+        closed.close()
+
+
+def test_telemetry_answers_each_settings_and_stays_open(node: Node) -> None:
+    settings = v2.Settings(
+        client_type=v2.PRODUCER,
+        access_point=v2.Endpoints(scheme=v2.IPv4, addresses=[v2.Address(host="127.0.0.1", port=1)]),
+        publishing=v2.Publishing(topics=[v2.Resource(name="Orders")], max_body_size=128 << 20, validate_message_type=True),
+        user_agent=v2.UA(language=v2.PYTHON, version="5.1.2"),
+    )
+    import queue
+
+    outgoing: queue.Queue[v2s.TelemetryCommand | None] = queue.Queue()
+
+    def commands() -> Iterator[v2s.TelemetryCommand]:
+        while (command := outgoing.get(timeout=10)) is not None:
+            yield command
+
+    stream = node.v2.Telemetry(commands(), timeout=20)
+    outgoing.put(v2s.TelemetryCommand(settings=settings))
+    first = next(stream)
+    assert (first.status.code, first.status.message) == (v2.OK, "OK")
+    answer = first.settings
+    assert answer.publishing.max_body_size == 4 * 1024 * 1024  # the writer's real limit
+    assert [t.name for t in answer.publishing.topics] == ["Orders"] and answer.publishing.validate_message_type
+    assert answer.user_agent == settings.user_agent and answer.access_point == settings.access_point
+    backoff = answer.backoff_policy
+    assert backoff.max_attempts == 3 and backoff.WhichOneof("strategy") == "exponential_backoff"
+    exponential = backoff.exponential_backoff
+    assert (exponential.initial.ToMilliseconds(), exponential.max.ToMilliseconds(), exponential.multiplier) == (10, 1000, 2.0)
+    # Commands other than settings are read and dropped; the stream is still open after them.
+    outgoing.put(v2s.TelemetryCommand(thread_stack_trace=v2s.ThreadStackTrace(nonce="n")))
+    settings.backoff_policy.max_attempts = 5
+    outgoing.put(v2s.TelemetryCommand(settings=settings))
+    second = next(stream)
+    assert second.status.code == v2.OK and second.settings.backoff_policy.max_attempts == 5
+    consumer = v2.Settings(client_type=v2.SIMPLE_CONSUMER, subscription=v2.Subscription())
+    outgoing.put(v2s.TelemetryCommand(settings=consumer))
+    third = next(stream)
+    assert third.status.code == v2.NOT_IMPLEMENTED
+    assert "consumers are not served by rmqstore yet" in third.status.message
+    unknown = v2.Settings(client_type=77)  # type: ignore[arg-type]
+    outgoing.put(v2s.TelemetryCommand(settings=unknown))
+    fourth = next(stream)
+    assert (fourth.status.code, fourth.status.message) == (v2.UNRECOGNIZED_CLIENT_TYPE, "client_type 77 is not a client type")
+    outgoing.put(None)
+    assert list(stream) == []
+
+
+def test_end_streams_closes_open_telemetry_streams(node: Node) -> None:
+    import queue
+
+    outgoing: queue.Queue[v2s.TelemetryCommand | None] = queue.Queue()
+
+    def commands() -> Iterator[v2s.TelemetryCommand]:
+        while (command := outgoing.get(timeout=20)) is not None:
+            yield command
+
+    stream = node.v2.Telemetry(commands(), timeout=20)
+    outgoing.put(v2s.TelemetryCommand(settings=v2.Settings(client_type=v2.PRODUCER)))
+    assert next(stream).status.code == v2.OK
+    node.serving.call(node.messaging.end_streams())
+    assert list(stream) == []  # ended by the server, cleanly, while the client still had it open
+    assert stream.code() == grpc.StatusCode.OK
+    later = node.v2.Telemetry(iter([v2s.TelemetryCommand(settings=v2.Settings(client_type=v2.PRODUCER))]), timeout=20)
+    assert list(later) == []  # a stream opened while stopping ends at once
+    outgoing.put(None)
+
+
+def test_heartbeat_and_termination_answer_ok(node: Node) -> None:
+    beat = node.v2.Heartbeat(v2s.HeartbeatRequest(client_type=v2.PRODUCER))
+    assert (beat.status.code, beat.status.message) == (v2.OK, "OK")
+    bye = node.v2.NotifyClientTermination(v2s.NotifyClientTerminationRequest())
+    assert bye.status.code == v2.OK
+    odd = node.v2.Heartbeat(v2s.HeartbeatRequest(client_type=9))  # type: ignore[arg-type]
+    assert (odd.status.code, odd.status.message) == (v2.UNRECOGNIZED_CLIENT_TYPE, "client_type 9 is not a client type")
+
+
+def test_send_message_stores_a_rocketmq_record(node: Node) -> None:
+    born = timestamp_pb2.Timestamp(seconds=1_700_000_000, nanos=123_000_000)
+    plain = v2_message(
+        body=b"order 1",
+        tag="TagA",
+        keys=["order-1", "customer-7"],
+        born_timestamp=born,
+        born_host="192.0.2.7",
+        body_digest=v2.Digest(type=v2.CRC32, checksum=f"{zlib.crc32(b'order 1'):X}"),
+        body_encoding=v2.IDENTITY,
+    )
+    plain.user_properties["region"] = "eu"
+    fifo = v2_message(
+        body=b"step 1", message_id=MESSAGE_ID[:-1] + "B", message_group="cart-9", message_type=v2.FIFO
+    )
+    response = send(node, plain, fifo)
+    assert (response.status.code, response.status.message) == (v2.OK, "OK")
+    assert [(e.status.code, e.message_id, e.offset) for e in response.entries] == [
+        (v2.OK, MESSAGE_ID, 0),
+        (v2.OK, MESSAGE_ID[:-1] + "B", 1),  # the round robin's first queue is 0 too
+    ]
+    first, second = node.records()
+    assert first.topic == "Orders" and first.body == b"order 1"
+    assert first.properties == {
+        "UNIQ_KEY": MESSAGE_ID, "KEYS": "order-1 customer-7", "TAGS": "TagA", "region": "eu",
+    }  # fmt: skip
+    assert first.born_timestamp_ms == 1_700_000_000_123
+    assert first.born_host.ip == bytes([192, 0, 2, 7]) and first.born_host.port > 0  # with the connection's port
+    # The queue id a client sends (0 here, from a caller that names no language) is kept.
+    assert (second.queue_id, second.queue_offset, second.properties["__SHARDINGKEY"]) == (0, 1, "cart-9")
+    assert check_store(str(node.store), SMALL).ok
+
+
+def test_born_host_is_the_clients_ip_with_the_connections_port_else_the_connection(node: Node) -> None:
+    """An IP the client names (v4 or v6) is kept with the connection's port; a host name
+    (as the Java and Node.js clients send) or none gives the connection's own address."""
+    given = ["192.0.2.7", "2001:db8::7", "laptop.example", ""]
+    messages = [v2_message(message_id=f"{MESSAGE_ID[:-1]}{n}", born_host=host) for n, host in enumerate(given)]
+    response = send(node, *messages)
+    assert [e.status.code for e in response.entries] == [v2.OK] * 4
+    hosts = [record.born_host for record in node.records()]
+    port = hosts[0].port
+    assert port > 0 and all(host.port == port for host in hosts)  # one connection, one port
+    loopback = bytes([127, 0, 0, 1])
+    assert [host.ip for host in hosts] == [bytes([192, 0, 2, 7]), ipaddress.ip_address("2001:db8::7").packed, loopback, loopback]
+
+
+def test_fifo_queue_chosen_by_the_client_is_kept(node: Node) -> None:
+    node.v2.QueryRoute(v2s.QueryRouteRequest(topic=v2.Resource(name="Orders")))
+    offsets = []
+    for n in range(3):
+        message = v2_message(message_id=f"{MESSAGE_ID[:-2]}{n:02d}", queue_id=3, message_group="g", message_type=v2.FIFO)
+        response = send(node, message)
+        offsets.append(response.entries[0].offset)
+    assert offsets == [0, 1, 2]
+    assert [(r.queue_id, r.queue_offset) for r in node.records()] == [(3, 0), (3, 1), (3, 2)]
+
+
+def test_clients_that_send_no_queue_id_get_the_python_clients_group_placement(node: Node) -> None:
+    node.v2.QueryRoute(v2s.QueryRouteRequest(topic=v2.Resource(name="Orders")))
+    python = (("x-mq-language", "PYTHON"),)
+    for n, group in enumerate(["cart-1", "cart-2", "cart-3", "cart-1"]):
+        message = v2_message(message_id=f"{MESSAGE_ID[:-2]}{n:02d}", message_group=group, message_type=v2.FIFO)
+        assert node.v2.SendMessage(v2s.SendMessageRequest(messages=[message]), metadata=python).status.code == v2.OK
+    for n in range(4, 8):
+        message = v2_message(message_id=f"{MESSAGE_ID[:-2]}{n:02d}")
+        assert node.v2.SendMessage(v2s.SendMessageRequest(messages=[message]), metadata=python).status.code == v2.OK
+    records = node.records()
+    expected = [int.from_bytes(hashlib.sha256(g.encode()).digest(), "big") % 4 for g in ["cart-1", "cart-2", "cart-3", "cart-1"]]
+    assert [r.queue_id for r in records[:4]] == expected
+    assert sorted(r.queue_id for r in records[4:]) == [0, 1, 2, 3]  # the writer's round robin
+
+
+@pytest.mark.parametrize(
+    ("digest", "stored"),
+    [
+        (v2.Digest(type=v2.CRC32, checksum=f"{zlib.crc32(b'payload'):X}"), True),  # Java: upper-case hex
+        (v2.Digest(type=v2.CRC32, checksum=str(zlib.crc32(b"payload"))), True),  # Node.js: decimal
+        (v2.Digest(type=v2.MD5, checksum=hashlib.md5(b"payload").hexdigest().upper()), True),
+        (v2.Digest(type=v2.SHA1, checksum=hashlib.sha1(b"payload").hexdigest()), True),
+        (v2.Digest(type=v2.CRC32, checksum="DEADBEEF"), False),
+        (v2.Digest(type=v2.MD5, checksum="00" * 16), False),
+        (v2.Digest(type=v2.SHA1, checksum="nonsense"), False),
+    ],
+)
+def test_body_digest_checked(node: Node, digest: v2.Digest, stored: bool) -> None:
+    response = send(node, v2_message(body=b"payload", body_digest=digest))
+    if stored:
+        assert response.status.code == v2.OK
+        assert [r.body for r in node.records()] == [b"payload"]
+    else:
+        assert response.status.code == v2.MESSAGE_CORRUPTED
+        name = v2.DigestType.Name(digest.type)
+        assert response.status.message == f"invalid body digest: the body's {name} is not {digest.checksum!r}"
+        assert node.records() == []
+
+
+def test_gzip_body_stored_decoded(node: Node) -> None:
+    packed = gzip.compress(b"squeezed " * 100)
+    message = v2_message(body=packed, body_encoding=v2.GZIP, body_digest=v2.Digest(type=v2.MD5, checksum=hashlib.md5(packed).hexdigest()))
+    assert send(node, message).status.code == v2.OK
+    assert [r.body for r in node.records()] == [b"squeezed " * 100]
+
+
+def _with(message: v2.Message, **changes: object) -> v2.Message:
+    for name, value in changes.items():
+        if name == "user_properties":
+            message.user_properties.update(value)  # type: ignore[call-overload]
+        elif name == "keys":
+            message.system_properties.keys.extend(value)  # type: ignore[arg-type]
+        elif name in ("body_digest", "delivery_timestamp"):
+            getattr(message.system_properties, name).CopyFrom(value)
+        else:
+            setattr(message.system_properties, name, value)
+    return message
+
+
+def _huge_gzip() -> bytes:
+    return gzip.compress(bytes(4 * 1024 * 1024 + 1))
+
+
+BAD_V2 = {
+    "topic with a slash": (v2_message(topic="a/b"), v2.ILLEGAL_TOPIC, "the topic 'a/b' contains characters outside"),
+    "blank topic": (v2_message(topic=""), v2.ILLEGAL_TOPIC, "the topic is blank"),
+    "topic too long": (v2_message(topic="t" * 128), v2.ILLEGAL_TOPIC, "the topic is 128 characters; at most 127"),
+    "system topic": (v2_message(topic="RMQ_SYS_TRANS_HALF_TOPIC"), v2.ILLEGAL_TOPIC, "is a system topic"),
+    "oversized body": (v2_message(body=bytes(4 * 1024 * 1024 + 1)), v2.MESSAGE_BODY_TOO_LARGE, "the body is 4194305 bytes; at most 4194304"),
+    "oversized gzip body": (_with(v2_message(body=_huge_gzip()), body_encoding=v2.GZIP), v2.MESSAGE_BODY_TOO_LARGE, "decodes to more than 4194304"),
+    "not gzip": (_with(v2_message(body=b"plain"), body_encoding=v2.GZIP), v2.MESSAGE_CORRUPTED, "is marked GZIP but does not decode"),
+    "empty body": (v2_message(body=b""), v2.MESSAGE_BODY_EMPTY, "the message body is empty"),
+    "missing message id": (v2_message(message_id=""), v2.ILLEGAL_MESSAGE_ID, "the message has no message_id"),
+    "message id with a dash": (v2_message(message_id="01-AB"), v2.ILLEGAL_MESSAGE_ID, "message_id must be 1-128 ASCII letters"),
+    "key with a space": (_with(v2_message(), keys=["a b"]), v2.ILLEGAL_MESSAGE_KEY, "key 'a b' must be 1-255 characters"),
+    "empty key": (_with(v2_message(), keys=[""]), v2.ILLEGAL_MESSAGE_KEY, "key '' must be"),
+    "33 keys": (_with(v2_message(), keys=[f"k{n}" for n in range(33)]), v2.ILLEGAL_MESSAGE_KEY, "33 keys; at most 32"),
+    "tag with a bar": (_with(v2_message(), tag="a||b"), v2.ILLEGAL_MESSAGE_TAG, "tag 'a||b' is blank or holds"),
+    "blank tag": (_with(v2_message(), tag=" "), v2.ILLEGAL_MESSAGE_TAG, "tag ' ' is blank"),
+    "reserved property": (_with(v2_message(), user_properties={"UNIQ_KEY": "x"}), v2.ILLEGAL_MESSAGE_PROPERTY_KEY, "user property name 'UNIQ_KEY'"),
+    "sharding key property": (_with(v2_message(), user_properties={"__SHARDINGKEY": "x"}), v2.ILLEGAL_MESSAGE_PROPERTY_KEY, "'__SHARDINGKEY' is empty, reserved"),
+    "empty property value": (_with(v2_message(), user_properties={"a": ""}), v2.BAD_REQUEST, "user property a has an empty value"),
+    "properties too large": (_with(v2_message(), user_properties={"big": "v" * 33000}), v2.MESSAGE_PROPERTIES_TOO_LARGE, "more than the 32767 bytes"),
+    "FIFO without a group": (_with(v2_message(), message_type=v2.FIFO), v2.ILLEGAL_MESSAGE_GROUP, "a FIFO message needs a message_group"),
+    "NORMAL with a group": (_with(v2_message(), message_group="g"), v2.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE, "a NORMAL message has no message_group"),
+    "DELAY": (_with(v2_message(), message_type=v2.DELAY), v2.UNSUPPORTED, "DELAY messages are not supported"),
+    "TRANSACTION": (_with(v2_message(), message_type=v2.TRANSACTION), v2.UNSUPPORTED, "TRANSACTION messages are not supported"),
+    "delivery timestamp": (_with(v2_message(), delivery_timestamp=timestamp_pb2.Timestamp(seconds=9)), v2.UNSUPPORTED, "delivery_timestamp (a DELAY message) is not supported"),
+    "unknown message type": (_with(v2_message(), message_type=99), v2.BAD_REQUEST, "message_type 99 is not a message type"),
+    "unknown encoding": (_with(v2_message(), body_encoding=7), v2.BAD_REQUEST, "body_encoding 7 is not IDENTITY or GZIP"),
+    "unknown digest type": (_with(v2_message(), body_digest=v2.Digest(type=9, checksum="x")), v2.BAD_REQUEST, "body_digest type 9 is not"),  # type: ignore[arg-type]
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_V2))
+def test_bad_v2_input_gets_its_status_and_the_writer_keeps_serving(node: Node, case: str) -> None:
+    message, code, text = BAD_V2[case]
+    response = send(node, message)
+    assert v2.Code.Name(response.status.code) == v2.Code.Name(code)
+    assert text in response.status.message
+    assert [e.status.code for e in response.entries] == [code]
+    assert node.records() == []
+    assert send(node, v2_message()).status.code == v2.OK
+    assert len(node.records()) == 1
+
+
+def test_a_bad_message_in_a_request_is_named_and_refuses_the_request(node: Node) -> None:
+    response = send(node, v2_message(), v2_message(message_id=""))
+    assert response.status.code == v2.ILLEGAL_MESSAGE_ID
+    assert response.status.message == "message 2: the message has no message_id"
+    assert [e.status.code for e in response.entries] == [v2.ILLEGAL_MESSAGE_ID] * 2
+    assert node.records() == []
+
+
+def test_empty_request_is_a_bad_request(node: Node) -> None:
+    response = send(node)
+    assert (response.status.code, response.status.message) == (v2.BAD_REQUEST, "the request has no messages")
+
+
+def test_disk_full_is_too_many_requests(tmp_path: Path) -> None:
+    full = Node(tmp_path / "store", disk_full_ratio=0.0)
+    try:
+        response = send(full, v2_message())
+        assert response.status.code == v2.TOO_MANY_REQUESTS
+        assert "writes are refused" in response.status.message
+    finally:
+        full.close()
+
+
+@pytest.mark.parametrize(
+    ("call", "request_type", "streams"),
+    [
+        ("QueryAssignment", v2s.QueryAssignmentRequest, False),
+        ("ReceiveMessage", v2s.ReceiveMessageRequest, True),
+        ("AckMessage", v2s.AckMessageRequest, False),
+        ("ForwardMessageToDeadLetterQueue", v2s.ForwardMessageToDeadLetterQueueRequest, False),
+        ("PullMessage", v2s.PullMessageRequest, True),
+        ("UpdateOffset", v2s.UpdateOffsetRequest, False),
+        ("GetOffset", v2s.GetOffsetRequest, False),
+        ("QueryOffset", v2s.QueryOffsetRequest, False),
+        ("EndTransaction", v2s.EndTransactionRequest, False),
+        ("ChangeInvisibleDuration", v2s.ChangeInvisibleDurationRequest, False),
+        ("RecallMessage", v2s.RecallMessageRequest, False),
+        ("SyncLiteSubscription", v2s.SyncLiteSubscriptionRequest, False),
+    ],
+)
+def test_calls_not_served_answer_a_v2_status(node: Node, call: str, request_type: type, streams: bool) -> None:
+    method = getattr(node.v2, call)
+    answers = list(method(request_type(), timeout=10)) if streams else [method(request_type(), timeout=10)]
+    assert len(answers) == 1
+    assert answers[0].status.code == v2.NOT_IMPLEMENTED
+    assert answers[0].status.message.startswith(f"{call} is not served: the rmqstore writer takes producers' messages only")
+
+
+def test_reflection_v1_and_v1alpha_list_both_services(node: Node) -> None:
+    from grpc_reflection.v1alpha import reflection_pb2
+
+    for path in ("/grpc.reflection.v1.ServerReflection/ServerReflectionInfo", "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo"):
+        info = node.channel.stream_stream(
+            path,
+            request_serializer=reflection_pb2.ServerReflectionRequest.SerializeToString,
+            response_deserializer=reflection_pb2.ServerReflectionResponse.FromString,
+        )
+        answers = list(info(iter([reflection_pb2.ServerReflectionRequest(list_services="")]), timeout=10))
+        names = {s.name for s in answers[0].list_services_response.service}
+        assert {SERVICE_NAME, MESSAGING, "grpc.health.v1.Health", "grpc.reflection.v1.ServerReflection"} <= names
+        described = list(info(iter([reflection_pb2.ServerReflectionRequest(file_containing_symbol=MESSAGING)]), timeout=10))
+        assert described[0].file_descriptor_response.file_descriptor_proto  # grpcurl can describe it

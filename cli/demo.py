@@ -56,6 +56,8 @@ class Node:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
+        if self.process.stdout is not None:
+            self.process.stdout.close()
 
 
 def _show(title: str, *args: str) -> str:

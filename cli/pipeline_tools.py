@@ -15,10 +15,9 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from rmqstore.cli import exits
+from rmqstore.cli.exits import EXIT_DISAGREE, EXIT_OK
 from rmqstore.cli.store_tools import add_size_options, sizes_from
-
-EXIT_OK = 0
-EXIT_DISAGREE = 1
 
 
 def _line(document: dict[str, Any]) -> None:
@@ -46,11 +45,22 @@ def _with_spark(args: argparse.Namespace, name: str, job: Callable[[Any, Any], i
             spark.stop()
 
 
+def _store_root(path: str) -> None:
+    """A missing store is a usage error (exit 2), not a lookup that found nothing."""
+    from rmqstore.common.errors import InvalidArgument, NotFound
+    from rmqstore.pipeline import splits
+
+    try:
+        splits.store_root(path)
+    except NotFound as error:
+        raise InvalidArgument(str(error)) from None
+
+
 def cmd_reindex(args: argparse.Namespace) -> int:
     from rmqstore.common.files.commitlog import StopReason
-    from rmqstore.pipeline import reindex, splits
+    from rmqstore.pipeline import reindex
 
-    splits.store_root(args.store)
+    _store_root(args.store)
     reindex.check_output(args.out)
     sizes = sizes_from(args, args.store)
 
@@ -78,9 +88,9 @@ def cmd_export(args: argparse.Namespace) -> int:
     import os
 
     from rmqstore.common.errors import InvalidArgument
-    from rmqstore.pipeline import export, splits
+    from rmqstore.pipeline import export
 
-    splits.store_root(args.store)
+    _store_root(args.store)
     if os.path.exists(args.out):
         raise InvalidArgument(f"{args.out} already exists; export writes a new directory")
 
@@ -148,9 +158,9 @@ def cmd_load(args: argparse.Namespace) -> int:
 
 
 def cmd_stats(args: argparse.Namespace) -> int:
-    from rmqstore.pipeline import splits, stats
+    from rmqstore.pipeline import stats
 
-    splits.store_root(args.store)
+    _store_root(args.store)
     sizes = sizes_from(args, args.store)
 
     def job(spark: Any, progress: Any) -> int:
@@ -223,7 +233,7 @@ def register(commands: argparse._SubParsersAction) -> None:  # type: ignore[type
         help="keep the data's queue ids (default; missing topics are created with enough queues) or let the writer pick",
     )
     load.add_argument("--skip-unsendable", action="store_true", help="skip records a writer cannot store instead of failing")
-    load.add_argument("--batch-messages", type=int, default=1000, help="messages per batch (default 1000)")
+    load.add_argument("--batch-messages", type=exits.positive, default=1000, help="messages per batch (default 1000)")
     geometry = load.add_argument_group("the writer's index geometry (for the checks of retried tasks)")
     geometry.add_argument("--index-slots", type=int, metavar="N", help="hash slots per index file (default 5000000)")
     geometry.add_argument("--index-entries", type=int, metavar="M", help="entries per index file (default 20000000)")

@@ -35,7 +35,8 @@ from rmqstore.common.files.consumequeue import ConsumeQueueSet
 from rmqstore.common.files.index import IndexFileList
 from rmqstore.common.files.progress import ProgressPublisher
 from rmqstore.common.files.scan import ColumnScan
-from rmqstore.common.files.store import Dispatcher, StorePaths
+from rmqstore.common.files.geometry import record_geometry
+from rmqstore.common.files.store import Dispatcher, StorePaths, geometry_of
 from rmqstore.common.tracing import span
 from rmqstore.writer.background import PeriodicTask
 from rmqstore.writer.config import FlushPolicy, WriterConfig
@@ -215,6 +216,7 @@ class Writer:
 
     def _open(self) -> None:
         sizes = self.config.sizes
+        record_geometry(self.paths.config, geometry_of(sizes))
         self.unclean_start = os.path.exists(self.paths.abort)
         self.log = CommitLog(self.paths.commitlog, sizes.commitlog_file_size_bytes, writable=True)
         self.queues = ConsumeQueueSet(self.paths.consumequeue, sizes.cq_file_units, writable=True)

@@ -1,5 +1,5 @@
-"""RESULTS.md from a run's JSON: every figure beside SQLite's, the ratio, the target of
-issue #5 and whether it is met."""
+"""RESULTS.md from a run's JSON: every figure beside SQLite's, the ratio, its target and
+whether it is met."""
 
 from __future__ import annotations
 
@@ -104,7 +104,7 @@ def render(results: dict[str, Any], json_name: Path) -> str:
         # from the generated tables so that a rerun does not lose it.
         body += ["", limits.read_text(encoding="utf-8").rstrip(), ""]
     head = _head(results, json_name)
-    head += ["## Targets (issue #5)", ""] + _table(["item", "target", "this run", "verdict"], summary.rows)
+    head += ["## Targets", ""] + _table(["item", "target", "this run", "verdict"], summary.rows)
     return "\n".join(head + body)
 
 

@@ -1,4 +1,4 @@
-"""rmqstore's benchmark suite (issue #5), with a SQLite baseline measured in the same run.
+"""rmqstore's benchmark suite, with a SQLite baseline measured in the same run.
 
     python benchmarks/run.py                       # sizes 200,000 and 1,000,000; about 15 minutes
     python benchmarks/run.py --sizes 2000 --repeats 1 --lookups 200 --time-searches 20 --out /tmp/smoke

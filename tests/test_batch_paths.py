@@ -804,7 +804,7 @@ def test_the_bulk_header_walk_gives_every_records_offset_and_sys_flag() -> None:
     rolled_back = [line for line in read_jsonl(FIXTURES / "manifest.jsonl") if line["tranType"] == "ROLLBACK"]
     assert len(rolled_back) == 6 and all(line["sysFlag"] & sysflag.TRANSACTION_MASK == sysflag.TRANSACTION_ROLLBACK for line in rolled_back)
     view = StoreView(str(CLEAN), FIXTURE_SIZES)
-    for line in rolled_back:  # not in the index (FORMAT.md §7.4): found through the walk
+    for line in rolled_back:  # not in the index (docs/format.md §7.4): found through the walk
         found = view.by_uniq_key(line["storedTopic"], line["uniqKey"])
         assert [record.commitlog_offset for record in found] == [line["commitLogOffset"]]
         for key in line["keys"].split(" ") if line["keys"] else ():

@@ -149,7 +149,7 @@ def test_results_md_names_the_command(smoke: tuple[dict[str, Any], str, list[str
     assert results["command"].startswith("python benchmarks/run.py ")
     assert results["command"] in markdown
     assert "--sizes 2000" in results["command"]
-    for heading in ("## Targets (issue #5)", "## 1. ", "## 2. ", "## 3. ", "## 4. ", "## 5. ", "## 6. ", "## 7. ",
+    for heading in ("## Targets", "## 1. ", "## 2. ", "## 3. ", "## 4. ", "## 5. ", "## 6. ", "## 7. ",
                     "## Cross-check"):  # fmt: skip
         assert heading in markdown
     assert "All 1,260 answers agree." in markdown

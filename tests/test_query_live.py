@@ -1,4 +1,4 @@
-"""Query nodes as real processes (DESIGN.md §5): ``rmqstore query serve`` following a live
+"""Query nodes as real processes (docs/design.md §5): ``rmqstore query serve`` following a live
 ``rmqstore writer serve`` on the same directory, lookups hammered while the writer writes,
 a node on a directory it cannot write to (as user nobody when the tests run as root), and
 the mqadmin-style lookup commands through a node and on the directory.

@@ -1,6 +1,6 @@
 """The writer's store: one process owns a store directory and appends to it.
 
-Append path (DESIGN.md §4): validate → encode → append to the commit log → dispatch to
+Append path (docs/design.md §4): validate → encode → append to the commit log → dispatch to
 consume queue and index → publish progress → (SYNC) wait for the group fsync → ack.
 Startup: take the lock, recover (cut a torn tail, drop queue units and index files past
 the end, re-dispatch what the queues and index lack), then mark the run with ``abort``.

@@ -24,7 +24,7 @@
  * and raises its exact errors. So every error path and message is written once, in
  * Python, and tests compare both paths on the same bytes (tests/test_speedups.py).
  *
- * Layouts: FORMAT.md §3 (records) and §7 (index files), declared with their offsets in
+ * Layouts: docs/format.md §3 (records) and §7 (index files), declared with their offsets in
  * record.py and index.py; all integers big-endian.
  */
 #define PY_SSIZE_T_CLEAN
@@ -378,7 +378,7 @@ static PyObject *decode_record(PyObject *module, PyObject *const *args, Py_ssize
     return result;
 }
 
-/* Where the fields of a v1/v2 record lie (FORMAT.md §3). */
+/* Where the fields of a v1/v2 record lie (docs/format.md §3). */
 typedef struct {
     int version;
     int64_t total;
@@ -1931,7 +1931,7 @@ static inline void put_be32(unsigned char *p, uint32_t v) {
  * IndexFile.putKey for each key in order, entries numbered from start: the entry (keyHash,
  * phyOffset, timeDiff, prevIndex) first, then its slot, so a reader following a slot
  * always finds a written entry. timeDiff counts from begin_ts, except that when start
- * <= 1 every entry after the first counts from the first key's time (FORMAT.md §15 3a).
+ * <= 1 every entry after the first counts from the first key's time (docs/format.md §15 3a).
  * Returns how many keys began a chain (prevIndex 0: the header's hashSlotCount grows by
  * that); the header itself is the caller's. None, with nothing written, when a slot
  * already names an entry about to be written (a kill inside putKey: the Python path

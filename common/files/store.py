@@ -30,7 +30,7 @@ from rmqstore.common.files.scan import ColumnScan
 
 @dataclass(frozen=True, slots=True)
 class StorePaths:
-    """FORMAT.md §1."""
+    """docs/format.md §1."""
 
     root: str
 
@@ -65,7 +65,7 @@ class StorePaths:
 
 @dataclass(frozen=True, slots=True)
 class StoreSizes:
-    """File geometry; RocketMQ's defaults (FORMAT.md §11) unless set."""
+    """File geometry; RocketMQ's defaults (docs/format.md §11) unless set."""
 
     commitlog_file_size_bytes: int = DEFAULT_FILE_SIZE_BYTES
     cq_file_units: int = cq.DEFAULT_FILE_UNITS

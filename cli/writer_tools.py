@@ -278,6 +278,9 @@ def message_from_json(line_number: int, document: Any) -> messages_pb2.Message:
     properties = document.get("properties", {})
     if not isinstance(properties, dict) or not all(isinstance(v, str) for v in properties.values()):
         raise InvalidArgument(f"{where}: properties must be an object of strings")
+    for field in ("tags", "uniqKey"):
+        if document.get(field) is not None and not isinstance(document[field], str):
+            raise InvalidArgument(f"{where}: {field} must be a string")
     message = messages_pb2.Message(
         topic=document["topic"],
         body=body,
@@ -286,10 +289,13 @@ def message_from_json(line_number: int, document: Any) -> messages_pb2.Message:
         properties=properties,
         uniq_key=document.get("uniqKey") or "",
     )
-    if document.get("queueId") is not None:
-        if not isinstance(document["queueId"], int):
+    queue_id = document.get("queueId")
+    if queue_id is not None:
+        if not isinstance(queue_id, int) or isinstance(queue_id, bool):
             raise InvalidArgument(f"{where}: queueId must be an integer")
-        message.queue_id = document["queueId"]
+        if not 0 <= queue_id <= exits.INT32_MAX:
+            raise InvalidArgument(f"{where}: queueId {queue_id} is outside [0, {exits.INT32_MAX}]")
+        message.queue_id = queue_id
     return message
 
 
@@ -299,42 +305,7 @@ JSONL_FIELDS_HELP = (
 )
 
 
-def _file_text(path: str) -> str:
-    """The whole of a ``--file``, as text; a missing, unreadable or non-UTF-8 file is the
-    caller's error, named with its flag (and line)."""
-    try:
-        with open(path, "rb") as handle:
-            data = handle.read()
-    except IsADirectoryError:
-        raise InvalidArgument(f"--file {path}: is a directory, not a JSONL file") from None
-    except OSError as error:
-        raise InvalidArgument(f"--file {path}: {error.strerror or error}") from None
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as error:
-        line = data.count(b"\n", 0, error.start) + 1
-        raise InvalidArgument(f"--file {path}: line {line} is not UTF-8 ({error.reason} at byte {error.start})") from None
-
-
-def read_jsonl(path: str) -> list[messages_pb2.Message]:
-    """Every message of a ``--file``, each checked by the writer's own rules and named by
-    its line when it breaks one, before anything is sent."""
-    limits = _client_limits()
-    messages = []
-    for number, line in enumerate(_file_text(path).split("\n"), start=1):
-        if not line.strip():
-            continue
-        try:
-            document = json.loads(line)
-        except ValueError as error:
-            raise InvalidArgument(f"line {number}: not JSON: {error}") from None
-        message = message_from_json(number, document)
-        _check(message, limits, f"line {number}")
-        messages.append(message)
-    return messages
-
-
-def _client_limits() -> Any:
+def client_limits() -> Any:
     from rmqstore.writer.config import WriterConfig
     from rmqstore.writer.validate import Limits
 
@@ -343,7 +314,7 @@ def _client_limits() -> Any:
     return Limits(defaults["max_body_bytes"], defaults["max_keys"], defaults["max_key_length"], defaults["max_batch_messages"])
 
 
-def _check(message: messages_pb2.Message, limits: Any, where: str) -> None:
+def check_message(message: messages_pb2.Message, limits: Any, where: str) -> None:
     """The writer's rules for one message, checked here so that an error names the line
     (the writer names a message by its place in its batch); the writer checks again."""
     from rmqstore.writer.validate import MessageInput, validate_message
@@ -361,22 +332,6 @@ def _check(message: messages_pb2.Message, limits: Any, where: str) -> None:
         validate_message(candidate, limits)
     except InvalidArgument as error:
         raise InvalidArgument(f"{where}: {error}") from None
-
-
-def result_document(result: messages_pb2.SendResult) -> dict[str, Any]:
-    return {
-        "offsetMsgId": result.offset_msg_id,
-        "uniqKey": result.uniq_key,
-        "topic": result.topic,
-        "queueId": result.queue_id,
-        "queueOffset": result.queue_offset,
-        "commitLogOffset": result.commitlog_offset,
-        "storeTimestamp": result.store_timestamp_ms,
-    }
-
-
-def result_json(result: messages_pb2.SendResult) -> str:
-    return json.dumps(result_document(result), ensure_ascii=False)
 
 
 def _one_message(args: argparse.Namespace) -> messages_pb2.Message:
@@ -397,7 +352,7 @@ def _one_message(args: argparse.Namespace) -> messages_pb2.Message:
     message = messages_pb2.Message(topic=args.topic, body=body, keys=(args.keys or "").split(), tags=args.tags or "")
     if args.queue is not None:
         message.queue_id = args.queue
-    _check(message, _client_limits(), "the message")
+    check_message(message, client_limits(), "the message")
     return message
 
 
@@ -443,29 +398,39 @@ class _Progress:
             sys.stderr.flush()
 
 
+SEND_STREAM = "/rmqstore.v1.WriterService/SendStream"
+
+
 def cmd_send(args: argparse.Namespace) -> int:
+    from rmqstore.cli import bulk_send
+
     if args.file is not None:
         given = [flag for flag, value in (("-t", args.topic), ("-k", args.keys), ("--tags", args.tags), ("--body", args.body),
                                           ("--body-file", args.body_file), ("-q", args.queue)) if value is not None]
         if given:
             raise InvalidArgument(f"{', '.join(given)} describe one message; with --file every line gives its own")
         # The whole file is read and checked before anything is sent, so a bad line costs nothing.
-        messages = read_jsonl(args.file)
+        columns = bulk_send.load(args.file, client_limits())
     else:
-        messages = [_one_message(args)]
-    batches = [
-        writer_pb2.SendBatchRequest(messages=messages[start : start + args.batch_size])
-        for start in range(0, len(messages), args.batch_size)
-    ]
-    progress = _Progress(len(messages), shown=args.file is not None and sys.stderr.isatty())
+        message = _one_message(args)
+        queue_id = message.queue_id if message.HasField("queue_id") else None
+        columns = bulk_send.Columns([message.topic], [queue_id], [message.body], [list(message.keys)], [message.tags], [""], [None])
+    requests = bulk_send.encode_batches(columns, args.batch_size)
+    progress = _Progress(len(columns), shown=args.file is not None and sys.stderr.isatty())
     out = sys.stdout
+    sent = 0
     try:
         with channel_from(args, args.endpoint) as channel:
-            stub = writer_pb2_grpc.WriterServiceStub(channel)
-            for response in stub.SendStream(iter(batches), timeout=args.timeout):
+            # The requests are serialized already: gRPC sends the bytes as they are.
+            call = channel.stream_stream(
+                SEND_STREAM, request_serializer=None, response_deserializer=writer_pb2.SendBatchResponse.FromString
+            )
+            for response in call(iter(requests), timeout=args.timeout):
+                count = bulk_send.acked(response)
                 if args.acks == "all":
-                    out.write("".join(result_json(result) + "\n" for result in response.results))
-                progress.advance(len(response.results))
+                    out.write("".join(bulk_send.ack_lines(response, columns.topics[sent : sent + count])))
+                sent += count
+                progress.advance(count)
     except KeyboardInterrupt:
         progress.finish()
         print(

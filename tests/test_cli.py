@@ -313,6 +313,18 @@ def test_send_refuses_bad_files_and_flags_naming_them(cluster: Cluster, tmp_path
     ]
     for argv, message in cases:
         assert run(capsys, *argv) == (2, "", f"rmqstore: error: {message}\n"), argv
+    # A field of the wrong type or range is the line's error too, never a traceback.
+    wrong = tmp_path / "wrong.jsonl"
+    for line, message in (
+        ('{"topic": "T", "tags": 5}', "line 1: tags must be a string"),
+        ('{"topic": "T", "uniqKey": 7}', "line 1: uniqKey must be a string"),
+        ('{"topic": "T", "queueId": true}', "line 1: queueId must be an integer"),
+        ('{"topic": "T", "queueId": 99999999999}', "line 1: queueId 99999999999 is outside [0, 2147483647]"),
+        ('{"topic": "T"} {"topic": "U"}', "line 1: not JSON: unexpected content after document: line 1 column 16 (char 15)"),
+        ('{"topic": "T", "body": "x", "bodyBase64": "AA=="}', "line 1: give body or bodyBase64, not both"),
+    ):
+        wrong.write_text(line + "\n")
+        assert run(capsys, *w, "--file", str(wrong)) == (2, "", f"rmqstore: error: {message}\n"), line
 
 
 def test_send_body_file_and_acks(cluster: Cluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -517,3 +529,31 @@ def test_index_geometry_is_inferred_at_one_slot_to_four_entries(tmp_path: Path, 
     code, out, _ = run(capsys, "inspect", str(store), "--json")
     assert code == 0 and json.loads(out)["sizes"]["indexSlots"] == 100 and json.loads(out)["sizes"]["indexEntries"] == 400
     assert run(capsys, "check", str(store))[:2] == (0, "ok: 1 records, 1 consume queue units and 2 index keys agree\n")
+
+
+def test_send_file_acks_are_json_dumps_lines_and_match_the_store(cluster: Cluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The bulk path's ack lines are byte for byte what json.dumps writes, and each names
+    the message the store holds; properties, bodyBase64 and uniqKey take the checked path."""
+    lines = tmp_path / "mixed.jsonl"
+    documents = [
+        {"topic": "Mixed", "body": "plain", "keys": ["a", "b"], "tags": "t", "queueId": 1},
+        {"topic": "Mixed", "bodyBase64": "AAE=", "keys": "c d"},
+        {"topic": "Mixed", "body": "with properties", "properties": {"color": "blue"}, "uniqKey": "ABCDEF0123456789"},
+    ]
+    lines.write_text("".join(json.dumps(d) + "\n" for d in documents) + "\n")
+    for batch_size in ("1", "1000"):
+        code, out, err = run(capsys, "send", "--endpoint", cluster.writer.endpoint, "--file", str(lines), "--batch-size", batch_size)
+        assert (code, err) == (0, "")
+        acks = out.splitlines()
+        assert len(acks) == 3 and all(line == json.dumps(json.loads(line)) for line in acks)
+        for document, line in zip(documents, acks):
+            ack = json.loads(line)
+            assert list(ack) == ["offsetMsgId", "uniqKey", "topic", "queueId", "queueOffset", "commitLogOffset", "storeTimestamp"]
+            code, out, _ = run(capsys, "queryMsgById", "--endpoint", cluster.query.endpoint, "-i", ack["offsetMsgId"], "--json", "--body")
+            stored = json.loads(out)
+            assert (stored["topic"], stored["queueId"], stored["queueOffset"], stored["uniqKey"]) == (
+                "Mixed", ack["queueId"], ack["queueOffset"], ack["uniqKey"]
+            )
+            assert stored["storeTimestamp"] == ack["storeTimestamp"] and stored["commitLogOffset"] == ack["commitLogOffset"]
+        assert json.loads(acks[0])["queueId"] == 1
+        assert json.loads(acks[2])["uniqKey"] == "ABCDEF0123456789"

@@ -36,7 +36,7 @@ def test_every_section_cited_exists() -> None:
     """Each "docs/format.md §N" or "docs/design.md §N" in code, tests and docs names a
     section heading the document has."""
     headings = {
-        name: set(re.findall(r"^#+ (\d+(?:\.\d+)?)\.? ", (ROOT / "docs" / name).read_text(encoding="utf-8"), re.M))
+        name: set(re.findall(r"^#+ (\d+(?:\.\d+)?)\.? ", (ROOT / "docs" / name).read_text(encoding="utf-8"), re.MULTILINE))
         for name in ("format.md", "design.md")
     }
     assert {"3.2", "7.3", "15"} <= headings["format.md"] and {"4", "8"} <= headings["design.md"]

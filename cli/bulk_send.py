@@ -1,0 +1,183 @@
+"""``rmqstore send --file``'s bulk path: a JSONL file read into columns, checked once by
+the writer's rules, and turned into serialized SendBatchRequests without a protobuf object
+per message; acks formatted from the writer's compact results.
+
+The fast path parses the whole file with orjson in one call, screens every message with
+the writer's own batch screen, and encodes the requests in the codecs' compiled loop. Any
+line the fast path cannot vouch for sends the file down the slow path, which checks line
+by line with :func:`message_from_json` and the writer's rules and so names the first bad
+line exactly as it would alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from rmqstore.cli.exits import INT32_MAX
+from rmqstore.common.codec.speedups import _speedups
+from rmqstore.common.errors import InvalidArgument
+from rmqstore.v1 import messages_pb2, writer_pb2
+
+KNOWN_FIELDS = frozenset({"topic", "body", "bodyBase64", "keys", "tags", "queueId", "properties", "uniqKey"})
+NO_KEYS: list[str] = []
+
+
+@dataclass
+class Columns:
+    """The file's messages as columns, the i-th entry of each the i-th message."""
+
+    topics: list[str]
+    queue_ids: list[int | None]
+    bodies: list[bytes]
+    keys: list[list[str]]
+    tags: list[str]
+    uniq_keys: list[str]
+    properties: list[dict[str, str] | None]
+
+    def __len__(self) -> int:
+        return len(self.topics)
+
+
+def read_file(path: str) -> bytes:
+    try:
+        with open(path, "rb") as handle:
+            return handle.read()
+    except IsADirectoryError:
+        raise InvalidArgument(f"--file {path}: is a directory, not a JSONL file") from None
+    except OSError as error:
+        raise InvalidArgument(f"--file {path}: {error.strerror or error}") from None
+
+
+def load(path: str, limits: Any) -> Columns:
+    """Every message of ``path``, checked; raises InvalidArgument naming the first bad line."""
+    data = read_file(path)
+    columns = _fast(data, limits)
+    return columns if columns is not None else _slow(path, data, limits)
+
+
+def _fast(data: bytes, limits: Any) -> Columns | None:
+    """The columns when every line is plainly good, else None (the slow path decides)."""
+    from rmqstore.writer.validate import MessageBatch, _plainly_valid
+
+    # One parse of all lines as one array. A line that is not one object (several values, a
+    # value spanning lines) would shift the count or fail the object checks below; every
+    # line starting with "{" and ending with "}", and the count, rule that out.
+    text = data.rstrip()
+    line_count = text.count(b"\n") + 1
+    if text[:1] == b"{" and text[-1:] == b"}" and text.count(b"\n{") == text.count(b"}\n") == line_count - 1:
+        joined = b"[" + text.replace(b"\n", b",") + b"]"  # the usual file: no blank lines, no \r
+    else:
+        lines = [line for line in data.split(b"\n") if line.strip()]
+        if not lines or not all(line.lstrip()[:1] == b"{" and line.rstrip()[-1:] == b"}" for line in lines):
+            return None
+        line_count, joined = len(lines), b"[" + b",".join(lines) + b"]"
+    try:
+        documents = orjson.loads(joined)
+    except orjson.JSONDecodeError:
+        return None
+    if len(documents) != line_count or not all(type(d) is dict for d in documents):
+        return None
+    if not all(map(KNOWN_FIELDS.issuperset, documents)) or any("bodyBase64" in d for d in documents):
+        return None
+    topics = [d.get("topic") for d in documents]
+    texts = [d.get("body", "") for d in documents]
+    keys = [d.get("keys", NO_KEYS) for d in documents]
+    tags = [d.get("tags") or "" for d in documents]
+    queue_ids = [d.get("queueId") for d in documents]
+    uniq_keys = [d.get("uniqKey") or "" for d in documents]
+    if not (
+        all(type(t) is str for t in topics)
+        and all(type(t) is str for t in texts)
+        and all(type(k) is list for k in keys)
+        and all(type(t) is str for t in tags)
+        and all(q is None or (type(q) is int and 0 <= q <= INT32_MAX) for q in queue_ids)
+        and all(type(u) is str for u in uniq_keys)
+        and not any("properties" in d for d in documents)
+    ):
+        return None
+    bodies = [text.encode("utf-8") for text in texts]
+    count = len(documents)
+    batch = MessageBatch(topics, bodies, keys, tags, [{}] * count, queue_ids, uniq_keys, [0] * count, [0] * count, [None] * count)
+    if not _plainly_valid(batch, limits):
+        return None
+    return Columns(topics, queue_ids, bodies, keys, tags, uniq_keys, [None] * count)
+
+
+def _slow(path: str, data: bytes, limits: Any) -> Columns:
+    """Line by line, every rule, every error naming its line."""
+    from rmqstore.cli.writer_tools import check_message, message_from_json
+
+    columns = Columns([], [], [], [], [], [], [])
+    for number, line in enumerate(data.split(b"\n"), start=1):
+        if not line.strip():
+            continue
+        try:
+            text = line.decode("utf-8")
+        except UnicodeDecodeError as error:
+            at = sum(len(previous) + 1 for previous in data.split(b"\n")[: number - 1]) + error.start
+            raise InvalidArgument(f"--file {path}: line {number} is not UTF-8 ({error.reason} at byte {at})") from None
+        try:
+            document = orjson.loads(text)
+        except orjson.JSONDecodeError as error:
+            raise InvalidArgument(f"line {number}: not JSON: {error}") from None
+        message = message_from_json(number, document)
+        check_message(message, limits, f"line {number}")
+        columns.topics.append(message.topic)
+        columns.queue_ids.append(message.queue_id if message.HasField("queue_id") else None)
+        columns.bodies.append(message.body)
+        columns.keys.append(list(message.keys))
+        columns.tags.append(message.tags)
+        columns.uniq_keys.append(message.uniq_key)
+        columns.properties.append(dict(message.properties) or None)
+    return columns
+
+
+def encode_batches(columns: Columns, batch_size: int) -> list[bytes]:
+    """Serialized SendBatchRequests of ``batch_size`` messages, asking for compact results."""
+    if _speedups is not None:
+        encoded: list[bytes] = _speedups.encode_send_batches(
+            columns.topics, columns.queue_ids, columns.bodies, columns.keys, columns.tags,
+            columns.uniq_keys, columns.properties, batch_size,
+        )  # fmt: skip
+        return encoded
+    requests = []
+    for start in range(0, len(columns), batch_size):
+        messages = []
+        for i in range(start, min(start + batch_size, len(columns))):
+            message = messages_pb2.Message(
+                topic=columns.topics[i], body=columns.bodies[i], keys=columns.keys[i], tags=columns.tags[i],
+                uniq_key=columns.uniq_keys[i], properties=columns.properties[i] or {},
+            )  # fmt: skip
+            if columns.queue_ids[i] is not None:
+                message.queue_id = columns.queue_ids[i]  # type: ignore[assignment]
+            messages.append(message)
+        requests.append(writer_pb2.SendBatchRequest(messages=messages, compact_results=True).SerializeToString())
+    return requests
+
+
+# An ack line: the JSON json.dumps writes for these fields, in this order. Topics and uniq
+# keys need no escaping: the writer accepted them, so they are [%|a-zA-Z0-9_-] and ASCII
+# letters and digits.
+ACK_LINE = (
+    '{{"offsetMsgId": "{}{:016X}", "uniqKey": "{}", "topic": "{}", "queueId": {}, "queueOffset": {}, '
+    '"commitLogOffset": {}, "storeTimestamp": {}}}\n'
+)
+
+
+def ack_lines(response: writer_pb2.SendBatchResponse, topics: Sequence[str]) -> Iterator[str]:
+    """The ack lines of a batch answered with compact results; ``topics`` are its messages'."""
+    compact = response.compact
+    prefix, stored = compact.offset_msg_id_prefix, compact.store_timestamp_ms
+    line = ACK_LINE.format
+    for topic, uniq_key, queue_id, queue_offset, offset in zip(
+        topics, compact.uniq_keys, compact.queue_ids, compact.queue_offsets, compact.commitlog_offsets
+    ):
+        yield line(prefix, offset, uniq_key, topic, queue_id, queue_offset, offset, stored)
+
+
+def acked(response: writer_pb2.SendBatchResponse) -> int:
+    return len(response.compact.commitlog_offsets) or len(response.results)

@@ -557,3 +557,18 @@ def test_send_file_acks_are_json_dumps_lines_and_match_the_store(cluster: Cluste
             assert stored["storeTimestamp"] == ack["storeTimestamp"] and stored["commitLogOffset"] == ack["commitLogOffset"]
         assert json.loads(acks[0])["queueId"] == 1
         assert json.loads(acks[2])["uniqKey"] == "ABCDEF0123456789"
+
+
+def test_tools_and_jobs_take_the_store_as_dir_or_store_flag(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    positional = run(capsys, "check", str(CLEAN), *FIXTURE_SIZE_ARGS)
+    assert positional[0] == 0 and positional == run(capsys, "check", "--store", str(CLEAN), *FIXTURE_SIZE_ARGS)
+    assert run(capsys, "check", str(CLEAN), "--store", str(tmp_path)) == (
+        2, "", f"rmqstore: error: two store directories given ({CLEAN} and --store {tmp_path}); give one\n"
+    )
+    assert run(capsys, "inspect") == (2, "", "rmqstore: error: give the store directory: DIR or --store DIR\n")
+    for job in ("stats", "reindex", "export"):
+        out = [] if job == "stats" else ["--out", str(tmp_path / "out")]
+        assert run(capsys, "pipeline", job, *out) == (2, "", "rmqstore: error: give the store directory: DIR or --store DIR\n")
+        assert run(capsys, "pipeline", job, "--store", str(tmp_path / "nowhere"), *out) == (
+            2, "", f"rmqstore: error: {tmp_path / 'nowhere'}: no such store directory\n"
+        )

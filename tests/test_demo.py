@@ -83,6 +83,34 @@ echo "pip $*" >> "$(dirname "$0")/../calls.log"
 FAKE_RMQSTORE = """#!/usr/bin/env bash
 echo "rmqstore $*" >> "$(dirname "$0")/../calls.log"
 """
+REAL_RMQSTORE = f"""#!/usr/bin/env bash
+exec {sys.executable} -m rmqstore.cli.main "$@"
+"""
+
+
+def test_run_sh_on_a_non_empty_directory_refuses_it_and_deletes_nothing(tmp_path: Path) -> None:
+    """The repository's run.sh, with a venv whose pip only logs and whose rmqstore is this
+    installation's: a directory with a notes file is refused, and kept."""
+    repo = Path(__file__).resolve().parent.parent
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    os.symlink(sys.executable, venv / "bin" / "python")
+    for name, text in (("pip", FAKE_PIP), ("rmqstore", REAL_RMQSTORE)):
+        (venv / "bin" / name).write_text(text)
+        (venv / "bin" / name).chmod(0o755)
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep me")
+    done = subprocess.run(
+        ["bash", str(repo / "run.sh"), str(mine)], env={**os.environ, "RMQSTORE_VENV": str(venv)},
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert (done.returncode, done.stdout) == (2, "")
+    assert done.stderr == (
+        f"rmqstore: error: --store {mine} is not empty and is not a demo store (no .rmqstore-demo file); "
+        "nothing was deleted: give a new or empty directory\n"
+    )
+    assert [p.name for p in mine.iterdir()] == ["notes.txt"] and (mine / "notes.txt").read_text() == "keep me"
 
 
 def test_run_sh_installs_only_when_its_inputs_changed(tmp_path: Path) -> None:

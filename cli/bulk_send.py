@@ -13,12 +13,11 @@ from __future__ import annotations
 
 import gc
 from collections.abc import Iterator, Sequence
-from itertools import repeat
 from dataclasses import dataclass
+from itertools import repeat
 from typing import Any
 
 import orjson
-
 from rmqstore.cli.exits import INT32_MAX
 from rmqstore.common.codec.speedups import _speedups
 from rmqstore.common.errors import InvalidArgument

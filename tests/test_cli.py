@@ -572,3 +572,33 @@ def test_tools_and_jobs_take_the_store_as_dir_or_store_flag(tmp_path: Path, caps
         assert run(capsys, "pipeline", job, "--store", str(tmp_path / "nowhere"), *out) == (
             2, "", f"rmqstore: error: {tmp_path / 'nowhere'}: no such store directory\n"
         )
+
+
+def test_bulk_columns_are_the_same_compiled_or_not(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The compiled column pass (json_columns) and its Python equivalent give the same
+    columns and the same requests, and refuse the same lines to the checked path."""
+    from rmqstore.cli import bulk_send
+    from rmqstore.cli.writer_tools import client_limits
+    from rmqstore.common.codec.speedups import _speedups
+
+    assert _speedups is not None
+    plain = tmp_path / "plain.jsonl"
+    plain.write_text("".join(json.dumps(d) + "\n" for d in [
+        {"topic": "T", "body": "héllo", "keys": ["a", "b"], "tags": "t", "queueId": 2, "uniqKey": "AB12"},
+        {"topic": "U"},
+        {"topic": "T", "body": "", "keys": [], "queueId": None},
+    ]))  # fmt: skip
+    limits = client_limits()
+    compiled = bulk_send.load(str(plain), limits)
+    compiled_requests = bulk_send.encode_batches(compiled, 2)
+    monkeypatch.setattr(bulk_send, "_speedups", None)
+    python = bulk_send.load(str(plain), limits)
+    assert compiled == python
+    assert compiled.bodies == ["héllo".encode(), b"", b""] and compiled.queue_ids == [2, None, None]
+    assert bulk_send.encode_batches(python, 2) == compiled_requests
+    monkeypatch.undo()
+    for line in ('{"topic": "T", "tags": null}', '{"topic": "T", "queueId": true}', '{"topic": "T", "keys": "a b"}',
+                 '{"topic": "T", "x": 1}', '{"topic": "T", "queueId": 2147483648}'):  # fmt: skip
+        documents = [json.loads(line)]
+        assert _speedups.json_columns(documents) is None, line
+        assert bulk_send._fast((line + "\n").encode(), limits) is None, line

@@ -2264,6 +2264,111 @@ done:
     return batches;
 }
 
+/* The columns of `rmqstore send --file`'s parsed JSON lines (a list of dicts): topics,
+ * queue ids, bodies (the text's UTF-8), keys, tags and uniq keys — or None as soon as a
+ * line is anything but plain (an unknown or other field, a value of another type, a queue
+ * id outside [0, 2^31 − 1]), which the caller then checks line by line to word the error. */
+
+static int field_is(PyObject *name, const char *text, Py_ssize_t length) {
+    return PyUnicode_IS_COMPACT_ASCII(name) && PyUnicode_GET_LENGTH(name) == length &&
+           memcmp(PyUnicode_1BYTE_DATA(name), text, (size_t)length) == 0;
+}
+
+static PyObject *json_columns(PyObject *module, PyObject *documents) {
+    if (!PyList_Check(documents)) {
+        PyErr_SetString(PyExc_TypeError, "json_columns takes a list");
+        return NULL;
+    }
+    Py_ssize_t count = PyList_GET_SIZE(documents);
+    PyObject *columns[6] = {NULL};
+    PyObject *empty_text = PyUnicode_FromStringAndSize("", 0), *empty_body = PyBytes_FromStringAndSize("", 0);
+    PyObject *result = NULL;
+    if (empty_text == NULL || empty_body == NULL) goto done;
+    for (int c = 0; c < 6; c++) {
+        columns[c] = PyList_New(count);
+        if (columns[c] == NULL) goto done;
+    }
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *document = PyList_GET_ITEM(documents, i);
+        if (!PyDict_CheckExact(document)) goto plain_no;
+        PyObject *topic = NULL, *queue_id = Py_None, *body = empty_body, *keys = NULL, *tags = empty_text,
+                 *uniq_key = empty_text;
+        PyObject *name, *value;
+        Py_ssize_t position = 0;
+        int owned_body = 0;
+        while (PyDict_Next(document, &position, &name, &value)) {
+            if (!PyUnicode_Check(name)) goto no_line;
+            if (field_is(name, "topic", 5)) {
+                if (!PyUnicode_CheckExact(value)) goto no_line;
+                topic = value;
+            } else if (field_is(name, "body", 4)) {
+                if (!PyUnicode_CheckExact(value)) goto no_line;
+                Py_ssize_t length;
+                const char *text = PyUnicode_AsUTF8AndSize(value, &length);
+                if (text == NULL) goto failed_line;
+                if (owned_body) Py_DECREF(body);
+                body = PyBytes_FromStringAndSize(text, length);
+                if (body == NULL) goto failed_line;
+                owned_body = 1;
+            } else if (field_is(name, "keys", 4)) {
+                if (!PyList_CheckExact(value)) goto no_line;
+                for (Py_ssize_t k = 0; k < PyList_GET_SIZE(value); k++)
+                    if (!PyUnicode_CheckExact(PyList_GET_ITEM(value, k))) goto no_line;
+                keys = value;
+            } else if (field_is(name, "tags", 4)) {
+                if (!PyUnicode_CheckExact(value)) goto no_line;
+                tags = value;
+            } else if (field_is(name, "uniqKey", 7)) {
+                if (!PyUnicode_CheckExact(value)) goto no_line;
+                uniq_key = value;
+            } else if (field_is(name, "queueId", 7)) {
+                if (value == Py_None) continue;
+                if (!PyLong_CheckExact(value)) goto no_line;
+                int overflow;
+                long long id = PyLong_AsLongLongAndOverflow(value, &overflow);
+                if (overflow || id < 0 || id > INT32_MAX) goto no_line;
+                queue_id = value;
+            } else {
+                goto no_line;
+            }
+        }
+        if (topic == NULL) goto no_line;
+        PyObject *row[6] = {topic, queue_id, body, keys, tags, uniq_key};
+        for (int c = 0; c < 6; c++) {
+            if (c == 3 && keys == NULL) {
+                row[3] = PyList_New(0);
+                if (row[3] == NULL) goto failed_line;
+            } else if (!(c == 2 && owned_body)) {
+                Py_INCREF(row[c]);
+            }
+            PyList_SET_ITEM(columns[c], i, row[c]);
+            if (c == 2) owned_body = 0; /* the column holds it now */
+        }
+        continue;
+    no_line:
+        if (owned_body) Py_DECREF(body);
+        goto plain_no;
+    failed_line:
+        if (owned_body) Py_DECREF(body);
+        goto done;
+    }
+    result = PyTuple_New(6);
+    if (result == NULL) goto done;
+    for (int c = 0; c < 6; c++) {
+        PyTuple_SET_ITEM(result, c, columns[c]);
+        columns[c] = NULL;
+    }
+    goto done;
+plain_no:
+    result = Py_None;
+    Py_INCREF(result);
+done:
+    for (int c = 0; c < 6; c++) Py_XDECREF(columns[c]);
+    Py_XDECREF(empty_text);
+    Py_XDECREF(empty_body);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"java_string_hash", (PyCFunction)java_string_hash, METH_O, "String.hashCode of a str, as a signed int32."},
     {"index_key_hash", (PyCFunction)(void (*)(void))index_key_hash, METH_FASTCALL,
@@ -2299,6 +2404,8 @@ static PyMethodDef methods[] = {
      "encode_common_properties(order, keys, tags, uniq_keys) -> list[bytes]."},
     {"index_put_keys", (PyCFunction)(void (*)(void))index_put_keys, METH_FASTCALL,
      "index_put_keys(buf, slots, start, begin_ts, key_hashes, phy_offsets, timestamps) -> new_slots | None."},
+    {"json_columns", (PyCFunction)json_columns, METH_O,
+     "json_columns(documents) -> (topics, queue_ids, bodies, keys, tags, uniq_keys) | None."},
     {"encode_send_batches", (PyCFunction)(void (*)(void))encode_send_batches, METH_FASTCALL,
      "encode_send_batches(topics, queue_ids, bodies, keys, tags, uniq_keys, properties, batch_size) -> list[bytes]:"
      " serialized SendBatchRequests asking for compact results."},

@@ -62,8 +62,8 @@ def fail(message: str) -> None:
 
 def status_exit(error: grpc.RpcError | LocalRpcError) -> int:
     """Report a node's (or the in-process servicer's) status; its exit code."""
-    code: grpc.StatusCode = error.code()  # type: ignore[union-attr]
-    details = error.details() or ""  # type: ignore[union-attr]
+    code: grpc.StatusCode = error.code()
+    details = error.details() or ""
     if code == grpc.StatusCode.UNAVAILABLE:
         details = f"no node answers ({details})"
     fail(f"{code.name}: {details}")

@@ -406,9 +406,7 @@ def cmd_query_serve(args: argparse.Namespace) -> int:
     stopping = stop_requested()
     configure_tracing("rmqstore-query")
     configure_metrics("rmqstore-query")
-    budget = args.mapped_budget_mb
-    if budget is not None and budget < 1:
-        raise InvalidArgument(f"--mapped-budget-mb must be at least 1, got {budget}")
+    budget = args.mapped_budget_mb  # at least 1: its argument type refuses less
     view = StoreView(args.store, sizes_from(args, args.store), mapped_budget_bytes=None if budget is None else budget << 20)
     try:
         with listening(args):

@@ -829,6 +829,7 @@ static PyObject *encode_records(PyObject *module, PyObject *const *args, Py_ssiz
 done:
     Py_XDECREF(store_ip);
     Py_XDECREF(born_ip);
+    Py_XDECREF(sizes);
     Py_XDECREF(joined);
     return result;
 }

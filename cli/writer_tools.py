@@ -361,9 +361,11 @@ class _Progress:
 
     INTERVAL_S = 0.5
 
-    def __init__(self, total: int, shown: bool):
+    def __init__(self, total: int, shown: bool, live: bool):
         self.total = total
         self.shown = shown
+        # The line rewritten in place would be torn by acks printed to the same terminal.
+        self.live = shown and live
         self.acked = 0
         self.started = time.monotonic()
         self.printed_at = 0.0
@@ -375,7 +377,7 @@ class _Progress:
     def advance(self, count: int) -> None:
         self.acked += count
         now = time.monotonic()
-        if self.shown and now - self.printed_at >= self.INTERVAL_S:
+        if self.live and now - self.printed_at >= self.INTERVAL_S:
             self.printed_at = now
             sys.stderr.write(f"\rsent {self.total}, acked {self.acked} ({self.acked * 100 // max(self.total, 1)}%), {self.rate():,.0f} msgs/s")
             sys.stderr.flush()
@@ -416,7 +418,8 @@ def cmd_send(args: argparse.Namespace) -> int:
         queue_id = message.queue_id if message.HasField("queue_id") else None
         columns = bulk_send.Columns([message.topic], [queue_id], [message.body], [list(message.keys)], [message.tags], [""], [None])
     requests = bulk_send.encode_batches(columns, args.batch_size)
-    progress = _Progress(len(columns), shown=args.file is not None and sys.stderr.isatty())
+    on_terminal = args.file is not None and sys.stderr.isatty()
+    progress = _Progress(len(columns), shown=on_terminal, live=not (args.acks == "all" and sys.stdout.isatty()))
     out = sys.stdout
     sent = 0
     try:

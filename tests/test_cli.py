@@ -346,15 +346,14 @@ def test_send_body_file_and_acks(cluster: Cluster, tmp_path: Path, capsys: pytes
     assert code == 0 and [json.loads(line)["topic"] for line in out.splitlines()] == ["Acks"] * 5
 
 
-def test_send_shows_progress_and_a_summary_on_a_terminal(cluster: Cluster, tmp_path: Path) -> None:
-    lines = tmp_path / "three.jsonl"
-    lines.write_text("".join(json.dumps({"topic": "Tty", "body": str(n)}) + "\n" for n in range(3)))
+def _on_a_terminal(argv: list[str], stdout_too: bool) -> tuple[int, str, str]:
+    """Run rmqstore with stderr (and stdout, if asked) on a pseudo-terminal: its exit code,
+    what the terminal showed, and stdout when that was a pipe."""
     controller, terminal = pty.openpty()
     try:
         process = subprocess.Popen(
-            rmqstore("send", "--endpoint", cluster.writer.endpoint, "--file", str(lines), "--acks", "none"),
-            stdout=subprocess.PIPE, stderr=terminal, text=True,
-        )  # fmt: skip
+            rmqstore(*argv), stdout=terminal if stdout_too else subprocess.PIPE, stderr=terminal, text=True
+        )
         os.close(terminal)
         seen = b""
         deadline = time.monotonic() + 60
@@ -370,14 +369,31 @@ def test_send_shows_progress_and_a_summary_on_a_terminal(cluster: Cluster, tmp_p
                 seen += chunk
             elif process.poll() is not None:
                 break
-        assert process.wait(timeout=60) == 0
-        assert process.stdout is not None
-        with process.stdout:
-            assert process.stdout.read() == ""
+        code = process.wait(timeout=60)
+        piped = ""
+        if process.stdout is not None:
+            with process.stdout:
+                piped = process.stdout.read()
     finally:
         os.close(controller)
-    final = seen.decode().replace("\r\n", "\n").split("\r")[-1]
-    assert final.startswith("sent 3, acked 3 in ") and final.endswith(" msgs/s\n"), seen
+    return code, seen.decode().replace("\r\n", "\n"), piped
+
+
+def test_send_shows_progress_and_a_summary_on_a_terminal(cluster: Cluster, tmp_path: Path) -> None:
+    lines = tmp_path / "three.jsonl"
+    lines.write_text("".join(json.dumps({"topic": "Tty", "body": str(n)}) + "\n" for n in range(3)))
+    send = ["send", "--endpoint", cluster.writer.endpoint, "--file", str(lines)]
+    code, shown, piped = _on_a_terminal([*send, "--acks", "none"], stdout_too=False)
+    assert (code, piped) == (0, "")
+    assert "\rsent 3, acked 3 (100%), " in shown  # the progress line
+    final = shown.split("\r")[-1]
+    assert final.startswith("sent 3, acked 3 in ") and final.endswith(" msgs/s\n"), shown
+    # Acks printed to the same terminal: no line rewritten under them, the summary after.
+    code, shown, _ = _on_a_terminal(send, stdout_too=True)
+    assert code == 0 and "(100%)" not in shown
+    printed = shown.split("\n")
+    assert [json.loads(line)["topic"] for line in printed[:3]] == ["Tty"] * 3
+    assert printed[3].lstrip("\r").startswith("sent 3, acked 3 in ") and printed[4:] == [""]
 
 
 def test_ctrl_c_during_send_is_one_line(cluster: Cluster, tmp_path: Path) -> None:

@@ -11,14 +11,13 @@ import argparse
 import base64
 import datetime as dt
 import hashlib
-import json
 import itertools
+import json
 import sys
 from collections.abc import Iterator
 from typing import Any
 
 import grpc
-
 from rmqstore.cli import exits
 from rmqstore.cli.exits import EXIT_NOT_FOUND, EXIT_OK, LocalRpcError
 from rmqstore.cli.store_tools import add_size_options, sizes_from
@@ -34,7 +33,14 @@ from rmqstore.cli.writer_tools import (
     wait_for_stop,
 )
 from rmqstore.common.errors import InvalidArgument, NotFound
-from rmqstore.v1 import messages_pb2, query_pb2, query_pb2_grpc, writer_pb2, writer_pb2_grpc
+from rmqstore.v1 import (
+    messages_pb2,
+    query_pb2,
+    query_pb2_grpc,
+    writer_pb2,
+    writer_pb2_grpc,
+)
+
 SHUTDOWN_GRACE_S = 5.0
 KEY_PAGE_SIZE = 1000
 
@@ -395,8 +401,8 @@ def cmd_update_topic(args: argparse.Namespace) -> int:
 def cmd_query_serve(args: argparse.Namespace) -> int:
     from rmqstore.query.service import SERVICE_NAME, QueryServicer
     from rmqstore.query.view import StoreView
-    from rmqstore.service.server import Serving
     from rmqstore.service.metrics import configure_metrics
+    from rmqstore.service.server import Serving
     from rmqstore.service.telemetry import configure_tracing
 
     # TLS files and the store are checked before anything else.

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import argparse
 import base64
-import json
 import contextlib
 import dataclasses
+import json
 import signal
 import socket
 import sys
@@ -16,12 +16,12 @@ from collections.abc import Iterator
 from typing import Any
 
 import grpc
-
 from rmqstore.cli import exits
 from rmqstore.cli.exits import EXIT_OK
 from rmqstore.cli.store_tools import add_size_options, sizes_from
 from rmqstore.common.errors import InvalidArgument
 from rmqstore.v1 import messages_pb2, writer_pb2, writer_pb2_grpc
+
 SHUTDOWN_GRACE_S = 10.0
 
 
@@ -168,8 +168,8 @@ def channel_from(args: argparse.Namespace, endpoint: str) -> grpc.Channel:
 
 
 def cmd_writer_serve(args: argparse.Namespace) -> int:
-    from rmqstore.service.server import AsyncServing
     from rmqstore.service.metrics import configure_metrics
+    from rmqstore.service.server import AsyncServing
     from rmqstore.service.telemetry import configure_tracing
     from rmqstore.writer.config import FlushPolicy, WriterConfig
     from rmqstore.writer.service import SERVICE_NAME, WriterServicer

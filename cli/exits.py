@@ -59,13 +59,14 @@ def fail(message: str) -> None:
     print(PREFIX + " ".join(message.split("\n")), file=sys.stderr, flush=True)
 
 
-def status_exit(error: grpc.RpcError | LocalRpcError) -> int:
-    """Report a node's (or the in-process servicer's) status; its exit code."""
+def status_exit(error: grpc.RpcError | LocalRpcError, note: str = "") -> int:
+    """Report a node's (or the in-process servicer's) status, with ``note`` after it on the
+    same line; its exit code."""
     code: grpc.StatusCode = error.code()
     details = error.details() or ""
     if code == grpc.StatusCode.UNAVAILABLE:
         details = f"no node answers ({details})"
-    fail(f"{code.name}: {details}")
+    fail(f"{code.name}: {details}{note}")
     return STATUS_EXITS.get(code, EXIT_USAGE)
 
 

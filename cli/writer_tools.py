@@ -444,9 +444,8 @@ def cmd_send(args: argparse.Namespace) -> int:
         return exits.EXIT_INTERRUPTED
     except grpc.RpcError as error:
         progress.finish()
-        if progress.acked:
-            print(f"{exits.PREFIX}{progress.acked} of {progress.total} messages were acknowledged before:", file=sys.stderr)
-        return exits.status_exit(error)
+        note = f" ({progress.acked} of {progress.total} messages were acknowledged before it)" if progress.acked else ""
+        return exits.status_exit(error, note)
     progress.finish()
     if args.acks == "summary":
         out.write(json.dumps(progress.summary()) + "\n")

@@ -618,3 +618,21 @@ def test_bulk_columns_are_the_same_compiled_or_not(tmp_path: Path, monkeypatch: 
         documents = [json.loads(line)]
         assert _speedups.json_columns(documents) is None, line
         assert bulk_send._fast((line + "\n").encode(), limits) is None, line
+
+
+def test_a_batch_the_writer_refuses_mid_file_is_one_line_saying_what_was_stored(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A rule only the writer knows (here: no topic is created on the fly) refuses the
+    second batch; the first one's acks are printed, and the one error line says so."""
+    writer = Node("writer", rmqstore("writer", "serve", "--store", str(tmp_path / "store"), "--port", "0", "--no-auto-create"))
+    try:
+        assert run(capsys, "updateTopic", "--endpoint", writer.endpoint, "-t", "Known", "-w", "2")[0] == 0
+        lines = tmp_path / "four.jsonl"
+        lines.write_text("".join(json.dumps({"topic": t, "body": "x"}) + "\n" for t in ("Known", "Known", "Known", "Unknown")))
+        code, out, err = run(capsys, "send", "--endpoint", writer.endpoint, "--file", str(lines), "--batch-size", "3")
+    finally:
+        writer.stop()
+    assert code == 3
+    assert [json.loads(line)["topic"] for line in out.splitlines()] == ["Known"] * 3
+    [line] = err.splitlines()
+    assert line.startswith("rmqstore: error: NOT_FOUND: ") and "Unknown" in line
+    assert line.endswith(" (3 of 4 messages were acknowledged before it)")

@@ -138,6 +138,26 @@ positive = _bounded("a count of at least 1", 1, INT32_MAX)
 size = _bounded("a size of at least 1", 1, INT64_MAX)
 
 
+def _bounded_real(kind: str, low: float, high: float, low_open: bool = False) -> Callable[[str], float]:
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if not (low < value if low_open else low <= value) or not value <= high:
+            interval = f"{'(' if low_open else '['}{low:g}, {high:g}]"
+            raise argparse.ArgumentTypeError(f"{text} is outside {interval} ({kind})")
+        return value
+
+    parse.__name__ = kind
+    return parse
+
+
+ratio = _bounded_real("a share of the disk", 0.0, 1.0)
+seconds = _bounded_real("seconds", 0.0, 1e9, low_open=True)
+hours = _bounded_real("hours", 0.0, 1e9)
+
+
 class Parser(argparse.ArgumentParser):
     """argparse, with usage errors as one line and exit code 2 like every other failure."""
 

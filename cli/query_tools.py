@@ -464,7 +464,7 @@ def _lookup_parser(
     parser.add_argument("--json", action="store_true", help=json_help)
     if bodies:
         parser.add_argument("--body", action="store_true", help="with --json, include the body")
-    parser.add_argument("--timeout", type=float, default=30.0, help="seconds per call to a node (default 30)")
+    parser.add_argument("--timeout", type=exits.seconds, default=30.0, help="seconds per call to a node (default 30)")
     add_client_tls_options(parser)
     add_size_options(parser)
     return parser
@@ -556,6 +556,6 @@ def register(commands: argparse._SubParsersAction) -> None:  # type: ignore[type
     update.add_argument("-t", "--topic", required=True, help="the topic")
     update.add_argument("-r", "--read-queues", type=exits.positive, metavar="N", help="read queue count")
     update.add_argument("-w", "--write-queues", type=exits.positive, metavar="N", help="write queue count (default: the writer's, 8)")
-    update.add_argument("--timeout", type=float, default=30.0, help="seconds before giving up (default 30)")
+    update.add_argument("--timeout", type=exits.seconds, default=30.0, help="seconds before giving up (default 30)")
     add_client_tls_options(update)
     update.set_defaults(handler=cmd_update_topic)

@@ -460,14 +460,14 @@ def register(commands: argparse._SubParsersAction) -> None:  # type: ignore[type
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     serve.add_argument("--port", type=exits.port, default=0, help="port (default 0: any free port, printed at start)")
     serve.add_argument("--flush", choices=["sync", "async"], default="async", help="flush policy (default async)")
-    serve.add_argument("--flush-interval-ms", type=int, default=500, help="ASYNC fsync interval (default 500)")
+    serve.add_argument("--flush-interval-ms", type=exits.positive, default=500, help="ASYNC fsync interval (default 500)")
     serve.add_argument(
         "--store-host", help="ip:port written into records and msgIds (default 127.0.0.1:PORT, the port served on)"
     )
     serve.add_argument("--no-auto-create", action="store_true", help="refuse messages to unknown topics")
-    serve.add_argument("--retention-hours", type=float, default=72.0, help="commit log file reserved time (default 72)")
-    serve.add_argument("--disk-clean-ratio", type=float, default=0.75, help="delete old files above this disk use (default 0.75)")
-    serve.add_argument("--disk-full-ratio", type=float, default=0.90, help="refuse writes above this disk use (default 0.90)")
+    serve.add_argument("--retention-hours", type=exits.hours, default=72.0, help="commit log file reserved time (default 72)")
+    serve.add_argument("--disk-clean-ratio", type=exits.ratio, default=0.75, help="delete old files above this disk use (default 0.75)")
+    serve.add_argument("--disk-full-ratio", type=exits.ratio, default=0.90, help="refuse writes above this disk use (default 0.90)")
     serve.add_argument(
         "--truncate-corrupt-tail",
         action="store_true",
@@ -502,6 +502,6 @@ def register(commands: argparse._SubParsersAction) -> None:  # type: ignore[type
         help="print every ack as a JSON line (all, the default), one JSON summary line {sent, acked, seconds, "
         "msgsPerSecond} (summary), or nothing (none)",
     )
-    send.add_argument("--timeout", type=float, default=600.0, help="seconds before giving up (default 600)")
+    send.add_argument("--timeout", type=exits.seconds, default=600.0, help="seconds before giving up (default 600)")
     add_client_tls_options(send)
     send.set_defaults(handler=cmd_send)

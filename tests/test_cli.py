@@ -260,6 +260,23 @@ def test_every_command_refuses_a_bad_input_in_one_line(cluster: Cluster, tmp_pat
     assert (tmp_path / "notes.txt").read_text() == "keep"
 
 
+def test_numbers_a_node_cannot_use_are_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    serve = ["writer", "serve", "--store", str(tmp_path / "store")]
+    for flag, value, why in (
+        ("--disk-full-ratio", "7", "7 is outside [0, 1] (a share of the disk)"),
+        ("--disk-clean-ratio", "-0.1", "-0.1 is outside [0, 1] (a share of the disk)"),
+        ("--flush-interval-ms", "-1", "-1 is outside [1, 2147483647] (a count of at least 1)"),
+        ("--retention-hours", "-3", "-3 is outside [0, 1e+09] (hours)"),
+    ):
+        assert run(capsys, *serve, flag, value) == (
+            2, "", f"rmqstore: error: writer serve: argument {flag}: {why} (see rmqstore writer serve --help)\n"
+        )
+    assert run(capsys, "send", "--endpoint", "127.0.0.1:1", "-t", "T", "--body", "x", "--timeout", "-5") == (
+        2, "", "rmqstore: error: send: argument --timeout: -5 is outside (0, 1e+09] (seconds) (see rmqstore send --help)\n"
+    )
+    assert not (tmp_path / "store").exists()
+
+
 def test_usage_errors_name_flags_not_internal_names(capsys: pytest.CaptureFixture[str]) -> None:
     assert run(capsys, "writer") == (2, "", "rmqstore: error: writer: the following arguments are required: serve (see rmqstore writer --help)\n")
     assert run(capsys, "dump") == (

@@ -436,9 +436,10 @@ def cmd_send(args: argparse.Namespace) -> int:
                 progress.advance(count)
     except KeyboardInterrupt:
         progress.finish()
+        where = "; their acks are above" if args.acks == "all" else ""
         print(
             f"{exits.PREFIX}interrupted: {progress.acked} of {progress.total} messages acknowledged "
-            "(stored; their acks are above); the rest may or may not be stored",
+            f"(stored{where}); the rest may or may not be stored",
             file=sys.stderr,
         )
         return exits.EXIT_INTERRUPTED

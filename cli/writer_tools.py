@@ -418,8 +418,11 @@ def cmd_send(args: argparse.Namespace) -> int:
         queue_id = message.queue_id if message.HasField("queue_id") else None
         columns = bulk_send.Columns([message.topic], [queue_id], [message.body], [list(message.keys)], [message.tags], [""], [None])
     requests = bulk_send.encode_batches(columns, args.batch_size)
+    # Only the topics are needed from here on (for the ack lines): the rest is in the requests.
+    topics, total = columns.topics, len(columns)
+    del columns
     on_terminal = args.file is not None and sys.stderr.isatty()
-    progress = _Progress(len(columns), shown=on_terminal, live=not (args.acks == "all" and sys.stdout.isatty()))
+    progress = _Progress(total, shown=on_terminal, live=not (args.acks == "all" and sys.stdout.isatty()))
     out = sys.stdout
     sent = 0
     try:
@@ -431,7 +434,7 @@ def cmd_send(args: argparse.Namespace) -> int:
             for response in call(iter(requests), timeout=args.timeout):
                 count = bulk_send.acked(response)
                 if args.acks == "all":
-                    out.write("".join(bulk_send.ack_lines(response, columns.topics[sent : sent + count])))
+                    out.write("".join(bulk_send.ack_lines(response, topics[sent : sent + count])))
                 sent += count
                 progress.advance(count)
     except KeyboardInterrupt:

@@ -13,7 +13,9 @@ fi
 # those inputs, written after a successful install, lets a later run skip pip.
 STAMP="$VENV/rmqstore-install.sha256"
 current="$(find pyproject.toml setup.py protos/rmqstore common/codec/_speedups.c -type f \( -name '*.proto' -o -name '*.c' -o -name '*.toml' -o -name '*.py' \) -print0 | sort -z | xargs -0 sha256sum | sha256sum | cut -d' ' -f1)"
-if [ ! -x "$VENV/bin/rmqstore" ] || [ "$(cat "$STAMP" 2>/dev/null)" != "$current" ]; then
+# What the install builds must still be there too (a `git clean` removes it).
+built() { [ -d protos/gen/rmqstore/v1 ] && compgen -G 'common/codec/_speedups*.so' > /dev/null; }
+if [ ! -x "$VENV/bin/rmqstore" ] || [ "$(cat "$STAMP" 2>/dev/null)" != "$current" ] || ! built; then
     # Install quietly; show pip's output only if it fails.
     if ! { "$VENV/bin/pip" install --upgrade pip && "$VENV/bin/pip" install -e '.[test]'; } > "$VENV/install.log" 2>&1; then
         cat "$VENV/install.log" >&2

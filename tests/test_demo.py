@@ -141,9 +141,15 @@ def test_run_sh_installs_only_when_its_inputs_changed(tmp_path: Path) -> None:
         return log.read_text().splitlines()
 
     installed = ["pip install --upgrade pip", "pip install -e .[test]", "rmqstore demo --store somewhere"]
+    # What an install builds (the fake pip builds nothing): compiled stubs and codecs.
+    (work / "protos" / "gen" / "rmqstore" / "v1").mkdir(parents=True)
+    built = work / "common" / "codec" / "_speedups.cpython-311-x86_64-linux-gnu.so"
+    built.write_bytes(b"")
     assert run() == installed
     assert run() == ["rmqstore demo --store somewhere"]
     with open(work / "pyproject.toml", "a", encoding="utf-8") as handle:
         handle.write("# changed\n")
     assert run() == installed
     assert run() == ["rmqstore demo --store somewhere"]
+    built.unlink()  # built files gone: installed again, though the inputs did not change
+    assert run() == installed

@@ -53,23 +53,51 @@ def read_file(path: str) -> bytes:
         raise InvalidArgument(f"--file {path}: {error.strerror or error}") from None
 
 
-def load(path: str, limits: Any) -> Columns:
-    """Every message of ``path``, checked; raises InvalidArgument naming the first bad line."""
+# The file is parsed, checked and encoded this many bytes (whole lines) at a time: the
+# parsed objects of one chunk at most are alive at once, and what is kept until the sending
+# is the encoded requests (about the file's size) and a reference to each message's topic.
+CHUNK_BYTES = 8 << 20
+
+
+@dataclass
+class Prepared:
+    """A file's messages, checked and encoded: the requests to send, and each message's
+    topic (for its ack line)."""
+
+    requests: list[bytes]
+    topics: list[str]
+
+
+def prepare(path: str, limits: Any, batch_size: int) -> Prepared:
+    """Every message of ``path``, checked and encoded in batches of ``batch_size`` (the last
+    batch of each chunk may be smaller); raises InvalidArgument naming the first bad line
+    before any request exists."""
     data = read_file(path)
-    # The parse makes a dict per line and no reference cycles: the cyclic collector would
-    # only walk the growing heap again and again (a third of the time, measured), so it is
-    # off meanwhile, and what is kept is then frozen out of its later passes.
+    prepared = Prepared([], [])
+    distinct: dict[str, str] = {}
+    # Parsing makes a dict per line and no reference cycles: the cyclic collector would only
+    # walk the growing heap again and again (a third of the time, measured), so it is off
+    # meanwhile, and what is kept is then frozen out of its later passes.
     collecting = gc.isenabled()
     gc.disable()
     try:
-        columns = _fast(data, limits)
-        if columns is None:
-            columns = _slow(path, data, limits)
+        start, first_line = 0, 1
+        while start < len(data):
+            end = data.find(b"\n", start + CHUNK_BYTES)
+            end = len(data) if end < 0 else end + 1
+            chunk = data[start:end]
+            columns = _fast(chunk, limits)
+            if columns is None:
+                columns = _slow(path, chunk, limits, first_line, start)
+            prepared.requests += encode_batches(columns, batch_size)
+            prepared.topics += [distinct.setdefault(topic, topic) for topic in columns.topics]
+            first_line += chunk.count(b"\n")
+            start = end
     finally:
         if collecting:
             gc.enable()
     gc.freeze()
-    return columns
+    return prepared
 
 
 def _fast(data: bytes, limits: Any) -> Columns | None:
@@ -138,18 +166,21 @@ def _screened(
     return Columns(topics, queue_ids, bodies, keys, tags, uniq_keys, [None] * count)
 
 
-def _slow(path: str, data: bytes, limits: Any) -> Columns:
-    """Line by line, every rule, every error naming its line."""
+def _slow(path: str, data: bytes, limits: Any, first_line: int = 1, first_byte: int = 0) -> Columns:
+    """Line by line, every rule, every error naming its line (``data`` is the file's part
+    from line ``first_line``, at byte ``first_byte``)."""
     from rmqstore.cli.writer_tools import check_message, message_from_json
 
     columns = Columns([], [], [], [], [], [], [])
-    for number, line in enumerate(data.split(b"\n"), start=1):
+    lines = data.split(b"\n")
+    for number, line in enumerate(lines, start=first_line):
         if not line.strip():
             continue
         try:
             text = line.decode("utf-8")
         except UnicodeDecodeError as error:
-            at = sum(len(previous) + 1 for previous in data.split(b"\n")[: number - 1]) + error.start
+            before = sum(len(previous) + 1 for previous in lines[: number - first_line])
+            at = first_byte + before + error.start
             raise InvalidArgument(f"--file {path}: line {number} is not UTF-8 ({error.reason} at byte {at})") from None
         try:
             document = orjson.loads(text)

@@ -411,16 +411,16 @@ def cmd_send(args: argparse.Namespace) -> int:
                                           ("--body-file", args.body_file), ("-q", args.queue)) if value is not None]
         if given:
             raise InvalidArgument(f"{', '.join(given)} describe one message; with --file every line gives its own")
-        # The whole file is read and checked before anything is sent, so a bad line costs nothing.
-        columns = bulk_send.load(args.file, client_limits())
+        # The whole file is read, checked and encoded before anything is sent, so a bad
+        # line costs nothing.
+        prepared = bulk_send.prepare(args.file, client_limits(), args.batch_size)
     else:
         message = _one_message(args)
         queue_id = message.queue_id if message.HasField("queue_id") else None
         columns = bulk_send.Columns([message.topic], [queue_id], [message.body], [list(message.keys)], [message.tags], [""], [None])
-    requests = bulk_send.encode_batches(columns, args.batch_size)
-    # Only the topics are needed from here on (for the ack lines): the rest is in the requests.
-    topics, total = columns.topics, len(columns)
-    del columns
+        prepared = bulk_send.Prepared(bulk_send.encode_batches(columns, 1), columns.topics)
+    requests, topics, total = prepared.requests, prepared.topics, len(prepared.topics)
+    del prepared
     on_terminal = args.file is not None and sys.stderr.isatty()
     progress = _Progress(total, shown=on_terminal, live=not (args.acks == "all" and sys.stdout.isatty()))
     out = sys.stdout

@@ -622,19 +622,50 @@ def test_bulk_columns_are_the_same_compiled_or_not(tmp_path: Path, monkeypatch: 
         {"topic": "T", "body": "", "keys": [], "queueId": None},
     ]))  # fmt: skip
     limits = client_limits()
-    compiled = bulk_send.load(str(plain), limits)
-    compiled_requests = bulk_send.encode_batches(compiled, 2)
+    data = plain.read_bytes()
+    compiled = bulk_send._fast(data, limits)
+    compiled_prepared = bulk_send.prepare(str(plain), limits, 2)
     monkeypatch.setattr(bulk_send, "_speedups", None)
-    python = bulk_send.load(str(plain), limits)
-    assert compiled == python
+    python = bulk_send._fast(data, limits)
+    assert compiled is not None and compiled == python
     assert compiled.bodies == ["héllo".encode(), b"", b""] and compiled.queue_ids == [2, None, None]
-    assert bulk_send.encode_batches(python, 2) == compiled_requests
+    assert bulk_send.prepare(str(plain), limits, 2) == compiled_prepared
+    assert compiled_prepared.topics == ["T", "U", "T"] and len(compiled_prepared.requests) == 2
     monkeypatch.undo()
     for line in ('{"topic": "T", "tags": null}', '{"topic": "T", "queueId": true}', '{"topic": "T", "keys": "a b"}',
                  '{"topic": "T", "x": 1}', '{"topic": "T", "queueId": 2147483648}'):  # fmt: skip
         documents = [json.loads(line)]
         assert _speedups.json_columns(documents) is None, line
         assert bulk_send._fast((line + "\n").encode(), limits) is None, line
+
+
+def test_a_file_is_prepared_in_chunks_with_lines_numbered_in_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Chunks of whole lines give the same messages as one chunk; an error in a later chunk
+    names its line and byte in the file; a chunk of blank lines is nothing."""
+    from rmqstore.cli import bulk_send
+    from rmqstore.cli.writer_tools import client_limits
+    from rmqstore.v1 import writer_pb2
+
+    limits = client_limits()
+    lines = tmp_path / "many.jsonl"
+    text = "".join(json.dumps({"topic": f"T{n % 3}", "body": f"message {n}", "keys": [f"k{n}"]}) + "\n" for n in range(40))
+    lines.write_text(text + "\n\n   \n")
+
+    def messages(prepared: bulk_send.Prepared) -> list[object]:
+        return [m for r in prepared.requests for m in writer_pb2.SendBatchRequest.FromString(r).messages]
+
+    whole = bulk_send.prepare(str(lines), limits, 7)
+    monkeypatch.setattr(bulk_send, "CHUNK_BYTES", 100)
+    chunked = bulk_send.prepare(str(lines), limits, 7)
+    assert len(chunked.requests) > len(whole.requests)
+    assert messages(chunked) == messages(whole) and chunked.topics == whole.topics == [f"T{n % 3}" for n in range(40)]
+    assert [m.body for m in messages(chunked)] == [f"message {n}".encode() for n in range(40)]
+    bad = tmp_path / "bad.jsonl"
+    bad.write_bytes(text.encode() + b'{"topic": "T", "body": "caf\xe9"}\n')
+    offset = len(text.encode()) + len('{"topic": "T", "body": "caf')
+    with pytest.raises(InvalidArgument) as error:
+        bulk_send.prepare(str(bad), limits, 7)
+    assert str(error.value) == f"--file {bad}: line 41 is not UTF-8 (invalid continuation byte at byte {offset})"
 
 
 def test_a_batch_the_writer_refuses_mid_file_is_one_line_saying_what_was_stored(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

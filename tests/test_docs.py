@@ -8,7 +8,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 SCOPE = ["README.md", "docs", "common", "writer", "query", "service", "cli", "pipeline", "benchmarks", "tests", "protos/rmqstore"]
 # What a clone does not have: the planning notes outside the repository, and issue numbers.
-OUTSIDE = re.compile(r"\.\./shared|FORMAT\.md|DESIGN\.md|issue #")
+# (Written so that this line does not match itself: "[ ]" is a space.)
+OUTSIDE = re.compile(r"\.\./shared|FORMAT\.md|DESIGN\.md|issue[ ]#")
 TEXT_SUFFIXES = {".md", ".py", ".c", ".proto", ".toml", ".sh", ".yaml", ".yml", ".txt", ".cc", ".json", ".jsonl"}
 
 
@@ -24,8 +25,6 @@ def _files() -> list[Path]:
 def test_nothing_refers_outside_the_repository() -> None:
     hits = []
     for path in _files():
-        if path == Path(__file__):
-            continue
         for number, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), start=1):
             if OUTSIDE.search(line):
                 hits.append(f"{path.relative_to(ROOT)}:{number}: {line.strip()}")

@@ -684,3 +684,15 @@ def test_a_batch_the_writer_refuses_mid_file_is_one_line_saying_what_was_stored(
     [line] = err.splitlines()
     assert line.startswith("rmqstore: error: NOT_FOUND: ") and "Unknown" in line
     assert line.endswith(" (3 of 4 messages were acknowledged before it)")
+
+
+def test_reindex_refuses_an_empty_store_and_an_out_that_is_a_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "f").write_text("x")
+    assert run(capsys, "reindex", str(tmp_path / "empty"), "--out", str(tmp_path / "out")) == (
+        2, "", f"rmqstore: error: store directory {tmp_path / 'empty'}: no commit log files under commitlog/, nothing to reindex\n"
+    )
+    assert run(capsys, "reindex", str(CLEAN), *FIXTURE_SIZE_ARGS, "--out", str(tmp_path / "f")) == (
+        2, "", f"rmqstore: error: --out {tmp_path / 'f'}: not a directory\n"
+    )
+    assert not (tmp_path / "out").exists() and (tmp_path / "f").read_text() == "x"

@@ -56,6 +56,55 @@ def grpc_append_run(store: Path, spec: WorkloadSpec, log_dir: Path, batch: int) 
     return result
 
 
+SEND_FILE_ACKS = ("all", "summary", "none")
+
+
+def write_send_file(workload: Any, path: Path) -> None:
+    """The workload as `rmqstore send --file` reads it, one JSON object a line. The bodies
+    are text (a user's JSON carries text): the base64 of the workload's bytes, cut to the
+    body size, so every message keeps its size."""
+    import base64
+
+    size = workload.spec.body_bytes
+    with open(path, "w", encoding="utf-8") as handle:
+        handle.writelines(
+            json.dumps({"topic": workload.topic(i), "body": base64.b64encode(workload.body(i)).decode()[:size],
+                        "keys": list(workload.keys[i]), "tags": workload.tag(i), "queueId": workload.queue_ids[i],
+                        "uniqKey": workload.uniq_keys[i]}) + "\n"
+            for i in range(len(workload))
+        )  # fmt: skip
+
+
+def send_file_run(store: Path, jsonl: Path, messages: int, log_dir: Path, acks: str, batch: int) -> dict[str, Any]:
+    """A fresh ASYNC writer serving; `rmqstore send --file` run as a user runs it, timed
+    from its start to its exit (the interpreter's start, reading, checking, sending and
+    every ack written included); its acks are counted."""
+    shutil.rmtree(store, ignore_errors=True)
+    out = log_dir / f"send-file-{acks}.out"
+    with Nodes(log_dir) as nodes:
+        writer = nodes.start("writer", store)
+        create_topics(writer.endpoint)
+        command = [sys.executable, "-m", "rmqstore.cli.main", "send", "--endpoint", writer.endpoint,
+                   "--file", str(jsonl), "--acks", acks, "--batch-size", str(batch)]  # fmt: skip
+        with open(out, "wb") as stdout:
+            started = time.perf_counter()
+            done = subprocess.run(command, stdout=stdout, stderr=subprocess.PIPE, env=quiet_env(), timeout=3600, check=False)
+            seconds = time.perf_counter() - started
+        writer.stop()
+    if done.returncode != 0:
+        raise RuntimeError(f"rmqstore send --file failed ({done.returncode}): {done.stderr.decode(errors='replace')}")
+    text = out.read_text(encoding="utf-8")
+    if acks == "all":
+        acked = text.count("\n")
+    elif acks == "summary":
+        acked = json.loads(text)["acked"]
+    else:
+        acked = messages if text == "" else -1
+    if acked != messages:
+        raise RuntimeError(f"rmqstore send --file --acks {acks} acknowledged {acked} of {messages}")
+    return {"acks": acks, "messages": messages, "seconds": round(seconds, 3), "msgs_per_s": round(messages / seconds)}
+
+
 SYNC_CALLS = ("stream", "send")
 SYNC_CLIENTS = ("cpp", "python")
 

@@ -1,4 +1,4 @@
-"""rmqstore's benchmark suite (issue #5), with a SQLite baseline measured in the same run.
+"""rmqstore's benchmark suite, with a SQLite baseline measured in the same run.
 
     python benchmarks/run.py                       # sizes 200,000 and 1,000,000; about 15 minutes
     python benchmarks/run.py --sizes 2000 --repeats 1 --lookups 200 --time-searches 20 --out /tmp/smoke
@@ -7,7 +7,8 @@ Writes RESULTS.md (the command at the top) into --out (default: benchmarks/) and
 figure as JSON into --out/results/. Sections (``--only`` picks some):
 
   append       1. in-process append + dispatch, ASYNC flush: msgs/s, MB/s
-  grpc_append  2. the same through the writer's SendStream from another process, acked
+  grpc_append  2. the same through the writer's SendStream from another process, acked; and
+               `rmqstore send --file` of the workload as JSON Lines, end to end, per --acks mode
   sync         3. SYNC flush, 1/16/64 concurrent producers: msgs/s, p50/p99 ack latency
   lookups      4. lookup latency p50/p99 per kind, in process and through the query node
                (beside a no-op Ping), every answer cross-checked against SQLite's
@@ -169,7 +170,8 @@ def section_append(ctx: Context, workload: Workload, store: Path, db: Path) -> t
 # 2. gRPC append
 
 
-def section_grpc_append(ctx: Context, spec: WorkloadSpec, sqlite_msgs_per_s: float | None) -> dict[str, Any]:
+def section_grpc_append(ctx: Context, workload: Workload, sqlite_msgs_per_s: float | None) -> dict[str, Any]:
+    spec = workload.spec
     runs = []
     for run in range(ctx.args.repeats):
         store = ctx.work / f"grpc-{spec.messages}"
@@ -184,7 +186,29 @@ def section_grpc_append(ctx: Context, spec: WorkloadSpec, sqlite_msgs_per_s: flo
         "sqlite_msgs_per_s": sqlite_msgs_per_s,
         "sqlite_note": "SQLite in process (it has no server): the append section's median",
         "ratio": ratio(rmq, sqlite_msgs_per_s),
+        "send_file": section_send_file(ctx, workload, sqlite_msgs_per_s),
     }
+
+
+def section_send_file(ctx: Context, workload: Workload, sqlite_msgs_per_s: float | None) -> dict[str, Any]:
+    """`rmqstore send --file` of the workload as JSON Lines into an ASYNC writer, the
+    process timed end to end, for each --acks mode."""
+    spec = workload.spec
+    jsonl = ctx.work / f"send-{spec.messages}.jsonl"
+    bench_grpc.write_send_file(workload, jsonl)
+    modes: dict[str, Any] = {}
+    for acks in bench_grpc.SEND_FILE_ACKS:
+        runs = []
+        for run in range(ctx.args.repeats):
+            store = ctx.work / f"send-file-{spec.messages}"
+            runs.append(bench_grpc.send_file_run(store, jsonl, spec.messages, ctx.logs, acks, ctx.args.batch))
+            shutil.rmtree(store, ignore_errors=True)
+            log(f"  send --file --acks {acks} {run + 1}/{ctx.args.repeats}: {runs[-1]['msgs_per_s']:,} msgs/s end to end")
+        rmq = median_of(runs, "msgs_per_s")
+        modes[acks] = {"runs": runs, "msgs_per_s": rmq, "ratio": ratio(rmq, sqlite_msgs_per_s)}
+    file_bytes = jsonl.stat().st_size
+    jsonl.unlink()
+    return {"file_bytes": file_bytes, "modes": modes, "sqlite_msgs_per_s": sqlite_msgs_per_s}
 
 
 # 3. SYNC flush with concurrent producers
@@ -523,7 +547,7 @@ def run_size(ctx: Context, size: int, check: CrossCheck) -> dict[str, Any]:
         if append["measured"]:
             result["append"] = append
     if "grpc_append" in ctx.sections:
-        result["grpc_append"] = section_grpc_append(ctx, ctx.spec(size), sqlite_msgs_per_s)
+        result["grpc_append"] = section_grpc_append(ctx, workload, sqlite_msgs_per_s)
     if ctx.sections & {"lookups", "rss"}:
         lookups, rss = section_lookups(ctx, workload, queries, store, db, store_times, check)
         if "lookups" in ctx.sections:

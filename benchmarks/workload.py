@@ -1,4 +1,4 @@
-"""The seeded workload of the benchmark suite (issue #5) and its query sets.
+"""The seeded workload of the benchmark suite and its query sets.
 
 Messages: 3 topics × 8 queues; each message has a 32-hex UNIQ_KEY, KEYS with 1–2 keys
 (each key 70 % a fresh order id, 30 % one of 1,000 hot customer keys), one of 5 tags and

@@ -15,7 +15,13 @@ import sys
 import threading
 from typing import Any
 
+from rmqstore.cli import exits
+from rmqstore.common.errors import InvalidArgument
+
 START_TIMEOUT_S = 60.0
+# The demo recreates its store on every run; it deletes a directory only when this file of
+# its own says a previous demo made it, so that a mistyped --store never costs a user data.
+DEMO_MARKER = ".rmqstore-demo"
 STOP_TIMEOUT_S = 30.0
 
 
@@ -51,6 +57,8 @@ class Node:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
+        if self.process.stdout is not None:
+            self.process.stdout.close()
 
 
 def _show(title: str, *args: str) -> str:
@@ -75,11 +83,27 @@ SAMPLES = [
 ]
 
 
+def prepare_store(store: str) -> None:
+    """Empty ``store`` for a new demo run, or refuse: only a missing or empty directory, or
+    one a previous demo marked as its own, is (re)created."""
+    if os.path.lexists(store):
+        if not os.path.isdir(store) or os.path.islink(store):
+            raise InvalidArgument(f"--store {store} exists and is not a directory; give a new or empty directory")
+        if os.listdir(store):
+            if not os.path.isfile(os.path.join(store, DEMO_MARKER)):
+                raise InvalidArgument(
+                    f"--store {store} is not empty and is not a demo store (no {DEMO_MARKER} file); "
+                    "nothing was deleted: give a new or empty directory"
+                )
+            shutil.rmtree(store)
+    os.makedirs(store, exist_ok=True)
+    with open(os.path.join(store, DEMO_MARKER), "w", encoding="utf-8") as handle:
+        handle.write("made by rmqstore demo; the next demo run on this directory deletes it\n")
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     store = os.path.abspath(args.store)
-    if os.path.exists(store):
-        shutil.rmtree(store)
-    os.makedirs(store)
+    prepare_store(store)
     print(f"store directory: {store}")
     writer = Node("writer", _rmqstore("writer", "serve", "--store", store, "--port", "0", "--flush", "sync"))
     nodes = [writer]
@@ -141,9 +165,9 @@ def _wait_for_interrupt() -> None:
 
 def register(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     demo = commands.add_parser("demo", help="run a writer and a query node on a local store and show each lookup")
-    demo.add_argument("--store", default="demo-store", help="store directory, recreated (default ./demo-store)")
+    demo.add_argument("--store", default="demo-store", help="store directory: new, empty, or made by an earlier demo run (then recreated) (default ./demo-store)")
     demo.add_argument("--console", action="store_true", help="keep the web console (and the nodes) up until Ctrl-C")
-    demo.add_argument("--console-port", type=int, default=0, help="the console's port (default 0: any free port, printed)")
+    demo.add_argument("--console-port", type=exits.port, default=0, help="the console's port (default 0: any free port, printed)")
     demo.set_defaults(handler=cmd_demo)
 
 

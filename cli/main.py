@@ -2,21 +2,38 @@
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
+from importlib import metadata
 
-from rmqstore.cli import console_tools, demo, pipeline_tools, query_tools, store_tools, writer_tools
+import grpc
+from rmqstore.cli import (
+    console_tools,
+    demo,
+    exits,
+    pipeline_tools,
+    query_tools,
+    store_tools,
+    writer_tools,
+)
 from rmqstore.common.errors import StoreError
 
-EXIT_ERROR = 2
+
+def version() -> str:
+    try:
+        return metadata.version("rmqstore")
+    except metadata.PackageNotFoundError:
+        return "unknown"
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+def build_parser() -> exits.Parser:
+    parser = exits.Parser(
         prog="rmqstore",
         description="Apache RocketMQ 4.9's on-disk message store: tools, writer and query nodes.",
+        epilog="exit codes: 0 success; 1 the data disagrees (check failed, corruption); 2 usage, or a "
+        "missing or unreadable store; 3 not found (topic, queue, id, no message at an offset); 130 interrupted",
     )
+    parser.add_argument("--version", action="version", version=f"rmqstore {version()}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     store_tools.register(commands)
     writer_tools.register(commands)
@@ -29,16 +46,24 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    # The edge of the command line: whatever ends a command becomes one error line and a
+    # code from the exit table (exits.py), never a traceback.
     try:
         return int(args.handler(args))
     except StoreError as error:
-        print(f"rmqstore: error: {error}", file=sys.stderr)
-        return EXIT_ERROR
+        return exits.store_error_exit(error)
+    except (grpc.RpcError, exits.LocalRpcError) as error:
+        return exits.status_exit(error)
     except BrokenPipeError:
         # The reader (e.g. `head`) went away: stop quietly, as Unix tools do.
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
-        return 0
+        return exits.EXIT_OK
+    except OSError as error:
+        return exits.os_error_exit(error)
+    except KeyboardInterrupt:
+        exits.fail("interrupted")
+        return exits.EXIT_INTERRUPTED
 
 
 if __name__ == "__main__":

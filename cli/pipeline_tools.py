@@ -15,10 +15,9 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from rmqstore.cli import exits
+from rmqstore.cli.exits import EXIT_DISAGREE, EXIT_OK
 from rmqstore.cli.store_tools import add_size_options, sizes_from
-
-EXIT_OK = 0
-EXIT_DISAGREE = 1
 
 
 def _line(document: dict[str, Any]) -> None:
@@ -46,11 +45,36 @@ def _with_spark(args: argparse.Namespace, name: str, job: Callable[[Any, Any], i
             spark.stop()
 
 
+def _add_store(parser: argparse.ArgumentParser) -> None:
+    """The store, positional as the jobs have always taken it, or ``--store`` as the
+    servers and lookups take it."""
+    parser.add_argument("store", nargs="?", metavar="DIR", help="store directory to read (or --store DIR)")
+    parser.add_argument("--store", dest="store_flag", metavar="DIR", help="the same directory, as a flag")
+
+
+def _store_root(args: argparse.Namespace) -> None:
+    """The one store directory named; a missing one is a usage error (exit 2), not a
+    lookup that found nothing."""
+    from rmqstore.common.errors import InvalidArgument, NotFound
+    from rmqstore.pipeline import splits
+
+    given = [path for path in (args.store, args.store_flag) if path is not None]
+    if not given:
+        raise InvalidArgument("give the store directory: DIR or --store DIR")
+    if len(given) == 2 and given[0] != given[1]:
+        raise InvalidArgument(f"two store directories given ({given[0]} and --store {given[1]}); give one")
+    args.store = given[0]
+    try:
+        splits.store_root(args.store)
+    except NotFound as error:
+        raise InvalidArgument(str(error)) from None
+
+
 def cmd_reindex(args: argparse.Namespace) -> int:
     from rmqstore.common.files.commitlog import StopReason
-    from rmqstore.pipeline import reindex, splits
+    from rmqstore.pipeline import reindex
 
-    splits.store_root(args.store)
+    _store_root(args)
     reindex.check_output(args.out)
     sizes = sizes_from(args, args.store)
 
@@ -78,9 +102,9 @@ def cmd_export(args: argparse.Namespace) -> int:
     import os
 
     from rmqstore.common.errors import InvalidArgument
-    from rmqstore.pipeline import export, splits
+    from rmqstore.pipeline import export
 
-    splits.store_root(args.store)
+    _store_root(args)
     if os.path.exists(args.out):
         raise InvalidArgument(f"{args.out} already exists; export writes a new directory")
 
@@ -148,9 +172,9 @@ def cmd_load(args: argparse.Namespace) -> int:
 
 
 def cmd_stats(args: argparse.Namespace) -> int:
-    from rmqstore.pipeline import splits, stats
+    from rmqstore.pipeline import stats
 
-    splits.store_root(args.store)
+    _store_root(args)
     sizes = sizes_from(args, args.store)
 
     def job(spark: Any, progress: Any) -> int:
@@ -179,7 +203,7 @@ def register(commands: argparse._SubParsersAction) -> None:  # type: ignore[type
         "reindex",
         help="rebuild consume queues and index files with Spark (byte-identical to `rmqstore reindex`)",
     )
-    rebuild.add_argument("store", help="store directory to read")
+    _add_store(rebuild)
     rebuild.add_argument("--out", required=True, help="directory that receives consumequeue/ and index/")
     add_size_options(rebuild)
     _spark_options(rebuild)
@@ -194,7 +218,7 @@ def register(commands: argparse._SubParsersAction) -> None:  # type: ignore[type
         "reconsumeTimes, preparedTransactionOffset, keys, tags, uniqKey, properties, body, store); "
         "topic and date are in the path.",
     )
-    export.add_argument("store", help="store directory to read")
+    _add_store(export)
     export.add_argument("--out", required=True, help="new directory for the Parquet dataset")
     export.add_argument("--topic", help="only this topic")
     export.add_argument("--begin", type=int, metavar="MS", help="only records stored at or after this epoch ms")
@@ -223,7 +247,7 @@ def register(commands: argparse._SubParsersAction) -> None:  # type: ignore[type
         help="keep the data's queue ids (default; missing topics are created with enough queues) or let the writer pick",
     )
     load.add_argument("--skip-unsendable", action="store_true", help="skip records a writer cannot store instead of failing")
-    load.add_argument("--batch-messages", type=int, default=1000, help="messages per batch (default 1000)")
+    load.add_argument("--batch-messages", type=exits.positive, default=1000, help="messages per batch (default 1000)")
     geometry = load.add_argument_group("the writer's index geometry (for the checks of retried tasks)")
     geometry.add_argument("--index-slots", type=int, metavar="N", help="hash slots per index file (default 5000000)")
     geometry.add_argument("--index-entries", type=int, metavar="M", help="entries per index file (default 20000000)")
@@ -231,7 +255,7 @@ def register(commands: argparse._SubParsersAction) -> None:  # type: ignore[type
     load.set_defaults(handler=cmd_load)
 
     stats = jobs.add_parser("stats", help="per topic and queue: counts, times, bytes, keys; index fill and chains")
-    stats.add_argument("store", help="store directory to read")
+    _add_store(stats)
     stats.add_argument("--json", action="store_true", help="print one JSON document")
     stats.add_argument("--top", type=int, default=5, help="hottest keys per topic (default 5)")
     add_size_options(stats)

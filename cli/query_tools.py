@@ -11,29 +11,36 @@ import argparse
 import base64
 import datetime as dt
 import hashlib
+import itertools
 import json
 import sys
 from collections.abc import Iterator
 from typing import Any
 
 import grpc
-
+from rmqstore.cli import exits
+from rmqstore.cli.exits import EXIT_NOT_FOUND, EXIT_OK, LocalRpcError
 from rmqstore.cli.store_tools import add_size_options, sizes_from
 from rmqstore.cli.writer_tools import (
     add_client_tls_options,
     add_server_tls_options,
     channel_from,
+    check_ports,
+    listening,
     server_credentials_from,
     serving_tls_fields,
     stop_requested,
     wait_for_stop,
 )
-from rmqstore.common.errors import InvalidArgument
-from rmqstore.v1 import messages_pb2, query_pb2, query_pb2_grpc
+from rmqstore.common.errors import InvalidArgument, NotFound
+from rmqstore.v1 import (
+    messages_pb2,
+    query_pb2,
+    query_pb2_grpc,
+    writer_pb2,
+    writer_pb2_grpc,
+)
 
-EXIT_OK = 0
-EXIT_NOT_FOUND = 1
-EXIT_ERROR = 2
 SHUTDOWN_GRACE_S = 5.0
 KEY_PAGE_SIZE = 1000
 
@@ -99,19 +106,6 @@ class _LocalContext:
         raise LocalRpcError(code, details)
 
 
-class LocalRpcError(Exception):
-    def __init__(self, code: grpc.StatusCode, details: str):
-        super().__init__(details)
-        self._code = code
-        self._details = details
-
-    def code(self) -> grpc.StatusCode:
-        return self._code
-
-    def details(self) -> str:
-        return self._details
-
-
 class StoreBackend(Backend):
     """The same servicer, in process, on a read-only view of a directory."""
 
@@ -119,6 +113,7 @@ class StoreBackend(Backend):
         from rmqstore.query.service import QueryServicer
         from rmqstore.query.view import StoreView
 
+        exits.existing_store(args.store, "--store")
         self.view = StoreView(args.store, sizes_from(args, args.store))
         self.servicer = QueryServicer(self.view)
 
@@ -130,6 +125,23 @@ class StoreBackend(Backend):
 
     def close(self) -> None:
         self.view.close()
+
+
+MQADMIN_TIME_FORMAT = "%Y-%m-%d#%H:%M:%S:%f"
+
+
+def moment_ms(text: str) -> int:
+    """A time as epoch ms, or as mqadmin writes one: yyyy-MM-dd#HH:mm:ss:SSS, local time."""
+    if text.isdigit():
+        return exits.epoch_ms(text)
+    try:
+        moment = dt.datetime.strptime(text, MQADMIN_TIME_FORMAT)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is neither epoch ms nor a time like 2024-05-01#13:45:00:000 (yyyy-MM-dd#HH:mm:ss:SSS)"
+        ) from None
+    # Whole seconds through the float timestamp, milliseconds added exactly.
+    return int(moment.replace(microsecond=0).timestamp()) * 1000 + moment.microsecond // 1000
 
 
 def _local_time(epoch_ms: int) -> str:
@@ -192,9 +204,13 @@ def message_text(message: messages_pb2.StoredMessage) -> str:
 
 def _emit(messages: Iterator[messages_pb2.StoredMessage], args: argparse.Namespace, table: bool = False) -> int:
     count = 0
+    # The first page is fetched before the header is written: an error then stands alone.
+    first = next(messages, None)
     if table and not args.json:
         sys.stdout.write(f"{'#Message ID':<50} {'#QID':>4} {'#Offset':>40}\n")
-    for message in messages:
+    if first is None:
+        return 0
+    for message in itertools.chain([first], messages):
         count += 1
         if args.json:
             sys.stdout.write(json.dumps(message_json(message, args.body), ensure_ascii=False) + "\n")
@@ -218,26 +234,46 @@ def _backend(args: argparse.Namespace) -> Backend:
 
 
 def _run(args: argparse.Namespace, action: Any) -> int:
+    """Run a lookup; a node's status or the servicer's error ends it through main's table."""
     backend = _backend(args)
     try:
         return int(action(backend))
-    except (grpc.RpcError, LocalRpcError) as error:
-        code = error.code()  # type: ignore[union-attr]
-        print(f"rmqstore: {code.name}: {error.details()}", file=sys.stderr)  # type: ignore[union-attr]
-        return EXIT_NOT_FOUND if code == grpc.StatusCode.NOT_FOUND else EXIT_ERROR
     finally:
         backend.close()
 
 
+def _topics(backend: Backend) -> dict[str, list[query_pb2.QueueInfo]]:
+    response = backend.call("ListTopics", query_pb2.ListQueryTopicsRequest())
+    return {topic.name: list(topic.queues) for topic in response.topics}
+
+
+def _known_topic(backend: Backend, topic: str) -> list[query_pb2.QueueInfo]:
+    queues = _topics(backend).get(topic)
+    if queues is None:
+        raise NotFound(f"topic {topic} does not exist in this store")
+    return queues
+
+
 def cmd_query_by_key(args: argparse.Namespace) -> int:
-    return _run(args, lambda b: _emit(b.key(args.topic, args.key, args.begin, args.end, args.max), args, table=True) * 0)
+    def action(backend: Backend) -> int:
+        messages = backend.key(args.topic, args.key, args.begin, args.end, args.max)
+        first = next(messages, None)
+        if first is None:
+            # No match in a topic the store has is an empty table; in one it lacks, not
+            # found (told before any header is printed).
+            _known_topic(backend, args.topic)
+        _emit(itertools.chain([] if first is None else [first], messages), args, table=True)
+        return EXIT_OK
+
+    return _run(args, action)
 
 
 def cmd_query_by_uniq_key(args: argparse.Namespace) -> int:
     def action(backend: Backend) -> int:
         response = backend.call("QueryByUniqKey", query_pb2.QueryByUniqKeyRequest(topic=args.topic, uniq_key=args.id))
         if not response.messages:
-            print(f"rmqstore: no message with unique key {args.id} in topic {args.topic}", file=sys.stderr)
+            _known_topic(backend, args.topic)
+            exits.fail(f"NOT_FOUND: no message with unique key {args.id} in topic {args.topic}")
             return EXIT_NOT_FOUND
         _emit(iter(response.messages), args)
         return EXIT_OK
@@ -252,10 +288,10 @@ def cmd_query_by_id(args: argparse.Namespace) -> int:
             try:
                 response = backend.call("QueryByMsgId", query_pb2.QueryByMsgIdRequest(msg_id=msg_id.strip()))
             except (grpc.RpcError, LocalRpcError) as error:
-                if error.code() != grpc.StatusCode.NOT_FOUND:  # type: ignore[union-attr]
+                if error.code() != grpc.StatusCode.NOT_FOUND:
                     raise
-                print(f"rmqstore: NOT_FOUND: {error.details()}", file=sys.stderr)  # type: ignore[union-attr]
-                status = EXIT_NOT_FOUND
+                # One id of a list not found: say so, and go on with the others.
+                status = exits.status_exit(error)
                 continue
             _emit(iter([response.message]), args)
         return status
@@ -289,12 +325,82 @@ def cmd_search_offset(args: argparse.Namespace) -> int:
 
 
 def cmd_print_msg(args: argparse.Namespace) -> int:
+    """One queue's messages between two times, or (without -q) every queue's in turn, as
+    mqadmin's printMsg prints a topic."""
+    begin = 0 if args.begin is None else args.begin
+    end = exits.INT64_MAX if args.end is None else args.end
+    if end < begin:
+        raise InvalidArgument(f"--end {end} is before --begin {begin}")
+
     def action(backend: Backend) -> int:
-        request = query_pb2.StreamByTimeRequest(topic=args.topic, queue_id=args.queue, begin_ms=args.begin, end_ms=args.end)
-        _emit(backend.stream("StreamByTime", request), args)
+        if args.queue is not None:
+            queue_ids = [args.queue]
+        else:
+            queue_ids = [queue.queue_id for queue in _known_topic(backend, args.topic)]
+
+        def messages() -> Iterator[messages_pb2.StoredMessage]:
+            for queue_id in queue_ids:
+                request = query_pb2.StreamByTimeRequest(topic=args.topic, queue_id=queue_id, begin_ms=begin, end_ms=end)
+                yield from backend.stream("StreamByTime", request)
+
+        _emit(messages(), args)
         return EXIT_OK
 
     return _run(args, action)
+
+
+def cmd_topic_list(args: argparse.Namespace) -> int:
+    def action(backend: Backend) -> int:
+        names = sorted(_topics(backend))
+        if args.json:
+            print(json.dumps(names, ensure_ascii=False))
+        else:
+            sys.stdout.write("".join(f"{name}\n" for name in names))
+        return EXIT_OK
+
+    return _run(args, action)
+
+
+def cmd_topic_status(args: argparse.Namespace) -> int:
+    """Per queue: min and max offset and the store time of its newest message, as
+    mqadmin's topicStatus shows them."""
+
+    def action(backend: Backend) -> int:
+        rows = []
+        for queue in sorted(_known_topic(backend, args.topic), key=lambda q: q.queue_id):
+            last_ms = 0
+            if queue.max_offset > queue.min_offset:
+                request = query_pb2.QueryByQueueOffsetRequest(
+                    topic=args.topic, queue_id=queue.queue_id, queue_offset=queue.max_offset - 1
+                )
+                last_ms = backend.call("QueryByQueueOffset", request).message.store_timestamp_ms
+            rows.append((queue.queue_id, queue.min_offset, queue.max_offset, last_ms))
+        if args.json:
+            documents = [{"queueId": q, "minOffset": lo, "maxOffset": hi, "lastUpdateTimestamp": ms} for q, lo, hi, ms in rows]
+            print(json.dumps(documents))
+            return EXIT_OK
+        sys.stdout.write(f"{'#QID':<6} {'#Min Offset':>20} {'#Max Offset':>20}  #Last Updated\n")
+        for queue_id, low, high, last_ms in rows:
+            sys.stdout.write(f"{queue_id:<6} {low:>20} {high:>20}  {_local_time(last_ms) if last_ms else ''}\n")
+        return EXIT_OK
+
+    return _run(args, action)
+
+
+def cmd_update_topic(args: argparse.Namespace) -> int:
+    """mqadmin's updateTopic: a topic's queue count, through the writer. rmqstore keeps one
+    queue count per topic, so -r and -w, when both given, must agree."""
+    counts = {count for count in (args.read_queues, args.write_queues) if count is not None}
+    if len(counts) > 1:
+        raise InvalidArgument(
+            f"-r {args.read_queues} and -w {args.write_queues} differ; rmqstore keeps one queue count per topic"
+        )
+    request = writer_pb2.CreateTopicRequest(name=args.topic, queue_count=counts.pop() if counts else 0)
+    with channel_from(args, args.endpoint) as channel:
+        response = writer_pb2_grpc.WriterServiceStub(channel).CreateTopic(request, timeout=args.timeout)
+    document = {"topic": response.topic.name, "queueCount": response.topic.queue_count, "changed": response.created}
+    print(json.dumps(document, ensure_ascii=False))
+    return EXIT_OK
 
 
 def cmd_query_serve(args: argparse.Namespace) -> int:
@@ -304,25 +410,26 @@ def cmd_query_serve(args: argparse.Namespace) -> int:
     from rmqstore.service.server import Serving
     from rmqstore.service.telemetry import configure_tracing
 
-    # TLS files are checked before anything else.
+    # TLS files and the store are checked before anything else.
     credentials = server_credentials_from(args)
+    exits.existing_store(args.store, "--store")
+    check_ports(args)
     stopping = stop_requested()
     configure_tracing("rmqstore-query")
     configure_metrics("rmqstore-query")
-    budget = args.mapped_budget_mb
-    if budget is not None and budget < 1:
-        raise InvalidArgument(f"--mapped-budget-mb must be at least 1, got {budget}")
+    budget = args.mapped_budget_mb  # at least 1: its argument type refuses less
     view = StoreView(args.store, sizes_from(args, args.store), mapped_budget_bytes=None if budget is None else budget << 20)
     try:
-        serving = Serving(
-            lambda s: query_pb2_grpc.add_QueryServiceServicer_to_server(QueryServicer(view), s),
-            [SERVICE_NAME],
-            host=args.host,
-            port=args.port,
-            credentials=credentials,
-            health_port=args.health_port,
-            workers=args.workers,
-        )
+        with listening(args):
+            serving = Serving(
+                lambda s: query_pb2_grpc.add_QueryServiceServicer_to_server(QueryServicer(view), s),
+                [SERVICE_NAME],
+                host=args.host,
+                port=args.port,
+                credentials=credentials,
+                health_port=args.health_port,
+                workers=args.workers,
+            )
     except BaseException:
         view.close()
         raise
@@ -348,14 +455,21 @@ def cmd_query_serve(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _lookup_parser(commands: argparse._SubParsersAction, name: str, help_text: str) -> argparse.ArgumentParser:  # type: ignore[type-arg]
-    parser = commands.add_parser(name, help=help_text)
+def _lookup_parser(
+    commands: argparse._SubParsersAction,  # type: ignore[type-arg]
+    name: str,
+    help_text: str,
+    json_help: str = "one JSON object per message",
+    bodies: bool = True,
+) -> argparse.ArgumentParser:
+    parser = commands.add_parser(name, help=help_text, description=help_text)
     where = parser.add_argument_group("where to look (exactly one)")
     where.add_argument("--endpoint", help="a query node, HOST:PORT")
     where.add_argument("--store", help="a store directory, read directly")
-    parser.add_argument("--json", action="store_true", help="one JSON object per message")
-    parser.add_argument("--body", action="store_true", help="with --json, include the body")
-    parser.add_argument("--timeout", type=float, default=30.0, help="seconds per call to a node (default 30)")
+    parser.add_argument("--json", action="store_true", help=json_help)
+    if bodies:
+        parser.add_argument("--body", action="store_true", help="with --json, include the body")
+    parser.add_argument("--timeout", type=exits.seconds, default=30.0, help="seconds per call to a node (default 30)")
     add_client_tls_options(parser)
     add_size_options(parser)
     return parser
@@ -363,14 +477,14 @@ def _lookup_parser(commands: argparse._SubParsersAction, name: str, help_text: s
 
 def register(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     query = commands.add_parser("query", help="the query node")
-    query_commands = query.add_subparsers(dest="query_command", required=True)
+    query_commands = query.add_subparsers(dest="query_command", required=True, metavar="serve")
     serve = query_commands.add_parser("serve", help="serve QueryService over gRPC on a store directory, read-only")
     serve.add_argument("--store", required=True, help="store directory (never written)")
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
-    serve.add_argument("--port", type=int, default=0, help="port (default 0: any free port, printed at start)")
+    serve.add_argument("--port", type=exits.port, default=0, help="port (default 0: any free port, printed at start)")
     serve.add_argument(
         "--mapped-budget-mb",
-        type=int,
+        type=exits.positive,
         metavar="MB",
         help="resident mapped store pages kept before they are dropped (default 96, query.view's "
         "MAPPED_RESIDENT_BUDGET_BYTES); lower keeps the RSS smaller, higher spares lookups re-mapping pages",
@@ -380,40 +494,73 @@ def register(commands: argparse._SubParsersAction) -> None:  # type: ignore[type
     serve.set_defaults(handler=cmd_query_serve)
 
     by_key = _lookup_parser(commands, "queryMsgByKey", "messages whose KEYS hold a key, newest first")
-    by_key.add_argument("-t", "--topic", required=True)
-    by_key.add_argument("-k", "--key", required=True)
-    by_key.add_argument("--begin", type=int, help="earliest store time, epoch ms (inclusive)")
-    by_key.add_argument("--end", type=int, help="latest store time, epoch ms (inclusive)")
-    by_key.add_argument("--max", type=int, help="at most this many messages (default: all)")
+    by_key.add_argument("-t", "--topic", required=True, help="the topic")
+    by_key.add_argument("-k", "--key", required=True, help="one key (KEYS are split on spaces)")
+    by_key.add_argument("--begin", type=exits.epoch_ms, metavar="MS", help="earliest store time, epoch ms (inclusive)")
+    by_key.add_argument("--end", type=exits.epoch_ms, metavar="MS", help="latest store time, epoch ms (inclusive)")
+    by_key.add_argument("--max", type=exits.positive, metavar="N", help="at most this many messages (default: all)")
     by_key.set_defaults(handler=cmd_query_by_key)
 
     by_uniq = _lookup_parser(commands, "queryMsgByUniqueKey", "messages with a UNIQ_KEY (client message id)")
-    by_uniq.add_argument("-t", "--topic", required=True)
-    by_uniq.add_argument("-i", "--id", required=True)
+    by_uniq.add_argument("-t", "--topic", required=True, help="the topic")
+    by_uniq.add_argument("-i", "--id", required=True, help="the unique key (client message id)")
     by_uniq.set_defaults(handler=cmd_query_by_uniq_key)
 
     by_id = _lookup_parser(commands, "queryMsgById", "the message an offsetMsgId names (comma-separated list allowed)")
-    by_id.add_argument("-i", "--id", required=True)
+    by_id.add_argument("-i", "--id", required=True, help="offsetMsgId(s), comma-separated")
     by_id.set_defaults(handler=cmd_query_by_id)
 
     by_offset = _lookup_parser(commands, "queryMsgByOffset", "the message at a queue offset")
-    by_offset.add_argument("-t", "--topic", required=True)
-    by_offset.add_argument("-q", "--queue", type=int, required=True)
-    by_offset.add_argument("-o", "--offset", type=int, required=True)
+    by_offset.add_argument("-t", "--topic", required=True, help="the topic")
+    by_offset.add_argument("-i", "-q", "--queue", type=exits.queue_id, required=True, help="queue id (-i as in mqadmin; -q too)")
+    by_offset.add_argument("-o", "--offset", type=exits.offset, required=True, help="queue offset")
     by_offset.set_defaults(handler=cmd_query_by_offset)
 
-    search = _lookup_parser(commands, "searchOffset", "a queue offset by store time (prints the offset)")
-    search.add_argument("-t", "--topic", required=True)
-    search.add_argument("-q", "--queue", type=int, required=True)
-    search.add_argument("--timestamp", type=int, required=True, help="epoch ms")
-    search.add_argument("--boundary", choices=["lower", "upper"], default="lower")
+    search = _lookup_parser(
+        commands, "searchOffset", "a queue offset by store time (prints the offset)",
+        json_help="print {offset, found} as JSON", bodies=False,
+    )
+    search.add_argument("-t", "--topic", required=True, help="the topic")
+    search.add_argument("-q", "--queue", type=exits.queue_id, required=True, help="queue id")
+    search.add_argument("--timestamp", type=exits.epoch_ms, required=True, metavar="MS", help="store time, epoch ms")
+    search.add_argument(
+        "--boundary",
+        choices=["lower", "upper"],
+        default="lower",
+        help="lower: the first offset stored at or after the time; upper: the last at or before it (default lower)",
+    )
     search.set_defaults(handler=cmd_search_offset)
 
-    print_msg = _lookup_parser(commands, "printMsg", "a queue's messages stored between two times")
-    print_msg.add_argument("-t", "--topic", required=True)
-    print_msg.add_argument("-q", "--queue", type=int, required=True)
-    print_msg.add_argument("--begin", type=int, required=True, help="epoch ms (inclusive)")
-    print_msg.add_argument("--end", type=int, required=True, help="epoch ms (inclusive)")
+    print_msg = _lookup_parser(
+        commands, "printMsg", "a topic's messages stored between two times, queue by queue (or one queue with -q)"
+    )
+    print_msg.add_argument("-t", "--topic", required=True, help="the topic")
+    print_msg.add_argument("-q", "--queue", type=exits.queue_id, help="only this queue id (default: every queue)")
+    times = "epoch ms or mqadmin's yyyy-MM-dd#HH:mm:ss:SSS (local time)"
+    print_msg.add_argument("-b", "--begin", type=moment_ms, metavar="TIME", help=f"earliest store time, {times} (default: the start)")
+    print_msg.add_argument("-e", "--end", type=moment_ms, metavar="TIME", help=f"latest store time, {times} (default: now and on)")
     print_msg.set_defaults(handler=cmd_print_msg)
 
+    topic_list = _lookup_parser(commands, "topicList", "the store's topics, one a line", json_help="print one JSON list", bodies=False)
+    topic_list.set_defaults(handler=cmd_topic_list)
 
+    topic_status = _lookup_parser(
+        commands, "topicStatus", "per queue of a topic: min and max offset, time of the newest message",
+        json_help="print one JSON list of queues", bodies=False,
+    )
+    topic_status.add_argument("-t", "--topic", required=True, help="the topic")
+    topic_status.set_defaults(handler=cmd_topic_status)
+
+    update = commands.add_parser(
+        "updateTopic",
+        help="create a topic or grow its queue count, through the writer",
+        description="Create a topic, or grow its queue count (counts never shrink), through the writer. "
+        "rmqstore keeps one queue count per topic: -r and -w set it, and must agree when both are given.",
+    )
+    update.add_argument("--endpoint", required=True, help="writer HOST:PORT")
+    update.add_argument("-t", "--topic", required=True, help="the topic")
+    update.add_argument("-r", "--read-queues", type=exits.positive, metavar="N", help="read queue count")
+    update.add_argument("-w", "--write-queues", type=exits.positive, metavar="N", help="write queue count (default: the writer's, 8)")
+    update.add_argument("--timeout", type=exits.seconds, default=30.0, help="seconds before giving up (default 30)")
+    add_client_tls_options(update)
+    update.set_defaults(handler=cmd_update_topic)

@@ -5,38 +5,103 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
 import sys
+from collections.abc import Callable
 from typing import Any, TextIO
 
+from rmqstore.cli import exits
+from rmqstore.cli.exits import EXIT_DISAGREE, EXIT_OK
+from rmqstore.common.codec import index as ix
+from rmqstore.common.codec.consumequeue import UNIT_SIZE as CQ_UNIT_BYTES
 from rmqstore.common.codec.javahash import java_hashmap_order
 from rmqstore.common.codec.msgid import offset_msg_id
 from rmqstore.common.codec.record import Record
+from rmqstore.common.errors import InvalidArgument
 from rmqstore.common.files.check import check_store
 from rmqstore.common.files.commitlog import CommitLog, StopReason
 from rmqstore.common.files.consumequeue import ConsumeQueueSet
 from rmqstore.common.files.inspect import inspect_store
 from rmqstore.common.files.store import StorePaths, StoreSizes, reindex, resolve_sizes
 
-EXIT_OK = 0
-EXIT_DISAGREE = 1
-
 
 def add_size_options(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("store sizes (default: the files' own sizes, else RocketMQ's defaults)")
-    group.add_argument("--commitlog-file-size", type=int, metavar="BYTES", help="commit log file size (default 1073741824)")
-    group.add_argument("--cq-file-units", type=int, metavar="K", help="units per consume queue file (default 300000)")
-    group.add_argument("--index-slots", type=int, metavar="N", help="hash slots per index file (default 5000000)")
-    group.add_argument("--index-entries", type=int, metavar="M", help="entries per index file (default 20000000)")
+    group.add_argument("--commitlog-file-size", type=exits.size, metavar="BYTES", help="commit log file size (default 1073741824)")
+    group.add_argument("--cq-file-units", type=exits.positive, metavar="K", help="units per consume queue file (default 300000)")
+    group.add_argument("--index-slots", type=exits.positive, metavar="N", help="hash slots per index file (default 5000000)")
+    group.add_argument("--index-entries", type=exits.positive, metavar="M", help="entries per index file (default 20000000)")
 
 
-def sizes_from(args: argparse.Namespace, root: str) -> StoreSizes:
-    return resolve_sizes(
+def add_store_argument(parser: argparse.ArgumentParser, what: str = "store directory") -> None:
+    """The store directory, positional as the tools have always taken it, or ``--store`` as
+    the lookups and the servers take it."""
+    parser.add_argument("dir", nargs="?", metavar="DIR", help=f"{what} (or --store DIR)")
+    parser.add_argument("--store", dest="store_flag", metavar="DIR", help="the same directory, as a flag")
+
+
+def store_from(args: argparse.Namespace) -> str:
+    """The one store directory the command line named; it must exist and be a directory."""
+    given = [path for path in (args.dir, args.store_flag) if path is not None]
+    if not given:
+        raise InvalidArgument("give the store directory: DIR or --store DIR")
+    if len(given) == 2 and given[0] != given[1]:
+        raise InvalidArgument(f"two store directories given ({given[0]} and --store {given[1]}); give one")
+    path = exits.existing_store(given[0], "store directory")
+    args.dir = path
+    return path
+
+
+def sizes_from(args: argparse.Namespace, root: str, *, reads_index: bool = True) -> StoreSizes:
+    """The store's sizes (flags, else the writer's record, else the files, else RocketMQ's
+    defaults), refused as a usage error when the first file of a kind is of another size:
+    wrong sizes are the caller's mistake, not the data disagreeing."""
+    sizes = resolve_sizes(
         root,
         commitlog_file_size_bytes=args.commitlog_file_size,
         cq_file_units=args.cq_file_units,
         index_slots=args.index_slots,
         index_entries=args.index_entries,
     )
+    paths = StorePaths(root)
+    log_file = _first_file(paths.commitlog, lambda name: len(name) == 20 and name.isdigit())
+    if log_file is not None and os.path.getsize(log_file) != sizes.commitlog_file_size_bytes:
+        raise InvalidArgument(
+            f"commit log file {log_file} is {os.path.getsize(log_file)} bytes, not {sizes.commitlog_file_size_bytes}; "
+            "pass the store's --commitlog-file-size"
+        )
+    queue_file = _first_queue_file(paths.consumequeue)
+    queue_bytes = sizes.cq_file_units * CQ_UNIT_BYTES
+    if queue_file is not None and os.path.getsize(queue_file) != queue_bytes:
+        raise InvalidArgument(
+            f"consume queue file {queue_file} is {os.path.getsize(queue_file)} bytes, but {sizes.cq_file_units} units "
+            f"make {queue_bytes}; pass the store's --cq-file-units"
+        )
+    index_file = _first_file(paths.index, ix.is_file_name) if reads_index else None
+    index_bytes = ix.file_size(sizes.index_slots, sizes.index_entries)
+    if index_file is not None and os.path.getsize(index_file) != index_bytes:
+        raise InvalidArgument(
+            f"index file {index_file} is {os.path.getsize(index_file)} bytes, but {sizes.index_slots} slots and "
+            f"{sizes.index_entries} entries make {index_bytes}; pass the store's --index-slots and --index-entries"
+        )
+    return sizes
+
+
+def _first_file(directory: str, named: Callable[[str], bool]) -> str | None:
+    try:
+        names = sorted(name for name in os.listdir(directory) if named(name))
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    return os.path.join(directory, names[0]) if names else None
+
+
+def _first_queue_file(root: str) -> str | None:
+    for dirpath, dirnames, names in os.walk(root):
+        dirnames.sort()
+        files = sorted(name for name in names if len(name) == 20 and name.isdigit())
+        if files:
+            return os.path.join(dirpath, files[0])
+    return None
 
 
 def record_dump(record: Record) -> dict[str, Any]:
@@ -70,7 +135,8 @@ def _line(out: TextIO, obj: dict[str, Any]) -> None:
 
 
 def cmd_dump_commitlog(args: argparse.Namespace) -> int:
-    sizes = sizes_from(args, args.dir)
+    store_from(args)
+    sizes = sizes_from(args, args.dir, reads_index=False)
     log = CommitLog(StorePaths(args.dir).commitlog, sizes.commitlog_file_size_bytes)
     try:
         records = log.records(args.start, check_crc=not args.no_crc)
@@ -89,7 +155,8 @@ def cmd_dump_commitlog(args: argparse.Namespace) -> int:
 def cmd_dump_consumequeue(args: argparse.Namespace) -> int:
     """Topics in the order Apache's consumeQueueTable (a ConcurrentHashMap) iterates them,
     queue ids ascending, as in the fixtures' *-consumequeue-dump.jsonl."""
-    sizes = sizes_from(args, args.dir)
+    store_from(args)
+    sizes = sizes_from(args, args.dir, reads_index=False)
     queues = ConsumeQueueSet(StorePaths(args.dir).consumequeue, sizes.cq_file_units)
     try:
         found = queues.discover()
@@ -119,6 +186,11 @@ def cmd_dump_consumequeue(args: argparse.Namespace) -> int:
 
 
 def cmd_reindex(args: argparse.Namespace) -> int:
+    store_from(args)
+    exits.creatable_dir(args.out, "--out")
+    log_dir = StorePaths(args.dir).commitlog
+    if not os.path.isdir(log_dir) or not os.listdir(log_dir):
+        raise InvalidArgument(f"store directory {args.dir}: no commit log files under commitlog/, nothing to reindex")
     sizes = sizes_from(args, args.dir)
     result = reindex(args.dir, args.out, sizes)
     summary = {"records": result.records, "endOffset": result.stop.end_offset, "stop": result.stop.reason.value}
@@ -129,14 +201,29 @@ def cmd_reindex(args: argparse.Namespace) -> int:
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
+    store_from(args)
     report = inspect_store(args.dir, sizes_from(args, args.dir))
     if args.json:
         print(json.dumps(report, ensure_ascii=False, indent=2))
         return EXIT_OK
     log = report["commitlog"]
     print(f"store        {report['store']}")
-    print(f"abort marker {'present (last exit was unclean)' if report['abort'] else 'absent'}")
-    print(f"lock file    {'present' if report['lock'] else 'absent'}")
+    # RocketMQ keeps the lock file after every exit and the abort marker while a writer
+    # runs: only whether the lock is held tells a live writer from an unclean exit.
+    if not report["abort"]:
+        abort = "absent"
+    elif report["lockHeld"]:
+        abort = "present (a writer is running)"
+    else:
+        abort = "present (last exit was unclean)"
+    print(f"abort marker {abort}")
+    if not report["lock"]:
+        lock = "absent"
+    elif report["lockHeld"]:
+        lock = "held by a running writer"
+    else:
+        lock = "present, not held (no writer running)"
+    print(f"lock file    {lock}")
     print(
         f"commit log   {len(log['files'])} file(s) of {report['sizes']['commitlogFileSize']} B, "
         f"offsets [{log['minOffset']}, {log['endOffset']}): {log['stopDetail']}"
@@ -168,6 +255,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
+    store_from(args)
     report = check_store(args.dir, sizes_from(args, args.dir))
     for note in report.notes:
         print(f"note: {note}")
@@ -187,33 +275,33 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 def register(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     dump = commands.add_parser("dump", help="dump a store's files as JSONL")
-    dump_kinds = dump.add_subparsers(dest="kind", required=True)
+    dump_kinds = dump.add_subparsers(dest="kind", required=True, metavar="commitlog|consumequeue")
     dump_log = dump_kinds.add_parser("commitlog", help="every commit log record, one JSON object a line")
-    dump_log.add_argument("dir", help="store directory")
-    dump_log.add_argument("--start", type=int, metavar="OFFSET", help="start at this record's commit log offset")
+    add_store_argument(dump_log)
+    dump_log.add_argument("--start", type=exits.offset, metavar="OFFSET", help="start at this record's commit log offset")
     dump_log.add_argument("--no-crc", action="store_true", help="do not check body CRCs")
     add_size_options(dump_log)
     dump_log.set_defaults(handler=cmd_dump_commitlog)
     dump_cq = dump_kinds.add_parser("consumequeue", help="every consume queue unit, one JSON object a line")
-    dump_cq.add_argument("dir", help="store directory")
+    add_store_argument(dump_cq)
     dump_cq.add_argument("--topic", help="only this topic")
-    dump_cq.add_argument("--queue", type=int, help="only this queue id")
+    dump_cq.add_argument("--queue", type=exits.queue_id, help="only this queue id")
     add_size_options(dump_cq)
     dump_cq.set_defaults(handler=cmd_dump_consumequeue)
 
     rebuild = commands.add_parser("reindex", help="rebuild consume queues and index files from the commit log")
-    rebuild.add_argument("dir", help="store directory to read")
+    add_store_argument(rebuild, "store directory to read")
     rebuild.add_argument("--out", required=True, help="directory that receives consumequeue/ and index/")
     add_size_options(rebuild)
     rebuild.set_defaults(handler=cmd_reindex)
 
     inspect = commands.add_parser("inspect", help="files, queue bounds, index fill, checkpoint, abort marker")
-    inspect.add_argument("dir", help="store directory")
+    add_store_argument(inspect)
     inspect.add_argument("--json", action="store_true", help="print one JSON document")
     add_size_options(inspect)
     inspect.set_defaults(handler=cmd_inspect)
 
     check = commands.add_parser("check", help="verify that commit log, consume queues and index agree")
-    check.add_argument("dir", help="store directory")
+    add_store_argument(check)
     add_size_options(check)
     check.set_defaults(handler=cmd_check)

@@ -4,21 +4,24 @@ from __future__ import annotations
 
 import argparse
 import base64
+import contextlib
+import dataclasses
 import json
 import signal
+import socket
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
 import grpc
-
+from rmqstore.cli import exits
+from rmqstore.cli.exits import EXIT_OK
 from rmqstore.cli.store_tools import add_size_options, sizes_from
 from rmqstore.common.errors import InvalidArgument
 from rmqstore.v1 import messages_pb2, writer_pb2, writer_pb2_grpc
 
-EXIT_OK = 0
-EXIT_ERROR = 2
 SHUTDOWN_GRACE_S = 10.0
 
 
@@ -61,13 +64,13 @@ def add_server_tls_options(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--health-port",
-        type=int,
+        type=exits.port,
         metavar="P",
         help="also serve grpc.health.v1 alone, in plaintext, on this port (for probes that cannot speak TLS)",
     )
     parser.add_argument(
         "--workers",
-        type=int,
+        type=exits.positive,
         default=DEFAULT_WORKERS,
         metavar="N",
         help=f"threads running handlers (default {DEFAULT_WORKERS}): a query node's lookups, each open StreamByTime"
@@ -99,6 +102,45 @@ def serving_tls_fields(args: argparse.Namespace, health_port: int | None) -> dic
     if health_port is not None:
         fields["healthPort"] = health_port
     return fields
+
+
+def free_port(host: str) -> int:
+    """A port free on ``host`` now (the kernel's pick), for a node asked for any port."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
+        try:
+            probe.bind((host, 0))
+        except OSError as error:
+            raise InvalidArgument(f"--host {host}: cannot listen there ({error.strerror or error})") from None
+        return int(probe.getsockname()[1])
+
+
+def _refuse_taken(host: str, port: int, option: str) -> None:
+    # gRPC binds with SO_REUSEPORT and reports a taken port in a log line of its own and
+    # an exception; a plain bind first turns that into one clear error.
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
+        try:
+            probe.bind((host, port))
+        except OSError as error:
+            raise InvalidArgument(
+                f"{option} {port}: cannot listen on {host} ({error.strerror or error}); is another process using it?"
+            ) from None
+
+
+def check_ports(args: argparse.Namespace) -> None:
+    """Refuse a taken --port or --health-port before the node opens its store."""
+    for option, port in (("--port", args.port), ("--health-port", args.health_port)):
+        if port:
+            _refuse_taken(args.host, port, option)
+
+
+@contextlib.contextmanager
+def listening(args: argparse.Namespace) -> Iterator[None]:
+    """A server that cannot bind its ports is a usage error naming them."""
+    try:
+        yield
+    except (OSError, RuntimeError) as error:
+        ports = f"--port {args.port}" + ("" if args.health_port is None else f" or --health-port {args.health_port}")
+        raise InvalidArgument(f"{ports}: cannot listen on {args.host} ({error})") from None
 
 
 def add_client_tls_options(parser: argparse.ArgumentParser) -> None:
@@ -136,8 +178,14 @@ def cmd_writer_serve(args: argparse.Namespace) -> int:
     from rmqstore.writer.service import SERVICE_NAME, WriterServicer
     from rmqstore.writer.store import Writer
 
-    # TLS files are checked before anything else: a bad one costs no recovery.
+    # The store and TLS files are checked before anything else: a bad one costs no recovery.
     credentials = server_credentials_from(args)
+    exits.creatable_dir(args.store, "--store")
+    check_ports(args)
+    if args.port == 0 and args.store_host is None:
+        # Records and msgIds carry the store host's port: take the port now, so that they
+        # name the one the node serves on rather than a placeholder.
+        args.port = free_port(args.host)
     # Handlers first: a SIGTERM during recovery or right after the serving line must still
     # end in a clean stop (final flush, checkpoint, abort removed).
     stopping = stop_requested()
@@ -148,7 +196,7 @@ def cmd_writer_serve(args: argparse.Namespace) -> int:
         sizes=sizes_from(args, args.store),
         flush=FlushPolicy(args.flush),
         flush_interval_ms=args.flush_interval_ms,
-        store_host=args.store_host or f"127.0.0.1:{args.port or 10911}",
+        store_host=args.store_host or f"127.0.0.1:{args.port}",
         auto_create_topics=not args.no_auto_create,
         retention_hours=args.retention_hours,
         disk_clean_ratio=args.disk_clean_ratio,
@@ -169,15 +217,16 @@ def cmd_writer_serve(args: argparse.Namespace) -> int:
         messaging_pb2_grpc.add_MessagingServiceServicer_to_server(messaging, server)
 
     try:
-        serving = AsyncServing(
-            register,
-            [SERVICE_NAME, MESSAGING_SERVICE_NAME],
-            host=args.host,
-            port=args.port,
-            credentials=credentials,
-            health_port=args.health_port,
-            workers=args.workers,
-        )
+        with listening(args):
+            serving = AsyncServing(
+                register,
+                [SERVICE_NAME, MESSAGING_SERVICE_NAME],
+                host=args.host,
+                port=args.port,
+                credentials=credentials,
+                health_port=args.health_port,
+                workers=args.workers,
+            )
     except BaseException:
         servicer.close()
         writer.close()
@@ -246,6 +295,9 @@ def message_from_json(line_number: int, document: Any) -> messages_pb2.Message:
     properties = document.get("properties", {})
     if not isinstance(properties, dict) or not all(isinstance(v, str) for v in properties.values()):
         raise InvalidArgument(f"{where}: properties must be an object of strings")
+    for field in ("tags", "uniqKey"):
+        if document.get(field) is not None and not isinstance(document[field], str):
+            raise InvalidArgument(f"{where}: {field} must be a string")
     message = messages_pb2.Message(
         topic=document["topic"],
         body=body,
@@ -254,91 +306,188 @@ def message_from_json(line_number: int, document: Any) -> messages_pb2.Message:
         properties=properties,
         uniq_key=document.get("uniqKey") or "",
     )
-    if document.get("queueId") is not None:
-        if not isinstance(document["queueId"], int):
+    queue_id = document.get("queueId")
+    if queue_id is not None:
+        if not isinstance(queue_id, int) or isinstance(queue_id, bool):
             raise InvalidArgument(f"{where}: queueId must be an integer")
-        message.queue_id = document["queueId"]
+        if not 0 <= queue_id <= exits.INT32_MAX:
+            raise InvalidArgument(f"{where}: queueId {queue_id} is outside [0, {exits.INT32_MAX}]")
+        message.queue_id = queue_id
     return message
 
 
-def read_jsonl(path: str) -> Iterator[messages_pb2.Message]:
-    with open(path, encoding="utf-8") as handle:
-        for number, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            try:
-                document = json.loads(line)
-            except ValueError as error:
-                raise InvalidArgument(f"line {number}: not JSON: {error}") from None
-            yield message_from_json(number, document)
+JSONL_FIELDS_HELP = (
+    "one JSON object a line: topic (required); body (text) or bodyBase64 (bytes); keys (a list, or one "
+    "space-separated string); tags; queueId; properties (an object of strings); uniqKey. Blank lines are skipped"
+)
 
 
-def result_json(result: messages_pb2.SendResult) -> str:
-    return json.dumps(
-        {
-            "offsetMsgId": result.offset_msg_id,
-            "uniqKey": result.uniq_key,
-            "topic": result.topic,
-            "queueId": result.queue_id,
-            "queueOffset": result.queue_offset,
-            "commitLogOffset": result.commitlog_offset,
-            "storeTimestamp": result.store_timestamp_ms,
-        },
-        ensure_ascii=False,
+def client_limits() -> Any:
+    from rmqstore.writer.config import WriterConfig
+    from rmqstore.writer.validate import Limits
+
+    # A writer's own limits, at their defaults (the client cannot know a node's settings).
+    defaults: dict[str, int] = {f.name: f.default for f in dataclasses.fields(WriterConfig) if isinstance(f.default, int)}
+    return Limits(defaults["max_body_bytes"], defaults["max_keys"], defaults["max_key_length"], defaults["max_batch_messages"])
+
+
+def check_message(message: messages_pb2.Message, limits: Any, where: str) -> None:
+    """The writer's rules for one message, checked here so that an error names the line
+    (the writer names a message by its place in its batch); the writer checks again."""
+    from rmqstore.writer.validate import MessageInput, validate_message
+
+    candidate = MessageInput(
+        topic=message.topic,
+        body=message.body,
+        keys=tuple(message.keys),
+        tags=message.tags,
+        properties=dict(message.properties),
+        queue_id=message.queue_id if message.HasField("queue_id") else None,
+        uniq_key=message.uniq_key,
     )
+    try:
+        validate_message(candidate, limits)
+    except InvalidArgument as error:
+        raise InvalidArgument(f"{where}: {error}") from None
+
+
+def _one_message(args: argparse.Namespace) -> messages_pb2.Message:
+    if not args.topic:
+        raise InvalidArgument("give -t TOPIC with --body TEXT or --body-file F, or --file F.jsonl")
+    if args.body is not None and args.body_file is not None:
+        raise InvalidArgument("give --body or --body-file, not both")
+    if args.body_file is not None:
+        try:
+            with open(args.body_file, "rb") as handle:
+                body = handle.read()
+        except OSError as error:
+            raise InvalidArgument(f"--body-file {args.body_file}: {error.strerror or error}") from None
+    elif args.body is not None:
+        body = args.body.encode("utf-8")
+    else:
+        raise InvalidArgument("give the body: --body TEXT or --body-file F (--body '' sends an empty one)")
+    message = messages_pb2.Message(topic=args.topic, body=body, keys=(args.keys or "").split(), tags=args.tags or "")
+    if args.queue is not None:
+        message.queue_id = args.queue
+    check_message(message, client_limits(), "the message")
+    return message
+
+
+class _Progress:
+    """``send --file``'s progress line and summary on a terminal's stderr."""
+
+    INTERVAL_S = 0.5
+
+    def __init__(self, total: int, shown: bool, live: bool):
+        self.total = total
+        self.shown = shown
+        # The line rewritten in place would be torn by acks printed to the same terminal.
+        self.live = shown and live
+        self.acked = 0
+        self.started = time.monotonic()
+        self.printed_at = 0.0
+
+    def rate(self) -> float:
+        elapsed = time.monotonic() - self.started
+        return self.acked / elapsed if elapsed > 0 else 0.0
+
+    def advance(self, count: int) -> None:
+        self.acked += count
+        now = time.monotonic()
+        if self.live and now - self.printed_at >= self.INTERVAL_S:
+            self.printed_at = now
+            sys.stderr.write(f"\rsent {self.total}, acked {self.acked} ({self.acked * 100 // max(self.total, 1)}%), {self.rate():,.0f} msgs/s")
+            sys.stderr.flush()
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "sent": self.total,
+            "acked": self.acked,
+            "seconds": round(time.monotonic() - self.started, 3),
+            "msgsPerSecond": round(self.rate(), 1),
+        }
+
+    def finish(self) -> None:
+        if self.shown:
+            summary = self.summary()
+            sys.stderr.write(
+                f"\rsent {summary['sent']}, acked {summary['acked']} in {summary['seconds']} s, "
+                f"{summary['msgsPerSecond']:,.0f} msgs/s\n"
+            )
+            sys.stderr.flush()
+
+
+SEND_STREAM = "/rmqstore.v1.WriterService/SendStream"
 
 
 def cmd_send(args: argparse.Namespace) -> int:
-    if args.file:
-        # Validate the whole file before sending anything, so a bad line costs nothing.
-        for _ in read_jsonl(args.file):
-            pass
-        batches = _batches(read_jsonl(args.file), args.batch_size)
+    from rmqstore.cli import bulk_send
+
+    if args.file is not None:
+        given = [flag for flag, value in (("-t", args.topic), ("-k", args.keys), ("--tags", args.tags), ("--body", args.body),
+                                          ("--body-file", args.body_file), ("-q", args.queue)) if value is not None]
+        if given:
+            raise InvalidArgument(f"{', '.join(given)} describe one message; with --file every line gives its own")
+        # The whole file is read, checked and encoded before anything is sent, so a bad
+        # line costs nothing.
+        prepared = bulk_send.prepare(args.file, client_limits(), args.batch_size)
     else:
-        if not args.topic:
-            raise InvalidArgument("give -t TOPIC (with --body) or --file F.jsonl")
-        message = messages_pb2.Message(
-            topic=args.topic, body=(args.body or "").encode("utf-8"), keys=(args.keys or "").split(), tags=args.tags or ""
+        message = _one_message(args)
+        queue_id = message.queue_id if message.HasField("queue_id") else None
+        columns = bulk_send.Columns([message.topic], [queue_id], [message.body], [list(message.keys)], [message.tags], [""], [None])
+        prepared = bulk_send.Prepared(bulk_send.encode_batches(columns, 1), columns.topics)
+    requests, topics, total = prepared.requests, prepared.topics, len(prepared.topics)
+    del prepared
+    on_terminal = args.file is not None and sys.stderr.isatty()
+    progress = _Progress(total, shown=on_terminal, live=not (args.acks == "all" and sys.stdout.isatty()))
+    out = sys.stdout
+    sent = 0
+    try:
+        with channel_from(args, args.endpoint) as channel:
+            # The requests are serialized already: gRPC sends the bytes as they are.
+            call = channel.stream_stream(
+                SEND_STREAM, request_serializer=None, response_deserializer=writer_pb2.SendBatchResponse.FromString
+            )
+            for response in call(iter(requests), timeout=args.timeout):
+                count = bulk_send.acked(response)
+                if args.acks == "all":
+                    out.write("".join(bulk_send.ack_lines(response, topics[sent : sent + count])))
+                sent += count
+                progress.advance(count)
+    except KeyboardInterrupt:
+        progress.finish()
+        where = "; their acks are above" if args.acks == "all" else ""
+        print(
+            f"{exits.PREFIX}interrupted: {progress.acked} of {progress.total} messages acknowledged "
+            f"(stored{where}); the rest may or may not be stored",
+            file=sys.stderr,
         )
-        if args.queue is not None:
-            message.queue_id = args.queue
-        batches = iter([writer_pb2.SendBatchRequest(messages=[message])])
-    with channel_from(args, args.endpoint) as channel:
-        stub = writer_pb2_grpc.WriterServiceStub(channel)
-        try:
-            for response in stub.SendStream(batches, timeout=args.timeout):
-                for result in response.results:
-                    sys.stdout.write(result_json(result) + "\n")
-        except grpc.RpcError as error:
-            print(f"rmqstore: error: {error.code().name}: {error.details()}", file=sys.stderr)
-            return EXIT_ERROR
+        return exits.EXIT_INTERRUPTED
+    except grpc.RpcError as error:
+        progress.finish()
+        note = f" ({progress.acked} of {progress.total} messages were acknowledged before it)" if progress.acked else ""
+        return exits.status_exit(error, note)
+    progress.finish()
+    if args.acks == "summary":
+        out.write(json.dumps(progress.summary()) + "\n")
     return EXIT_OK
-
-
-def _batches(messages: Iterator[messages_pb2.Message], size: int) -> Iterator[writer_pb2.SendBatchRequest]:
-    batch: list[messages_pb2.Message] = []
-    for message in messages:
-        batch.append(message)
-        if len(batch) >= size:
-            yield writer_pb2.SendBatchRequest(messages=batch)
-            batch = []
-    if batch:
-        yield writer_pb2.SendBatchRequest(messages=batch)
 
 
 def register(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     writer = commands.add_parser("writer", help="the writer node")
-    writer_commands = writer.add_subparsers(dest="writer_command", required=True)
+    writer_commands = writer.add_subparsers(dest="writer_command", required=True, metavar="serve")
     serve = writer_commands.add_parser(
         "serve",
         help="own a store directory and serve WriterService (and RocketMQ 5's MessagingService) over gRPC",
     )
     serve.add_argument("--store", required=True, help="store directory (created if missing)")
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
-    serve.add_argument("--port", type=int, default=0, help="port (default 0: any free port, printed at start)")
+    serve.add_argument("--port", type=exits.port, default=0, help="port (default 0: any free port, printed at start)")
     serve.add_argument("--flush", choices=["sync", "async"], default="async", help="flush policy (default async)")
-    serve.add_argument("--flush-interval-ms", type=int, default=500, help="ASYNC fsync interval (default 500)")
-    serve.add_argument("--store-host", help="ip:port written into records and msgIds (default 127.0.0.1:PORT)")
+    serve.add_argument("--flush-interval-ms", type=exits.positive, default=500, help="ASYNC fsync interval (default 500)")
+    serve.add_argument(
+        "--store-host", help="ip:port written into records and msgIds (default 127.0.0.1:PORT, the port served on)"
+    )
     serve.add_argument("--no-auto-create", action="store_true", help="refuse messages to unknown topics")
     serve.add_argument(
         "--advertise",
@@ -350,9 +499,9 @@ def register(commands: argparse._SubParsersAction) -> None:  # type: ignore[type
         default="rmqstore-0",
         help="the broker name QueryRoute gives the writer (default rmqstore-0)",
     )
-    serve.add_argument("--retention-hours", type=float, default=72.0, help="commit log file reserved time (default 72)")
-    serve.add_argument("--disk-clean-ratio", type=float, default=0.75, help="delete old files above this disk use")
-    serve.add_argument("--disk-full-ratio", type=float, default=0.90, help="refuse writes above this disk use")
+    serve.add_argument("--retention-hours", type=exits.hours, default=72.0, help="commit log file reserved time (default 72)")
+    serve.add_argument("--disk-clean-ratio", type=exits.ratio, default=0.75, help="delete old files above this disk use (default 0.75)")
+    serve.add_argument("--disk-full-ratio", type=exits.ratio, default=0.90, help="refuse writes above this disk use (default 0.90)")
     serve.add_argument(
         "--truncate-corrupt-tail",
         action="store_true",
@@ -362,15 +511,31 @@ def register(commands: argparse._SubParsersAction) -> None:  # type: ignore[type
     add_size_options(serve)
     serve.set_defaults(handler=cmd_writer_serve)
 
-    send = commands.add_parser("send", help="send messages to a writer")
+    send = commands.add_parser(
+        "send",
+        help="send messages to a writer",
+        description="Send one message (-t with --body or --body-file) or a JSONL file of them (--file) to a writer; "
+        "each ack is printed as one JSON line (--acks).",
+        epilog=f"--file format: {JSONL_FIELDS_HELP}.",
+    )
     send.add_argument("--endpoint", required=True, help="writer HOST:PORT")
     send.add_argument("-t", "--topic", help="topic of the one message")
     send.add_argument("-k", "--keys", help='space-separated keys, e.g. "KEY1 KEY2"')
     send.add_argument("--tags", help="tags")
-    send.add_argument("--body", help="body text")
-    send.add_argument("-q", "--queue", type=int, help="queue id (default: the writer picks)")
-    send.add_argument("--file", help="JSONL file, one message a line")
-    send.add_argument("--batch-size", type=int, default=1000, help="messages per batch with --file (default 1000)")
-    send.add_argument("--timeout", type=float, default=600.0, help="seconds before giving up (default 600)")
+    send.add_argument("--body", help="body text (UTF-8)")
+    send.add_argument("--body-file", metavar="F", help="body bytes, read from this file")
+    send.add_argument("-q", "--queue", type=exits.queue_id, help="queue id (default: the writer picks)")
+    send.add_argument("--file", metavar="F.jsonl", help="JSONL file, one message a line (format below)")
+    send.add_argument(
+        "--batch-size", type=exits.positive, default=1000, metavar="N", help="messages per batch with --file (default 1000)"
+    )
+    send.add_argument(
+        "--acks",
+        choices=["none", "summary", "all"],
+        default="all",
+        help="print every ack as a JSON line (all, the default), one JSON summary line {sent, acked, seconds, "
+        "msgsPerSecond} (summary), or nothing (none)",
+    )
+    send.add_argument("--timeout", type=exits.seconds, default=600.0, help="seconds before giving up (default 600)")
     add_client_tls_options(send)
     send.set_defaults(handler=cmd_send)

@@ -17,7 +17,7 @@ size                       int32                       TOTALSIZE, bytes
 msgId                      string                      offsetMsgId (store host + offset)
 queueId                    int32
 queueOffset                int64                       0 for PREPARED and ROLLBACK records
-sysFlag                    int32                       FORMAT.md §3.3 (compression, tx, v6)
+sysFlag                    int32                       docs/format.md §3.3 (compression, tx, v6)
 flag                       int32
 bodyCRC                    int32                       CRC-32 of the body & 0x7FFFFFFF
 bornTimestamp              int64                       epoch ms

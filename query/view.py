@@ -463,7 +463,7 @@ class StoreView:
                     previous = below[-1]
 
     def _catch_up_unindexed(self) -> None:
-        """RocketMQ's index skips ROLLBACK records (FORMAT.md §7.4); keep their keys here,
+        """RocketMQ's index skips ROLLBACK records (docs/format.md §7.4); keep their keys here,
         from a header-only walk of the visible log, so every record is findable."""
         start = max(self._unindexed_scanned, self.min_offset)
         if start >= self.visible_offset:

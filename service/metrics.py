@@ -1,4 +1,4 @@
-"""OpenTelemetry metrics of the writer and the query node (DESIGN.md §8).
+"""OpenTelemetry metrics of the writer and the query node (docs/design.md §8).
 
 Instruments come from the global meter provider: a no-op until :func:`configure_metrics`
 installs the SDK (``OTEL_METRICS_EXPORTER=otlp|console``, or an OTLP endpoint), so an

@@ -248,7 +248,7 @@ TIME_LINES = [q for q in read_jsonl(FIXTURES / "queries.jsonl") if q["kind"] == 
 
 @pytest.mark.parametrize("query", TIME_LINES, ids=[q["why"] for q in TIME_LINES])
 def test_offset_by_time_bounds_bracket_apaches_answer(query: dict) -> None:
-    """Apache returns the entry *nearest* to t (FORMAT.md §6.4); our LOWER and UPPER are
+    """Apache returns the entry *nearest* to t (docs/format.md §6.4); our LOWER and UPPER are
     exact bounds from record times, so Apache's answer is one of them (its "after the
     last message" answer, max − 1, is UPPER), and each bound is right by brute force."""
     log = CommitLog(str(CLEAN / "commitlog"), FIXTURE_SIZES.commitlog_file_size_bytes)

@@ -71,6 +71,12 @@ def test_throughput_sections_have_both_systems(smoke: tuple[dict[str, Any], str,
     grpc_append = size["grpc_append"]
     assert all(run["acked"] == SIZE and run["error"] is None for run in grpc_append["runs"])
     assert _positive(grpc_append["msgs_per_s"])
+    send_file = grpc_append["send_file"]
+    assert list(send_file["modes"]) == ["all", "summary", "none"] and send_file["file_bytes"] > SIZE * 256
+    for mode in send_file["modes"].values():
+        assert all(run["messages"] == SIZE for run in mode["runs"]) and len(mode["runs"]) == 1
+        assert _positive(mode["msgs_per_s"])
+        assert mode["ratio"] == round(mode["msgs_per_s"] / send_file["sqlite_msgs_per_s"], 2)
     sync = results["once"]["sync"]
     rows = sync["rows"]
     assert [row["producers"] for row in rows] == PRODUCERS
@@ -149,10 +155,11 @@ def test_results_md_names_the_command(smoke: tuple[dict[str, Any], str, list[str
     assert results["command"].startswith("python benchmarks/run.py ")
     assert results["command"] in markdown
     assert "--sizes 2000" in results["command"]
-    for heading in ("## Targets (issue #5)", "## 1. ", "## 2. ", "## 3. ", "## 4. ", "## 5. ", "## 6. ", "## 7. ",
+    for heading in ("## Targets", "## 1. ", "## 2. ", "## 3. ", "## 4. ", "## 5. ", "## 6. ", "## 7. ",
                     "## Cross-check"):  # fmt: skip
         assert heading in markdown
     assert "All 1,260 answers agree." in markdown
+    assert "| `--acks summary` |" in markdown and "`send --file --acks all`, end to end" in markdown
     most = results["once"]["sync"]["rows"][-1]
     assert f"| {most['producers']} | C++ | a SendStream per producer | {most['msgs_per_s']:,.0f} |" in markdown
 

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -12,6 +14,8 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from rmqstore.cli.demo import DEMO_MARKER, prepare_store
+from rmqstore.cli.main import main
 
 
 @pytest.mark.slow
@@ -23,6 +27,7 @@ def test_demo_runs_writer_and_query_node_and_every_lookup(tmp_path: Path) -> Non
         text=True,
         timeout=300,
         cwd=tmp_path,
+        check=False,
     )
     assert done.returncode == 0, done.stderr[-2000:]
     out = done.stdout
@@ -69,3 +74,120 @@ def test_demo_console_serves_the_demo_store_until_interrupted(tmp_path: Path) ->
         if demo.poll() is None:
             demo.kill()
             demo.communicate(timeout=30)
+
+
+def test_demo_refuses_a_non_empty_directory_and_deletes_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    store = tmp_path / "mine"
+    store.mkdir()
+    (store / "notes.txt").write_text("keep me")
+    assert main(["demo", "--store", str(store)]) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        f"rmqstore: error: --store {store} is not empty and is not a demo store (no .rmqstore-demo file); "
+        "nothing was deleted: give a new or empty directory\n"
+    )
+    assert sorted(p.name for p in store.iterdir()) == ["notes.txt"]
+    assert (store / "notes.txt").read_text() == "keep me"
+
+
+def test_demo_refuses_a_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    target = tmp_path / "f"
+    target.write_text("x")
+    assert main(["demo", "--store", str(target)]) == 2
+    assert capsys.readouterr().err == (
+        f"rmqstore: error: --store {target} exists and is not a directory; give a new or empty directory\n"
+    )
+    assert target.read_text() == "x"
+
+
+def test_demo_recreates_only_its_own_store(tmp_path: Path) -> None:
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    prepare_store(str(empty))
+    assert sorted(p.name for p in empty.iterdir()) == [DEMO_MARKER]
+    # A previous demo's store (its marker beside old files) is emptied and marked again.
+    (empty / "commitlog").mkdir()
+    (empty / "commitlog" / "00000000000000000000").write_bytes(b"\0" * 16)
+    prepare_store(str(empty))
+    assert sorted(p.name for p in empty.iterdir()) == [DEMO_MARKER]
+    fresh = tmp_path / "new" / "store"
+    prepare_store(str(fresh))
+    assert sorted(p.name for p in fresh.iterdir()) == [DEMO_MARKER]
+
+
+FAKE_PIP = """#!/usr/bin/env bash
+echo "pip $*" >> "$(dirname "$0")/../calls.log"
+"""
+FAKE_RMQSTORE = """#!/usr/bin/env bash
+echo "rmqstore $*" >> "$(dirname "$0")/../calls.log"
+"""
+REAL_RMQSTORE = f"""#!/usr/bin/env bash
+exec {sys.executable} -m rmqstore.cli.main "$@"
+"""
+
+
+def test_run_sh_on_a_non_empty_directory_refuses_it_and_deletes_nothing(tmp_path: Path) -> None:
+    """The repository's run.sh, with a venv whose pip only logs and whose rmqstore is this
+    installation's: a directory with a notes file is refused, and kept."""
+    repo = Path(__file__).resolve().parent.parent
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    os.symlink(sys.executable, venv / "bin" / "python")
+    for name, text in (("pip", FAKE_PIP), ("rmqstore", REAL_RMQSTORE)):
+        (venv / "bin" / name).write_text(text)
+        (venv / "bin" / name).chmod(0o755)
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep me")
+    done = subprocess.run(
+        ["bash", str(repo / "run.sh"), str(mine)], env={**os.environ, "RMQSTORE_VENV": str(venv)},
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert (done.returncode, done.stdout) == (2, "")
+    assert done.stderr == (
+        f"rmqstore: error: --store {mine} is not empty and is not a demo store (no .rmqstore-demo file); "
+        "nothing was deleted: give a new or empty directory\n"
+    )
+    assert [p.name for p in mine.iterdir()] == ["notes.txt"] and (mine / "notes.txt").read_text() == "keep me"
+
+
+def test_run_sh_installs_only_when_its_inputs_changed(tmp_path: Path) -> None:
+    """run.sh on a copy of the repository's install inputs, with a venv whose pip and
+    rmqstore only log their calls: the first run installs, the second does not, a changed
+    build input installs again."""
+    repo = Path(__file__).resolve().parent.parent
+    work = tmp_path / "repo"
+    work.mkdir()
+    for name in ("run.sh", "pyproject.toml", "setup.py"):
+        shutil.copy(repo / name, work / name)
+    shutil.copytree(repo / "protos" / "rmqstore", work / "protos" / "rmqstore")
+    (work / "common" / "codec").mkdir(parents=True)
+    shutil.copy(repo / "common" / "codec" / "_speedups.c", work / "common" / "codec" / "_speedups.c")
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    os.symlink(sys.executable, venv / "bin" / "python")
+    for name, text in (("pip", FAKE_PIP), ("rmqstore", FAKE_RMQSTORE)):
+        (venv / "bin" / name).write_text(text)
+        (venv / "bin" / name).chmod(0o755)
+    env = {**os.environ, "RMQSTORE_VENV": str(venv)}
+
+    def run() -> list[str]:
+        log = venv / "calls.log"
+        log.unlink(missing_ok=True)
+        done = subprocess.run(["bash", str(work / "run.sh"), "somewhere"], env=env, capture_output=True, text=True, timeout=60, check=False)
+        assert done.returncode == 0, done.stderr
+        return log.read_text().splitlines()
+
+    installed = ["pip install --upgrade pip", "pip install -e .[test]", "rmqstore demo --store somewhere"]
+    # What an install builds (the fake pip builds nothing): compiled stubs and codecs.
+    (work / "protos" / "gen" / "rmqstore" / "v1").mkdir(parents=True)
+    built = work / "common" / "codec" / "_speedups.cpython-311-x86_64-linux-gnu.so"
+    built.write_bytes(b"")
+    assert run() == installed
+    assert run() == ["rmqstore demo --store somewhere"]
+    with open(work / "pyproject.toml", "a", encoding="utf-8") as handle:
+        handle.write("# changed\n")
+    assert run() == installed
+    assert run() == ["rmqstore demo --store somewhere"]
+    built.unlink()  # built files gone: installed again, though the inputs did not change
+    assert run() == installed

@@ -1,4 +1,4 @@
-"""Golden vectors from FORMAT.md, each reproduced there with Apache RocketMQ's own classes."""
+"""Golden vectors from docs/format.md, each reproduced there with Apache RocketMQ's own classes."""
 
 from __future__ import annotations
 
@@ -44,7 +44,7 @@ from rmqstore.common.codec.topic import topic_problem
 from rmqstore.common.errors import InvalidArgument
 from rmqstore.common.files.index import IndexFile
 
-# FORMAT.md §3.2, as printed there (16 bytes a row).
+# docs/format.md §3.2, as printed there (16 bytes a row).
 WORKED_RECORD = bytes.fromhex(
     """
     00 00 00 bf da a3 20 a7 69 c8 65 ed 00 00 00 03
@@ -102,7 +102,7 @@ class TestJavaHash:
         assert java_string_hash(text) == expected
 
     def test_utf8_bytes_would_be_wrong(self) -> None:
-        # Hashing UTF-8 bytes gives −794260776 for this key (FORMAT.md §7.2); we must not.
+        # Hashing UTF-8 bytes gives −794260776 for this key (docs/format.md §7.2); we must not.
         assert java_string_hash("TopicTest#订单-42") != -794260776
 
     def test_surrogate_pair_counts_two_units(self) -> None:
@@ -132,7 +132,7 @@ class TestJavaHash:
         assert len({java_string_hash(k) for k in ("AaAa", "BBBB", "AaBB", "BBAa")}) == 1
 
     def test_hashmap_order_matches_broker_properties(self) -> None:
-        # The order of the four properties in the worked record (FORMAT.md §3.2) and a
+        # The order of the four properties in the worked record (docs/format.md §3.2) and a
         # broker-written fixture record (manifest seq 0).
         assert java_hashmap_order(["TAGS", "KEYS", "WAIT", "UNIQ_KEY"]) == ["KEYS", "UNIQ_KEY", "WAIT", "TAGS"]
         assert java_hashmap_order(["TAGS", "KEYS", "UNIQ_KEY", "CLUSTER"]) == ["KEYS", "UNIQ_KEY", "CLUSTER", "TAGS"]
@@ -188,7 +188,7 @@ class TestRecord:
         assert (decoded.version, decoded.topic, decoded.size) == (2, "TopicTest", 192)
 
     def test_blank_record(self) -> None:
-        # FORMAT.md §3.4 example: 100 bytes left and a 93-byte record.
+        # docs/format.md §3.4 example: 100 bytes left and a 93-byte record.
         assert encode_blank(100) == bytes.fromhex("00000064CBD43194")
         assert decode_record(encode_blank(100) + bytes(92), 0, commitlog_offset=524188) == Blank(524188, 100)
 
@@ -241,7 +241,7 @@ class TestMessageIds:
         assert decode_offset_msg_id(msg_id).store_host == host
 
     def test_uniq_key_read_as_msg_id_is_rejected(self) -> None:
-        # FORMAT.md §15: this UNIQ_KEY's "port" would be 809048941.
+        # docs/format.md §15: this UNIQ_KEY's "port" would be 809048941.
         with pytest.raises(InvalidArgument, match="809048941"):
             decode_offset_msg_id("0A00000130391B6D3586075BCD15002A")
 
@@ -267,7 +267,7 @@ class TestMessageIds:
         assert uniq_key_time_field(5000, 1000) == 4000
 
     def test_nearly_time_from_id(self) -> None:
-        # FORMAT.md §5.2: span 1232000123 (496ED47B) from a UTC+8 producer.
+        # docs/format.md §5.2: span 1232000123 (496ED47B) from a UTC+8 producer.
         uniq = encode_uniq_key(UniqKey(bytes(4), 0, 0, 1_232_000_123, 0))
         assert uniq[20:28] == "496ED47B"
         shanghai = ZoneInfo("Asia/Shanghai")
@@ -321,7 +321,7 @@ class TestIndexCodec:
         assert ix.time_diff_s(2**62, 1) == 2**31 - 1
 
     def test_worked_example_full_size_file(self, tmp_path: Path) -> None:
-        """FORMAT.md §7.3 on a full-size (sparse) 420,000,040-byte file."""
+        """docs/format.md §7.3 on a full-size (sparse) 420,000,040-byte file."""
         index_file = IndexFile.create(
             str(tmp_path / "20231114221320123"),
             ix.DEFAULT_SLOTS,
@@ -352,7 +352,7 @@ class TestIndexCodec:
         index_file.close()
 
     def test_rolled_over_first_entry_time_quirk(self, tmp_path: Path) -> None:
-        """FORMAT.md §15 flaw 3a, reproduced byte for byte: the first entry of a rolled
+        """docs/format.md §15 flaw 3a, reproduced byte for byte: the first entry of a rolled
         file gets timeDiff 2 against the previous file's end."""
         index_file = IndexFile.create(
             str(tmp_path / "x"), 500, 1500, prev_end_phy_offset=4096, prev_end_timestamp_ms=1700000000123

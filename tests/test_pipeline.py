@@ -625,7 +625,8 @@ def test_bad_store_unreachable_writer_and_missing_java_are_one_line_each(tmp_pat
     assert "the writer at 127.0.0.1:1 is unreachable" in writer.stderr
     env = {k: v for k, v in os.environ.items() if k != "JAVA_HOME"}
     env["PATH"] = str(tmp_path)  # no java here
-    java = run_cli("pipeline", "stats", str(CLEAN), env=env)
+    # The fixture's index geometry is given: sizes are checked against the files first.
+    java = run_cli("pipeline", "stats", str(CLEAN), *FIXTURE_SIZE_ARGS, env=env)
     assert java.returncode == 2 and java.stderr.strip().splitlines() == [
         "rmqstore: error: Spark needs Java 17 or later: no `java` on PATH and JAVA_HOME is not set"
     ]

@@ -1,8 +1,8 @@
-"""Property tests: every codec round-trips, and the file layers roll over as FORMAT.md says.
+"""Property tests: every codec round-trips, and the file layers roll over as docs/format.md says.
 
 Each file-layer example gets its own temporary directory (``tmp_path`` is shared by all
 examples of one test). References written here (the properties reader, String.hashCode,
-the §3.4 rollover rule) are deliberately naive re-statements of FORMAT.md, not calls into
+the §3.4 rollover rule) are deliberately naive re-statements of docs/format.md, not calls into
 the library.
 """
 
@@ -95,7 +95,7 @@ def java_hash_reference(text: str) -> int:
 
 
 def apache_properties_reference(text: str) -> dict[str, str]:
-    """MessageDecoder.string2messageProperties, transcribed from FORMAT.md §3.6 (the Java
+    """MessageDecoder.string2messageProperties, transcribed from docs/format.md §3.6 (the Java
     index loop, with its indexOf for 0x01 that may run past the segment)."""
     result: dict[str, str] = {}
     index = 0
@@ -229,7 +229,7 @@ def test_decode_of_damaged_record_only_raises_corruption(
     """Flipped bytes and truncation give a record, a BLANK, None or Corruption; never a
     struct/index/unicode error from reading past the bytes."""
     data = bytearray(encode_record(Record(topic="TopicTest", body=body, properties=properties, born_host=born, store_host=store)))
-    if version_2:  # a v2 record: 2-byte topic length (FORMAT.md §14)
+    if version_2:  # a v2 record: 2-byte topic length (docs/format.md §14)
         topic_at = len(data) - 2 - len(encode_properties(properties)) - len("TopicTest") - 1
         data[4:8] = bytes.fromhex("DAA320AB")
         data[topic_at : topic_at + 1] = struct.pack(">h", len("TopicTest"))
@@ -410,7 +410,7 @@ def _small_record(topic: str, body_len: int, store: SocketAddress, key: str) -> 
 @settings(max_examples=40, deadline=None)
 @given(file_size=st.sampled_from([4096, 8192]), data=st.data())
 def test_commitlog_rollover(file_size: int, data: st.DataObject) -> None:
-    """Appends (single records and batches) against a model of FORMAT.md §3.4."""
+    """Appends (single records and batches) against a model of docs/format.md §3.4."""
     written: list[tuple[int, bytes]] = []  # (commit log offset, final bytes)
     blanks: dict[int, int] = {}  # file start -> BLANK position in that file
     model_offset = 0

@@ -1,4 +1,4 @@
-"""Query nodes as real processes (DESIGN.md §5): ``rmqstore query serve`` following a live
+"""Query nodes as real processes (docs/design.md §5): ``rmqstore query serve`` following a live
 ``rmqstore writer serve`` on the same directory, lookups hammered while the writer writes,
 a node on a directory it cannot write to (as user nobody when the tests run as root), and
 the mqadmin-style lookup commands through a node and on the directory.
@@ -51,7 +51,9 @@ SIZE_ARGS = [
 ]  # fmt: skip
 AUTO_QUEUES = 4  # the writer's auto-created queue count
 NOBODY = 65534
-STORE_PORT = 10911  # the writer's store host port with --port 0 (RocketMQ's listen port)
+# The store host the writers here record (RocketMQ's listen port), given with --store-host
+# so that msgIds are known before a writer starts; without it a writer records its own port.
+STORE_PORT = 10911
 
 SERVING_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 30.0
@@ -83,6 +85,8 @@ class NodeProcess:
         self.store = store
         self.stderr_path = log_dir / f"{kind}-{number}.stderr"
         self._stderr = open(self.stderr_path, "wb")
+        if kind == "writer" and "--store-host" not in extra:
+            extra = ["--store-host", f"127.0.0.1:{STORE_PORT}", *extra]
         self.proc = subprocess.Popen(
             [python, "-m", "rmqstore.cli.main", kind, "serve", "--store", str(store),
              "--host", "127.0.0.1", "--port", "0", *extra],  # fmt: skip
@@ -1181,12 +1185,12 @@ def test_lookup_commands_against_a_node_and_on_the_directory(nodes: Nodes, tmp_p
         (["queryMsgByKey", "-t", CLI_TOPIC, "-k", "no-such-key", "--json"], 0, []),
         (["queryMsgByUniqueKey", "-t", CLI_TOPIC, "-i", a12.uniq_key, "--json"], 0, [expected_json(m12, a12)]),
         (["queryMsgByUniqueKey", "-t", CLI_TOPIC, "-i", a5.uniq_key, "--json", "--body"], 0, [expected_json(m5, a5, body=True)]),
-        (["queryMsgByUniqueKey", "-t", CLI_TOPIC, "-i", "EF0000000000FF", "--json"], 1, []),
+        (["queryMsgByUniqueKey", "-t", CLI_TOPIC, "-i", "EF0000000000FF", "--json"], 3, []),
         (["queryMsgById", "-i", a12.offset_msg_id, "--json"], 0, [expected_json(m12, a12)]),
         (["queryMsgById", "-i", f"{a5.offset_msg_id},{a12.offset_msg_id.lower()}", "--json"], 0, [expected_json(m5, a5), expected_json(m12, a12)]),
-        (["queryMsgById", "-i", offset_msg_id_of(STORE_PORT, missing_offset), "--json"], 1, []),
-        (["queryMsgById", "-i", other_host, "--json"], 1, []),
-        (["queryMsgById", "-i", f"{a5.offset_msg_id},{offset_msg_id_of(STORE_PORT, missing_offset)}", "--json"], 1, [expected_json(m5, a5)]),
+        (["queryMsgById", "-i", offset_msg_id_of(STORE_PORT, missing_offset), "--json"], 3, []),
+        (["queryMsgById", "-i", other_host, "--json"], 3, []),
+        (["queryMsgById", "-i", f"{a5.offset_msg_id},{offset_msg_id_of(STORE_PORT, missing_offset)}", "--json"], 3, [expected_json(m5, a5)]),
         (["queryMsgById", "-i", "7F00000100002A9F00000000000000ZZ", "--json"], 2, []),
         (["queryMsgById", "-i", "7F000001", "--json"], 2, []),
         (["queryMsgByOffset", "-t", CLI_TOPIC, "-q", "0", "-o", str(a12.queue_offset), "--json"], 0, [expected_json(m12, a12)]),
@@ -1301,8 +1305,8 @@ def test_msg_id_inside_a_record_is_not_found(nodes: Nodes, tmp_path: Path) -> No
     failures = []
     for args in (["--endpoint", node.endpoint], ["--store", str(store), *SIZE_ARGS]):
         done = run_cli(["queryMsgById", "-i", inside, "--json", *args])
-        if (done.returncode, done.stdout) != (1, ""):
-            assert done.returncode == 2 and done.stderr.startswith("rmqstore: DATA_LOSS: bad magic code"), done
+        if (done.returncode, done.stdout) != (3, ""):
+            assert done.returncode == 1 and done.stderr.startswith("rmqstore: error: DATA_LOSS: bad magic code"), done
             failures.append(f"{args[0]}: exit {done.returncode}, {done.stderr.strip()}")
     code = first_rpc_error(lambda: query.QueryByMsgId(query_pb2.QueryByMsgIdRequest(msg_id=inside), timeout=RPC_TIMEOUT_S))
     if code != grpc.StatusCode.NOT_FOUND:

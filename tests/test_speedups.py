@@ -1167,6 +1167,11 @@ def test_no_call_leaks_what_it_builds(tmp_path: Path) -> None:
         lambda: refused(_speedups.encode_records, 0, [1], [0], [5], [None], [host], ["x"], ["T"], [b"p"], 9, host, 8),
         lambda: refused(_speedups.message_key_hashes, at[:1], [None], [[]]),
         lambda: refused(_speedups.span_texts, data, at + 10**6, length),
+        lambda: _speedups.json_columns([{"topic": "T", "body": "é", "keys": ["k"], "queueId": 1}, {"topic": "U"}]),
+        lambda: _speedups.json_columns([{"topic": "T", "body": "é"}, {"topic": "T", "tags": None}]),
+        lambda: _speedups.encode_send_batches(["T", "U"], [1, None], [b"ab", b""], [["k"], []], ["t", ""], ["", "AB"],
+                                              [None, {"a": "b"}], 1),  # fmt: skip
+        lambda: refused(_speedups.encode_send_batches, ["T"], [None], ["not bytes"], [[]], [""], [""], [None], 1),
     ]
     for call in calls:
         for _ in range(200):

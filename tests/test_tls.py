@@ -333,7 +333,7 @@ def test_inconsistent_tls_options_are_refused(tmp_path: Path, pki: Pki, capsys: 
     assert "give --tls-cert and --tls-key together" in capsys.readouterr().err
     assert main(["writer", "serve", "--store", store, "--tls-client-ca", str(pki.ca)]) == 2
     assert "--tls-client-ca needs --tls-cert" in capsys.readouterr().err
-    assert main(["send", "--endpoint", "127.0.0.1:1", "-t", "T", "--tls-client-cert", str(pki.client_cert)]) == 2
+    assert main(["send", "--endpoint", "127.0.0.1:1", "-t", "T", "--body", "x", "--tls-client-cert", str(pki.client_cert)]) == 2
     assert "--tls-client-cert and --tls-client-key together" in capsys.readouterr().err
     assert main(["queryMsgByKey", "--store", store, "-t", "T", "-k", "K", "--tls-ca", str(pki.ca)]) == 2
     assert "apply to --endpoint" in capsys.readouterr().err

@@ -1,7 +1,7 @@
 """Crash tests: a real ``rmqstore writer serve`` process is killed with SIGKILL at random
 points while a client streams batches to it, then restarted on the same store.
 
-What must hold (the writer's acceptance criteria, DESIGN.md §4, docs/writer.md):
+What must hold (the writer's acceptance criteria, docs/design.md §4, docs/writer.md):
 
 * SYNC flush: no acknowledged message is missing after a restart;
 * every record kept in the commit log is findable by every lookup kind through the store

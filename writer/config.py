@@ -1,5 +1,5 @@
 """The writer's settings. Names are ours; defaults and meaning follow RocketMQ's
-MessageStoreConfig where one exists (FORMAT.md §11)."""
+MessageStoreConfig where one exists (docs/format.md §11)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""UNIQ_KEY generation in RocketMQ's MessageClientIDSetter layout (FORMAT.md §5.2)."""
+"""UNIQ_KEY generation in RocketMQ's MessageClientIDSetter layout (docs/format.md §5.2)."""
 
 from __future__ import annotations
 

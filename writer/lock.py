@@ -1,4 +1,4 @@
-"""The store's ``lock`` file: one writer per directory (FORMAT.md §9).
+"""The store's ``lock`` file: one writer per directory (docs/format.md §9).
 
 Like Apache's broker, the writer takes an exclusive POSIX lock on byte range [0, 1) of
 ``lock`` and writes the ASCII bytes ``lock``; the lock dies with the process, so a killed

@@ -1,6 +1,6 @@
 """The writer's store: one process owns a store directory and appends to it.
 
-Append path (DESIGN.md §4): validate → encode → append to the commit log → dispatch to
+Append path (docs/design.md §4): validate → encode → append to the commit log → dispatch to
 consume queue and index → publish progress → (SYNC) wait for the group fsync → ack.
 Startup: take the lock, recover (cut a torn tail, drop queue units and index files past
 the end, re-dispatch what the queues and index lack), then mark the run with ``abort``.
@@ -35,7 +35,8 @@ from rmqstore.common.files.consumequeue import ConsumeQueueSet
 from rmqstore.common.files.index import IndexFileList
 from rmqstore.common.files.progress import ProgressPublisher
 from rmqstore.common.files.scan import ColumnScan
-from rmqstore.common.files.store import Dispatcher, StorePaths
+from rmqstore.common.files.geometry import record_geometry
+from rmqstore.common.files.store import Dispatcher, StorePaths, geometry_of
 from rmqstore.common.tracing import span
 from rmqstore.writer.background import PeriodicTask
 from rmqstore.writer.config import FlushPolicy, WriterConfig
@@ -236,6 +237,7 @@ class Writer:
 
     def _open(self) -> None:
         sizes = self.config.sizes
+        record_geometry(self.paths.config, geometry_of(sizes))
         self.unclean_start = os.path.exists(self.paths.abort)
         self.log = CommitLog(self.paths.commitlog, sizes.commitlog_file_size_bytes, writable=True)
         self.queues = ConsumeQueueSet(self.paths.consumequeue, sizes.cq_file_units, writable=True)

@@ -24,7 +24,7 @@
  * and raises its exact errors. So every error path and message is written once, in
  * Python, and tests compare both paths on the same bytes (tests/test_speedups.py).
  *
- * Layouts: FORMAT.md §3 (records) and §7 (index files), declared with their offsets in
+ * Layouts: docs/format.md §3 (records) and §7 (index files), declared with their offsets in
  * record.py and index.py; all integers big-endian.
  */
 #define PY_SSIZE_T_CLEAN
@@ -378,7 +378,7 @@ static PyObject *decode_record(PyObject *module, PyObject *const *args, Py_ssize
     return result;
 }
 
-/* Where the fields of a v1/v2 record lie (FORMAT.md §3). */
+/* Where the fields of a v1/v2 record lie (docs/format.md §3). */
 typedef struct {
     int version;
     int64_t total;
@@ -1931,7 +1931,7 @@ static inline void put_be32(unsigned char *p, uint32_t v) {
  * IndexFile.putKey for each key in order, entries numbered from start: the entry (keyHash,
  * phyOffset, timeDiff, prevIndex) first, then its slot, so a reader following a slot
  * always finds a written entry. timeDiff counts from begin_ts, except that when start
- * <= 1 every entry after the first counts from the first key's time (FORMAT.md §15 3a).
+ * <= 1 every entry after the first counts from the first key's time (docs/format.md §15 3a).
  * Returns how many keys began a chain (prevIndex 0: the header's hashSlotCount grows by
  * that); the header itself is the caller's. None, with nothing written, when a slot
  * already names an entry about to be written (a kill inside putKey: the Python path
@@ -2076,6 +2076,300 @@ done:
     return PyBool_FromLong(valid);
 }
 
+/* The wire form of SendBatchRequests (protos/rmqstore/v1/writer.proto), for a client that
+ * sends messages it holds as columns: each batch is `messages` entries (field 1) followed
+ * by compact_results = true (field 2), so the bytes go to gRPC as they are, without a
+ * protobuf object per message. Fields are written in field order, empty ones left out,
+ * as protobuf's own serializer does. */
+
+static inline Py_ssize_t varint_size(uint64_t value) {
+    Py_ssize_t size = 1;
+    while (value >= 0x80) {
+        value >>= 7;
+        size++;
+    }
+    return size;
+}
+
+static inline unsigned char *put_varint(unsigned char *p, uint64_t value) {
+    while (value >= 0x80) {
+        *p++ = (unsigned char)(value | 0x80);
+        value >>= 7;
+    }
+    *p++ = (unsigned char)value;
+    return p;
+}
+
+/* A length-delimited field: its size, and with out != NULL its bytes written there. */
+static inline Py_ssize_t put_bytes(unsigned char **out, unsigned char tag, const char *data, Py_ssize_t length) {
+    if (*out != NULL) {
+        unsigned char *p = *out;
+        *p++ = tag;
+        p = put_varint(p, (uint64_t)length);
+        memcpy(p, data, (size_t)length);
+        *out = p + length;
+    }
+    return 1 + varint_size((uint64_t)length) + length;
+}
+
+typedef struct {
+    PyObject **topics, **queue_ids, **bodies, **keys, **tags, **uniq_keys, **properties;
+} MessageColumns;
+
+/* Message i's fields: their size, written to *out when it is not NULL; -1 with an error set. */
+static Py_ssize_t message_fields(const MessageColumns *c, Py_ssize_t i, unsigned char **out) {
+    Py_ssize_t size = 0, length;
+    const char *text = PyUnicode_AsUTF8AndSize(c->topics[i], &length);
+    if (text == NULL) return -1;
+    if (length) size += put_bytes(out, 0x0A, text, length);
+    if (c->queue_ids[i] != Py_None) {
+        long long queue_id = PyLong_AsLongLong(c->queue_ids[i]);
+        if (queue_id == -1 && PyErr_Occurred()) return -1;
+        if (queue_id < INT32_MIN || queue_id > INT32_MAX) {
+            PyErr_SetString(PyExc_OverflowError, "a queue id is outside int32");
+            return -1;
+        }
+        uint64_t wire = (uint64_t)(int64_t)queue_id; /* int32 varints sign-extend to 64 bits */
+        if (*out != NULL) {
+            **out = 0x10;
+            *out = put_varint(*out + 1, wire);
+        }
+        size += 1 + varint_size(wire);
+    }
+    if (!PyBytes_Check(c->bodies[i])) {
+        PyErr_SetString(PyExc_TypeError, "bodies must be bytes");
+        return -1;
+    }
+    if (PyBytes_GET_SIZE(c->bodies[i]))
+        size += put_bytes(out, 0x1A, PyBytes_AS_STRING(c->bodies[i]), PyBytes_GET_SIZE(c->bodies[i]));
+    PyObject *keys = c->keys[i];
+    if (!PyList_Check(keys) && !PyTuple_Check(keys)) {
+        PyErr_SetString(PyExc_TypeError, "each message's keys must be a list or tuple");
+        return -1;
+    }
+    PyObject **items = PySequence_Fast_ITEMS(keys);
+    for (Py_ssize_t k = 0; k < PySequence_Fast_GET_SIZE(keys); k++) {
+        text = PyUnicode_AsUTF8AndSize(items[k], &length);
+        if (text == NULL) return -1;
+        size += put_bytes(out, 0x22, text, length);
+    }
+    text = PyUnicode_AsUTF8AndSize(c->tags[i], &length);
+    if (text == NULL) return -1;
+    if (length) size += put_bytes(out, 0x2A, text, length);
+    PyObject *properties = c->properties[i];
+    if (properties != Py_None) {
+        if (!PyDict_Check(properties)) {
+            PyErr_SetString(PyExc_TypeError, "properties must be dicts or None");
+            return -1;
+        }
+        Py_ssize_t position = 0;
+        PyObject *name, *value;
+        while (PyDict_Next(properties, &position, &name, &value)) {
+            Py_ssize_t name_length, value_length;
+            const char *name_text = PyUnicode_AsUTF8AndSize(name, &name_length);
+            if (name_text == NULL) return -1;
+            const char *value_text = PyUnicode_AsUTF8AndSize(value, &value_length);
+            if (value_text == NULL) return -1;
+            unsigned char *none = NULL;
+            Py_ssize_t entry = put_bytes(&none, 0x0A, name_text, name_length) + put_bytes(&none, 0x12, value_text, value_length);
+            if (*out != NULL) {
+                **out = 0x32;
+                *out = put_varint(*out + 1, (uint64_t)entry);
+                put_bytes(out, 0x0A, name_text, name_length);
+                put_bytes(out, 0x12, value_text, value_length);
+            }
+            size += 1 + varint_size((uint64_t)entry) + entry;
+        }
+    }
+    text = PyUnicode_AsUTF8AndSize(c->uniq_keys[i], &length);
+    if (text == NULL) return -1;
+    if (length) size += put_bytes(out, 0x3A, text, length);
+    return size;
+}
+
+static PyObject *encode_send_batches(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 8) {
+        PyErr_SetString(PyExc_TypeError, "encode_send_batches takes (topics, queue_ids, bodies, keys, tags, "
+                                         "uniq_keys, properties, batch_size)");
+        return NULL;
+    }
+    Py_ssize_t batch_size = PyLong_AsSsize_t(args[7]);
+    if (batch_size == -1 && PyErr_Occurred()) return NULL;
+    if (batch_size < 1) {
+        PyErr_SetString(PyExc_ValueError, "batch_size must be at least 1");
+        return NULL;
+    }
+    PyObject *columns[7] = {NULL};
+    const char *names[7] = {"topics", "queue_ids", "bodies", "keys", "tags", "uniq_keys", "properties"};
+    PyObject *batches = NULL;
+    for (int k = 0; k < 7; k++) {
+        columns[k] = PySequence_Fast(args[k], names[k]);
+        if (columns[k] == NULL) goto done;
+    }
+    Py_ssize_t count = PySequence_Fast_GET_SIZE(columns[0]);
+    for (int k = 1; k < 7; k++)
+        if (PySequence_Fast_GET_SIZE(columns[k]) != count) {
+            PyErr_SetString(PyExc_ValueError, "the columns differ in length");
+            goto done;
+        }
+    MessageColumns c = {
+        PySequence_Fast_ITEMS(columns[0]), PySequence_Fast_ITEMS(columns[1]), PySequence_Fast_ITEMS(columns[2]),
+        PySequence_Fast_ITEMS(columns[3]), PySequence_Fast_ITEMS(columns[4]), PySequence_Fast_ITEMS(columns[5]),
+        PySequence_Fast_ITEMS(columns[6]),
+    };
+    batches = PyList_New(0);
+    if (batches == NULL) goto done;
+    Py_ssize_t *message_sizes = PyMem_Malloc(sizeof(Py_ssize_t) * (size_t)(batch_size));
+    if (message_sizes == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t start = 0; start < count; start += batch_size) {
+        Py_ssize_t stop = start + batch_size < count ? start + batch_size : count, total = 2; /* compact_results */
+        for (Py_ssize_t i = start; i < stop; i++) {
+            unsigned char *none = NULL;
+            Py_ssize_t size = message_fields(&c, i, &none);
+            if (size < 0) {
+                PyMem_Free(message_sizes);
+                goto fail;
+            }
+            message_sizes[i - start] = size;
+            total += 1 + varint_size((uint64_t)size) + size;
+        }
+        PyObject *batch = PyBytes_FromStringAndSize(NULL, total);
+        if (batch == NULL) {
+            PyMem_Free(message_sizes);
+            goto fail;
+        }
+        unsigned char *p = (unsigned char *)PyBytes_AS_STRING(batch);
+        for (Py_ssize_t i = start; i < stop; i++) {
+            *p++ = 0x0A;
+            p = put_varint(p, (uint64_t)message_sizes[i - start]);
+            message_fields(&c, i, &p);
+        }
+        *p++ = 0x10;
+        *p++ = 0x01;
+        int appended = PyList_Append(batches, batch);
+        Py_DECREF(batch);
+        if (appended < 0) {
+            PyMem_Free(message_sizes);
+            goto fail;
+        }
+    }
+    PyMem_Free(message_sizes);
+    goto done;
+fail:
+    Py_CLEAR(batches);
+done:
+    for (int k = 0; k < 7; k++) Py_XDECREF(columns[k]);
+    return batches;
+}
+
+/* The columns of `rmqstore send --file`'s parsed JSON lines (a list of dicts): topics,
+ * queue ids, bodies (the text's UTF-8), keys, tags and uniq keys — or None as soon as a
+ * line is anything but plain (an unknown or other field, a value of another type, a queue
+ * id outside [0, 2^31 − 1]), which the caller then checks line by line to word the error. */
+
+static int field_is(PyObject *name, const char *text, Py_ssize_t length) {
+    return PyUnicode_IS_COMPACT_ASCII(name) && PyUnicode_GET_LENGTH(name) == length &&
+           memcmp(PyUnicode_1BYTE_DATA(name), text, (size_t)length) == 0;
+}
+
+static PyObject *json_columns(PyObject *module, PyObject *documents) {
+    if (!PyList_Check(documents)) {
+        PyErr_SetString(PyExc_TypeError, "json_columns takes a list");
+        return NULL;
+    }
+    Py_ssize_t count = PyList_GET_SIZE(documents);
+    PyObject *columns[6] = {NULL};
+    PyObject *empty_text = PyUnicode_FromStringAndSize("", 0), *empty_body = PyBytes_FromStringAndSize("", 0);
+    PyObject *result = NULL;
+    if (empty_text == NULL || empty_body == NULL) goto done;
+    for (int c = 0; c < 6; c++) {
+        columns[c] = PyList_New(count);
+        if (columns[c] == NULL) goto done;
+    }
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *document = PyList_GET_ITEM(documents, i);
+        if (!PyDict_CheckExact(document)) goto plain_no;
+        PyObject *topic = NULL, *queue_id = Py_None, *body = empty_body, *keys = NULL, *tags = empty_text,
+                 *uniq_key = empty_text;
+        PyObject *name, *value;
+        Py_ssize_t position = 0;
+        int owned_body = 0;
+        while (PyDict_Next(document, &position, &name, &value)) {
+            if (!PyUnicode_Check(name)) goto no_line;
+            if (field_is(name, "topic", 5)) {
+                if (!PyUnicode_CheckExact(value)) goto no_line;
+                topic = value;
+            } else if (field_is(name, "body", 4)) {
+                if (!PyUnicode_CheckExact(value)) goto no_line;
+                Py_ssize_t length;
+                const char *text = PyUnicode_AsUTF8AndSize(value, &length);
+                if (text == NULL) goto failed_line;
+                if (owned_body) Py_DECREF(body);
+                body = PyBytes_FromStringAndSize(text, length);
+                if (body == NULL) goto failed_line;
+                owned_body = 1;
+            } else if (field_is(name, "keys", 4)) {
+                if (!PyList_CheckExact(value)) goto no_line;
+                for (Py_ssize_t k = 0; k < PyList_GET_SIZE(value); k++)
+                    if (!PyUnicode_CheckExact(PyList_GET_ITEM(value, k))) goto no_line;
+                keys = value;
+            } else if (field_is(name, "tags", 4)) {
+                if (!PyUnicode_CheckExact(value)) goto no_line;
+                tags = value;
+            } else if (field_is(name, "uniqKey", 7)) {
+                if (!PyUnicode_CheckExact(value)) goto no_line;
+                uniq_key = value;
+            } else if (field_is(name, "queueId", 7)) {
+                if (value == Py_None) continue;
+                if (!PyLong_CheckExact(value)) goto no_line;
+                int overflow;
+                long long id = PyLong_AsLongLongAndOverflow(value, &overflow);
+                if (overflow || id < 0 || id > INT32_MAX) goto no_line;
+                queue_id = value;
+            } else {
+                goto no_line;
+            }
+        }
+        if (topic == NULL) goto no_line;
+        PyObject *row[6] = {topic, queue_id, body, keys, tags, uniq_key};
+        for (int c = 0; c < 6; c++) {
+            if (c == 3 && keys == NULL) {
+                row[3] = PyList_New(0);
+                if (row[3] == NULL) goto failed_line;
+            } else if (!(c == 2 && owned_body)) {
+                Py_INCREF(row[c]);
+            }
+            PyList_SET_ITEM(columns[c], i, row[c]);
+            if (c == 2) owned_body = 0; /* the column holds it now */
+        }
+        continue;
+    no_line:
+        if (owned_body) Py_DECREF(body);
+        goto plain_no;
+    failed_line:
+        if (owned_body) Py_DECREF(body);
+        goto done;
+    }
+    result = PyTuple_New(6);
+    if (result == NULL) goto done;
+    for (int c = 0; c < 6; c++) {
+        PyTuple_SET_ITEM(result, c, columns[c]);
+        columns[c] = NULL;
+    }
+    goto done;
+plain_no:
+    result = Py_None;
+    Py_INCREF(result);
+done:
+    for (int c = 0; c < 6; c++) Py_XDECREF(columns[c]);
+    Py_XDECREF(empty_text);
+    Py_XDECREF(empty_body);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"java_string_hash", (PyCFunction)java_string_hash, METH_O, "String.hashCode of a str, as a signed int32."},
     {"index_key_hash", (PyCFunction)(void (*)(void))index_key_hash, METH_FASTCALL,
@@ -2111,6 +2405,11 @@ static PyMethodDef methods[] = {
      "encode_common_properties(order, keys, tags, uniq_keys) -> list[bytes]."},
     {"index_put_keys", (PyCFunction)(void (*)(void))index_put_keys, METH_FASTCALL,
      "index_put_keys(buf, slots, start, begin_ts, key_hashes, phy_offsets, timestamps) -> new_slots | None."},
+    {"json_columns", (PyCFunction)json_columns, METH_O,
+     "json_columns(documents) -> (topics, queue_ids, bodies, keys, tags, uniq_keys) | None."},
+    {"encode_send_batches", (PyCFunction)(void (*)(void))encode_send_batches, METH_FASTCALL,
+     "encode_send_batches(topics, queue_ids, bodies, keys, tags, uniq_keys, properties, batch_size) -> list[bytes]:"
+     " serialized SendBatchRequests asking for compact results."},
     {"screen_batch", (PyCFunction)(void (*)(void))screen_batch, METH_FASTCALL,
      "screen_batch(bodies, keys, tags, uniq_keys, queue_ids, max_body, max_keys, max_key_length, max_tags_length)"
      " -> bool."},

@@ -1,4 +1,4 @@
-"""The checkpoint file (FORMAT.md §8): three int64 times in a 4096-byte file.
+"""The checkpoint file (docs/format.md §8): three int64 times in a 4096-byte file.
 
     0   physicMsgTimestamp   int64   store time of flushed commit log data
     8   logicsMsgTimestamp   int64   store time of the last record dispatched to a queue

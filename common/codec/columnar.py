@@ -1,4 +1,4 @@
-"""Commit log records decoded in bulk, column by column (FORMAT.md §3), for scans.
+"""Commit log records decoded in bulk, column by column (docs/format.md §3), for scans.
 
 The rules are :func:`record.decode_record`'s (and ``CommitLog``'s check that a record's
 PHYSICALOFFSET is where it lies), applied to many records at once in two steps:

@@ -1,4 +1,4 @@
-"""Consume queue units (FORMAT.md §6) and the tagsCode rule (§6.2).
+"""Consume queue units (docs/format.md §6) and the tagsCode rule (§6.2).
 
 A unit is 20 bytes:
 

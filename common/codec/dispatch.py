@@ -1,8 +1,8 @@
 """The one dispatch definition: a commit log record → its consume queue unit and index keys.
 
-Dispatch is a pure function of the record (DESIGN.md §3). The writer's online dispatch,
+Dispatch is a pure function of the record (docs/design.md §3). The writer's online dispatch,
 crash recovery and the batch reindex all call :func:`plan_dispatch`, so their consume queues
-and indexes are identical. Rules (FORMAT.md §6.1, §6.2, §7.4, store/CommitLog.java and
+and indexes are identical. Rules (docs/format.md §6.1, §6.2, §7.4, store/CommitLog.java and
 store/index/IndexService.java, 4.9.8):
 
 * only NOT and COMMIT records get a consume queue unit, at their QUEUEOFFSET;

@@ -1,4 +1,4 @@
-"""Index files (FORMAT.md §7): a 40-byte header, hashSlotNum int32 slots, indexNum entries.
+"""Index files (docs/format.md §7): a 40-byte header, hashSlotNum int32 slots, indexNum entries.
 
 Header:
 

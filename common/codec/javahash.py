@@ -1,8 +1,8 @@
 """Java's String.hashCode, the index key hash and java.util.HashMap iteration order.
 
-RocketMQ hashes Java strings, i.e. UTF-16 code units, never UTF-8 bytes (FORMAT.md §6.2,
+RocketMQ hashes Java strings, i.e. UTF-16 code units, never UTF-8 bytes (docs/format.md §6.2,
 §7.2). A byte-exact writer also has to reproduce the order in which a Java HashMap iterates
-its keys, because the broker serializes message properties from one (FORMAT.md §3.6).
+its keys, because the broker serializes message properties from one (docs/format.md §3.6).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Message ids (FORMAT.md §5): the offsetMsgId and the client's UNIQ_KEY."""
+"""Message ids (docs/format.md §5): the offsetMsgId and the client's UNIQ_KEY."""
 
 from __future__ import annotations
 
@@ -126,7 +126,7 @@ def uniq_key_time_field(now_ms: int, month_start: int) -> int:
 def nearly_time_from_id(uniq_key: str, now_ms: int, zone: dt.tzinfo) -> int:
     """getNearlyTimeFromID: the reader's month start plus the id's (unsigned) time field,
     one month earlier if that lands at or after ``now_ms``. Zone-dependent by design of the
-    reference (FORMAT.md §15 flaw 4); rmqstore never uses it to bound a lookup."""
+    reference (docs/format.md §15 flaw 4); rmqstore never uses it to bound a lookup."""
     span = decode_uniq_key(uniq_key).time_since_month_ms
     start = month_start_ms(now_ms, zone)
     if start + span >= now_ms:

@@ -1,4 +1,4 @@
-"""Message properties: ``name 0x01 value`` pairs joined by 0x02 (FORMAT.md §3.6)."""
+"""Message properties: ``name 0x01 value`` pairs joined by 0x02 (docs/format.md §3.6)."""
 
 from __future__ import annotations
 
@@ -116,7 +116,7 @@ def encode_messages_properties(
 
 
 def split_keys(keys: str | None) -> list[str]:
-    """The non-empty space-separated parts of a KEYS value, repeats kept (FORMAT.md §7.4)."""
+    """The non-empty space-separated parts of a KEYS value, repeats kept (docs/format.md §7.4)."""
     if not keys:
         return []
     return [part for part in keys.split(KEY_SEPARATOR) if part]

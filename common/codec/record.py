@@ -1,4 +1,4 @@
-"""Commit log records (FORMAT.md §3): v1 encode, v1 and v2 decode, and the BLANK filler.
+"""Commit log records (docs/format.md §3): v1 encode, v1 and v2 decode, and the BLANK filler.
 
 Layout of a record (all big-endian; b and s are the born/store host widths, 8 or 20):
 
@@ -130,7 +130,7 @@ _address = functools.lru_cache(maxsize=4096)(SocketAddress)
 
 @dataclass(slots=True)
 class Record:
-    """One commit log message, decoded. Names follow FORMAT.md with units last."""
+    """One commit log message, decoded. Names follow docs/format.md with units last."""
 
     topic: str
     body: bytes = b""

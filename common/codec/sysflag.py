@@ -1,4 +1,4 @@
-"""sysFlag bits of a commit log record (FORMAT.md §3.3)."""
+"""sysFlag bits of a commit log record (docs/format.md §3.3)."""
 
 from __future__ import annotations
 

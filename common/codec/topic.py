@@ -1,4 +1,4 @@
-"""Topic rules (FORMAT.md §12, common/topic/TopicValidator.java, 4.9.8).
+"""Topic rules (docs/format.md §12, common/topic/TopicValidator.java, 4.9.8).
 
 A valid topic is 1–127 characters from ``[%|a-zA-Z0-9_-]``, so it can never name a path
 outside the store: no ``/``, no ``.``, no ``..``.

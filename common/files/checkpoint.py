@@ -1,4 +1,4 @@
-"""The ``checkpoint`` file: read it, and write it in place as RocketMQ does (FORMAT.md §8)."""
+"""The ``checkpoint`` file: read it, and write it in place as RocketMQ does (docs/format.md §8)."""
 
 from __future__ import annotations
 

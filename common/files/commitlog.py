@@ -1,4 +1,4 @@
-"""The commit log: records appended across fixed-size files (FORMAT.md §3, §3.4, §10).
+"""The commit log: records appended across fixed-size files (docs/format.md §3, §3.4, §10).
 
 Scanning follows the recovery contract:
 
@@ -113,7 +113,7 @@ class KeyMatch:
     def compiled(self) -> tuple[bytes, bytes, int, int, int, int] | None:
         """The compiled read_records' form, which compares bytes. None where bytes would
         not decide as texts do: a topic outside ASCII, or a key holding U+FFFD, which a
-        KEYS part with invalid UTF-8 decodes to (FORMAT.md §4, decoded with "replace")."""
+        KEYS part with invalid UTF-8 decodes to (docs/format.md §4, decoded with "replace")."""
         if not self.topic.isascii() or "\ufffd" in self.key:
             return None
         try:
@@ -444,7 +444,7 @@ class CommitLog:
         self.flushed_offset = min(self.flushed_offset, offset)
 
     def append(self, encoded: Sequence[bytearray], queue_offsets: Sequence[int]) -> list[int]:
-        """Append encoded records as one unit that never spans files (FORMAT.md §3.4).
+        """Append encoded records as one unit that never spans files (docs/format.md §3.4).
 
         Each record's PHYSICALOFFSET and QUEUEOFFSET are set where it lands. If the unit
         and an 8-byte BLANK do not fit in the current file, the BLANK is written and the

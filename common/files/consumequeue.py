@@ -1,4 +1,4 @@
-"""Consume queues: one directory of 20-byte unit files per topic and queue (FORMAT.md §6)."""
+"""Consume queues: one directory of 20-byte unit files per topic and queue (docs/format.md §6)."""
 
 from __future__ import annotations
 

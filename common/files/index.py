@@ -1,7 +1,7 @@
-"""Index files: hash slots and chained entries, newest file last (FORMAT.md §7).
+"""Index files: hash slots and chained entries, newest file last (docs/format.md §7).
 
 :class:`IndexFile` writes exactly the bytes Apache's IndexFile writes, first-entry time
-quirk included (FORMAT.md §15 flaw 3a), so reindexed files are byte-identical.
+quirk included (docs/format.md §15 flaw 3a), so reindexed files are byte-identical.
 :class:`IndexFileList` is IndexService: which file a key goes to, when a new file starts,
 and Apache's lookup (``query_offsets``). Exact, complete lookups build on :meth:`chain`.
 """
@@ -73,7 +73,7 @@ class IndexFile:
 
     @classmethod
     def create(cls, path: str, slots: int, entries: int, *, prev_end_phy_offset: int, prev_end_timestamp_ms: int) -> IndexFile:
-        """A new file whose header starts at the previous file's end (FORMAT.md §7.6),
+        """A new file whose header starts at the previous file's end (docs/format.md §7.6),
         written before the file appears under its name."""
         initial: list[tuple[int, bytes]] = []
         if prev_end_phy_offset > 0:
@@ -181,7 +181,7 @@ class IndexFile:
         same_as_before = sorted_slots[1:] == sorted_slots[:-1]
         previous[order[1:][same_as_before]] = numbers[order[:-1][same_as_before]]
         begin_ts = np.full(count, timestamps_ms[0] if start <= 1 else self._begin_ts, dtype=np.int64)
-        begin_ts[0] = self._begin_ts  # the first entry of a file sees the old begin (FORMAT.md §15 3a)
+        begin_ts[0] = self._begin_ts  # the first entry of a file sees the old begin (docs/format.md §15 3a)
         delta = timestamps_ms[:count] - begin_ts
         time_diff = np.clip(np.sign(delta) * (np.abs(delta) // 1000), 0, ix.INT32_MAX)
         time_diff[begin_ts <= 0] = 0
@@ -456,7 +456,7 @@ class IndexFileList:
         if commitlog_offset < indexed_up_to:
             return 0
         if commitlog_offset == indexed_up_to:
-            # Apache re-indexes this record whole (FORMAT.md §15 flaw 1c); rmqstore puts
+            # Apache re-indexes this record whole (docs/format.md §15 flaw 1c); rmqstore puts
             # only the keys a crash kept it from putting.
             present = self._hashes_at(commitlog_offset)
             hashes = [h for h in hashes if not _take(present, h)]

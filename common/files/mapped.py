@@ -1,4 +1,4 @@
-"""Fixed-size memory-mapped files named by their start offset (FORMAT.md §4).
+"""Fixed-size memory-mapped files named by their start offset (docs/format.md §4).
 
 A :class:`MappedFile` is one file of exactly ``file_size_bytes``; a
 :class:`MappedFileQueue` is a directory of them named by 20-digit start offsets, each

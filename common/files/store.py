@@ -8,7 +8,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
-
 from rmqstore.common.codec import consumequeue as cq
 from rmqstore.common.codec import index as ix
 from rmqstore.common.codec.columnar import RecordColumns
@@ -23,13 +22,14 @@ from rmqstore.common.codec.record import Record
 from rmqstore.common.errors import Corruption, InvalidArgument
 from rmqstore.common.files.commitlog import DEFAULT_FILE_SIZE_BYTES, CommitLog, ScanStop
 from rmqstore.common.files.consumequeue import ConsumeQueueSet, infer_file_units
+from rmqstore.common.files.geometry import Geometry, infer_index_geometry, read_geometry
 from rmqstore.common.files.index import IndexFileList
 from rmqstore.common.files.scan import ColumnScan
 
 
 @dataclass(frozen=True, slots=True)
 class StorePaths:
-    """FORMAT.md §1."""
+    """docs/format.md §1."""
 
     root: str
 
@@ -64,7 +64,7 @@ class StorePaths:
 
 @dataclass(frozen=True, slots=True)
 class StoreSizes:
-    """File geometry; RocketMQ's defaults (FORMAT.md §11) unless set."""
+    """File geometry; RocketMQ's defaults (docs/format.md §11) unless set."""
 
     commitlog_file_size_bytes: int = DEFAULT_FILE_SIZE_BYTES
     cq_file_units: int = cq.DEFAULT_FILE_UNITS
@@ -93,6 +93,15 @@ def infer_commitlog_file_size(directory: str) -> int | None:
     return sizes.pop()
 
 
+def infer_index_file_size(directory: str) -> int | None:
+    """The size of the first index file on disk, if there is one."""
+    try:
+        names = sorted(n for n in os.listdir(directory) if ix.is_file_name(n))
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    return os.path.getsize(os.path.join(directory, names[0])) if names else None
+
+
 def resolve_sizes(
     root: str,
     *,
@@ -101,11 +110,24 @@ def resolve_sizes(
     index_slots: int | None = None,
     index_entries: int | None = None,
 ) -> StoreSizes:
-    """Sizes given explicitly win; otherwise the sizes of the files on disk; otherwise
-    RocketMQ's defaults. Index geometry cannot be read off a file (its size has two
-    unknowns), so it is the default unless given."""
+    """Sizes given explicitly win; then the geometry the writer recorded in ``config/``;
+    then what the files on disk say (an index file's size read at RocketMQ's four entries
+    per slot, when neither index flag is given); then RocketMQ's defaults."""
     paths = StorePaths(root)
     defaults = StoreSizes()
+    recorded = read_geometry(paths.config)
+    if recorded is not None:
+        return StoreSizes(
+            commitlog_file_size_bytes=commitlog_file_size_bytes or recorded.commitlog_file_size_bytes,
+            cq_file_units=cq_file_units or recorded.cq_file_units,
+            index_slots=index_slots or recorded.index_slots,
+            index_entries=index_entries or recorded.index_entries,
+        )
+    if index_slots is None and index_entries is None:
+        index_bytes = infer_index_file_size(paths.index)
+        inferred = None if index_bytes is None else infer_index_geometry(index_bytes)
+        if inferred is not None:
+            index_slots, index_entries = inferred
     return StoreSizes(
         commitlog_file_size_bytes=commitlog_file_size_bytes
         or infer_commitlog_file_size(paths.commitlog)
@@ -114,6 +136,10 @@ def resolve_sizes(
         index_slots=index_slots or defaults.index_slots,
         index_entries=index_entries or defaults.index_entries,
     )
+
+
+def geometry_of(sizes: StoreSizes) -> Geometry:
+    return Geometry(sizes.commitlog_file_size_bytes, sizes.cq_file_units, sizes.index_slots, sizes.index_entries)
 
 
 # A queue's share of a dispatch batch up to this many units is written from the batch's

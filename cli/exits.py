@@ -1,0 +1,166 @@
+"""The command line's one table of exit codes, the one-line error every failure becomes, and
+the argument types that refuse bad numbers before anything runs.
+
+Every command ends through :func:`exit_code_for`: a store error, a gRPC status from a node,
+an OS error or an interrupt is printed as one ``rmqstore: error: …`` line on stderr and
+mapped to the same code whether the command ran against a node (``--endpoint``) or a
+directory (``--store``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Callable
+from typing import NoReturn
+
+import grpc
+from rmqstore.common import errors
+
+EXIT_OK = 0
+# Check failed, or a dump or reindex stopped at corruption.
+EXIT_DISAGREE = 1
+# Bad arguments, or a store that is missing, unreadable or of other sizes.
+EXIT_USAGE = 2
+# An unknown topic, queue or id, or no message at an offset.
+EXIT_NOT_FOUND = 3
+# Ctrl-C: the code shells give a process that SIGINT ended (128 + 2).
+EXIT_INTERRUPTED = 130
+
+PREFIX = "rmqstore: error: "
+
+# gRPC statuses a node answers with, to exit codes (the reverse of service.errors' table).
+STATUS_EXITS = {
+    grpc.StatusCode.NOT_FOUND: EXIT_NOT_FOUND,
+    grpc.StatusCode.OUT_OF_RANGE: EXIT_NOT_FOUND,
+    grpc.StatusCode.DATA_LOSS: EXIT_DISAGREE,
+}
+
+
+class LocalRpcError(Exception):
+    """The status a servicer run in process (``--store``) aborted with, shaped like the
+    ``grpc.RpcError`` a node's answer raises, so both take one path to an exit code."""
+
+    def __init__(self, code: grpc.StatusCode, details: str):
+        super().__init__(details)
+        self._code = code
+        self._details = details
+
+    def code(self) -> grpc.StatusCode:
+        return self._code
+
+    def details(self) -> str:
+        return self._details
+
+
+def fail(message: str) -> None:
+    """Print one error line (newlines inside folded, so it stays one line)."""
+    print(PREFIX + " ".join(message.split("\n")), file=sys.stderr, flush=True)
+
+
+def status_exit(error: grpc.RpcError | LocalRpcError, note: str = "") -> int:
+    """Report a node's (or the in-process servicer's) status, with ``note`` after it on the
+    same line; its exit code."""
+    code: grpc.StatusCode = error.code()
+    details = error.details() or ""
+    if code == grpc.StatusCode.UNAVAILABLE:
+        details = f"no node answers ({details})"
+    fail(f"{code.name}: {details}{note}")
+    return STATUS_EXITS.get(code, EXIT_USAGE)
+
+
+def store_error_exit(error: errors.StoreError) -> int:
+    fail(str(error))
+    if isinstance(error, (errors.NotFound, errors.OutOfRange)):
+        return EXIT_NOT_FOUND
+    if isinstance(error, errors.Corruption):
+        return EXIT_DISAGREE
+    return EXIT_USAGE
+
+
+def os_error_exit(error: OSError) -> int:
+    if error.filename is not None and error.strerror:
+        fail(f"{error.filename}: {error.strerror}")
+    else:
+        fail(str(error) or type(error).__name__)
+    return EXIT_USAGE
+
+
+# Directories named on the command line.
+
+
+def existing_store(path: str, option: str) -> str:
+    """A store directory a read-only command opens: it must exist and be a directory (an
+    empty or missing directory would otherwise read as an empty store)."""
+    if not os.path.exists(path):
+        raise errors.InvalidArgument(f"{option} {path}: no such directory")
+    if not os.path.isdir(path):
+        raise errors.InvalidArgument(f"{option} {path}: not a directory")
+    if not os.access(path, os.R_OK | os.X_OK):
+        raise errors.InvalidArgument(f"{option} {path}: cannot read the directory")
+    return path
+
+
+def creatable_dir(path: str, option: str) -> str:
+    """A directory a command may create: missing, or an existing directory."""
+    if os.path.lexists(path) and not os.path.isdir(path):
+        raise errors.InvalidArgument(f"{option} {path}: not a directory")
+    return path
+
+
+# Argument types: a number protobuf or the store cannot hold is refused by argparse, naming
+# the flag, instead of surfacing later as a ValueError from deep inside a request.
+
+INT32_MAX = 2**31 - 1
+INT64_MAX = 2**63 - 1
+
+
+def _bounded(kind: str, low: int, high: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"{value} is outside [{low}, {high}] ({kind})")
+        return value
+
+    parse.__name__ = kind
+    return parse
+
+
+queue_id = _bounded("a queue id", 0, INT32_MAX)
+offset = _bounded("an offset", 0, INT64_MAX)
+epoch_ms = _bounded("epoch milliseconds", 0, INT64_MAX)
+port = _bounded("a TCP port", 0, 65535)
+positive = _bounded("a count of at least 1", 1, INT32_MAX)
+size = _bounded("a size of at least 1", 1, INT64_MAX)
+
+
+def _bounded_real(kind: str, low: float, high: float, low_open: bool = False) -> Callable[[str], float]:
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if not (low < value if low_open else low <= value) or not value <= high:
+            interval = f"{'(' if low_open else '['}{low:g}, {high:g}]"
+            raise argparse.ArgumentTypeError(f"{text} is outside {interval} ({kind})")
+        return value
+
+    parse.__name__ = kind
+    return parse
+
+
+ratio = _bounded_real("a share of the disk", 0.0, 1.0)
+seconds = _bounded_real("seconds", 0.0, 1e9, low_open=True)
+hours = _bounded_real("hours", 0.0, 1e9)
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, with usage errors as one line and exit code 2 like every other failure."""
+
+    def error(self, message: str) -> NoReturn:
+        fail(f"{self.prog.removeprefix('rmqstore').strip() or 'rmqstore'}: {message} (see {self.prog} --help)")
+        sys.exit(EXIT_USAGE)

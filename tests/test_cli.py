@@ -1,0 +1,698 @@
+"""The command line an operator trusts: one error line and a code from the exit table for
+every failure, the same through a node and on a directory; mqadmin's commands; the
+geometry file; ``send``'s flags. A real writer and query node serve the module's store."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import pty
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from conftest import CLEAN, FIXTURE_SIZE_ARGS
+from rmqstore.cli.demo import Node
+from rmqstore.cli.main import build_parser, main
+from rmqstore.common.codec import index as ix
+from rmqstore.common.errors import InvalidArgument
+from rmqstore.common.files.geometry import FILE_NAME as GEOMETRY_FILE
+from rmqstore.common.files.geometry import (
+    Geometry,
+    infer_index_geometry,
+    record_geometry,
+)
+
+# Sizes unlike RocketMQ's defaults and, for the index, unlike its 1:4 ratio: only the
+# writer's geometry file can tell them to a tool.
+SIZE_ARGS = ["--commitlog-file-size", "65536", "--cq-file-units", "50", "--index-slots", "64", "--index-entries", "200"]
+TOPIC = "Orders"
+MESSAGES = [
+    {"topic": TOPIC, "body": f"order {n}", "keys": [f"order-{n}", "shared"], "tags": "created", "queueId": n % 2}
+    for n in range(6)
+]
+
+
+def rmqstore(*args: str) -> list[str]:
+    return [sys.executable, "-m", "rmqstore.cli.main", *args]
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    """``rmqstore argv`` in this process: its exit code, stdout and stderr."""
+    try:
+        code = main(list(argv))
+    except SystemExit as exit:
+        code = int(exit.code or 0)
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+@dataclass
+class Cluster:
+    store: Path
+    writer: Node
+    query: Node
+    acks: list[dict[str, object]]
+
+    def where(self) -> dict[str, list[str]]:
+        """The two places a lookup runs: a node, and the directory (no size flags: the
+        writer's geometry file gives them)."""
+        return {"endpoint": ["--endpoint", self.query.endpoint], "store": ["--store", str(self.store)]}
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    root = tmp_path_factory.mktemp("cli")
+    store = root / "store"
+    writer = Node("writer", rmqstore("writer", "serve", "--store", str(store), "--port", "0", "--flush", "sync", *SIZE_ARGS))
+    nodes = [writer]
+    try:
+        lines = root / "messages.jsonl"
+        lines.write_text("".join(json.dumps(m) + "\n" for m in MESSAGES), encoding="utf-8")
+        done = subprocess.run(
+            rmqstore("send", "--endpoint", writer.endpoint, "--file", str(lines)), capture_output=True, text=True, timeout=60, check=False
+        )
+        assert done.returncode == 0, done.stderr
+        acks = [json.loads(line) for line in done.stdout.splitlines()]
+        # The query node is given no size flags either.
+        query = Node("query node", rmqstore("query", "serve", "--store", str(store), "--port", "0"))
+        nodes.append(query)
+        yield Cluster(store, writer, query, acks)
+    finally:
+        for node in reversed(nodes):
+            node.stop()
+
+
+# The exit table, one test per row, each the same through a node and on the directory.
+
+
+def both(cluster: Cluster, capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    results = {place: run(capsys, *argv, *args) for place, args in cluster.where().items()}
+    assert results["endpoint"] == results["store"], argv
+    return results["endpoint"]
+
+
+def test_exit_0_success(cluster: Cluster, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = both(cluster, capsys, "queryMsgByOffset", "-t", TOPIC, "-i", "1", "-o", "0", "--json")
+    assert (code, err) == (0, "")
+    assert json.loads(out)["msgId"] == cluster.acks[1]["offsetMsgId"]
+
+
+def test_exit_1_the_data_disagrees(clean_copy: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (clean_copy / "index" / "20261122030252879").unlink()
+    code, out, err = run(capsys, "check", str(clean_copy), *FIXTURE_SIZE_ARGS)
+    assert code == 1 and err == ""
+    assert out.splitlines()[0].startswith("FAIL: ")
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["queryMsgByKey", "-t", TOPIC], "queryMsgByKey: the following arguments are required: -k/--key (see rmqstore queryMsgByKey --help)"),
+        (["queryMsgByOffset", "-t", TOPIC, "-i", "0", "-o", "99999999999999999999"],
+         ("queryMsgByOffset: argument -o/--offset: 99999999999999999999 is outside [0, 9223372036854775807] (an offset) "
+          "(see rmqstore queryMsgByOffset --help)")),
+        (["queryMsgByKey", "-t", "no topic", "-k", "k"], "INVALID_ARGUMENT: the topic 'no topic' contains characters outside [%|a-zA-Z0-9_-]"),
+    ],
+    ids=["missing-flag", "number-out-of-range", "bad-topic"],
+)
+def test_exit_2_usage(cluster: Cluster, capsys: pytest.CaptureFixture[str], argv: list[str], message: str) -> None:
+    code, out, err = both(cluster, capsys, *argv)
+    assert (code, out, err) == (2, "", f"rmqstore: error: {message}\n")
+
+
+@pytest.mark.parametrize("place", ["positional", "flag"])
+def test_exit_2_missing_or_unreadable_store(tmp_path: Path, capsys: pytest.CaptureFixture[str], place: str) -> None:
+    missing, a_file = tmp_path / "nowhere", tmp_path / "f"
+    a_file.write_text("x")
+    for command in (["check"], ["inspect"], ["dump", "commitlog"], ["dump", "consumequeue"], ["reindex", "--out", str(tmp_path / "o")]):
+        for path, why in ((missing, "no such directory"), (a_file, "not a directory")):
+            where = [str(path)] if place == "positional" else ["--store", str(path)]
+            assert run(capsys, *command, *where) == (2, "", f"rmqstore: error: store directory {path}: {why}\n"), command
+    for lookup in (["queryMsgByKey", "-t", "T", "-k", "k"], ["topicList"]):
+        assert run(capsys, *lookup, "--store", str(a_file)) == (2, "", f"rmqstore: error: --store {a_file}: not a directory\n")
+    assert not (tmp_path / "o").exists()
+
+
+def test_exit_2_wrong_sizes(capsys: pytest.CaptureFixture[str]) -> None:
+    queue_file = CLEAN / "consumequeue" / "OrderTopic" / "0" / "00000000000000000000"
+    assert run(capsys, "check", str(CLEAN), *FIXTURE_SIZE_ARGS, "--cq-file-units", "100") == (
+        2,
+        "",
+        f"rmqstore: error: consume queue file {queue_file} is 4000 bytes, but 100 units make 2000; pass the store's --cq-file-units\n",
+    )
+    index_file = CLEAN / "index" / "20261122030251622"
+    for command in (["check"], ["inspect"], ["reindex", "--out", "/nonexistent/out"]):
+        assert run(capsys, *command, str(CLEAN)) == (
+            2,
+            "",
+            (
+                f"rmqstore: error: index file {index_file} is 32040 bytes, but 5000000 slots and 20000000 entries make "
+                "420000040; pass the store's --index-slots and --index-entries\n"
+            ),
+        )
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["queryMsgByKey", "-t", "Nope", "-k", "shared"], "topic Nope does not exist in this store"),
+        (["queryMsgByUniqueKey", "-t", "Nope", "-i", "ABC"], "topic Nope does not exist in this store"),
+        (["topicStatus", "-t", "Nope"], "topic Nope does not exist in this store"),
+        (["printMsg", "-t", "Nope"], "topic Nope does not exist in this store"),
+        (["queryMsgByOffset", "-t", "Nope", "-i", "0", "-o", "0"], "NOT_FOUND: topic Nope does not exist in this store"),
+        (["queryMsgByOffset", "-t", TOPIC, "-i", "9", "-o", "0"], f"NOT_FOUND: topic {TOPIC} has no queue 9 in this store"),
+        (["queryMsgByOffset", "-t", TOPIC, "-i", "0", "-o", "99"], f"OUT_OF_RANGE: queue offset 99 of {TOPIC}/0 is outside [0, 3)"),
+        (["searchOffset", "-t", TOPIC, "-q", "7", "--timestamp", "0"], f"NOT_FOUND: topic {TOPIC} has no queue 7 in this store"),
+    ],
+    ids=["key-topic", "uniq-topic", "status-topic", "print-topic", "offset-topic", "queue", "offset", "search-queue"],
+)
+def test_exit_3_not_found(cluster: Cluster, capsys: pytest.CaptureFixture[str], argv: list[str], message: str) -> None:
+    assert both(cluster, capsys, *argv) == (3, "", f"rmqstore: error: {message}\n")
+
+
+def test_exit_3_unknown_ids(cluster: Cluster, capsys: pytest.CaptureFixture[str]) -> None:
+    uniq = "7F000001000000000000000000000000"
+    assert both(cluster, capsys, "queryMsgByUniqueKey", "-t", TOPIC, "-i", uniq) == (
+        3, "", f"rmqstore: error: NOT_FOUND: no message with unique key {uniq} in topic {TOPIC}\n"
+    )
+    code, out, err = both(cluster, capsys, "queryMsgById", "-i", str(cluster.acks[0]["offsetMsgId"])[:-4] + "FFFF")
+    assert (code, out) == (3, "") and err.startswith("rmqstore: error: NOT_FOUND: no message with msgId ") and err.count("\n") == 1
+
+
+def test_an_empty_answer_in_a_known_topic_is_success(cluster: Cluster, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = both(cluster, capsys, "queryMsgByKey", "-t", TOPIC, "-k", "no-such-key")
+    assert (code, err) == (0, "") and out.split() == ["#Message", "ID", "#QID", "#Offset"]
+
+
+# Every command with a representative bad input: one line, a code from the table, no traceback.
+
+BAD_INPUTS: dict[str, list[str]] = {
+    "dump commitlog": ["dump", "commitlog", "{missing}"],
+    "dump consumequeue": ["dump", "consumequeue", "{file}"],
+    "reindex": ["reindex", "{empty}", "--out", "{tmp}/out"],
+    "inspect": ["inspect", "{file}"],
+    "check": ["check", "{missing}"],
+    "writer serve": ["writer", "serve", "--store", "{file}"],
+    "send": ["send", "--endpoint", "{writer}", "-t", "T", "--body", "x", "-q", "99999999999"],
+    "query serve": ["query", "serve", "--store", "{missing}"],
+    "queryMsgByKey": ["queryMsgByKey", "--store", "{store}", "-t", "T", "-k", "k", "--begin", "99999999999999999999"],
+    "queryMsgByUniqueKey": ["queryMsgByUniqueKey", "--endpoint", "{query}", "-t", "bad topic", "-i", "x"],
+    "queryMsgById": ["queryMsgById", "--store", "{store}", "-i", "ZZ"],
+    "queryMsgByOffset": ["queryMsgByOffset", "--endpoint", "{query}", "-t", "T", "-q", "99999999999", "-o", "0"],
+    "searchOffset": ["searchOffset", "--store", "{store}", "-t", "T", "-q", "0", "--timestamp", "99999999999999999999"],
+    "printMsg": ["printMsg", "--endpoint", "{query}", "-t", "T", "-e", "99999999999999999999"],
+    "topicList": ["topicList", "--endpoint", "{query}", "--store", "{store}"],
+    "topicStatus": ["topicStatus", "--store", "{file}", "-t", "T"],
+    "updateTopic": ["updateTopic", "--endpoint", "{writer}", "-t", "T", "-r", "2", "-w", "4"],
+    "demo": ["demo", "--store", "{tmp}"],
+    "pipeline reindex": ["pipeline", "reindex", "{missing}", "--out", "{tmp}/out"],
+    "pipeline export": ["pipeline", "export", "{missing}", "--out", "{tmp}/out"],
+    "pipeline load": ["pipeline", "load", "{missing}", "--endpoint", "{writer}", "--batch-messages", "0"],
+    "pipeline stats": ["pipeline", "stats", "{file}"],
+}
+
+
+def _leaf_commands() -> set[str]:
+    names = set()
+
+    def walk(parser: object, prefix: str) -> None:
+        actions = [a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction"]  # type: ignore[attr-defined]
+        if not actions:
+            names.add(prefix)
+            return
+        for name, child in actions[0].choices.items():
+            walk(child, f"{prefix} {name}".strip())
+
+    walk(build_parser(), "")
+    return names
+
+
+def test_every_command_refuses_a_bad_input_in_one_line(cluster: Cluster, tmp_path: Path) -> None:
+    assert set(BAD_INPUTS) == _leaf_commands()
+    (tmp_path / "notes.txt").write_text("keep")
+    (tmp_path / "f").write_text("x")
+    (tmp_path / "empty").mkdir()
+    fill = {
+        "missing": str(tmp_path / "nowhere"),
+        "file": str(tmp_path / "f"),
+        "empty": str(tmp_path / "empty"),
+        "tmp": str(tmp_path),
+        "store": str(cluster.store),
+        "writer": cluster.writer.endpoint,
+        "query": cluster.query.endpoint,
+    }
+    for command, argv in BAD_INPUTS.items():
+        done = subprocess.run(rmqstore(*(a.format(**fill) for a in argv)), capture_output=True, text=True, timeout=120, check=False)
+        assert done.returncode in (2, 3), (command, done)
+        assert "Traceback" not in done.stderr, command
+        lines = done.stderr.splitlines()
+        assert len(lines) == 1 and lines[0].startswith("rmqstore: error: "), (command, done.stderr)
+        assert done.stdout == "", command
+    assert (tmp_path / "notes.txt").read_text() == "keep"
+
+
+def test_numbers_a_node_cannot_use_are_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    serve = ["writer", "serve", "--store", str(tmp_path / "store")]
+    for flag, value, why in (
+        ("--disk-full-ratio", "7", "7 is outside [0, 1] (a share of the disk)"),
+        ("--disk-clean-ratio", "-0.1", "-0.1 is outside [0, 1] (a share of the disk)"),
+        ("--flush-interval-ms", "-1", "-1 is outside [1, 2147483647] (a count of at least 1)"),
+        ("--retention-hours", "-3", "-3 is outside [0, 1e+09] (hours)"),
+    ):
+        assert run(capsys, *serve, flag, value) == (
+            2, "", f"rmqstore: error: writer serve: argument {flag}: {why} (see rmqstore writer serve --help)\n"
+        )
+    assert run(capsys, "send", "--endpoint", "127.0.0.1:1", "-t", "T", "--body", "x", "--timeout", "-5") == (
+        2, "", "rmqstore: error: send: argument --timeout: -5 is outside (0, 1e+09] (seconds) (see rmqstore send --help)\n"
+    )
+    assert not (tmp_path / "store").exists()
+
+
+def test_usage_errors_name_flags_not_internal_names(capsys: pytest.CaptureFixture[str]) -> None:
+    assert run(capsys, "writer") == (2, "", "rmqstore: error: writer: the following arguments are required: serve (see rmqstore writer --help)\n")
+    assert run(capsys, "dump") == (
+        2, "", "rmqstore: error: dump: the following arguments are required: commitlog|consumequeue (see rmqstore dump --help)\n"
+    )
+    assert run(capsys, "pipeline")[2] == "rmqstore: error: pipeline: the following arguments are required: JOB (see rmqstore pipeline --help)\n"
+
+
+def test_every_lookup_flag_has_help() -> None:
+    parser = build_parser()
+    commands = next(a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction").choices  # type: ignore[attr-defined]
+    for name in ("queryMsgByKey", "queryMsgByUniqueKey", "queryMsgById", "queryMsgByOffset", "searchOffset", "printMsg",
+                 "topicList", "topicStatus", "updateTopic", "send"):  # fmt: skip
+        for action in commands[name]._actions:
+            assert action.help, (name, action.option_strings)
+    search = {o for a in commands["searchOffset"]._actions for o in a.option_strings}
+    assert "--body" not in search and "--json" in search
+    writer_serve = commands["writer"]._actions[-1].choices["serve"]
+    helps = {o: a.help for a in writer_serve._actions for o in a.option_strings}
+    assert "(default 0.75)" in helps["--disk-clean-ratio"] and "(default 0.90)" in helps["--disk-full-ratio"]
+
+
+def test_version(capsys: pytest.CaptureFixture[str]) -> None:
+    from importlib import metadata
+
+    assert run(capsys, "--version") == (0, f"rmqstore {metadata.version('rmqstore')}\n", "")
+
+
+# send
+
+
+def test_send_refuses_bad_files_and_flags_naming_them(cluster: Cluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    w = ["send", "--endpoint", cluster.writer.endpoint]
+    non_utf8 = tmp_path / "latin1.jsonl"
+    non_utf8.write_bytes(b'{"topic": "T", "body": "a"}\n{"topic": "T", "body": "caf\xe9"}\n')
+    bad_line = tmp_path / "bad.jsonl"
+    bad_line.write_text("".join(json.dumps({"topic": "T", "body": "x"}) + "\n" for _ in range(4)) + '{"topic": "T", "keys": ["a b"]}\n')
+    cases = [
+        ([*w, "--file", str(tmp_path / "nope.jsonl")], f"--file {tmp_path / 'nope.jsonl'}: No such file or directory"),
+        ([*w, "--file", str(tmp_path)], f"--file {tmp_path}: is a directory, not a JSONL file"),
+        ([*w, "--file", str(non_utf8)], f"--file {non_utf8}: line 2 is not UTF-8 (invalid continuation byte at byte 55)"),
+        ([*w, "--file", str(bad_line), "--batch-size", "2"], "line 5: key 'a b' contains a space; KEYS are space-separated"),
+        ([*w, "--file", str(bad_line), "-t", "T", "--body", "x"], "-t, --body describe one message; with --file every line gives its own"),
+        ([*w, "-t", "T"], "give the body: --body TEXT or --body-file F (--body '' sends an empty one)"),
+        ([*w, "-t", "T", "--body", "x", "--body-file", str(non_utf8)], "give --body or --body-file, not both"),
+        ([*w, "-t", "T", "--body-file", str(tmp_path / "nope")], f"--body-file {tmp_path / 'nope'}: No such file or directory"),
+        ([*w, "--file", str(bad_line), "--batch-size", "0"],
+         "send: argument --batch-size: 0 is outside [1, 2147483647] (a count of at least 1) (see rmqstore send --help)"),
+        ([*w, "-t", "T", "--body", "x", "-q", "-1"],
+         "send: argument -q/--queue: -1 is outside [0, 2147483647] (a queue id) (see rmqstore send --help)"),
+    ]
+    for argv, message in cases:
+        assert run(capsys, *argv) == (2, "", f"rmqstore: error: {message}\n"), argv
+    # A field of the wrong type or range is the line's error too, never a traceback.
+    wrong = tmp_path / "wrong.jsonl"
+    for line, message in (
+        ('{"topic": "T", "tags": 5}', "line 1: tags must be a string"),
+        ('{"topic": "T", "uniqKey": 7}', "line 1: uniqKey must be a string"),
+        ('{"topic": "T", "queueId": true}', "line 1: queueId must be an integer"),
+        ('{"topic": "T", "queueId": 99999999999}', "line 1: queueId 99999999999 is outside [0, 2147483647]"),
+        ('{"topic": "T"} {"topic": "U"}', "line 1: not JSON: unexpected content after document: line 1 column 16 (char 15)"),
+        ('{"topic": "T", "body": "x", "bodyBase64": "AA=="}', "line 1: give body or bodyBase64, not both"),
+    ):
+        wrong.write_text(line + "\n")
+        assert run(capsys, *w, "--file", str(wrong)) == (2, "", f"rmqstore: error: {message}\n"), line
+
+
+def test_send_body_file_and_acks(cluster: Cluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    body = bytes(range(256))
+    (tmp_path / "body.bin").write_bytes(body)
+    w = ["send", "--endpoint", cluster.writer.endpoint]
+    code, out, err = run(capsys, *w, "-t", "Blobs", "--body-file", str(tmp_path / "body.bin"))
+    assert (code, err) == (0, "")
+    ack = json.loads(out)
+    code, out, _ = run(capsys, "queryMsgById", "--endpoint", cluster.query.endpoint, "-i", ack["offsetMsgId"], "--json", "--body")
+    assert code == 0 and json.loads(out)["bodyBase64"] == "AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8gISIjJCUmJygpKissLS4vMDEyMzQ1Njc4OTo7PD0+P0BBQkNERUZHSElKS0xNTk9QUVJTVFVWV1hZWltcXV5fYGFiY2RlZmdoaWprbG1ub3BxcnN0dXZ3eHl6e3x9fn+AgYKDhIWGh4iJiouMjY6PkJGSk5SVlpeYmZqbnJ2en6ChoqOkpaanqKmqq6ytrq+wsbKztLW2t7i5uru8vb6/wMHCw8TFxsfIycrLzM3Oz9DR0tPU1dbX2Nna29zd3t/g4eLj5OXm5+jp6uvs7e7v8PHy8/T19vf4+fr7/P3+/w=="
+    lines = tmp_path / "five.jsonl"
+    lines.write_text("".join(json.dumps({"topic": "Acks", "body": str(n)}) + "\n" for n in range(5)))
+    code, out, err = run(capsys, *w, "--file", str(lines), "--acks", "summary", "--batch-size", "2")
+    summary = json.loads(out)
+    assert (code, err, set(summary), summary["sent"], summary["acked"]) == (0, "", {"sent", "acked", "seconds", "msgsPerSecond"}, 5, 5)
+    assert run(capsys, *w, "--file", str(lines), "--acks", "none") == (0, "", "")
+    code, out, _ = run(capsys, *w, "--file", str(lines))
+    assert code == 0 and [json.loads(line)["topic"] for line in out.splitlines()] == ["Acks"] * 5
+
+
+def _on_a_terminal(argv: list[str], stdout_too: bool) -> tuple[int, str, str]:
+    """Run rmqstore with stderr (and stdout, if asked) on a pseudo-terminal: its exit code,
+    what the terminal showed, and stdout when that was a pipe."""
+    controller, terminal = pty.openpty()
+    try:
+        process = subprocess.Popen(
+            rmqstore(*argv), stdout=terminal if stdout_too else subprocess.PIPE, stderr=terminal, text=True
+        )
+        os.close(terminal)
+        seen = b""
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([controller], [], [], 1.0)
+            if ready:
+                try:
+                    chunk = os.read(controller, 4096)
+                except OSError:  # the terminal's other end closed
+                    break
+                if not chunk:
+                    break
+                seen += chunk
+            elif process.poll() is not None:
+                break
+        code = process.wait(timeout=60)
+        piped = ""
+        if process.stdout is not None:
+            with process.stdout:
+                piped = process.stdout.read()
+    finally:
+        os.close(controller)
+    return code, seen.decode().replace("\r\n", "\n"), piped
+
+
+def test_send_shows_progress_and_a_summary_on_a_terminal(cluster: Cluster, tmp_path: Path) -> None:
+    lines = tmp_path / "three.jsonl"
+    lines.write_text("".join(json.dumps({"topic": "Tty", "body": str(n)}) + "\n" for n in range(3)))
+    send = ["send", "--endpoint", cluster.writer.endpoint, "--file", str(lines)]
+    code, shown, piped = _on_a_terminal([*send, "--acks", "none"], stdout_too=False)
+    assert (code, piped) == (0, "")
+    assert "\rsent 3, acked 3 (100%), " in shown  # the progress line
+    final = shown.split("\r")[-1]
+    assert final.startswith("sent 3, acked 3 in ") and final.endswith(" msgs/s\n"), shown
+    # Acks printed to the same terminal: no line rewritten under them, the summary after.
+    code, shown, _ = _on_a_terminal(send, stdout_too=True)
+    assert code == 0 and "(100%)" not in shown
+    printed = shown.split("\n")
+    assert [json.loads(line)["topic"] for line in printed[:3]] == ["Tty"] * 3
+    assert printed[3].lstrip("\r").startswith("sent 3, acked 3 in ") and printed[4:] == [""]
+
+
+def test_ctrl_c_during_send_is_one_line(cluster: Cluster, tmp_path: Path) -> None:
+    lines = tmp_path / "many.jsonl"
+    lines.write_text("".join(json.dumps({"topic": "Interrupted", "body": "x" * 100}) + "\n" for _ in range(60_000)))
+    process = subprocess.Popen(
+        rmqstore("send", "--endpoint", cluster.writer.endpoint, "--file", str(lines), "--batch-size", "50"),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert process.stdout is not None
+        assert process.stdout.readline()  # sending has begun
+        process.send_signal(signal.SIGINT)
+        _, err = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert process.returncode == 130
+    [line] = err.splitlines()
+    assert line.startswith("rmqstore: error: interrupted: ") and " of 60000 messages acknowledged" in line
+
+
+# Nodes: ports, store host, the lock
+
+
+def test_a_taken_port_is_one_line_and_creates_nothing(cluster: Cluster, tmp_path: Path) -> None:
+    port = cluster.query.endpoint.rsplit(":", 1)[1]
+    for kind, store in (("writer", tmp_path / "new"), ("query", cluster.store)):
+        done = subprocess.run(rmqstore(kind, "serve", "--store", str(store), "--port", port), capture_output=True, text=True, timeout=60, check=False)
+        assert (done.returncode, done.stdout) == (2, "")
+        assert done.stderr == (
+            f"rmqstore: error: --port {port}: cannot listen on 127.0.0.1 (Address already in use); is another process using it?\n"
+        )
+    assert not (tmp_path / "new").exists()
+
+
+def test_port_0_records_the_port_served_on(cluster: Cluster) -> None:
+    port = int(cluster.writer.endpoint.rsplit(":", 1)[1])
+    assert cluster.writer.serving["port"] == port
+    assert all(str(ack["offsetMsgId"])[8:16] == f"{port:08X}" for ack in cluster.acks)
+
+
+def test_inspect_tells_a_live_writer_from_an_unclean_exit(cluster: Cluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "inspect", str(cluster.store))
+    assert code == 0
+    assert "abort marker present (a writer is running)" in out and "lock file    held by a running writer" in out
+    copy = tmp_path / "copy"
+    shutil.copytree(cluster.store, copy)  # the abort marker, without the writer: an unclean exit
+    code, out, _ = run(capsys, "inspect", str(copy))
+    assert "abort marker present (last exit was unclean)" in out and "lock file    present, not held (no writer running)" in out
+
+
+# mqadmin's commands
+
+
+def test_query_by_offset_takes_the_queue_as_i_or_q(cluster: Cluster, capsys: pytest.CaptureFixture[str]) -> None:
+    with_i = both(cluster, capsys, "queryMsgByOffset", "-t", TOPIC, "-i", "0", "-o", "2", "--json")
+    with_q = both(cluster, capsys, "queryMsgByOffset", "-t", TOPIC, "-q", "0", "-o", "2", "--json")
+    assert with_i == with_q and json.loads(with_i[1])["msgId"] == cluster.acks[4]["offsetMsgId"]
+
+
+def _mqadmin_time(epoch_ms: int) -> str:
+    moment = dt.datetime.fromtimestamp(epoch_ms / 1000)
+    return moment.strftime("%Y-%m-%d#%H:%M:%S:") + f"{epoch_ms % 1000:03d}"
+
+
+def test_print_msg_covers_every_queue_with_mqadmin_dates(cluster: Cluster, capsys: pytest.CaptureFixture[str]) -> None:
+    stamps = [int(str(a["storeTimestamp"])) for a in cluster.acks]
+    code, out, _ = both(cluster, capsys, "printMsg", "-t", TOPIC, "--json")
+    by_queue = sorted(cluster.acks, key=lambda a: (a["queueId"], a["queueOffset"]))
+    assert code == 0 and [json.loads(line)["msgId"] for line in out.splitlines()] == [a["offsetMsgId"] for a in by_queue]
+    begin, end = _mqadmin_time(min(stamps)), _mqadmin_time(max(stamps))
+    assert both(cluster, capsys, "printMsg", "-t", TOPIC, "-b", begin, "-e", end, "--json") == (code, out, "")
+    assert both(cluster, capsys, "printMsg", "-t", TOPIC, "-b", str(min(stamps)), "-e", str(max(stamps)), "--json") == (code, out, "")
+    code, out, _ = both(cluster, capsys, "printMsg", "-t", TOPIC, "-q", "1", "--json")
+    assert [json.loads(line)["queueId"] for line in out.splitlines()] == [1, 1, 1]
+    assert run(capsys, "printMsg", "--store", str(cluster.store), "-t", TOPIC, "-b", "2024-13-01#00:00:00:000") == (
+        2, "", ("rmqstore: error: printMsg: argument -b/--begin: '2024-13-01#00:00:00:000' is neither epoch ms nor a time "
+                "like 2024-05-01#13:45:00:000 (yyyy-MM-dd#HH:mm:ss:SSS) (see rmqstore printMsg --help)\n"),
+    )
+
+
+def test_update_topic_topic_list_and_topic_status(cluster: Cluster, capsys: pytest.CaptureFixture[str]) -> None:
+    update = ["updateTopic", "--endpoint", cluster.writer.endpoint, "-t", "Fresh"]
+    assert run(capsys, *update, "-r", "3", "-w", "3") == (0, '{"topic": "Fresh", "queueCount": 3, "changed": true}\n', "")
+    assert run(capsys, *update, "-w", "3") == (0, '{"topic": "Fresh", "queueCount": 3, "changed": false}\n', "")
+    assert run(capsys, *update, "-r", "2", "-w", "3") == (
+        2, "", "rmqstore: error: -r 2 and -w 3 differ; rmqstore keeps one queue count per topic\n"
+    )
+    code, out, _ = both(cluster, capsys, "topicList")
+    assert code == 0 and TOPIC in out.splitlines()
+    code, out, _ = both(cluster, capsys, "topicStatus", "-t", TOPIC, "--json")
+    last = {q: max(int(str(a["storeTimestamp"])) for a in cluster.acks if a["queueId"] == q) for q in (0, 1)}
+    assert (code, json.loads(out)) == (0, [
+        {"queueId": 0, "minOffset": 0, "maxOffset": 3, "lastUpdateTimestamp": last[0]},
+        {"queueId": 1, "minOffset": 0, "maxOffset": 3, "lastUpdateTimestamp": last[1]},
+    ])  # fmt: skip
+    code, out, _ = both(cluster, capsys, "topicStatus", "-t", TOPIC)
+    assert out.splitlines()[0].split() == ["#QID", "#Min", "Offset", "#Max", "Offset", "#Last", "Updated"]
+    assert out.splitlines()[1].split()[:3] == ["0", "0", "3"]
+
+
+# The geometry file
+
+
+def test_the_writer_records_its_geometry_and_tools_read_it(cluster: Cluster, capsys: pytest.CaptureFixture[str]) -> None:
+    document = json.loads((cluster.store / "config" / GEOMETRY_FILE).read_text())
+    assert {k: v for k, v in document.items() if k != "crc32"} == {
+        "magic": "rmqstore-geometry", "version": 1, "commitLogFileSize": 65536, "cqFileUnits": 50, "indexSlots": 64, "indexEntries": 200,
+    }  # fmt: skip
+    code, out, _ = run(capsys, "inspect", str(cluster.store), "--json")
+    assert json.loads(out)["sizes"] == {"commitlogFileSize": 65536, "cqFileUnits": 50, "indexSlots": 64, "indexEntries": 200}
+    # A flag still wins: and here it disagrees with the files.
+    code, out, err = run(capsys, "inspect", str(cluster.store), "--index-entries", "300")
+    assert code == 2 and "64 slots and 300 entries make" in err
+
+
+def test_a_writer_refuses_other_sizes_than_its_store_was_made_with(cluster: Cluster, tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    shutil.copytree(cluster.store, store, ignore=shutil.ignore_patterns("lock"))
+    done = subprocess.run(rmqstore("writer", "serve", "--store", str(store), "--cq-file-units", "60"), capture_output=True, text=True, timeout=60, check=False)
+    assert (done.returncode, done.stdout) == (2, "")
+    assert done.stderr.startswith("rmqstore: error: consume queue file ") and done.stderr.endswith(
+        "is 1000 bytes, but 60 units make 1200; pass the store's --cq-file-units\n"
+    )
+    # Before any file holds a unit, the recorded geometry alone refuses other sizes.
+    config = store / "config"
+    with pytest.raises(InvalidArgument) as refused:
+        record_geometry(str(config), Geometry(65536, 60, 64, 200))
+    assert str(refused.value) == (
+        f"the store was made with another geometry ({config / GEOMETRY_FILE}): cqFileUnits 60 (recorded 50); "
+        "drop the size options or give the recorded ones"
+    )
+    record_geometry(str(config), Geometry(65536, 50, 64, 200))  # the same: nothing to do
+
+
+def test_index_geometry_is_inferred_at_one_slot_to_four_entries(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert infer_index_geometry(ix.file_size(5_000_000, 20_000_000)) == (5_000_000, 20_000_000)
+    assert infer_index_geometry(ix.file_size(100, 400)) == (100, 400)
+    assert infer_index_geometry(ix.file_size(500, 1500)) is None  # the fixture's 1:3 needs its flags
+    store = tmp_path / "store"
+    writer = Node("writer", rmqstore("writer", "serve", "--store", str(store), "--port", "0", "--index-slots", "100", "--index-entries", "400"))
+    try:
+        assert run(capsys, "send", "--endpoint", writer.endpoint, "-t", "T", "-k", "k", "--body", "b")[0] == 0
+    finally:
+        writer.stop()
+    (store / "config" / GEOMETRY_FILE).unlink()  # as Apache's broker leaves a store
+    code, out, _ = run(capsys, "inspect", str(store), "--json")
+    assert code == 0 and json.loads(out)["sizes"]["indexSlots"] == 100 and json.loads(out)["sizes"]["indexEntries"] == 400
+    assert run(capsys, "check", str(store))[:2] == (0, "ok: 1 records, 1 consume queue units and 2 index keys agree\n")
+
+
+def test_send_file_acks_are_json_dumps_lines_and_match_the_store(cluster: Cluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The bulk path's ack lines are byte for byte what json.dumps writes, and each names
+    the message the store holds; properties, bodyBase64 and uniqKey take the checked path."""
+    lines = tmp_path / "mixed.jsonl"
+    documents = [
+        {"topic": "Mixed", "body": "plain", "keys": ["a", "b"], "tags": "t", "queueId": 1},
+        {"topic": "Mixed", "bodyBase64": "AAE=", "keys": "c d"},
+        {"topic": "Mixed", "body": "with properties", "properties": {"color": "blue"}, "uniqKey": "ABCDEF0123456789"},
+    ]
+    lines.write_text("".join(json.dumps(d) + "\n" for d in documents) + "\n")
+    for batch_size in ("1", "1000"):
+        code, out, err = run(capsys, "send", "--endpoint", cluster.writer.endpoint, "--file", str(lines), "--batch-size", batch_size)
+        assert (code, err) == (0, "")
+        acks = out.splitlines()
+        assert len(acks) == 3 and all(line == json.dumps(json.loads(line)) for line in acks)
+        for document, line in zip(documents, acks):
+            ack = json.loads(line)
+            assert list(ack) == ["offsetMsgId", "uniqKey", "topic", "queueId", "queueOffset", "commitLogOffset", "storeTimestamp"]
+            code, out, _ = run(capsys, "queryMsgById", "--endpoint", cluster.query.endpoint, "-i", ack["offsetMsgId"], "--json", "--body")
+            stored = json.loads(out)
+            assert (stored["topic"], stored["queueId"], stored["queueOffset"], stored["uniqKey"]) == (
+                "Mixed", ack["queueId"], ack["queueOffset"], ack["uniqKey"]
+            )
+            assert stored["storeTimestamp"] == ack["storeTimestamp"] and stored["commitLogOffset"] == ack["commitLogOffset"]
+        assert json.loads(acks[0])["queueId"] == 1
+        assert json.loads(acks[2])["uniqKey"] == "ABCDEF0123456789"
+
+
+def test_tools_and_jobs_take_the_store_as_dir_or_store_flag(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    positional = run(capsys, "check", str(CLEAN), *FIXTURE_SIZE_ARGS)
+    assert positional[0] == 0 and positional == run(capsys, "check", "--store", str(CLEAN), *FIXTURE_SIZE_ARGS)
+    assert run(capsys, "check", str(CLEAN), "--store", str(tmp_path)) == (
+        2, "", f"rmqstore: error: two store directories given ({CLEAN} and --store {tmp_path}); give one\n"
+    )
+    assert run(capsys, "inspect") == (2, "", "rmqstore: error: give the store directory: DIR or --store DIR\n")
+    for job in ("stats", "reindex", "export"):
+        out = [] if job == "stats" else ["--out", str(tmp_path / "out")]
+        assert run(capsys, "pipeline", job, *out) == (2, "", "rmqstore: error: give the store directory: DIR or --store DIR\n")
+        assert run(capsys, "pipeline", job, "--store", str(tmp_path / "nowhere"), *out) == (
+            2, "", f"rmqstore: error: {tmp_path / 'nowhere'}: no such store directory\n"
+        )
+
+
+def test_bulk_columns_are_the_same_compiled_or_not(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The compiled column pass (json_columns) and its Python equivalent give the same
+    columns and the same requests, and refuse the same lines to the checked path."""
+    from rmqstore.cli import bulk_send
+    from rmqstore.cli.writer_tools import client_limits
+    from rmqstore.common.codec.speedups import _speedups
+
+    assert _speedups is not None
+    plain = tmp_path / "plain.jsonl"
+    plain.write_text("".join(json.dumps(d) + "\n" for d in [
+        {"topic": "T", "body": "héllo", "keys": ["a", "b"], "tags": "t", "queueId": 2, "uniqKey": "AB12"},
+        {"topic": "U"},
+        {"topic": "T", "body": "", "keys": [], "queueId": None},
+    ]))  # fmt: skip
+    limits = client_limits()
+    data = plain.read_bytes()
+    compiled = bulk_send._fast(data, limits)
+    compiled_prepared = bulk_send.prepare(str(plain), limits, 2)
+    monkeypatch.setattr(bulk_send, "_speedups", None)
+    python = bulk_send._fast(data, limits)
+    assert compiled is not None and compiled == python
+    assert compiled.bodies == ["héllo".encode(), b"", b""] and compiled.queue_ids == [2, None, None]
+    assert bulk_send.prepare(str(plain), limits, 2) == compiled_prepared
+    assert compiled_prepared.topics == ["T", "U", "T"] and len(compiled_prepared.requests) == 2
+    monkeypatch.undo()
+    for line in ('{"topic": "T", "tags": null}', '{"topic": "T", "queueId": true}', '{"topic": "T", "keys": "a b"}',
+                 '{"topic": "T", "x": 1}', '{"topic": "T", "queueId": 2147483648}'):  # fmt: skip
+        documents = [json.loads(line)]
+        assert _speedups.json_columns(documents) is None, line
+        assert bulk_send._fast((line + "\n").encode(), limits) is None, line
+
+
+def test_a_file_is_prepared_in_chunks_with_lines_numbered_in_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Chunks of whole lines give the same messages as one chunk; an error in a later chunk
+    names its line and byte in the file; a chunk of blank lines is nothing."""
+    from rmqstore.cli import bulk_send
+    from rmqstore.cli.writer_tools import client_limits
+    from rmqstore.v1 import writer_pb2
+
+    limits = client_limits()
+    lines = tmp_path / "many.jsonl"
+    text = "".join(json.dumps({"topic": f"T{n % 3}", "body": f"message {n}", "keys": [f"k{n}"]}) + "\n" for n in range(40))
+    lines.write_text(text + "\n\n   \n")
+
+    def messages(prepared: bulk_send.Prepared) -> list[object]:
+        return [m for r in prepared.requests for m in writer_pb2.SendBatchRequest.FromString(r).messages]
+
+    whole = bulk_send.prepare(str(lines), limits, 7)
+    monkeypatch.setattr(bulk_send, "CHUNK_BYTES", 100)
+    chunked = bulk_send.prepare(str(lines), limits, 7)
+    assert len(chunked.requests) > len(whole.requests)
+    assert messages(chunked) == messages(whole) and chunked.topics == whole.topics == [f"T{n % 3}" for n in range(40)]
+    assert [m.body for m in messages(chunked)] == [f"message {n}".encode() for n in range(40)]
+    bad = tmp_path / "bad.jsonl"
+    bad.write_bytes(text.encode() + b'{"topic": "T", "body": "caf\xe9"}\n')
+    offset = len(text.encode()) + len('{"topic": "T", "body": "caf')
+    with pytest.raises(InvalidArgument) as error:
+        bulk_send.prepare(str(bad), limits, 7)
+    assert str(error.value) == f"--file {bad}: line 41 is not UTF-8 (invalid continuation byte at byte {offset})"
+
+
+def test_a_batch_the_writer_refuses_mid_file_is_one_line_saying_what_was_stored(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A rule only the writer knows (here: no topic is created on the fly) refuses the
+    second batch; the first one's acks are printed, and the one error line says so."""
+    writer = Node("writer", rmqstore("writer", "serve", "--store", str(tmp_path / "store"), "--port", "0", "--no-auto-create"))
+    try:
+        assert run(capsys, "updateTopic", "--endpoint", writer.endpoint, "-t", "Known", "-w", "2")[0] == 0
+        lines = tmp_path / "four.jsonl"
+        lines.write_text("".join(json.dumps({"topic": t, "body": "x"}) + "\n" for t in ("Known", "Known", "Known", "Unknown")))
+        code, out, err = run(capsys, "send", "--endpoint", writer.endpoint, "--file", str(lines), "--batch-size", "3")
+    finally:
+        writer.stop()
+    assert code == 3
+    assert [json.loads(line)["topic"] for line in out.splitlines()] == ["Known"] * 3
+    [line] = err.splitlines()
+    assert line.startswith("rmqstore: error: NOT_FOUND: ") and "Unknown" in line
+    assert line.endswith(" (3 of 4 messages were acknowledged before it)")
+
+
+def test_reindex_refuses_an_empty_store_and_an_out_that_is_a_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "f").write_text("x")
+    assert run(capsys, "reindex", str(tmp_path / "empty"), "--out", str(tmp_path / "out")) == (
+        2, "", f"rmqstore: error: store directory {tmp_path / 'empty'}: no commit log files under commitlog/, nothing to reindex\n"
+    )
+    assert run(capsys, "reindex", str(CLEAN), *FIXTURE_SIZE_ARGS, "--out", str(tmp_path / "f")) == (
+        2, "", f"rmqstore: error: --out {tmp_path / 'f'}: not a directory\n"
+    )
+    assert not (tmp_path / "out").exists() and (tmp_path / "f").read_text() == "x"

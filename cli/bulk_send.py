@@ -18,6 +18,7 @@ from itertools import repeat
 from typing import Any
 
 import orjson
+
 from rmqstore.cli.exits import INT32_MAX
 from rmqstore.common.codec.speedups import _speedups
 from rmqstore.common.errors import InvalidArgument

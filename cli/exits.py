@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import NoReturn
 
 import grpc
+
 from rmqstore.common import errors
 
 EXIT_OK = 0

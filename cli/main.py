@@ -7,6 +7,7 @@ import sys
 from importlib import metadata
 
 import grpc
+
 from rmqstore.cli import (
     console_tools,
     demo,

@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import grpc
+
 from rmqstore.cli import exits
 from rmqstore.cli.exits import EXIT_NOT_FOUND, EXIT_OK, LocalRpcError
 from rmqstore.cli.store_tools import add_size_options, sizes_from

@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import grpc
+
 from rmqstore.cli import exits
 from rmqstore.cli.exits import EXIT_OK
 from rmqstore.cli.store_tools import add_size_options, sizes_from

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 from conftest import CLEAN, FIXTURE_SIZE_ARGS
+
 from rmqstore.cli.demo import Node
 from rmqstore.cli.main import build_parser, main
 from rmqstore.common.codec import index as ix
@@ -579,7 +580,7 @@ def test_send_file_acks_are_json_dumps_lines_and_match_the_store(cluster: Cluste
         assert (code, err) == (0, "")
         acks = out.splitlines()
         assert len(acks) == 3 and all(line == json.dumps(json.loads(line)) for line in acks)
-        for document, line in zip(documents, acks):
+        for line in acks:
             ack = json.loads(line)
             assert list(ack) == ["offsetMsgId", "uniqKey", "topic", "queueId", "queueOffset", "commitLogOffset", "storeTimestamp"]
             code, out, _ = run(capsys, "queryMsgById", "--endpoint", cluster.query.endpoint, "-i", ack["offsetMsgId"], "--json", "--body")

@@ -14,6 +14,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+
 from rmqstore.cli.demo import DEMO_MARKER, prepare_store
 from rmqstore.cli.main import main
 

@@ -32,10 +32,10 @@ from rmqstore.common.errors import Corruption, InvalidArgument, NotFound, StoreF
 from rmqstore.common.files.checkpoint import read_checkpoint, write_checkpoint
 from rmqstore.common.files.commitlog import CommitLog, ScanStop, StopReason
 from rmqstore.common.files.consumequeue import ConsumeQueueSet
+from rmqstore.common.files.geometry import record_geometry
 from rmqstore.common.files.index import IndexFileList
 from rmqstore.common.files.progress import ProgressPublisher
 from rmqstore.common.files.scan import ColumnScan
-from rmqstore.common.files.geometry import record_geometry
 from rmqstore.common.files.store import Dispatcher, StorePaths, geometry_of
 from rmqstore.common.tracing import span
 from rmqstore.writer.background import PeriodicTask

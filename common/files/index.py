@@ -153,6 +153,7 @@ class IndexFile:
         count = min(len(key_hashes), self.entries - self._index_count)
         if count <= 0:
             return 0
+        self.mapped.dirty = True  # the entries and slots below are written into the mapping
         start = self._index_count
         if _speedups is not None:
             chains = _speedups.index_put_keys(
@@ -344,7 +345,7 @@ class IndexFile:
         return (begin_ms < b and end_ms > e) or (b <= begin_ms <= e) or (b <= end_ms <= e)
 
     def flush(self) -> None:
-        self.mapped.flush()
+        self.mapped.flush_if_dirty()
 
     def close(self) -> None:
         self.mapped.close()

@@ -14,6 +14,7 @@ import os
 from collections.abc import Iterator
 
 from rmqstore.common.errors import Corruption, InvalidArgument, ReadOnly, invariant
+from rmqstore.common.files.pages import Pages, allocate
 
 NAME_DIGITS = 20
 _ZERO_CHUNK_BYTES = 1 << 20
@@ -69,16 +70,17 @@ class MappedFile:
                     f"{path} is {actual} bytes; files here must be exactly {file_size_bytes}",
                     path=path,
                 )
-            access = mmap.ACCESS_WRITE if writable else mmap.ACCESS_READ
-            self._mmap = mmap.mmap(fd, file_size_bytes, access=access)
-            if not read_ahead and hasattr(mmap, "MADV_RANDOM"):
-                self._mmap.madvise(mmap.MADV_RANDOM)
+            # The mapping holds no descriptor (pages.py): the store's open descriptors do
+            # not grow with its number of files.
+            self._pages = Pages(fd, file_size_bytes, writable=writable)
         finally:
             os.close(fd)
-        self.buf = memoryview(self._mmap)
-        if not writable:
-            self.buf = self.buf.toreadonly()
+        if not read_ahead and hasattr(mmap, "MADV_RANDOM"):
+            self._pages.madvise(mmap.MADV_RANDOM)
+        self.buf = self._pages.view
         self._read_fd: int | None = None
+        # Written through since the last flush: the periodic flush syncs only such files.
+        self.dirty = False
 
     @classmethod
     def create(
@@ -90,11 +92,14 @@ class MappedFile:
         *,
         read_ahead: bool = True,
     ) -> MappedFile:
-        """Create a new zero-filled (sparse) file of the full size and map it writable.
+        """Create a new zero-filled file of the full size, its blocks allocated, and map
+        it writable.
 
-        The file is sized, and its ``initial`` bytes (position, data) written, under a
-        hidden temporary name, then renamed into place: neither a reader following the
-        directory nor a restart after a kill ever sees it half made."""
+        The file is sized and allocated, and its ``initial`` bytes (position, data)
+        written, under a hidden temporary name, then renamed into place: neither a reader
+        following the directory nor a restart after a kill ever sees it half made. A full
+        disk fails here, with ``ENOSPC``, and leaves nothing behind; writes into the
+        file's mapping later can then never meet a full disk (which is SIGBUS)."""
         directory = os.path.dirname(path) or "."
         if os.path.exists(path):
             raise FileExistsError(path)
@@ -102,11 +107,15 @@ class MappedFile:
         fd = os.open(temp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
             os.ftruncate(fd, file_size_bytes)
+            allocate(fd, file_size_bytes)
             for position, data in initial:
                 os.pwrite(fd, data, position)
             os.fsync(fd)  # the size is metadata: a data-only sync would not persist it
-        finally:
+        except BaseException:
             os.close(fd)
+            os.unlink(temp)
+            raise
+        os.close(fd)
         os.rename(temp, path)
         fsync_directory(directory)
         return cls(path, file_size_bytes, start_offset, writable=True, read_ahead=read_ahead)
@@ -123,8 +132,9 @@ class MappedFile:
         if not self.writable:
             raise ReadOnly(f"{self.path} is mapped read-only")
         invariant(0 <= position and position + len(data) <= self.file_size_bytes, "write past file end")
+        self.dirty = True
         if len(data) < WRITE_THROUGH_FILE_BYTES:
-            self._mmap[position : position + len(data)] = data
+            self.buf[position : position + len(data)] = data
             return
         # A large write goes through the file: the kernel fills the page cache pages in
         # the write itself, where a write through the mapping takes a page fault for each
@@ -161,6 +171,7 @@ class MappedFile:
                     os.pwrite(fd, bytes(high - low), low)
                 except OSError:
                     pass
+            self.dirty = True
         finally:
             os.close(fd)
 
@@ -211,7 +222,7 @@ class MappedFile:
         end = self.file_size_bytes if end is None else end
         low = start - start % mmap.PAGESIZE
         if end > low and hasattr(mmap, "MADV_DONTNEED"):
-            self._mmap.madvise(mmap.MADV_DONTNEED, low, min(end, self.file_size_bytes) - low)
+            self._pages.madvise(mmap.MADV_DONTNEED, low, min(end, self.file_size_bytes) - low)
 
     def will_need(self, start: int, end: int) -> None:
         """Say that [start, end) is about to be read (madvise WILLNEED): the kernel reads
@@ -219,13 +230,15 @@ class MappedFile:
         low = start - start % mmap.PAGESIZE
         end = min(end, self.file_size_bytes)
         if end > low and hasattr(mmap, "MADV_WILLNEED"):
-            self._mmap.madvise(mmap.MADV_WILLNEED, low, end - low)
+            self._pages.madvise(mmap.MADV_WILLNEED, low, end - low)
 
     def flush(self, start: int = 0, end: int | None = None) -> None:
         """Make the bytes written through the mapping durable. ``start``/``end`` name the
         range the caller needs; the whole file is synced (see below)."""
         if not self.writable:
             return
+        # Cleared before the sync: a write that lands during it marks the file again.
+        self.dirty = False
         # fdatasync writes back the file's dirty pages, those dirtied through the shared
         # mapping included, and releases the GIL while the disk works; mmap.flush (msync)
         # holds it, stalling every other thread — the appends a group commit is waiting
@@ -237,8 +250,20 @@ class MappedFile:
             return  # deleted by retention meanwhile: nothing left to make durable
         try:
             _datasync(fd)
+        except BaseException:
+            self.dirty = True
+            raise
         finally:
             os.close(fd)
+
+    def flush_if_dirty(self) -> bool:
+        """:meth:`flush` if anything was written since the last flush; whether it was.
+        For one flusher at a time (the periodic flush of queues and index): a second
+        caller could return while the first one's sync is still under way."""
+        if not self.dirty:
+            return False
+        self.flush()
+        return True
 
     def pread(self, position: int, length: int) -> bytes:
         """Up to ``length`` bytes from ``position`` (fewer at the end of the file), read
@@ -259,7 +284,7 @@ class MappedFile:
             os.close(self._read_fd)
             self._read_fd = None
         self.buf.release()
-        self._mmap.close()
+        self._pages.close()
 
     def __repr__(self) -> str:
         mode = "rw" if self.writable else "ro"
@@ -417,9 +442,9 @@ class MappedFileQueue:
             fsync_directory(self.directory)
         return paths
 
-    def flush(self) -> None:
-        for mapped in self.files:
-            mapped.flush()
+    def flush(self) -> int:
+        """Sync the files written since the last flush; returns how many were synced."""
+        return sum(mapped.flush_if_dirty() for mapped in self.files)
 
     def close(self) -> None:
         for mapped in self.files:

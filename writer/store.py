@@ -28,7 +28,16 @@ from rmqstore.common.codec.checkpoint import Checkpoint
 from rmqstore.common.codec.hosts import SocketAddress
 from rmqstore.common.codec.msgid import offset_msg_id, offset_msg_ids
 from rmqstore.common.codec.record import encode_records, set_physical_offsets
-from rmqstore.common.errors import Corruption, InvalidArgument, NotFound, StoreFull, invariant
+from rmqstore.common.errors import (
+    Corruption,
+    InvalidArgument,
+    NotFound,
+    OutOfResources,
+    StoreError,
+    StoreFull,
+    Unavailable,
+    invariant,
+)
 from rmqstore.common.files.checkpoint import read_checkpoint, write_checkpoint
 from rmqstore.common.files.commitlog import CommitLog, ScanStop, StopReason
 from rmqstore.common.files.consumequeue import ConsumeQueueSet
@@ -51,6 +60,18 @@ THOROUGH_FLUSH_INTERVAL_MS = 1000  # flushIntervalConsumeQueue
 # caller's batch always goes, whatever its size), bounding the wait of the last caller.
 GROUP_MAX_MESSAGES = 4096
 _TRACER = trace.get_tracer("rmqstore.writer")
+_DISK_FULL_ERRNOS = frozenset((errno.ENOSPC, errno.EDQUOT))
+_RESOURCE_ERRNOS = frozenset((errno.EMFILE, errno.ENFILE, errno.ENOMEM))
+
+
+def typed_os_error(error: OSError, what: str) -> StoreError | None:
+    """The store's error for an operating system refusal that goes away once the resource
+    returns (a full disk, no descriptors left), or None for any other failure."""
+    if error.errno in _DISK_FULL_ERRNOS:
+        return StoreFull(f"the disk is full ({error.strerror}): {what}")
+    if error.errno in _RESOURCE_ERRNOS:
+        return OutOfResources(f"{error.strerror}: {what}")
+    return None
 
 
 class AppendResult(NamedTuple):
@@ -191,6 +212,12 @@ def _split(requests: list[_AppendRequest], combined: MessageBatch) -> None:
         start += request.count
 
 
+def _describe(error: BaseException) -> str:
+    if isinstance(error, OSError) and error.strerror:
+        return f"[Errno {error.errno}] {error.strerror}"
+    return str(error) or type(error).__name__
+
+
 class Writer:
     """Owns a store directory until :meth:`close`."""
 
@@ -230,6 +257,10 @@ class Writer:
         self._last_store_ts = self.publisher.last.last_store_timestamp_ms if self.publisher.last else 0
         self._disk_checked_at = 0.0
         self._disk_full_reason: str | None = None
+        # Why records appended to the commit log are not dispatched yet (None: they all
+        # are). While set, writes are refused; each write and each periodic flush tries
+        # to complete the dispatch.
+        self.dispatch_pending: str | None = None
         with open(self.paths.abort, "wb") as handle:
             os.fsync(handle.fileno())
         self.flushed_offset = self.durable_offset = self.log.write_offset or 0
@@ -459,6 +490,7 @@ class Writer:
         with self._append_lock:
             if self._closed:
                 raise InvalidArgument("the writer is closed")
+            self._complete_dispatch()
             self._check_disk()
             if combined is not None:
                 try:
@@ -508,8 +540,28 @@ class Writer:
         with span(_TRACER, "rmqstore.append") as current:
             current.set_attribute("rmqstore.messages", batch.message_count)
             plans, results = self._append_batch(batch, peer)
-        with span(_TRACER, "rmqstore.dispatch"):
-            self.dispatcher.dispatch_batch(plans)
+        try:
+            with span(_TRACER, "rmqstore.dispatch"):
+                self.dispatcher.dispatch_batch(plans)
+        except Exception as error:
+            # The commit log is the truth: the records stay, and their dispatch is
+            # completed once the resource returns. Until then nothing past them is
+            # published (query nodes see none of them) and writes are refused.
+            first, last = results.commitlog_offsets[0], results.commitlog_offsets[-1] + results.sizes[-1]
+            self.dispatch_pending = f"dispatch of commit log [{first}, {last}) failed: {_describe(error)}"
+            raise Unavailable(
+                f"the batch is in the commit log at offsets [{first}, {last}) but its dispatch failed "
+                f"({_describe(error)}); its messages become visible once the dispatch completes, "
+                "and the writer refuses writes until then"
+            ) from error
+        self._publish_dispatched()
+        start = 0
+        for request in requests:
+            stop = start + request.count
+            request.results = results.part(start, stop) if len(requests) > 1 else results
+            start = stop
+
+    def _publish_dispatched(self) -> None:
         end = self.log.write_offset
         assert end is not None
         self.publisher.publish(
@@ -518,11 +570,31 @@ class Writer:
             commitlog_min_offset=self.log.min_offset,
             last_store_timestamp_ms=self._last_store_ts,
         )
-        start = 0
-        for request in requests:
-            stop = start + request.count
-            request.results = results.part(start, stop) if len(requests) > 1 else results
-            start = stop
+
+    def _complete_dispatch(self) -> None:
+        """Dispatch what a failed dispatch left undone, from the published offset to the
+        end of the log (dispatch is idempotent: units and keys already written are
+        skipped), then publish. Under the append lock. Raises :class:`Unavailable`, naming
+        the cause, while it still fails."""
+        if self.dispatch_pending is None:
+            return
+        published = self.publisher.last.dispatched_offset if self.publisher.last else self.log.min_offset
+        end = self.log.write_offset or 0
+        try:
+            if published < end:
+                self.dispatcher.dispatch_columns(ColumnScan(self.log, published, end, check_crc=False))
+        except Exception as error:
+            self.dispatch_pending = f"dispatch of commit log [{published}, {end}) failed: {_describe(error)}"
+            raise Unavailable(f"writes are refused until the {self.dispatch_pending}") from error
+        self.dispatch_pending = None
+        self._publish_dispatched()
+
+    def retry_dispatch(self) -> bool:
+        """Try to complete a pending dispatch now; whether none is pending afterwards."""
+        with self._append_lock:
+            with contextlib.suppress(Unavailable):
+                self._complete_dispatch()
+            return self.dispatch_pending is None
 
     def _admit(self, batch: MessageBatch) -> None:
         """Check a batch's topics and queue ids against the topic table, then create the
@@ -551,7 +623,13 @@ class Writer:
                         f"{where}queue id {queue_id} is out of range: topic {topic} has {counts[topic]} queues"
                     )
         for topic in sorted(to_create):
-            self.topics.create(topic, self.config.auto_create_queue_count)
+            try:
+                self.topics.create(topic, self.config.auto_create_queue_count)
+            except OSError as error:
+                typed = typed_os_error(error, f"topic {topic} could not be created; the batch was not stored")
+                if typed is None:
+                    raise
+                raise typed from error
 
     def _append_batch(self, batch: MessageBatch, peer: SocketAddress | None) -> tuple[DispatchBatch, AppendResults]:
         """Encode the messages, lay them out in the commit log, write them in one go and
@@ -578,20 +656,45 @@ class Writer:
         if offsets[-1] - start != len(records) - sizes[-1]:
             # The batch starts a new file part-way: the records after the BLANK move on.
             records = set_physical_offsets(records, sizes, offsets)
+        self._prepare_queues(topics, queue_ids, queue_offsets, next_queue_offsets)
         try:
             self.log.write_laid_out(offsets, sizes, records)
         except BaseException as error:
             # A failed write (a full disk) stores nothing: its bytes are cleared and the
             # queue offsets it planned stay free.
             self.log.abandon(start, offsets[-1] + sizes[-1])
-            if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
-                raise StoreFull(f"the disk is full ({error.strerror}): the batch was not stored") from error
+            typed = typed_os_error(error, "the batch was not stored") if isinstance(error, OSError) else None
+            if typed is not None:
+                raise typed from error
             raise
         self._next_queue_offset.update(next_queue_offsets)
         self._last_store_ts = store_ts
         timestamps = [store_ts] * count
         plans = DispatchBatch.of_messages(topics, queue_ids, queue_offsets, offsets, sizes, timestamps, tags, uniq_keys, keys)
         return plans, AppendResults(store_host, store_ts, uniq_keys, topics, queue_ids, queue_offsets, offsets, sizes)
+
+    def _prepare_queues(
+        self,
+        topics: list[str],
+        queue_ids: list[int],
+        queue_offsets: list[int],
+        next_queue_offsets: dict[tuple[str, int], int],
+    ) -> None:
+        """Create, before the batch touches the commit log, every consume queue file its
+        units will go into. Creating a file is what a full disk or a descriptor shortage
+        refuses; refused here, the batch is refused whole and nothing of it is stored,
+        where refused during dispatch its records would already be in the log."""
+        firsts: dict[tuple[str, int], int] = {}
+        for key, queue_offset in zip(zip(topics, queue_ids), queue_offsets):
+            firsts.setdefault(key, queue_offset)
+        try:
+            for key, first in firsts.items():
+                self.queues.get(*key).prepare(first, next_queue_offsets[key] - 1)
+        except OSError as error:
+            typed = typed_os_error(error, "a consume queue file could not be created; the batch was not stored")
+            if typed is None:
+                raise
+            raise typed from error
 
     def _assign_queues(self, topics: list[str], queue_ids: list[int | None]) -> list[int]:
         """Messages without a queue id take the topic's queues in turn."""
@@ -636,31 +739,44 @@ class Writer:
 
     def flush_thoroughly(self) -> int:
         """Flush the commit log, the consume queues and the index, then record that
-        everything below the flushed offset needs no re-dispatch after a crash."""
-        target = self.flush()
+        everything below the flushed offset needs no re-dispatch after a crash.
+
+        Only files written since the last flush are synced, and none under the append
+        lock: with thousands of queues, syncing each of them while holding it stalled
+        every append for as long (one thread flushes at a time: the periodic task, or
+        :meth:`close` once that task has stopped)."""
+        self.retry_dispatch()
         with self._append_lock:
-            self.dispatcher.flush()
-            self.durable_offset = target
+            # Every record below the target is dispatched by now: its queue units and
+            # index entries are in the files listed here.
+            target = self.publisher.last.dispatched_offset if self.publisher.last else 0
+            queues = list(self.queues.queues.values())
+            index_files = list(self.index.files)
+        self.flush()
+        for queue in queues:
+            queue.flush()
+        for index_file in index_files:
+            index_file.flush()
+        with self._append_lock:
+            self.durable_offset = max(self.durable_offset, target)
             self.publisher.publish(
-                dispatched_offset=self.log.write_offset or 0,
-                durable_offset=target,
+                dispatched_offset=self.publisher.last.dispatched_offset if self.publisher.last else 0,
+                durable_offset=self.durable_offset,
                 commitlog_min_offset=self.log.min_offset,
                 last_store_timestamp_ms=self._last_store_ts,
             )
-            self.publisher.sync()
-            self._write_checkpoint()
+            checkpoint = self._checkpoint()
+        self.publisher.sync()
+        write_checkpoint(self.paths.checkpoint, checkpoint)
         return target
 
-    def _write_checkpoint(self) -> None:
+    def _checkpoint(self) -> Checkpoint:
         previous = read_checkpoint(self.paths.checkpoint)
-        write_checkpoint(
-            self.paths.checkpoint,
-            Checkpoint(
-                physic_msg_timestamp_ms=self._last_store_ts,
-                logics_msg_timestamp_ms=self.dispatcher.last_dispatched_timestamp_ms
-                or (previous.logics_msg_timestamp_ms if previous else 0),
-                index_msg_timestamp_ms=self.index.last_full_end_timestamp_ms,
-            ),
+        return Checkpoint(
+            physic_msg_timestamp_ms=self._last_store_ts,
+            logics_msg_timestamp_ms=self.dispatcher.last_dispatched_timestamp_ms
+            or (previous.logics_msg_timestamp_ms if previous else 0),
+            index_msg_timestamp_ms=self.index.last_full_end_timestamp_ms,
         )
 
     # Retention
@@ -691,7 +807,7 @@ class Writer:
             # is about to disappear.
             new_min = doomed[-1].end_offset
             self.publisher.publish(
-                dispatched_offset=self.log.write_offset or 0,
+                dispatched_offset=self.publisher.last.dispatched_offset if self.publisher.last else 0,
                 durable_offset=self.durable_offset,
                 commitlog_min_offset=new_min,
                 last_store_timestamp_ms=self._last_store_ts,

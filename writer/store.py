@@ -656,7 +656,9 @@ class Writer:
         if offsets[-1] - start != len(records) - sizes[-1]:
             # The batch starts a new file part-way: the records after the BLANK move on.
             records = set_physical_offsets(records, sizes, offsets)
-        self._prepare_queues(topics, queue_ids, queue_offsets, next_queue_offsets)
+        timestamps = [store_ts] * count
+        plans = DispatchBatch.of_messages(topics, queue_ids, queue_offsets, offsets, sizes, timestamps, tags, uniq_keys, keys)
+        self._prepare_dispatch(topics, queue_ids, queue_offsets, next_queue_offsets, sum(plans.key_counts))
         try:
             self.log.write_laid_out(offsets, sizes, records)
         except BaseException as error:
@@ -669,19 +671,19 @@ class Writer:
             raise
         self._next_queue_offset.update(next_queue_offsets)
         self._last_store_ts = store_ts
-        timestamps = [store_ts] * count
-        plans = DispatchBatch.of_messages(topics, queue_ids, queue_offsets, offsets, sizes, timestamps, tags, uniq_keys, keys)
         return plans, AppendResults(store_host, store_ts, uniq_keys, topics, queue_ids, queue_offsets, offsets, sizes)
 
-    def _prepare_queues(
+    def _prepare_dispatch(
         self,
         topics: list[str],
         queue_ids: list[int],
         queue_offsets: list[int],
         next_queue_offsets: dict[tuple[str, int], int],
+        key_count: int,
     ) -> None:
         """Create, before the batch touches the commit log, every consume queue file its
-        units will go into. Creating a file is what a full disk or a descriptor shortage
+        units will go into, and the next index file's blocks if its keys may fill the
+        current one. Creating a file is what a full disk or a descriptor shortage
         refuses; refused here, the batch is refused whole and nothing of it is stored,
         where refused during dispatch its records would already be in the log."""
         firsts: dict[tuple[str, int], int] = {}
@@ -690,8 +692,9 @@ class Writer:
         try:
             for key, first in firsts.items():
                 self.queues.get(*key).prepare(first, next_queue_offsets[key] - 1)
+            self.index.prepare(key_count)
         except OSError as error:
-            typed = typed_os_error(error, "a consume queue file could not be created; the batch was not stored")
+            typed = typed_os_error(error, "a consume queue or index file could not be created; the batch was not stored")
             if typed is None:
                 raise
             raise typed from error

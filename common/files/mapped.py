@@ -91,6 +91,7 @@ class MappedFile:
         initial: tuple[tuple[int, bytes], ...] = (),
         *,
         read_ahead: bool = True,
+        spare: str | None = None,
     ) -> MappedFile:
         """Create a new zero-filled file of the full size, its blocks allocated, and map
         it writable.
@@ -99,26 +100,48 @@ class MappedFile:
         written, under a hidden temporary name, then renamed into place: neither a reader
         following the directory nor a restart after a kill ever sees it half made. A full
         disk fails here, with ``ENOSPC``, and leaves nothing behind; writes into the
-        file's mapping later can then never meet a full disk (which is SIGBUS)."""
+        file's mapping later can then never meet a full disk (which is SIGBUS).
+
+        ``spare`` names a file :func:`allocate_spare` made ahead, in the same directory:
+        it becomes this file, so the creation needs no new blocks."""
         directory = os.path.dirname(path) or "."
         if os.path.exists(path):
             raise FileExistsError(path)
-        temp = os.path.join(directory, f".{os.path.basename(path)}.creating")
-        fd = os.open(temp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        temp = spare or os.path.join(directory, f".{os.path.basename(path)}.creating")
+        fd = os.open(temp, os.O_RDWR) if spare else os.open(temp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
-            os.ftruncate(fd, file_size_bytes)
-            allocate(fd, file_size_bytes)
+            if not spare:
+                os.ftruncate(fd, file_size_bytes)
+                allocate(fd, file_size_bytes)
             for position, data in initial:
                 os.pwrite(fd, data, position)
             os.fsync(fd)  # the size is metadata: a data-only sync would not persist it
         except BaseException:
             os.close(fd)
-            os.unlink(temp)
+            if not spare:
+                os.unlink(temp)
             raise
         os.close(fd)
         os.rename(temp, path)
         fsync_directory(directory)
         return cls(path, file_size_bytes, start_offset, writable=True, read_ahead=read_ahead)
+
+    @staticmethod
+    def allocate_spare(path: str, file_size_bytes: int) -> None:
+        """A zero-filled file of ``file_size_bytes`` with its blocks allocated, for a later
+        :meth:`create` to take (``spare``); an existing one of that size is kept."""
+        if _size_or_zero(path) == file_size_bytes:
+            return
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            os.ftruncate(fd, file_size_bytes)
+            allocate(fd, file_size_bytes)
+            os.fsync(fd)
+        except BaseException:
+            os.close(fd)
+            os.unlink(path)
+            raise
+        os.close(fd)
 
     @property
     def end_offset(self) -> int:

@@ -118,7 +118,7 @@ class WriterStartFailed(Exception):
 class WriterProcess:
     """A ``rmqstore writer serve`` subprocess and its stdout lines."""
 
-    def __init__(self, store: Path, flush: str, log_dir: Path, number: int):
+    def __init__(self, store: Path, flush: str, log_dir: Path, number: int, extra_args: tuple[str, ...] = ()):
         self.store = store
         self.stderr_path = log_dir / f"writer-{number}.stderr"
         env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
@@ -128,6 +128,7 @@ class WriterProcess:
             [
                 sys.executable, "-m", "rmqstore.cli.main", "writer", "serve",
                 "--store", str(store), "--host", "127.0.0.1", "--port", "0", "--flush", flush, *SIZE_ARGS,
+                *extra_args,
             ],  # fmt: skip
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,

@@ -50,7 +50,10 @@ def small_fs(tmp_path: Path) -> Iterator[Path]:
         pytest.skip("mounting a small file system needs root (CI runs as root)")
     mount = tmp_path / "fs"
     mount.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={FS_BYTES}", "tmpfs", str(mount)], check=True)
+    subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={FS_BYTES}", "tmpfs", str(mount)],
+        check=True,
+    )
     try:
         yield mount
     finally:
@@ -83,7 +86,9 @@ class Sender:
                 )
             )
         try:
-            response = self.stub.SendBatch(writer_pb2.SendBatchRequest(messages=batch), timeout=RPC_TIMEOUT_S)
+            response = self.stub.SendBatch(
+                writer_pb2.SendBatchRequest(messages=batch), timeout=RPC_TIMEOUT_S
+            )
         except grpc.RpcError as error:
             self.refused.extend(batch)
             self.refusals.append((error.code(), error.details() or ""))
@@ -110,7 +115,9 @@ def fill(mount: Path, name: str) -> None:
         "    except OSError as e:\n"
         "        assert e.errno == 28, e\n"
     )
-    subprocess.run([sys.executable, "-c", code, str(mount / name)], check=True, timeout=60)
+    subprocess.run(
+        [sys.executable, "-c", code, str(mount / name)], check=True, timeout=60
+    )
     assert os.statvfs(mount).f_bavail == 0
 
 
@@ -132,20 +139,26 @@ def assert_store_holds(store: Path, sender: Sender, label: str) -> None:
         if result.commitlog_offset < retained_from:
             continue  # its file was deleted by retention (default ratios only)
         record = present.get(message.uniq_key)
-        assert record is not None, f"{label}: acknowledged {message.uniq_key} is missing"
+        assert record is not None, (
+            f"{label}: acknowledged {message.uniq_key} is missing"
+        )
         assert (record.commitlog_offset, record.queue_offset, record.body) == (
             result.commitlog_offset,
             result.queue_offset,
             message.body,
         ), label
     stored_refused = [m.uniq_key for m in sender.refused if m.uniq_key in present]
-    assert stored_refused == [], f"{label}: messages answered as refused are in the store"
+    assert stored_refused == [], (
+        f"{label}: messages answered as refused are in the store"
+    )
 
 
 @pytest.mark.parametrize("ratios", ["1.0", "default"])
 @pytest.mark.parametrize("filler", ["writer", "other"])
 @pytest.mark.parametrize("flush", ["sync", "async"])
-def test_disk_full(small_fs: Path, tmp_path: Path, flush: str, filler: str, ratios: str) -> None:
+def test_disk_full(
+    small_fs: Path, tmp_path: Path, flush: str, filler: str, ratios: str
+) -> None:
     label = f"{flush}, filled by {filler}, ratios {ratios}"
     store = small_fs / "store"
     logs = tmp_path / "logs"
@@ -162,24 +175,34 @@ def test_disk_full(small_fs: Path, tmp_path: Path, flush: str, filler: str, rati
         if filler == "other":
             fill(small_fs, "ballast")
             if ratios == "default":
-                time.sleep(DISK_CHECK_WAIT_S)  # the writer looks at the disk use every 0.1 s
+                time.sleep(
+                    DISK_CHECK_WAIT_S
+                )  # the writer looks at the disk use every 0.1 s
         for _ in range(SENDS_MAX):
             if not sender.send("Full"):
                 break
         refused_before = len(sender.refusals)
         # Full: a new topic needs new files; an existing one may still have room.
-        assert not sender.send("FullNew"), f"{label}: a new topic was accepted on a full disk"
+        assert not sender.send("FullNew"), (
+            f"{label}: a new topic was accepted on a full disk"
+        )
         sender.send("Full")
-        assert writer.proc.poll() is None, f"{label}: the writer died (exit {writer.proc.returncode})"
+        assert writer.proc.poll() is None, (
+            f"{label}: the writer died (exit {writer.proc.returncode})"
+        )
         assert refused_before >= (1 if filler == "writer" else 0)
         assert sender.refusals, label
         for code, details in sender.refusals:
             assert code == grpc.StatusCode.RESOURCE_EXHAUSTED, (label, code, details)
             assert "disk" in details, (label, details)
         if filler == "other" and ratios == "default":
-            assert all("above the full ratio 90%" in details for _, details in sender.refusals), sender.refusals
+            assert all(
+                "above the full ratio 90%" in details for _, details in sender.refusals
+            ), sender.refusals
         if ratios == "1.0":
-            assert all("No space left on device" in details for _, details in sender.refusals), sender.refusals
+            assert all(
+                "No space left on device" in details for _, details in sender.refusals
+            ), sender.refusals
         status = sender.status()
         assert status.commitlog_max_offset > 0
         report = check_store(str(store), SIZES)
@@ -188,7 +211,9 @@ def test_disk_full(small_fs: Path, tmp_path: Path, flush: str, filler: str, rati
         os.unlink(small_fs / "ballast")
         deadline = time.monotonic() + RECOVER_TIMEOUT_S
         while not sender.send("FullNew"):
-            assert time.monotonic() < deadline, f"{label}: still refused after space returned: {sender.refusals[-1]}"
+            assert time.monotonic() < deadline, (
+                f"{label}: still refused after space returned: {sender.refusals[-1]}"
+            )
             time.sleep(0.05)
         assert sender.send("Full"), sender.refusals[-1]
         assert writer.proc.poll() is None

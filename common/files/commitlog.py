@@ -156,6 +156,9 @@ class CommitLog:
         self.write_offset: int | None = None
         self.flushed_offset = 0
         self._dirty: set[MappedFile] = set()
+        # The files being written hold a descriptor (MappedFile.hold_descriptor): the newest
+        # and the one before it, whose last bytes a SYNC flush may still have to sync.
+        self._held: list[MappedFile] = []
         # Read single records with pread rather than through the mappings (query nodes).
         self.read_through_file = False
 
@@ -536,10 +539,15 @@ class CommitLog:
 
     def _file_for_write(self, offset: int) -> MappedFile:
         mapped = self.files.find(offset)
-        if mapped is not None:
-            return mapped
-        invariant(offset % self.file_size_bytes == 0, "a new file starts at a file boundary")
-        return self.files.create(offset)
+        if mapped is None:
+            invariant(offset % self.file_size_bytes == 0, "a new file starts at a file boundary")
+            mapped = self.files.create(offset)
+        if mapped not in self._held:
+            mapped.hold_descriptor()
+            self._held.append(mapped)
+            if len(self._held) > 2:
+                self._held.pop(0).drop_descriptor()
+        return mapped
 
     def flush_range(self, start: int, end: int) -> None:
         """Make commit log bytes [start, end) durable (their files are synced whole)."""

@@ -79,6 +79,7 @@ class MappedFile:
             self._pages.madvise(mmap.MADV_RANDOM)
         self.buf = self._pages.view
         self._read_fd: int | None = None
+        self._write_fd: int | None = None  # see hold_descriptor
         # Written through since the last flush: the periodic flush syncs only such files.
         self.dirty = False
 
@@ -164,7 +165,7 @@ class MappedFile:
         # new page. The mapping shares those pages, so it reads what was written. The
         # descriptor lives for this write only (a reindex writes large blocks to
         # thousands of queue files; holding one each would run out of descriptors).
-        fd = os.open(self.path, os.O_RDWR)
+        fd = self._write_fd if self._write_fd is not None else os.open(self.path, os.O_RDWR)
         try:
             written = os.pwrite(fd, data, position)
             while written < len(data):
@@ -173,7 +174,8 @@ class MappedFile:
                     raise OSError(errno.EIO, f"{self.path}: a write at {position + written} stored nothing")
                 written += more
         finally:
-            os.close(fd)
+            if fd != self._write_fd:
+                os.close(fd)
 
     def zero(self, position: int, end: int | None = None) -> None:
         """Zero ``[position, end)`` (default: to the end of the file)."""
@@ -186,7 +188,7 @@ class MappedFile:
         """Zero what a failed write left in [position, end), through the file, a page at
         a time, where it can: on a full disk a page that was never written stays a hole
         (zero already) and its write fails, which is ignored."""
-        fd = os.open(self.path, os.O_RDWR)
+        fd = self._write_fd if self._write_fd is not None else os.open(self.path, os.O_RDWR)
         try:
             for start in range(position - position % mmap.PAGESIZE, end, mmap.PAGESIZE):
                 low, high = max(start, position), min(start + mmap.PAGESIZE, end)
@@ -196,7 +198,8 @@ class MappedFile:
                     pass
             self.dirty = True
         finally:
-            os.close(fd)
+            if fd != self._write_fd:
+                os.close(fd)
 
     def _allocated_end(self) -> int:
         """Where the file's trailing hole starts (SEEK_DATA/SEEK_HOLE; pages written
@@ -267,17 +270,34 @@ class MappedFile:
         # holds it, stalling every other thread — the appends a group commit is waiting
         # to cover. The whole file is synced: only its dirty pages cost anything. The
         # descriptor is opened per flush so that a store of many files holds none.
-        try:
-            fd = os.open(self.path, os.O_RDWR)
-        except FileNotFoundError:
-            return  # deleted by retention meanwhile: nothing left to make durable
+        if self._write_fd is not None:
+            fd = self._write_fd
+        else:
+            try:
+                fd = os.open(self.path, os.O_RDWR)
+            except FileNotFoundError:
+                return  # deleted by retention meanwhile: nothing left to make durable
         try:
             _datasync(fd)
         except BaseException:
             self.dirty = True
             raise
         finally:
-            os.close(fd)
+            if fd != self._write_fd:
+                os.close(fd)
+
+    def hold_descriptor(self) -> None:
+        """Keep a read-write descriptor open for flushes and large writes, until
+        :meth:`drop_descriptor` or :meth:`close`. For the few files being written (the
+        commit log's newest): appending to them and acknowledging a SYNC write then need
+        no new descriptor, which a process that has run out of them cannot get."""
+        if self._write_fd is None and self.writable:
+            self._write_fd = os.open(self.path, os.O_RDWR)
+
+    def drop_descriptor(self) -> None:
+        if self._write_fd is not None:
+            os.close(self._write_fd)
+            self._write_fd = None
 
     def flush_if_dirty(self) -> bool:
         """:meth:`flush` if anything was written since the last flush; whether it was.
@@ -306,6 +326,7 @@ class MappedFile:
         if self._read_fd is not None:
             os.close(self._read_fd)
             self._read_fd = None
+        self.drop_descriptor()
         self.buf.release()
         self._pages.close()
 

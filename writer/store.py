@@ -42,6 +42,7 @@ from rmqstore.common.files.checkpoint import read_checkpoint, write_checkpoint
 from rmqstore.common.files.commitlog import CommitLog, ScanStop, StopReason
 from rmqstore.common.files.consumequeue import ConsumeQueueSet
 from rmqstore.common.files.index import IndexFileList
+from rmqstore.common.files.mapped import makedirs_durable
 from rmqstore.common.files.progress import ProgressPublisher
 from rmqstore.common.files.scan import ColumnScan
 from rmqstore.common.files.store import Dispatcher, StorePaths
@@ -226,7 +227,7 @@ class Writer:
         self.paths = StorePaths(config.store)
         self.store_host = SocketAddress.parse(config.store_host)
         self.limits = Limits(config.max_body_bytes, config.max_keys, config.max_key_length, config.max_batch_messages)
-        os.makedirs(config.store, exist_ok=True)
+        makedirs_durable(config.store)
         self._lock_file = StoreLock(self.paths.lock)
         self._append_lock = threading.Lock()
         self._queue_lock = threading.Lock()

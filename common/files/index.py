@@ -23,7 +23,7 @@ from rmqstore.common.codec.dispatch import DispatchBatch, DispatchPlan
 from rmqstore.common.codec.javahash import index_key, index_key_hash
 from rmqstore.common.codec.speedups import _speedups
 from rmqstore.common.errors import Corruption, invariant
-from rmqstore.common.files.mapped import MappedFile, fsync_directory
+from rmqstore.common.files.mapped import MappedFile, fsync_directory, makedirs_durable
 
 MAX_MSGS_NUM_BATCH = 64
 # A lookup walks a slot chain in chunks of matches: first as many as it asks for (by
@@ -440,14 +440,14 @@ class IndexFileList:
         last = self.files[-1] if self.files else None
         if self._spare_ready or (last is not None and key_count < last.entries - last.index_count):
             return
-        os.makedirs(self.directory, exist_ok=True)
+        makedirs_durable(self.directory)
         MappedFile.allocate_spare(self._spare, ix.file_size(self.slots, self.entries))
         self._spare_ready = True
 
     def _new_file(self, first_timestamp_ms: int) -> IndexFile:
         """Roll over: a new file named by the time of the record that needs it, strictly
         after the last name, starting at the previous file's end."""
-        os.makedirs(self.directory, exist_ok=True)
+        makedirs_durable(self.directory)
         previous = self.files[-1] if self.files else None
         name = ix.file_name(max(first_timestamp_ms, 0), self.zone)
         if previous is not None and name <= previous.name:

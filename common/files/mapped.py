@@ -35,6 +35,23 @@ def fsync_directory(path: str) -> None:
         os.close(fd)
 
 
+def makedirs_durable(path: str) -> None:
+    """``os.makedirs``, then fsync the parent of each directory it made: a directory's
+    entry lives in its parent and survives a power cut only once the parent is synced
+    (a consume queue directory made for a new topic otherwise vanished with its units,
+    while the published durable offset said they were on disk)."""
+    missing = []
+    current = os.path.abspath(path)
+    while not os.path.isdir(current):
+        missing.append(current)
+        current = os.path.dirname(current)
+    if not missing:
+        return
+    os.makedirs(path, exist_ok=True)
+    for made in reversed(missing):
+        fsync_directory(os.path.dirname(made))
+
+
 def _size_or_zero(path: str) -> int:
     try:
         return os.path.getsize(path)
@@ -452,7 +469,7 @@ class MappedFileQueue:
             raise ReadOnly(f"{self.directory} is open read-only")
         invariant(start_offset % self.file_size_bytes == 0, "file starts are aligned")
         invariant(not self.files or start_offset == self.files[-1].end_offset, "files stay contiguous")
-        os.makedirs(self.directory, exist_ok=True)
+        makedirs_durable(self.directory)
         mapped = MappedFile.create(
             os.path.join(self.directory, offset_name(start_offset)),
             self.file_size_bytes,

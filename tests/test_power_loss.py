@@ -103,7 +103,8 @@ def recover_and_check(state: Path, flush: FlushPolicy, facts: Facts, label: str)
     """Recover the state, check it, look every record up; returns the acknowledged
     messages lost (which must be none under SYNC, and lie past the flushed offset under
     ASYNC)."""
-    writer = Writer(WriterConfig(store=str(state), sizes=SIZES, flush=flush))
+    # Restarted after the power cut: another boot of the machine.
+    writer = Writer(WriterConfig(store=str(state), sizes=SIZES, flush=flush, boot_id="the-boot-after-the-cut"))
     writer.close()
     check_ok(state)
     verify_store(state)

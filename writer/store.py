@@ -41,8 +41,8 @@ from rmqstore.common.errors import (
 from rmqstore.common.files.checkpoint import read_checkpoint, write_checkpoint
 from rmqstore.common.files.commitlog import CommitLog, ScanStop, StopReason
 from rmqstore.common.files.consumequeue import ConsumeQueueSet
-from rmqstore.common.files.index import IndexFileList
-from rmqstore.common.files.mapped import makedirs_durable
+from rmqstore.common.files.index import IndexFile, IndexFileList
+from rmqstore.common.files.mapped import fsync_directory, makedirs_durable
 from rmqstore.common.files.progress import ProgressPublisher
 from rmqstore.common.files.scan import ColumnScan
 from rmqstore.common.files.store import Dispatcher, StorePaths
@@ -213,6 +213,24 @@ def _split(requests: list[_AppendRequest], combined: MessageBatch) -> None:
         start += request.count
 
 
+def _current_boot_id() -> str:
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as handle:
+            return handle.read().strip()
+    except OSError:
+        return ""
+
+
+def _abort_boot_id(path: str) -> str:
+    """The boot id a writer wrote into ``abort`` (empty: an older writer's or Apache's
+    marker, taken as this boot's: only a process crash is assumed)."""
+    try:
+        with open(path, "rb") as handle:
+            return handle.read(64).decode("ascii", "replace").strip()
+    except OSError:
+        return ""
+
+
 def _describe(error: BaseException) -> str:
     if isinstance(error, OSError) and error.strerror:
         return f"[Errno {error.errno}] {error.strerror}"
@@ -244,6 +262,10 @@ class Writer:
     def _open(self) -> None:
         sizes = self.config.sizes
         self.unclean_start = os.path.exists(self.paths.abort)
+        self.boot_id = self.config.boot_id or _current_boot_id()
+        # A crash of the process leaves the page cache whole: what it wrote is there. A
+        # power cut (another boot since) may have kept any subset of the unsynced pages.
+        self.power_lost = self.unclean_start and _abort_boot_id(self.paths.abort) not in ("", self.boot_id)
         self.log = CommitLog(self.paths.commitlog, sizes.commitlog_file_size_bytes, writable=True)
         self.queues = ConsumeQueueSet(self.paths.consumequeue, sizes.cq_file_units, writable=True)
         self.queues.open_all()
@@ -263,7 +285,10 @@ class Writer:
         # to complete the dispatch.
         self.dispatch_pending: str | None = None
         with open(self.paths.abort, "wb") as handle:
+            handle.write(self.boot_id.encode("ascii", "replace"))
+            handle.flush()
             os.fsync(handle.fileno())
+        fsync_directory(self.config.store)
         self.flushed_offset = self.durable_offset = self.log.write_offset or 0
 
     # Recovery
@@ -281,6 +306,10 @@ class Writer:
             # bad bytes there are a write the kill interrupted (a memcpy stores its bytes in
             # no fixed order), so they are a torn tail, not corruption.
             stop = ScanStop(stop.end_offset, StopReason.TORN, stop.error, stop.dropped_bytes)
+        if stop.reason is StopReason.CORRUPT and self.power_lost and progress is not None and stop.end_offset >= progress.durable_offset:
+            # After a power cut any page past the last commit log sync may be old or new:
+            # a record made of both is what the cut left of writes never known durable.
+            stop = ScanStop(stop.end_offset, StopReason.TORN, stop.error, stop.dropped_bytes)
         if stop.reason is StopReason.CORRUPT and not self.config.truncate_corrupt_tail:
             raise Corruption(
                 f"the commit log is corrupt: {stop.describe()}. Nothing was changed. Copy the store "
@@ -295,6 +324,8 @@ class Writer:
                 queue.truncate_to_commitlog(end)
                 truncated += 1
         dropped = self._drop_index_files_past(end) + self._drop_unwritten_newest_index()
+        if self.power_lost and progress is not None:
+            dropped += self._drop_index_files_past(progress.durable_offset, trust_entries=False)
         self._repair_newest_index_header(end)
         redispatch_from = scan_from
         if not self.index.files:
@@ -352,10 +383,23 @@ class Writer:
         if last < end and last != newest.end_phy_offset:
             newest.repair_header_end(self.log.read(last, check_crc=False).store_timestamp_ms)
 
-    def _drop_index_files_past(self, end: int) -> int:
+    def _drop_index_files_past(self, end: int, *, trust_entries: bool = True) -> int:
         """Index files holding entries at or past the end of the log point at records that
-        are gone: delete them (their earlier records are re-indexed from the commit log)."""
-        doomed = [f for f in self.index.files if f.index_count > 1 and f.last_entry_phy_offset() >= end]
+        are gone: delete them (their earlier records are re-indexed from the commit log).
+
+        After a power cut (``trust_entries=False``, ``end`` the durable offset) any page
+        written after the last sync may be old or new: a slot may name an entry that is
+        not there, an entry may be unreachable from its slot. Every file written past
+        the durable offset (by its header's end, or its last entry) is rebuilt."""
+        def written_past(f: IndexFile) -> bool:
+            last = f.last_entry_phy_offset()
+            return last >= end if trust_entries else max(last, f.end_phy_offset) >= end
+
+        doomed = [f for f in self.index.files if f.index_count > 1 and written_past(f)]
+        if doomed and not trust_entries:
+            # Every newer file goes too (an empty newest one included): re-indexing then
+            # starts from the last entry of a file that is kept whole.
+            doomed = self.index.files[self.index.files.index(doomed[0]) :]
         for index_file in doomed:
             index_file.close()
             os.unlink(index_file.path)

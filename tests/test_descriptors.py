@@ -351,3 +351,38 @@ def test_2000_queues_under_nofile_1024(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_50000_queues_under_nofile_1024(tmp_path: Path) -> None:
     many_queues(tmp_path, 50, 1000)
+
+
+def test_checkpoint_write_on_a_full_disk_keeps_the_previous_one(small_fs: Path) -> None:  # noqa: F811
+    from rmqstore.common.codec.checkpoint import Checkpoint
+    from rmqstore.common.files.checkpoint import read_checkpoint, write_checkpoint
+
+    path = str(small_fs / "checkpoint")
+    first = Checkpoint(1700000000123, 1700000000000, 0)
+    write_checkpoint(path, first)
+    fill(small_fs, "ballast")
+    with pytest.raises(OSError) as full:
+        write_checkpoint(path, Checkpoint(1700000000999, 1700000000500, 1700000000001))
+    assert full.value.errno == errno.ENOSPC
+    assert read_checkpoint(path) == first
+    assert os.path.getsize(path) == 4096
+    assert sorted(os.listdir(small_fs)) == ["ballast", "checkpoint"]  # no temporary file left
+
+
+def test_periodic_flush_syncs_only_files_written_since_the_last(tmp_path: Path, writer_factory: list[Writer]) -> None:
+    from powerloss import recording
+
+    store = tmp_path / "store"
+    writer = open_writer(store, writer_factory, FlushPolicy.ASYNC)
+    writer.topics.create("Wide", 200)
+    writer.append([message("Wide", q, queue_id=q) for q in range(200)])
+    writer.flush_thoroughly()
+    writer.append([message("Wide", 1000, queue_id=7)])
+    with recording(str(store)) as recorder:
+        writer.flush_thoroughly()
+    # The commit log file, queue Wide/7's file, the index file, progress, and the
+    # checkpoint (its file and its directory): not the 199 queues left untouched.
+    assert recorder.syncs == 6, recorder.syncs
+    with recording(str(store)) as recorder:
+        writer.flush_thoroughly()
+    assert recorder.syncs == 3, recorder.syncs  # nothing written: progress and the checkpoint (file, directory)

@@ -386,3 +386,24 @@ def test_periodic_flush_syncs_only_files_written_since_the_last(tmp_path: Path, 
     with recording(str(store)) as recorder:
         writer.flush_thoroughly()
     assert recorder.syncs == 3, recorder.syncs  # nothing written: progress and the checkpoint (file, directory)
+
+
+def test_mapped_files_hold_no_descriptor(tmp_path: Path) -> None:
+    from rmqstore.common.files.mapped import MappedFile
+
+    before = len(os.listdir("/proc/self/fd"))
+    files = [MappedFile.create(str(tmp_path / f"{n:020d}"), 8192, n * 8192) for n in range(300)]
+    try:
+        assert len(os.listdir("/proc/self/fd")) == before
+        files[5].write(10, b"abc")
+        assert bytes(files[5].buf[10:13]) == b"abc"
+        view = files[5].buf[10:13]
+    finally:
+        for mapped in files:
+            mapped.close()
+    assert bytes(view) == b"abc"  # a view that outlives close stays readable: unmapped after it
+    with pytest.raises(ValueError):
+        files[5].release()
+    reopened = MappedFile(str(tmp_path / f"{5:020d}"), 8192, 5 * 8192, writable=False)
+    assert bytes(reopened.buf[10:13]) == b"abc"
+    reopened.close()

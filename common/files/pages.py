@@ -63,9 +63,14 @@ class Pages:
         weakref.finalize(pages, _munmap, address, size).atexit = False
         view = memoryview(pages).cast("B")
         self.view: memoryview = view if writable else view.toreadonly()
+        self.closed = False
 
     def madvise(self, advice: int, start: int = 0, length: int | None = None) -> None:
         """Advise the kernel on ``[start, start + length)``; ``start`` page-aligned."""
+        if self.closed:
+            # The pages may be unmapped and the addresses reused by other memory, which
+            # an advice such as DONTNEED would wipe.
+            raise ValueError("madvise on closed pages")
         length = self.size - start if length is None else length
         if length > 0 and _madvise(self.address + start, length, advice) != 0:
             code = ctypes.get_errno()
@@ -74,6 +79,7 @@ class Pages:
     def close(self) -> None:
         """Give up this object's view; the pages are unmapped once no other view of them
         is left (see the module's docstring)."""
+        self.closed = True
         self.view.release()
 
 

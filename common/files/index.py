@@ -394,8 +394,9 @@ class IndexFileList:
         self.zone = zone
         self.files: list[IndexFile] = []
         self.created: list[IndexFile] = []  # files this instance created, for the checkpoint
-        # The next file's blocks, allocated ahead by prepare (a hidden name: not an index file).
-        self._spare = os.path.join(directory, ".next-index.allocated")
+        # The next file's blocks, allocated ahead by prepare: beside the index directory
+        # (in the store's), so that the index directory holds only index files.
+        self._spare = os.path.join(os.path.dirname(os.path.abspath(directory)), ".next-index.allocated")
         self._spare_ready = False
         if writable and os.path.exists(self._spare):
             # A kill may have caught a roll-over writing its header into it: start afresh.

@@ -190,3 +190,18 @@ def test_the_front_probe_stores_what_both_designs_acked() -> None:
         (stored,) = result["stored_records"][design]
         assert rate > 0 and stored >= rate * result["seconds"] - 1, (design, rate, stored)
     assert result["fronts_to_writer"] == round(result["median"]["fronts"] / result["median"]["writer"], 2)
+
+
+def test_queue_count_latency_smoke(tmp_path: Path) -> None:
+    """benchmarks/queue_count_latency.py at a smoke size: it runs and writes its figures."""
+    out = tmp_path / "latency.json"
+    done = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "queue_count_latency.py"), "--queues", "50", "--seconds", "0.3", "--out", str(out)],
+        cwd=REPO, capture_output=True, text=True, timeout=TIMEOUT_S, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(out.read_text(encoding="utf-8"))
+    assert result["queues"] == 50 and "queue_count_latency.py --queues 50" in result["command"]
+    for side in ("baseline_4_queues", "with_idle_queues"):
+        assert result[side]["requests"] > 0 and 0 < result[side]["p50_ms"] <= result[side]["p99_ms"]
+    assert result["p50_ratio"] > 0 and result["p99_ratio"] > 0

@@ -227,3 +227,28 @@ def test_disk_full(
     else:
         assert check_store(str(store), SIZES).ok
     assert_store_holds(store, sender, label)
+
+
+def test_stop_on_a_full_disk_is_clean(small_fs: Path, tmp_path: Path) -> None:
+    """SIGTERM while the disk is full: exit 0, the previous checkpoint kept, check clean."""
+    store = small_fs / "store"
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    writer = WriterProcess(store, "sync", logs, 0, RATIOS_OFF)
+    sender: Sender | None = None
+    try:
+        writer.wait_serving()
+        sender = Sender(writer.port)
+        assert sender.send("Full"), sender.refusals
+        time.sleep(1.5)  # a periodic flush writes the checkpoint
+        checkpoint = (store / "checkpoint").read_bytes()
+        fill(small_fs, "ballast")
+        assert not sender.send("FullNew")
+        writer.stop()  # asserts the stopped line and exit code 0
+    finally:
+        if sender is not None:
+            sender.close()
+        writer.cleanup()
+    assert (store / "checkpoint").read_bytes() == checkpoint  # the previous one, whole
+    check_ok(store)
+    assert_store_holds(store, sender, "stopped while full")

@@ -815,7 +815,14 @@ class Writer:
             )
             checkpoint = self._checkpoint()
         self.publisher.sync()
-        write_checkpoint(self.paths.checkpoint, checkpoint)
+        try:
+            write_checkpoint(self.paths.checkpoint, checkpoint)
+        except OSError as error:
+            # A full disk keeps the previous checkpoint (it is replaced whole or not at
+            # all), and recovery does not depend on it (progress holds the offsets): the
+            # flush, and a stop, go on. Anything else is raised.
+            if typed_os_error(error, "") is None:
+                raise
         return target
 
     def _checkpoint(self) -> Checkpoint:

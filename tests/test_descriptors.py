@@ -32,6 +32,7 @@ from rmqstore.common.errors import OutOfResources, Unavailable
 from rmqstore.common.files.check import check_store
 from rmqstore.common.files.progress import read_progress
 from rmqstore.common.files.store import StorePaths, StoreSizes
+from rmqstore.query.view import StoreView
 from rmqstore.v1 import messages_pb2, writer_pb2, writer_pb2_grpc
 from rmqstore.writer.config import FlushPolicy, WriterConfig
 from rmqstore.writer.store import Writer
@@ -158,9 +159,16 @@ def test_dispatch_failing_after_the_append_completes_once_space_returns(
     assert "its messages become visible once the dispatch completes" in text
     after = writer.log.write_offset
     assert after is not None and after > before
-    # Nothing of it is published: query nodes see the store as it was.
+    # Nothing of it is published: a query node sees the store as it was.
     progress = read_progress(writer.config.store)
     assert progress is not None and progress.dispatched_offset == before
+    view = StoreView(str(store), SIZES)
+    try:
+        view.refresh(force=True)
+        assert view.by_uniq_key("Keys", big[0].uniq_key) == []
+        assert len(view.by_uniq_key("Keys", message("Keys", 0).uniq_key)) == 1
+    finally:
+        view.close()
     # Writes are refused meanwhile, naming the cause.
     with pytest.raises(Unavailable) as refused:
         writer.append([message("Keys", 50)])
@@ -178,6 +186,14 @@ def test_dispatch_failing_after_the_append_completes_once_space_returns(
     assert (
         progress is not None and progress.dispatched_offset == writer.log.write_offset
     )
+    # Dispatched now: the query node finds the batch.
+    view = StoreView(str(store), SIZES)
+    try:
+        view.refresh(force=True)
+        found = view.by_uniq_key("Keys", big[0].uniq_key)
+        assert [r.commitlog_offset for r in found] == [before]
+    finally:
+        view.close()
     writer.close()
     check_ok(store)
     facts = verify_store(store)

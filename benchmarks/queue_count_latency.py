@@ -1,9 +1,9 @@
 """Send latency against the number of queues in the store.
 
-    python benchmarks/queue_count_latency.py [--queues 9000] [--seconds 10] [--out benchmarks/results/queue_count_latency.json]
+    python benchmarks/queue_count_latency.py [--queues 9000] [--seconds 10] [--rounds 5] [--out benchmarks/results/queue_count_latency.json]
 
 Two writers (ASYNC, the default policy, so the periodic flushes run as in production)
-are measured in the same run: the baseline on a store of one topic of 4 queues, the
+run at once and are measured in alternating windows: the baseline on a store of one topic of 4 queues, the
 other on a store where ``--queues`` queues (topics of 1,000 queues, each queue written
 once) sit idle beside it. A single producer sends one message per request to the 4-queue
 topic for ``--seconds`` against each; the figures are each writer's p50 and p99 request
@@ -63,26 +63,19 @@ def percentile(sorted_values: list[float], fraction: float) -> float:
     return sorted_values[min(len(sorted_values) - 1, int(fraction * len(sorted_values)))]
 
 
-def measure(store: Path, log: Path, idle_queues: int, seconds: float) -> dict[str, float]:
-    proc, port = start_writer(store, log)
-    try:
-        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
-            stub = writer_pb2_grpc.WriterServiceStub(channel)
-            stub.CreateTopic(writer_pb2.CreateTopicRequest(name="Busy", queue_count=4), timeout=TIMEOUT_S)
-            fill_queues(stub, idle_queues)
-            request = writer_pb2.SendBatchRequest(messages=[messages_pb2.Message(topic="Busy", body=b"x" * 100)])
-            latencies = []
-            deadline = time.monotonic() + seconds
-            while time.monotonic() < deadline:
-                started = time.perf_counter()
-                stub.SendBatch(request, timeout=TIMEOUT_S)
-                latencies.append(time.perf_counter() - started)
-    finally:
-        proc.terminate()
-        proc.wait(timeout=TIMEOUT_S)
-        if proc.stdout is not None:
-            proc.stdout.close()
-    latencies.sort()
+def window(stub: writer_pb2_grpc.WriterServiceStub, seconds: float) -> list[float]:
+    request = writer_pb2.SendBatchRequest(messages=[messages_pb2.Message(topic="Busy", body=b"x" * 100)])
+    latencies = []
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        started = time.perf_counter()
+        stub.SendBatch(request, timeout=TIMEOUT_S)
+        latencies.append(time.perf_counter() - started)
+    return latencies
+
+
+def summary(latencies: list[float]) -> dict[str, float]:
+    latencies = sorted(latencies)
     return {
         "requests": len(latencies),
         "p50_ms": round(percentile(latencies, 0.50) * 1000, 3),
@@ -91,20 +84,52 @@ def measure(store: Path, log: Path, idle_queues: int, seconds: float) -> dict[st
     }
 
 
+def measure(root: Path, idle_queues: int, seconds: float, rounds: int) -> tuple[dict[str, float], dict[str, float]]:
+    """Both writers run at once; their windows alternate, so a change in the machine's
+    load falls on both."""
+    processes = []
+    try:
+        stubs = []
+        channels = []
+        for name, idle in (("baseline", 0), ("many", idle_queues)):
+            proc, port = start_writer(root / name, root / f"{name}.stderr")
+            processes.append(proc)
+            channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+            channels.append(channel)
+            stub = writer_pb2_grpc.WriterServiceStub(channel)
+            stub.CreateTopic(writer_pb2.CreateTopicRequest(name="Busy", queue_count=4), timeout=TIMEOUT_S)
+            fill_queues(stub, idle)
+            stubs.append(stub)
+        baseline: list[float] = []
+        many: list[float] = []
+        for _ in range(rounds):
+            baseline += window(stubs[0], seconds / rounds)
+            many += window(stubs[1], seconds / rounds)
+        for channel in channels:
+            channel.close()
+    finally:
+        for proc in processes:
+            proc.terminate()
+            proc.wait(timeout=TIMEOUT_S)
+            if proc.stdout is not None:
+                proc.stdout.close()
+    return summary(baseline), summary(many)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--queues", type=int, default=9000)
-    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--seconds", type=float, default=10.0, help="per writer, over all rounds")
+    parser.add_argument("--rounds", type=int, default=5, help="alternating windows per writer")
     parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "queue_count_latency.json"))
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="queue-latency-") as scratch:
-        root = Path(scratch)
-        baseline = measure(root / "baseline", root / "baseline.stderr", 0, args.seconds)
-        many = measure(root / "many", root / "many.stderr", args.queues, args.seconds)
+        baseline, many = measure(Path(scratch), args.queues, args.seconds, args.rounds)
     result = {
         "command": " ".join([os.path.basename(sys.executable), *sys.argv]),
         "queues": args.queues,
         "seconds": args.seconds,
+        "rounds": args.rounds,
         "baseline_4_queues": baseline,
         "with_idle_queues": many,
         "p50_ratio": round(many["p50_ms"] / baseline["p50_ms"], 2),

@@ -23,7 +23,6 @@ import random
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -31,7 +30,9 @@ import grpc
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
-from test_writer_crash import (  # noqa: E402
+from rmqstore.common.files.check import check_store
+from rmqstore.v1 import query_pb2, query_pb2_grpc
+from test_writer_crash import (
     KILL_DELAY_S,
     SIZE_ARGS,
     SIZES,
@@ -42,9 +43,6 @@ from test_writer_crash import (  # noqa: E402
     check_ok,
     verify_store,
 )
-
-from rmqstore.common.files.check import check_store  # noqa: E402
-from rmqstore.v1 import query_pb2, query_pb2_grpc  # noqa: E402
 
 FIRST_ACK_TIMEOUT_S = 30.0
 QUERY_TIMEOUT_S = 10.0

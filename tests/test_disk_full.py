@@ -14,11 +14,15 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
 import pytest
+from conftest import SMALL_FS_BYTES
+from rmqstore.common.files.check import check_store
+from rmqstore.common.files.commitlog import CommitLog
+from rmqstore.common.files.store import StorePaths
+from rmqstore.v1 import messages_pb2, writer_pb2, writer_pb2_grpc
 from test_writer_crash import (
     COMMITLOG_FILE_SIZE,
     SIZES,
@@ -26,14 +30,9 @@ from test_writer_crash import (
     check_ok,
 )
 
-from rmqstore.common.files.check import check_store
-from rmqstore.common.files.commitlog import CommitLog
-from rmqstore.common.files.store import StorePaths
-from rmqstore.v1 import messages_pb2, writer_pb2, writer_pb2_grpc
-
 pytestmark = pytest.mark.crash
 
-FS_BYTES = 1 << 20  # 16 commit log files of the crash tests' 64 KiB
+FS_BYTES = SMALL_FS_BYTES  # 16 commit log files of the crash tests' 64 KiB
 BODY_BYTES = 700
 BATCH = 8
 SENDS_MAX = 400  # bounded: the disk fills long before (64 KiB files, ~6 KiB a batch)
@@ -41,23 +40,6 @@ RECOVER_TIMEOUT_S = 10.0
 RPC_TIMEOUT_S = 20.0
 DISK_CHECK_WAIT_S = 0.3
 RATIOS_OFF = ("--disk-full-ratio", "1.0", "--disk-clean-ratio", "1.0")
-
-
-@pytest.fixture
-def small_fs(tmp_path: Path) -> Iterator[Path]:
-    """A tmpfs of FS_BYTES mounted for the test, unmounted after it."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a small file system needs root (CI runs as root)")
-    mount = tmp_path / "fs"
-    mount.mkdir()
-    subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", f"size={FS_BYTES}", "tmpfs", str(mount)],
-        check=True,
-    )
-    try:
-        yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=True)
 
 
 class Sender:

@@ -425,3 +425,30 @@ def test_mapped_files_hold_no_descriptor(tmp_path: Path) -> None:
     reopened = MappedFile(str(tmp_path / f"{5:020d}"), 8192, 5 * 8192, writable=False)
     assert bytes(reopened.buf[10:13]) == b"abc"
     reopened.close()
+
+
+def test_read_descriptors_stay_within_their_budget(tmp_path: Path) -> None:
+    """Reads through the file keep descriptors open for the next read, but no more than
+    the budget: a node reading many commit log files does not run out."""
+    from rmqstore.common.files.mapped import MappedFile, ReadDescriptors
+
+    budget = ReadDescriptors(8)
+    files = [MappedFile.create(str(tmp_path / f"{n:020d}"), 8192, n * 8192) for n in range(40)]
+    try:
+        for n, mapped in enumerate(files):
+            mapped.write(0, n.to_bytes(4, "big"))
+        before = len(os.listdir("/proc/self/fd"))
+        for n, mapped in enumerate(files):
+            with budget.using(mapped) as fd:
+                assert os.pread(fd, 4, 0) == n.to_bytes(4, "big")
+            assert len(budget) <= 8
+        assert len(os.listdir("/proc/self/fd")) == before + 8
+        # In use at once: more than the budget, each read seeing its own file.
+        with budget.using(files[0]) as a, budget.using(files[1]) as b:
+            assert (os.pread(a, 4, 0), os.pread(b, 4, 0)) == (b"\0\0\0\0", b"\0\0\0\1")
+        for mapped in files:
+            budget.discard(mapped)
+        assert len(os.listdir("/proc/self/fd")) == before
+    finally:
+        for mapped in files:
+            mapped.close()

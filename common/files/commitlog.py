@@ -129,15 +129,16 @@ def _read_records(
     read with pread (READ_AHEAD_BYTES first) and decoded, None for anything else, False
     for a record ``match`` (KeyMatch.compiled) does not keep."""
     assert _speedups is not None
-    records = _speedups.read_records(
-        mapped.read_descriptor(),
-        positions,
-        mapped.file_size_bytes,
-        mapped.start_offset,
-        READ_AHEAD_BYTES,
-        check_crc,
-        match,
-    )
+    with mapped.reading() as descriptor:
+        records = _speedups.read_records(
+            descriptor,
+            positions,
+            mapped.file_size_bytes,
+            mapped.start_offset,
+            READ_AHEAD_BYTES,
+            check_crc,
+            match,
+        )
     return records  # type: ignore[no-any-return]
 
 
@@ -280,9 +281,10 @@ class CommitLog:
         mapped = self.files.find(first_offset)
         if mapped is None or not mapped.start_offset <= last_offset < mapped.end_offset:
             return None
-        found = _speedups.first_stored_after(
-            units, lo, hi, timestamp_ms, strict, mapped.read_descriptor(), mapped.start_offset, mapped.file_size_bytes
-        )
+        with mapped.reading() as descriptor:
+            found = _speedups.first_stored_after(
+                units, lo, hi, timestamp_ms, strict, descriptor, mapped.start_offset, mapped.file_size_bytes
+            )
         return found  # type: ignore[no-any-return]
 
     @property

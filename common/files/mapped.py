@@ -8,9 +8,12 @@ open the file ``O_RDONLY``: they never write and work on directories they cannot
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import errno
 import mmap
 import os
+import threading
 from collections.abc import Iterator
 
 from rmqstore.common.errors import Corruption, InvalidArgument, ReadOnly, invariant
@@ -95,7 +98,6 @@ class MappedFile:
         if not read_ahead and hasattr(mmap, "MADV_RANDOM"):
             self._pages.madvise(mmap.MADV_RANDOM)
         self.buf = self._pages.view
-        self._read_fd: int | None = None
         self._write_fd: int | None = None  # see hold_descriptor
         # Written through since the last flush: the periodic flush syncs only such files.
         self.dirty = False
@@ -329,20 +331,18 @@ class MappedFile:
         """Up to ``length`` bytes from ``position`` (fewer at the end of the file), read
         through the file rather than the mapping: no page is mapped into the process, so
         the read costs no page fault and adds nothing to the resident set. The descriptor
-        stays open for the next read."""
-        return os.pread(self.read_descriptor(), max(0, min(length, self.file_size_bytes - position)), position)
+        stays open for the next read (within the process's budget: READ_DESCRIPTORS)."""
+        with self.reading() as fd:
+            return os.pread(fd, max(0, min(length, self.file_size_bytes - position)), position)
 
-    def read_descriptor(self) -> int:
-        """A read-only descriptor of the file, open until :meth:`close` (for reads that
-        go through the file rather than the mapping)."""
-        if self._read_fd is None:
-            self._read_fd = os.open(self.path, os.O_RDONLY)
-        return self._read_fd
+    def reading(self) -> contextlib.AbstractContextManager[int]:
+        """A read-only descriptor of the file for the block's reads (through the file
+        rather than the mapping); kept open afterwards for the next reads, up to the
+        process's budget of such descriptors."""
+        return READ_DESCRIPTORS.using(self)
 
     def close(self) -> None:
-        if self._read_fd is not None:
-            os.close(self._read_fd)
-            self._read_fd = None
+        READ_DESCRIPTORS.discard(self)
         self.drop_descriptor()
         self.buf.release()
         self._pages.close()
@@ -350,6 +350,60 @@ class MappedFile:
     def __repr__(self) -> str:
         mode = "rw" if self.writable else "ro"
         return f"MappedFile({self.path!r}, {mode})"
+
+
+class ReadDescriptors:
+    """The read-only descriptors files keep open for reads through the file, at most
+    ``budget`` of them: opening one more closes the least recently used that no read is
+    using (a read under way keeps its own, so the budget is exceeded only while more
+    reads than that run at once). Without it a query node held one per commit log file
+    it had ever read."""
+
+    def __init__(self, budget: int):
+        self.budget = budget
+        self._lock = threading.Lock()
+        self._open: collections.OrderedDict[MappedFile, list[int]] = collections.OrderedDict()  # [fd, users]
+
+    @contextlib.contextmanager
+    def using(self, mapped: MappedFile) -> Iterator[int]:
+        with self._lock:
+            entry = self._open.get(mapped)
+            if entry is None:
+                entry = [os.open(mapped.path, os.O_RDONLY), 0]
+                self._open[mapped] = entry
+            else:
+                self._open.move_to_end(mapped)
+            entry[1] += 1
+            self._evict()
+        try:
+            yield entry[0]
+        finally:
+            with self._lock:
+                entry[1] -= 1
+                if entry[1] == 0 and self._open.get(mapped) is not entry:
+                    os.close(entry[0])  # evicted or discarded while in use: the last user closes it
+                self._evict()
+
+    def _evict(self) -> None:
+        while len(self._open) > self.budget:
+            idle = next((victim for victim, entry in self._open.items() if entry[1] == 0), None)
+            if idle is None:
+                return
+            os.close(self._open.pop(idle)[0])
+
+    def discard(self, mapped: MappedFile) -> None:
+        """Close the file's descriptor (its file is closed or deleted)."""
+        with self._lock:
+            entry = self._open.pop(mapped, None)
+            if entry is not None and entry[1] == 0:
+                os.close(entry[0])
+
+    def __len__(self) -> int:
+        return len(self._open)
+
+
+READ_DESCRIPTORS_MAX = 256
+READ_DESCRIPTORS = ReadDescriptors(READ_DESCRIPTORS_MAX)
 
 
 class MappedFileQueue:

@@ -99,6 +99,11 @@ class MappedFile:
             self._pages.madvise(mmap.MADV_RANDOM)
         self.buf = self._pages.view
         self._write_fd: int | None = None  # see hold_descriptor
+        # Users of the held descriptor: a flush on the flusher thread may still be syncing
+        # through it when the appender drops it; the last user closes a dropped one.
+        self._write_lock = threading.Lock()
+        self._write_users = 0
+        self._write_dropped: int | None = None
         # Written through since the last flush: the periodic flush syncs only such files.
         self.dirty = False
 
@@ -184,7 +189,7 @@ class MappedFile:
         # new page. The mapping shares those pages, so it reads what was written. The
         # descriptor lives for this write only (a reindex writes large blocks to
         # thousands of queue files; holding one each would run out of descriptors).
-        fd = self._write_fd if self._write_fd is not None else os.open(self.path, os.O_RDWR)
+        fd, owned = self._take_descriptor()
         try:
             written = os.pwrite(fd, data, position)
             while written < len(data):
@@ -193,8 +198,7 @@ class MappedFile:
                     raise OSError(errno.EIO, f"{self.path}: a write at {position + written} stored nothing")
                 written += more
         finally:
-            if fd != self._write_fd:
-                os.close(fd)
+            self._give_descriptor(fd, owned)
 
     def zero(self, position: int, end: int | None = None) -> None:
         """Zero ``[position, end)`` (default: to the end of the file)."""
@@ -207,7 +211,7 @@ class MappedFile:
         """Zero what a failed write left in [position, end), through the file, a page at
         a time, where it can: on a full disk a page that was never written stays a hole
         (zero already) and its write fails, which is ignored."""
-        fd = self._write_fd if self._write_fd is not None else os.open(self.path, os.O_RDWR)
+        fd, owned = self._take_descriptor()
         try:
             for start in range(position - position % mmap.PAGESIZE, end, mmap.PAGESIZE):
                 low, high = max(start, position), min(start + mmap.PAGESIZE, end)
@@ -217,8 +221,7 @@ class MappedFile:
                     pass
             self.dirty = True
         finally:
-            if fd != self._write_fd:
-                os.close(fd)
+            self._give_descriptor(fd, owned)
 
     def _allocated_end(self) -> int:
         """Where the file's trailing hole starts (SEEK_DATA/SEEK_HOLE; pages written
@@ -289,34 +292,55 @@ class MappedFile:
         # holds it, stalling every other thread — the appends a group commit is waiting
         # to cover. The whole file is synced: only its dirty pages cost anything. The
         # descriptor is opened per flush so that a store of many files holds none.
-        if self._write_fd is not None:
-            fd = self._write_fd
-        else:
-            try:
-                fd = os.open(self.path, os.O_RDWR)
-            except FileNotFoundError:
-                return  # deleted by retention meanwhile: nothing left to make durable
+        try:
+            fd, owned = self._take_descriptor()
+        except FileNotFoundError:
+            return  # deleted by retention meanwhile: nothing left to make durable
         try:
             _datasync(fd)
         except BaseException:
             self.dirty = True
             raise
         finally:
-            if fd != self._write_fd:
-                os.close(fd)
+            self._give_descriptor(fd, owned)
+
+    def _take_descriptor(self) -> tuple[int, bool]:
+        """The held descriptor (counted as in use), or a new one the caller owns."""
+        with self._write_lock:
+            if self._write_fd is not None:
+                self._write_users += 1
+                return self._write_fd, False
+        return os.open(self.path, os.O_RDWR), True
+
+    def _give_descriptor(self, fd: int, owned: bool) -> None:
+        if owned:
+            os.close(fd)
+            return
+        with self._write_lock:
+            self._write_users -= 1
+            if self._write_users == 0 and self._write_dropped is not None:
+                os.close(self._write_dropped)
+                self._write_dropped = None
 
     def hold_descriptor(self) -> None:
         """Keep a read-write descriptor open for flushes and large writes, until
         :meth:`drop_descriptor` or :meth:`close`. For the few files being written (the
         commit log's newest): appending to them and acknowledging a SYNC write then need
         no new descriptor, which a process that has run out of them cannot get."""
-        if self._write_fd is None and self.writable:
-            self._write_fd = os.open(self.path, os.O_RDWR)
+        with self._write_lock:
+            if self._write_fd is None and self._write_dropped is None and self.writable:
+                self._write_fd = os.open(self.path, os.O_RDWR)
 
     def drop_descriptor(self) -> None:
-        if self._write_fd is not None:
-            os.close(self._write_fd)
-            self._write_fd = None
+        """Close the held descriptor, or have its last user close it."""
+        with self._write_lock:
+            fd, self._write_fd = self._write_fd, None
+            if fd is None:
+                return
+            if self._write_users:
+                self._write_dropped = fd
+            else:
+                os.close(fd)
 
     def flush_if_dirty(self) -> bool:
         """:meth:`flush` if anything was written since the last flush; whether it was.

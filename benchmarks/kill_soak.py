@@ -31,8 +31,6 @@ import grpc
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
-from rmqstore.common.files.check import check_store
-from rmqstore.v1 import query_pb2, query_pb2_grpc
 from test_writer_crash import (
     KILL_DELAY_S,
     SIZE_ARGS,
@@ -44,6 +42,9 @@ from test_writer_crash import (
     check_ok,
     verify_store,
 )
+
+from rmqstore.common.files.check import check_store
+from rmqstore.v1 import query_pb2, query_pb2_grpc
 
 FIRST_ACK_TIMEOUT_S = 30.0
 QUERY_TIMEOUT_S = 10.0

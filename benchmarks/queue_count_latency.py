@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 import grpc
+
 from rmqstore.v1 import messages_pb2, writer_pb2, writer_pb2_grpc
 
 SIZE_ARGS = ["--commitlog-file-size", str(64 << 20), "--cq-file-units", "1000"]

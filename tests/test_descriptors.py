@@ -25,6 +25,9 @@ from pathlib import Path
 
 import grpc
 import pytest
+from test_disk_full import fill
+from test_writer_crash import SIZES, check_ok, verify_store
+
 from rmqstore.common.errors import OutOfResources, Unavailable
 from rmqstore.common.files.check import check_store
 from rmqstore.common.files.progress import read_progress
@@ -34,8 +37,6 @@ from rmqstore.v1 import messages_pb2, writer_pb2, writer_pb2_grpc
 from rmqstore.writer.config import FlushPolicy, WriterConfig
 from rmqstore.writer.store import Writer
 from rmqstore.writer.validate import MessageInput
-from test_disk_full import fill
-from test_writer_crash import SIZES, check_ok, verify_store
 
 SPARE_DESCRIPTORS = (
     24  # left to the process below the limit while the test holds the rest

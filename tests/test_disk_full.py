@@ -19,16 +19,17 @@ from pathlib import Path
 import grpc
 import pytest
 from conftest import SMALL_FS_BYTES
-from rmqstore.common.files.check import check_store
-from rmqstore.common.files.commitlog import CommitLog
-from rmqstore.common.files.store import StorePaths
-from rmqstore.v1 import messages_pb2, writer_pb2, writer_pb2_grpc
 from test_writer_crash import (
     COMMITLOG_FILE_SIZE,
     SIZES,
     WriterProcess,
     check_ok,
 )
+
+from rmqstore.common.files.check import check_store
+from rmqstore.common.files.commitlog import CommitLog
+from rmqstore.common.files.store import StorePaths
+from rmqstore.v1 import messages_pb2, writer_pb2, writer_pb2_grpc
 
 pytestmark = pytest.mark.crash
 

@@ -20,12 +20,13 @@ from pathlib import Path
 
 import pytest
 from powerloss import Snapshot, recording, write_crash_state
+from test_writer_crash import SIZES, check_ok, verify_store
+
 from rmqstore.common.files.commitlog import CommitLog
 from rmqstore.common.files.store import StorePaths
 from rmqstore.writer.config import FlushPolicy, WriterConfig
 from rmqstore.writer.store import AppendResult, Writer
 from rmqstore.writer.validate import MessageInput
-from test_writer_crash import SIZES, check_ok, verify_store
 
 pytestmark = pytest.mark.crash
 

@@ -23,8 +23,8 @@ from typing import NamedTuple, overload
 from opentelemetry import trace
 
 from rmqstore.common.codec import properties as props
-from rmqstore.common.codec.dispatch import DispatchBatch
 from rmqstore.common.codec.checkpoint import Checkpoint
+from rmqstore.common.codec.dispatch import DispatchBatch
 from rmqstore.common.codec.hosts import SocketAddress
 from rmqstore.common.codec.msgid import offset_msg_id, offset_msg_ids
 from rmqstore.common.codec.record import encode_records, set_physical_offsets
@@ -52,7 +52,13 @@ from rmqstore.writer.config import FlushPolicy, WriterConfig
 from rmqstore.writer.ids import UniqKeyGenerator
 from rmqstore.writer.lock import StoreLock
 from rmqstore.writer.topics import TopicTable
-from rmqstore.writer.validate import Limits, MessageBatch, MessageInput, validate_batch, validate_parts
+from rmqstore.writer.validate import (
+    Limits,
+    MessageBatch,
+    MessageInput,
+    validate_batch,
+    validate_parts,
+)
 
 DISK_CHECK_INTERVAL_S = 0.1
 RETENTION_FILES_PER_RUN = 10

@@ -9,7 +9,13 @@ from __future__ import annotations
 import errno
 import os
 
-from rmqstore.common.codec.checkpoint import FILE_SIZE, V4_SIZE, Checkpoint, decode_checkpoint, encode_checkpoint
+from rmqstore.common.codec.checkpoint import (
+    FILE_SIZE,
+    V4_SIZE,
+    Checkpoint,
+    decode_checkpoint,
+    encode_checkpoint,
+)
 from rmqstore.common.errors import Corruption
 from rmqstore.common.files.mapped import fsync_directory
 

@@ -18,6 +18,7 @@ Usage: python benchmarks/key_floor.py [--size 1000000] [--work DIR]. Prints JSON
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import shutil
 import statistics
@@ -47,11 +48,13 @@ def measure(store: Path, workload: Workload, lookups: int) -> dict[str, Any]:
         raise SystemExit("key_floor.py measures the compiled calls: build the extension (pip install -e .)")
     hot = [query for query in build_query_sets(workload, key_lookups=lookups).keys if query.kind == "hot"]
     view = StoreView(str(store))
+    reading: contextlib.AbstractContextManager[int] | None = None
     try:
         if len(view.index.files) != 1 or len(view.log.files.files) != 1:
             raise SystemExit("key_floor.py reads one index file and one commit log file: use a smaller --size")
         index, log = view.index.files[0], view.log.files.files[0]
-        descriptor, size, visible = log.read_descriptor(), log.file_size_bytes, view.visible_offset
+        reading = log.reading()
+        descriptor, size, visible = reading.__enter__(), log.file_size_bytes, view.visible_offset
         clock = time.perf_counter_ns
         times: dict[str, list[int]] = {name: [] for name in ("walk", "reads", "walk_and_reads", "records", "by_key")}
         pages_agree = not_kept = 0
@@ -79,6 +82,8 @@ def measure(store: Path, workload: Workload, lookups: int) -> dict[str, Any]:
             # The records read are the page's first ones (by_key reads on for the rest).
             pages_agree += page.records[: len(kept)] == kept[:KEY_PAGE_SIZE]
     finally:
+        if reading is not None:
+            reading.__exit__(None, None, None)
         view.close()
     return {
         "hot_lookups": len(hot),

@@ -62,6 +62,20 @@ class StoreFull(StoreError):
     """The disk is above the configured full ratio, or a file cannot grow."""
 
 
+class OutOfResources(StoreError):
+    """The process ran out of something the operating system grants (file descriptors,
+    memory): retry once it returns."""
+
+    retriable = True
+
+
+class Unavailable(StoreError):
+    """The store cannot take this request now, for the reason given (a dispatch waiting
+    for a resource to return); nothing is wrong with the request."""
+
+    retriable = True
+
+
 class StoreLocked(StoreError):
     """Another writer holds the store directory's lock."""
 

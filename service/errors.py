@@ -21,6 +21,8 @@ CODES: dict[type[errors.StoreError], grpc.StatusCode] = {
     errors.NotFound: grpc.StatusCode.NOT_FOUND,
     errors.OutOfRange: grpc.StatusCode.OUT_OF_RANGE,
     errors.StoreFull: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    errors.OutOfResources: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    errors.Unavailable: grpc.StatusCode.UNAVAILABLE,
     errors.StoreLocked: grpc.StatusCode.FAILED_PRECONDITION,
     errors.ReadOnly: grpc.StatusCode.FAILED_PRECONDITION,
     errors.CrcMismatch: grpc.StatusCode.DATA_LOSS,

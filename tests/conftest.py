@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -37,3 +39,21 @@ def clean_copy(tmp_path: Path) -> Path:
         for name in names:
             os.chmod(os.path.join(dirpath, name), 0o644)
     return target
+
+
+SMALL_FS_BYTES = 1 << 20
+
+
+@pytest.fixture
+def small_fs(tmp_path: Path) -> Iterator[Path]:
+    """A tmpfs of SMALL_FS_BYTES mounted for the test (a disk that fills up), unmounted
+    after it. Mounting needs root, which CI has."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small file system needs root (CI runs as root)")
+    mount = tmp_path / "fs"
+    mount.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={SMALL_FS_BYTES}", "tmpfs", str(mount)], check=True)
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=True)

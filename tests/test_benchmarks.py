@@ -248,3 +248,18 @@ def test_the_rocketmq5_benchmark_measures_both_senders(tmp_path: Path) -> None:
     assert "python benchmarks/rocketmq5_bench.py --messages 200" in report
     assert "# old figures" not in report
     assert report.endswith("|\n\n## What bounds the figure\n\nkept as written\n")
+
+
+def test_queue_count_latency_smoke(tmp_path: Path) -> None:
+    """benchmarks/queue_count_latency.py at a smoke size: it runs and writes its figures."""
+    out = tmp_path / "latency.json"
+    done = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "queue_count_latency.py"), "--queues", "50", "--seconds", "0.3", "--out", str(out)],
+        cwd=REPO, capture_output=True, text=True, timeout=TIMEOUT_S, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(out.read_text(encoding="utf-8"))
+    assert result["queues"] == 50 and "queue_count_latency.py --queues 50" in result["command"]
+    for side in ("baseline_4_queues", "with_idle_queues"):
+        assert result[side]["requests"] > 0 and 0 < result[side]["p50_ms"] <= result[side]["p99_ms"]
+    assert result["p50_ratio"] > 0 and result["p99_ratio"] > 0

@@ -118,7 +118,7 @@ class WriterStartFailed(Exception):
 class WriterProcess:
     """A ``rmqstore writer serve`` subprocess and its stdout lines."""
 
-    def __init__(self, store: Path, flush: str, log_dir: Path, number: int):
+    def __init__(self, store: Path, flush: str, log_dir: Path, number: int, extra_args: tuple[str, ...] = ()):
         self.store = store
         self.stderr_path = log_dir / f"writer-{number}.stderr"
         env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
@@ -128,6 +128,7 @@ class WriterProcess:
             [
                 sys.executable, "-m", "rmqstore.cli.main", "writer", "serve",
                 "--store", str(store), "--host", "127.0.0.1", "--port", "0", "--flush", flush, *SIZE_ARGS,
+                *extra_args,
             ],  # fmt: skip
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
@@ -758,7 +759,8 @@ def test_restart_after_a_kill_while_creating_a_file(
         # One index entry per record: 199 fill the first file; the next one is being made.
         acks = written_store(start_writer, store, plain_messages(INDEX_ENTRIES - 1))
         directory = Path(paths.index)
-        [first_name] = os.listdir(directory)
+        # (Hidden names are not index files: the writer allocates the next one ahead.)
+        [first_name] = [name for name in os.listdir(directory) if not name.startswith(".")]
         header = ix.decode_header((directory / first_name).read_bytes())
         assert header.index_count == INDEX_ENTRIES
         name, size = ix.file_name(header.end_timestamp_ms + 1), ix.file_size(INDEX_SLOTS, INDEX_ENTRIES)

@@ -38,3 +38,6 @@ class WriterConfig:
     retention_interval_ms: int = 10_000
     # Mid-log corruption stops the writer from starting unless the loss is accepted.
     truncate_corrupt_tail: bool = False
+    # The machine's boot (None: the kernel's boot id). Written into ``abort``: a start
+    # that finds another boot's there knows the page cache may have lost unsynced pages.
+    boot_id: str | None = None

@@ -28,12 +28,22 @@ from rmqstore.common.codec.dispatch import DispatchBatch
 from rmqstore.common.codec.hosts import SocketAddress
 from rmqstore.common.codec.msgid import offset_msg_id, offset_msg_ids
 from rmqstore.common.codec.record import encode_records, set_physical_offsets
-from rmqstore.common.errors import Corruption, InvalidArgument, NotFound, StoreFull, invariant
+from rmqstore.common.errors import (
+    Corruption,
+    InvalidArgument,
+    NotFound,
+    OutOfResources,
+    StoreError,
+    StoreFull,
+    Unavailable,
+    invariant,
+)
 from rmqstore.common.files.checkpoint import read_checkpoint, write_checkpoint
 from rmqstore.common.files.commitlog import CommitLog, ScanStop, StopReason
 from rmqstore.common.files.consumequeue import ConsumeQueueSet
 from rmqstore.common.files.geometry import record_geometry
-from rmqstore.common.files.index import IndexFileList
+from rmqstore.common.files.index import IndexFile, IndexFileList
+from rmqstore.common.files.mapped import fsync_directory, makedirs_durable
 from rmqstore.common.files.progress import ProgressPublisher
 from rmqstore.common.files.scan import ColumnScan
 from rmqstore.common.files.store import Dispatcher, StorePaths, geometry_of
@@ -58,6 +68,18 @@ THOROUGH_FLUSH_INTERVAL_MS = 1000  # flushIntervalConsumeQueue
 # caller's batch always goes, whatever its size), bounding the wait of the last caller.
 GROUP_MAX_MESSAGES = 4096
 _TRACER = trace.get_tracer("rmqstore.writer")
+_DISK_FULL_ERRNOS = frozenset((errno.ENOSPC, errno.EDQUOT))
+_RESOURCE_ERRNOS = frozenset((errno.EMFILE, errno.ENFILE, errno.ENOMEM))
+
+
+def typed_os_error(error: OSError, what: str) -> StoreError | None:
+    """The store's error for an operating system refusal that goes away once the resource
+    returns (a full disk, no descriptors left), or None for any other failure."""
+    if error.errno in _DISK_FULL_ERRNOS:
+        return StoreFull(f"the disk is full ({error.strerror}): {what}")
+    if error.errno in _RESOURCE_ERRNOS:
+        return OutOfResources(f"{error.strerror}: {what}")
+    return None
 
 
 class AppendResult(NamedTuple):
@@ -213,6 +235,30 @@ def _split(requests: list[_AppendRequest], combined: MessageBatch) -> None:
         start += request.count
 
 
+def _current_boot_id() -> str:
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as handle:
+            return handle.read().strip()
+    except OSError:
+        return ""
+
+
+def _abort_boot_id(path: str) -> str:
+    """The boot id a writer wrote into ``abort`` (empty: an older writer's or Apache's
+    marker, taken as this boot's: only a process crash is assumed)."""
+    try:
+        with open(path, "rb") as handle:
+            return handle.read(64).decode("ascii", "replace").strip()
+    except OSError:
+        return ""
+
+
+def _describe(error: BaseException) -> str:
+    if isinstance(error, OSError) and error.strerror:
+        return f"[Errno {error.errno}] {error.strerror}"
+    return str(error) or type(error).__name__
+
+
 class Writer:
     """Owns a store directory until :meth:`close`."""
 
@@ -221,7 +267,7 @@ class Writer:
         self.paths = StorePaths(config.store)
         self.store_host = SocketAddress.parse(config.store_host)
         self.limits = Limits(config.max_body_bytes, config.max_keys, config.max_key_length, config.max_batch_messages)
-        os.makedirs(config.store, exist_ok=True)
+        makedirs_durable(config.store)
         self._lock_file = StoreLock(self.paths.lock)
         self._append_lock = threading.Lock()
         self._queue_lock = threading.Lock()
@@ -239,6 +285,10 @@ class Writer:
         sizes = self.config.sizes
         record_geometry(self.paths.config, geometry_of(sizes))
         self.unclean_start = os.path.exists(self.paths.abort)
+        self.boot_id = self.config.boot_id or _current_boot_id()
+        # A crash of the process leaves the page cache whole: what it wrote is there. A
+        # power cut (another boot since) may have kept any subset of the unsynced pages.
+        self.power_lost = self.unclean_start and _abort_boot_id(self.paths.abort) not in ("", self.boot_id)
         self.log = CommitLog(self.paths.commitlog, sizes.commitlog_file_size_bytes, writable=True)
         self.queues = ConsumeQueueSet(self.paths.consumequeue, sizes.cq_file_units, writable=True)
         self.queues.open_all()
@@ -253,8 +303,15 @@ class Writer:
         self._last_store_ts = self.publisher.last.last_store_timestamp_ms if self.publisher.last else 0
         self._disk_checked_at = 0.0
         self._disk_full_reason: str | None = None
+        # Why records appended to the commit log are not dispatched yet (None: they all
+        # are). While set, writes are refused; each write and each periodic flush tries
+        # to complete the dispatch.
+        self.dispatch_pending: str | None = None
         with open(self.paths.abort, "wb") as handle:
+            handle.write(self.boot_id.encode("ascii", "replace"))
+            handle.flush()
             os.fsync(handle.fileno())
+        fsync_directory(self.config.store)
         self.flushed_offset = self.durable_offset = self.log.write_offset or 0
 
     # Recovery
@@ -272,6 +329,10 @@ class Writer:
             # bad bytes there are a write the kill interrupted (a memcpy stores its bytes in
             # no fixed order), so they are a torn tail, not corruption.
             stop = ScanStop(stop.end_offset, StopReason.TORN, stop.error, stop.dropped_bytes)
+        if stop.reason is StopReason.CORRUPT and self.power_lost and progress is not None and stop.end_offset >= progress.durable_offset:
+            # After a power cut any page past the last commit log sync may be old or new:
+            # a record made of both is what the cut left of writes never known durable.
+            stop = ScanStop(stop.end_offset, StopReason.TORN, stop.error, stop.dropped_bytes)
         if stop.reason is StopReason.CORRUPT and not self.config.truncate_corrupt_tail:
             raise Corruption(
                 f"the commit log is corrupt: {stop.describe()}. Nothing was changed. Copy the store "
@@ -286,6 +347,8 @@ class Writer:
                 queue.truncate_to_commitlog(end)
                 truncated += 1
         dropped = self._drop_index_files_past(end) + self._drop_unwritten_newest_index()
+        if self.power_lost and progress is not None:
+            dropped += self._drop_index_files_past(progress.durable_offset, trust_entries=False)
         self._repair_newest_index_header(end)
         redispatch_from = scan_from
         if not self.index.files:
@@ -343,10 +406,23 @@ class Writer:
         if last < end and last != newest.end_phy_offset:
             newest.repair_header_end(self.log.read(last, check_crc=False).store_timestamp_ms)
 
-    def _drop_index_files_past(self, end: int) -> int:
+    def _drop_index_files_past(self, end: int, *, trust_entries: bool = True) -> int:
         """Index files holding entries at or past the end of the log point at records that
-        are gone: delete them (their earlier records are re-indexed from the commit log)."""
-        doomed = [f for f in self.index.files if f.index_count > 1 and f.last_entry_phy_offset() >= end]
+        are gone: delete them (their earlier records are re-indexed from the commit log).
+
+        After a power cut (``trust_entries=False``, ``end`` the durable offset) any page
+        written after the last sync may be old or new: a slot may name an entry that is
+        not there, an entry may be unreachable from its slot. Every file written past
+        the durable offset (by its header's end, or its last entry) is rebuilt."""
+        def written_past(f: IndexFile) -> bool:
+            last = f.last_entry_phy_offset()
+            return last >= end if trust_entries else max(last, f.end_phy_offset) >= end
+
+        doomed = [f for f in self.index.files if f.index_count > 1 and written_past(f)]
+        if doomed and not trust_entries:
+            # Every newer file goes too (an empty newest one included): re-indexing then
+            # starts from the last entry of a file that is kept whole.
+            doomed = self.index.files[self.index.files.index(doomed[0]) :]
         for index_file in doomed:
             index_file.close()
             os.unlink(index_file.path)
@@ -482,6 +558,7 @@ class Writer:
         with self._append_lock:
             if self._closed:
                 raise InvalidArgument("the writer is closed")
+            self._complete_dispatch()
             self._check_disk()
             if combined is not None:
                 try:
@@ -531,8 +608,28 @@ class Writer:
         with span(_TRACER, "rmqstore.append") as current:
             current.set_attribute("rmqstore.messages", batch.message_count)
             plans, results = self._append_batch(batch, peer)
-        with span(_TRACER, "rmqstore.dispatch"):
-            self.dispatcher.dispatch_batch(plans)
+        try:
+            with span(_TRACER, "rmqstore.dispatch"):
+                self.dispatcher.dispatch_batch(plans)
+        except Exception as error:
+            # The commit log is the truth: the records stay, and their dispatch is
+            # completed once the resource returns. Until then nothing past them is
+            # published (query nodes see none of them) and writes are refused.
+            first, last = results.commitlog_offsets[0], results.commitlog_offsets[-1] + results.sizes[-1]
+            self.dispatch_pending = f"dispatch of commit log [{first}, {last}) failed: {_describe(error)}"
+            raise Unavailable(
+                f"the batch is in the commit log at offsets [{first}, {last}) but its dispatch failed "
+                f"({_describe(error)}); its messages become visible once the dispatch completes, "
+                "and the writer refuses writes until then"
+            ) from error
+        self._publish_dispatched()
+        start = 0
+        for request in requests:
+            stop = start + request.count
+            request.results = results.part(start, stop) if len(requests) > 1 else results
+            start = stop
+
+    def _publish_dispatched(self) -> None:
         end = self.log.write_offset
         assert end is not None
         self.publisher.publish(
@@ -541,11 +638,31 @@ class Writer:
             commitlog_min_offset=self.log.min_offset,
             last_store_timestamp_ms=self._last_store_ts,
         )
-        start = 0
-        for request in requests:
-            stop = start + request.count
-            request.results = results.part(start, stop) if len(requests) > 1 else results
-            start = stop
+
+    def _complete_dispatch(self) -> None:
+        """Dispatch what a failed dispatch left undone, from the published offset to the
+        end of the log (dispatch is idempotent: units and keys already written are
+        skipped), then publish. Under the append lock. Raises :class:`Unavailable`, naming
+        the cause, while it still fails."""
+        if self.dispatch_pending is None:
+            return
+        published = self.publisher.last.dispatched_offset if self.publisher.last else self.log.min_offset
+        end = self.log.write_offset or 0
+        try:
+            if published < end:
+                self.dispatcher.dispatch_columns(ColumnScan(self.log, published, end, check_crc=False))
+        except Exception as error:
+            self.dispatch_pending = f"dispatch of commit log [{published}, {end}) failed: {_describe(error)}"
+            raise Unavailable(f"writes are refused until the {self.dispatch_pending}") from error
+        self.dispatch_pending = None
+        self._publish_dispatched()
+
+    def retry_dispatch(self) -> bool:
+        """Try to complete a pending dispatch now; whether none is pending afterwards."""
+        with self._append_lock:
+            with contextlib.suppress(Unavailable):
+                self._complete_dispatch()
+            return self.dispatch_pending is None
 
     def _admit(self, batch: MessageBatch) -> None:
         """Check a batch's topics and queue ids against the topic table, then create the
@@ -574,7 +691,13 @@ class Writer:
                         f"{where}queue id {queue_id} is out of range: topic {topic} has {counts[topic]} queues"
                     )
         for topic in sorted(to_create):
-            self.topics.create(topic, self.config.auto_create_queue_count)
+            try:
+                self.topics.create(topic, self.config.auto_create_queue_count)
+            except OSError as error:
+                typed = typed_os_error(error, f"topic {topic} could not be created; the batch was not stored")
+                if typed is None:
+                    raise
+                raise typed from error
 
     def _append_batch(self, batch: MessageBatch, peer: SocketAddress | None) -> tuple[DispatchBatch, AppendResults]:
         """Encode the messages, lay them out in the commit log, write them in one go and
@@ -602,20 +725,48 @@ class Writer:
         if offsets[-1] - start != len(records) - sizes[-1]:
             # The batch starts a new file part-way: the records after the BLANK move on.
             records = set_physical_offsets(records, sizes, offsets)
+        timestamps = [store_ts] * count
+        plans = DispatchBatch.of_messages(topics, queue_ids, queue_offsets, offsets, sizes, timestamps, tags, uniq_keys, keys)
+        self._prepare_dispatch(topics, queue_ids, queue_offsets, next_queue_offsets, sum(plans.key_counts))
         try:
             self.log.write_laid_out(offsets, sizes, records)
         except BaseException as error:
             # A failed write (a full disk) stores nothing: its bytes are cleared and the
             # queue offsets it planned stay free.
             self.log.abandon(start, offsets[-1] + sizes[-1])
-            if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
-                raise StoreFull(f"the disk is full ({error.strerror}): the batch was not stored") from error
+            typed = typed_os_error(error, "the batch was not stored") if isinstance(error, OSError) else None
+            if typed is not None:
+                raise typed from error
             raise
         self._next_queue_offset.update(next_queue_offsets)
         self._last_store_ts = store_ts
-        timestamps = [store_ts] * count
-        plans = DispatchBatch.of_messages(topics, queue_ids, queue_offsets, offsets, sizes, timestamps, tags, uniq_keys, keys)
         return plans, AppendResults(store_host, store_ts, uniq_keys, topics, queue_ids, queue_offsets, offsets, sizes)
+
+    def _prepare_dispatch(
+        self,
+        topics: list[str],
+        queue_ids: list[int],
+        queue_offsets: list[int],
+        next_queue_offsets: dict[tuple[str, int], int],
+        key_count: int,
+    ) -> None:
+        """Create, before the batch touches the commit log, every consume queue file its
+        units will go into, and the next index file's blocks if its keys may fill the
+        current one. Creating a file is what a full disk or a descriptor shortage
+        refuses; refused here, the batch is refused whole and nothing of it is stored,
+        where refused during dispatch its records would already be in the log."""
+        firsts: dict[tuple[str, int], int] = {}
+        for key, queue_offset in zip(zip(topics, queue_ids), queue_offsets):
+            firsts.setdefault(key, queue_offset)
+        try:
+            for key, first in firsts.items():
+                self.queues.get(*key).prepare(first, next_queue_offsets[key] - 1)
+            self.index.prepare(key_count)
+        except OSError as error:
+            typed = typed_os_error(error, "a consume queue or index file could not be created; the batch was not stored")
+            if typed is None:
+                raise
+            raise typed from error
 
     def _assign_queues(self, topics: list[str], queue_ids: list[int | None]) -> list[int]:
         """Messages without a queue id take the topic's queues in turn."""
@@ -660,31 +811,51 @@ class Writer:
 
     def flush_thoroughly(self) -> int:
         """Flush the commit log, the consume queues and the index, then record that
-        everything below the flushed offset needs no re-dispatch after a crash."""
-        target = self.flush()
+        everything below the flushed offset needs no re-dispatch after a crash.
+
+        Only files written since the last flush are synced, and none under the append
+        lock: with thousands of queues, syncing each of them while holding it stalled
+        every append for as long (one thread flushes at a time: the periodic task, or
+        :meth:`close` once that task has stopped)."""
+        self.retry_dispatch()
         with self._append_lock:
-            self.dispatcher.flush()
-            self.durable_offset = target
+            # Every record below the target is dispatched by now: its queue units and
+            # index entries are in the files listed here.
+            target = self.publisher.last.dispatched_offset if self.publisher.last else 0
+            queues = list(self.queues.queues.values())
+            index_files = list(self.index.files)
+        self.flush()
+        for queue in queues:
+            queue.flush()
+        for index_file in index_files:
+            index_file.flush()
+        with self._append_lock:
+            self.durable_offset = max(self.durable_offset, target)
             self.publisher.publish(
-                dispatched_offset=self.log.write_offset or 0,
-                durable_offset=target,
+                dispatched_offset=self.publisher.last.dispatched_offset if self.publisher.last else 0,
+                durable_offset=self.durable_offset,
                 commitlog_min_offset=self.log.min_offset,
                 last_store_timestamp_ms=self._last_store_ts,
             )
-            self.publisher.sync()
-            self._write_checkpoint()
+            checkpoint = self._checkpoint()
+        self.publisher.sync()
+        try:
+            write_checkpoint(self.paths.checkpoint, checkpoint)
+        except OSError as error:
+            # A full disk keeps the previous checkpoint (it is replaced whole or not at
+            # all), and recovery does not depend on it (progress holds the offsets): the
+            # flush, and a stop, go on. Anything else is raised.
+            if typed_os_error(error, "") is None:
+                raise
         return target
 
-    def _write_checkpoint(self) -> None:
+    def _checkpoint(self) -> Checkpoint:
         previous = read_checkpoint(self.paths.checkpoint)
-        write_checkpoint(
-            self.paths.checkpoint,
-            Checkpoint(
-                physic_msg_timestamp_ms=self._last_store_ts,
-                logics_msg_timestamp_ms=self.dispatcher.last_dispatched_timestamp_ms
-                or (previous.logics_msg_timestamp_ms if previous else 0),
-                index_msg_timestamp_ms=self.index.last_full_end_timestamp_ms,
-            ),
+        return Checkpoint(
+            physic_msg_timestamp_ms=self._last_store_ts,
+            logics_msg_timestamp_ms=self.dispatcher.last_dispatched_timestamp_ms
+            or (previous.logics_msg_timestamp_ms if previous else 0),
+            index_msg_timestamp_ms=self.index.last_full_end_timestamp_ms,
         )
 
     # Retention
@@ -715,7 +886,7 @@ class Writer:
             # is about to disappear.
             new_min = doomed[-1].end_offset
             self.publisher.publish(
-                dispatched_offset=self.log.write_offset or 0,
+                dispatched_offset=self.publisher.last.dispatched_offset if self.publisher.last else 0,
                 durable_offset=self.durable_offset,
                 commitlog_min_offset=new_min,
                 last_store_timestamp_ms=self._last_store_ts,

@@ -15,7 +15,7 @@ import zlib
 
 from rmqstore.common.codec.topic import validate_topic
 from rmqstore.common.errors import Corruption, InvalidArgument
-from rmqstore.common.files.mapped import fsync_directory
+from rmqstore.common.files.mapped import fsync_directory, makedirs_durable
 
 FILE_NAME = "rmqstore-topics.json"
 MAGIC = "rmqstore-topics"
@@ -57,7 +57,7 @@ class TopicTable:
         return topics
 
     def _save(self) -> None:
-        os.makedirs(self.config_dir, exist_ok=True)
+        makedirs_durable(self.config_dir)
         document = {
             "magic": MAGIC,
             "version": VERSION,

@@ -1,7 +1,12 @@
-"""The ``checkpoint`` file: read it, and write it in place as RocketMQ does (docs/format.md §8)."""
+"""The ``checkpoint`` file: read it, and replace it whole (docs/format.md §8).
+
+RocketMQ overwrites the file in place; a full disk or a crash in that write can leave it
+empty or torn. Here a new file is written and fsynced under a temporary name, then renamed
+over the old one: a reader finds the old checkpoint or the new one, never neither."""
 
 from __future__ import annotations
 
+import errno
 import os
 
 from rmqstore.common.codec.checkpoint import (
@@ -12,6 +17,7 @@ from rmqstore.common.codec.checkpoint import (
     encode_checkpoint,
 )
 from rmqstore.common.errors import Corruption
+from rmqstore.common.files.mapped import fsync_directory
 
 
 def read_checkpoint(path: str) -> Checkpoint | None:
@@ -28,10 +34,22 @@ def read_checkpoint(path: str) -> Checkpoint | None:
 
 
 def write_checkpoint(path: str, checkpoint: Checkpoint) -> None:
-    """Overwrite the 4096-byte file in place and fsync it (StoreCheckpoint.flush)."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    """Replace the 4096-byte file (StoreCheckpoint.flush's bytes): write a temporary file,
+    fsync it, rename it over ``path``, fsync the directory. A failure (ENOSPC) leaves the
+    previous checkpoint as it was and raises."""
+    directory = os.path.dirname(path) or "."
+    temp = os.path.join(directory, f".{os.path.basename(path)}.writing")
+    data = encode_checkpoint(checkpoint).ljust(FILE_SIZE, b"\x00")
+    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
-        os.pwrite(fd, encode_checkpoint(checkpoint), 0)
+        written = os.write(fd, data)
+        if written != len(data):  # a short write to a regular file: the disk filled up
+            raise OSError(errno.ENOSPC, f"{temp}: only {written} of {len(data)} bytes written")
         os.fsync(fd)
-    finally:
+    except BaseException:
         os.close(fd)
+        os.unlink(temp)
+        raise
+    os.close(fd)
+    os.rename(temp, path)
+    fsync_directory(directory)

@@ -130,15 +130,16 @@ def _read_records(
     read with pread (READ_AHEAD_BYTES first) and decoded, None for anything else, False
     for a record ``match`` (KeyMatch.compiled) does not keep."""
     assert _speedups is not None
-    records = _speedups.read_records(
-        mapped.read_descriptor(),
-        positions,
-        mapped.file_size_bytes,
-        mapped.start_offset,
-        READ_AHEAD_BYTES,
-        check_crc,
-        match,
-    )
+    with mapped.reading() as descriptor:
+        records = _speedups.read_records(
+            descriptor,
+            positions,
+            mapped.file_size_bytes,
+            mapped.start_offset,
+            READ_AHEAD_BYTES,
+            check_crc,
+            match,
+        )
     return records  # type: ignore[no-any-return]
 
 
@@ -157,6 +158,9 @@ class CommitLog:
         self.write_offset: int | None = None
         self.flushed_offset = 0
         self._dirty: set[MappedFile] = set()
+        # The files being written hold a descriptor (MappedFile.hold_descriptor): the newest
+        # and the one before it, whose last bytes a SYNC flush may still have to sync.
+        self._held: list[MappedFile] = []
         # Read single records with pread rather than through the mappings (query nodes).
         self.read_through_file = False
 
@@ -278,9 +282,10 @@ class CommitLog:
         mapped = self.files.find(first_offset)
         if mapped is None or not mapped.start_offset <= last_offset < mapped.end_offset:
             return None
-        found = _speedups.first_stored_after(
-            units, lo, hi, timestamp_ms, strict, mapped.read_descriptor(), mapped.start_offset, mapped.file_size_bytes
-        )
+        with mapped.reading() as descriptor:
+            found = _speedups.first_stored_after(
+                units, lo, hi, timestamp_ms, strict, descriptor, mapped.start_offset, mapped.file_size_bytes
+            )
         return found  # type: ignore[no-any-return]
 
     @property
@@ -537,10 +542,15 @@ class CommitLog:
 
     def _file_for_write(self, offset: int) -> MappedFile:
         mapped = self.files.find(offset)
-        if mapped is not None:
-            return mapped
-        invariant(offset % self.file_size_bytes == 0, "a new file starts at a file boundary")
-        return self.files.create(offset)
+        if mapped is None:
+            invariant(offset % self.file_size_bytes == 0, "a new file starts at a file boundary")
+            mapped = self.files.create(offset)
+        if mapped not in self._held:
+            mapped.hold_descriptor()
+            self._held.append(mapped)
+            if len(self._held) > 2:
+                self._held.pop(0).drop_descriptor()
+        return mapped
 
     def flush_range(self, start: int, end: int) -> None:
         """Make commit log bytes [start, end) durable (their files are synced whole)."""

@@ -284,6 +284,27 @@ class ConsumeQueue:
         self.max_commitlog_end = offset + size
         return True
 
+    def prepare(self, first_queue_offset: int, last_queue_offset: int) -> None:
+        """Create, ahead of the records, the files that units ``first_queue_offset`` to
+        ``last_queue_offset`` appended at the queue's end will be written into, so that
+        writing them cannot meet a full disk or a lack of descriptors. Anything but an
+        append at the end (fillers before a queue's first unit, a gap) is left to
+        :meth:`append`."""
+        invariant(self.writable, "prepare needs a writable consume queue")
+        file_size = self.files.file_size_bytes
+        if first_queue_offset * UNIT_SIZE != self._end_position:
+            return
+        if self.files.last is None:
+            if self._end_position % file_size:
+                return
+            self.files.create(self._end_position)
+            self._min_position = self._end_position
+        last = self.files.last
+        assert last is not None
+        end = (last_queue_offset + 1) * UNIT_SIZE
+        while last.end_offset < end:
+            last = self.files.create(last.end_offset)
+
     def continues_at(self, queue_offset: int) -> bool:
         """Whether a unit at ``queue_offset`` goes right after the queue's last one, in a
         file the queue has: what :meth:`append_block` takes."""

@@ -23,7 +23,7 @@ from rmqstore.common.codec.dispatch import DispatchBatch, DispatchPlan
 from rmqstore.common.codec.javahash import index_key, index_key_hash
 from rmqstore.common.codec.speedups import _speedups
 from rmqstore.common.errors import Corruption, invariant
-from rmqstore.common.files.mapped import MappedFile, fsync_directory
+from rmqstore.common.files.mapped import MappedFile, fsync_directory, makedirs_durable
 
 MAX_MSGS_NUM_BATCH = 64
 # A lookup walks a slot chain in chunks of matches: first as many as it asks for (by
@@ -72,7 +72,16 @@ class IndexFile:
         return cls(MappedFile(path, size, 0, writable=writable), slots, entries)
 
     @classmethod
-    def create(cls, path: str, slots: int, entries: int, *, prev_end_phy_offset: int, prev_end_timestamp_ms: int) -> IndexFile:
+    def create(
+        cls,
+        path: str,
+        slots: int,
+        entries: int,
+        *,
+        prev_end_phy_offset: int,
+        prev_end_timestamp_ms: int,
+        spare: str | None = None,
+    ) -> IndexFile:
         """A new file whose header starts at the previous file's end (docs/format.md §7.6),
         written before the file appears under its name."""
         initial: list[tuple[int, bytes]] = []
@@ -82,7 +91,7 @@ class IndexFile:
         if prev_end_timestamp_ms > 0:
             initial.append((_HEADER_BEGIN_TIMESTAMP, _INT64.pack(prev_end_timestamp_ms)))
             initial.append((_HEADER_END_TIMESTAMP, _INT64.pack(prev_end_timestamp_ms)))
-        mapped = MappedFile.create(path, ix.file_size(slots, entries), 0, tuple(initial))
+        mapped = MappedFile.create(path, ix.file_size(slots, entries), 0, tuple(initial), spare=spare)
         return cls(mapped, slots, entries)
 
     @property
@@ -153,6 +162,7 @@ class IndexFile:
         count = min(len(key_hashes), self.entries - self._index_count)
         if count <= 0:
             return 0
+        self.mapped.dirty = True  # the entries and slots below are written into the mapping
         start = self._index_count
         if _speedups is not None:
             chains = _speedups.index_put_keys(
@@ -344,7 +354,7 @@ class IndexFile:
         return (begin_ms < b and end_ms > e) or (b <= begin_ms <= e) or (b <= end_ms <= e)
 
     def flush(self) -> None:
-        self.mapped.flush()
+        self.mapped.flush_if_dirty()
 
     def close(self) -> None:
         self.mapped.close()
@@ -384,6 +394,13 @@ class IndexFileList:
         self.zone = zone
         self.files: list[IndexFile] = []
         self.created: list[IndexFile] = []  # files this instance created, for the checkpoint
+        # The next file's blocks, allocated ahead by prepare: beside the index directory
+        # (in the store's), so that the index directory holds only index files.
+        self._spare = os.path.join(os.path.dirname(os.path.abspath(directory)), ".next-index.allocated")
+        self._spare_ready = False
+        if writable and os.path.exists(self._spare):
+            # A kill may have caught a roll-over writing its header into it: start afresh.
+            os.unlink(self._spare)
         self.refresh()
 
     def refresh(self) -> bool:
@@ -415,10 +432,23 @@ class IndexFileList:
         self.files = [known[name] for name in names]
         return changed
 
+    def prepare(self, key_count: int) -> None:
+        """Allocate the next file ahead if indexing ``key_count`` more keys (or the next
+        record: a full file rolls over even for a record without keys) may need it, so
+        that the roll-over finds its blocks there and cannot meet a full disk. One file
+        ahead: a batch of more keys than a file holds may still need a second one."""
+        invariant(self.writable, "prepare needs a writable index")
+        last = self.files[-1] if self.files else None
+        if self._spare_ready or (last is not None and key_count < last.entries - last.index_count):
+            return
+        makedirs_durable(self.directory)
+        MappedFile.allocate_spare(self._spare, ix.file_size(self.slots, self.entries))
+        self._spare_ready = True
+
     def _new_file(self, first_timestamp_ms: int) -> IndexFile:
         """Roll over: a new file named by the time of the record that needs it, strictly
         after the last name, starting at the previous file's end."""
-        os.makedirs(self.directory, exist_ok=True)
+        makedirs_durable(self.directory)
         previous = self.files[-1] if self.files else None
         name = ix.file_name(max(first_timestamp_ms, 0), self.zone)
         if previous is not None and name <= previous.name:
@@ -429,7 +459,9 @@ class IndexFileList:
             self.entries,
             prev_end_phy_offset=previous.end_phy_offset if previous else 0,
             prev_end_timestamp_ms=previous.end_timestamp_ms if previous else 0,
+            spare=self._spare if self._spare_ready else None,
         )
+        self._spare_ready = False
         fsync_directory(self.directory)
         if previous is not None:
             previous.flush()

@@ -8,12 +8,16 @@ open the file ``O_RDONLY``: they never write and work on directories they cannot
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import errno
 import mmap
 import os
+import threading
 from collections.abc import Iterator
 
 from rmqstore.common.errors import Corruption, InvalidArgument, ReadOnly, invariant
+from rmqstore.common.files.pages import Pages, allocate
 
 NAME_DIGITS = 20
 _ZERO_CHUNK_BYTES = 1 << 20
@@ -32,6 +36,23 @@ def fsync_directory(path: str) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def makedirs_durable(path: str) -> None:
+    """``os.makedirs``, then fsync the parent of each directory it made: a directory's
+    entry lives in its parent and survives a power cut only once the parent is synced
+    (a consume queue directory made for a new topic otherwise vanished with its units,
+    while the published durable offset said they were on disk)."""
+    missing = []
+    current = os.path.abspath(path)
+    while not os.path.isdir(current):
+        missing.append(current)
+        current = os.path.dirname(current)
+    if not missing:
+        return
+    os.makedirs(path, exist_ok=True)
+    for made in reversed(missing):
+        fsync_directory(os.path.dirname(made))
 
 
 def _size_or_zero(path: str) -> int:
@@ -69,16 +90,22 @@ class MappedFile:
                     f"{path} is {actual} bytes; files here must be exactly {file_size_bytes}",
                     path=path,
                 )
-            access = mmap.ACCESS_WRITE if writable else mmap.ACCESS_READ
-            self._mmap = mmap.mmap(fd, file_size_bytes, access=access)
-            if not read_ahead and hasattr(mmap, "MADV_RANDOM"):
-                self._mmap.madvise(mmap.MADV_RANDOM)
+            # The mapping holds no descriptor (pages.py): the store's open descriptors do
+            # not grow with its number of files.
+            self._pages = Pages(fd, file_size_bytes, writable=writable)
         finally:
             os.close(fd)
-        self.buf = memoryview(self._mmap)
-        if not writable:
-            self.buf = self.buf.toreadonly()
-        self._read_fd: int | None = None
+        if not read_ahead and hasattr(mmap, "MADV_RANDOM"):
+            self._pages.madvise(mmap.MADV_RANDOM)
+        self.buf = self._pages.view
+        self._write_fd: int | None = None  # see hold_descriptor
+        # Users of the held descriptor: a flush on the flusher thread may still be syncing
+        # through it when the appender drops it; the last user closes a dropped one.
+        self._write_lock = threading.Lock()
+        self._write_users = 0
+        self._write_dropped: int | None = None
+        # Written through since the last flush: the periodic flush syncs only such files.
+        self.dirty = False
 
     @classmethod
     def create(
@@ -89,27 +116,57 @@ class MappedFile:
         initial: tuple[tuple[int, bytes], ...] = (),
         *,
         read_ahead: bool = True,
+        spare: str | None = None,
     ) -> MappedFile:
-        """Create a new zero-filled (sparse) file of the full size and map it writable.
+        """Create a new zero-filled file of the full size, its blocks allocated, and map
+        it writable.
 
-        The file is sized, and its ``initial`` bytes (position, data) written, under a
-        hidden temporary name, then renamed into place: neither a reader following the
-        directory nor a restart after a kill ever sees it half made."""
+        The file is sized and allocated, and its ``initial`` bytes (position, data)
+        written, under a hidden temporary name, then renamed into place: neither a reader
+        following the directory nor a restart after a kill ever sees it half made. A full
+        disk fails here, with ``ENOSPC``, and leaves nothing behind; writes into the
+        file's mapping later can then never meet a full disk (which is SIGBUS).
+
+        ``spare`` names a file :func:`allocate_spare` made ahead, in the same directory:
+        it becomes this file, so the creation needs no new blocks."""
         directory = os.path.dirname(path) or "."
         if os.path.exists(path):
             raise FileExistsError(path)
-        temp = os.path.join(directory, f".{os.path.basename(path)}.creating")
-        fd = os.open(temp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        temp = spare or os.path.join(directory, f".{os.path.basename(path)}.creating")
+        fd = os.open(temp, os.O_RDWR) if spare else os.open(temp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
-            os.ftruncate(fd, file_size_bytes)
+            if not spare:
+                os.ftruncate(fd, file_size_bytes)
+                allocate(fd, file_size_bytes)
             for position, data in initial:
                 os.pwrite(fd, data, position)
             os.fsync(fd)  # the size is metadata: a data-only sync would not persist it
-        finally:
+        except BaseException:
             os.close(fd)
+            if not spare:
+                os.unlink(temp)
+            raise
+        os.close(fd)
         os.rename(temp, path)
         fsync_directory(directory)
         return cls(path, file_size_bytes, start_offset, writable=True, read_ahead=read_ahead)
+
+    @staticmethod
+    def allocate_spare(path: str, file_size_bytes: int) -> None:
+        """A zero-filled file of ``file_size_bytes`` with its blocks allocated, for a later
+        :meth:`create` to take (``spare``); an existing one of that size is kept."""
+        if _size_or_zero(path) == file_size_bytes:
+            return
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            os.ftruncate(fd, file_size_bytes)
+            allocate(fd, file_size_bytes)
+            os.fsync(fd)
+        except BaseException:
+            os.close(fd)
+            os.unlink(path)
+            raise
+        os.close(fd)
 
     @property
     def end_offset(self) -> int:
@@ -123,15 +180,16 @@ class MappedFile:
         if not self.writable:
             raise ReadOnly(f"{self.path} is mapped read-only")
         invariant(position >= 0 and position + len(data) <= self.file_size_bytes, "write past file end")
+        self.dirty = True
         if len(data) < WRITE_THROUGH_FILE_BYTES:
-            self._mmap[position : position + len(data)] = data
+            self.buf[position : position + len(data)] = data
             return
         # A large write goes through the file: the kernel fills the page cache pages in
         # the write itself, where a write through the mapping takes a page fault for each
         # new page. The mapping shares those pages, so it reads what was written. The
         # descriptor lives for this write only (a reindex writes large blocks to
         # thousands of queue files; holding one each would run out of descriptors).
-        fd = os.open(self.path, os.O_RDWR)
+        fd, owned = self._take_descriptor()
         try:
             written = os.pwrite(fd, data, position)
             while written < len(data):
@@ -140,7 +198,7 @@ class MappedFile:
                     raise OSError(errno.EIO, f"{self.path}: a write at {position + written} stored nothing")
                 written += more
         finally:
-            os.close(fd)
+            self._give_descriptor(fd, owned)
 
     def zero(self, position: int, end: int | None = None) -> None:
         """Zero ``[position, end)`` (default: to the end of the file)."""
@@ -153,7 +211,7 @@ class MappedFile:
         """Zero what a failed write left in [position, end), through the file, a page at
         a time, where it can: on a full disk a page that was never written stays a hole
         (zero already) and its write fails, which is ignored."""
-        fd = os.open(self.path, os.O_RDWR)
+        fd, owned = self._take_descriptor()
         try:
             for start in range(position - position % mmap.PAGESIZE, end, mmap.PAGESIZE):
                 low, high = max(start, position), min(start + mmap.PAGESIZE, end)
@@ -161,8 +219,9 @@ class MappedFile:
                     os.pwrite(fd, bytes(high - low), low)
                 except OSError:
                     pass
+            self.dirty = True
         finally:
-            os.close(fd)
+            self._give_descriptor(fd, owned)
 
     def _allocated_end(self) -> int:
         """Where the file's trailing hole starts (SEEK_DATA/SEEK_HOLE; pages written
@@ -211,7 +270,7 @@ class MappedFile:
         end = self.file_size_bytes if end is None else end
         low = start - start % mmap.PAGESIZE
         if end > low and hasattr(mmap, "MADV_DONTNEED"):
-            self._mmap.madvise(mmap.MADV_DONTNEED, low, min(end, self.file_size_bytes) - low)
+            self._pages.madvise(mmap.MADV_DONTNEED, low, min(end, self.file_size_bytes) - low)
 
     def will_need(self, start: int, end: int) -> None:
         """Say that [start, end) is about to be read (madvise WILLNEED): the kernel reads
@@ -219,51 +278,156 @@ class MappedFile:
         low = start - start % mmap.PAGESIZE
         end = min(end, self.file_size_bytes)
         if end > low and hasattr(mmap, "MADV_WILLNEED"):
-            self._mmap.madvise(mmap.MADV_WILLNEED, low, end - low)
+            self._pages.madvise(mmap.MADV_WILLNEED, low, end - low)
 
     def flush(self, start: int = 0, end: int | None = None) -> None:
         """Make the bytes written through the mapping durable. ``start``/``end`` name the
         range the caller needs; the whole file is synced (see below)."""
         if not self.writable:
             return
+        # Cleared before the sync: a write that lands during it marks the file again.
+        self.dirty = False
         # fdatasync writes back the file's dirty pages, those dirtied through the shared
         # mapping included, and releases the GIL while the disk works; mmap.flush (msync)
         # holds it, stalling every other thread — the appends a group commit is waiting
         # to cover. The whole file is synced: only its dirty pages cost anything. The
         # descriptor is opened per flush so that a store of many files holds none.
         try:
-            fd = os.open(self.path, os.O_RDWR)
+            fd, owned = self._take_descriptor()
         except FileNotFoundError:
             return  # deleted by retention meanwhile: nothing left to make durable
         try:
             _datasync(fd)
+        except BaseException:
+            self.dirty = True
+            raise
         finally:
+            self._give_descriptor(fd, owned)
+
+    def _take_descriptor(self) -> tuple[int, bool]:
+        """The held descriptor (counted as in use), or a new one the caller owns."""
+        with self._write_lock:
+            if self._write_fd is not None:
+                self._write_users += 1
+                return self._write_fd, False
+        return os.open(self.path, os.O_RDWR), True
+
+    def _give_descriptor(self, fd: int, owned: bool) -> None:
+        if owned:
             os.close(fd)
+            return
+        with self._write_lock:
+            self._write_users -= 1
+            if self._write_users == 0 and self._write_dropped is not None:
+                os.close(self._write_dropped)
+                self._write_dropped = None
+
+    def hold_descriptor(self) -> None:
+        """Keep a read-write descriptor open for flushes and large writes, until
+        :meth:`drop_descriptor` or :meth:`close`. For the few files being written (the
+        commit log's newest): appending to them and acknowledging a SYNC write then need
+        no new descriptor, which a process that has run out of them cannot get."""
+        with self._write_lock:
+            if self._write_fd is None and self._write_dropped is None and self.writable:
+                self._write_fd = os.open(self.path, os.O_RDWR)
+
+    def drop_descriptor(self) -> None:
+        """Close the held descriptor, or have its last user close it."""
+        with self._write_lock:
+            fd, self._write_fd = self._write_fd, None
+            if fd is None:
+                return
+            if self._write_users:
+                self._write_dropped = fd
+            else:
+                os.close(fd)
+
+    def flush_if_dirty(self) -> bool:
+        """:meth:`flush` if anything was written since the last flush; whether it was.
+        For one flusher at a time (the periodic flush of queues and index): a second
+        caller could return while the first one's sync is still under way."""
+        if not self.dirty:
+            return False
+        self.flush()
+        return True
 
     def pread(self, position: int, length: int) -> bytes:
         """Up to ``length`` bytes from ``position`` (fewer at the end of the file), read
         through the file rather than the mapping: no page is mapped into the process, so
         the read costs no page fault and adds nothing to the resident set. The descriptor
-        stays open for the next read."""
-        return os.pread(self.read_descriptor(), max(0, min(length, self.file_size_bytes - position)), position)
+        stays open for the next read (within the process's budget: READ_DESCRIPTORS)."""
+        with self.reading() as fd:
+            return os.pread(fd, max(0, min(length, self.file_size_bytes - position)), position)
 
-    def read_descriptor(self) -> int:
-        """A read-only descriptor of the file, open until :meth:`close` (for reads that
-        go through the file rather than the mapping)."""
-        if self._read_fd is None:
-            self._read_fd = os.open(self.path, os.O_RDONLY)
-        return self._read_fd
+    def reading(self) -> contextlib.AbstractContextManager[int]:
+        """A read-only descriptor of the file for the block's reads (through the file
+        rather than the mapping); kept open afterwards for the next reads, up to the
+        process's budget of such descriptors."""
+        return READ_DESCRIPTORS.using(self)
 
     def close(self) -> None:
-        if self._read_fd is not None:
-            os.close(self._read_fd)
-            self._read_fd = None
+        READ_DESCRIPTORS.discard(self)
+        self.drop_descriptor()
         self.buf.release()
-        self._mmap.close()
+        self._pages.close()
 
     def __repr__(self) -> str:
         mode = "rw" if self.writable else "ro"
         return f"MappedFile({self.path!r}, {mode})"
+
+
+class ReadDescriptors:
+    """The read-only descriptors files keep open for reads through the file, at most
+    ``budget`` of them: opening one more closes the least recently used that no read is
+    using (a read under way keeps its own, so the budget is exceeded only while more
+    reads than that run at once). Without it a query node held one per commit log file
+    it had ever read."""
+
+    def __init__(self, budget: int):
+        self.budget = budget
+        self._lock = threading.Lock()
+        self._open: collections.OrderedDict[MappedFile, list[int]] = collections.OrderedDict()  # [fd, users]
+
+    @contextlib.contextmanager
+    def using(self, mapped: MappedFile) -> Iterator[int]:
+        with self._lock:
+            entry = self._open.get(mapped)
+            if entry is None:
+                entry = [os.open(mapped.path, os.O_RDONLY), 0]
+                self._open[mapped] = entry
+            else:
+                self._open.move_to_end(mapped)
+            entry[1] += 1
+            self._evict()
+        try:
+            yield entry[0]
+        finally:
+            with self._lock:
+                entry[1] -= 1
+                if entry[1] == 0 and self._open.get(mapped) is not entry:
+                    os.close(entry[0])  # evicted or discarded while in use: the last user closes it
+                self._evict()
+
+    def _evict(self) -> None:
+        while len(self._open) > self.budget:
+            idle = next((victim for victim, entry in self._open.items() if entry[1] == 0), None)
+            if idle is None:
+                return
+            os.close(self._open.pop(idle)[0])
+
+    def discard(self, mapped: MappedFile) -> None:
+        """Close the file's descriptor (its file is closed or deleted)."""
+        with self._lock:
+            entry = self._open.pop(mapped, None)
+            if entry is not None and entry[1] == 0:
+                os.close(entry[0])
+
+    def __len__(self) -> int:
+        return len(self._open)
+
+
+READ_DESCRIPTORS_MAX = 256
+READ_DESCRIPTORS = ReadDescriptors(READ_DESCRIPTORS_MAX)
 
 
 class MappedFileQueue:
@@ -383,7 +547,7 @@ class MappedFileQueue:
             raise ReadOnly(f"{self.directory} is open read-only")
         invariant(start_offset % self.file_size_bytes == 0, "file starts are aligned")
         invariant(not self.files or start_offset == self.files[-1].end_offset, "files stay contiguous")
-        os.makedirs(self.directory, exist_ok=True)
+        makedirs_durable(self.directory)
         mapped = MappedFile.create(
             os.path.join(self.directory, offset_name(start_offset)),
             self.file_size_bytes,
@@ -417,9 +581,9 @@ class MappedFileQueue:
             fsync_directory(self.directory)
         return paths
 
-    def flush(self) -> None:
-        for mapped in self.files:
-            mapped.flush()
+    def flush(self) -> int:
+        """Sync the files written since the last flush; returns how many were synced."""
+        return sum(mapped.flush_if_dirty() for mapped in self.files)
 
     def close(self) -> None:
         for mapped in self.files:

@@ -1,0 +1,163 @@
+"""Recovery over simulated power cuts (tests/powerloss.py makes the states).
+
+A seeded SYNC workload (several topics, keys, bodies that roll every kind of file) runs
+with its syncs recorded; at crash points after acknowledged appends the tool makes crash
+states, and over each: the writer recovers, ``check`` is clean, every record kept is
+found by every lookup (uniq key, each key, offset msg id, queue offset), and no
+acknowledged message is lost. Under ASYNC an acknowledged message may be lost only if it
+lies past the last commit log flush before the cut (docs/writer.md).
+
+``RMQSTORE_POWERLOSS_STATES`` sets the number of states of the slow test (default 1,000).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from powerloss import Snapshot, recording, write_crash_state
+from test_writer_crash import SIZES, check_ok, verify_store
+
+from rmqstore.common.files.commitlog import CommitLog
+from rmqstore.common.files.store import StorePaths
+from rmqstore.writer.config import FlushPolicy, WriterConfig
+from rmqstore.writer.store import AppendResult, Writer
+from rmqstore.writer.validate import MessageInput
+
+pytestmark = pytest.mark.crash
+
+TOPICS = ("PowerA", "PowerB", "Power_C")
+APPENDS = 150
+THOROUGH_EVERY = 12  # appends between the flushes of queues and index (the periodic task)
+ASYNC_FLUSH_EVERY = 5  # appends between commit log flushes under ASYNC
+SYNCS_BETWEEN_POINTS = 7  # crash points inside operations: one before every 7th sync
+SEED = 20_251_125
+
+
+@dataclass(frozen=True)
+class Facts:
+    acked: tuple[tuple[MessageInput, AppendResult], ...]
+    flushed_offset: int
+
+
+def workload(root: Path, flush: FlushPolicy, crash_points: int) -> list[Snapshot]:
+    rng = random.Random(SEED)
+    every = max(APPENDS // crash_points, 1)
+    snapshots: list[Snapshot] = []
+    acked: list[tuple[MessageInput, AppendResult]] = []
+    number = 0
+    root.mkdir()
+    with recording(str(root)) as recorder:
+        syncs_seen = [0]
+
+        def inside() -> None:
+            # Every SYNCS_BETWEEN_POINTS-th sync: a cut inside an append or a flush, with
+            # only the appends that returned counted as acknowledged.
+            syncs_seen[0] += 1
+            if syncs_seen[0] % SYNCS_BETWEEN_POINTS == 0:
+                recorder.before_sync = None  # the snapshot reads files: no recursion
+                snapshots.append(recorder.snapshot(Facts(tuple(acked), writer.flushed_offset)))
+                recorder.before_sync = inside
+
+        writer = Writer(WriterConfig(store=str(root), sizes=SIZES, flush=flush))
+        recorder.before_sync = inside
+        try:
+            for step in range(1, APPENDS + 1):
+                batch = []
+                for _ in range(rng.randint(1, 6)):
+                    number += 1
+                    batch.append(
+                        MessageInput(
+                            topic=rng.choice(TOPICS),
+                            body=rng.randbytes(rng.randint(0, 1500)),
+                            keys=[f"key-{number}", rng.choice(("shared-1", "shared-2"))][: rng.randint(1, 2)],
+                            tags=rng.choice(("", "TagA")),
+                            uniq_key=f"PL{number:030X}",
+                        )
+                    )
+                acked.extend(zip(batch, writer.append(batch)))
+                if flush is FlushPolicy.ASYNC and step % ASYNC_FLUSH_EVERY == 0:
+                    writer.flush()
+                if step % THOROUGH_EVERY == 0:
+                    writer.flush_thoroughly()
+                if step % every == 0:
+                    recorder.before_sync = None
+                    snapshots.append(recorder.snapshot(Facts(tuple(acked), writer.flushed_offset)))
+                    recorder.before_sync = inside
+        finally:
+            recorder.before_sync = None
+            writer.close()
+    assert recorder.syncs > APPENDS // THOROUGH_EVERY
+    # Points after acks and inside operations, in workload order: take crash_points of
+    # them spread evenly.
+    assert len(snapshots) >= crash_points, len(snapshots)
+    stride = len(snapshots) / crash_points
+    return [snapshots[int(i * stride)] for i in range(crash_points)]
+
+
+def recover_and_check(state: Path, flush: FlushPolicy, facts: Facts, label: str) -> int:
+    """Recover the state, check it, look every record up; returns the acknowledged
+    messages lost (which must be none under SYNC, and lie past the flushed offset under
+    ASYNC)."""
+    # Restarted after the power cut: another boot of the machine.
+    writer = Writer(WriterConfig(store=str(state), sizes=SIZES, flush=flush, boot_id="the-boot-after-the-cut"))
+    writer.close()
+    check_ok(state)
+    verify_store(state)
+    log = CommitLog(StorePaths(str(state)).commitlog, SIZES.commitlog_file_size_bytes)
+    try:
+        present = {record.uniq_key: record.commitlog_offset for record in log.records()}
+    finally:
+        log.close()
+    lost = 0
+    for message, result in facts.acked:
+        if present.get(message.uniq_key) == result.commitlog_offset:
+            continue
+        assert message.uniq_key not in present, f"{label}: {message.uniq_key} moved"
+        assert flush is FlushPolicy.ASYNC, f"{label}: acknowledged {message.uniq_key} at {result.commitlog_offset} lost"
+        assert result.commitlog_offset >= facts.flushed_offset, (
+            f"{label}: {message.uniq_key} at {result.commitlog_offset} lost, below the flushed offset {facts.flushed_offset}"
+        )
+        lost += 1
+    return lost
+
+
+def run(tmp_path: Path, flush: FlushPolicy, crash_points: int, states_per_point: int) -> tuple[int, int, int]:
+    snapshots = workload(tmp_path / "live", flush, crash_points)
+    assert len(snapshots) == crash_points, len(snapshots)
+    rng = random.Random(SEED + 1)
+    states = lost = dropped_entries = 0  # entries missing and pages old, over all states
+    for point, snapshot in enumerate(snapshots):
+        for number in range(states_per_point):
+            state = tmp_path / "state"
+            dropped = write_crash_state(snapshot, str(state), rng)
+            dropped_entries += dropped["entries"] + dropped["old_pages"]
+            lost += recover_and_check(state, flush, snapshot.facts, f"{flush.value} point {point} state {number}")
+            shutil.rmtree(state)
+            states += 1
+    return states, lost, dropped_entries
+
+
+def test_power_loss_sync_smoke(tmp_path: Path) -> None:
+    states, lost, dropped = run(tmp_path, FlushPolicy.SYNC, 6, 5)
+    assert (states, lost) == (30, 0)
+    assert dropped > 0  # the states really differ from the live store
+
+
+def test_power_loss_async_smoke(tmp_path: Path) -> None:
+    states, _, _ = run(tmp_path, FlushPolicy.ASYNC, 6, 5)
+    assert states == 30
+
+
+@pytest.mark.slow
+def test_power_loss_sync_1000_states(tmp_path: Path) -> None:
+    total = int(os.environ.get("RMQSTORE_POWERLOSS_STATES", "1000"))
+    points = 40
+    per_point = -(-total // points)
+    states, lost, _ = run(tmp_path, FlushPolicy.SYNC, points, per_point)
+    print(f"power loss, SYNC: {states} crash states, {lost} acknowledged messages lost")
+    assert states >= total and lost == 0

@@ -60,7 +60,8 @@ class Pages:
         self.size = size
         pages = _array_type(size).from_address(address)
         # Not at interpreter exit: a daemon thread may still be reading the pages then.
-        weakref.finalize(pages, _munmap, address, size).atexit = False
+        finalizer = weakref.finalize(pages, _munmap, address, size)
+        finalizer.atexit = False  # type: ignore[misc]  # documented attribute, missing from the stubs' slots
         view = memoryview(pages).cast("B")
         self.view: memoryview = view if writable else view.toreadonly()
         self.closed = False

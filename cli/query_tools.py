@@ -59,6 +59,16 @@ class Backend:
                 return
             cursor = response.cursor
 
+    def uniq_key(self, topic: str, uniq_key: str) -> Iterator[messages_pb2.StoredMessage]:
+        """Every page of a UNIQ_KEY's messages."""
+        cursor = ""
+        while True:
+            response = self.call("QueryByUniqKey", query_pb2.QueryByUniqKeyRequest(topic=topic, uniq_key=uniq_key, cursor=cursor))
+            yield from response.messages
+            if response.complete or not response.cursor:
+                return
+            cursor = response.cursor
+
     def call(self, method: str, request: Any) -> Any:
         raise NotImplementedError
 
@@ -230,11 +240,9 @@ def cmd_query_by_key(args: argparse.Namespace) -> int:
 
 def cmd_query_by_uniq_key(args: argparse.Namespace) -> int:
     def action(backend: Backend) -> int:
-        response = backend.call("QueryByUniqKey", query_pb2.QueryByUniqKeyRequest(topic=args.topic, uniq_key=args.id))
-        if not response.messages:
+        if _emit(backend.uniq_key(args.topic, args.id), args) == 0:
             print(f"rmqstore: no message with unique key {args.id} in topic {args.topic}", file=sys.stderr)
             return EXIT_NOT_FOUND
-        _emit(iter(response.messages), args)
         return EXIT_OK
 
     return _run(args, action)

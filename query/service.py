@@ -85,9 +85,11 @@ class QueryServicer(query_pb2_grpc.QueryServiceServicer):
     @mapped
     def QueryByUniqKey(self, request: query_pb2.QueryByUniqKeyRequest, context: grpc.ServicerContext) -> query_pb2.QueryByUniqKeyResponse:
         with self._lookup("uniq_key") as span:
-            records = self.view.by_uniq_key(request.topic, request.uniq_key)
-            span.set_attribute("rmqstore.results", len(records))
-        return query_pb2.QueryByUniqKeyResponse(messages=[to_stored(r) for r in records])
+            page = self.view.uniq_key_page(request.topic, request.uniq_key, request.cursor)
+            span.set_attribute("rmqstore.results", len(page.records))
+        return query_pb2.QueryByUniqKeyResponse(
+            messages=[to_stored(r) for r in page.records], cursor=page.cursor, complete=page.complete
+        )
 
     @mapped
     def QueryByMsgId(self, request: query_pb2.QueryByMsgIdRequest, context: grpc.ServicerContext) -> query_pb2.QueryByMsgIdResponse:

@@ -13,7 +13,7 @@ from rmqstore.common.codec.hosts import SocketAddress
 from rmqstore.common.codec.msgid import offset_msg_id
 from rmqstore.common.codec.properties import split_keys
 from rmqstore.common.codec.record import Record
-from rmqstore.common.errors import StoreError
+from rmqstore.common.errors import InvalidArgument, StoreError
 from rmqstore.common.files.consumequeue import Boundary
 from rmqstore.common.tracing import span
 from rmqstore.query.view import TIME_MAX_MS, TIME_MIN_MS, StoreView
@@ -124,7 +124,11 @@ class QueryServicer(query_pb2_grpc.QueryServiceServicer):
 
     @mapped
     def SearchOffset(self, request: query_pb2.SearchOffsetRequest, context: grpc.ServicerContext) -> query_pb2.SearchOffsetResponse:
-        boundary = Boundary.UPPER if request.boundary == query_pb2.BOUNDARY_UPPER else Boundary.LOWER
+        boundaries = {query_pb2.BOUNDARY_LOWER: Boundary.LOWER, query_pb2.BOUNDARY_UPPER: Boundary.UPPER}
+        boundary = boundaries.get(request.boundary)
+        if boundary is None:
+            # proto3 keeps an enum value it does not know: it is the client's mistake, not LOWER.
+            raise InvalidArgument(f"boundary {request.boundary} is neither BOUNDARY_LOWER (0) nor BOUNDARY_UPPER (1)")
         with self._lookup("search_offset"):
             result = self.view.search_offset(request.topic, request.queue_id, request.timestamp_ms, boundary)
         return query_pb2.SearchOffsetResponse(offset=result.offset, found=result.found)

@@ -22,6 +22,7 @@ from opentelemetry import trace
 from opentelemetry.instrumentation.grpc import aio_server_interceptor, server_interceptor
 
 from rmqstore.common.errors import InvalidArgument
+from rmqstore.service.guard import AsyncMalformedRequestGuard, MalformedRequestGuard
 
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 SERVER_OPTIONS = [
@@ -141,11 +142,15 @@ def open_channel(
     """A plaintext channel, or a TLS one as soon as any TLS file is given. ``server_name``
     checks the server's certificate for that name instead of the endpoint's host (e.g.
     through a port-forward to 127.0.0.1)."""
+    # A page may hold 16 MiB of records and one more record of up to 4 MiB: more than
+    # grpc's default 4 MiB a client receives.
+    options: list[tuple[str, Any]] = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)]
     if ca is None and client_cert is None and client_key is None:
         if server_name is not None:
             raise InvalidArgument("--tls-server-name needs TLS: give --tls-ca (or a client certificate)")
-        return grpc.insecure_channel(endpoint)
-    options = [("grpc.ssl_target_name_override", server_name)] if server_name else []
+        return grpc.insecure_channel(endpoint, options=options)
+    if server_name:
+        options.append(("grpc.ssl_target_name_override", server_name))
     return grpc.secure_channel(endpoint, load_channel_credentials(ca, client_cert, client_key), options=options)
 
 
@@ -173,7 +178,8 @@ def start_server(
     port speaks TLS only."""
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="rpc"),
-        interceptors=[TracingInterceptor()],
+        # The guard last: it wraps the handlers as registered, the tracing around them.
+        interceptors=[TracingInterceptor(), MalformedRequestGuard()],
         options=SERVER_OPTIONS,
     )
     health_servicer = health.HealthServicer()
@@ -288,7 +294,7 @@ class AsyncServing:
         port: int,
         credentials: grpc.ServerCredentials | None,
     ) -> int:
-        server = grpc.aio.server(interceptors=[AsyncTracingInterceptor()], options=SERVER_OPTIONS)
+        server = grpc.aio.server(interceptors=[AsyncTracingInterceptor(), AsyncMalformedRequestGuard()], options=SERVER_OPTIONS)
         _add_services(server, register, self.health_servicer, service_names)
         for name in (*service_names, ""):
             await self.health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)

@@ -301,9 +301,9 @@ def cmd_print_msg(args: argparse.Namespace) -> int:
 
 
 def cmd_query_serve(args: argparse.Namespace) -> int:
-    from rmqstore.query.service import SERVICE_NAME, QueryServicer
+    from rmqstore.query.service import SERVICE_NAME, AsyncQueryServicer
     from rmqstore.query.view import StoreView
-    from rmqstore.service.server import Serving
+    from rmqstore.service.server import AsyncServing
     from rmqstore.service.metrics import configure_metrics
     from rmqstore.service.telemetry import configure_tracing
 
@@ -317,8 +317,8 @@ def cmd_query_serve(args: argparse.Namespace) -> int:
         raise InvalidArgument(f"--mapped-budget-mb must be at least 1, got {budget}")
     view = StoreView(args.store, sizes_from(args, args.store), mapped_budget_bytes=None if budget is None else budget << 20)
     try:
-        serving = Serving(
-            lambda s: query_pb2_grpc.add_QueryServiceServicer_to_server(QueryServicer(view), s),
+        serving = AsyncServing(
+            lambda s: query_pb2_grpc.add_QueryServiceServicer_to_server(AsyncQueryServicer(view), s),
             [SERVICE_NAME],
             host=args.host,
             port=args.port,

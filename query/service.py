@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import functools
-from collections.abc import Iterator
+import itertools
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import grpc
 from opentelemetry import trace
@@ -17,7 +20,7 @@ from rmqstore.common.errors import InvalidArgument, StoreError
 from rmqstore.common.files.consumequeue import Boundary
 from rmqstore.common.tracing import span
 from rmqstore.query.view import TIME_MAX_MS, TIME_MIN_MS, StoreView
-from rmqstore.service.errors import abort_with, mapped
+from rmqstore.service.errors import abort_with, abort_with_async, mapped
 from rmqstore.service.metrics import QueryMetrics
 from rmqstore.v1 import messages_pb2, query_pb2, query_pb2_grpc
 
@@ -172,3 +175,81 @@ class QueryServicer(query_pb2_grpc.QueryServiceServicer):
             follows_writer=status.has_progress,
             store=self.view.root,
         )
+
+
+# A stream's reader that takes none of the next message for this long is a stalled
+# client: its stream ends with RESOURCE_EXHAUSTED instead of holding a lookup open.
+STALLED_WRITE_S = 30.0
+# Records a stream reads from the store at a time, on the executor, between writes: what a
+# stream whose reader has stopped holds (with grpc's 64 KiB window), about 150 KB of
+# memory for records of 1 KiB.
+STREAM_BATCH_RECORDS = 16
+
+
+def _take(records: Iterator[Record], count: int) -> list[messages_pb2.StoredMessage]:
+    return [to_stored(record) for record in itertools.islice(records, count)]
+
+
+def _unary(name: str) -> Callable[..., Awaitable[Any]]:
+    """An asyncio handler running QueryServicer's lookup ``name`` on the loop's executor."""
+    lookup = getattr(QueryServicer, name).__wrapped__  # the lookup under its error mapping
+
+    async def handler(self: AsyncQueryServicer, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        try:
+            return await asyncio.get_running_loop().run_in_executor(None, lookup, self.lookups, request, context)
+        except StoreError as error:
+            await abort_with_async(context, error)
+
+    handler.__name__ = handler.__qualname__ = name
+    return handler
+
+
+class AsyncQueryServicer(query_pb2_grpc.QueryServiceServicer):
+    """:class:`QueryServicer` on grpc's asyncio server (service.server.AsyncServing): a
+    lookup is short CPU work under the view's lock and runs on the loop's executor, while
+    waiting holds no thread: an idle connection, a stream whose reader has stopped, or
+    a thousand of them leave the executor to the lookups and the loop to Ping and health."""
+
+    def __init__(self, view: StoreView, *, stalled_write_s: float = STALLED_WRITE_S):
+        self.lookups = QueryServicer(view)
+        self.stalled_write_s = stalled_write_s
+
+    QueryByKey = _unary("QueryByKey")
+    QueryByUniqKey = _unary("QueryByUniqKey")
+    QueryByMsgId = _unary("QueryByMsgId")
+    QueryByQueueOffset = _unary("QueryByQueueOffset")
+    Pull = _unary("Pull")
+    QueueBounds = _unary("QueueBounds")
+    SearchOffset = _unary("SearchOffset")
+    ListTopics = _unary("ListTopics")
+    Stats = _unary("Stats")
+
+    async def Ping(self, request: query_pb2.PingRequest, context: grpc.aio.ServicerContext) -> query_pb2.PingResponse:
+        return query_pb2.PingResponse()  # on the loop itself: it measures the node, not its executor
+
+    async def StreamByTime(self, request: query_pb2.StreamByTimeRequest, context: grpc.aio.ServicerContext) -> None:
+        loop = asyncio.get_running_loop()
+        view = self.lookups.view
+        with self.lookups._lookup("time_range"):
+            records = view.messages_between(
+                request.topic, request.queue_id, request.begin_ms, request.end_ms, chunk_records=STREAM_BATCH_RECORDS
+            )
+            while True:
+                try:
+                    batch = await loop.run_in_executor(None, _take, records, STREAM_BATCH_RECORDS)
+                except StoreError as error:
+                    await abort_with_async(context, error)
+                    return
+                if not batch:
+                    return
+                for message in batch:
+                    # A write completes once HTTP/2 flow control lets the message go: a
+                    # reader that stops reading stops the stream here, holding only this
+                    # message, and past the limit the stream ends.
+                    try:
+                        await asyncio.wait_for(context.write(message), self.stalled_write_s)
+                    except asyncio.TimeoutError:
+                        await context.abort(
+                            grpc.StatusCode.RESOURCE_EXHAUSTED,
+                            f"the client read nothing for {self.stalled_write_s:g} s: the stream is closed",
+                        )

@@ -377,14 +377,17 @@ class StoreView:
             found = low <= offset < high
             return OffsetSearch(offset, found)
 
-    def messages_between(self, topic: str, queue_id: int, begin_ms: int, end_ms: int) -> Iterator[Record]:
-        """A queue's messages stored in [begin, end], in queue order."""
+    def messages_between(
+        self, topic: str, queue_id: int, begin_ms: int, end_ms: int, *, chunk_records: int = 256
+    ) -> Iterator[Record]:
+        """A queue's messages stored in [begin, end], in queue order, read ``chunk_records``
+        at a time (what a stream whose reader has stopped holds)."""
         check_time_range(begin_ms, end_ms)
         first = self.search_offset(topic, queue_id, begin_ms, Boundary.LOWER)
         last = self.search_offset(topic, queue_id, end_ms, Boundary.UPPER)
         offset = first.offset
         while offset <= last.offset:
-            records, next_offset = self.pull(topic, queue_id, offset, min(256, last.offset - offset + 1), 0)
+            records, next_offset = self.pull(topic, queue_id, offset, min(chunk_records, last.offset - offset + 1), 0)
             yield from records
             if next_offset <= offset:
                 return

@@ -23,12 +23,14 @@ from opentelemetry.instrumentation.grpc import aio_server_interceptor, server_in
 
 from rmqstore.common.errors import InvalidArgument
 from rmqstore.service.guard import AsyncMalformedRequestGuard, MalformedRequestGuard
+from rmqstore.service.limits import CONNECTION_OPTIONS, STREAMS_MAX, AsyncStreamLimit
 
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 SERVER_OPTIONS = [
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
     ("grpc.so_reuseport", 0),
+    *CONNECTION_OPTIONS,
 ]
 T = TypeVar("T")
 
@@ -266,7 +268,9 @@ class AsyncServing:
         credentials: grpc.ServerCredentials | None,
         health_port: int | None,
         workers: int = 32,
+        streams_max: int = STREAMS_MAX,
     ):
+        self.streams_max = streams_max
         self.loop = asyncio.new_event_loop()
         self.loop.set_default_executor(futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="rpc"))
         self._thread = threading.Thread(target=self.loop.run_forever, name="grpc-loop", daemon=True)
@@ -294,7 +298,12 @@ class AsyncServing:
         port: int,
         credentials: grpc.ServerCredentials | None,
     ) -> int:
-        server = grpc.aio.server(interceptors=[AsyncTracingInterceptor(), AsyncMalformedRequestGuard()], options=SERVER_OPTIONS)
+        # The guard innermost: it wraps the handlers as registered; the stream limit counts
+        # them as wrapped; the tracing sees every call.
+        server = grpc.aio.server(
+            interceptors=[AsyncTracingInterceptor(), AsyncStreamLimit(self.streams_max), AsyncMalformedRequestGuard()],
+            options=SERVER_OPTIONS,
+        )
         _add_services(server, register, self.health_servicer, service_names)
         for name in (*service_names, ""):
             await self.health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)

@@ -7,6 +7,7 @@ import base64
 import dataclasses
 import json
 import random
+import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,20 +15,23 @@ from typing import Any
 
 import grpc
 import pytest
-from grpc_health.v1 import health_pb2
-from grpc_reflection.v1alpha import reflection_pb2
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from rmqstore.common.codec.properties import split_keys
 from rmqstore.common.errors import Corruption, InvalidArgument
-from rmqstore.common.files.store import StoreSizes
 from rmqstore.common.files.cursorkey import FILE_NAME, MAGIC, ensure_cursor_key, read_cursor_key
+from rmqstore.common.files.store import StoreSizes
 from rmqstore.query.cursor import CURSOR_CHARS, decode_cursor, encode_cursor, query_digest
 from rmqstore.query.service import SERVICE_NAME as QUERY_SERVICE
-from rmqstore.query.service import QueryServicer
+from rmqstore.query.service import AsyncQueryServicer, QueryServicer
 from rmqstore.query.view import StoreView
 from rmqstore.service.errors import REASON_KEY
-from rmqstore.service.server import open_channel, start_server
-from rmqstore.v1 import messages_pb2, query_pb2, query_pb2_grpc, writer_pb2
+from rmqstore.service.server import AsyncServing, open_channel, start_server
+from rmqstore.v1 import messages_pb2, query_pb2, query_pb2_grpc, writer_pb2, writer_pb2_grpc
+from rmqstore.writer.config import WriterConfig
+from rmqstore.writer.service import SERVICE_NAME as WRITER_SERVICE
+from rmqstore.writer.service import WriterServicer
+from rmqstore.writer.store import Writer
 from test_writer import SMALL, Node, start_node
 
 RPC_TIMEOUT_S = 10.0
@@ -76,6 +80,15 @@ def status_of(call: Any) -> tuple[grpc.StatusCode, str, str | None]:
     error: Any = raised.value
     reasons = dict(error.trailing_metadata() or ())
     return error.code(), error.details(), reasons.get(REASON_KEY)
+
+
+def outcome(call: Any) -> Any:
+    """The call's answer, or its status as status_of gives it."""
+    try:
+        return call()
+    except grpc.RpcError as error:
+        reasons = dict(error.trailing_metadata() or ())  # type: ignore[attr-defined]
+        return error.code(), error.details(), reasons.get(REASON_KEY)  # type: ignore[attr-defined]
 
 
 # Malformed protobuf
@@ -486,3 +499,190 @@ def check_large_answers(writer: Node, query: QueryNode) -> None:
         if offset == page.max_offset:
             break
     assert pulled == acked
+
+
+# Streams on the asyncio query node
+
+
+class AsyncQueryNode:
+    """The query node as ``query serve`` runs it: AsyncQueryServicer on AsyncServing."""
+
+    def __init__(self, root: Path, sizes: StoreSizes = SMALL, *, stalled_write_s: float = 30.0, streams_max: int = 2048):
+        self.view = StoreView(str(root), sizes)
+        self.serving = AsyncServing(
+            lambda s: query_pb2_grpc.add_QueryServiceServicer_to_server(
+                AsyncQueryServicer(self.view, stalled_write_s=stalled_write_s), s
+            ),
+            [QUERY_SERVICE],
+            host="127.0.0.1",
+            port=0,
+            credentials=None,
+            health_port=None,
+            streams_max=streams_max,
+        )
+        self.channel = open_channel(f"127.0.0.1:{self.serving.port}")
+        self.stub = query_pb2_grpc.QueryServiceStub(self.channel)
+
+    def close(self) -> None:
+        self.channel.close()
+        self.serving.stop(None)
+        self.view.close()
+
+
+def test_the_asyncio_query_node_answers_as_the_threaded_one(writer: Node, tmp_path: Path) -> None:
+    """Each lookup through AsyncQueryServicer gives what QueryServicer gives, errors
+    included (code, message and reason)."""
+    results = send(writer, "TopicA", 30, keys=["k"], body=b"v")
+    threaded, asynchronous = QueryNode(tmp_path / "store"), AsyncQueryNode(tmp_path / "store")
+    try:
+        calls: list[tuple[str, Any]] = [
+            ("QueryByKey", query_pb2.QueryByKeyRequest(topic="TopicA", key="k", page_size=7)),
+            ("QueryByUniqKey", query_pb2.QueryByUniqKeyRequest(topic="TopicA", uniq_key=results[3].uniq_key)),
+            ("QueryByMsgId", query_pb2.QueryByMsgIdRequest(msg_id=results[5].offset_msg_id)),
+            ("QueryByQueueOffset", query_pb2.QueryByQueueOffsetRequest(topic="TopicA", queue_id=0, queue_offset=1)),
+            ("Pull", query_pb2.PullRequest(topic="TopicA", queue_id=1, from_offset=0, max_count=100)),
+            ("QueueBounds", query_pb2.QueueBoundsRequest(topic="TopicA", queue_id=2)),
+            ("SearchOffset", query_pb2.SearchOffsetRequest(topic="TopicA", queue_id=0, timestamp_ms=0)),
+            ("ListTopics", query_pb2.ListQueryTopicsRequest()),
+            ("Ping", query_pb2.PingRequest()),
+            ("QueryByKey", query_pb2.QueryByKeyRequest(topic="TopicA", key="k", page_size=0)),
+            ("QueryByMsgId", query_pb2.QueryByMsgIdRequest(msg_id="zz")),
+            ("QueueBounds", query_pb2.QueueBoundsRequest(topic="Nope", queue_id=0)),
+            ("SearchOffset", query_pb2.SearchOffsetRequest(topic="TopicA", queue_id=0, boundary=9)),  # type: ignore[arg-type]
+        ]
+        for name, request in calls:
+            answers = [outcome(lambda: getattr(node.stub, name)(request, timeout=RPC_TIMEOUT_S)) for node in (threaded, asynchronous)]  # noqa: B023
+            assert answers[0] == answers[1], name
+        stream = query_pb2.StreamByTimeRequest(topic="TopicA", queue_id=0, begin_ms=0, end_ms=2**62)
+        assert list(threaded.stub.StreamByTime(stream)) == list(asynchronous.stub.StreamByTime(stream))
+        assert len(list(asynchronous.stub.StreamByTime(stream))) == sum(1 for r in results if r.queue_id == 0)
+        bad_range = query_pb2.StreamByTimeRequest(topic="TopicA", queue_id=0, begin_ms=5, end_ms=4)
+        assert status_of(lambda: list(asynchronous.stub.StreamByTime(bad_range, timeout=RPC_TIMEOUT_S))) == (
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "end 4 is before begin 5",
+            "InvalidArgument",
+        )
+    finally:
+        threaded.close()
+        asynchronous.close()
+
+
+def test_a_stream_whose_reader_stalls_ends_with_resource_exhausted(tmp_path: Path) -> None:
+    """StreamByTime over 3,000 records of 1 KiB: the client reads one and stops; flow
+    control holds the stream, and after the stall limit it ends with RESOURCE_EXHAUSTED.
+    A reader that keeps reading gets every record."""
+    sizes = dataclasses.replace(SMALL, commitlog_file_size_bytes=8 * 1024 * 1024, cq_file_units=4000)
+    writer = start_node(tmp_path / "s", sizes=sizes)
+    try:
+        batch = writer_pb2.SendBatchRequest(messages=[messages_pb2.Message(topic="TopicA", queue_id=0, body=b"s" * 1024)] * 500)
+        for _ in range(6):
+            writer.stub.SendBatch(batch, timeout=RPC_TIMEOUT_S)
+        writer.writer.flush_thoroughly()
+        node = AsyncQueryNode(tmp_path / "s", sizes, stalled_write_s=1.0)
+        try:
+            request = query_pb2.StreamByTimeRequest(topic="TopicA", queue_id=0, begin_ms=0, end_ms=2**62)
+            assert len(list(node.stub.StreamByTime(request, timeout=RPC_TIMEOUT_S))) == 3000
+            # A reader that keeps no more than HTTP/2's initial window (64 KiB) unread.
+            slow = grpc.insecure_channel(f"127.0.0.1:{node.serving.port}", options=[("grpc.http2.bdp_probe", 0)])
+            call = query_pb2_grpc.QueryServiceStub(slow).StreamByTime(request, timeout=RPC_TIMEOUT_S)
+            next(call)
+            time.sleep(3.0)
+            received = 1
+            with pytest.raises(grpc.RpcError) as raised:
+                for _ in call:
+                    received += 1
+            assert (raised.value.code(), raised.value.details()) == (  # type: ignore[attr-defined]
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                "the client read nothing for 1 s: the stream is closed",
+            )
+            assert 1 < received < 3000
+            slow.close()
+        finally:
+            node.close()
+    finally:
+        writer.close()
+
+
+def test_streams_past_the_limit_are_refused_and_unary_calls_still_answer(writer: Node, tmp_path: Path) -> None:
+    send(writer, "TopicA", 4)
+    node = AsyncQueryNode(tmp_path / "store", streams_max=3)
+    health = health_pb2_grpc.HealthStub(node.channel)
+    try:
+        held = [health.Watch(health_pb2.HealthCheckRequest(service="")) for _ in range(3)]
+        for call in held:
+            assert next(call).status == health_pb2.HealthCheckResponse.SERVING
+        assert status_of(lambda: next(health.Watch(health_pb2.HealthCheckRequest(service=""), timeout=RPC_TIMEOUT_S))) == (
+            grpc.StatusCode.RESOURCE_EXHAUSTED,
+            "3 streams are open, this node's limit: retry later",
+            "TooManyStreams",
+        )
+        stream = query_pb2.StreamByTimeRequest(topic="TopicA", queue_id=0, begin_ms=0, end_ms=2**62)
+        assert status_of(lambda: list(node.stub.StreamByTime(stream, timeout=RPC_TIMEOUT_S)))[0] == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert node.stub.Ping(query_pb2.PingRequest(), timeout=RPC_TIMEOUT_S) == query_pb2.PingResponse()
+        assert health.Check(health_pb2.HealthCheckRequest(service=""), timeout=RPC_TIMEOUT_S).status == health_pb2.HealthCheckResponse.SERVING
+        held[0].cancel()
+        for _ in range(100):  # the server counts the cancelled stream out when it sees the cancel
+            try:
+                assert len(list(node.stub.StreamByTime(stream, timeout=RPC_TIMEOUT_S))) == 1
+                break
+            except grpc.RpcError as error:
+                assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED  # type: ignore[attr-defined]
+                time.sleep(0.05)
+        else:
+            raise AssertionError("a stream slot never came back")
+        for call in held[1:]:
+            call.cancel()
+    finally:
+        node.close()
+
+
+def test_a_producer_that_reads_no_acks_is_held_then_closed(tmp_path: Path) -> None:
+    """A SendStream whose producer sends 50,000 requests without reading acks: flow
+    control stops the writer reading its requests (a few hundred are stored), and after the
+    stall limit the stream ends with RESOURCE_EXHAUSTED. The acks the producer then reads
+    each name a stored message."""
+    sizes = dataclasses.replace(SMALL, commitlog_file_size_bytes=8 * 1024 * 1024, cq_file_units=40_000)
+    config = WriterConfig(store=str(tmp_path / "p"), sizes=sizes)
+    store = Writer(config)
+    servicer = WriterServicer(store, stalled_write_s=1.0)
+    serving = AsyncServing(
+        lambda s: writer_pb2_grpc.add_WriterServiceServicer_to_server(servicer, s),
+        [WRITER_SERVICE],
+        host="127.0.0.1",
+        port=0,
+        credentials=None,
+        health_port=None,
+    )
+    offered = 0
+    channel = grpc.insecure_channel(f"127.0.0.1:{serving.port}", options=[("grpc.http2.bdp_probe", 0)])
+    try:
+        request = writer_pb2.SendBatchRequest(messages=[messages_pb2.Message(topic="TopicA", queue_id=0, body=b"p")])
+
+        def requests() -> Iterator[writer_pb2.SendBatchRequest]:
+            nonlocal offered
+            for _ in range(50_000):
+                offered += 1
+                yield request
+
+        call = writer_pb2_grpc.WriterServiceStub(channel).SendStream(requests(), timeout=60.0)
+        time.sleep(4.0)  # read nothing
+        acks = []
+        with pytest.raises(grpc.RpcError) as raised:
+            for response in call:
+                acks.extend(response.results)
+        assert (raised.value.code(), raised.value.details()) == (  # type: ignore[attr-defined]
+            grpc.StatusCode.RESOURCE_EXHAUSTED,
+            "the client read no ack for 1 s: the stream is closed",
+        )
+        stored = store.status()["queues"]
+        held = [hi for topic, queue_id, _, hi in stored if (topic, queue_id) == ("TopicA", 0)]  # type: ignore[attr-defined]
+        # The client library takes every request it is offered (it queues them); the
+        # writer read and stored only what one flow-control window of acks allowed.
+        assert offered == 50_000
+        assert 0 < len(acks) <= held[0] <= 5_000
+        assert [ack.queue_offset for ack in acks] == list(range(len(acks)))
+    finally:
+        channel.close()
+        serving.stop(None)
+        servicer.close()
+        store.close()

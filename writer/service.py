@@ -25,6 +25,9 @@ from rmqstore.writer.store import GROUP_MAX_MESSAGES, AppendResults, Writer
 from rmqstore.writer.validate import EMPTY_PROPERTIES, MessageBatch
 
 SERVICE_NAME = "rmqstore.v1.WriterService"
+# A SendStream whose producer takes none of its acks for this long ends with
+# RESOURCE_EXHAUSTED (its messages so far are stored; the acks it did not read are lost to it).
+STALLED_WRITE_S = 30.0
 T = TypeVar("T")
 
 
@@ -309,8 +312,9 @@ class WriterServicer(writer_pb2_grpc.WriterServiceServicer):
     """The service's handlers, all async (for :class:`service.server.AsyncServing`):
     appends await the group commit; the calls that block go to the loop's executor."""
 
-    def __init__(self, writer: Writer):
+    def __init__(self, writer: Writer, *, stalled_write_s: float = STALLED_WRITE_S):
         self.writer = writer
+        self.stalled_write_s = stalled_write_s
         self.metrics = WriterMetrics(writer)
         self.appender = GroupAppender(writer, self.metrics)
 
@@ -336,7 +340,7 @@ class WriterServicer(writer_pb2_grpc.WriterServiceServicer):
 
     async def SendStream(
         self, request_iterator: AsyncIterator[writer_pb2.SendBatchRequest], context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[writer_pb2.SendBatchResponse]:
+    ) -> None:
         peer = peer_address(context)
         async for request in request_iterator:
             respond = compact_response if request.compact_results else batch_response
@@ -345,7 +349,16 @@ class WriterServicer(writer_pb2_grpc.WriterServiceServicer):
             except StoreError as error:
                 await abort_with_async(context, error)
                 return
-            yield response
+            # The next request is read only once this ack is on its way: a producer that
+            # reads no acks is held by HTTP/2 flow control (its sends wait), so what the
+            # writer holds for it stays one window, and after the limit its stream ends.
+            try:
+                await asyncio.wait_for(context.write(response), self.stalled_write_s)
+            except asyncio.TimeoutError:
+                await context.abort(
+                    grpc.StatusCode.RESOURCE_EXHAUSTED,
+                    f"the client read no ack for {self.stalled_write_s:g} s: the stream is closed",
+                )
 
     @mapped_async
     async def CreateTopic(

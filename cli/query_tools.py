@@ -20,6 +20,7 @@ import grpc
 
 from rmqstore.cli.store_tools import add_size_options, sizes_from
 from rmqstore.cli.writer_tools import (
+    access_from,
     add_client_tls_options,
     add_server_tls_options,
     channel_from,
@@ -307,8 +308,9 @@ def cmd_query_serve(args: argparse.Namespace) -> int:
     from rmqstore.service.metrics import configure_metrics
     from rmqstore.service.telemetry import configure_tracing
 
-    # TLS files are checked before anything else.
+    # TLS files and the ACL are checked before anything else.
     credentials = server_credentials_from(args)
+    acl = access_from(args)
     stopping = stop_requested()
     configure_tracing("rmqstore-query")
     configure_metrics("rmqstore-query")
@@ -325,6 +327,7 @@ def cmd_query_serve(args: argparse.Namespace) -> int:
             credentials=credentials,
             health_port=args.health_port,
             workers=args.workers,
+            acl=acl,
         )
     except BaseException:
         view.close()

@@ -20,6 +20,7 @@ from rmqstore.common.errors import InvalidArgument, StoreError
 from rmqstore.common.files.consumequeue import Boundary
 from rmqstore.common.tracing import span
 from rmqstore.query.view import TIME_MAX_MS, TIME_MIN_MS, StoreView
+from rmqstore.service.acl import may_see_paths
 from rmqstore.service.errors import abort_with, abort_with_async, mapped
 from rmqstore.service.metrics import QueryMetrics
 from rmqstore.v1 import messages_pb2, query_pb2, query_pb2_grpc
@@ -222,7 +223,13 @@ class AsyncQueryServicer(query_pb2_grpc.QueryServiceServicer):
     QueueBounds = _unary("QueueBounds")
     SearchOffset = _unary("SearchOffset")
     ListTopics = _unary("ListTopics")
-    Stats = _unary("Stats")
+    _stats = _unary("Stats")
+
+    async def Stats(self, request: query_pb2.StatsRequest, context: grpc.aio.ServicerContext) -> query_pb2.StatsResponse:
+        response: query_pb2.StatsResponse = await self._stats(request, context)
+        if not may_see_paths():  # decided here, on the call's task, where the ACL set its caller
+            response.store = ""
+        return response
 
     async def Ping(self, request: query_pb2.PingRequest, context: grpc.aio.ServicerContext) -> query_pb2.PingResponse:
         return query_pb2.PingResponse()  # on the loop itself: it measures the node, not its executor

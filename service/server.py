@@ -22,6 +22,7 @@ from opentelemetry import trace
 from opentelemetry.instrumentation.grpc import aio_server_interceptor, server_interceptor
 
 from rmqstore.common.errors import InvalidArgument
+from rmqstore.service.acl import Acl, AsyncAclInterceptor
 from rmqstore.service.guard import AsyncMalformedRequestGuard, MalformedRequestGuard
 from rmqstore.service.limits import CONNECTION_OPTIONS, STREAMS_MAX, AsyncStreamLimit
 
@@ -269,8 +270,10 @@ class AsyncServing:
         health_port: int | None,
         workers: int = 32,
         streams_max: int = STREAMS_MAX,
+        acl: Acl | None = None,
     ):
         self.streams_max = streams_max
+        self.acl = acl
         self.loop = asyncio.new_event_loop()
         self.loop.set_default_executor(futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="rpc"))
         self._thread = threading.Thread(target=self.loop.run_forever, name="grpc-loop", daemon=True)
@@ -298,12 +301,15 @@ class AsyncServing:
         port: int,
         credentials: grpc.ServerCredentials | None,
     ) -> int:
-        # The guard innermost: it wraps the handlers as registered; the stream limit counts
-        # them as wrapped; the tracing sees every call.
-        server = grpc.aio.server(
-            interceptors=[AsyncTracingInterceptor(), AsyncStreamLimit(self.streams_max), AsyncMalformedRequestGuard()],
-            options=SERVER_OPTIONS,
-        )
+        # The guard innermost: it wraps the handlers as registered; the ACL checks what
+        # parsed; the stream limit counts what is admitted; the tracing sees every call.
+        interceptors: list[grpc.aio.ServerInterceptor] = [AsyncTracingInterceptor(), AsyncStreamLimit(self.streams_max)]
+        if self.acl is not None:
+            # Outside the guard: a request is authorized once it parses.
+            self.acl_interceptor = AsyncAclInterceptor(self.acl)
+            interceptors.append(self.acl_interceptor)
+        interceptors.append(AsyncMalformedRequestGuard())
+        server = grpc.aio.server(interceptors=interceptors, options=SERVER_OPTIONS)
         _add_services(server, register, self.health_servicer, service_names)
         for name in (*service_names, ""):
             await self.health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)

@@ -17,6 +17,7 @@ import grpc
 from rmqstore.common.codec.hosts import SocketAddress
 from rmqstore.common.codec.msgid import MSG_ID_OFFSET_DIGITS, offset_msg_ids
 from rmqstore.common.errors import InvalidArgument, StoreError, invariant
+from rmqstore.service.acl import may_see_paths
 from rmqstore.service.errors import abort_with_async, mapped_async
 from rmqstore.service.metrics import WriterMetrics
 from rmqstore.v1 import messages_pb2, writer_pb2, writer_pb2_grpc
@@ -399,5 +400,5 @@ class WriterServicer(writer_pb2_grpc.WriterServiceServicer):
             disk_used_bytes=status["disk_used_bytes"],
             disk_used_ratio=status["disk_used_ratio"],
             flush_policy=status["flush_policy"],
-            store=status["store"],
+            store=status["store"] if may_see_paths() else "",
         )

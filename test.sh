@@ -25,4 +25,25 @@ if ! pkg-config --exists grpc++ 2>/dev/null; then
         exit 1
     fi
 fi
+# The ACL tests run a Node.js client of rmqstore.v1 (tests/node_client): Node.js and npm
+# from the OS's packages where missing, the client's npm packages into the virtualenv.
+if ! command -v node > /dev/null || ! command -v npm > /dev/null; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get > /dev/null; then
+        if ! { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm; } > "$VENV/apt-node.log" 2>&1; then
+            cat "$VENV/apt-node.log" >&2
+            exit 1
+        fi
+    else
+        echo "test.sh: the ACL tests need Node.js and npm; install nodejs and npm (Debian)" >&2
+        exit 1
+    fi
+fi
+if [ ! -d "$VENV/node/node_modules/@grpc/grpc-js" ] || [ tests/node_client/package.json -nt "$VENV/node/package.json" ]; then
+    mkdir -p "$VENV/node"
+    cp tests/node_client/package.json "$VENV/node/package.json"
+    if ! npm install --prefix "$VENV/node" --no-audit --no-fund > "$VENV/npm.log" 2>&1; then
+        cat "$VENV/npm.log" >&2
+        exit 1
+    fi
+fi
 exec "$VENV/bin/python" -m pytest "$@"

@@ -352,3 +352,26 @@ def test_a_node_refuses_a_non_loopback_address_without_protection(tmp_path: Path
         "or --insecure-open to let anyone who reaches the port call",
     )
     assert not (tmp_path / "store" / "commitlog").exists()
+
+
+def test_a_nodejs_client_signs_with_a_few_lines_of_its_own(guarded: Guarded) -> None:
+    """tests/node_client/signed_client.js (@grpc/grpc-js, @grpc/proto-loader, Node's
+    crypto) sends through the writer and pulls it back from the query node, signed as
+    orders; as an unknown key it is refused."""
+    node_modules = Path(sys.prefix) / "node" / "node_modules"
+    assert (node_modules / "@grpc" / "grpc-js").is_dir(), "test.sh installs the Node.js client's packages"
+    protos = Path(__file__).resolve().parents[1] / "protos"
+    script = Path(__file__).parent / "node_client" / "signed_client.js"
+
+    def run(access_key: str, secret_key: str) -> tuple[int, dict[str, Any]]:
+        result = subprocess.run(
+            ["node", str(script), str(protos), f"127.0.0.1:{guarded.writer_serving.port}", f"127.0.0.1:{guarded.query_serving.port}",
+             access_key, secret_key, "orders-node"],
+            env={**quiet_env(), "NODE_PATH": str(node_modules)}, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert result.stdout, result.stderr
+        return result.returncode, json.loads(result.stdout.splitlines()[-1])
+
+    assert run("orders", SECRETS["orders"]) == (0, {"queue_offset": 0, "body": "from node"})
+    assert run("orders", "not-the-secret") == (1, {"failed": "Send", "code": 16, "details": "unknown access key or wrong signature"})
+    assert run("reader", SECRETS["reader"]) == (1, {"failed": "Send", "code": 7, "details": "User:reader may not Pub Topic:orders-node"})

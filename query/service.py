@@ -11,7 +11,6 @@ from typing import Any
 
 import grpc
 from opentelemetry import trace
-
 from rmqstore.common.codec.hosts import SocketAddress
 from rmqstore.common.codec.msgid import offset_msg_id
 from rmqstore.common.codec.properties import split_keys
@@ -195,7 +194,7 @@ def _unary(name: str) -> Callable[..., Awaitable[Any]]:
     """An asyncio handler running QueryServicer's lookup ``name`` on the loop's executor."""
     lookup = getattr(QueryServicer, name).__wrapped__  # the lookup under its error mapping
 
-    async def handler(self: AsyncQueryServicer, request: Any, context: grpc.aio.ServicerContext) -> Any:
+    async def handler(self: AsyncQueryServicer, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
         try:
             return await asyncio.get_running_loop().run_in_executor(None, lookup, self.lookups, request, context)
         except StoreError as error:
@@ -225,16 +224,16 @@ class AsyncQueryServicer(query_pb2_grpc.QueryServiceServicer):
     ListTopics = _unary("ListTopics")
     _stats = _unary("Stats")
 
-    async def Stats(self, request: query_pb2.StatsRequest, context: grpc.aio.ServicerContext) -> query_pb2.StatsResponse:
+    async def Stats(self, request: query_pb2.StatsRequest, context: grpc.aio.ServicerContext[Any, Any]) -> query_pb2.StatsResponse:
         response: query_pb2.StatsResponse = await self._stats(request, context)
         if not may_see_paths():  # decided here, on the call's task, where the ACL set its caller
             response.store = ""
         return response
 
-    async def Ping(self, request: query_pb2.PingRequest, context: grpc.aio.ServicerContext) -> query_pb2.PingResponse:
+    async def Ping(self, request: query_pb2.PingRequest, context: grpc.aio.ServicerContext[Any, Any]) -> query_pb2.PingResponse:
         return query_pb2.PingResponse()  # on the loop itself: it measures the node, not its executor
 
-    async def StreamByTime(self, request: query_pb2.StreamByTimeRequest, context: grpc.aio.ServicerContext) -> None:
+    async def StreamByTime(self, request: query_pb2.StreamByTimeRequest, context: grpc.aio.ServicerContext[Any, Any]) -> None:
         loop = asyncio.get_running_loop()
         view = self.lookups.view
         with self.lookups._lookup("time_range"):
@@ -255,7 +254,7 @@ class AsyncQueryServicer(query_pb2_grpc.QueryServiceServicer):
                     # message, and past the limit the stream ends.
                     try:
                         await asyncio.wait_for(context.write(message), self.stalled_write_s)
-                    except asyncio.TimeoutError:
+                    except TimeoutError:
                         await context.abort(
                             grpc.StatusCode.RESOURCE_EXHAUSTED,
                             f"the client read nothing for {self.stalled_write_s:g} s: the stream is closed",

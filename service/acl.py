@@ -48,10 +48,16 @@ from typing import Any
 import grpc
 import yaml
 from opentelemetry import metrics
-
 from rmqstore.common.errors import InvalidArgument
 from rmqstore.service.errors import REASON_KEY
 from rmqstore.service.guard import _behavior, _constructor, _Malformed
+
+# grpc's stubs make contexts and handlers generic in request and response types; these
+# wrappers serve every method alike.
+Context = Any
+AsyncContext = Any
+Handler = Any
+
 
 ACTIONS = ("Pub", "Sub", "Create", "Update", "Get", "List")
 DECISIONS = ("Allow", "Deny")
@@ -191,12 +197,17 @@ def sign(access_key: str, secret_key: str, now_s: float | None = None) -> list[t
     ]
 
 
-class _Signing(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor, grpc.StreamUnaryClientInterceptor, grpc.StreamStreamClientInterceptor):  # type: ignore[misc]
+class _Signing(
+    grpc.UnaryUnaryClientInterceptor,
+    grpc.UnaryStreamClientInterceptor,
+    grpc.StreamUnaryClientInterceptor,
+    grpc.StreamStreamClientInterceptor,
+):
     def __init__(self, access_key: str, secret_key: str):
         self.access_key, self.secret_key = access_key, secret_key
 
     def _details(self, details: Any) -> Any:
-        metadata = [*(details.metadata or ()), *sign(self.access_key, self.secret_key)]
+        metadata = (*(details.metadata or ()), *sign(self.access_key, self.secret_key))
         return _CallDetails(details.method, details.timeout, metadata, details.credentials, details.wait_for_ready, details.compression)
 
     def intercept_unary_unary(self, continuation, details, request):  # type: ignore[no-untyped-def]
@@ -213,10 +224,10 @@ class _Signing(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientIntercept
 
 
 @dataclass(frozen=True)
-class _CallDetails(grpc.ClientCallDetails):  # type: ignore[misc]
+class _CallDetails(grpc.ClientCallDetails):
     method: str
     timeout: float | None
-    metadata: Sequence[tuple[str, str]] | None
+    metadata: tuple[tuple[str, str | bytes], ...] | None
     credentials: Any
     wait_for_ready: bool | None
     compression: Any
@@ -363,13 +374,13 @@ class AsyncAclInterceptor(grpc.aio.ServerInterceptor):
         metadata = tuple(handler_call_details.invocation_metadata or ())
         return _checked(handler, self, need, metadata)
 
-    async def refuse(self, context: grpc.aio.ServicerContext, refused: Refused) -> None:
+    async def refuse(self, context: AsyncContext, refused: Refused) -> None:
         self.denials.add(refused.code, refused.reason)
         context.set_trailing_metadata(((REASON_KEY, refused.reason),))
         await context.abort(refused.code, str(refused))
 
-    def principal(self, context: grpc.aio.ServicerContext, metadata: Sequence[tuple[str, Any]]) -> Principal:
-        names = (context.auth_context() or {}).get("x509_common_name") or []
+    def principal(self, context: AsyncContext, metadata: Sequence[tuple[str, Any]]) -> Principal:
+        names = list((context.auth_context() or {}).get("x509_common_name") or [])
         certificate = names[0].decode("utf-8", "replace") if names else None
         return authenticate(self.acl, metadata, certificate, self.clock())
 
@@ -382,11 +393,11 @@ class AsyncAclInterceptor(grpc.aio.ServerInterceptor):
                 raise Refused(grpc.StatusCode.PERMISSION_DENIED, "Denied", f"{principal.subject} may not {action} {resource}")
 
 
-def _checked(handler: grpc.RpcMethodHandler, acl: AsyncAclInterceptor, need: Need | None, metadata: Sequence[tuple[str, Any]]) -> grpc.RpcMethodHandler:
+def _checked(handler: Handler, acl: AsyncAclInterceptor, need: Need | None, metadata: Sequence[tuple[str, Any]]) -> Handler:
     behavior = _behavior(handler)
     generates = inspect.isasyncgenfunction(behavior)
 
-    async def admitted(request: Any, context: grpc.aio.ServicerContext) -> Any:
+    async def admitted(request: Any, context: AsyncContext) -> Any:
         try:
             principal = acl.principal(context, metadata)
         except Refused as refused:
@@ -413,14 +424,14 @@ def _checked(handler: grpc.RpcMethodHandler, acl: AsyncAclInterceptor, need: Nee
 
     if generates:
 
-        async def generating(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+        async def generating(request: Any, context: AsyncContext) -> AsyncIterator[Any]:
             async for response in behavior(await admitted(request, context), context):
                 yield response
 
         wrapped: Callable[..., Any] = generating
     else:
 
-        async def answering(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        async def answering(request: Any, context: AsyncContext) -> Any:
             return await behavior(await admitted(request, context), context)
 
         wrapped = answering

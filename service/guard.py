@@ -18,8 +18,14 @@ from typing import Any
 
 import grpc
 from google.protobuf.message import DecodeError
-
 from rmqstore.service.errors import REASON_KEY
+
+# grpc's stubs make contexts and handlers generic in request and response types; these
+# wrappers serve every method alike.
+Context = Any
+AsyncContext = Any
+Handler = Any
+
 
 REASON = "MalformedRequest"
 
@@ -53,45 +59,45 @@ def _guarded(deserialize: Callable[[bytes], Any]) -> Callable[[bytes], Any]:
     return parse
 
 
-def _abort(context: grpc.ServicerContext, marker: _Malformed) -> None:
+def _abort(context: Context, marker: _Malformed) -> None:
     context.set_trailing_metadata(((REASON_KEY, REASON),))
     context.abort(grpc.StatusCode.INVALID_ARGUMENT, marker.detail)
 
 
-async def _abort_async(context: grpc.aio.ServicerContext, marker: _Malformed) -> None:
+async def _abort_async(context: AsyncContext, marker: _Malformed) -> None:
     context.set_trailing_metadata(((REASON_KEY, REASON),))
     await context.abort(grpc.StatusCode.INVALID_ARGUMENT, marker.detail)
 
 
-def _constructor(handler: grpc.RpcMethodHandler) -> Callable[..., grpc.RpcMethodHandler]:
+def _constructor(handler: Handler) -> Callable[..., Handler]:
     if handler.request_streaming:
         return grpc.stream_stream_rpc_method_handler if handler.response_streaming else grpc.stream_unary_rpc_method_handler
     return grpc.unary_stream_rpc_method_handler if handler.response_streaming else grpc.unary_unary_rpc_method_handler
 
 
-def _behavior(handler: grpc.RpcMethodHandler) -> Callable[..., Any]:
+def _behavior(handler: Handler) -> Callable[..., Any]:
     if handler.request_streaming:
         return handler.stream_stream if handler.response_streaming else handler.stream_unary  # type: ignore[no-any-return]
     return handler.unary_stream if handler.response_streaming else handler.unary_unary  # type: ignore[no-any-return]
 
 
-def _threaded(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+def _threaded(handler: Handler) -> Handler:
     behavior = _behavior(handler)
     if handler.request_streaming:
 
-        def checked_requests(requests: Iterator[Any], context: grpc.ServicerContext) -> Iterator[Any]:
+        def checked_requests(requests: Iterator[Any], context: Context) -> Iterator[Any]:
             for request in requests:
                 if isinstance(request, _Malformed):
                     _abort(context, request)
                 yield request
 
-        def streaming(requests: Iterator[Any], context: grpc.ServicerContext) -> Any:
+        def streaming(requests: Iterator[Any], context: Context) -> Any:
             return behavior(checked_requests(requests, context), context)
 
-        wrapped = streaming
+        wrapped: Callable[..., Any] = streaming
     else:
 
-        def unary(request: Any, context: grpc.ServicerContext) -> Any:
+        def unary(request: Any, context: Context) -> Any:
             if isinstance(request, _Malformed):
                 _abort(context, request)
             return behavior(request, context)
@@ -104,19 +110,19 @@ def _threaded(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
     )
 
 
-def _asynchronous(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+def _asynchronous(handler: Handler) -> Handler:
     behavior = _behavior(handler)
     # A streaming answer is either an async generator or a coroutine that writes with
     # context.write (grpc's health Watch): the wrapper takes the same form.
     generates = inspect.isasyncgenfunction(behavior)
 
-    async def checked(requests: AsyncIterator[Any], context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+    async def checked(requests: AsyncIterator[Any], context: AsyncContext) -> AsyncIterator[Any]:
         async for request in requests:
             if isinstance(request, _Malformed):
                 await _abort_async(context, request)
             yield request
 
-    async def arrived(request: Any, context: grpc.aio.ServicerContext) -> Any:
+    async def arrived(request: Any, context: AsyncContext) -> Any:
         if not handler.request_streaming:
             if isinstance(request, _Malformed):
                 await _abort_async(context, request)
@@ -125,14 +131,14 @@ def _asynchronous(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
 
     if generates:
 
-        async def generating(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+        async def generating(request: Any, context: AsyncContext) -> AsyncIterator[Any]:
             async for response in behavior(await arrived(request, context), context):
                 yield response
 
         wrapped: Callable[..., Any] = generating
     else:
 
-        async def answering(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        async def answering(request: Any, context: AsyncContext) -> Any:
             return await behavior(await arrived(request, context), context)
 
         wrapped = answering

@@ -21,8 +21,14 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import grpc
-
 from rmqstore.service.errors import REASON_KEY
+
+# grpc's stubs make contexts and handlers generic in request and response types; these
+# wrappers serve every method alike.
+Context = Any
+AsyncContext = Any
+Handler = Any
+
 
 STREAMS_PER_CONNECTION_MAX = 128
 STREAMS_MAX = 2048
@@ -51,7 +57,7 @@ class AsyncStreamLimit(grpc.aio.ServerInterceptor):
             return handler
         return self._counted(handler)
 
-    def _counted(self, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+    def _counted(self, handler: Handler) -> Handler:
         behavior: Callable[..., Any]
         if handler.request_streaming:
             behavior = handler.stream_stream if handler.response_streaming else handler.stream_unary
@@ -61,7 +67,7 @@ class AsyncStreamLimit(grpc.aio.ServerInterceptor):
             make = grpc.unary_stream_rpc_method_handler
         limiter = self
 
-        async def refuse(context: grpc.aio.ServicerContext) -> None:
+        async def refuse(context: AsyncContext) -> None:
             context.set_trailing_metadata(((REASON_KEY, "TooManyStreams"),))
             await context.abort(
                 grpc.StatusCode.RESOURCE_EXHAUSTED, f"{limiter.limit} streams are open, this node's limit: retry later"
@@ -69,7 +75,7 @@ class AsyncStreamLimit(grpc.aio.ServerInterceptor):
 
         if handler.response_streaming and _generates(behavior):
 
-            async def generating(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+            async def generating(request: Any, context: AsyncContext) -> AsyncIterator[Any]:
                 if limiter.open >= limiter.limit:
                     await refuse(context)
                 limiter.open += 1
@@ -82,7 +88,7 @@ class AsyncStreamLimit(grpc.aio.ServerInterceptor):
             wrapped: Callable[..., Any] = generating
         else:
 
-            async def answering(request: Any, context: grpc.aio.ServicerContext) -> Any:
+            async def answering(request: Any, context: AsyncContext) -> Any:
                 if limiter.open >= limiter.limit:
                     await refuse(context)
                 limiter.open += 1

@@ -19,7 +19,6 @@ from typing import Any
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-
 from rmqstore.common.errors import InvalidArgument
 from rmqstore.query.service import SERVICE_NAME as QUERY_SERVICE
 from rmqstore.query.service import AsyncQueryServicer
@@ -32,7 +31,7 @@ from rmqstore.writer.config import WriterConfig
 from rmqstore.writer.service import SERVICE_NAME as WRITER_SERVICE
 from rmqstore.writer.service import WriterServicer
 from rmqstore.writer.store import Writer
-from test_query_live import Nodes, nodes, quiet_env  # noqa: F401 (nodes is a fixture)
+from test_query_live import Nodes, quiet_env
 from test_writer import SMALL
 
 RPC_TIMEOUT_S = 10.0
@@ -308,6 +307,15 @@ def test_a_missing_acl_file_is_refused(tmp_path: Path) -> None:
 # The CLI
 
 
+@pytest.fixture
+def nodes(tmp_path: Path) -> Iterator[Nodes]:
+    log_dir = tmp_path / "logs"
+    log_dir.mkdir()
+    started = Nodes(log_dir)
+    yield started
+    started.close()
+
+
 def test_the_cli_signs_with_its_options_or_the_environment(nodes: Nodes, tmp_path: Path) -> None:
     acl_path = tmp_path / "acl.yaml"
     acl_path.write_text(ACL)
@@ -317,7 +325,7 @@ def test_the_cli_signs_with_its_options_or_the_environment(nodes: Nodes, tmp_pat
     env = {k: v for k, v in quiet_env().items() if not k.startswith("RMQSTORE_")}
 
     def run(*extra: str, **more_env: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([*base, *extra], env={**env, **more_env}, capture_output=True, text=True, timeout=60)
+        return subprocess.run([*base, *extra], env={**env, **more_env}, capture_output=True, text=True, timeout=60, check=False)
 
     unsigned = run()
     assert (unsigned.returncode, unsigned.stderr.strip()) == (
@@ -344,12 +352,14 @@ def test_a_node_refuses_a_non_loopback_address_without_protection(tmp_path: Path
     (tmp_path / "store").mkdir()
     result = subprocess.run(
         [sys.executable, "-m", "rmqstore.cli.main", kind, "serve", "--store", str(tmp_path / "store"), "--host", "0.0.0.0"],
-        env=quiet_env(), capture_output=True, text=True, timeout=60,
+        env=quiet_env(), capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
     assert (result.returncode, result.stderr.strip()) == (
         2,
-        "rmqstore: error: --host 0.0.0.0 is not a loopback address: give --acl FILE or mutual TLS (--tls-client-ca), "
-        "or --insecure-open to let anyone who reaches the port call",
+        (
+            "rmqstore: error: --host 0.0.0.0 is not a loopback address: give --acl FILE or mutual TLS (--tls-client-ca), "
+            "or --insecure-open to let anyone who reaches the port call"
+        ),
     )
     assert not (tmp_path / "store" / "commitlog").exists()
 
@@ -367,7 +377,7 @@ def test_a_nodejs_client_signs_with_a_few_lines_of_its_own(guarded: Guarded) -> 
         result = subprocess.run(
             ["node", str(script), str(protos), f"127.0.0.1:{guarded.writer_serving.port}", f"127.0.0.1:{guarded.query_serving.port}",
              access_key, secret_key, "orders-node"],
-            env={**quiet_env(), "NODE_PATH": str(node_modules)}, capture_output=True, text=True, timeout=60,
+            env={**quiet_env(), "NODE_PATH": str(node_modules)}, capture_output=True, text=True, timeout=60, check=False,
         )  # fmt: skip
         assert result.stdout, result.stderr
         return result.returncode, json.loads(result.stdout.splitlines()[-1])

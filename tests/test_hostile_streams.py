@@ -9,16 +9,15 @@ import selectors
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-
 from rmqstore.v1 import messages_pb2, query_pb2, query_pb2_grpc, writer_pb2
-from test_query_live import Nodes, NodeProcess, nodes, quiet_env  # noqa: F401 (nodes is a fixture)
+from test_query_live import NodeProcess, Nodes, quiet_env
 
 HOSTILE = Path(__file__).parent / "hostile_streams.py"
 IDLE_STREAMS = 500
@@ -31,6 +30,15 @@ P99_MAX_S = 0.100
 RSS_GROWTH_MAX_BYTES = 256 * 1024 * 1024
 SEED_MESSAGES = 2_000
 RPC_TIMEOUT_S = 10.0
+
+
+@pytest.fixture
+def nodes(tmp_path: Path) -> Iterator[Nodes]:
+    log_dir = tmp_path / "logs"
+    log_dir.mkdir()
+    started = Nodes(log_dir)
+    yield started
+    started.close()
 
 
 def rss_bytes(pid: int) -> int:
@@ -101,12 +109,12 @@ def test_a_thousand_hostile_streams_leave_health_and_ping_fast(nodes: Nodes, tmp
             if stub.QueueBounds(bounds, timeout=RPC_TIMEOUT_S).max_offset == SEED_MESSAGES:
                 break
             time.sleep(0.05)
-        ping: Callable[[], Any] = lambda: stub.Ping(query_pb2.PingRequest(), timeout=RPC_TIMEOUT_S)  # noqa: E731
+        ping: Callable[[], Any] = lambda: stub.Ping(query_pb2.PingRequest(), timeout=RPC_TIMEOUT_S)
     else:
         # The writer has no Ping: its cheapest call is the topic list.
-        ping = lambda: producer.ListTopics(writer_pb2.ListTopicsRequest(), timeout=RPC_TIMEOUT_S)  # noqa: E731
+        ping = lambda: producer.ListTopics(writer_pb2.ListTopicsRequest(), timeout=RPC_TIMEOUT_S)
     health = health_pb2_grpc.HealthStub(channel)
-    check = lambda: health.Check(health_pb2.HealthCheckRequest(service=""), timeout=RPC_TIMEOUT_S)  # noqa: E731
+    check = lambda: health.Check(health_pb2.HealthCheckRequest(service=""), timeout=RPC_TIMEOUT_S)
     try:
         p99_s(check)
         rss_before = rss_bytes(target.proc.pid)

@@ -355,7 +355,7 @@ class WriterServicer(writer_pb2_grpc.WriterServiceServicer):
             # writer holds for it stays one window, and after the limit its stream ends.
             try:
                 await asyncio.wait_for(context.write(response), self.stalled_write_s)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 await context.abort(
                     grpc.StatusCode.RESOURCE_EXHAUSTED,
                     f"the client read no ack for {self.stalled_write_s:g} s: the stream is closed",

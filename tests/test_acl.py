@@ -25,13 +25,14 @@ from rmqstore.query.service import AsyncQueryServicer
 from rmqstore.query.view import StoreView
 from rmqstore.service.acl import load_acl, sign, signing_channel
 from rmqstore.service.errors import REASON_KEY
-from rmqstore.service.server import AsyncServing
+from rmqstore.service.server import AsyncServing, load_server_credentials, open_channel
 from rmqstore.v1 import messages_pb2, query_pb2, query_pb2_grpc, writer_pb2, writer_pb2_grpc
 from rmqstore.writer.config import WriterConfig
 from rmqstore.writer.service import SERVICE_NAME as WRITER_SERVICE
 from rmqstore.writer.service import WriterServicer
 from rmqstore.writer.store import Writer
 from test_query_live import Nodes, quiet_env
+from test_tls import Pki, pki  # noqa: F401 (pki is a fixture)
 from test_writer import SMALL
 
 RPC_TIMEOUT_S = 10.0
@@ -385,3 +386,42 @@ def test_a_nodejs_client_signs_with_a_few_lines_of_its_own(guarded: Guarded) -> 
     assert run("orders", SECRETS["orders"]) == (0, {"queue_offset": 0, "body": "from node"})
     assert run("orders", "not-the-secret") == (1, {"failed": "Send", "code": 16, "details": "unknown access key or wrong signature"})
     assert run("reader", SECRETS["reader"]) == (1, {"failed": "Send", "code": 7, "details": "User:reader may not Pub Topic:orders-node"})
+
+
+# Mutual TLS
+
+
+def test_a_client_certificate_is_a_subject_under_mutual_tls(tmp_path: Path, pki: Pki) -> None:  # noqa: F811
+    """Under mutual TLS an unsigned call is its certificate's common name: Cert:<CN>, with
+    the policies of that subject; a signed call over the same channel is its user."""
+    acl_path = tmp_path / "acl.yaml"
+    acl_path.write_text(
+        ACL
+        + "  - subject: Cert:rmqstore test client\n"
+        + "    policies:\n"
+        + "      - {resource: 'Topic:tls-*', actions: [Pub, Get]}\n"
+        + "      - {resource: Cluster, actions: [Get]}\n"
+    )
+    writer = Writer(WriterConfig(store=str(tmp_path / "store"), sizes=SMALL))
+    servicer = WriterServicer(writer)
+    serving = AsyncServing(
+        lambda s: writer_pb2_grpc.add_WriterServiceServicer_to_server(servicer, s),
+        [WRITER_SERVICE], host="127.0.0.1", port=0,
+        credentials=load_server_credentials(str(pki.server_cert), str(pki.server_key), str(pki.ca)),
+        health_port=None, acl=load_acl(str(acl_path)),
+    )  # fmt: skip
+    channel = open_channel(
+        f"127.0.0.1:{serving.port}", ca=str(pki.ca), client_cert=str(pki.client_cert), client_key=str(pki.client_key)
+    )
+    try:
+        stub = writer_pb2_grpc.WriterServiceStub(channel)
+        assert stub.Send(send("tls-1"), timeout=RPC_TIMEOUT_S).result.offset_msg_id
+        assert status_of(lambda: stub.Send(send("other"), timeout=RPC_TIMEOUT_S)) == denied("Cert:rmqstore test client", "Pub", "Topic:other")
+        assert stub.Status(writer_pb2.StatusRequest(), timeout=RPC_TIMEOUT_S).store == ""
+        as_ops = writer_pb2_grpc.WriterServiceStub(signing_channel(channel, "ops", SECRETS["ops"]))
+        assert as_ops.Status(writer_pb2.StatusRequest(), timeout=RPC_TIMEOUT_S).store == os.path.abspath(tmp_path / "store")
+    finally:
+        channel.close()
+        serving.stop(None)
+        servicer.close()
+        writer.close()

@@ -136,6 +136,18 @@ def _asynchronous(handler: Handler) -> Handler:
                 yield response
 
         wrapped: Callable[..., Any] = generating
+    elif handler.response_streaming:
+
+        async def writing(request: Any, context: AsyncContext) -> AsyncIterator[Any]:
+            # A streaming answer written with context.write (health Watch, and our streams,
+            # which bound each write's wait): presented as an async generator that yields
+            # nothing, the form every interceptor around it (OpenTelemetry's) expects of a
+            # streaming handler.
+            await behavior(await arrived(request, context), context)
+            return
+            yield
+
+        wrapped = writing
     else:
 
         async def answering(request: Any, context: AsyncContext) -> Any:

@@ -1,10 +1,12 @@
 """Start a gRPC server with health checking, reflection and the tracing interceptor, and
 the TLS credentials of both ends (server certificates, client trust and client certificates).
 
-Two kinds of server: grpc's thread-pool server (the query node: each lookup is a short
-piece of CPU work), and its asyncio server on an event loop of its own thread
-(:class:`AsyncServing`, the writer: a SYNC ack waits for an fsync and a SendStream lasts as
-long as its producer, and neither may hold a thread while it waits)."""
+Both nodes serve on grpc's asyncio server on an event loop of its own thread
+(:class:`AsyncServing`): a SYNC ack waits for an fsync, a stream lasts as long as its
+client, a reader may stop reading, and none of them may hold a thread while it waits
+(service.limits). Every call passes the malformed-request guard (service.guard) and, with
+an ACL, its check (service.acl). grpc's thread-pool server (:func:`start_server`) serves
+the query service in tests and tools that compare the two."""
 
 from __future__ import annotations
 
@@ -215,45 +217,8 @@ def start_health_server(
     return server, bound
 
 
-class Serving:
-    """A node's listeners: the main server and, when asked, the plaintext health port.
-    One lifecycle for the writer and the query node."""
-
-    def __init__(
-        self,
-        register: Callable[[grpc.Server], None],
-        service_names: Sequence[str],
-        *,
-        host: str,
-        port: int,
-        credentials: grpc.ServerCredentials | None,
-        health_port: int | None,
-        workers: int = 32,
-    ):
-        self.server, self.port, self.health_servicer = start_server(
-            register, service_names, host=host, port=port, credentials=credentials, workers=workers
-        )
-        self.health_server: grpc.Server | None = None
-        self.health_port: int | None = None
-        if health_port is not None:
-            try:
-                self.health_server, self.health_port = start_health_server(
-                    self.health_servicer, host=host, port=health_port
-                )
-            except BaseException:
-                self.server.stop(None)
-                raise
-
-    def stop(self, grace_s: float) -> None:
-        """Report NOT_SERVING, let in-flight calls finish within ``grace_s``, close both."""
-        self.health_servicer.enter_graceful_shutdown()
-        self.server.stop(grace_s).wait()
-        if self.health_server is not None:
-            self.health_server.stop(None).wait()
-
-
 class AsyncServing:
-    """:class:`Serving` on grpc's asyncio server: an event loop on its own thread runs the
+    """A node's listeners on grpc's asyncio server: an event loop on its own thread runs the
     main server and, when asked, the plaintext health port, so that a call that waits (a
     SYNC ack, an open stream) holds no thread, however many producers are connected.
     ``register`` adds services whose handlers are all async; they hand blocking work to

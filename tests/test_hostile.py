@@ -3,6 +3,7 @@ protobuf, out-of-range enums, forged cursors and answers too large for one messa
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import dataclasses
 import json
@@ -685,3 +686,29 @@ def test_a_producer_that_reads_no_acks_is_held_then_closed(tmp_path: Path) -> No
         serving.stop(None)
         servicer.close()
         store.close()
+
+
+def test_a_connection_gets_at_most_128_concurrent_streams(writer: Node, tmp_path: Path) -> None:
+    """130 health Watch streams on one connection: 128 are served at once, the other two
+    wait in the client until a stream of that connection ends."""
+    node = AsyncQueryNode(tmp_path / "store")
+
+    async def run() -> tuple[int, int]:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{node.serving.port}") as channel:
+            health = health_pb2_grpc.HealthStub(channel)
+            calls = [health.Watch(health_pb2.HealthCheckRequest(service="")) for _ in range(130)]
+            reads = [asyncio.ensure_future(call.read()) for call in calls]
+            done, _ = await asyncio.wait(reads, timeout=3.0)
+            first = len(done)
+            calls[0].cancel()
+            done, _ = await asyncio.wait(reads[1:], timeout=3.0)
+            after = len(done)
+            for call in calls:
+                call.cancel()
+            await asyncio.gather(*reads, return_exceptions=True)
+            return first, after
+
+    try:
+        assert asyncio.run(run()) == (128, 128)
+    finally:
+        node.close()

@@ -425,3 +425,31 @@ def test_a_client_certificate_is_a_subject_under_mutual_tls(tmp_path: Path, pki:
         serving.stop(None)
         servicer.close()
         writer.close()
+
+
+def test_the_pipeline_signs_from_the_environment(guarded: Guarded, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`pipeline load`'s calls (the writer's Status, the query node's checks) are signed
+    with RMQSTORE_ACCESS_KEY and RMQSTORE_SECRET_KEY, and refused without them."""
+    from rmqstore.common.errors import StoreError
+    from rmqstore.pipeline import load
+
+    writer_endpoint = f"127.0.0.1:{guarded.writer_serving.port}"
+    monkeypatch.delenv("RMQSTORE_ACCESS_KEY", raising=False)
+    monkeypatch.delenv("RMQSTORE_SECRET_KEY", raising=False)
+    with pytest.raises(StoreError) as raised:
+        load.writer_status(writer_endpoint)
+    assert str(raised.value) == (
+        f"the writer at {writer_endpoint} refused: UNAUTHENTICATED: this node needs signed calls: give an access key and secret key"
+    )
+    monkeypatch.setenv("RMQSTORE_ACCESS_KEY", "ops")
+    monkeypatch.setenv("RMQSTORE_SECRET_KEY", SECRETS["ops"])
+    assert load.writer_status(writer_endpoint).store == os.path.abspath(guarded.writer.config.store)
+    acked = guarded.writer_as("ops").Send(send("orders-p"), timeout=RPC_TIMEOUT_S).result
+    guarded.writer.flush_thoroughly()
+    guarded.view.refresh(force=True)
+    checker = load.QueryChecker(f"127.0.0.1:{guarded.query_serving.port}")
+    try:
+        probe = messages_pb2.Message(topic="orders-p", uniq_key=acked.uniq_key)
+        assert checker.stored([probe]) == [True]
+    finally:
+        checker.close()

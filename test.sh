@@ -71,4 +71,13 @@ if [ ! -d tests/node/node_modules ] || [ tests/node/package-lock.json -nt tests/
     fi
     touch tests/node/node_modules
 fi
+# The ACL tests' Node.js client of rmqstore.v1 (tests/node_client): its npm packages into the virtualenv.
+if [ ! -d "$VENV/node/node_modules/@grpc/grpc-js" ] || [ tests/node_client/package.json -nt "$VENV/node/package.json" ]; then
+    mkdir -p "$VENV/node"
+    cp tests/node_client/package.json "$VENV/node/package.json"
+    if ! npm install --prefix "$VENV/node" --no-audit --no-fund > "$VENV/npm.log" 2>&1; then
+        cat "$VENV/npm.log" >&2
+        exit 1
+    fi
+fi
 exec "$VENV/bin/python" -m pytest "$@"

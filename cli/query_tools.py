@@ -23,6 +23,7 @@ from rmqstore.cli import exits
 from rmqstore.cli.exits import EXIT_NOT_FOUND, EXIT_OK, LocalRpcError
 from rmqstore.cli.store_tools import add_size_options, sizes_from
 from rmqstore.cli.writer_tools import (
+    access_from,
     add_client_tls_options,
     add_server_tls_options,
     channel_from,
@@ -64,6 +65,16 @@ class Backend:
                 yield message
                 sent += 1
             if response.complete or (limit is not None and sent >= limit):
+                return
+            cursor = response.cursor
+
+    def uniq_key(self, topic: str, uniq_key: str) -> Iterator[messages_pb2.StoredMessage]:
+        """Every page of a UNIQ_KEY's messages."""
+        cursor = ""
+        while True:
+            response = self.call("QueryByUniqKey", query_pb2.QueryByUniqKeyRequest(topic=topic, uniq_key=uniq_key, cursor=cursor))
+            yield from response.messages
+            if response.complete or not response.cursor:
                 return
             cursor = response.cursor
 
@@ -271,12 +282,12 @@ def cmd_query_by_key(args: argparse.Namespace) -> int:
 
 def cmd_query_by_uniq_key(args: argparse.Namespace) -> int:
     def action(backend: Backend) -> int:
-        response = backend.call("QueryByUniqKey", query_pb2.QueryByUniqKeyRequest(topic=args.topic, uniq_key=args.id))
-        if not response.messages:
+        messages = backend.uniq_key(args.topic, args.id)
+        first = next(messages, None)
+        if first is None:
             _known_topic(backend, args.topic)
             exits.fail(f"NOT_FOUND: no message with unique key {args.id} in topic {args.topic}")
-            return EXIT_NOT_FOUND
-        _emit(iter(response.messages), args)
+        _emit(itertools.chain([first], messages), args)
         return EXIT_OK
 
     return _run(args, action)
@@ -405,14 +416,15 @@ def cmd_update_topic(args: argparse.Namespace) -> int:
 
 
 def cmd_query_serve(args: argparse.Namespace) -> int:
-    from rmqstore.query.service import SERVICE_NAME, QueryServicer
+    from rmqstore.query.service import SERVICE_NAME, AsyncQueryServicer
     from rmqstore.query.view import StoreView
+    from rmqstore.service.server import AsyncServing
     from rmqstore.service.metrics import configure_metrics
-    from rmqstore.service.server import Serving
     from rmqstore.service.telemetry import configure_tracing
 
-    # TLS files and the store are checked before anything else.
+    # TLS files, the ACL and the store are checked before anything else.
     credentials = server_credentials_from(args)
+    acl = access_from(args)
     exits.existing_store(args.store, "--store")
     check_ports(args)
     stopping = stop_requested()
@@ -422,14 +434,15 @@ def cmd_query_serve(args: argparse.Namespace) -> int:
     view = StoreView(args.store, sizes_from(args, args.store), mapped_budget_bytes=None if budget is None else budget << 20)
     try:
         with listening(args):
-            serving = Serving(
-                lambda s: query_pb2_grpc.add_QueryServiceServicer_to_server(QueryServicer(view), s),
+            serving = AsyncServing(
+                lambda s: query_pb2_grpc.add_QueryServiceServicer_to_server(AsyncQueryServicer(view), s),
                 [SERVICE_NAME],
                 host=args.host,
                 port=args.port,
                 credentials=credentials,
                 health_port=args.health_port,
                 workers=args.workers,
+                acl=acl,
             )
     except BaseException:
         view.close()

@@ -6,14 +6,16 @@ import argparse
 import base64
 import contextlib
 import dataclasses
+import ipaddress
 import json
+import os
 import signal
 import socket
 import sys
 import threading
 import time
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 
@@ -22,6 +24,9 @@ from rmqstore.cli.exits import EXIT_OK
 from rmqstore.cli.store_tools import add_size_options, sizes_from
 from rmqstore.common.errors import InvalidArgument
 from rmqstore.v1 import messages_pb2, writer_pb2, writer_pb2_grpc
+
+if TYPE_CHECKING:
+    from rmqstore.service.acl import Acl
 
 SHUTDOWN_GRACE_S = 10.0
 
@@ -74,8 +79,15 @@ def add_server_tls_options(parser: argparse.ArgumentParser) -> None:
         type=exits.positive,
         default=DEFAULT_WORKERS,
         metavar="N",
-        help=f"threads running handlers (default {DEFAULT_WORKERS}): a query node's lookups, each open StreamByTime"
-        " holding one while it lasts; a writer's Flush, Status and CreateTopic (its appends and streams hold none)",
+        help=f"threads running handlers (default {DEFAULT_WORKERS}): a query node's lookups; a writer's Flush,"
+        " Status and CreateTopic (appends, streams and waiting readers hold none)",
+    )
+    access = parser.add_argument_group("who may call (docs/security.md)")
+    access.add_argument("--acl", metavar="FILE", help="users, secrets and policies (YAML): every call but health checks is signed and checked")
+    access.add_argument(
+        "--insecure-open",
+        action="store_true",
+        help="listen on a non-loopback --host with neither --acl nor mutual TLS: anyone who reaches the port may call",
     )
 
 
@@ -97,12 +109,43 @@ def server_credentials_from(args: argparse.Namespace) -> grpc.ServerCredentials 
     return load_server_credentials(args.tls_cert, args.tls_key, args.tls_client_ca)
 
 
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # a name: it may resolve anywhere
+
+
+def access_from(args: argparse.Namespace) -> Acl | None:
+    """The node's ACL (None without --acl), after the rule that a node reachable from
+    other hosts is closed to strangers: a non-loopback --host needs --acl, mutual TLS or
+    an explicit --insecure-open."""
+    from rmqstore.service.acl import load_acl
+
+    if not _loopback(args.host) and args.acl is None and args.tls_client_ca is None and not args.insecure_open:
+        raise InvalidArgument(
+            f"--host {args.host} is not a loopback address: give --acl FILE or mutual TLS (--tls-client-ca), "
+            "or --insecure-open to let anyone who reaches the port call"
+        )
+    return None if args.acl is None else load_acl(args.acl)
+
+
 def serving_tls_fields(args: argparse.Namespace, health_port: int | None) -> dict[str, Any]:
-    """What the serving line says about TLS and the health port."""
-    fields: dict[str, Any] = {"tls": args.tls_cert is not None, "clientAuth": args.tls_client_ca is not None}
+    """What the serving line says about TLS, access control and the health port."""
+    fields: dict[str, Any] = {
+        "tls": args.tls_cert is not None,
+        "clientAuth": args.tls_client_ca is not None,
+        "acl": args.acl is not None,
+    }
     if health_port is not None:
         fields["healthPort"] = health_port
     return fields
+
+
+ACCESS_KEY_ENV = "RMQSTORE_ACCESS_KEY"
+SECRET_KEY_ENV = "RMQSTORE_SECRET_KEY"
 
 
 def free_port(host: str) -> int:
@@ -154,18 +197,29 @@ def add_client_tls_options(parser: argparse.ArgumentParser) -> None:
         metavar="NAME",
         help="expect this name in the server's certificate instead of the endpoint's host (e.g. via port-forward)",
     )
+    signing = parser.add_argument_group("credentials, for a node with --acl")
+    signing.add_argument("--access-key", metavar="KEY", help=f"sign every call as this user (default: ${ACCESS_KEY_ENV})")
+    signing.add_argument("--secret-key", metavar="SECRET", help=f"the user's secret key (default: ${SECRET_KEY_ENV}; prefer it: arguments are visible to other local users)")
 
 
 def channel_from(args: argparse.Namespace, endpoint: str) -> grpc.Channel:
+    from rmqstore.service.acl import signing_channel
     from rmqstore.service.server import open_channel
 
-    return open_channel(
+    access_key = args.access_key or os.environ.get(ACCESS_KEY_ENV) or None
+    secret_key = args.secret_key or os.environ.get(SECRET_KEY_ENV) or None
+    if (access_key is None) != (secret_key is None):
+        raise InvalidArgument(f"give an access key and a secret key together (--access-key/--secret-key or {ACCESS_KEY_ENV}/{SECRET_KEY_ENV})")
+    channel = open_channel(
         endpoint,
         ca=args.tls_ca,
         client_cert=args.tls_client_cert,
         client_key=args.tls_client_key,
         server_name=args.tls_server_name,
     )
+    if access_key is None or secret_key is None:
+        return channel
+    return signing_channel(channel, access_key, secret_key)
 
 
 def cmd_writer_serve(args: argparse.Namespace) -> int:
@@ -179,8 +233,9 @@ def cmd_writer_serve(args: argparse.Namespace) -> int:
     from rmqstore.writer.service import SERVICE_NAME, WriterServicer
     from rmqstore.writer.store import Writer
 
-    # The store and TLS files are checked before anything else: a bad one costs no recovery.
+    # The store, TLS files and the ACL are checked before anything else: a bad one costs no recovery.
     credentials = server_credentials_from(args)
+    acl = access_from(args)
     exits.creatable_dir(args.store, "--store")
     check_ports(args)
     if args.port == 0 and args.store_host is None:
@@ -227,6 +282,7 @@ def cmd_writer_serve(args: argparse.Namespace) -> int:
                 credentials=credentials,
                 health_port=args.health_port,
                 workers=args.workers,
+                acl=acl,
             )
     except BaseException:
         servicer.close()

@@ -99,8 +99,21 @@ def _grpc_error(error: Any, endpoint: str, what: str) -> StoreError:
     return kinds.get(code, StoreError)(f"{what} at {endpoint} refused: {code.name}: {details}")
 
 
+def _channel(endpoint: str, options: list[tuple[str, int]] | None = None) -> grpc.Channel:
+    """A plaintext channel to a node, its calls signed when the environment holds an
+    access key and a secret key (RMQSTORE_ACCESS_KEY, RMQSTORE_SECRET_KEY; docs/security.md):
+    a local Spark's executors inherit the driver's environment."""
+    from rmqstore.service.acl import signing_channel
+
+    channel = grpc.insecure_channel(endpoint, options=options)
+    access_key, secret_key = os.environ.get("RMQSTORE_ACCESS_KEY"), os.environ.get("RMQSTORE_SECRET_KEY")
+    if access_key and secret_key:
+        return signing_channel(channel, access_key, secret_key)
+    return channel
+
+
 def writer_status(endpoint: str) -> Any:
-    with grpc.insecure_channel(endpoint) as channel:
+    with _channel(endpoint) as channel:
         try:
             return writer_pb2_grpc.WriterServiceStub(channel).Status(writer_pb2.StatusRequest(), timeout=STATUS_TIMEOUT_S)
         except grpc.RpcError as error:
@@ -108,7 +121,7 @@ def writer_status(endpoint: str) -> Any:
 
 
 def _writer_call(endpoint: str, method: str, request: Any) -> Any:
-    with grpc.insecure_channel(endpoint) as channel:
+    with _channel(endpoint) as channel:
         try:
             return getattr(writer_pb2_grpc.WriterServiceStub(channel), method)(request, timeout=SEND_TIMEOUT_S)
         except grpc.RpcError as error:
@@ -116,7 +129,7 @@ def _writer_call(endpoint: str, method: str, request: Any) -> Any:
 
 
 def _check_query_node(endpoint: str) -> None:
-    with grpc.insecure_channel(endpoint) as channel:
+    with _channel(endpoint) as channel:
         try:
             query_pb2_grpc.QueryServiceStub(channel).Stats(query_pb2.StatsRequest(), timeout=STATUS_TIMEOUT_S)
         except grpc.RpcError as error:
@@ -256,7 +269,7 @@ class QueryChecker:
 
     def __init__(self, endpoint: str):
         self.endpoint = endpoint
-        self.channel = grpc.insecure_channel(endpoint)
+        self.channel = _channel(endpoint)
         self.stub = query_pb2_grpc.QueryServiceStub(self.channel)
 
     def stored(self, messages: list[Any]) -> list[bool]:
@@ -308,7 +321,7 @@ def send_rows(
         yield from unheld(pending)
 
     limits = [("grpc.max_send_message_length", GRPC_MESSAGE_BYTES_MAX), ("grpc.max_receive_message_length", GRPC_MESSAGE_BYTES_MAX)]
-    with grpc.insecure_channel(endpoint, options=limits) as channel:
+    with _channel(endpoint, options=limits) as channel:
         stub = writer_pb2_grpc.WriterServiceStub(channel)
         try:
             for response in stub.SendStream(batches(), timeout=SEND_TIMEOUT_S):

@@ -2,22 +2,25 @@
 
 from __future__ import annotations
 
+import asyncio
 import functools
-from collections.abc import Iterator
+import itertools
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import grpc
 from opentelemetry import trace
-
 from rmqstore.common.codec.hosts import SocketAddress
 from rmqstore.common.codec.msgid import offset_msg_id
 from rmqstore.common.codec.properties import split_keys
 from rmqstore.common.codec.record import Record
-from rmqstore.common.errors import StoreError
+from rmqstore.common.errors import InvalidArgument, StoreError
 from rmqstore.common.files.consumequeue import Boundary
 from rmqstore.common.tracing import span
 from rmqstore.query.view import TIME_MAX_MS, TIME_MIN_MS, StoreView
-from rmqstore.service.errors import abort_with, mapped
+from rmqstore.service.acl import may_see_paths
+from rmqstore.service.errors import abort_with, abort_with_async, mapped
 from rmqstore.service.metrics import QueryMetrics
 from rmqstore.v1 import messages_pb2, query_pb2, query_pb2_grpc
 
@@ -85,9 +88,11 @@ class QueryServicer(query_pb2_grpc.QueryServiceServicer):
     @mapped
     def QueryByUniqKey(self, request: query_pb2.QueryByUniqKeyRequest, context: grpc.ServicerContext) -> query_pb2.QueryByUniqKeyResponse:
         with self._lookup("uniq_key") as span:
-            records = self.view.by_uniq_key(request.topic, request.uniq_key)
-            span.set_attribute("rmqstore.results", len(records))
-        return query_pb2.QueryByUniqKeyResponse(messages=[to_stored(r) for r in records])
+            page = self.view.uniq_key_page(request.topic, request.uniq_key, request.cursor)
+            span.set_attribute("rmqstore.results", len(page.records))
+        return query_pb2.QueryByUniqKeyResponse(
+            messages=[to_stored(r) for r in page.records], cursor=page.cursor, complete=page.complete
+        )
 
     @mapped
     def QueryByMsgId(self, request: query_pb2.QueryByMsgIdRequest, context: grpc.ServicerContext) -> query_pb2.QueryByMsgIdResponse:
@@ -122,7 +127,11 @@ class QueryServicer(query_pb2_grpc.QueryServiceServicer):
 
     @mapped
     def SearchOffset(self, request: query_pb2.SearchOffsetRequest, context: grpc.ServicerContext) -> query_pb2.SearchOffsetResponse:
-        boundary = Boundary.UPPER if request.boundary == query_pb2.BOUNDARY_UPPER else Boundary.LOWER
+        boundaries = {query_pb2.BOUNDARY_LOWER: Boundary.LOWER, query_pb2.BOUNDARY_UPPER: Boundary.UPPER}
+        boundary = boundaries.get(request.boundary)
+        if boundary is None:
+            # proto3 keeps an enum value it does not know: it is the client's mistake, not LOWER.
+            raise InvalidArgument(f"boundary {request.boundary} is neither BOUNDARY_LOWER (0) nor BOUNDARY_UPPER (1)")
         with self._lookup("search_offset"):
             result = self.view.search_offset(request.topic, request.queue_id, request.timestamp_ms, boundary)
         return query_pb2.SearchOffsetResponse(offset=result.offset, found=result.found)
@@ -175,3 +184,87 @@ class QueryServicer(query_pb2_grpc.QueryServiceServicer):
             follows_writer=status.has_progress,
             store=self.view.root,
         )
+
+
+# A stream's reader that takes none of the next message for this long is a stalled
+# client: its stream ends with RESOURCE_EXHAUSTED instead of holding a lookup open.
+STALLED_WRITE_S = 30.0
+# Records a stream reads from the store at a time, on the executor, between writes: what a
+# stream whose reader has stopped holds (with grpc's 64 KiB window), about 150 KB of
+# memory for records of 1 KiB.
+STREAM_BATCH_RECORDS = 16
+
+
+def _take(records: Iterator[Record], count: int) -> list[messages_pb2.StoredMessage]:
+    return [to_stored(record) for record in itertools.islice(records, count)]
+
+
+def _unary(name: str) -> Callable[..., Awaitable[Any]]:
+    """An asyncio handler running QueryServicer's lookup ``name`` on the loop's executor."""
+    lookup = getattr(QueryServicer, name).__wrapped__  # the lookup under its error mapping
+
+    async def handler(self: AsyncQueryServicer, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+        try:
+            return await asyncio.get_running_loop().run_in_executor(None, lookup, self.lookups, request, context)
+        except StoreError as error:
+            await abort_with_async(context, error)
+
+    handler.__name__ = handler.__qualname__ = name
+    return handler
+
+
+class AsyncQueryServicer(query_pb2_grpc.QueryServiceServicer):
+    """:class:`QueryServicer` on grpc's asyncio server (service.server.AsyncServing): a
+    lookup is short CPU work under the view's lock and runs on the loop's executor, while
+    waiting holds no thread: an idle connection, a stream whose reader has stopped, or
+    a thousand of them leave the executor to the lookups and the loop to Ping and health."""
+
+    def __init__(self, view: StoreView, *, stalled_write_s: float = STALLED_WRITE_S):
+        self.lookups = QueryServicer(view)
+        self.stalled_write_s = stalled_write_s
+
+    QueryByKey = _unary("QueryByKey")
+    QueryByUniqKey = _unary("QueryByUniqKey")
+    QueryByMsgId = _unary("QueryByMsgId")
+    QueryByQueueOffset = _unary("QueryByQueueOffset")
+    Pull = _unary("Pull")
+    QueueBounds = _unary("QueueBounds")
+    SearchOffset = _unary("SearchOffset")
+    ListTopics = _unary("ListTopics")
+    _stats = _unary("Stats")
+
+    async def Stats(self, request: query_pb2.StatsRequest, context: grpc.aio.ServicerContext[Any, Any]) -> query_pb2.StatsResponse:
+        response: query_pb2.StatsResponse = await self._stats(request, context)
+        if not may_see_paths():  # decided here, on the call's task, where the ACL set its caller
+            response.store = ""
+        return response
+
+    async def Ping(self, request: query_pb2.PingRequest, context: grpc.aio.ServicerContext[Any, Any]) -> query_pb2.PingResponse:
+        return query_pb2.PingResponse()  # on the loop itself: it measures the node, not its executor
+
+    async def StreamByTime(self, request: query_pb2.StreamByTimeRequest, context: grpc.aio.ServicerContext[Any, Any]) -> None:
+        loop = asyncio.get_running_loop()
+        view = self.lookups.view
+        with self.lookups._lookup("time_range"):
+            records = view.messages_between(
+                request.topic, request.queue_id, request.begin_ms, request.end_ms, chunk_records=STREAM_BATCH_RECORDS
+            )
+            while True:
+                try:
+                    batch = await loop.run_in_executor(None, _take, records, STREAM_BATCH_RECORDS)
+                except StoreError as error:
+                    await abort_with_async(context, error)
+                    return
+                if not batch:
+                    return
+                for message in batch:
+                    # A write completes once HTTP/2 flow control lets the message go: a
+                    # reader that stops reading stops the stream here, holding only this
+                    # message, and past the limit the stream ends.
+                    try:
+                        await asyncio.wait_for(context.write(message), self.stalled_write_s)
+                    except TimeoutError:
+                        await context.abort(
+                            grpc.StatusCode.RESOURCE_EXHAUSTED,
+                            f"the client read nothing for {self.stalled_write_s:g} s: the stream is closed",
+                        )

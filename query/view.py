@@ -12,15 +12,13 @@ and other topics dropped), and time ranges apply to exact store timestamps.
 
 from __future__ import annotations
 
-import base64
 import heapq
 import itertools
-import json
 import mmap
 import os
+import secrets
 import threading
 import time
-import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Literal
@@ -36,9 +34,11 @@ from rmqstore.common.codec.topic import cached_topic_problem as topic_problem
 from rmqstore.common.errors import Corruption, InvalidArgument, NotFound, OutOfRange
 from rmqstore.common.files.commitlog import CommitLog, KeyMatch, StopReason
 from rmqstore.common.files.consumequeue import Boundary, ConsumeQueue, ConsumeQueueSet
+from rmqstore.common.files.cursorkey import KEY_BYTES, read_cursor_key
 from rmqstore.common.files.index import MATCHING_OFFSETS_FIRST_CHUNK, IndexFileList
 from rmqstore.common.files.progress import read_progress
 from rmqstore.common.files.store import StorePaths, StoreSizes, resolve_sizes
+from rmqstore.query.cursor import decode_cursor, encode_cursor, query_digest
 
 TIME_MIN_MS = 0
 TIME_MAX_MS = 2**63 - 1
@@ -46,6 +46,11 @@ PAGE_SIZE_MAX = 10_000
 PULL_COUNT_MAX = 10_000
 # A day at one-minute intervals is 1,441 boundaries; two weeks fit.
 OFFSETS_BY_TIME_MAX = 20_000
+
+# Every answer that can grow (a key page, a UNIQ_KEY page, a pull) stops adding records
+# past this many bytes of them, after its first: well under the 64 MiB a gRPC message may
+# carry, so no answer fails for its size, and one 4 MiB record is always one page.
+RESPONSE_BYTES_MAX = 16 * 1024 * 1024
 REFRESH_INTERVAL_S = 0.01
 # The node drops the mapped pages it has touched from its resident set every so often,
 # and as soon as they pass a budget (checked every 32 lookups: a page fault maps
@@ -115,30 +120,6 @@ class ViewStatus:
         return max(self.published_offset - self.visible_offset, 0)
 
 
-def _cursor_hash(*parts: object) -> int:
-    return zlib.crc32("\x00".join(str(p) for p in parts).encode("utf-8"))
-
-
-def encode_cursor(offset: int, check: int) -> str:
-    # The compact JSON of {"v": 1, "o": offset, "h": check}, written directly (a hot
-    # customer's every page ends with a cursor: json.dumps took 2 us of it).
-    raw = b'{"v":1,"o":%d,"h":%d}' % (offset, check)
-    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
-
-
-def decode_cursor(cursor: str, check: int) -> int:
-    try:
-        padded = cursor + "=" * (-len(cursor) % 4)
-        document = json.loads(base64.urlsafe_b64decode(padded.encode()))
-        offset = int(document["o"])
-        valid = document.get("v") == 1 and document.get("h") == check and offset >= 0
-    except (ValueError, KeyError, TypeError):
-        valid = False
-    if not valid:
-        raise InvalidArgument("the cursor is malformed or belongs to another query")
-    return offset
-
-
 def check_time_range(begin_ms: int, end_ms: int) -> None:
     if begin_ms < 0 or end_ms < 0:
         raise InvalidArgument(f"times must not be negative (begin {begin_ms}, end {end_ms})")
@@ -149,8 +130,16 @@ def check_time_range(begin_ms: int, end_ms: int) -> None:
 class StoreView:
     """Thread-safe: lookups and refreshes take one lock."""
 
-    def __init__(self, root: str, sizes: StoreSizes | None = None, *, mapped_budget_bytes: int | None = None):
+    def __init__(
+        self,
+        root: str,
+        sizes: StoreSizes | None = None,
+        *,
+        mapped_budget_bytes: int | None = None,
+        response_bytes_max: int = RESPONSE_BYTES_MAX,
+    ):
         self.root = root
+        self.response_bytes_max = response_bytes_max
         self.mapped_budget_bytes = MAPPED_RESIDENT_BUDGET_BYTES if mapped_budget_bytes is None else mapped_budget_bytes
         self.paths = StorePaths(root)
         self.sizes = sizes or resolve_sizes(root)
@@ -175,6 +164,8 @@ class StoreView:
         self._queue_bounds: dict[tuple[str, int], tuple[tuple[int, int, int, int], tuple[int, int]]] = {}
         self._unindexed: dict[tuple[str, str], list[int]] = {}
         self._unindexed_scanned = 0
+        self._cursor_key_value = secrets.token_bytes(KEY_BYTES)
+        self._cursor_key_shared = False
         self.refresh(force=True)
 
     # Following the writer
@@ -345,11 +336,13 @@ class StoreView:
 
     def pull(self, topic: str, queue_id: int, from_offset: int, max_count: int, max_bytes: int) -> tuple[list[Record], int]:
         """Messages from ``from_offset`` on, at most ``max_count`` and (after the first)
-        ``max_bytes`` of records. Returns them and the next offset to pull from."""
+        ``max_bytes`` of records, or the response budget when ``max_bytes`` is 0 or more.
+        Returns them and the next offset to pull from."""
         if not 1 <= max_count <= PULL_COUNT_MAX:
             raise InvalidArgument(f"max count must be in [1, {PULL_COUNT_MAX}], got {max_count}")
         if max_bytes < 0:
             raise InvalidArgument(f"max bytes must not be negative, got {max_bytes}")
+        max_bytes = min(max_bytes or self.response_bytes_max, self.response_bytes_max)
         self.refresh()
         with self._lock:
             queue = self._queue(topic, queue_id)
@@ -360,7 +353,7 @@ class StoreView:
             used = 0
             next_offset = from_offset
             for queue_offset, unit in queue.units(from_offset, high):
-                if len(records) >= max_count or (records and max_bytes and used + unit.size > max_bytes):
+                if len(records) >= max_count or (records and used + unit.size > max_bytes):
                     break
                 records.append(self.read(unit.commitlog_offset))
                 used += unit.size
@@ -428,14 +421,17 @@ class StoreView:
             unit = queue.read(high - 1) if high > low else None
             return 0 if unit is None else self.log.store_timestamp(unit.commitlog_offset)
 
-    def messages_between(self, topic: str, queue_id: int, begin_ms: int, end_ms: int) -> Iterator[Record]:
-        """A queue's messages stored in [begin, end], in queue order."""
+    def messages_between(
+        self, topic: str, queue_id: int, begin_ms: int, end_ms: int, *, chunk_records: int = 256
+    ) -> Iterator[Record]:
+        """A queue's messages stored in [begin, end], in queue order, read ``chunk_records``
+        at a time (what a stream whose reader has stopped holds)."""
         check_time_range(begin_ms, end_ms)
         first = self.search_offset(topic, queue_id, begin_ms, Boundary.LOWER)
         last = self.search_offset(topic, queue_id, end_ms, Boundary.UPPER)
         offset = first.offset
         while offset <= last.offset:
-            records, next_offset = self.pull(topic, queue_id, offset, min(256, last.offset - offset + 1), 0)
+            records, next_offset = self.pull(topic, queue_id, offset, min(chunk_records, last.offset - offset + 1), 0)
             yield from records
             if next_offset <= offset:
                 return
@@ -557,9 +553,11 @@ class StoreView:
         if not 1 <= page_size <= PAGE_SIZE_MAX:
             raise InvalidArgument(f"page size must be in [1, {PAGE_SIZE_MAX}], got {page_size}")
         self.refresh()
+        query = query_digest("key", topic, key, begin_ms, end_ms)
         with self._lock:
-            below = decode_cursor(cursor, _cursor_hash(topic, key, begin_ms, end_ms)) if cursor else self.visible_offset
+            below = self._cursor_offset(cursor, query)
             records: list[Record] = []
+            used_bytes = 0
             # Read as many candidates at once as could still fill the page and one more.
             wanted = page_size + 1
             candidates = self._all_candidates(topic, key, below, begin_ms, wanted)
@@ -571,26 +569,71 @@ class StoreView:
                     break
                 offsets, pending = pending[:wanted], pending[wanted:]
                 match = KeyMatch(topic, key, begin_ms, end_ms, self.min_offset, self.visible_offset)
-                kept = [record for record in self._kept(offsets, match) if record]
-                if len(records) + len(kept) > page_size:
-                    # One more match exists: the answer continues after the page's last one.
-                    records += kept[: page_size - len(records)]
-                    check = _cursor_hash(topic, key, begin_ms, end_ms)
-                    return KeyPage(records, encode_cursor(records[-1].commitlog_offset, check), False)
-                records += kept
+                for record in self._kept(offsets, match):
+                    if not record:
+                        continue
+                    assert isinstance(record, Record)
+                    if len(records) == page_size or (records and used_bytes + record.size > self.response_bytes_max):
+                        # One more match exists: the answer continues after the page's last one.
+                        return KeyPage(records, self._cursor(records[-1].commitlog_offset, query), False)
+                    records.append(record)
+                    used_bytes += record.size
                 if len(offsets) < wanted:
                     break  # the candidates ran out
                 wanted = page_size + 1 - len(records)
             return KeyPage(records, "", True)
 
-    def by_uniq_key(self, topic: str, uniq_key: str) -> list[Record]:
-        """Every record of the topic with that UNIQ_KEY (a producer retry can store two),
-        newest first, at any age."""
+    def uniq_key_page(self, topic: str, uniq_key: str, cursor: str = "") -> KeyPage:
+        """:meth:`by_uniq_key` a page at a time: records up to the response budget (at
+        least one), and a cursor when more follow (many large records can share a
+        UNIQ_KEY: a producer's retries, or a client that sets it)."""
+        self._check_uniq_key(topic, uniq_key)
+        self.refresh()
+        query = query_digest("uniq_key", topic, uniq_key)
+        with self._lock:
+            below = self._cursor_offset(cursor, query)
+            records: list[Record] = []
+            used_bytes = 0
+            for chunk in self._all_candidates(topic, uniq_key, below, TIME_MIN_MS):
+                for record in self._matching_many(topic, chunk):
+                    if record is None or record.uniq_key != uniq_key:
+                        continue
+                    if records and used_bytes + record.size > self.response_bytes_max:
+                        return KeyPage(records, self._cursor(records[-1].commitlog_offset, query), False)
+                    records.append(record)
+                    used_bytes += record.size
+            return KeyPage(records, "", True)
+
+    def _cursor_key(self) -> bytes:
+        """The store's cursor key once its writer has made one; until then this node's own
+        (cursors that it alone accepts: a store Apache's broker wrote has no key)."""
+        if not self._cursor_key_shared:
+            stored = read_cursor_key(self.paths.config)
+            if stored is not None:
+                self._cursor_key_value, self._cursor_key_shared = stored, True
+        return self._cursor_key_value
+
+    def _cursor(self, offset: int, query: bytes) -> str:
+        return encode_cursor(self._cursor_key(), offset, query)
+
+    def _cursor_offset(self, cursor: str, query: bytes) -> int:
+        """Where a page starts: below the cursor's offset, or (first page) below the
+        visible end. A cursor from a node further ahead is kept within what this one shows."""
+        if not cursor:
+            return self.visible_offset
+        return min(decode_cursor(self._cursor_key(), cursor, query), self.visible_offset)
+
+    def _check_uniq_key(self, topic: str, uniq_key: str) -> None:
         problem = topic_problem(topic)
         if problem is not None:
             raise InvalidArgument(problem)
         if not uniq_key:
             raise InvalidArgument("the unique key is empty")
+
+    def by_uniq_key(self, topic: str, uniq_key: str) -> list[Record]:
+        """Every record of the topic with that UNIQ_KEY (a producer retry can store two),
+        newest first, at any age."""
+        self._check_uniq_key(topic, uniq_key)
         self.refresh()
         with self._lock:
             offsets = [

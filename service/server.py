@@ -1,10 +1,12 @@
 """Start a gRPC server with health checking, reflection and the tracing interceptor, and
 the TLS credentials of both ends (server certificates, client trust and client certificates).
 
-Two kinds of server: grpc's thread-pool server (the query node: each lookup is a short
-piece of CPU work), and its asyncio server on an event loop of its own thread
-(:class:`AsyncServing`, the writer: a SYNC ack waits for an fsync and a SendStream lasts as
-long as its producer, and neither may hold a thread while it waits)."""
+Both nodes serve on grpc's asyncio server on an event loop of its own thread
+(:class:`AsyncServing`): a SYNC ack waits for an fsync, a stream lasts as long as its
+client, a reader may stop reading, and none of them may hold a thread while it waits
+(service.limits). Every call passes the malformed-request guard (service.guard) and, with
+an ACL, its check (service.acl). grpc's thread-pool server (:func:`start_server`) serves
+the query service in tests and tools that compare the two."""
 
 from __future__ import annotations
 
@@ -22,12 +24,16 @@ from opentelemetry import trace
 from opentelemetry.instrumentation.grpc import aio_server_interceptor, server_interceptor
 
 from rmqstore.common.errors import InvalidArgument
+from rmqstore.service.acl import Acl, AsyncAclInterceptor
+from rmqstore.service.guard import AsyncMalformedRequestGuard, MalformedRequestGuard
+from rmqstore.service.limits import CONNECTION_OPTIONS, STREAMS_MAX, AsyncStreamLimit
 
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 SERVER_OPTIONS = [
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
     ("grpc.so_reuseport", 0),
+    *CONNECTION_OPTIONS,
 ]
 T = TypeVar("T")
 REFLECTION_V1_SERVICE = "grpc.reflection.v1.ServerReflection"
@@ -142,11 +148,15 @@ def open_channel(
     """A plaintext channel, or a TLS one as soon as any TLS file is given. ``server_name``
     checks the server's certificate for that name instead of the endpoint's host (e.g.
     through a port-forward to 127.0.0.1)."""
+    # A page may hold 16 MiB of records and one more record of up to 4 MiB: more than
+    # grpc's default 4 MiB a client receives.
+    options: list[tuple[str, Any]] = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)]
     if ca is None and client_cert is None and client_key is None:
         if server_name is not None:
             raise InvalidArgument("--tls-server-name needs TLS: give --tls-ca (or a client certificate)")
-        return grpc.insecure_channel(endpoint)
-    options = [("grpc.ssl_target_name_override", server_name)] if server_name else []
+        return grpc.insecure_channel(endpoint, options=options)
+    if server_name:
+        options.append(("grpc.ssl_target_name_override", server_name))
     return grpc.secure_channel(endpoint, load_channel_credentials(ca, client_cert, client_key), options=options)
 
 
@@ -195,7 +205,8 @@ def start_server(
     port speaks TLS only."""
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="rpc"),
-        interceptors=[TracingInterceptor()],
+        # The guard last: it wraps the handlers as registered, the tracing around them.
+        interceptors=[TracingInterceptor(), MalformedRequestGuard()],
         options=SERVER_OPTIONS,
     )
     health_servicer = health.HealthServicer()
@@ -228,45 +239,8 @@ def start_health_server(
     return server, bound
 
 
-class Serving:
-    """A node's listeners: the main server and, when asked, the plaintext health port.
-    One lifecycle for the writer and the query node."""
-
-    def __init__(
-        self,
-        register: Callable[[grpc.Server], None],
-        service_names: Sequence[str],
-        *,
-        host: str,
-        port: int,
-        credentials: grpc.ServerCredentials | None,
-        health_port: int | None,
-        workers: int = 32,
-    ):
-        self.server, self.port, self.health_servicer = start_server(
-            register, service_names, host=host, port=port, credentials=credentials, workers=workers
-        )
-        self.health_server: grpc.Server | None = None
-        self.health_port: int | None = None
-        if health_port is not None:
-            try:
-                self.health_server, self.health_port = start_health_server(
-                    self.health_servicer, host=host, port=health_port
-                )
-            except BaseException:
-                self.server.stop(None)
-                raise
-
-    def stop(self, grace_s: float) -> None:
-        """Report NOT_SERVING, let in-flight calls finish within ``grace_s``, close both."""
-        self.health_servicer.enter_graceful_shutdown()
-        self.server.stop(grace_s).wait()
-        if self.health_server is not None:
-            self.health_server.stop(None).wait()
-
-
 class AsyncServing:
-    """:class:`Serving` on grpc's asyncio server: an event loop on its own thread runs the
+    """A node's listeners on grpc's asyncio server: an event loop on its own thread runs the
     main server and, when asked, the plaintext health port, so that a call that waits (a
     SYNC ack, an open stream) holds no thread, however many producers are connected.
     ``register`` adds services whose handlers are all async; they hand blocking work to
@@ -282,7 +256,11 @@ class AsyncServing:
         credentials: grpc.ServerCredentials | None,
         health_port: int | None,
         workers: int = 32,
+        streams_max: int = STREAMS_MAX,
+        acl: Acl | None = None,
     ):
+        self.streams_max = streams_max
+        self.acl = acl
         self.loop = asyncio.new_event_loop()
         self.loop.set_default_executor(futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="rpc"))
         self._thread = threading.Thread(target=self.loop.run_forever, name="grpc-loop", daemon=True)
@@ -310,7 +288,15 @@ class AsyncServing:
         port: int,
         credentials: grpc.ServerCredentials | None,
     ) -> int:
-        server = grpc.aio.server(interceptors=[AsyncTracingInterceptor()], options=SERVER_OPTIONS)
+        # The guard innermost: it wraps the handlers as registered; the ACL checks what
+        # parsed; the stream limit counts what is admitted; the tracing sees every call.
+        interceptors: list[grpc.aio.ServerInterceptor] = [AsyncTracingInterceptor(), AsyncStreamLimit(self.streams_max)]
+        if self.acl is not None:
+            # Outside the guard: a request is authorized once it parses.
+            self.acl_interceptor = AsyncAclInterceptor(self.acl)
+            interceptors.append(self.acl_interceptor)
+        interceptors.append(AsyncMalformedRequestGuard())
+        server = grpc.aio.server(interceptors=interceptors, options=SERVER_OPTIONS)
         _add_services(server, register, self.health_servicer, service_names)
         for name in (*service_names, ""):
             await self.health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)

@@ -570,24 +570,6 @@ def test_key_pages_across_the_index_walks_chunks_give_each_match_once(tmp_path: 
 
 
 
-def test_a_cursor_is_the_compact_json_of_its_offset_and_check() -> None:
-    """encode_cursor writes the JSON itself: the same bytes json.dumps gives, which
-    decode_cursor reads back, and refuses under another query's check."""
-    import base64
-    import json
-
-    from rmqstore.query.view import decode_cursor, encode_cursor
-
-    for offset, check in ((0, 0), (4096, 2**32 - 1), (2**62 + 5, 7)):
-        cursor = encode_cursor(offset, check)
-        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
-        assert raw == json.dumps({"v": 1, "o": offset, "h": check}, separators=(",", ":")).encode()
-        assert decode_cursor(cursor, check) == offset
-        with pytest.raises(InvalidArgument, match="belongs to another query"):
-            decode_cursor(cursor, check + 1)
-
-
-
 def test_the_resident_gauge_reads_the_current_figure_each_time(tmp_path: Path) -> None:
     """The budget check's gauge keeps /proc/self/statm open and reads it with pread:
     each read is the process's shared resident memory at that moment (pages a mapping

@@ -263,3 +263,19 @@ def test_queue_count_latency_smoke(tmp_path: Path) -> None:
     for side in ("baseline_4_queues", "with_idle_queues"):
         assert result[side]["requests"] > 0 and 0 < result[side]["p50_ms"] <= result[side]["p99_ms"]
     assert result["p50_ratio"] > 0 and result["p99_ratio"] > 0
+
+
+def test_the_query_server_probe_times_both_servers() -> None:
+    """benchmarks/query_server_probe.py at a smoke size: both servers answered every call
+    and the ratios are those of the medians printed."""
+    done = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "query_server_probe.py"), "--rounds", "1", "--calls", "30"],
+        cwd=REPO, capture_output=True, text=True, timeout=TIMEOUT_S, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout)
+    assert result["command"] == "benchmarks/query_server_probe.py --rounds 1 --calls 30"
+    assert sorted(result["lookups"]) == ["Ping", "QueueBounds", "key page of 8"]
+    for row in result["lookups"].values():
+        assert all(row[f"{kind}_p{q}_us"] > 0 for kind in ("threaded", "asyncio") for q in (50, 99))
+        assert row["p50_ratio_asyncio_to_threaded"] == round(row["asyncio_p50_us"] / row["threaded_p50_us"], 2)

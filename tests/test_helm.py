@@ -84,13 +84,17 @@ EVERYTHING = {
 }
 
 # Values per rendering: the defaults, each mode, and each with every option turned on.
+# The defaults leave access open to no choice: each rendering makes one (insecureOpen, an
+# ACL from a Secret, or mutual TLS).
+OPEN = {"insecureOpen": True}
+ACL_SECRET = {"acl": {"secretName": "rmqstore-acl", "mountPath": "/run/acl/"}}
 RENDERINGS: dict[str, dict[str, Any]] = {
-    "defaults": {},
-    "sidecar": {"mode": "sidecar"},
-    "shared": {"mode": "shared"},
-    "shared-autoscaled": {"mode": "shared", "query": {"autoscaling": {"enabled": True}}},
-    "sidecar-tls": {"mode": "sidecar", "tls": {"enabled": True, "secretName": "rmqstore-tls"}},
-    "sidecar-everything": {"mode": "sidecar", **EVERYTHING},
+    "defaults": OPEN,
+    "sidecar": {"mode": "sidecar", **OPEN},
+    "shared": {"mode": "shared", **ACL_SECRET},
+    "shared-autoscaled": {"mode": "shared", "query": {"autoscaling": {"enabled": True}}, **OPEN},
+    "sidecar-tls": {"mode": "sidecar", "tls": {"enabled": True, "secretName": "rmqstore-tls"}, **ACL_SECRET},
+    "sidecar-everything": {"mode": "sidecar", **EVERYTHING, **ACL_SECRET},
     "shared-everything": {"mode": "shared", **EVERYTHING},
 }
 
@@ -431,7 +435,42 @@ BAD_COMBINATIONS = {
 def test_chart_refuses_inconsistent_values(chart: helm.Chart, case: str) -> None:
     values, message = BAD_COMBINATIONS[case]
     with pytest.raises(helm.HelmRenderError, match=re.escape(message)):
+        chart.render({**OPEN, **values}, name=RELEASE, namespace=NAMESPACE)
+
+
+@pytest.mark.parametrize(
+    "values",
+    [{}, {"tls": {"enabled": True, "secretName": "s"}}, {"tls": {"enabled": False, "clientAuth": True}}],
+    ids=["defaults", "tls-without-client-auth", "client-auth-without-tls"],
+)
+def test_chart_refuses_nodes_open_to_anyone_unless_asked(chart: helm.Chart, values: dict[str, Any]) -> None:
+    """Listening on every pod address needs an ACL, mutual TLS, or insecureOpen said out loud."""
+    with pytest.raises(helm.HelmRenderError, match=re.escape("set acl.secretName (an ACL), tls.clientAuth (mutual TLS) or insecureOpen: true")):
         chart.render(values, name=RELEASE, namespace=NAMESPACE)
+
+
+def test_access_flags_and_the_acl_secret(rendering: Rendering) -> None:
+    """An ACL Secret is mounted read-only in every rmqstore container (its acl.yaml key
+    only, not group- or world-readable) and given as --acl; insecureOpen gives
+    --insecure-open; mutual TLS alone gives neither."""
+    acl_secret = value(rendering, "acl", "secretName")
+    for workload, container in rendering.containers():
+        args = container["args"]
+        mounts = {m["name"]: m for m in container["volumeMounts"]}
+        volumes = volumes_of(workload)
+        if acl_secret:
+            directory = value(rendering, "acl", "mountPath").rstrip("/")
+            assert args[args.index("--acl") + 1] == f"{directory}/acl.yaml"
+            assert "--insecure-open" not in args
+            assert mounts["acl"]["readOnly"] is True and mounts["acl"]["mountPath"] == value(rendering, "acl", "mountPath")
+            assert volumes["acl"]["secret"] == {
+                "secretName": acl_secret,
+                "defaultMode": 0o440,
+                "items": [{"key": "acl.yaml", "path": "acl.yaml"}],
+            }
+        else:
+            assert "--acl" not in args and "acl" not in mounts and "acl" not in volumes
+            assert ("--insecure-open" in args) == bool(value(rendering, "insecureOpen"))
 
 
 def test_schema_accepts_the_defaults_and_every_rendering(chart: helm.Chart) -> None:
@@ -514,7 +553,7 @@ def test_container_command_lines_are_accepted_by_the_cli(rendering: Rendering) -
 
 
 def test_store_values_reach_the_writers_command_line(chart: helm.Chart) -> None:
-    rendering = render(chart, {"store": CUSTOM_STORE, "persistence": {"mountPath": "/srv/rmq"}})
+    rendering = render(chart, {**OPEN, "store": CUSTOM_STORE, "persistence": {"mountPath": "/srv/rmq"}})
     writer = next(c for _, c in rendering.containers() if c["name"] == "writer")
     args = parse_cli(writer["args"])
     assert args.store == "/srv/rmq/store"
@@ -548,7 +587,7 @@ def test_writer_advertises_its_service_to_rocketmq5_clients(chart: helm.Chart) -
 
 
 def test_default_command_lines_use_rocketmqs_sizes_without_float_notation(chart: helm.Chart) -> None:
-    rendering = render(chart, {})
+    rendering = render(chart, OPEN)
     writer = next(c for _, c in rendering.containers() if c["name"] == "writer")
     # Helm holds numbers as float64: 1073741824 must not come out as 1.073741824e+09.
     assert all("e+" not in arg for arg in writer["args"])
@@ -767,10 +806,10 @@ def test_dockerfile_copies_every_package_and_dockerignore_admits_only_that() -> 
 
 def test_chart_runs_this_release_of_rmqstore(chart: helm.Chart) -> None:
     assert chart.metadata["appVersion"] == pyproject()["project"]["version"]
-    rendering = render(chart, {})
+    rendering = render(chart, OPEN)
     images = {c["image"] for _, c in rendering.containers()}
     assert images == {f"rmqstore:{pyproject()['project']['version']}"}
-    pinned = render(chart, {"image": {"repository": "r/rmqstore", "digest": "sha256:" + "0" * 64}})
+    pinned = render(chart, {**OPEN, "image": {"repository": "r/rmqstore", "digest": "sha256:" + "0" * 64}})
     assert {c["image"] for _, c in pinned.containers()} == {"r/rmqstore@sha256:" + "0" * 64}
 
 

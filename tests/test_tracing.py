@@ -182,3 +182,44 @@ def test_writer_and_query_metrics(tmp_path: Path) -> None:
     assert by_kind == {"key": 1, "uniq_key": 1}
     assert of_this_store(looked_up["rmqstore.query.lag"]) == [0]
     assert 0 <= of_this_store(looked_up["rmqstore.query.staleness"])[0] < 60_000
+
+
+def test_streaming_calls_work_and_are_traced_with_a_tracer_provider(tmp_path: Path) -> None:
+    """OpenTelemetry's asyncio interceptor iterates a streaming handler: SendStream,
+    StreamByTime and health Watch, which write with context.write, still answer in full
+    (they once failed with UNKNOWN here), and each has its server span."""
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    from rmqstore.query.service import SERVICE_NAME, AsyncQueryServicer
+    from rmqstore.query.view import StoreView
+    from rmqstore.service.server import AsyncServing
+    from rmqstore.v1 import query_pb2, query_pb2_grpc
+    from test_writer import SMALL
+
+    exporter = sdk_exporter()
+    node = start_node(tmp_path / "store")
+    view = StoreView(str(tmp_path / "store"), SMALL)
+    query = AsyncServing(
+        lambda s: query_pb2_grpc.add_QueryServiceServicer_to_server(AsyncQueryServicer(view), s),
+        [SERVICE_NAME], host="127.0.0.1", port=0, credentials=None, health_port=None,
+    )  # fmt: skip
+    channel = grpc.insecure_channel(f"127.0.0.1:{query.port}")
+    try:
+        requests = [writer_pb2.SendBatchRequest(messages=[messages_pb2.Message(topic="Traced", queue_id=0, body=b"s")])] * 3
+        acks = [ack for response in node.stub.SendStream(iter(requests), timeout=10) for ack in response.results]
+        assert [ack.queue_offset for ack in acks] == [0, 1, 2]
+        node.writer.flush_thoroughly()
+        view.refresh(force=True)
+        stream = query_pb2.StreamByTimeRequest(topic="Traced", queue_id=0, begin_ms=0, end_ms=2**62)
+        assert [m.queue_offset for m in query_pb2_grpc.QueryServiceStub(channel).StreamByTime(stream, timeout=10)] == [0, 1, 2]
+        watch = health_pb2_grpc.HealthStub(channel).Watch(health_pb2.HealthCheckRequest(service=""), timeout=10)
+        assert next(watch).status == health_pb2.HealthCheckResponse.SERVING
+        watch.cancel()
+    finally:
+        channel.close()
+        query.stop(None)
+        view.close()
+        node.close()
+    names = {span.name for span in exporter.get_finished_spans()}
+    assert {"/rmqstore.v1.WriterService/SendStream", "/rmqstore.v1.QueryService/StreamByTime"} <= names

@@ -58,7 +58,7 @@ class Node:
 
 
 def start_node(store: Path, **overrides: object) -> Node:
-    config = WriterConfig(store=str(store), sizes=SMALL, **overrides)  # type: ignore[arg-type]
+    config = WriterConfig(store=str(store), **{"sizes": SMALL, **overrides})  # type: ignore[arg-type]
     writer = Writer(config)
     servicer = WriterServicer(writer)
     try:

@@ -17,6 +17,7 @@ import grpc
 from rmqstore.common.codec.hosts import SocketAddress
 from rmqstore.common.codec.msgid import MSG_ID_OFFSET_DIGITS, offset_msg_ids
 from rmqstore.common.errors import InvalidArgument, StoreError, invariant
+from rmqstore.service.acl import may_see_paths
 from rmqstore.service.errors import abort_with_async, mapped_async
 from rmqstore.service.metrics import WriterMetrics
 from rmqstore.v1 import messages_pb2, writer_pb2, writer_pb2_grpc
@@ -25,6 +26,9 @@ from rmqstore.writer.store import GROUP_MAX_MESSAGES, AppendResults, Writer
 from rmqstore.writer.validate import EMPTY_PROPERTIES, MessageBatch
 
 SERVICE_NAME = "rmqstore.v1.WriterService"
+# A SendStream whose producer takes none of its acks for this long ends with
+# RESOURCE_EXHAUSTED (its messages so far are stored; the acks it did not read are lost to it).
+STALLED_WRITE_S = 30.0
 T = TypeVar("T")
 
 
@@ -328,8 +332,9 @@ class WriterServicer(writer_pb2_grpc.WriterServiceServicer):
     """The service's handlers, all async (for :class:`service.server.AsyncServing`):
     appends await the group commit; the calls that block go to the loop's executor."""
 
-    def __init__(self, writer: Writer):
+    def __init__(self, writer: Writer, *, stalled_write_s: float = STALLED_WRITE_S):
         self.writer = writer
+        self.stalled_write_s = stalled_write_s
         self.metrics = WriterMetrics(writer)
         self.appender = GroupAppender(writer, self.metrics)
 
@@ -355,7 +360,7 @@ class WriterServicer(writer_pb2_grpc.WriterServiceServicer):
 
     async def SendStream(
         self, request_iterator: AsyncIterator[writer_pb2.SendBatchRequest], context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[writer_pb2.SendBatchResponse]:
+    ) -> None:
         peer = peer_address(context)
         async for request in request_iterator:
             respond = compact_response if request.compact_results else batch_response
@@ -364,7 +369,16 @@ class WriterServicer(writer_pb2_grpc.WriterServiceServicer):
             except StoreError as error:
                 await abort_with_async(context, error)
                 return
-            yield response
+            # The next request is read only once this ack is on its way: a producer that
+            # reads no acks is held by HTTP/2 flow control (its sends wait), so what the
+            # writer holds for it stays one window, and after the limit its stream ends.
+            try:
+                await asyncio.wait_for(context.write(response), self.stalled_write_s)
+            except TimeoutError:
+                await context.abort(
+                    grpc.StatusCode.RESOURCE_EXHAUSTED,
+                    f"the client read no ack for {self.stalled_write_s:g} s: the stream is closed",
+                )
 
     @mapped_async
     async def CreateTopic(
@@ -405,5 +419,5 @@ class WriterServicer(writer_pb2_grpc.WriterServiceServicer):
             disk_used_bytes=status["disk_used_bytes"],
             disk_used_ratio=status["disk_used_ratio"],
             flush_policy=status["flush_policy"],
-            store=status["store"],
+            store=status["store"] if may_see_paths() else "",
         )

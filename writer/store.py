@@ -41,6 +41,7 @@ from rmqstore.common.errors import (
 from rmqstore.common.files.checkpoint import read_checkpoint, write_checkpoint
 from rmqstore.common.files.commitlog import CommitLog, ScanStop, StopReason
 from rmqstore.common.files.consumequeue import ConsumeQueueSet
+from rmqstore.common.files.cursorkey import ensure_cursor_key
 from rmqstore.common.files.geometry import record_geometry
 from rmqstore.common.files.index import IndexFile, IndexFileList
 from rmqstore.common.files.mapped import fsync_directory, makedirs_durable
@@ -295,6 +296,7 @@ class Writer:
         self.index = IndexFileList(self.paths.index, sizes.index_slots, sizes.index_entries, writable=True)
         self.dispatcher = Dispatcher(self.queues, self.index)
         self.topics = TopicTable(self.paths.config, self.queues.discover())
+        ensure_cursor_key(self.paths.config)  # the store's query nodes sign page cursors with it
         self.publisher = ProgressPublisher(self.config.store)
         self.uniq_keys = UniqKeyGenerator()
         self.recovery = self._recover()

@@ -124,6 +124,16 @@ TLS flags of a server, and its plaintext health port, when tls.enabled; call wit
 {{- end }}
 {{- end }}
 
+{{/* Access flags of a server: the ACL file from its Secret, or the explicit open door. */}}
+{{- define "rmqstore.accessArgs" -}}
+{{- if .Values.acl.secretName }}
+- --acl
+- {{ printf "%s/acl.yaml" (trimSuffix "/" .Values.acl.mountPath) | quote }}
+{{- else if .Values.insecureOpen }}
+- --insecure-open
+{{- end }}
+{{- end }}
+
 {{/* The port the probes ask: the plaintext health port with TLS, the gRPC port without. */}}
 {{- define "rmqstore.probePort" -}}
 {{- if .root.Values.tls.enabled }}{{ int64 .component.healthPort }}{{ else }}{{ int64 .component.port }}{{ end }}
@@ -160,6 +170,7 @@ TLS flags of a server, and its plaintext health port, when tls.enabled; call wit
 - --broker-name
 - {{ .Values.writer.brokerName | quote }}
 {{- include "rmqstore.tlsArgs" (dict "root" . "healthPort" .Values.writer.healthPort) }}
+{{- include "rmqstore.accessArgs" . }}
 {{- include "rmqstore.sizeArgs" . }}
 {{- end }}
 
@@ -173,6 +184,7 @@ TLS flags of a server, and its plaintext health port, when tls.enabled; call wit
 - --port
 - {{ int64 .Values.query.port | quote }}
 {{- include "rmqstore.tlsArgs" (dict "root" . "healthPort" .Values.query.healthPort) }}
+{{- include "rmqstore.accessArgs" . }}
 {{- include "rmqstore.sizeArgs" . }}
 {{- end }}
 
@@ -275,6 +287,11 @@ livenessProbe:
       mountPath: {{ .Values.tls.mountPath | quote }}
       readOnly: true
     {{- end }}
+    {{- if .Values.acl.secretName }}
+    - name: acl
+      mountPath: {{ .Values.acl.mountPath | quote }}
+      readOnly: true
+    {{- end }}
 {{- end }}
 
 {{/* A query container: the store volume is always mounted read-only. */}}
@@ -313,6 +330,11 @@ livenessProbe:
       mountPath: {{ .Values.tls.mountPath | quote }}
       readOnly: true
     {{- end }}
+    {{- if .Values.acl.secretName }}
+    - name: acl
+      mountPath: {{ .Values.acl.mountPath | quote }}
+      readOnly: true
+    {{- end }}
 {{- end }}
 
 {{/* Volumes besides the store: a small writable /tmp, and the TLS Secret when enabled. */}}
@@ -325,6 +347,15 @@ livenessProbe:
   secret:
     secretName: {{ .Values.tls.secretName | quote }}
     defaultMode: 0440
+{{- end }}
+{{- if .Values.acl.secretName }}
+- name: acl
+  secret:
+    secretName: {{ .Values.acl.secretName | quote }}
+    defaultMode: 0440
+    items:
+      - key: acl.yaml
+        path: acl.yaml
 {{- end }}
 {{- end }}
 
@@ -341,6 +372,9 @@ livenessProbe:
 {{- if ne (len $ports) (len (uniq $ports)) }}
 {{- fail (printf "writer.port, query.port, writer.healthPort and query.healthPort must all differ (%v): in sidecar mode they share one pod" $ports) }}
 {{- end }}
+{{- end }}
+{{- if not (or .Values.acl.secretName (and .Values.tls.enabled .Values.tls.clientAuth) .Values.insecureOpen) }}
+{{- fail "the nodes listen on every pod address: set acl.secretName (an ACL), tls.clientAuth (mutual TLS) or insecureOpen: true (anyone who reaches the Services may call)" }}
 {{- end }}
 {{- if gt (int64 .Values.query.autoscaling.minReplicas) (int64 .Values.query.autoscaling.maxReplicas) }}
 {{- fail "query.autoscaling.minReplicas must not exceed maxReplicas" }}

@@ -1,0 +1,181 @@
+"""Malformed requests are INVALID_ARGUMENT, on every service of both nodes.
+
+grpc parses a request before any handler of ours runs, and a request that does not parse
+(truncated, wrong wire types, invalid UTF-8 in a string) ends there with the status grpc
+picks: INTERNAL on the threaded server, UNKNOWN on the asyncio one, neither of which tells
+a client that the fault is its own. These interceptors put a parser that cannot raise in
+front of every method (ours, health, reflection): it hands the handler wrapper a marker
+instead, which answers INVALID_ARGUMENT naming the message type, before the handler runs
+(for a stream, when the handler reaches the bad message). One interceptor per server
+kind, so that any service added later (a gateway on the writer's port) is covered too.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Any
+
+import grpc
+from google.protobuf.message import DecodeError
+from rmqstore.service.errors import REASON_KEY
+
+# grpc's stubs make contexts and handlers generic in request and response types; these
+# wrappers serve every method alike.
+Context = Any
+AsyncContext = Any
+Handler = Any
+
+
+REASON = "MalformedRequest"
+
+
+class _Malformed:
+    """What the guarded parser returns for bytes that are not the method's request."""
+
+    __slots__ = ("detail",)
+
+    def __init__(self, detail: str):
+        self.detail = detail
+
+
+def _message_name(deserialize: Callable[[bytes], Any]) -> str:
+    """The request type's full protobuf name (a generated class's FromString is bound to it)."""
+    descriptor = getattr(getattr(deserialize, "__self__", None), "DESCRIPTOR", None)
+    return str(getattr(descriptor, "full_name", "the method's request"))
+
+
+def _guarded(deserialize: Callable[[bytes], Any]) -> Callable[[bytes], Any]:
+    detail = f"malformed request: the bytes do not parse as {_message_name(deserialize)}"
+
+    def parse(data: bytes) -> Any:
+        try:
+            return deserialize(data)
+        except (DecodeError, ValueError, TypeError):
+            # Protobuf's parser raises DecodeError; ValueError and TypeError cover
+            # deserializers that are not protobuf's (none today) failing the same way.
+            return _Malformed(detail)
+
+    return parse
+
+
+def _abort(context: Context, marker: _Malformed) -> None:
+    context.set_trailing_metadata(((REASON_KEY, REASON),))
+    context.abort(grpc.StatusCode.INVALID_ARGUMENT, marker.detail)
+
+
+async def _abort_async(context: AsyncContext, marker: _Malformed) -> None:
+    context.set_trailing_metadata(((REASON_KEY, REASON),))
+    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, marker.detail)
+
+
+def _constructor(handler: Handler) -> Callable[..., Handler]:
+    if handler.request_streaming:
+        return grpc.stream_stream_rpc_method_handler if handler.response_streaming else grpc.stream_unary_rpc_method_handler
+    return grpc.unary_stream_rpc_method_handler if handler.response_streaming else grpc.unary_unary_rpc_method_handler
+
+
+def _behavior(handler: Handler) -> Callable[..., Any]:
+    if handler.request_streaming:
+        return handler.stream_stream if handler.response_streaming else handler.stream_unary  # type: ignore[no-any-return]
+    return handler.unary_stream if handler.response_streaming else handler.unary_unary  # type: ignore[no-any-return]
+
+
+def _threaded(handler: Handler) -> Handler:
+    behavior = _behavior(handler)
+    if handler.request_streaming:
+
+        def checked_requests(requests: Iterator[Any], context: Context) -> Iterator[Any]:
+            for request in requests:
+                if isinstance(request, _Malformed):
+                    _abort(context, request)
+                yield request
+
+        def streaming(requests: Iterator[Any], context: Context) -> Any:
+            return behavior(checked_requests(requests, context), context)
+
+        wrapped: Callable[..., Any] = streaming
+    else:
+
+        def unary(request: Any, context: Context) -> Any:
+            if isinstance(request, _Malformed):
+                _abort(context, request)
+            return behavior(request, context)
+
+        wrapped = unary
+    return _constructor(handler)(
+        wrapped,
+        request_deserializer=_guarded(handler.request_deserializer),
+        response_serializer=handler.response_serializer,
+    )
+
+
+def _asynchronous(handler: Handler) -> Handler:
+    behavior = _behavior(handler)
+    # A streaming answer is either an async generator or a coroutine that writes with
+    # context.write (grpc's health Watch): the wrapper takes the same form.
+    generates = inspect.isasyncgenfunction(behavior)
+
+    async def checked(requests: AsyncIterator[Any], context: AsyncContext) -> AsyncIterator[Any]:
+        async for request in requests:
+            if isinstance(request, _Malformed):
+                await _abort_async(context, request)
+            yield request
+
+    async def arrived(request: Any, context: AsyncContext) -> Any:
+        if not handler.request_streaming:
+            if isinstance(request, _Malformed):
+                await _abort_async(context, request)
+            return request
+        return checked(request, context)
+
+    if generates:
+
+        async def generating(request: Any, context: AsyncContext) -> AsyncIterator[Any]:
+            async for response in behavior(await arrived(request, context), context):
+                yield response
+
+        wrapped: Callable[..., Any] = generating
+    elif handler.response_streaming:
+
+        async def writing(request: Any, context: AsyncContext) -> AsyncIterator[Any]:
+            # A streaming answer written with context.write (health Watch, and our streams,
+            # which bound each write's wait): presented as an async generator that yields
+            # nothing, the form every interceptor around it (OpenTelemetry's) expects of a
+            # streaming handler.
+            await behavior(await arrived(request, context), context)
+            return
+            yield
+
+        wrapped = writing
+    else:
+
+        async def answering(request: Any, context: AsyncContext) -> Any:
+            return await behavior(await arrived(request, context), context)
+
+        wrapped = answering
+    return _constructor(handler)(
+        wrapped,
+        request_deserializer=_guarded(handler.request_deserializer),
+        response_serializer=handler.response_serializer,
+    )
+
+
+class MalformedRequestGuard(grpc.ServerInterceptor):
+    """For grpc's threaded server."""
+
+    def intercept_service(self, continuation, handler_call_details):  # type: ignore[no-untyped-def]
+        handler = continuation(handler_call_details)
+        if handler is None or handler.request_deserializer is None:
+            return handler
+        return _threaded(handler)
+
+
+class AsyncMalformedRequestGuard(grpc.aio.ServerInterceptor):
+    """For grpc's asyncio server."""
+
+    async def intercept_service(self, continuation, handler_call_details):  # type: ignore[no-untyped-def]
+        handler = await continuation(handler_call_details)
+        if handler is None or handler.request_deserializer is None:
+            return handler
+        return _asynchronous(handler)

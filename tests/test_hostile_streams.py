@@ -1,0 +1,135 @@
+"""Both nodes stay responsive under hostile streams: real writer and query processes, a
+hostile client process holding 1,000 idle or stalled streams against one of them, and
+health checks and Pings from this process timed meanwhile."""
+
+from __future__ import annotations
+
+import json
+import selectors
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from rmqstore.v1 import messages_pb2, query_pb2, query_pb2_grpc, writer_pb2
+from test_query_live import NodeProcess, Nodes, quiet_env
+
+HOSTILE = Path(__file__).parent / "hostile_streams.py"
+IDLE_STREAMS = 500
+STALLED_STREAMS = 500
+CONNECTIONS = 16
+OPEN_TIMEOUT_S = 180.0
+SAMPLES = 200
+P99_MAX_S = 0.100
+# What a node may grow by while it holds the streams (docs/security.md states it).
+RSS_GROWTH_MAX_BYTES = 256 * 1024 * 1024
+SEED_MESSAGES = 2_000
+RPC_TIMEOUT_S = 10.0
+
+
+@pytest.fixture
+def nodes(tmp_path: Path) -> Iterator[Nodes]:
+    log_dir = tmp_path / "logs"
+    log_dir.mkdir()
+    started = Nodes(log_dir)
+    yield started
+    started.close()
+
+
+def rss_bytes(pid: int) -> int:
+    with open(f"/proc/{pid}/status", encoding="ascii") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError(f"no VmRSS for {pid}")
+
+
+def p99_s(call: Callable[[], Any]) -> float:
+    for _ in range(20):
+        call()  # warm: the connection and the first calls' set-up are not the node's answer time
+    timings = []
+    for _ in range(SAMPLES):
+        started = time.perf_counter()
+        call()
+        timings.append(time.perf_counter() - started)
+    timings.sort()
+    return timings[int(len(timings) * 0.99) - 1]
+
+
+def stop(hostile: subprocess.Popen[bytes]) -> None:
+    hostile.kill()
+    hostile.wait()
+    for pipe in (hostile.stdin, hostile.stdout):
+        if pipe is not None:
+            pipe.close()
+
+
+def open_hostile(node: NodeProcess, kind: str) -> tuple[subprocess.Popen[bytes], dict[str, Any]]:
+    hostile = subprocess.Popen(
+        [sys.executable, str(HOSTILE), node.endpoint, kind, str(IDLE_STREAMS), str(STALLED_STREAMS), str(CONNECTIONS), "TopicA"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        env=quiet_env(),
+    )
+    assert hostile.stdout is not None
+    with selectors.DefaultSelector() as selector:
+        selector.register(hostile.stdout, selectors.EVENT_READ)
+        if not selector.select(OPEN_TIMEOUT_S):
+            stop(hostile)
+            raise AssertionError(f"the hostile client opened no streams within {OPEN_TIMEOUT_S} s")
+    line = hostile.stdout.readline()
+    if not line:
+        stop(hostile)
+        raise AssertionError(f"the hostile client exited ({hostile.returncode})")
+    return hostile, json.loads(line)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["query", "writer"])
+def test_a_thousand_hostile_streams_leave_health_and_ping_fast(nodes: Nodes, tmp_path: Path, kind: str) -> None:
+    store = tmp_path / "store"
+    writer = nodes.start("writer", store)
+    producer = nodes.writer(writer)
+    batch = writer_pb2.SendBatchRequest(messages=[messages_pb2.Message(topic="TopicA", queue_id=0, body=b"s" * 1024)] * 100)
+    for _ in range(SEED_MESSAGES // 100):
+        producer.SendBatch(batch, timeout=RPC_TIMEOUT_S)
+    target = writer
+    channel = grpc.insecure_channel(writer.endpoint)
+    if kind == "query":
+        target = nodes.start("query", store)
+        channel = grpc.insecure_channel(target.endpoint)
+        stub = query_pb2_grpc.QueryServiceStub(channel)
+        bounds = query_pb2.QueueBoundsRequest(topic="TopicA", queue_id=0)
+        for _ in range(200):
+            if stub.QueueBounds(bounds, timeout=RPC_TIMEOUT_S).max_offset == SEED_MESSAGES:
+                break
+            time.sleep(0.05)
+        ping: Callable[[], Any] = lambda: stub.Ping(query_pb2.PingRequest(), timeout=RPC_TIMEOUT_S)
+    else:
+        # The writer has no Ping: its cheapest call is the topic list.
+        ping = lambda: producer.ListTopics(writer_pb2.ListTopicsRequest(), timeout=RPC_TIMEOUT_S)
+    health = health_pb2_grpc.HealthStub(channel)
+    check = lambda: health.Check(health_pb2.HealthCheckRequest(service=""), timeout=RPC_TIMEOUT_S)
+    try:
+        p99_s(check)
+        rss_before = rss_bytes(target.proc.pid)
+        hostile, opened = open_hostile(target, kind)
+        try:
+            assert opened == {"event": "open", "idle": IDLE_STREAMS, "stalled": STALLED_STREAMS, "refused": {}}
+            health_p99, ping_p99 = p99_s(check), p99_s(ping)
+            grown = rss_bytes(target.proc.pid) - rss_before
+            assert hostile.poll() is None  # the streams were held open all along
+        finally:
+            stop(hostile)
+        print(f"{kind}: health p99 {health_p99 * 1000:.1f} ms, ping p99 {ping_p99 * 1000:.1f} ms, RSS +{grown >> 20} MiB")
+        assert health_p99 <= P99_MAX_S, f"health p99 {health_p99 * 1000:.1f} ms"
+        assert ping_p99 <= P99_MAX_S, f"ping p99 {ping_p99 * 1000:.1f} ms"
+        assert grown <= RSS_GROWTH_MAX_BYTES, f"RSS grew by {grown >> 20} MiB"
+        assert check().status == health_pb2.HealthCheckResponse.SERVING
+    finally:
+        channel.close()

@@ -26,7 +26,7 @@ from typing import Any
 import grpc
 
 from rmqstore.common.files.store import StoreSizes
-from rmqstore.v1 import messages_pb2, query_pb2, query_pb2_grpc, writer_pb2
+from rmqstore.v1 import query_pb2, query_pb2_grpc
 
 SIZES = StoreSizes(commitlog_file_size_bytes=8 * 1024 * 1024, cq_file_units=10_000, index_slots=4099, index_entries=20_000)
 

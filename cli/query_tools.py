@@ -20,7 +20,7 @@ from typing import Any
 import grpc
 
 from rmqstore.cli import exits
-from rmqstore.cli.exits import EXIT_NOT_FOUND, EXIT_OK, LocalRpcError
+from rmqstore.cli.exits import EXIT_OK, LocalRpcError
 from rmqstore.cli.store_tools import add_size_options, sizes_from
 from rmqstore.cli.writer_tools import (
     access_from,
@@ -418,8 +418,8 @@ def cmd_update_topic(args: argparse.Namespace) -> int:
 def cmd_query_serve(args: argparse.Namespace) -> int:
     from rmqstore.query.service import SERVICE_NAME, AsyncQueryServicer
     from rmqstore.query.view import StoreView
-    from rmqstore.service.server import AsyncServing
     from rmqstore.service.metrics import configure_metrics
+    from rmqstore.service.server import AsyncServing
     from rmqstore.service.telemetry import configure_tracing
 
     # TLS files, the ACL and the store are checked before anything else.

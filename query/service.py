@@ -11,6 +11,7 @@ from typing import Any
 
 import grpc
 from opentelemetry import trace
+
 from rmqstore.common.codec.hosts import SocketAddress
 from rmqstore.common.codec.msgid import offset_msg_id
 from rmqstore.common.codec.properties import split_keys

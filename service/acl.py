@@ -48,6 +48,7 @@ from typing import Any
 import grpc
 import yaml
 from opentelemetry import metrics
+
 from rmqstore.common.errors import InvalidArgument
 from rmqstore.service.errors import REASON_KEY
 from rmqstore.service.guard import _behavior, _constructor, _Malformed

@@ -18,6 +18,7 @@ from typing import Any
 
 import grpc
 from google.protobuf.message import DecodeError
+
 from rmqstore.service.errors import REASON_KEY
 
 # grpc's stubs make contexts and handlers generic in request and response types; these
@@ -70,9 +71,12 @@ async def _abort_async(context: AsyncContext, marker: _Malformed) -> None:
 
 
 def _constructor(handler: Handler) -> Callable[..., Handler]:
+    constructor: Callable[..., Handler]
     if handler.request_streaming:
-        return grpc.stream_stream_rpc_method_handler if handler.response_streaming else grpc.stream_unary_rpc_method_handler
-    return grpc.unary_stream_rpc_method_handler if handler.response_streaming else grpc.unary_unary_rpc_method_handler
+        constructor = grpc.stream_stream_rpc_method_handler if handler.response_streaming else grpc.stream_unary_rpc_method_handler
+    else:
+        constructor = grpc.unary_stream_rpc_method_handler if handler.response_streaming else grpc.unary_unary_rpc_method_handler
+    return constructor
 
 
 def _behavior(handler: Handler) -> Callable[..., Any]:

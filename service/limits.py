@@ -21,6 +21,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import grpc
+
 from rmqstore.service.errors import REASON_KEY
 
 # grpc's stubs make contexts and handlers generic in request and response types; these

@@ -19,6 +19,10 @@ from typing import Any
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from test_query_live import Nodes, quiet_env
+from test_tls import Pki, pki  # noqa: F401 (pki is a fixture)
+from test_writer import SMALL
+
 from rmqstore.common.errors import InvalidArgument
 from rmqstore.query.service import SERVICE_NAME as QUERY_SERVICE
 from rmqstore.query.service import AsyncQueryServicer
@@ -31,9 +35,6 @@ from rmqstore.writer.config import WriterConfig
 from rmqstore.writer.service import SERVICE_NAME as WRITER_SERVICE
 from rmqstore.writer.service import WriterServicer
 from rmqstore.writer.store import Writer
-from test_query_live import Nodes, quiet_env
-from test_tls import Pki, pki  # noqa: F401 (pki is a fixture)
-from test_writer import SMALL
 
 RPC_TIMEOUT_S = 10.0
 ACL = """

@@ -15,12 +15,13 @@ import pytest
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_writer import SMALL, Node, start_node
+
 from rmqstore.query.service import SERVICE_NAME as QUERY_SERVICE
 from rmqstore.query.service import AsyncQueryServicer
 from rmqstore.query.view import StoreView
 from rmqstore.service.server import AsyncServing, open_channel
 from rmqstore.v1 import messages_pb2, query_pb2, query_pb2_grpc, writer_pb2
-from test_writer import SMALL, Node, start_node
 
 # Per method: 1,000 (about a minute for the 18 methods here). The full count,
 # `FUZZ_EXAMPLES=10000 bash test.sh tests/test_fuzz_grpc.py`, sent 180,000 requests in

@@ -17,6 +17,8 @@ from typing import Any
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from test_writer import SMALL, Node, start_node
+
 from rmqstore.common.codec.properties import split_keys
 from rmqstore.common.errors import Corruption, InvalidArgument
 from rmqstore.common.files.cursorkey import FILE_NAME, MAGIC, ensure_cursor_key, read_cursor_key
@@ -32,7 +34,6 @@ from rmqstore.writer.config import WriterConfig
 from rmqstore.writer.service import SERVICE_NAME as WRITER_SERVICE
 from rmqstore.writer.service import WriterServicer
 from rmqstore.writer.store import Writer
-from test_writer import SMALL, Node, start_node
 
 RPC_TIMEOUT_S = 10.0
 UNIQ = "AC110001000078308DB1745D00000001"
@@ -256,7 +257,7 @@ def test_ten_thousand_forged_cursors_are_all_invalid_argument_in_process() -> No
         cursor = forged(valid, rng)
         if cursor == valid:
             continue
-        with pytest.raises(InvalidArgument, match="^the cursor is malformed or belongs to another query$"):
+        with pytest.raises(InvalidArgument, match=r"^the cursor is malformed or belongs to another query$"):
             decode_cursor(KEY, cursor, QUERY)
     # The old format's attacks, by name: a huge float, deep nesting, a huge integer.
     for text in ('{"v":1,"o":1e400,"h":0}', "[" * 100_000, f'{{"v":1,"o":{10**30},"h":0}}'):

@@ -16,8 +16,9 @@ from typing import Any
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from rmqstore.v1 import messages_pb2, query_pb2, query_pb2_grpc, writer_pb2
 from test_query_live import NodeProcess, Nodes, quiet_env
+
+from rmqstore.v1 import messages_pb2, query_pb2, query_pb2_grpc, writer_pb2
 
 HOSTILE = Path(__file__).parent / "hostile_streams.py"
 IDLE_STREAMS = 500
@@ -109,12 +110,15 @@ def test_a_thousand_hostile_streams_leave_health_and_ping_fast(nodes: Nodes, tmp
             if stub.QueueBounds(bounds, timeout=RPC_TIMEOUT_S).max_offset == SEED_MESSAGES:
                 break
             time.sleep(0.05)
-        ping: Callable[[], Any] = lambda: stub.Ping(query_pb2.PingRequest(), timeout=RPC_TIMEOUT_S)
+        def ping() -> Any:
+            return stub.Ping(query_pb2.PingRequest(), timeout=RPC_TIMEOUT_S)
     else:
         # The writer has no Ping: its cheapest call is the topic list.
-        ping = lambda: producer.ListTopics(writer_pb2.ListTopicsRequest(), timeout=RPC_TIMEOUT_S)
+        def ping():
+            return producer.ListTopics(writer_pb2.ListTopicsRequest(), timeout=RPC_TIMEOUT_S)
     health = health_pb2_grpc.HealthStub(channel)
-    check = lambda: health.Check(health_pb2.HealthCheckRequest(service=""), timeout=RPC_TIMEOUT_S)
+    def check():
+        return health.Check(health_pb2.HealthCheckRequest(service=""), timeout=RPC_TIMEOUT_S)
     try:
         p99_s(check)
         rss_before = rss_bytes(target.proc.pid)

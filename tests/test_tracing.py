@@ -190,12 +190,12 @@ def test_streaming_calls_work_and_are_traced_with_a_tracer_provider(tmp_path: Pa
     (they once failed with UNKNOWN here), and each has its server span."""
     import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
+    from test_writer import SMALL
 
     from rmqstore.query.service import SERVICE_NAME, AsyncQueryServicer
     from rmqstore.query.view import StoreView
     from rmqstore.service.server import AsyncServing
     from rmqstore.v1 import query_pb2, query_pb2_grpc
-    from test_writer import SMALL
 
     exporter = sdk_exporter()
     node = start_node(tmp_path / "store")

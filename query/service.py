@@ -232,6 +232,7 @@ class AsyncQueryServicer(query_pb2_grpc.QueryServiceServicer):
     QueueBounds = _unary("QueueBounds")
     SearchOffset = _unary("SearchOffset")
     ListTopics = _unary("ListTopics")
+    OffsetsByTime = _unary("OffsetsByTime")
     _stats = _unary("Stats")
 
     async def Stats(self, request: query_pb2.StatsRequest, context: grpc.aio.ServicerContext[Any, Any]) -> query_pb2.StatsResponse:

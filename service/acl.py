@@ -321,6 +321,7 @@ NEEDS: dict[str, Need] = {
     "/rmqstore.v1.QueryService/Pull": _topic("Sub"),
     "/rmqstore.v1.QueryService/QueueBounds": _topic("Sub"),
     "/rmqstore.v1.QueryService/SearchOffset": _topic("Sub"),
+    "/rmqstore.v1.QueryService/OffsetsByTime": _topic("Sub"),
     "/rmqstore.v1.QueryService/StreamByTime": _topic("Sub"),
     "/rmqstore.v1.QueryService/ListTopics": _cluster("List"),
     "/rmqstore.v1.QueryService/Stats": _cluster("Get"),

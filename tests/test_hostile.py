@@ -130,7 +130,7 @@ def test_malformed_protobuf_is_invalid_argument_on_every_method_of_both_nodes(wr
     """Every method of the writer (asyncio server) and of the query node (threaded
     server), health and reflection included, answers bytes that do not parse with
     INVALID_ARGUMENT naming the request type, and both nodes serve on afterwards."""
-    assert len(METHODS) == 7 + 11 + 3
+    assert len(METHODS) == 7 + 12 + 3
     for channel, node in ((writer.channel, "writer"), (query.channel, "query")):
         for path, client_streaming, server_streaming, request_type in METHODS:
             service = path.split("/")[1]
@@ -713,3 +713,22 @@ def test_a_connection_gets_at_most_128_concurrent_streams(writer: Node, tmp_path
         assert asyncio.run(run()) == (128, 128)
     finally:
         node.close()
+
+
+@pytest.mark.parametrize(
+    "servicer, base, service",
+    [
+        (AsyncQueryServicer, query_pb2_grpc.QueryServiceServicer, query_pb2.DESCRIPTOR.services_by_name["QueryService"]),
+        (WriterServicer, writer_pb2_grpc.WriterServiceServicer, writer_pb2.DESCRIPTOR.services_by_name["WriterService"]),
+    ],
+    ids=["query", "writer"],
+)
+def test_every_method_is_served_and_has_an_acl_rule(servicer: type, base: type, service: Any) -> None:
+    """A method added to a contract must be implemented by the servicer the node serves
+    (the generated base answers UNIMPLEMENTED) and have a rule in the ACL (which refuses
+    what it has none for)."""
+    from rmqstore.service.acl import NEEDS
+
+    for method in service.methods:
+        assert getattr(servicer, method.name) is not getattr(base, method.name), f"{method.name} is not served"
+        assert f"/{service.full_name}/{method.name}" in NEEDS, f"{method.name} has no ACL rule"

@@ -9,6 +9,7 @@ import ipaddress
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -453,3 +454,26 @@ def test_reflection_v1_and_v1alpha_list_both_services(node: Node) -> None:
         assert {SERVICE_NAME, MESSAGING, "grpc.health.v1.Health", "grpc.reflection.v1.ServerReflection"} <= names
         described = list(info(iter([reflection_pb2.ServerReflectionRequest(file_containing_symbol=MESSAGING)]), timeout=10))
         assert described[0].file_descriptor_response.file_descriptor_proto  # grpcurl can describe it
+
+
+@pytest.mark.parametrize(
+    "method", [m for m in v2s.DESCRIPTOR.services_by_name["MessagingService"].methods], ids=lambda m: m.name
+)
+def test_bytes_that_do_not_parse_are_invalid_argument(node: Node, method: Any) -> None:
+    """Malformed bytes on any v2 method: INVALID_ARGUMENT naming the request type (gRPC's
+    own status, since no v2 message could be read), and the writer keeps serving."""
+    path = f"/{MESSAGING}/{method.name}"
+    payload = b"\x0a\x05ab"  # a length-delimited field that claims more bytes than follow
+    with pytest.raises(grpc.RpcError) as caught:
+        if method.client_streaming:
+            list(node.channel.stream_stream(path)(iter([payload]), timeout=10))
+        elif method.server_streaming:
+            list(node.channel.unary_stream(path)(payload, timeout=10))
+        else:
+            node.channel.unary_unary(path)(payload, timeout=10)
+    error: Any = caught.value
+    assert (error.code(), error.details()) == (
+        grpc.StatusCode.INVALID_ARGUMENT,
+        f"malformed request: the bytes do not parse as {method.input_type.full_name}",
+    )
+    assert send(node, v2_message()).status.code == v2.Code.OK

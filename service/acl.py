@@ -29,6 +29,9 @@ Under mutual TLS a call without a signature is the certificate's subject,
 ``Cert:<common name>``. No credentials, a bad signature, an unknown key or a stale date:
 UNAUTHENTICATED. An identified caller without the permission: PERMISSION_DENIED. Both are
 counted (``rmqstore.acl.denials``). Health checks need no credentials (probes).
+
+Services other than rmqstore's own bring their rules (:class:`MethodRule`, e.g. the
+RocketMQ 5 gateway's), which may answer a refusal with a response of the protocol's own.
 """
 
 from __future__ import annotations

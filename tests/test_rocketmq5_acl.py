@@ -227,6 +227,10 @@ def test_the_official_clients_refusals_are_counted(gateway: Gateway, tmp_path: P
     assert gateway.denials == {("UNAUTHENTICATED", "BadSignature"): 2}
     assert client.send("pubonly", SECRETS["pubonly"], "payments")[0] == [no_route("payments")]
     assert gateway.denials == {("UNAUTHENTICATED", "BadSignature"): 2, ("PERMISSION_DENIED", "Denied"): 1}
+    # A refused send is retried by the client like any failed one: one denial an attempt (3).
+    sent, _ = client.send("watcher", SECRETS["watcher"], "orders-1")
+    assert sent == [{"topic": "orders-1", "error": "ForbiddenException", "message": "40300, User:watcher may not Pub Topic:orders-1"}]
+    assert gateway.denials == {("UNAUTHENTICATED", "BadSignature"): 2, ("PERMISSION_DENIED", "Denied"): 4}
 
 
 def message_id(topic: str) -> str:

@@ -5,8 +5,8 @@ topics and stored through the same group commit as ``WriterService.SendStream``.
 Every answer carries a v2 ``Status``: the clients read the status field, never the gRPC
 code, so a refusal is an OK gRPC call whose status names the problem. Only the consumer
 calls, which rmqstore does not serve yet, answer NOT_IMPLEMENTED (docs/rocketmq5.md).
-The servicer holds no authentication of its own: an interceptor can be put in front of
-it like any other service on the port."""
+The servicer holds no access control of its own: with ``--acl`` the node's ACL
+interceptor checks every call first, by the rules :func:`acl_rules` gives it."""
 
 from __future__ import annotations
 

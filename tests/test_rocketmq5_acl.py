@@ -164,6 +164,10 @@ def test_the_official_python_client_is_accepted_with_its_key_and_refused_without
     assert sorted(m.uniq_key for m in by_key.messages) == sorted(k for k, t in accepted.items() if t == "orders-1")
     topics = query.ListTopics(query_pb2.ListQueryTopicsRequest(), timeout=RPC_TIMEOUT_S)
     assert [t.name for t in topics.topics] == ["orders-1", "orders-2"]
+    # The clients' Telemetry streams ended as they left: the writer stops without a
+    # complaint (no read of a closed stream left for asyncio to report).
+    writer.stop()
+    assert writer.stderr_path.read_text(encoding="utf-8", errors="replace") == ""
 
 
 class Gateway:

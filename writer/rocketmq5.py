@@ -523,6 +523,10 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         try:
             while True:
                 following = asyncio.ensure_future(iterator.__anext__())
+                # If this call ends while the read is pending (the client drops it, the
+                # writer stops), the read's outcome (StopAsyncIteration once the stream
+                # closes) is collected here rather than logged by asyncio as never retrieved.
+                following.add_done_callback(_collect)
                 await asyncio.wait((following, stopping), return_when=asyncio.FIRST_COMPLETED)
                 if not following.done():
                     following.cancel()
@@ -577,6 +581,11 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         self, request: Any, context: grpc.aio.ServicerContext
     ) -> v2s.SyncLiteSubscriptionResponse:
         return v2s.SyncLiteSubscriptionResponse(status=_not_served("SyncLiteSubscription"))
+
+
+def _collect(task: asyncio.Future[Any]) -> None:
+    if not task.cancelled():
+        task.exception()
 
 
 def _unknown_client_type(client_type: int) -> v2.Status:

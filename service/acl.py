@@ -442,7 +442,8 @@ def _checked(handler: Handler, acl: AsyncAclInterceptor, rule: MethodRule | None
     answer = rule.answer if rule is not None and not handler.request_streaming else None
 
     async def refused_with(context: AsyncContext, request: Any, refused: Refused) -> _Answered:
-        if answer is not None:
+        # A request that did not parse cannot shape an answer: it gets the gRPC error.
+        if answer is not None and not isinstance(request, _Malformed):
             acl.note(context, refused)
             return _Answered(answer(request, refused))
         await acl.refuse(context, refused)

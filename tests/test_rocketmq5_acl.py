@@ -273,6 +273,28 @@ def test_an_unsigned_or_badly_signed_v2_call_is_answered_unauthorized(gateway: G
     assert gateway.writer.topics.snapshot() == {}
 
 
+def test_malformed_v2_requests_are_refused_before_and_after_authentication(gateway: Gateway) -> None:
+    """Bytes that are not a SendMessageRequest: unsigned, the gRPC UNAUTHENTICATED (there is
+    no request to shape a v2 answer from); signed, the guard's INVALID_ARGUMENT."""
+    errors = []
+    for user in (None, "orders"):
+        channel = grpc.insecure_channel(gateway.endpoint)
+        gateway.channels.append(channel)
+        if user is not None:
+            channel = signing_channel(channel, user, SECRETS[user])
+        call = channel.unary_unary(f"/{MESSAGING_SERVICE}/SendMessage")
+        with pytest.raises(grpc.RpcError) as raised:
+            call(b"\xff\xff\xff", timeout=RPC_TIMEOUT_S)
+        error: Any = raised.value
+        errors.append((error.code(), error.details()))
+    assert errors == [
+        (grpc.StatusCode.UNAUTHENTICATED, "this node needs signed calls: give an access key and secret key"),
+        (grpc.StatusCode.INVALID_ARGUMENT, "malformed request: the bytes do not parse as apache.rocketmq.v2.SendMessageRequest"),
+    ]
+    assert gateway.denials == {("UNAUTHENTICATED", "Unsigned"): 1}
+    assert gateway.writer.topics.snapshot() == {}
+
+
 def test_every_message_of_a_send_is_checked(gateway: Gateway) -> None:
     orders = gateway.stub("orders")
     mixed = v2s.SendMessageRequest(messages=[message("orders-1"), message("payments"), message("orders-2")])

@@ -231,10 +231,16 @@ def test_the_official_clients_refusals_are_counted(gateway: Gateway, tmp_path: P
     assert gateway.denials == {("UNAUTHENTICATED", "BadSignature"): 2}
     assert client.send("pubonly", SECRETS["pubonly"], "payments")[0] == [no_route("payments")]
     assert gateway.denials == {("UNAUTHENTICATED", "BadSignature"): 2, ("PERMISSION_DENIED", "Denied"): 1}
-    # A refused send is retried by the client like any failed one: one denial an attempt (3).
+    # A refused send is retried by the client like any failed one: one denial an attempt
+    # (3). The client also sends its settings, naming the topics it has routes for, 1 s
+    # after it starts: a run that takes longer has that Telemetry stream refused too (the
+    # user may not Pub), one more denial.
     sent, _ = client.send("watcher", SECRETS["watcher"], "orders-1")
     assert sent == [{"topic": "orders-1", "error": "ForbiddenException", "message": "40300, User:watcher may not Pub Topic:orders-1"}]
-    assert gateway.denials == {("UNAUTHENTICATED", "BadSignature"): 2, ("PERMISSION_DENIED", "Denied"): 4}
+    denials = gateway.denials
+    assert set(denials) == {("UNAUTHENTICATED", "BadSignature"), ("PERMISSION_DENIED", "Denied")}
+    assert denials[("UNAUTHENTICATED", "BadSignature")] == 2
+    assert denials[("PERMISSION_DENIED", "Denied")] in (1 + 3, 1 + 3 + 1)
 
 
 def message_id(topic: str) -> str:

@@ -17,7 +17,7 @@ from typing import Any
 import grpc
 import pytest
 from test_query_live import SIZE_ARGS, Nodes
-from test_rocketmq5_clients import DRIVERS, client_env, rmq5_python
+from test_rocketmq5_clients import DRIVERS, client_env, rmq5_python, run_node
 from test_writer import SMALL
 
 from rmqstore.rocketmq_v2 import definition_pb2 as v2
@@ -241,6 +241,29 @@ def test_the_official_clients_refusals_are_counted(gateway: Gateway, tmp_path: P
     assert set(denials) == {("UNAUTHENTICATED", "BadSignature"), ("PERMISSION_DENIED", "Denied")}
     assert denials[("UNAUTHENTICATED", "BadSignature")] == 2
     assert denials[("PERMISSION_DENIED", "Denied")] in (1 + 3, 1 + 3 + 1)
+
+
+def test_the_official_nodejs_client_reports_each_refusal_by_its_code(gateway: Gateway, tmp_path: Path) -> None:
+    """tests/node/acl_producer.js (rocketmq-client-nodejs with sessionCredentials): its
+    signature (upper-case hex, a UTC date) is accepted, and it raises the v2 status of a
+    refused route or send as its own typed exception, code included."""
+
+    def send(access_key: str, secret_key: str, topic: str) -> dict[str, Any]:
+        output = run_node(tmp_path, "acl_producer.js", gateway.endpoint, access_key, secret_key, topic)
+        return json.loads(output.splitlines()[-1])  # type: ignore[no-any-return]
+
+    sent = send("orders", SECRETS["orders"], "orders-1")
+    assert (sent["topic"], sent["offset"]) == ("orders-1", 0) and sent["message_id"]
+
+    def refused(name: str, code: int, message: str) -> dict[str, Any]:
+        return {"topic": topic, "error": name, "code": code, "message": f"[request-id=undefined, response-code={code}] {message}"}
+
+    topic = "orders-1"
+    assert send("orders", "not-the-secret", topic) == refused("UnauthorizedException", 40100, "unknown access key or wrong signature")
+    assert send("watcher", SECRETS["watcher"], topic) == refused("ForbiddenException", 40300, "User:watcher may not Pub Topic:orders-1")
+    topic = "payments"
+    assert send("pubonly", SECRETS["pubonly"], topic) == refused("ForbiddenException", 40300, "User:pubonly may not Pub or Sub Topic:payments")
+    assert sorted(gateway.writer.topics.snapshot()) == ["orders-1"]
 
 
 def message_id(topic: str) -> str:

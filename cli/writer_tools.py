@@ -229,7 +229,7 @@ def cmd_writer_serve(args: argparse.Namespace) -> int:
     from rmqstore.service.telemetry import configure_tracing
     from rmqstore.writer.config import FlushPolicy, WriterConfig
     from rmqstore.writer.rocketmq5 import SERVICE_NAME as MESSAGING_SERVICE_NAME
-    from rmqstore.writer.rocketmq5 import MessagingServicer, RouteConfig
+    from rmqstore.writer.rocketmq5 import MessagingServicer, RouteConfig, acl_rules
     from rmqstore.writer.service import SERVICE_NAME, WriterServicer
     from rmqstore.writer.store import Writer
 
@@ -283,6 +283,7 @@ def cmd_writer_serve(args: argparse.Namespace) -> int:
                 health_port=args.health_port,
                 workers=args.workers,
                 acl=acl,
+                acl_rules=acl_rules(writer),
             )
     except BaseException:
         servicer.close()

@@ -29,6 +29,9 @@ Under mutual TLS a call without a signature is the certificate's subject,
 ``Cert:<common name>``. No credentials, a bad signature, an unknown key or a stale date:
 UNAUTHENTICATED. An identified caller without the permission: PERMISSION_DENIED. Both are
 counted (``rmqstore.acl.denials``). Health checks need no credentials (probes).
+
+Services other than rmqstore's own bring their rules (:class:`MethodRule`, e.g. the
+RocketMQ 5 gateway's), which may answer a refusal with a response of the protocol's own.
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ import inspect
 import ipaddress
 import re
 import time
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -72,6 +75,7 @@ _DATE_TIME = re.compile(r"\d{8}T\d{6}Z")
 _AUTHORIZATION = re.compile(
     r"MQv2-HMAC-SHA1 Credential=(?P<credential>[^,\s]+), ?SignedHeaders=(?P<headers>[^,\s]+), ?Signature=(?P<signature>[0-9A-Fa-f]{40})"
 )
+_EMPTY_CREDENTIAL = re.compile(r"MQv2-HMAC-SHA1 Credential=,")
 # Calls that need no identity: a probe cannot sign.
 OPEN_METHODS = frozenset({"/grpc.health.v1.Health/Check", "/grpc.health.v1.Health/Watch"})
 
@@ -260,6 +264,10 @@ def _parse_date_time(text: str) -> float | None:
 def authenticate(acl: Acl, metadata: Iterable[tuple[str, Any]], certificate_name: str | None, now_s: float) -> Principal:
     headers = {key: value for key, value in metadata if isinstance(value, str)}
     authorization = headers.get(AUTHORIZATION_KEY)
+    if authorization is not None and _EMPTY_CREDENTIAL.match(authorization):
+        # RocketMQ 5's Python client signs every call, with an empty Credential when it was
+        # given no access key: that is an unsigned call, not a forged one.
+        authorization = None
     if authorization is None:
         if certificate_name is not None:
             subject = f"Cert:{certificate_name}"
@@ -293,8 +301,22 @@ def _messages_topics(messages: Iterable[Any]) -> list[str]:
     return sorted({message.topic for message in messages})
 
 
-# What each method asks for, from its request: (action, resources).
-Need = Callable[[Any], list[tuple[str, str]]]
+# What each method asks for, from its request: (action, resource) pairs, every one needed.
+# An action may be a tuple of alternatives, any one of which will do (RocketMQ 5 lets a
+# route be read by a user who may publish or subscribe).
+Requirement = tuple[str | tuple[str, ...], str]
+Need = Callable[[Any], list[Requirement]]
+
+
+@dataclass(frozen=True)
+class MethodRule:
+    """How a method is authorized: what it needs, and optionally how a refusal is answered.
+    With ``answer``, a refused call gets ``answer(request, refused)`` as its response on an
+    OK call rather than a gRPC error: for protocols whose clients read the status in the
+    response (RocketMQ 5's). A request stream's refusals are always gRPC errors."""
+
+    need: Need
+    answer: Callable[[Any, Refused], Any] | None = None
 
 
 def _topic(action: str) -> Need:
@@ -362,24 +384,32 @@ class AsyncAclInterceptor(grpc.aio.ServerInterceptor):
     before the handler sees it. A method it has no rule for is refused: a service added
     later is closed until its rules are written."""
 
-    def __init__(self, acl: Acl, clock: Callable[[], float] = time.time):
+    def __init__(self, acl: Acl, clock: Callable[[], float] = time.time, rules: Mapping[str, MethodRule] | None = None):
+        """``rules``: the methods of services beyond rmqstore's own (a gateway on the port),
+        by full method name."""
         self.acl = acl
         self.clock = clock
         self.denials = _Denials()
+        self.rules = {method: MethodRule(need) for method, need in NEEDS.items()}
+        self.rules.update(rules or {})
 
     async def intercept_service(self, continuation, handler_call_details):  # type: ignore[no-untyped-def]
         handler = await continuation(handler_call_details)
         method = handler_call_details.method
         if handler is None or method in OPEN_METHODS:
             return handler
-        need = NEEDS.get(method)
+        rule = self.rules.get(method)
         metadata = tuple(handler_call_details.invocation_metadata or ())
-        return _checked(handler, self, need, metadata)
+        return _checked(handler, self, rule, metadata)
 
     async def refuse(self, context: AsyncContext, refused: Refused) -> None:
+        self.note(context, refused)
+        await context.abort(refused.code, str(refused))
+
+    def note(self, context: AsyncContext, refused: Refused) -> None:
+        """Count a refusal and name its reason in the trailing metadata."""
         self.denials.add(refused.code, refused.reason)
         context.set_trailing_metadata(((REASON_KEY, refused.reason),))
-        await context.abort(refused.code, str(refused))
 
     def principal(self, context: AsyncContext, metadata: Sequence[tuple[str, Any]]) -> Principal:
         names = list((context.auth_context() or {}).get("x509_common_name") or [])
@@ -390,27 +420,48 @@ class AsyncAclInterceptor(grpc.aio.ServerInterceptor):
         if need is None:
             raise Refused(grpc.StatusCode.PERMISSION_DENIED, "NoRule", "this method is not open to ACL users")
         peer_ip = _peer_ip(peer)
-        for action, resource in need(request):
-            if not self.acl.allowed(principal, action, resource, peer_ip):
-                raise Refused(grpc.StatusCode.PERMISSION_DENIED, "Denied", f"{principal.subject} may not {action} {resource}")
+        for actions, resource in need(request):
+            choices = (actions,) if isinstance(actions, str) else actions
+            if not any(self.acl.allowed(principal, action, resource, peer_ip) for action in choices):
+                wanted = " or ".join(choices)
+                raise Refused(grpc.StatusCode.PERMISSION_DENIED, "Denied", f"{principal.subject} may not {wanted} {resource}")
 
 
-def _checked(handler: Handler, acl: AsyncAclInterceptor, need: Need | None, metadata: Sequence[tuple[str, Any]]) -> Handler:
+class _Answered:
+    """A refusal answered with a response of the method's own (see MethodRule.answer)."""
+
+    __slots__ = ("response",)
+
+    def __init__(self, response: Any):
+        self.response = response
+
+
+def _checked(handler: Handler, acl: AsyncAclInterceptor, rule: MethodRule | None, metadata: Sequence[tuple[str, Any]]) -> Handler:
     behavior = _behavior(handler)
     generates = inspect.isasyncgenfunction(behavior)
+    need = rule.need if rule is not None else None
+    answer = rule.answer if rule is not None and not handler.request_streaming else None
+
+    async def refused_with(context: AsyncContext, request: Any, refused: Refused) -> _Answered:
+        # A request that did not parse cannot shape an answer: it gets the gRPC error.
+        if answer is not None and not isinstance(request, _Malformed):
+            acl.note(context, refused)
+            return _Answered(answer(request, refused))
+        await acl.refuse(context, refused)
+        raise refused  # not reached: the abort above ends the call by raising
 
     async def admitted(request: Any, context: AsyncContext) -> Any:
         try:
             principal = acl.principal(context, metadata)
         except Refused as refused:
-            await acl.refuse(context, refused)
+            return await refused_with(context, request, refused)
         current_principal.set(principal)
         if not handler.request_streaming:
             if not isinstance(request, _Malformed):  # the guard answers those
                 try:
                     acl.authorize(principal, need, request, context.peer())
                 except Refused as refused:
-                    await acl.refuse(context, refused)
+                    return await refused_with(context, request, refused)
             return request
 
         async def each(requests: AsyncIterator[Any]) -> AsyncIterator[Any]:
@@ -427,14 +478,21 @@ def _checked(handler: Handler, acl: AsyncAclInterceptor, need: Need | None, meta
     if generates:
 
         async def generating(request: Any, context: AsyncContext) -> AsyncIterator[Any]:
-            async for response in behavior(await admitted(request, context), context):
+            checked = await admitted(request, context)
+            if isinstance(checked, _Answered):
+                yield checked.response
+                return
+            async for response in behavior(checked, context):
                 yield response
 
         wrapped: Callable[..., Any] = generating
     else:
 
         async def answering(request: Any, context: AsyncContext) -> Any:
-            return await behavior(await admitted(request, context), context)
+            checked = await admitted(request, context)
+            if isinstance(checked, _Answered):
+                return checked.response
+            return await behavior(checked, context)
 
         wrapped = answering
     return _constructor(handler)(wrapped, request_deserializer=handler.request_deserializer, response_serializer=handler.response_serializer)

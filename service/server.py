@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import ssl
 import threading
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from concurrent import futures
 from typing import Any, TypeVar
 
@@ -24,7 +24,7 @@ from opentelemetry import trace
 from opentelemetry.instrumentation.grpc import aio_server_interceptor, server_interceptor
 
 from rmqstore.common.errors import InvalidArgument
-from rmqstore.service.acl import Acl, AsyncAclInterceptor
+from rmqstore.service.acl import Acl, AsyncAclInterceptor, MethodRule
 from rmqstore.service.guard import AsyncMalformedRequestGuard, MalformedRequestGuard
 from rmqstore.service.limits import CONNECTION_OPTIONS, STREAMS_MAX, AsyncStreamLimit
 
@@ -244,7 +244,9 @@ class AsyncServing:
     main server and, when asked, the plaintext health port, so that a call that waits (a
     SYNC ack, an open stream) holds no thread, however many producers are connected.
     ``register`` adds services whose handlers are all async; they hand blocking work to
-    the loop's default executor (``workers`` threads). Driven from synchronous code."""
+    the loop's default executor (``workers`` threads). Driven from synchronous code.
+    With ``acl``, every call is checked; ``acl_rules`` authorizes the methods of services
+    other than rmqstore's own (the RocketMQ 5 gateway's)."""
 
     def __init__(
         self,
@@ -258,9 +260,11 @@ class AsyncServing:
         workers: int = 32,
         streams_max: int = STREAMS_MAX,
         acl: Acl | None = None,
+        acl_rules: Mapping[str, MethodRule] | None = None,
     ):
         self.streams_max = streams_max
         self.acl = acl
+        self.acl_rules = acl_rules
         self.loop = asyncio.new_event_loop()
         self.loop.set_default_executor(futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="rpc"))
         self._thread = threading.Thread(target=self.loop.run_forever, name="grpc-loop", daemon=True)
@@ -293,7 +297,7 @@ class AsyncServing:
         interceptors: list[grpc.aio.ServerInterceptor] = [AsyncTracingInterceptor(), AsyncStreamLimit(self.streams_max)]
         if self.acl is not None:
             # Outside the guard: a request is authorized once it parses.
-            self.acl_interceptor = AsyncAclInterceptor(self.acl)
+            self.acl_interceptor = AsyncAclInterceptor(self.acl, rules=self.acl_rules)
             interceptors.append(self.acl_interceptor)
         interceptors.append(AsyncMalformedRequestGuard())
         server = grpc.aio.server(interceptors=interceptors, options=SERVER_OPTIONS)

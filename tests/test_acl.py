@@ -180,6 +180,9 @@ def test_forged_stale_and_malformed_signatures_are_unauthenticated(guarded: Guar
     signature = authorization.rsplit("=", 1)[1]
     upper = f"MQv2-HMAC-SHA1 Credential=reader//Rocketmq, SignedHeaders=x-mq-date-time, Signature={signature.upper()}"
     assert raw_signed(guarded, [("x-mq-date-time", date_time), ("authorization", upper)]) == query_pb2.PingResponse()
+    # An empty Credential (RocketMQ 5's Python client without an access key) is unsigned.
+    empty = f"MQv2-HMAC-SHA1 Credential=, SignedHeaders=x-mq-date-time, Signature={signature}"
+    assert status_of(lambda: raw_signed(guarded, [("x-mq-date-time", date_time), ("authorization", empty)])) == UNSIGNED
     bad_header = (grpc.StatusCode.UNAUTHENTICATED, "the authorization header is not MQv2-HMAC-SHA1 over x-mq-date-time", "BadSignature")
     for header in (
         "Basic cmVhZGVy",

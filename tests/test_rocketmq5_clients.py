@@ -12,6 +12,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections import Counter, defaultdict
 from collections.abc import Iterator
 from pathlib import Path
@@ -321,7 +322,9 @@ def test_nodejs_client_of_our_own_contracts_sends_and_looks_up(nodes: Nodes, tmp
     store = tmp_path / "store"
     writer = nodes.start("writer", store, *SIZE_ARGS)
     query_node = nodes.start("query", store, *SIZE_ARGS)
+    started_ms = int(time.time() * 1000)
     out = json.loads(run_node(tmp_path, "own_contracts.js", str(ROOT / "protos"), writer.endpoint, query_node.endpoint, "Own"))
+    finished_ms = int(time.time() * 1000)
     acks = out["acks"]
     assert [(a["queue_id"], a["queue_offset"]) for a in acks] == [(0, n) for n in range(5)]
 
@@ -340,7 +343,10 @@ def test_nodejs_client_of_our_own_contracts_sends_and_looks_up(nodes: Nodes, tmp
     assert out["search_offset"] == {"offset": 0, "found": True}
     assert out["stream_by_time"] == [expected(n) for n in range(5)]
     [topic] = out["list_topics"]
-    assert topic["name"] == "Own" and topic["queues"][0] == {"queue_id": 0, "min_offset": 0, "max_offset": 5}
+    queue = dict(topic["queues"][0])
+    # The newest record's store time (QueueInfo.newest_store_timestamp_ms): stored during the run.
+    assert started_ms <= int(queue.pop("newest_store_timestamp_ms")) <= finished_ms
+    assert topic["name"] == "Own" and queue == {"queue_id": 0, "min_offset": 0, "max_offset": 5}
     assert out["stats"] == {"messages": 5, "follows_writer": True}
     assert out["ping"] == {}
     # Both nodes answer reflection v1, which current grpcurl asks first.

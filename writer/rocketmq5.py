@@ -5,8 +5,8 @@ topics and stored through the same group commit as ``WriterService.SendStream``.
 Every answer carries a v2 ``Status``: the clients read the status field, never the gRPC
 code, so a refusal is an OK gRPC call whose status names the problem. Only the consumer
 calls, which rmqstore does not serve yet, answer NOT_IMPLEMENTED (docs/rocketmq5.md).
-The servicer holds no authentication of its own: an interceptor can be put in front of
-it like any other service on the port."""
+The servicer holds no access control of its own: with ``--acl`` the node's ACL
+interceptor checks every call first, by the rules :func:`acl_rules` gives it."""
 
 from __future__ import annotations
 
@@ -31,6 +31,7 @@ from rmqstore.common.errors import InvalidArgument, NotFound, StoreError, StoreF
 from rmqstore.rocketmq_v2 import definition_pb2 as v2
 from rmqstore.rocketmq_v2 import service_pb2 as v2s
 from rmqstore.rocketmq_v2 import service_pb2_grpc
+from rmqstore.service.acl import MethodRule, Need, Refused, Requirement
 from rmqstore.writer.service import GroupAppender, peer_address
 from rmqstore.writer.store import AppendResults, Writer
 from rmqstore.writer.validate import (
@@ -522,6 +523,10 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         try:
             while True:
                 following = asyncio.ensure_future(iterator.__anext__())
+                # If this call ends while the read is pending (the client drops it, the
+                # writer stops), the read's outcome (StopAsyncIteration once the stream
+                # closes) is collected here rather than logged by asyncio as never retrieved.
+                following.add_done_callback(_collect)
                 await asyncio.wait((following, stopping), return_when=asyncio.FIRST_COMPLETED)
                 if not following.done():
                     following.cancel()
@@ -578,6 +583,11 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         return v2s.SyncLiteSubscriptionResponse(status=_not_served("SyncLiteSubscription"))
 
 
+def _collect(task: asyncio.Future[Any]) -> None:
+    if not task.cancelled():
+        task.exception()
+
+
 def _unknown_client_type(client_type: int) -> v2.Status:
     return v2.Status(code=v2.UNRECOGNIZED_CLIENT_TYPE, message=f"client_type {client_type} is not a client type")
 
@@ -587,3 +597,99 @@ def _not_served(call: str) -> v2.Status:
         code=v2.NOT_IMPLEMENTED,
         message=f"{call} is not served: the rmqstore writer takes producers' messages only (consumers are not served yet)",
     )
+
+
+# Authorization (--acl): what each call needs, after RocketMQ 5's ACL 2.0 for the v2
+# protocol, and how a refusal is answered.
+
+CONSUMER_TYPES = frozenset({v2.PUSH_CONSUMER, v2.SIMPLE_CONSUMER, v2.PULL_CONSUMER, v2.LITE_PUSH_CONSUMER, v2.LITE_SIMPLE_CONSUMER})
+_METHOD = f"/{SERVICE_NAME}/"
+
+
+def _refusal_status(refused: Refused) -> v2.Status:
+    """An ACL refusal as the v2 code a client maps to its own exception: no or bad
+    credentials are UNAUTHORIZED, an identified caller without the permission FORBIDDEN."""
+    code = v2.UNAUTHORIZED if refused.code == grpc.StatusCode.UNAUTHENTICATED else v2.FORBIDDEN
+    return v2.Status(code=code, message=str(refused))
+
+
+def _answer(response: Callable[..., Any]) -> Callable[[Any, Refused], Any]:
+    return lambda request, refused: response(status=_refusal_status(refused))
+
+
+def _send_refused(request: v2s.SendMessageRequest, refused: Refused) -> v2s.SendMessageResponse:
+    # The shape of the gateway's other refusals of a send: the status once for the request
+    # and once for each message.
+    status = _refusal_status(refused)
+    return v2s.SendMessageResponse(status=status, entries=[v2s.SendResultEntry(status=status) for _ in request.messages])
+
+
+def _sub(group: v2.Resource, topic: v2.Resource) -> list[Requirement]:
+    return [("Sub", f"Group:{group.name}"), ("Sub", f"Topic:{topic.name}")]
+
+
+def _telemetry_needs(command: v2s.TelemetryCommand) -> list[Requirement]:
+    """A Settings command declares what the client will do: a producer's topics need Pub,
+    a consumer's group and subscribed topics Sub. The other commands answer the server."""
+    if command.WhichOneof("command") != "settings":
+        return []
+    settings = command.settings
+    needs: list[Requirement] = [("Pub", f"Topic:{topic.name}") for topic in settings.publishing.topics]
+    if settings.HasField("subscription"):
+        subscription = settings.subscription
+        needs.append(("Sub", f"Group:{subscription.group.name}"))
+        needs += [("Sub", f"Topic:{entry.topic.name}") for entry in subscription.subscriptions]
+    return needs
+
+
+def acl_rules(writer: Writer) -> dict[str, MethodRule]:
+    """The ACL's rules for every MessagingService method, by full method name.
+
+    A topic that a route query or a send would create (it does not exist and the writer
+    auto-creates) needs Create too: without it, anyone allowed to publish to a pattern
+    could make topics without bound. The consumer calls, which answer NOT_IMPLEMENTED,
+    are authorized all the same, so that serving them later opens nothing unchecked."""
+
+    def created(topic: str) -> list[Requirement]:
+        new = writer.config.auto_create_topics and writer.topics.queue_count(topic) is None
+        return [("Create", f"Topic:{topic}")] if new else []
+
+    def query_route(request: v2s.QueryRouteRequest) -> list[Requirement]:
+        topic = request.topic.name
+        return [(("Pub", "Sub"), f"Topic:{topic}"), *created(topic)]
+
+    def send_message(request: v2s.SendMessageRequest) -> list[Requirement]:
+        # Every message's topic, each once, in the order of the request.
+        topics = list(dict.fromkeys(message.topic.name for message in request.messages))
+        return [need for topic in topics for need in (("Pub", f"Topic:{topic}"), *created(topic))]
+
+    def heartbeat(request: v2s.HeartbeatRequest) -> list[Requirement]:
+        return [("Sub", f"Group:{request.group.name}")] if request.client_type in CONSUMER_TYPES else []
+
+    def termination(request: v2s.NotifyClientTerminationRequest) -> list[Requirement]:
+        # A producer names no group: it needs nothing to say goodbye.
+        return [("Sub", f"Group:{request.group.name}")] if request.group.name else []
+
+    needs: dict[str, tuple[Need, Callable[..., Any]]] = {
+        "QueryRoute": (query_route, v2s.QueryRouteResponse),
+        "Heartbeat": (heartbeat, v2s.HeartbeatResponse),
+        "NotifyClientTermination": (termination, v2s.NotifyClientTerminationResponse),
+        "EndTransaction": (lambda r: [("Pub", f"Topic:{r.topic.name}")], v2s.EndTransactionResponse),
+        "RecallMessage": (lambda r: [("Pub", f"Topic:{r.topic.name}")], v2s.RecallMessageResponse),
+        "QueryAssignment": (lambda r: _sub(r.group, r.topic), v2s.QueryAssignmentResponse),
+        "ReceiveMessage": (lambda r: _sub(r.group, r.message_queue.topic), v2s.ReceiveMessageResponse),
+        "AckMessage": (lambda r: _sub(r.group, r.topic), v2s.AckMessageResponse),
+        "ForwardMessageToDeadLetterQueue": (lambda r: _sub(r.group, r.topic), v2s.ForwardMessageToDeadLetterQueueResponse),
+        "ChangeInvisibleDuration": (lambda r: _sub(r.group, r.topic), v2s.ChangeInvisibleDurationResponse),
+        "PullMessage": (lambda r: _sub(r.group, r.message_queue.topic), v2s.PullMessageResponse),
+        "UpdateOffset": (lambda r: _sub(r.group, r.message_queue.topic), v2s.UpdateOffsetResponse),
+        "GetOffset": (lambda r: _sub(r.group, r.message_queue.topic), v2s.GetOffsetResponse),
+        "QueryOffset": (lambda r: [("Sub", f"Topic:{r.message_queue.topic.name}")], v2s.QueryOffsetResponse),
+        "SyncLiteSubscription": (lambda r: _sub(r.group, r.topic), v2s.SyncLiteSubscriptionResponse),
+    }
+    rules = {_METHOD + name: MethodRule(need, _answer(response)) for name, (need, response) in needs.items()}
+    rules[_METHOD + "SendMessage"] = MethodRule(send_message, _send_refused)
+    # Telemetry is a stream both ways: a refusal ends it with a gRPC error, which the
+    # clients log with its code; a status inside a settings answer they drop unread.
+    rules[_METHOD + "Telemetry"] = MethodRule(_telemetry_needs)
+    return rules

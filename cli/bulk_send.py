@@ -244,5 +244,20 @@ def ack_lines(response: writer_pb2.SendBatchResponse, topics: Sequence[str]) -> 
         yield line(prefix, offset, uniq_key, topic, queue_id, queue_offset, offset, stored)
 
 
+def ack_text(response: writer_pb2.SendBatchResponse, topics: Sequence[str]) -> str:
+    """All the ack lines of a batch answered with compact results, as one string: built in
+    the compiled loop (a str.format per line was a fifth of the client's time with every ack
+    printed), in Python when that loop declines a text it would not escape as json.dumps does."""
+    if _speedups is not None:
+        compact = response.compact
+        text: str | None = _speedups.ack_lines(
+            compact.offset_msg_id_prefix, topics, compact.uniq_keys, compact.queue_ids, compact.queue_offsets,
+            compact.commitlog_offsets, compact.store_timestamp_ms,
+        )  # fmt: skip
+        if text is not None:
+            return text
+    return "".join(ack_lines(response, topics))
+
+
 def acked(response: writer_pb2.SendBatchResponse) -> int:
     return len(response.compact.commitlog_offsets) or len(response.results)

@@ -108,7 +108,9 @@ def _fast(data: bytes, limits: Any) -> Columns | None:
     # line starting with "{" and ending with "}", and the count, rule that out.
     text = data.rstrip()
     line_count = text.count(b"\n") + 1
-    if text[:1] == b"{" and text[-1:] == b"}" and text.count(b"\n{") == text.count(b"}\n") == line_count - 1:
+    # Every newline between "}" and "{" (occurrences of "}\n{" cannot overlap, so the count
+    # equals the newlines' only then): one pass for the pattern instead of one per side.
+    if text[:1] == b"{" and text[-1:] == b"}" and text.count(b"}\n{") == line_count - 1:
         joined = b"[" + text.replace(b"\n", b",") + b"]"  # the usual file: no blank lines, no \r
     else:
         lines = [line for line in data.split(b"\n") if line.strip()]
@@ -240,6 +242,21 @@ def ack_lines(response: writer_pb2.SendBatchResponse, topics: Sequence[str]) -> 
         topics, compact.uniq_keys, compact.queue_ids, compact.queue_offsets, compact.commitlog_offsets
     ):
         yield line(prefix, offset, uniq_key, topic, queue_id, queue_offset, offset, stored)
+
+
+def ack_text(response: writer_pb2.SendBatchResponse, topics: Sequence[str]) -> str:
+    """All the ack lines of a batch answered with compact results, as one string: built in
+    the compiled loop (a str.format per line was a fifth of the client's time with every ack
+    printed), in Python when that loop declines a text it would not escape as json.dumps does."""
+    if _speedups is not None:
+        compact = response.compact
+        text: str | None = _speedups.ack_lines(
+            compact.offset_msg_id_prefix, topics, compact.uniq_keys, compact.queue_ids, compact.queue_offsets,
+            compact.commitlog_offsets, compact.store_timestamp_ms,
+        )  # fmt: skip
+        if text is not None:
+            return text
+    return "".join(ack_lines(response, topics))
 
 
 def acked(response: writer_pb2.SendBatchResponse) -> int:

@@ -509,7 +509,7 @@ def cmd_send(args: argparse.Namespace) -> int:
             for response in call(iter(requests), timeout=args.timeout):
                 count = bulk_send.acked(response)
                 if args.acks == "all":
-                    out.write("".join(bulk_send.ack_lines(response, topics[sent : sent + count])))
+                    out.write(bulk_send.ack_text(response, topics[sent : sent + count]))
                 sent += count
                 progress.advance(count)
     except KeyboardInterrupt:

@@ -215,6 +215,8 @@ BAD_INPUTS: dict[str, list[str]] = {
     "topicStatus": ["topicStatus", "--store", "{file}", "-t", "T"],
     "updateTopic": ["updateTopic", "--endpoint", "{writer}", "-t", "T", "-r", "2", "-w", "4"],
     "demo": ["demo", "--store", "{tmp}"],
+    "console": ["console", "--query-endpoint", "{query}", "--users", "{missing}", "--port", "0"],
+    "console-passwd": ["console-passwd", "--users", "{tmp}/users", "--user", "a:b"],
     "pipeline reindex": ["pipeline", "reindex", "{missing}", "--out", "{tmp}/out"],
     "pipeline export": ["pipeline", "export", "{missing}", "--out", "{tmp}/out"],
     "pipeline load": ["pipeline", "load", "{missing}", "--endpoint", "{writer}", "--batch-messages", "0"],
@@ -252,13 +254,16 @@ def test_every_command_refuses_a_bad_input_in_one_line(cluster: Cluster, tmp_pat
         "query": cluster.query.endpoint,
     }
     for command, argv in BAD_INPUTS.items():
-        done = subprocess.run(rmqstore(*(a.format(**fill) for a in argv)), capture_output=True, text=True, timeout=120, check=False)
+        # (stdin empty: console-passwd reads the password from it before anything else)
+        done = subprocess.run(rmqstore(*(a.format(**fill) for a in argv)), stdin=subprocess.DEVNULL, capture_output=True,
+                              text=True, timeout=120, check=False)  # fmt: skip
         assert done.returncode in (2, 3), (command, done)
         assert "Traceback" not in done.stderr, command
         lines = done.stderr.splitlines()
         assert len(lines) == 1 and lines[0].startswith("rmqstore: error: "), (command, done.stderr)
         assert done.stdout == "", command
     assert (tmp_path / "notes.txt").read_text() == "keep"
+    assert not (tmp_path / "users").exists()
 
 
 def test_numbers_a_node_cannot_use_are_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -638,6 +643,52 @@ def test_bulk_columns_are_the_same_compiled_or_not(tmp_path: Path, monkeypatch: 
         documents = [json.loads(line)]
         assert _speedups.json_columns(documents) is None, line
         assert bulk_send._fast((line + "\n").encode(), limits) is None, line
+
+
+def test_ack_text_is_the_json_dumps_lines_compiled_or_not(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The compiled ack lines are json.dumps's, byte for byte; a text json.dumps would escape
+    (or a negative offset) is left to Python, which gives the same lines as before."""
+    from rmqstore.cli import bulk_send
+    from rmqstore.common.codec.speedups import _speedups
+    from rmqstore.v1 import writer_pb2
+
+    assert _speedups is not None
+
+    def response(uniq_keys: list[str], offsets: list[int]) -> writer_pb2.SendBatchResponse:
+        compact = writer_pb2.CompactResults(
+            offset_msg_id_prefix="7F00000100002A9F", store_timestamp_ms=1_700_000_000_123, uniq_keys=uniq_keys,
+            queue_ids=[0, 2147483647, 3][: len(offsets)], queue_offsets=[0, 9_000_000_000, 7][: len(offsets)],
+            commitlog_offsets=offsets,
+        )  # fmt: skip
+        return writer_pb2.SendBatchResponse(compact=compact)
+
+    def dumps_lines(answer: writer_pb2.SendBatchResponse, topics: list[str]) -> str:
+        c = answer.compact
+        return "".join(json.dumps({
+            "offsetMsgId": f"{c.offset_msg_id_prefix}{offset:016X}", "uniqKey": uniq_key, "topic": topic,
+            "queueId": queue_id, "queueOffset": queue_offset, "commitLogOffset": offset,
+            "storeTimestamp": c.store_timestamp_ms,
+        }) + "\n" for topic, uniq_key, queue_id, queue_offset, offset in zip(
+            topics, c.uniq_keys, c.queue_ids, c.queue_offsets, c.commitlog_offsets))  # fmt: skip
+
+    plain = response(["AB12", "", "C0A80001"], [0, (1 << 40) + 255, 1 << 62])
+    topics = ["Orders", "%RETRY%g_1", "T"]
+    expected = dumps_lines(plain, topics)
+    assert _speedups.ack_lines("7F00000100002A9F", topics, ["AB12", "", "C0A80001"], [0, 2147483647, 3],
+                               [0, 9_000_000_000, 7], [0, (1 << 40) + 255, 1 << 62], 1_700_000_000_123) == expected  # fmt: skip
+    assert bulk_send.ack_text(plain, topics) == expected
+    assert bulk_send.ack_text(plain, topics[:2]) == dumps_lines(plain, topics[:2])  # as zip: the shortest column
+    assert bulk_send.ack_text(response([], []), []) == ""
+    # Texts json.dumps escapes, and a negative offset: the compiled loop declines, Python writes them.
+    for odd_topics, uniq_keys, offsets in ((["T\"x"], ["U"], [1]), (["T"], ["é"], [1]), (["T\\"], ["U"], [1]),
+                                            (["T"], ["U\n"], [1]), (["T"], ["U"], [-1])):  # fmt: skip
+        odd = response(uniq_keys, offsets)
+        c = odd.compact
+        assert _speedups.ack_lines(c.offset_msg_id_prefix, odd_topics, c.uniq_keys, c.queue_ids, c.queue_offsets,
+                                   c.commitlog_offsets, c.store_timestamp_ms) is None  # fmt: skip
+        assert bulk_send.ack_text(odd, odd_topics) == "".join(bulk_send.ack_lines(odd, odd_topics))
+    monkeypatch.setattr(bulk_send, "_speedups", None)
+    assert bulk_send.ack_text(plain, topics) == expected
 
 
 def test_a_file_is_prepared_in_chunks_with_lines_numbered_in_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

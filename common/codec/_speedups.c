@@ -2370,6 +2370,99 @@ done:
     return result;
 }
 
+/* send --file's ack lines, the text json.dumps would write for each acknowledged message,
+ * built into one string instead of a str.format per line. Texts that json.dumps would
+ * escape (quotes, backslashes, control or non-ASCII characters) or negative offsets answer
+ * None: the caller then formats them in Python, so the output stays the same either way. */
+static int plain_json_text(PyObject *text, const char **utf8, Py_ssize_t *size) {
+    if (!PyUnicode_Check(text) || !PyUnicode_IS_ASCII(text)) return 0;
+    *utf8 = (const char *)PyUnicode_1BYTE_DATA(text);
+    *size = PyUnicode_GET_LENGTH(text);
+    for (Py_ssize_t i = 0; i < *size; i++) {
+        unsigned char c = (unsigned char)(*utf8)[i];
+        if (c < 0x20 || c == '"' || c == '\\') return 0;
+    }
+    return 1;
+}
+
+static PyObject *ack_lines(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 7) {
+        PyErr_SetString(PyExc_TypeError, "ack_lines takes (prefix, topics, uniq_keys, queue_ids, queue_offsets, "
+                                         "commitlog_offsets, store_timestamp_ms)");
+        return NULL;
+    }
+    const char *prefix;
+    Py_ssize_t prefix_size;
+    if (!plain_json_text(args[0], &prefix, &prefix_size)) Py_RETURN_NONE;
+    long long stored = PyLong_AsLongLong(args[6]);
+    if (stored == -1 && PyErr_Occurred()) return NULL;
+    PyObject *columns[5] = {NULL};
+    const char *names[5] = {"topics", "uniq_keys", "queue_ids", "queue_offsets", "commitlog_offsets"};
+    PyObject *result = NULL;
+    char *buffer = NULL;
+    for (int k = 0; k < 5; k++) {
+        columns[k] = PySequence_Fast(args[k + 1], names[k]);
+        if (columns[k] == NULL) goto done;
+    }
+    /* The lines are as many as the shortest column, as zip() pairs them. */
+    Py_ssize_t count = PySequence_Fast_GET_SIZE(columns[0]);
+    for (int k = 1; k < 5; k++)
+        if (PySequence_Fast_GET_SIZE(columns[k]) < count) count = PySequence_Fast_GET_SIZE(columns[k]);
+    size_t capacity = 4096, used = 0;
+    buffer = PyMem_Malloc(capacity);
+    if (buffer == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < count; i++) {
+        const char *topic, *uniq_key;
+        Py_ssize_t topic_size, uniq_key_size;
+        if (!plain_json_text(PySequence_Fast_GET_ITEM(columns[0], i), &topic, &topic_size) ||
+            !plain_json_text(PySequence_Fast_GET_ITEM(columns[1], i), &uniq_key, &uniq_key_size)) {
+            result = Py_NewRef(Py_None);
+            goto done;
+        }
+        long long numbers[3];
+        for (int k = 0; k < 3; k++) {
+            numbers[k] = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(columns[k + 2], i));
+            if (numbers[k] == -1 && PyErr_Occurred()) goto done;
+        }
+        if (numbers[2] < 0) {
+            result = Py_NewRef(Py_None);
+            goto done;
+        }
+        /* The fixed text is under 160 bytes, each of the 4 numbers under 21, the hex 16. */
+        size_t needed = used + (size_t)(prefix_size + topic_size + uniq_key_size) + 320;
+        if (needed > capacity) {
+            while (capacity < needed) capacity *= 2;
+            char *grown = PyMem_Realloc(buffer, capacity);
+            if (grown == NULL) {
+                PyErr_NoMemory();
+                goto done;
+            }
+            buffer = grown;
+        }
+        char *out = buffer + used;
+        out += sprintf(out, "{\"offsetMsgId\": \"");
+        memcpy(out, prefix, (size_t)prefix_size);
+        out += prefix_size;
+        out += sprintf(out, "%016llX\", \"uniqKey\": \"", (unsigned long long)numbers[2]);
+        memcpy(out, uniq_key, (size_t)uniq_key_size);
+        out += uniq_key_size;
+        out += sprintf(out, "\", \"topic\": \"");
+        memcpy(out, topic, (size_t)topic_size);
+        out += topic_size;
+        out += sprintf(out, "\", \"queueId\": %lld, \"queueOffset\": %lld, \"commitLogOffset\": %lld, \"storeTimestamp\": %lld}\n",
+                       numbers[0], numbers[1], numbers[2], stored);
+        used = (size_t)(out - buffer);
+    }
+    result = PyUnicode_DecodeASCII(buffer, (Py_ssize_t)used, NULL);
+done:
+    PyMem_Free(buffer);
+    for (int k = 0; k < 5; k++) Py_XDECREF(columns[k]);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"java_string_hash", (PyCFunction)java_string_hash, METH_O, "String.hashCode of a str, as a signed int32."},
     {"index_key_hash", (PyCFunction)(void (*)(void))index_key_hash, METH_FASTCALL,
@@ -2410,6 +2503,9 @@ static PyMethodDef methods[] = {
     {"encode_send_batches", (PyCFunction)(void (*)(void))encode_send_batches, METH_FASTCALL,
      "encode_send_batches(topics, queue_ids, bodies, keys, tags, uniq_keys, properties, batch_size) -> list[bytes]:"
      " serialized SendBatchRequests asking for compact results."},
+    {"ack_lines", (PyCFunction)(void (*)(void))ack_lines, METH_FASTCALL,
+     "ack_lines(prefix, topics, uniq_keys, queue_ids, queue_offsets, commitlog_offsets, store_timestamp_ms) -> str"
+     " | None: send --file's ack lines, None where one needs Python's formatting."},
     {"screen_batch", (PyCFunction)(void (*)(void))screen_batch, METH_FASTCALL,
      "screen_batch(bodies, keys, tags, uniq_keys, queue_ids, max_body, max_keys, max_key_length, max_tags_length)"
      " -> bool."},

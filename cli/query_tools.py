@@ -20,7 +20,7 @@ from typing import Any
 import grpc
 
 from rmqstore.cli import exits
-from rmqstore.cli.exits import EXIT_OK, LocalRpcError
+from rmqstore.cli.exits import EXIT_NOT_FOUND, EXIT_OK, LocalRpcError
 from rmqstore.cli.store_tools import add_size_options, sizes_from
 from rmqstore.cli.writer_tools import (
     access_from,
@@ -287,6 +287,7 @@ def cmd_query_by_uniq_key(args: argparse.Namespace) -> int:
         if first is None:
             _known_topic(backend, args.topic)
             exits.fail(f"NOT_FOUND: no message with unique key {args.id} in topic {args.topic}")
+            return EXIT_NOT_FOUND
         _emit(itertools.chain([first], messages), args)
         return EXIT_OK
 

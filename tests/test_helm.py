@@ -576,12 +576,12 @@ def test_writer_advertises_its_service_to_rocketmq5_clients(chart: helm.Chart) -
     """QueryRoute hands RocketMQ 5 clients the writer's Service by default, or the value given."""
     from rmqstore.writer.rocketmq5 import RouteConfig
 
-    writer = next(c for _, c in render(chart, {}).containers() if c["name"] == "writer")
+    writer = next(c for _, c in render(chart, OPEN).containers() if c["name"] == "writer")
     args = parse_cli(writer["args"])
     assert args.advertise == f"{RELEASE}-rmqstore-writer.{NAMESPACE}.svc:10911"
     assert args.broker_name == "rmqstore-0"
     RouteConfig.parse(args.advertise, args.broker_name)
-    custom = render(chart, {"writer": {"advertise": "mq.example.com:443", "brokerName": "east-1"}})
+    custom = render(chart, {"writer": {"advertise": "mq.example.com:443", "brokerName": "east-1"}, **OPEN})
     args = parse_cli(next(c for _, c in custom.containers() if c["name"] == "writer")["args"])
     assert (args.advertise, args.broker_name) == ("mq.example.com:443", "east-1")
 
@@ -817,8 +817,8 @@ def test_chart_runs_this_release_of_rmqstore(chart: helm.Chart) -> None:
 
 CONSOLE = f"{FULLNAME}-console"
 CONSOLE_RENDERINGS: dict[str, dict[str, Any]] = {
-    "console-users": {"console": {"enabled": True, "usersSecret": "console-users"}},
-    "console-no-auth-shared": {"mode": "shared", "console": {"enabled": True, "noAuth": True, "port": 9090}},
+    "console-users": {"console": {"enabled": True, "usersSecret": "console-users"}, **OPEN},
+    "console-no-auth-shared": {"mode": "shared", "console": {"enabled": True, "noAuth": True, "port": 9090}, **ACL_SECRET},
     "console-everything": {**EVERYTHING, "mode": "shared", "console": {"enabled": True, "usersSecret": "console-users", "replicas": 2}},
 }
 
@@ -905,7 +905,7 @@ def test_console_notes_tell_how_to_reach_it(console_rendering: Rendering) -> Non
 )
 def test_chart_refuses_a_console_without_a_decision_on_auth(chart: helm.Chart, console: dict[str, Any], message: str) -> None:
     with pytest.raises(helm.HelmRenderError, match=re.escape(message)):
-        chart.render({"console": console}, name=RELEASE, namespace=NAMESPACE)
+        chart.render({"console": console, **OPEN}, name=RELEASE, namespace=NAMESPACE)
 
 
 def test_schema_refuses_bad_console_values(chart: helm.Chart) -> None:

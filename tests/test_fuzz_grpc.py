@@ -1,4 +1,5 @@
-"""Hypothesis-fuzzed requests to every method of both nodes, through real gRPC servers on
+"""Hypothesis-fuzzed requests to every method of both nodes (the writer's RocketMQ 5 gateway
+included), through real gRPC servers on
 127.0.0.1: well-formed messages with arbitrary field values (drawn from each request
 type's descriptor) and arbitrary bytes. Every answer is OK or one of the documented
 codes; none is UNKNOWN or INTERNAL, and the nodes keep serving."""
@@ -15,17 +16,20 @@ import pytest
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_rocketmq5 import Node as GatewayNode
 from test_writer import SMALL, Node, start_node
 
 from rmqstore.query.service import SERVICE_NAME as QUERY_SERVICE
 from rmqstore.query.service import AsyncQueryServicer
 from rmqstore.query.view import StoreView
 from rmqstore.service.server import AsyncServing, open_channel
+from rmqstore.rocketmq_v2 import definition_pb2, service_pb2
 from rmqstore.v1 import messages_pb2, query_pb2, query_pb2_grpc, writer_pb2
 
-# Per method: 1,000 (about a minute for the 18 methods here). The full count,
-# `FUZZ_EXAMPLES=10000 bash test.sh tests/test_fuzz_grpc.py`, sent 180,000 requests in
-# 11 min 43 s on two shared cores (run 2026-11-25, every method passing).
+# Per method: 1,000 by default (a minute or two for the 36 methods: the writer's, the query
+# node's and the writer's RocketMQ 5 gateway's); CI runs the full count, 10,000 a method
+# (.ci/run sets FUZZ_EXAMPLES). 180,000 requests to the first 18 took 11 min 43 s on two
+# shared cores (2026-11-25, every method passing).
 EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "1000"))
 RPC_TIMEOUT_S = 10.0
 DOCUMENTED = {
@@ -119,7 +123,7 @@ def payloads(method: Any, writer: bool) -> Any:
 
 
 def _class_of(descriptor: Descriptor) -> Any:
-    for module in (writer_pb2, query_pb2, messages_pb2):
+    for module in (writer_pb2, query_pb2, messages_pb2, service_pb2, definition_pb2):
         found = getattr(module, descriptor.name, None)
         if found is not None and found.DESCRIPTOR.full_name == descriptor.full_name:
             return found
@@ -161,8 +165,11 @@ class Nodes:
             health_port=None,
         )
         self.query_channel = open_channel(f"127.0.0.1:{self.query.port}")
+        # The writer's RocketMQ 5 gateway (apache.rocketmq.v2.MessagingService), on a store of its own.
+        self.gateway = GatewayNode(root / "gateway-store", auto_create_queue_count=2, default_queue_count=2)
 
     def close(self) -> None:
+        self.gateway.close()
         self.query_channel.close()
         self.query.stop(None)
         self.view.close()
@@ -177,17 +184,18 @@ def fuzzed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Nodes]:
 
 
 METHODS = [
-    (module is writer_pb2, service.full_name, method)
-    for module in (writer_pb2, query_pb2)
+    (node, service.full_name, method)
+    for node, module in (("writer", writer_pb2), ("query", query_pb2), ("gateway", service_pb2))
     for service in module.DESCRIPTOR.services_by_name.values()
     for method in service.methods
 ]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("on_writer, service, method", METHODS, ids=[m.name for _, _, m in METHODS])
-def test_fuzzed_requests_get_only_documented_codes(fuzzed: Nodes, on_writer: bool, service: str, method: Any) -> None:
-    channel = fuzzed.writer.channel if on_writer else fuzzed.query_channel
+@pytest.mark.parametrize("node, service, method", METHODS, ids=[f"{n}-{m.name}" for n, _, m in METHODS])
+def test_fuzzed_requests_get_only_documented_codes(fuzzed: Nodes, node: str, service: str, method: Any) -> None:
+    channel = {"writer": fuzzed.writer.channel, "query": fuzzed.query_channel, "gateway": fuzzed.gateway.channel}[node]
+    on_writer = node != "query"
     path = f"/{service}/{method.name}"
     seen: dict[grpc.StatusCode, int] = {}
 

@@ -1,7 +1,6 @@
-"""Hypothesis-fuzzed requests to every method of both nodes (the writer's RocketMQ 5 gateway
-included), through real gRPC servers on
-127.0.0.1: well-formed messages with arbitrary field values (drawn from each request
-type's descriptor) and arbitrary bytes. Every answer is OK or one of the documented
+"""Hypothesis-fuzzed requests to every method of both nodes (the writer's RocketMQ 5
+gateway included), through real gRPC servers on 127.0.0.1: well-formed messages with
+arbitrary field values (drawn from each request type's descriptor) and arbitrary bytes. Every answer is OK or one of the documented
 codes; none is UNKNOWN or INTERNAL, and the nodes keep serving."""
 
 from __future__ import annotations
@@ -22,8 +21,8 @@ from test_writer import SMALL, Node, start_node
 from rmqstore.query.service import SERVICE_NAME as QUERY_SERVICE
 from rmqstore.query.service import AsyncQueryServicer
 from rmqstore.query.view import StoreView
-from rmqstore.service.server import AsyncServing, open_channel
 from rmqstore.rocketmq_v2 import definition_pb2, service_pb2
+from rmqstore.service.server import AsyncServing, open_channel
 from rmqstore.v1 import messages_pb2, query_pb2, query_pb2_grpc, writer_pb2
 
 # Per method: 1,000 by default (a minute or two for the 36 methods: the writer's, the query

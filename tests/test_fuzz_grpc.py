@@ -1,7 +1,8 @@
 """Hypothesis-fuzzed requests to every method of both nodes (the writer's RocketMQ 5
 gateway included), through real gRPC servers on 127.0.0.1: well-formed messages with
-arbitrary field values (drawn from each request type's descriptor) and arbitrary bytes. Every answer is OK or one of the documented
-codes; none is UNKNOWN or INTERNAL, and the nodes keep serving."""
+arbitrary field values (drawn from each request type's descriptor) and arbitrary bytes.
+Every answer is OK or one of the documented codes; none is UNKNOWN or INTERNAL, and the
+nodes keep serving."""
 
 from __future__ import annotations
 

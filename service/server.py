@@ -26,7 +26,12 @@ from opentelemetry.instrumentation.grpc import aio_server_interceptor, server_in
 from rmqstore.common.errors import InvalidArgument
 from rmqstore.service.acl import Acl, AsyncAclInterceptor, MethodRule
 from rmqstore.service.guard import AsyncMalformedRequestGuard, MalformedRequestGuard
-from rmqstore.service.limits import CONNECTION_OPTIONS, STREAMS_MAX, AsyncStreamLimit
+from rmqstore.service.limits import (
+    CONNECTION_IDLE_MAX_MS,
+    CONNECTION_OPTIONS,
+    STREAMS_MAX,
+    AsyncStreamLimit,
+)
 
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 SERVER_OPTIONS = [
@@ -261,8 +266,13 @@ class AsyncServing:
         streams_max: int = STREAMS_MAX,
         acl: Acl | None = None,
         acl_rules: Mapping[str, MethodRule] | None = None,
+        connection_idle_max_ms: int = CONNECTION_IDLE_MAX_MS,
     ):
         self.streams_max = streams_max
+        self.options = [
+            (name, connection_idle_max_ms if name == "grpc.max_connection_idle_ms" else value)
+            for name, value in SERVER_OPTIONS
+        ]
         self.acl = acl
         self.acl_rules = acl_rules
         self.loop = asyncio.new_event_loop()
@@ -300,7 +310,7 @@ class AsyncServing:
             self.acl_interceptor = AsyncAclInterceptor(self.acl, rules=self.acl_rules)
             interceptors.append(self.acl_interceptor)
         interceptors.append(AsyncMalformedRequestGuard())
-        server = grpc.aio.server(interceptors=interceptors, options=SERVER_OPTIONS)
+        server = grpc.aio.server(interceptors=interceptors, options=self.options)
         _add_services(server, register, self.health_servicer, service_names)
         for name in (*service_names, ""):
             await self.health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)

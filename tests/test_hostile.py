@@ -732,3 +732,28 @@ def test_every_method_is_served_and_has_an_acl_rule(servicer: type, base: type, 
     for method in service.methods:
         assert getattr(servicer, method.name) is not getattr(base, method.name), f"{method.name} is not served"
         assert f"/{service.full_name}/{method.name}" in NEEDS, f"{method.name} has no ACL rule"
+
+
+def test_an_idle_connection_is_closed_by_the_node() -> None:
+    """A connection with no call for the idle limit is closed by the node (GOAWAY): the
+    client's channel falls back from READY to IDLE by itself, and reconnects when used."""
+    serving = AsyncServing(lambda server: None, [], host="127.0.0.1", port=0, credentials=None, health_port=None,
+                           connection_idle_max_ms=300)  # fmt: skip
+    states: list[grpc.ChannelConnectivity] = []
+    channel = grpc.insecure_channel(f"127.0.0.1:{serving.port}")
+    try:
+        channel.subscribe(states.append, try_to_connect=False)
+        check = health_pb2_grpc.HealthStub(channel).Check
+        assert check(health_pb2.HealthCheckRequest(), timeout=RPC_TIMEOUT_S).status == health_pb2.HealthCheckResponse.SERVING
+        def idle_after_ready() -> bool:
+            seen = list(states)  # the callbacks append from grpc's thread
+            return grpc.ChannelConnectivity.READY in seen and grpc.ChannelConnectivity.IDLE in seen[seen.index(grpc.ChannelConnectivity.READY) :]
+
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not idle_after_ready():
+            time.sleep(0.05)
+        assert idle_after_ready(), states
+        assert check(health_pb2.HealthCheckRequest(), timeout=RPC_TIMEOUT_S).status == health_pb2.HealthCheckResponse.SERVING
+    finally:
+        channel.close()
+        serving.stop(None)

@@ -88,5 +88,5 @@ def test_a_damaged_main_file_falls_back_to_bak_and_both_damaged_is_corruption(tm
     assert co.read_offsets(config) == {("T", "g"): {0: 1}}
     with open(co.path_in(config) + ".bak", "wb") as handle:
         handle.write(b"\xff\xfe")
-    with pytest.raises(Corruption, match="consumerOffset.json is not readable JSON"):
+    with pytest.raises(Corruption, match=r"consumerOffset\.json is not readable JSON"):
         co.read_offsets(config)

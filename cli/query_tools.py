@@ -430,7 +430,7 @@ def cmd_query_serve(args: argparse.Namespace) -> int:
     check_ports(args)
     stopping = stop_requested()
     configure_tracing("rmqstore-query")
-    configure_metrics("rmqstore-query")
+    metrics = configure_metrics("rmqstore-query", scrape_host=args.host, scrape_port=args.metrics_port)
     budget = args.mapped_budget_mb  # at least 1: its argument type refuses less
     view = StoreView(args.store, sizes_from(args, args.store), mapped_budget_bytes=None if budget is None else budget << 20)
     try:
@@ -458,7 +458,7 @@ def cmd_query_serve(args: argparse.Namespace) -> int:
                 "store": args.store,
                 "followsWriter": status.has_progress,
                 "visibleOffset": status.visible_offset,
-                **serving_tls_fields(args, serving.health_port),
+                **serving_tls_fields(args, serving.health_port, metrics),
             }
         ),
         flush=True,

@@ -27,6 +27,7 @@ from rmqstore.v1 import messages_pb2, writer_pb2, writer_pb2_grpc
 
 if TYPE_CHECKING:
     from rmqstore.service.acl import Acl
+    from rmqstore.service.metrics import MetricsEndpoint
 
 SHUTDOWN_GRACE_S = 10.0
 
@@ -75,6 +76,13 @@ def add_server_tls_options(parser: argparse.ArgumentParser) -> None:
         help="also serve grpc.health.v1 alone, in plaintext, on this port (for probes that cannot speak TLS)",
     )
     parser.add_argument(
+        "--metrics-port",
+        type=exits.port,
+        metavar="P",
+        help="with OTEL_METRICS_EXPORTER=prometheus: serve the Prometheus scrape endpoint (GET /metrics, plain HTTP)"
+        " on --host at this port (default 9464; 0 takes a free one, named in the serving line)",
+    )
+    parser.add_argument(
         "--workers",
         type=exits.positive,
         default=DEFAULT_WORKERS,
@@ -100,6 +108,10 @@ def server_credentials_from(args: argparse.Namespace) -> grpc.ServerCredentials 
         raise InvalidArgument(f"--workers must be at least 1, got {args.workers}")
     if args.health_port is not None and args.health_port != 0 and args.health_port == args.port:
         raise InvalidArgument(f"--health-port {args.health_port} must differ from --port")
+    if args.metrics_port:
+        for option, other in (("--port", args.port), ("--health-port", args.health_port)):
+            if args.metrics_port == other:
+                raise InvalidArgument(f"--metrics-port {args.metrics_port} must differ from {option}")
     if args.tls_cert is None and args.tls_key is None:
         if args.tls_client_ca is not None:
             raise InvalidArgument("--tls-client-ca needs --tls-cert and --tls-key")
@@ -132,8 +144,11 @@ def access_from(args: argparse.Namespace) -> Acl | None:
     return None if args.acl is None else load_acl(args.acl)
 
 
-def serving_tls_fields(args: argparse.Namespace, health_port: int | None) -> dict[str, Any]:
-    """What the serving line says about TLS, access control and the health port."""
+def serving_tls_fields(
+    args: argparse.Namespace, health_port: int | None, metrics: MetricsEndpoint | None = None
+) -> dict[str, Any]:
+    """What the serving line says about TLS, access control, the health port and the
+    Prometheus scrape endpoint."""
     fields: dict[str, Any] = {
         "tls": args.tls_cert is not None,
         "clientAuth": args.tls_client_ca is not None,
@@ -141,6 +156,8 @@ def serving_tls_fields(args: argparse.Namespace, health_port: int | None) -> dic
     }
     if health_port is not None:
         fields["healthPort"] = health_port
+    if metrics is not None and metrics.scrape_port is not None:
+        fields["metricsPort"] = metrics.scrape_port
     return fields
 
 
@@ -171,8 +188,8 @@ def _refuse_taken(host: str, port: int, option: str) -> None:
 
 
 def check_ports(args: argparse.Namespace) -> None:
-    """Refuse a taken --port or --health-port before the node opens its store."""
-    for option, port in (("--port", args.port), ("--health-port", args.health_port)):
+    """Refuse a taken --port, --health-port or --metrics-port before the node opens its store."""
+    for option, port in (("--port", args.port), ("--health-port", args.health_port), ("--metrics-port", args.metrics_port)):
         if port:
             _refuse_taken(args.host, port, option)
 
@@ -246,7 +263,7 @@ def cmd_writer_serve(args: argparse.Namespace) -> int:
     # end in a clean stop (final flush, checkpoint, abort removed).
     stopping = stop_requested()
     configure_tracing("rmqstore-writer")
-    configure_metrics("rmqstore-writer")
+    metrics = configure_metrics("rmqstore-writer", scrape_host=args.host, scrape_port=args.metrics_port)
     config = WriterConfig(
         store=args.store,
         sizes=sizes_from(args, args.store),
@@ -301,7 +318,7 @@ def cmd_writer_serve(args: argparse.Namespace) -> int:
                 "store": config.store,
                 "flush": config.flush.value,
                 "advertise": f"{messaging.route.advertise_host}:{messaging.route.advertise_port}",
-                **serving_tls_fields(args, serving.health_port),
+                **serving_tls_fields(args, serving.health_port, metrics),
                 "recovered": {
                     "uncleanShutdown": recovery.unclean,
                     "endOffset": recovery.stop.end_offset,

@@ -1,41 +1,68 @@
-"""OpenTelemetry metrics of the writer and the query node (docs/design.md §8).
+"""OpenTelemetry metrics of the writer and the query node (docs/observability.md, Metrics).
 
 Instruments come from the global meter provider: a no-op until :func:`configure_metrics`
-installs the SDK (``OTEL_METRICS_EXPORTER=otlp|console``, or an OTLP endpoint), so an
-unconfigured process pays almost nothing. Names follow OpenTelemetry's conventions: dotted,
-units in the ``unit`` field, durations in seconds.
+installs the SDK (``OTEL_METRICS_EXPORTER=otlp|prometheus|console``, or an OTLP endpoint),
+so an unconfigured process pays almost nothing; the few recordings that cost more than a
+call (a batch's messages counted per topic, an RPC timed) first ask :func:`metrics_on`.
 
-Writer: ``rmqstore.writer.messages`` and ``rmqstore.writer.bytes`` (appended),
-``rmqstore.writer.append.duration`` (per request, including the SYNC wait),
-``rmqstore.writer.unflushed`` (bytes written but not yet fsynced) and
-``rmqstore.writer.dispatch.lag`` (bytes appended but not yet dispatched and published).
-Query node: ``rmqstore.query.duration`` (per lookup, attribute ``rmqstore.lookup``),
-``rmqstore.query.lag`` (bytes the writer published that the node does not show yet) and
-``rmqstore.query.staleness`` (milliseconds since the node last looked at the progress file).
-Gauges carry the store directory as ``rmqstore.store``.
+Names follow OpenTelemetry's semantic conventions where one exists (``rpc.server.duration``,
+in milliseconds as that convention defines it, with ``rpc.system``, ``rpc.service``,
+``rpc.method``, ``rpc.grpc.status_code``; ``messaging.destination.name`` for the topic);
+rmqstore's own are dotted under ``rmqstore.``, their units in the ``unit`` field, durations
+in seconds. Every duration histogram carries explicit bucket bounds from 50 µs to 10 s (the
+SDK's defaults, 0, 5, 10, 25 … meant for milliseconds, put every observation here in the
+first bucket). Gauges carry the store directory as ``rmqstore.store``.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import threading
 import time
 import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from opentelemetry import metrics
 from opentelemetry.metrics import CallbackOptions, Observation
 
+from rmqstore.common.errors import InvalidArgument
+from rmqstore.common.files.progress import read_progress
 from rmqstore.service.telemetry import exporter_requested
 
 if TYPE_CHECKING:
     from rmqstore.query.view import StoreView
-    from rmqstore.writer.store import Writer
+    from rmqstore.writer.store import AppendResults, Writer
 
-_METER_NAME = "rmqstore"
-_configured = False
+METER_NAME = "rmqstore"
+_configured: MetricsEndpoint | None = None
+
+# Bucket bounds of every duration histogram: 50 µs (a lookup served from the page cache)
+# to 10 s (a stalled fsync), about three to a decade so that a 1 ms append and a 2 ms one
+# land in different buckets.
+DURATION_BOUNDS_S = (
+    0.00005, 0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05,
+    0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0,
+)  # fmt: skip
+DURATION_BOUNDS_MS = (
+    0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 50.0,
+    100.0, 200.0, 500.0, 1000.0, 2000.0, 5000.0, 10000.0,
+)  # fmt: skip
+# The Prometheus exporter's customary port (OpenTelemetry's default for it).
+PROMETHEUS_PORT_DEFAULT = 9464
+
+
+@dataclass(frozen=True)
+class MetricsEndpoint:
+    """What :func:`configure_metrics` installed: the exporter, and for ``prometheus`` the
+    address its scrape endpoint is bound to (the port the kernel chose for port 0)."""
+
+    exporter: str
+    scrape_host: str | None = None
+    scrape_port: int | None = None
 
 
 def metrics_requested(environ: dict[str, str] | None = None) -> str | None:
@@ -43,50 +70,99 @@ def metrics_requested(environ: dict[str, str] | None = None) -> str | None:
     return exporter_requested("METRICS", environ)
 
 
-def configure_metrics(service_name: str) -> bool:
-    """Install an SDK meter provider exporting periodically (``OTEL_METRIC_EXPORT_INTERVAL``
-    ms, the SDK's default 60 s) if the environment asks for one. Returns whether metrics
-    are on. Safe to call more than once."""
+def metrics_on() -> bool:
+    """Whether an SDK meter provider is installed (else every instrument is a no-op)."""
+    from opentelemetry.sdk.metrics import MeterProvider
+
+    return isinstance(metrics.get_meter_provider(), MeterProvider)
+
+
+def configure_metrics(
+    service_name: str, *, scrape_host: str = "127.0.0.1", scrape_port: int | None = None
+) -> MetricsEndpoint | None:
+    """Install an SDK meter provider if the environment asks for one: OTLP or console
+    export every ``OTEL_METRIC_EXPORT_INTERVAL`` ms (the SDK's default 60 s), or with
+    ``prometheus`` a scrape endpoint on ``scrape_host:scrape_port`` (default 9464; 0 takes
+    a free port). Returns what is on, None for no metrics. Safe to call more than once.
+
+    A ``scrape_port`` without the ``prometheus`` exporter is refused: it would promise an
+    endpoint that never answers. A port that cannot be bound is refused naming it."""
     global _configured
     exporter_name = metrics_requested()
-    if exporter_name is None or _configured:
+    if scrape_port is not None and exporter_name != "prometheus":
+        raise InvalidArgument(
+            f"--metrics-port {scrape_port} serves Prometheus metrics: set OTEL_METRICS_EXPORTER=prometheus"
+        )
+    if exporter_name is None or _configured is not None:
         return _configured
     from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.metrics.export import (
         ConsoleMetricExporter,
         MetricExporter,
+        MetricReader,
         PeriodicExportingMetricReader,
     )
     from opentelemetry.sdk.resources import Resource
 
-    exporter: MetricExporter
-    if exporter_name == "console":
-        exporter = ConsoleMetricExporter()
-    elif exporter_name == "otlp":
-        from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
-
-        exporter = OTLPMetricExporter()
+    endpoint = MetricsEndpoint(exporter_name)
+    reader: MetricReader
+    if exporter_name == "prometheus":
+        reader, endpoint = _prometheus_reader(scrape_host, PROMETHEUS_PORT_DEFAULT if scrape_port is None else scrape_port)
     else:
-        raise ValueError(f"OTEL_METRICS_EXPORTER={exporter_name!r}: rmqstore supports otlp, console or none")
+        exporter: MetricExporter
+        if exporter_name == "console":
+            exporter = ConsoleMetricExporter()
+        elif exporter_name == "otlp":
+            from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
+
+            exporter = OTLPMetricExporter()
+        else:
+            raise InvalidArgument(
+                f"OTEL_METRICS_EXPORTER={exporter_name!r}: rmqstore supports otlp, prometheus, console or none"
+            )
+        reader = PeriodicExportingMetricReader(exporter)
     resource = Resource.create({"service.name": os.environ.get("OTEL_SERVICE_NAME", service_name)})
-    metrics.set_meter_provider(MeterProvider(resource=resource, metric_readers=[PeriodicExportingMetricReader(exporter)]))
-    _configured = True
-    return True
+    metrics.set_meter_provider(MeterProvider(resource=resource, metric_readers=[reader]))
+    _configured = endpoint
+    return endpoint
+
+
+def _prometheus_reader(host: str, port: int) -> tuple[Any, MetricsEndpoint]:
+    """The SDK's Prometheus reader and prometheus_client's HTTP server (a daemon thread)
+    answering ``GET /metrics`` on ``host:port``."""
+    from opentelemetry.exporter.prometheus import PrometheusMetricReader
+    from prometheus_client import start_http_server
+
+    try:
+        server, _ = start_http_server(port, addr=host)
+    except OSError as error:
+        raise InvalidArgument(
+            f"--metrics-port {port}: cannot listen on {host} ({error.strerror or error}); is another process using it?"
+        ) from None
+    return PrometheusMetricReader(), MetricsEndpoint("prometheus", host, int(server.server_port))
+
+
+def duration_histogram_s(name: str, description: str) -> metrics.Histogram:
+    """A histogram of durations in seconds with :data:`DURATION_BOUNDS_S`."""
+    return metrics.get_meter(METER_NAME).create_histogram(
+        name, unit="s", description=description, explicit_bucket_boundaries_advisory=DURATION_BOUNDS_S
+    )
 
 
 class _Gauge:
     """One observable gauge per process, observing every live owner (a writer, a store
-    view) with its own attributes: the API cannot unregister a callback, so owners are
-    held weakly and drop out when they are gone."""
+    view, a server) with its own attributes: the API cannot unregister a callback, so
+    owners are held weakly and drop out when they are gone. A reading of None is no
+    observation (the value is unknown for now)."""
 
     def __init__(self, name: str, unit: str, description: str):
-        self._owners: weakref.WeakKeyDictionary[object, tuple[dict[str, str], Callable[[object], float]]] = (
-            weakref.WeakKeyDictionary()
-        )
+        self._owners: weakref.WeakKeyDictionary[
+            object, tuple[dict[str, str | int], Callable[[Any], float | None]]
+        ] = weakref.WeakKeyDictionary()
         self._lock = threading.Lock()
-        metrics.get_meter(_METER_NAME).create_observable_gauge(name, [self._observe], unit=unit, description=description)
+        metrics.get_meter(METER_NAME).create_observable_gauge(name, [self._observe], unit=unit, description=description)
 
-    def watch(self, owner: object, attributes: dict[str, str], read: Callable[[object], float]) -> None:
+    def watch(self, owner: object, attributes: dict[str, str | int], read: Callable[[Any], float | None]) -> None:
         with self._lock:
             self._owners[owner] = (attributes, read)
 
@@ -94,7 +170,9 @@ class _Gauge:
         with self._lock:
             owners = list(self._owners.items())
         for owner, (attributes, read) in owners:
-            yield Observation(read(owner), attributes)
+            value = read(owner)
+            if value is not None:
+                yield Observation(value, attributes)
 
 
 _gauges: dict[str, _Gauge] = {}
@@ -108,45 +186,103 @@ def _gauge(name: str, unit: str, description: str) -> _Gauge:
         return _gauges[name]
 
 
+def watch_open_streams(limiter: object, port: int, read: Callable[[Any], int]) -> None:
+    """``rmqstore.rpc.streams.open``: the streaming calls a server holds open now."""
+    _gauge("rmqstore.rpc.streams.open", "{stream}", "streaming calls open on this server").watch(
+        limiter, {"server.port": port}, read
+    )
+
+
+def _disk_utilization(writer: Writer) -> float:
+    usage = shutil.disk_usage(writer.config.store)
+    return usage.used / usage.total if usage.total else 0.0
+
+
 class WriterMetrics:
     """The writer's instruments; its gauges read the writer when the SDK collects and
     carry the store directory as ``rmqstore.store``."""
 
     def __init__(self, writer: Writer):
-        meter = metrics.get_meter(_METER_NAME)
+        meter = metrics.get_meter(METER_NAME)
         self.messages = meter.create_counter("rmqstore.writer.messages", unit="{message}", description="messages appended")
         self.bytes = meter.create_counter("rmqstore.writer.bytes", unit="By", description="commit log bytes appended")
-        self.append_duration = meter.create_histogram(
-            "rmqstore.writer.append.duration", unit="s", description="time to append and acknowledge one request"
+        self.append_duration = duration_histogram_s(
+            "rmqstore.writer.append.duration", "time to append and acknowledge one request (under SYNC, its fsync too)"
         )
-        store = {"rmqstore.store": writer.config.store}
+        self.fsync_duration = duration_histogram_s(
+            "rmqstore.writer.fsync.duration", "time to fsync the commit log bytes written since the last flush"
+        )
+        self._store = str(writer.config.store)
+        writer.flush_observer = self.flushed
+        store: dict[str, str | int] = {"rmqstore.store": self._store}
         _gauge("rmqstore.writer.unflushed", "By", "written, not yet fsynced").watch(
-            writer, store, lambda w: w.unflushed_bytes  # type: ignore[attr-defined]
+            writer, store, lambda w: w.unflushed_bytes
         )
         _gauge("rmqstore.writer.dispatch.lag", "By", "appended, not yet dispatched and published to query nodes").watch(
-            writer, store, lambda w: w.dispatch_lag_bytes  # type: ignore[attr-defined]
+            writer, store, lambda w: w.dispatch_lag_bytes
+        )
+        _gauge("rmqstore.writer.disk.utilization", "1", "used share of the store's file system").watch(
+            writer, store, _disk_utilization
         )
 
-    def appended(self, messages: int, size_bytes: int, started: float) -> None:
+    def appended(self, results: AppendResults, started: float) -> None:
+        """One request acknowledged: its duration, and its messages and bytes per topic."""
+        if not metrics_on():
+            return
         self.append_duration.record(time.perf_counter() - started)
-        self.messages.add(messages)
-        self.bytes.add(size_bytes)
+        topics = results.topics
+        if not topics:
+            return
+        if topics.count(topics[0]) == len(topics):  # one topic, the usual batch: counted in C
+            per_topic = {topics[0]: (len(topics), results.size_bytes)}
+        else:
+            counts: dict[str, list[int]] = {}
+            for topic, size in zip(topics, results.sizes):
+                entry = counts.setdefault(topic, [0, 0])
+                entry[0] += 1
+                entry[1] += size
+            per_topic = {topic: (entry[0], entry[1]) for topic, entry in counts.items()}
+        for topic, (count, size_bytes) in per_topic.items():
+            attributes = {"messaging.destination.name": topic}
+            self.messages.add(count, attributes)
+            self.bytes.add(size_bytes, attributes)
+
+    def flushed(self, size_bytes: int, duration_s: float) -> None:
+        """An fsync of ``size_bytes`` commit log bytes took ``duration_s`` (flushes with
+        nothing to write are not recorded: an idle ASYNC writer would fill the lowest
+        bucket twice a second)."""
+        if size_bytes > 0:
+            self.fsync_duration.record(duration_s)
+
+
+def _query_lag(view: StoreView) -> tuple[int, int | None]:
+    """Bytes and milliseconds of store time the node shows less than the writer has
+    published now (the node itself catches up only when it next serves a lookup). The
+    time is unknown without the writer's progress file (a store Apache's broker wrote)."""
+    status = view.status()
+    progress = read_progress(view.root)
+    if progress is None:
+        return status.lag_bytes, None
+    lag_bytes = max(progress.dispatched_offset - status.visible_offset, 0)
+    if lag_bytes == 0:
+        return 0, 0
+    return lag_bytes, max(progress.last_store_timestamp_ms - status.last_store_timestamp_ms, 0)
 
 
 class QueryMetrics:
     """The query node's instruments; its gauges carry the store as ``rmqstore.store``."""
 
     def __init__(self, view: StoreView):
-        meter = metrics.get_meter(_METER_NAME)
-        self.duration = meter.create_histogram(
-            "rmqstore.query.duration", unit="s", description="time to answer one lookup"
-        )
-        store = {"rmqstore.store": view.root}
+        self.duration = duration_histogram_s("rmqstore.query.duration", "time to answer one lookup")
+        store: dict[str, str | int] = {"rmqstore.store": view.root}
         _gauge("rmqstore.query.lag", "By", "published by the writer, not yet visible here").watch(
-            view, store, lambda v: v.status().lag_bytes  # type: ignore[attr-defined]
+            view, store, lambda v: _query_lag(v)[0]
         )
+        _gauge(
+            "rmqstore.query.lag.time", "ms", "store time between the writer's newest published message and this node's"
+        ).watch(view, store, lambda v: _query_lag(v)[1])
         _gauge("rmqstore.query.staleness", "ms", "time since this node last read the writer's progress").watch(
-            view, store, lambda v: v.status().refreshed_ago_ms  # type: ignore[attr-defined]
+            view, store, lambda v: v.status().refreshed_ago_ms
         )
 
     @contextmanager

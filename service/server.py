@@ -32,6 +32,8 @@ from rmqstore.service.limits import (
     STREAMS_MAX,
     AsyncStreamLimit,
 )
+from rmqstore.service.metrics import watch_open_streams
+from rmqstore.service.rpc_metrics import AsyncRpcMetricsInterceptor
 
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 SERVER_OPTIONS = [
@@ -304,7 +306,9 @@ class AsyncServing:
     ) -> int:
         # The guard innermost: it wraps the handlers as registered; the ACL checks what
         # parsed; the stream limit counts what is admitted; the tracing sees every call.
-        interceptors: list[grpc.aio.ServerInterceptor] = [AsyncTracingInterceptor(), AsyncStreamLimit(self.streams_max)]
+        # The RPC duration inside the server span: it times what the node does.
+        streams = AsyncStreamLimit(self.streams_max)
+        interceptors: list[grpc.aio.ServerInterceptor] = [AsyncTracingInterceptor(), AsyncRpcMetricsInterceptor(), streams]
         if self.acl is not None:
             # Outside the guard: a request is authorized once it parses.
             self.acl_interceptor = AsyncAclInterceptor(self.acl, rules=self.acl_rules)
@@ -318,6 +322,7 @@ class AsyncServing:
         bound = await self._bind(server, address, credentials, f"cannot bind {address}")
         await server.start()
         self._servers.append(server)
+        watch_open_streams(streams, bound, lambda limiter: limiter.open)
         return bound
 
     async def _start_health(self, host: str, port: int) -> int:

@@ -156,8 +156,7 @@ class _Stored(NamedTuple):
     """A request appended, its response made, waiting to be acknowledged."""
 
     response: Any
-    messages: int
-    size_bytes: int
+    results: AppendResults
 
 
 class GroupAppender:
@@ -254,7 +253,7 @@ class GroupAppender:
             outcome: _Stored | BaseException
             if isinstance(result, AppendResults):
                 try:
-                    outcome = _Stored(pending.respond(result), len(result), result.size_bytes)
+                    outcome = _Stored(pending.respond(result), result)
                 except BaseException as error:  # never leave a caller waiting
                     outcome = error
             else:
@@ -290,7 +289,7 @@ class GroupAppender:
             if pending.future.done():
                 continue  # the call was cancelled (its client went away)
             if isinstance(outcome, _Stored):
-                self.metrics.appended(outcome.messages, outcome.size_bytes, pending.started)
+                self.metrics.appended(outcome.results, pending.started)
                 pending.future.set_result(outcome.response)
             else:
                 pending.future.set_exception(outcome)

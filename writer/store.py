@@ -16,7 +16,7 @@ import os
 import shutil
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple, TypedDict, overload
 
@@ -275,6 +275,8 @@ class Writer:
         self._queue: collections.deque[_AppendRequest] = collections.deque()
         self._flushed_lock = threading.Lock()
         self._closed = False
+        # Told the bytes and seconds of every commit log fsync (the service's metrics).
+        self.flush_observer: Callable[[int, float], None] | None = None
         self._tasks: list[PeriodicTask] = []
         try:
             self._open()
@@ -806,7 +808,10 @@ class Writer:
             start = self.flushed_offset
         with span(_TRACER, "rmqstore.flush") as current:
             current.set_attribute("rmqstore.flush.bytes", max(target - start, 0))
+            started = time.perf_counter()
             self.log.flush_range(start, target)
+            if self.flush_observer is not None:
+                self.flush_observer(max(target - start, 0), time.perf_counter() - started)
         with self._flushed_lock:
             self.flushed_offset = max(self.flushed_offset, target)
         return target

@@ -34,6 +34,7 @@ from rmqstore.cli.main import build_parser
 from rmqstore.common.codec.hosts import SocketAddress
 from rmqstore.common.files.store import StoreSizes
 from rmqstore.query.service import SERVICE_NAME as QUERY_SERVICE
+from rmqstore.service.metrics import metrics_requested
 from rmqstore.service.telemetry import tracing_requested
 from rmqstore.writer.service import SERVICE_NAME as WRITER_SERVICE
 
@@ -78,8 +79,12 @@ EVERYTHING = {
         "resourceAttributes": {"deployment.environment": "prod"},
     },
     "tls": {"enabled": True, "secretName": "rmqstore-tls", "clientAuth": True, "mountPath": "/run/tls/"},
-    "writer": {"port": 9876, "healthPort": 9886, "extraEnv": [{"name": "TZ", "value": "UTC"}], "podDisruptionBudget": {"enabled": True}},
-    "query": {"port": 9877, "replicas": 5, "service": {"headless": True}},
+    "writer": {
+        "port": 9876, "healthPort": 9886, "metricsPort": 9101, "extraEnv": [{"name": "TZ", "value": "UTC"}],
+        "podDisruptionBudget": {"enabled": True}, "podAnnotations": {"team": "orders"},
+    },
+    "query": {"port": 9877, "metricsPort": 9102, "replicas": 5, "service": {"headless": True}},
+    "metrics": {"prometheus": {"enabled": True}},
     "image": {"repository": "registry.example/rmqstore", "digest": "sha256:" + "ab" * 32},
 }
 
@@ -93,6 +98,7 @@ RENDERINGS: dict[str, dict[str, Any]] = {
     "sidecar": {"mode": "sidecar", **OPEN},
     "shared": {"mode": "shared", **ACL_SECRET},
     "shared-autoscaled": {"mode": "shared", "query": {"autoscaling": {"enabled": True}}, **OPEN},
+    "sidecar-metrics": {"mode": "sidecar", "metrics": {"prometheus": {"enabled": True}}, **OPEN},
     "sidecar-tls": {"mode": "sidecar", "tls": {"enabled": True, "secretName": "rmqstore-tls"}, **ACL_SECRET},
     "sidecar-everything": {"mode": "sidecar", **EVERYTHING, **ACL_SECRET},
     "shared-everything": {"mode": "shared", **EVERYTHING},
@@ -297,7 +303,8 @@ def test_grpc_probes_against_the_health_service(rendering: Rendering) -> None:
     defaults = {"writer": (10911, 10921), "query": (10912, 10922)}
     for _, container in rendering.containers():
         name = container["name"]
-        ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+        # The metrics port is test_prometheus_endpoint_ports_and_scrape_annotations' business.
+        ports = {p["name"]: p["containerPort"] for p in container["ports"] if p["name"] != f"metrics-{name}"}
         grpc_port = value(rendering, name, "port") or defaults[name][0]
         assert ports[f"grpc-{name}"] == grpc_port
         if tls_enabled(rendering):
@@ -397,6 +404,8 @@ BAD_VALUES = {
     "TLS without a secret": ({"tls": {"enabled": True}}, "/tls/secretName"),
     "port out of range": ({"writer": {"port": 70000}}, "/writer/port"),
     "health port out of range": ({"query": {"healthPort": 0}}, "/query/healthPort"),
+    "metrics port out of range": ({"writer": {"metricsPort": 65536}}, "/writer/metricsPort"),
+    "metrics switch not a boolean": ({"metrics": {"prometheus": {"enabled": "yes"}}}, "/metrics/prometheus/enabled"),
     "client auth not a boolean": ({"tls": {"clientAuth": "yes"}}, "/tls/clientAuth"),
     "headless Service of another type": ({"query": {"service": {"headless": True, "type": "NodePort"}}}, "/query/service/type"),
     "misspelt key": ({"query": {"replica": 3}}, "replica"),
@@ -423,6 +432,18 @@ BAD_COMBINATIONS = {
     "two health ports alike": (
         {"tls": {"enabled": True, "secretName": "s"}, "writer": {"healthPort": 10922}},
         "healthPort must all differ",
+    ),
+    "metrics port on a gRPC port": (
+        {"metrics": {"prometheus": {"enabled": True}}, "query": {"metricsPort": 10911}},
+        "metricsPort must differ",
+    ),
+    "metrics port on a health port": (
+        {"metrics": {"prometheus": {"enabled": True}}, "tls": {"enabled": True, "secretName": "s"}, "writer": {"metricsPort": 10922}},
+        "metricsPort must differ",
+    ),
+    "two metrics ports alike": (
+        {"metrics": {"prometheus": {"enabled": True}}, "query": {"metricsPort": 9464}},
+        "metricsPort must differ",
     ),
     "autoscaling minimum above maximum": (
         {"mode": "shared", "query": {"autoscaling": {"enabled": True, "minReplicas": 5, "maxReplicas": 2}}},
@@ -604,7 +625,8 @@ def test_otel_settings_come_from_values(rendering: Rendering) -> None:
     for _, container in rendering.containers():
         env = env_of(container)
         if not otel.get("enabled"):
-            assert [name for name in env if name.startswith("OTEL_")] == []
+            metrics_only = ["OTEL_METRICS_EXPORTER"] if prometheus_enabled(rendering) else []
+            assert [name for name in env if name.startswith("OTEL_")] == metrics_only
             assert tracing_requested(env) is None
             continue
         assert tracing_requested(env) == "otlp"
@@ -618,6 +640,39 @@ def test_otel_settings_come_from_values(rendering: Rendering) -> None:
         # $(POD_NAME) expands only if POD_NAME is defined before it.
         names = [e["name"] for e in container["env"]]
         assert names.index("POD_NAME") < names.index("OTEL_RESOURCE_ATTRIBUTES")
+
+
+def prometheus_enabled(rendering: Rendering) -> bool:
+    return bool(rendering.values.get("metrics", {}).get("prometheus", {}).get("enabled"))
+
+
+def test_prometheus_endpoint_ports_and_scrape_annotations(rendering: Rendering) -> None:
+    """With metrics.prometheus.enabled every node serves its scrape endpoint on its
+    metricsPort (flag, environment and a named container port agree) and each pod's
+    annotations name the port of the node it is for: the writer's in the writer's pod
+    (sidecar mode included), the query node's in a shared-mode query pod. Off, none of it."""
+    enabled = prometheus_enabled(rendering)
+    ports = {"writer": value(rendering, "writer", "metricsPort") or 9464, "query": value(rendering, "query", "metricsPort") or 9465}
+    for workload, container in rendering.containers():
+        env = env_of(container)
+        named = {p["name"]: p["containerPort"] for p in container["ports"]}
+        pairs = dict(itertools.pairwise(container["args"]))
+        annotations = workload["spec"]["template"]["metadata"].get("annotations", {})
+        if not enabled:
+            assert "--metrics-port" not in container["args"] and f"metrics-{container['name']}" not in named
+            assert not [key for key in annotations if key.startswith("prometheus.io/")]
+            assert metrics_requested(env) == ("otlp" if rendering.values.get("otel", {}).get("enabled") else None)
+            continue
+        port = ports[container["name"]]
+        assert named[f"metrics-{container['name']}"] == port and int(pairs["--metrics-port"]) == port
+        assert pairs["--host"] == "0.0.0.0"  # the endpoint binds where the gRPC port does: the pod's addresses
+        assert metrics_requested(env) == "prometheus"
+        pod_node = "writer" if workload["kind"] == "StatefulSet" else "query"
+        assert {k: v for k, v in annotations.items() if k.startswith("prometheus.io/")} == {
+            "prometheus.io/scrape": "true", "prometheus.io/port": str(ports[pod_node]), "prometheus.io/path": "/metrics",
+        }  # fmt: skip
+        if workload["kind"] == "StatefulSet":
+            assert annotations.items() >= (value(rendering, "writer", "podAnnotations") or {}).items()
 
 
 SAMPLER_DESCRIPTIONS = {

@@ -169,6 +169,10 @@ TLS flags of a server, and its plaintext health port, when tls.enabled; call wit
 - {{ .Values.writer.advertise | default (printf "%s.%s.svc:%d" (include "rmqstore.writerName" .) .Release.Namespace (int64 .Values.writer.port)) | quote }}
 - --broker-name
 - {{ .Values.writer.brokerName | quote }}
+{{- if .Values.metrics.prometheus.enabled }}
+- --metrics-port
+- {{ int64 .Values.writer.metricsPort | quote }}
+{{- end }}
 {{- include "rmqstore.tlsArgs" (dict "root" . "healthPort" .Values.writer.healthPort) }}
 {{- include "rmqstore.accessArgs" . }}
 {{- include "rmqstore.sizeArgs" . }}
@@ -183,6 +187,10 @@ TLS flags of a server, and its plaintext health port, when tls.enabled; call wit
 - "0.0.0.0"
 - --port
 - {{ int64 .Values.query.port | quote }}
+{{- if .Values.metrics.prometheus.enabled }}
+- --metrics-port
+- {{ int64 .Values.query.metricsPort | quote }}
+{{- end }}
 {{- include "rmqstore.tlsArgs" (dict "root" . "healthPort" .Values.query.healthPort) }}
 {{- include "rmqstore.accessArgs" . }}
 {{- include "rmqstore.sizeArgs" . }}
@@ -220,6 +228,10 @@ TLS flags of a server, and its plaintext health port, when tls.enabled; call wit
 {{- end }}
 - name: OTEL_RESOURCE_ATTRIBUTES
   value: {{ join "," $attributes | quote }}
+{{- end }}
+{{- if .root.Values.metrics.prometheus.enabled }}
+- name: OTEL_METRICS_EXPORTER
+  value: "prometheus"
 {{- end }}
 {{- with (index .root.Values .component).extraEnv }}
 {{ toYaml . }}
@@ -270,6 +282,11 @@ livenessProbe:
       containerPort: {{ int64 .Values.writer.healthPort }}
       protocol: TCP
     {{- end }}
+    {{- if .Values.metrics.prometheus.enabled }}
+    - name: metrics-writer
+      containerPort: {{ int64 .Values.writer.metricsPort }}
+      protocol: TCP
+    {{- end }}
   env:
     {{- include "rmqstore.env" (dict "root" . "component" "writer") | nindent 4 }}
   {{- include "rmqstore.probes" (dict "port" (include "rmqstore.probePort" (dict "root" . "component" .Values.writer)) "service" "rmqstore.v1.WriterService" "probes" .Values.writer.probes) | nindent 2 }}
@@ -310,6 +327,11 @@ livenessProbe:
     {{- if .Values.tls.enabled }}
     - name: health-query
       containerPort: {{ int64 .Values.query.healthPort }}
+      protocol: TCP
+    {{- end }}
+    {{- if .Values.metrics.prometheus.enabled }}
+    - name: metrics-query
+      containerPort: {{ int64 .Values.query.metricsPort }}
       protocol: TCP
     {{- end }}
   env:
@@ -371,6 +393,15 @@ livenessProbe:
 {{- $ports := list (int64 .Values.writer.port) (int64 .Values.query.port) (int64 .Values.writer.healthPort) (int64 .Values.query.healthPort) }}
 {{- if ne (len $ports) (len (uniq $ports)) }}
 {{- fail (printf "writer.port, query.port, writer.healthPort and query.healthPort must all differ (%v): in sidecar mode they share one pod" $ports) }}
+{{- end }}
+{{- end }}
+{{- if .Values.metrics.prometheus.enabled }}
+{{- $ports := list (int64 .Values.writer.port) (int64 .Values.query.port) (int64 .Values.writer.metricsPort) (int64 .Values.query.metricsPort) }}
+{{- if .Values.tls.enabled }}
+{{- $ports = concat $ports (list (int64 .Values.writer.healthPort) (int64 .Values.query.healthPort)) }}
+{{- end }}
+{{- if ne (len $ports) (len (uniq $ports)) }}
+{{- fail (printf "writer.metricsPort and query.metricsPort must differ from each other and from the nodes' other ports (%v): in sidecar mode they share one pod" $ports) }}
 {{- end }}
 {{- end }}
 {{- if not (or .Values.acl.secretName (and .Values.tls.enabled .Values.tls.clientAuth) .Values.insecureOpen) }}
@@ -435,4 +466,18 @@ httpGet:
 periodSeconds: {{ int64 .settings.periodSeconds }}
 timeoutSeconds: {{ int64 .settings.timeoutSeconds }}
 failureThreshold: {{ int64 .settings.failureThreshold }}
+{{- end }}
+
+{{/* A pod's annotations: its own, and with Prometheus metrics on the scrape annotations
+naming its metrics port (an annotation set in podAnnotations wins); call with
+(dict "root" $ "component" .Values.writer|.Values.query). */}}
+{{- define "rmqstore.podAnnotations" -}}
+{{- $annotations := deepCopy (.component.podAnnotations | default dict) }}
+{{- if .root.Values.metrics.prometheus.enabled }}
+{{- $annotations = merge $annotations (dict "prometheus.io/scrape" "true" "prometheus.io/port" (toString (int64 .component.metricsPort)) "prometheus.io/path" "/metrics") }}
+{{- end }}
+{{- with $annotations }}
+annotations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
 {{- end }}

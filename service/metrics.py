@@ -70,11 +70,19 @@ def metrics_requested(environ: dict[str, str] | None = None) -> str | None:
     return exporter_requested("METRICS", environ)
 
 
-def metrics_on() -> bool:
-    """Whether an SDK meter provider is installed (else every instrument is a no-op)."""
-    from opentelemetry.sdk.metrics import MeterProvider
+_sdk_provider: type | None = None
 
-    return isinstance(metrics.get_meter_provider(), MeterProvider)
+
+def metrics_on() -> bool:
+    """Whether an SDK meter provider is installed (else every instrument is a no-op).
+    Asked once per call or request: an isinstance check, the SDK's class imported once
+    (commands that never serve do not import it at all)."""
+    global _sdk_provider
+    if _sdk_provider is None:
+        from opentelemetry.sdk.metrics import MeterProvider
+
+        _sdk_provider = MeterProvider
+    return isinstance(metrics.get_meter_provider(), _sdk_provider)
 
 
 def configure_metrics(

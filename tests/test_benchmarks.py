@@ -279,3 +279,20 @@ def test_the_query_server_probe_times_both_servers() -> None:
     for row in result["lookups"].values():
         assert all(row[f"{kind}_p{q}_us"] > 0 for kind in ("threaded", "asyncio") for q in (50, 99))
         assert row["p50_ratio_asyncio_to_threaded"] == round(row["asyncio_p50_us"] / row["threaded_p50_us"], 2)
+
+
+def test_the_metrics_cost_probe_times_every_variant() -> None:
+    """benchmarks/metrics_cost.py at a smoke size: the three servers (no metrics layer,
+    metrics off, metrics on) answered every call and the ratios are those of the medians."""
+    done = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "metrics_cost.py"), "--rounds", "1", "--calls", "30"],
+        cwd=REPO, capture_output=True, text=True, timeout=TIMEOUT_S, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout)
+    assert result["command"] == "benchmarks/metrics_cost.py --rounds 1 --calls 30"
+    assert sorted(result["calls"]) == ["Ping", "QueueBounds", "key page of 8", "one-message Send"]
+    for row in result["calls"].values():
+        assert all(row[f"{kind}_p{q}_us"] > 0 for kind in ("without", "off", "on") for q in (50, 99))
+        assert row["p50_ratio_off_to_without"] == round(row["off_p50_us"] / row["without_p50_us"], 3)
+        assert row["p50_ratio_on_to_without"] == round(row["on_p50_us"] / row["without_p50_us"], 3)

@@ -192,8 +192,20 @@ def test_writer_and_query_metrics_over_otlp(tmp_path: Path, monkeypatch: pytest.
         assert unflushed.point.as_int == 0  # SYNC: acknowledged means fsynced
         disk = points.wait_for("rmqstore-writer", "rmqstore.writer.disk.utilization", **store_attr)
         assert disk.unit == "1" and 0 < disk.point.as_double <= 1
-        streams = points.wait_for("rmqstore-writer", "rmqstore.rpc.streams.open", **{"server.port": writer.serving["port"]})
+        server_port = {"server.port": writer.serving["port"]}
+        streams = points.wait_for("rmqstore-writer", "rmqstore.rpc.streams.open", **server_port)
         assert (streams.unit, streams.point.as_int) == ("{stream}", 0)
+
+        # A stream held open shows in the gauge, and counts as one call from start to end.
+        def one_batch_then_wait() -> Iterator[writer_pb2.SendBatchRequest]:
+            yield writer_pb2.SendBatchRequest(messages=[messages_pb2.Message(topic="Streamed", body=b"s")])
+            points.wait_for("rmqstore-writer", "rmqstore.rpc.streams.open", lambda p: p.point.as_int == 1, **server_port)
+
+        streamed = [ack for response in stub.SendStream(one_batch_then_wait(), timeout=WAIT_S) for ack in response.results]
+        assert [ack.topic for ack in streamed] == ["Streamed"]
+        points.wait_for("rmqstore-writer", "rmqstore.rpc.streams.open", lambda p: p.point.as_int == 0, **server_port)
+        assert rpc("rmqstore.v1.WriterService", "SendStream", 0).point.count == 1
+        end_offset = streamed[-1].commitlog_offset + streamed[-1].size
 
         # A query node started now shows everything; what the writer appends next it
         # shows only at its next lookup: the lag gauges say how far behind it is.
@@ -259,6 +271,35 @@ def histogram_added(before: dict[str, list[Any]], after: dict[str, list[Any]], n
         now.count - then.count,
         now.sum - then.sum,
     )
+
+
+def test_the_rpc_interceptor_hands_handlers_back_untouched_without_a_meter_provider(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Metrics off: the call runs the handler as registered (no wrapper, no timing); with an
+    SDK meter provider it runs a wrapper."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from opentelemetry import metrics as api
+    from opentelemetry.metrics import NoOpMeterProvider
+    from opentelemetry.sdk.metrics import MeterProvider
+
+    from rmqstore.service.rpc_metrics import AsyncRpcMetricsInterceptor
+
+    async def ping(request: Any, context: Any) -> Any:
+        return request
+
+    handler = grpc.unary_unary_rpc_method_handler(ping)
+    details = SimpleNamespace(method="/rmqstore.v1.QueryService/Ping")
+    interceptor = AsyncRpcMetricsInterceptor()
+
+    async def continuation(_: Any) -> Any:
+        return handler
+
+    monkeypatch.setattr(api, "get_meter_provider", NoOpMeterProvider)
+    assert asyncio.run(interceptor.intercept_service(continuation, details)) is handler
+    monkeypatch.setattr(api, "get_meter_provider", lambda: MeterProvider())
+    timed = asyncio.run(interceptor.intercept_service(continuation, details))
+    assert timed is not handler and timed.unary_unary is not ping
 
 
 def test_a_one_millisecond_append_lands_in_the_bucket_above_one_millisecond(tmp_path: Path) -> None:

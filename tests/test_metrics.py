@@ -428,6 +428,8 @@ def test_bad_metrics_settings_are_refused(
     monkeypatch.setenv("OTEL_METRICS_EXPORTER", "prometheus")
     code, out, err = run(capsys, *serve[:-1], "7001", "--metrics-port", "7001")
     assert (code, out, err) == (2, "", "rmqstore: error: --metrics-port 7001 must differ from --port\n")
+    code, out, err = run(capsys, *serve, "--health-port", "7002", "--metrics-port", "7002")
+    assert (code, out, err) == (2, "", "rmqstore: error: --metrics-port 7002 must differ from --health-port\n")
     with socket_taken() as taken:
         code, out, err = run(capsys, *serve, "--metrics-port", str(taken))
     assert (code, out) == (2, "")

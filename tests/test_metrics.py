@@ -355,23 +355,31 @@ def samples(family: Any, name: str, **labels: str) -> list[Any]:
     return [s for s in family.samples if s.name == name and labels.items() <= s.labels.items()]
 
 
-def test_prometheus_scrape_endpoint_of_a_writer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_prometheus_scrape_endpoints_of_a_writer_and_a_query_node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("OTEL_METRICS_EXPORTER", "prometheus")
     monkeypatch.setenv("OTEL_TRACES_EXPORTER", "none")
     monkeypatch.setenv("OTEL_LOGS_EXPORTER", "none")
     store = tmp_path / "store"
     writer = Node("writer", rmqstore("writer", "serve", "--store", str(store), "--port", "0", "--metrics-port", "0", *SIZE_ARGS))
+    nodes = [writer]
     try:
         metrics_port = writer.serving["metricsPort"]
         assert isinstance(metrics_port, int) and metrics_port not in (0, writer.serving["port"])
         with grpc.insecure_channel(writer.endpoint) as channel:
             acks = writer_pb2_grpc.WriterServiceStub(channel).SendBatch(
-                writer_pb2.SendBatchRequest(messages=[messages_pb2.Message(topic=TOPIC, body=bytes(10))] * 5), timeout=10
+                writer_pb2.SendBatchRequest(messages=[messages_pb2.Message(topic=TOPIC, body=bytes(10), keys=["k"])] * 5), timeout=10
             ).results
         families = scrape(metrics_port)
+        query = Node("query node", rmqstore("query", "serve", "--store", str(store), "--port", "0", "--metrics-port", "0"))
+        nodes.append(query)
+        with grpc.insecure_channel(query.endpoint) as channel:
+            page = query_pb2_grpc.QueryServiceStub(channel).QueryByKey(query_pb2.QueryByKeyRequest(topic=TOPIC, key="k", page_size=10), timeout=10)
+        assert len(page.messages) == 5
+        query_families = scrape(query.serving["metricsPort"])
     finally:
-        writer.stop()
-    assert writer.process.returncode == 0
+        for node in reversed(nodes):
+            node.stop()
+    assert [node.process.returncode for node in nodes] == [0, 0]
     topic = {"messaging_destination_name": TOPIC}
     assert [s.value for s in samples(families["rmqstore_writer_messages"], "rmqstore_writer_messages_total", **topic)] == [5]
     assert [s.value for s in samples(families["rmqstore_writer_bytes"], "rmqstore_writer_bytes_total", **topic)] == [
@@ -392,6 +400,18 @@ def test_prometheus_scrape_endpoint_of_a_writer(tmp_path: Path, monkeypatch: pyt
     assert 0 < disk.value <= 1
     [lag] = samples(families["rmqstore_writer_dispatch_lag_bytes"], "rmqstore_writer_dispatch_lag_bytes", **store_label)
     assert lag.value == 0
+    [streams] = samples(families["rmqstore_rpc_streams_open"], "rmqstore_rpc_streams_open", server_port=str(writer.serving["port"]))
+    assert streams.value == 0
+
+    # The query node's own endpoint: its lookups, its RPCs and how far behind it is.
+    lookups = query_families["rmqstore_query_duration_seconds"]
+    assert [s.value for s in samples(lookups, "rmqstore_query_duration_seconds_count", rmqstore_lookup="key")] == [1]
+    by_key = {"rpc_service": "rmqstore.v1.QueryService", "rpc_method": "QueryByKey", "rpc_grpc_status_code": "0"}
+    assert [s.value for s in samples(query_families["rpc_server_duration_milliseconds"], "rpc_server_duration_milliseconds_count", **by_key)] == [1]
+    for name in ("rmqstore_query_lag_bytes", "rmqstore_query_lag_time_milliseconds"):
+        assert [s.value for s in samples(query_families[name], name, **store_label)] == [0], name
+    [staleness] = samples(query_families["rmqstore_query_staleness_milliseconds"], "rmqstore_query_staleness_milliseconds", **store_label)
+    assert 0 <= staleness.value < 60_000
 
 
 def test_a_node_without_metrics_serves_no_scrape_port(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

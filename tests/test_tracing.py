@@ -142,6 +142,15 @@ def collected(reader) -> dict[str, list]:
     return found
 
 
+def gained(before: dict[str, list], after: dict[str, list], name: str, attributes: dict[str, str], field: str) -> float:
+    """What one series (``name`` with exactly ``attributes``) gained between two collections."""
+
+    def read(found: dict[str, list]) -> float:
+        return sum(getattr(p, field) for p in found.get(name, []) if dict(p.attributes) == attributes)
+
+    return read(after) - read(before)
+
+
 def test_writer_and_query_metrics(tmp_path: Path) -> None:
     from test_query import QueryNode
     from test_writer import SMALL
@@ -149,7 +158,7 @@ def test_writer_and_query_metrics(tmp_path: Path) -> None:
     from rmqstore.v1 import query_pb2
 
     reader = metric_reader()
-    collected(reader)  # start from a clean slate of deltas
+    before = collected(reader)  # cumulative and shared by this process's tests: compared with what follows
     node = start_node(tmp_path / "store")
     try:
         batch = [messages_pb2.Message(topic="Metered", body=bytes(100), keys=[f"k{i}"]) for i in range(5)]
@@ -166,19 +175,20 @@ def test_writer_and_query_metrics(tmp_path: Path) -> None:
             query.close()
     finally:
         node.close()
-    [messages] = written["rmqstore.writer.messages"]
-    [size] = written["rmqstore.writer.bytes"]
-    [duration] = written["rmqstore.writer.append.duration"]
-    assert messages.value == 6 and duration.count == 2
-    assert size.value == node.writer.log.write_offset  # every byte of both requests
+    topic = {"messaging.destination.name": "Metered"}
+    messages = gained(before, written, "rmqstore.writer.messages", topic, "value")
+    size = gained(before, written, "rmqstore.writer.bytes", topic, "value")
+    duration_count = gained(before, written, "rmqstore.writer.append.duration", {}, "count")
+    assert messages == 6 and duration_count == 2
+    assert size == node.writer.log.write_offset  # every byte of both requests
     store = {"rmqstore.store": str(tmp_path / "store")}
 
     def of_this_store(points: list) -> list:
         return [p.value for p in points if dict(p.attributes) == store]
 
     assert of_this_store(written["rmqstore.writer.dispatch.lag"]) == [0]
-    assert of_this_store(written["rmqstore.writer.unflushed"]) == [size.value]  # ASYNC, nothing fsynced yet
-    by_kind = {dict(p.attributes)["rmqstore.lookup"]: p.count for p in looked_up["rmqstore.query.duration"]}
+    assert of_this_store(written["rmqstore.writer.unflushed"]) == [size]  # ASYNC, nothing fsynced yet
+    by_kind = {kind: gained(before, looked_up, "rmqstore.query.duration", {"rmqstore.lookup": kind}, "count") for kind in ("key", "uniq_key")}
     assert by_kind == {"key": 1, "uniq_key": 1}
     assert of_this_store(looked_up["rmqstore.query.lag"]) == [0]
     assert 0 <= of_this_store(looked_up["rmqstore.query.staleness"])[0] < 60_000

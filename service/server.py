@@ -1,6 +1,6 @@
 """Start a gRPC server with health checking, reflection, the tracing interceptor and (on
-the asyncio server) the RPC metrics (service.rpc_metrics), and
-the TLS credentials of both ends (server certificates, client trust and client certificates).
+the asyncio server) the RPC metrics (service.rpc_metrics), and the TLS credentials of
+both ends (server certificates, client trust and client certificates).
 
 Both nodes serve on grpc's asyncio server on an event loop of its own thread
 (:class:`AsyncServing`): a SYNC ack waits for an fsync, a stream lasts as long as its

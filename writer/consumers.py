@@ -63,6 +63,10 @@ BATCH_MAX = 1_024
 INVISIBLE_MS_MIN = 1_000
 INVISIBLE_MS_MAX = 12 * 3600 * 1000  # Apache's proxy bounds invisible_duration the same way
 DEFAULT_FLUSH_INTERVAL_MS = 1_000
+# Apache's maxReconsumeTimes 16: 17 deliveries.
+DEFAULT_MAX_ATTEMPTS = 17
+# A message bound for the dead-letter topic stays invisible while it is written there.
+DEAD_LETTER_HOLD_MS = 60_000
 HANDLE_VERSION = "1"
 _MAC_BYTES = 16
 
@@ -186,6 +190,7 @@ class ConsumerGroups:
         *,
         flush_interval_ms: int = DEFAULT_FLUSH_INTERVAL_MS,
         fifo_groups: frozenset[str] = frozenset(),
+        max_attempts: int = DEFAULT_MAX_ATTEMPTS,
     ):
         # ``writer`` is a writer.store.Writer (its consume queues, commit log and topics).
         self.writer = writer
@@ -193,6 +198,8 @@ class ConsumerGroups:
         self.state_path = os.path.join(config_dir, STATE_FILE_NAME)
         self.flush_interval_ms = flush_interval_ms
         self.fifo_groups = fifo_groups
+        # Deliveries of a message before it goes to the group's dead-letter topic.
+        self.max_attempts = max_attempts
         self.progress: dict[Key, QueueProgress] = {}
         self.dirty = False
         self.secret = b""
@@ -327,18 +334,23 @@ class ConsumerGroups:
         batch_size: int,
         invisible_ms: int,
         tag_filter: TagFilter,
-    ) -> list[Handed]:
+    ) -> tuple[list[Handed], list[Handed]]:
         """Up to ``batch_size`` visible, unacknowledged messages of the queues, each now in
-        flight until ``invisible_ms`` from now."""
+        flight until ``invisible_ms`` from now; and the messages met that have had their
+        ``max_attempts`` deliveries, held invisible for the caller to store in the
+        dead-letter topic and then acknowledge."""
         check_group(group)
         now = now_ms()
         out: list[Handed] = []
+        dead: list[Handed] = []
         fifo = group in self.fifo_groups
         for queue_id in queue_ids:
             if len(out) >= batch_size:
                 break
-            out += self._receive_queue(group, topic, queue_id, batch_size - len(out), now, invisible_ms, tag_filter, fifo)
-        return out
+            out += self._receive_queue(
+                group, topic, queue_id, batch_size - len(out), now, invisible_ms, tag_filter, fifo, dead
+            )
+        return out, dead
 
     def _receive_queue(
         self,
@@ -350,6 +362,7 @@ class ConsumerGroups:
         invisible_ms: int,
         tag_filter: TagFilter,
         fifo: bool,
+        dead: list[Handed],
     ) -> list[Handed]:
         queue = self.writer.queues.find(topic, queue_id)
         if queue is None:
@@ -383,11 +396,17 @@ class ConsumerGroups:
                 blocked.add(message_group)
             attempt = delivery.attempt + 1 if delivery is not None else 1
             nonce = secrets.randbits(62)
+            self.dirty = True
+            if attempt > self.max_attempts:
+                visible_at = now + DEAD_LETTER_HOLD_MS
+                progress.inflight[offset] = Delivery(attempt - 1, visible_at, nonce, message_group)
+                handle = self.make_handle(group, topic, queue_id, offset, nonce)
+                dead.append(Handed(record, queue_id, offset, attempt - 1, handle, visible_at))
+                continue
             visible_at = now + invisible_ms
             progress.inflight[offset] = Delivery(attempt, visible_at, nonce, message_group)
             handle = self.make_handle(group, topic, queue_id, offset, nonce)
             out.append(Handed(record, queue_id, offset, attempt, handle, visible_at))
-            self.dirty = True
             if len(out) >= wanted:
                 break
         return out

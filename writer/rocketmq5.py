@@ -36,6 +36,7 @@ from rmqstore.rocketmq_v2 import service_pb2_grpc
 from rmqstore.service.acl import MethodRule, Need, Refused, Requirement
 from rmqstore.writer.consumers import (
     BATCH_MAX,
+    DEFAULT_MAX_ATTEMPTS,
     INVISIBLE_MS_MAX,
     INVISIBLE_MS_MIN,
     ConsumerGroups,
@@ -83,7 +84,7 @@ AUTO_RENEW_INVISIBLE_MS = 60_000
 RECEIVE_BATCH_SIZE = 32
 # A group's retries (push consumers): Apache's maxReconsumeTimes 16 is 17 deliveries, and
 # its delay levels from the fourth (1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h).
-DEFAULT_CONSUMER_MAX_ATTEMPTS = 17
+DEFAULT_CONSUMER_MAX_ATTEMPTS = DEFAULT_MAX_ATTEMPTS
 DEFAULT_RETRY_DELAYS_S = (1, 5, 10, 30, 60, 120, 180, 240, 300, 360, 420, 480, 540, 600, 1200, 1800, 3600, 7200)
 # RocketMQ's properties of a message moved to a dead-letter topic.
 DLQ_ORIGIN_TOPIC = "DLQ_ORIGIN_TOPIC"
@@ -484,6 +485,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         self.reader = MessageReader(writer)
         self.consumers = consumers if consumers is not None else ConsumerGroups(writer, writer.paths.config)
         self.policy = policy
+        self.consumers.max_attempts = policy.max_attempts
         self.auto_renew_invisible_ms = policy.auto_renew_invisible_ms
         self.wakeup = Wakeup()
         appender.listeners.append(self.wakeup.notify)
@@ -731,6 +733,9 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             )
             return
         yield v2s.ReceiveMessageResponse(status=ok_status())
+        # When the batch left the server: the clients measure their receive latency from
+        # it (the Python push consumer fails every message of a batch without it).
+        yield v2s.ReceiveMessageResponse(delivery_timestamp=_timestamp(_now_ms()))
         resource = request.message_queue.topic
         for one in handed:
             yield v2s.ReceiveMessageResponse(message=self._message(one, resource))
@@ -761,7 +766,9 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         poll_s = poll_ms / 1000 if remaining_s is None else max(0.0, min(poll_ms / 1000, remaining_s - POLL_MARGIN_S))
         deadline = loop.time() + poll_s
         while True:
-            handed = self.consumers.receive(group, topic, queue_ids, request.batch_size, invisible_ms, tag_filter)
+            handed, dead = self.consumers.receive(group, topic, queue_ids, request.batch_size, invisible_ms, tag_filter)
+            for one in dead:
+                await self._to_dead_letters(group, topic, one.record, one.attempt, one.receipt_handle, peer_address(context))
             left_s = deadline - loop.time()
             if handed or left_s <= 0 or self._stopping.is_set():
                 return handed
@@ -835,9 +842,21 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             handle = self.consumers.change_invisible(group, topic, request.receipt_handle, invisible_ms)
         except Exception as error:
             return v2s.ChangeInvisibleDurationResponse(status=self._failed("ChangeInvisibleDuration", error))
-        if invisible_ms == 0:
-            self.wakeup.notify()  # visible again now: a waiting poll takes it
+        # A waiting poll recomputes when the next message in flight comes back.
+        self.wakeup.notify()
         return v2s.ChangeInvisibleDurationResponse(status=ok_status(), receipt_handle=handle)
+
+    async def _to_dead_letters(
+        self, group: str, topic: str, record: Record, attempt: int, handle: str, peer: SocketAddress | None
+    ) -> None:
+        """Store the record in the group's dead-letter topic, then acknowledge it: a crash
+        in between leaves it in both (at-least-once), never in neither."""
+        dlq = DLQ_PREFIX + group
+        if self.writer.topics.queue_count(dlq) is None:
+            await self._blocking(lambda: self.writer.topics.create(dlq, 1))
+        batch = MessageBatch.of([_dead_letter(record, dlq, attempt)])
+        await self.appender.append_batch(batch, peer, lambda results: results)
+        self.consumers.ack(group, topic, handle)
 
     async def ForwardMessageToDeadLetterQueue(
         self, request: v2s.ForwardMessageToDeadLetterQueueRequest, context: grpc.aio.ServicerContext
@@ -853,12 +872,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             if unit is None:
                 raise V2Refusal(v2.MESSAGE_NOT_FOUND, f"the message at queue {receipt.queue_id} offset {receipt.queue_offset} is gone")
             record = self.writer.log.read(unit.commitlog_offset)
-            dlq = DLQ_PREFIX + group
-            if self.writer.topics.queue_count(dlq) is None:
-                await self._blocking(lambda: self.writer.topics.create(dlq, 1))
-            batch = MessageBatch.of([_dead_letter(record, dlq, delivery.attempt)])
-            await self.appender.append_batch(batch, peer_address(context), lambda results: results)
-            self.consumers.ack(group, topic, request.receipt_handle)
+            await self._to_dead_letters(group, topic, record, delivery.attempt, request.receipt_handle, peer_address(context))
         except Exception as error:
             return v2s.ForwardMessageToDeadLetterQueueResponse(status=self._failed("ForwardMessageToDeadLetterQueue", error))
         return v2s.ForwardMessageToDeadLetterQueueResponse(status=ok_status())

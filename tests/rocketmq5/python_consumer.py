@@ -10,7 +10,8 @@ reported all it did), ``"acked": true`` only once the writer answered the ack OK
 until --expect messages were handled, or nothing came for --idle-s. --ack none leaves every
 message unacknowledged; --renew N makes message N invisible for --renew-s more instead of
 acking it (ChangeInvisibleDuration). ``push``: a PushConsumer whose listener answers
-FAILURE for the messages whose body ends in one of --fail-suffix, SUCCESS for the rest,
+FAILURE for the messages whose number (in the body "message N to TOPIC") is a multiple of
+--fail-mod, SUCCESS for the rest,
 for --seconds."""
 
 from __future__ import annotations
@@ -85,12 +86,13 @@ def simple(args: argparse.Namespace) -> None:
 
 
 class Listener(MessageListener):  # type: ignore[misc]
-    def __init__(self, fail_suffixes: list[str]):
-        self.fail_suffixes = tuple(fail_suffixes)
+    def __init__(self, fail_mod: int):
+        self.fail_mod = fail_mod
 
     def consume(self, message: Any) -> Any:
         line = describe(message)
-        fail = bool(self.fail_suffixes) and line["body"].endswith(self.fail_suffixes)
+        # The bodies are "message N to TOPIC" (python_producer.py).
+        fail = self.fail_mod > 0 and int(line["body"].split(" ")[1]) % self.fail_mod == 0
         line["result"] = "FAILURE" if fail else "SUCCESS"
         emit(line)
         return ConsumeResult.FAILURE if fail else ConsumeResult.SUCCESS
@@ -101,7 +103,7 @@ def push(args: argparse.Namespace) -> None:
     consumer = PushConsumer(
         ClientConfiguration(args.endpoint, Credentials(), request_timeout=10),
         args.group,
-        Listener(args.fail_suffix),
+        Listener(args.fail_mod),
         {args.topic: expression},
     )
     consumer.startup()
@@ -126,7 +128,7 @@ def main() -> None:
     parser.add_argument("--ack", choices=["all", "none"], default="all")
     parser.add_argument("--renew", type=int, default=None)
     parser.add_argument("--renew-s", type=int, default=60)
-    parser.add_argument("--fail-suffix", action="append", default=[])
+    parser.add_argument("--fail-mod", type=int, default=0)
     parser.add_argument("--seconds", type=float, default=10.0)
     args = parser.parse_args()
     simple(args) if args.mode == "simple" else push(args)

@@ -36,7 +36,6 @@ from rmqstore.rocketmq_v2 import service_pb2_grpc
 from rmqstore.service.acl import MethodRule, Need, Refused, Requirement
 from rmqstore.writer.consumers import (
     BATCH_MAX,
-    DEFAULT_MAX_ATTEMPTS,
     INVISIBLE_MS_MAX,
     INVISIBLE_MS_MIN,
     ConsumerGroups,
@@ -47,6 +46,7 @@ from rmqstore.writer.consumers import (
     TagFilter,
     check_group,
 )
+from rmqstore.writer.consumers import DEFAULT_MAX_ATTEMPTS as DEFAULT_CONSUMER_MAX_ATTEMPTS
 from rmqstore.writer.service import GroupAppender, peer_address
 from rmqstore.writer.store import AppendResults, Writer
 from rmqstore.writer.validate import (
@@ -84,7 +84,6 @@ AUTO_RENEW_INVISIBLE_MS = 60_000
 RECEIVE_BATCH_SIZE = 32
 # A group's retries (push consumers): Apache's maxReconsumeTimes 16 is 17 deliveries, and
 # its delay levels from the fourth (1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h).
-DEFAULT_CONSUMER_MAX_ATTEMPTS = DEFAULT_MAX_ATTEMPTS
 DEFAULT_RETRY_DELAYS_S = (1, 5, 10, 30, 60, 120, 180, 240, 300, 360, 420, 480, 540, 600, 1200, 1800, 3600, 7200)
 # RocketMQ's properties of a message moved to a dead-letter topic.
 DLQ_ORIGIN_TOPIC = "DLQ_ORIGIN_TOPIC"

@@ -693,7 +693,8 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         try:
             check_group(request.group.name)
             topic = _consumed_topic(request.topic)
-            count = await self._queue_count(topic)
+            # Never created here: a consumer's right to read a topic is no right to make one.
+            count = self.consumers.queue_count(topic)
         except Exception as error:
             return v2s.QueryAssignmentResponse(status=self._failed("QueryAssignment", error))
         broker = v2.Broker(name=self.route.broker_name, id=0, endpoints=self.route.endpoints())
@@ -988,7 +989,7 @@ def _unknown_client_type(client_type: int) -> v2.Status:
 def _not_served(call: str) -> v2.Status:
     return v2.Status(
         code=v2.NOT_IMPLEMENTED,
-        message=f"{call} is not served: the rmqstore writer takes producers' messages only (consumers are not served yet)",
+        message=f"{call} is not served by the rmqstore writer",
     )
 
 

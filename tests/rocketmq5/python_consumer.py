@@ -6,8 +6,9 @@ reported all it did), ``"acked": true`` only once the writer answered the ack OK
     python python_consumer.py simple ENDPOINT GROUP TOPIC [options]
     python python_consumer.py push ENDPOINT GROUP TOPIC [options]
 
-``simple``: a SimpleConsumer receives (batches of --batch, invisible for --invisible-s)
-until --expect messages were handled, or nothing came for --idle-s. --ack none leaves every
+TOPIC may name several, separated by commas. ``simple``: a SimpleConsumer receives (batches of --batch, invisible for --invisible-s)
+until --expect messages were handled (or every body listed in the file --want), or
+nothing came for --idle-s. --ack none leaves every
 message unacknowledged; --renew N makes message N invisible for --renew-s more instead of
 acking it (ChangeInvisibleDuration). ``push``: a PushConsumer whose listener answers
 FAILURE for the messages whose number (in the body "message N to TOPIC") is a multiple of
@@ -59,20 +60,23 @@ def simple(args: argparse.Namespace) -> None:
     consumer = SimpleConsumer(
         ClientConfiguration(args.endpoint, Credentials(), request_timeout=10),
         args.group,
-        {args.topic: expression},
+        {topic: expression for topic in args.topic.split(",")},
         await_duration=args.await_s,
     )
     consumer.startup()
     handled = 0
+    wanted = set(open(args.want, encoding="utf-8").read().splitlines()) if args.want else None
     idle_since = time.monotonic()
     try:
-        while handled < args.expect and time.monotonic() - idle_since < args.idle_s:
+        while handled < args.expect and wanted != set() and time.monotonic() - idle_since < args.idle_s:
             messages = consumer.receive(args.batch, args.invisible_s)
             if messages:
                 idle_since = time.monotonic()
             for message in messages:
                 line = describe(message)
                 handled += 1
+                if wanted is not None:
+                    wanted.discard(line["body"])
                 if args.renew is not None and handled == args.renew:
                     consumer.change_invisible_duration(message, args.renew_s)
                     line["renewed"] = True
@@ -104,7 +108,7 @@ def push(args: argparse.Namespace) -> None:
         ClientConfiguration(args.endpoint, Credentials(), request_timeout=10),
         args.group,
         Listener(args.fail_mod),
-        {args.topic: expression},
+        {topic: expression for topic in args.topic.split(",")},
     )
     consumer.startup()
     try:
@@ -121,7 +125,10 @@ def main() -> None:
     parser.add_argument("topic")
     parser.add_argument("--tag", default="")
     parser.add_argument("--expect", type=int, default=1_000_000)
-    parser.add_argument("--idle-s", type=float, default=10.0)
+    # The Python client picks a queue at random for each receive: a quiet spell of a few
+    # polls is no proof that nothing is left.
+    parser.add_argument("--idle-s", type=float, default=30.0)
+    parser.add_argument("--want", default="", help="a file of bodies, one a line: stop once each was handled")
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--invisible-s", type=int, default=30)
     parser.add_argument("--await-s", type=int, default=2)

@@ -1,0 +1,277 @@
+"""The official RocketMQ 5 Python client's SimpleConsumer and PushConsumer, unmodified, in
+processes of their own (tests/rocketmq5/python_consumer.py), against ``rmqstore writer
+serve`` processes fed by the official producer (tests/rocketmq5/python_producer.py):
+exactly-once when acknowledged, tag filters, redelivery, FIFO order, retries and dead
+letters found through a query node, restarts by SIGTERM and SIGKILL, shared and separate
+groups."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from collections import Counter, defaultdict
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_query_live import SIZE_ARGS, Nodes
+from test_rocketmq5_clients import (
+    CLIENT_TIMEOUT_S,
+    DRIVERS,
+    PYTHON_CLIENT_MESSAGES,
+    client_env,
+    rmq5_python,
+    run_python_client,
+)
+
+from rmqstore.common.files.consumer_offsets import read_offsets
+from rmqstore.v1 import query_pb2
+
+RPC_TIMEOUT_S = 15.0
+FLUSH_INTERVAL_MS = 1000
+# How long before a SIGKILL an acknowledgement may have been made and still be lost: the
+# flush interval, and the time one flush takes to write its two files (generous here).
+KILL_BOUND_S = FLUSH_INTERVAL_MS / 1000 + 1.0
+
+
+@pytest.fixture
+def nodes(tmp_path: Path) -> Iterator[Nodes]:
+    log_dir = tmp_path / "logs"
+    log_dir.mkdir()
+    started = Nodes(log_dir)
+    yield started
+    started.close()
+
+
+def consumer_command(*args: str) -> list[str]:
+    return [rmq5_python(), str(DRIVERS / "python_consumer.py"), *args]
+
+
+def consume(tmp_path: Path, *args: str) -> list[dict[str, Any]]:
+    home = tmp_path / "client-home"
+    home.mkdir(exist_ok=True)
+    done = subprocess.run(
+        consumer_command(*args), capture_output=True, timeout=CLIENT_TIMEOUT_S, env=client_env(home), cwd=tmp_path, check=False
+    )
+    assert done.returncode == 0, f"consumer failed: {done.stderr.decode(errors='replace')[-3000:]}"
+    return [json.loads(line) for line in done.stdout.splitlines()]
+
+
+class Background:
+    """A consumer process running while the test does other things; its lines so far."""
+
+    def __init__(self, tmp_path: Path, name: str, *args: str):
+        home = tmp_path / "client-home"
+        home.mkdir(exist_ok=True)
+        self.out_path = tmp_path / f"{name}.out"
+        self._out = open(self.out_path, "wb")
+        self.proc = subprocess.Popen(
+            consumer_command(*args), stdout=self._out, stderr=subprocess.DEVNULL, env=client_env(home), cwd=tmp_path
+        )
+
+    def lines(self) -> list[dict[str, Any]]:
+        self._out.flush()
+        text = self.out_path.read_text()
+        return [json.loads(line) for line in text.splitlines() if line.endswith("}")]
+
+    def wait_lines(self, count: int, timeout_s: float = 120.0) -> list[dict[str, Any]]:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            lines = self.lines()
+            if len(lines) >= count:
+                return lines
+            assert self.proc.poll() is None, f"the consumer exited early with {len(lines)} lines"
+            time.sleep(0.05)
+        raise AssertionError(f"the consumer printed fewer than {count} lines within {timeout_s} s")
+
+    def wait(self, timeout_s: float = CLIENT_TIMEOUT_S) -> list[dict[str, Any]]:
+        try:
+            self.proc.wait(timeout=timeout_s)
+        finally:
+            self.close()
+        return self.lines()
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=30)
+        self._out.close()
+
+
+def produce(tmp_path: Path, endpoint: str, count: int) -> list[dict[str, Any]]:
+    """``count`` messages from the official producer: three quarters to Orders (tags
+    Tag0-2), a quarter to Carts as FIFO (eight message groups)."""
+    lines = run_python_client(tmp_path, "send", endpoint, "Orders", "Carts", str(count))
+    assert len(lines) == count
+    return lines
+
+
+def consume_the_rest(tmp_path: Path, endpoint: str, wanted: set[str]) -> list[dict[str, Any]]:
+    """Group g's messages until each of ``wanted`` came, then whatever else still comes
+    within a few quiet seconds."""
+    want = tmp_path / "want.txt"
+    want.write_text("\n".join(sorted(wanted)) + "\n")
+    lines = consume(tmp_path, "simple", endpoint, "g", "Orders", "--want", str(want))
+    return lines + consume(tmp_path, "simple", endpoint, "g", "Orders", "--idle-s", "4")
+
+
+def bodies(lines: list[dict[str, Any]]) -> list[str]:
+    return [line["body"] for line in lines]
+
+
+@pytest.mark.slow
+def test_simple_consumer_gets_every_message_once_a_tag_filter_its_subset_fifo_in_order(nodes: Nodes, tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    writer = nodes.start("writer", store, *SIZE_ARGS, "--fifo-group", "fifo")
+    sent = produce(tmp_path, writer.endpoint, PYTHON_CLIENT_MESSAGES)
+    everything = consume(tmp_path, "simple", writer.endpoint, "all", "Orders,Carts", "--expect", str(len(sent)))
+    assert Counter(bodies(everything)) == Counter(bodies(sent))  # each exactly once
+    assert {line["attempt"] for line in everything} == {1} and all(line["acked"] for line in everything)
+    wanted = [line["body"] for line in sent if line.get("tag") in ("Tag0", "Tag2")]
+    tagged = consume(tmp_path, "simple", writer.endpoint, "tagged", "Orders", "--tag", "Tag0||Tag2", "--expect", str(len(wanted)))
+    assert sorted(bodies(tagged)) == sorted(wanted)
+    assert {line["tag"] for line in tagged} == {"Tag0", "Tag2"}
+    # A FIFO group gets each message group's messages in their send order.
+    fifo_count = sum(1 for line in sent if "group" in line)
+    fifo = consume(tmp_path, "simple", writer.endpoint, "fifo", "Carts", "--expect", str(fifo_count))
+    assert len(fifo) == fifo_count
+    received: dict[str, list[int]] = defaultdict(list)
+    for line in fifo:
+        received[line["group"]].append(int(line["body"].split(" ")[1]))
+    expected: dict[str, list[int]] = defaultdict(list)
+    for line in sent:
+        if "group" in line:
+            expected[line["group"]].append(line["n"])
+    assert dict(received) == dict(expected)
+    # After a clean stop the groups' offsets are Apache's consumerOffset.json, at each queue's end.
+    writer.stop()
+    ends: dict[tuple[str, int], int] = defaultdict(int)
+    for line in sent:
+        ends[(line["topic"], line["queue_id"])] = max(ends[(line["topic"], line["queue_id"])], line["offset"] + 1)
+    table = read_offsets(str(store / "config"))
+    for topic in ("Orders", "Carts"):
+        assert table[(topic, "all")] == {q: end for (t, q), end in ends.items() if t == topic}
+    assert table[("Orders", "tagged")] == {q: end for (t, q), end in ends.items() if t == "Orders"}
+
+
+def test_unacknowledged_come_back_with_a_higher_attempt_and_a_renewed_one_stays_away(nodes: Nodes, tmp_path: Path) -> None:
+    writer = nodes.start("writer", tmp_path / "store", *SIZE_ARGS)
+    sent = produce(tmp_path, writer.endpoint, 40)
+    orders = sorted(line["body"] for line in sent if line["topic"] == "Orders")
+    # Nothing acknowledged, invisible 15 s (the client picks a queue at random for each
+    # receive: this gives it time to find all four before any comes back); the first
+    # handled is renewed for 60 s.
+    first = consume(tmp_path, "simple", writer.endpoint, "g", "Orders", "--ack", "none", "--invisible-s", "15",
+                    "--renew", "1", "--expect", str(len(orders)), "--await-s", "1")  # fmt: skip
+    assert sorted(bodies(first)) == orders and {line["attempt"] for line in first} == {1}
+    renewed = [line["body"] for line in first if line.get("renewed")]
+    assert len(renewed) == 1
+    again = consume(tmp_path, "simple", writer.endpoint, "g", "Orders", "--expect", str(len(orders) - 1), "--await-s", "1")
+    assert sorted(bodies(again)) == sorted(set(orders) - set(renewed))
+    assert {line["attempt"] for line in again} == {2}
+    assert consume(tmp_path, "simple", writer.endpoint, "g", "Orders", "--idle-s", "3") == []
+
+
+def test_push_consumer_success_for_all_and_failures_retried_then_in_the_dead_letter_topic(nodes: Nodes, tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    writer = nodes.start("writer", store, *SIZE_ARGS, "--consumer-max-attempts", "3", "--consumer-retry-delays", "1,2")
+    sent = produce(tmp_path, writer.endpoint, 40)
+    orders = [line for line in sent if line["topic"] == "Orders"]
+    ok = consume(tmp_path, "push", writer.endpoint, "pushok", "Orders", "--seconds", "5")
+    assert sorted(bodies(ok)) == sorted(bodies(orders)) and {line["result"] for line in ok} == {"SUCCESS"}
+    failing = consume(tmp_path, "push", writer.endpoint, "pushfail", "Orders", "--fail-mod", "10", "--seconds", "9")
+    failed = {line["body"]: line for line in orders if line["n"] % 10 == 0}
+    assert failed
+    by_body: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for line in failing:
+        by_body[line["body"]].append(line)
+    for body in failed:
+        attempts = by_body[body]
+        assert [a["attempt"] for a in attempts] == [1, 2, 3], body
+        assert all(a["result"] == "FAILURE" for a in attempts)
+        # The backoff: 1 s before the second delivery, 2 s before the third (timer slack allowed).
+        assert attempts[1]["t"] - attempts[0]["t"] >= 0.9 and attempts[2]["t"] - attempts[1]["t"] >= 1.9, attempts
+    for body in set(by_body) - set(failed):
+        assert [a["result"] for a in by_body[body]] == ["SUCCESS"], body
+    # The writer moved each failed message to %DLQ%pushfail once its third delivery failed.
+    query = nodes.query(nodes.start("query", store, *SIZE_ARGS))
+    for body, line in failed.items():
+        found = query.QueryByUniqKey(
+            query_pb2.QueryByUniqKeyRequest(topic="%DLQ%pushfail", uniq_key=line["message_id"]), timeout=RPC_TIMEOUT_S
+        ).messages
+        assert len(found) == 1, body
+        stored = found[0]
+        assert stored.body == body.encode() and stored.tags == line["tag"]
+        properties = dict(stored.properties)
+        assert properties["DLQ_ORIGIN_TOPIC"] == "Orders" and properties["DLQ_ORIGIN_MESSAGE_ID"] == line["message_id"]
+        assert properties["RECONSUME_TIME"] == "3" or properties["RECONSUME_TIME"] == "2"
+        assert properties["seq"] == str(line["n"])
+
+
+def test_sigterm_mid_consumption_delivers_no_acknowledged_message_again(nodes: Nodes, tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    writer = nodes.start("writer", store, *SIZE_ARGS)
+    sent = produce(tmp_path, writer.endpoint, 400)
+    orders = {line["body"] for line in sent if line["topic"] == "Orders"}
+    running = Background(tmp_path, "before", "simple", writer.endpoint, "g", "Orders", "--batch", "8", "--invisible-s", "3")
+    try:
+        running.wait_lines(100)
+        writer.stop()  # SIGTERM while the consumer is receiving and acknowledging
+    finally:
+        before = running.wait(timeout_s=60)
+    acked = {line["body"] for line in before if line.get("acked")}
+    assert len(acked) >= 100
+    again = nodes.start("writer", store, *SIZE_ARGS)
+    after = consume_the_rest(tmp_path, again.endpoint, orders - set(acked))
+    assert not acked & set(bodies(after))
+    assert acked | set(bodies(after)) == orders
+
+
+def test_sigkill_loses_no_message_and_redelivers_only_the_last_flush_intervals_acks(nodes: Nodes, tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    flush = ["--consumer-flush-interval-ms", str(FLUSH_INTERVAL_MS)]
+    writer = nodes.start("writer", store, *SIZE_ARGS, *flush)
+    sent = produce(tmp_path, writer.endpoint, 400)
+    orders = {line["body"] for line in sent if line["topic"] == "Orders"}
+    running = Background(tmp_path, "before", "simple", writer.endpoint, "g", "Orders", "--batch", "8", "--invisible-s", "3")
+    try:
+        running.wait_lines(150)
+        killed_at = time.time()
+        writer.proc.kill()
+        writer.cleanup()
+    finally:
+        before = running.wait(timeout_s=60)
+    acked = {line["body"]: line["t_done"] for line in before if line.get("acked")}
+    assert len(acked) >= 150
+    again = nodes.start("writer", store, *SIZE_ARGS, *flush)
+    after = consume_the_rest(tmp_path, again.endpoint, orders - set(acked))
+    assert set(acked) | set(bodies(after)) == orders  # none lost
+    redelivered = [body for body in bodies(after) if body in acked]
+    # Only acknowledgements of the last flush interval before the kill may be lost.
+    late = [acked[body] for body in redelivered if acked[body] < killed_at - KILL_BOUND_S]
+    assert late == [], (len(redelivered), killed_at, sorted(late)[:5])
+    assert len(redelivered) < len(acked)
+
+
+def test_two_consumers_of_a_group_share_and_another_group_gets_all(nodes: Nodes, tmp_path: Path) -> None:
+    writer = nodes.start("writer", tmp_path / "store", *SIZE_ARGS)
+    sent = produce(tmp_path, writer.endpoint, 400)
+    orders = sorted(line["body"] for line in sent if line["topic"] == "Orders")
+    consumers = [
+        Background(tmp_path, f"shared{i}", "simple", writer.endpoint, "shared", "Orders", "--batch", "4", "--idle-s", "4")
+        for i in range(2)
+    ]
+    other = Background(tmp_path, "other", "simple", writer.endpoint, "other", "Orders", "--idle-s", "4")
+    try:
+        shared = [c.wait(timeout_s=120) for c in consumers]
+        alone = other.wait(timeout_s=120)
+    finally:
+        for c in (*consumers, other):
+            c.close()
+    first, second = (set(bodies(lines)) for lines in shared)
+    assert not first & second  # no message went to both
+    assert sorted(bodies(shared[0]) + bodies(shared[1])) == orders
+    assert first and second  # both took part
+    assert sorted(bodies(alone)) == orders

@@ -72,7 +72,6 @@ class Background:
         )
 
     def lines(self) -> list[dict[str, Any]]:
-        self._out.flush()
         text = self.out_path.read_text()
         return [json.loads(line) for line in text.splitlines() if line.endswith("}")]
 
@@ -91,6 +90,12 @@ class Background:
             self.proc.wait(timeout=timeout_s)
         finally:
             self.close()
+        return self.lines()
+
+    def stop(self) -> list[dict[str, Any]]:
+        """Kill it (its writer is gone: the client would retry on) and take its lines,
+        every one of which it printed in full after the writer's answer."""
+        self.close()
         return self.lines()
 
     def close(self) -> None:
@@ -220,7 +225,7 @@ def test_sigterm_mid_consumption_delivers_no_acknowledged_message_again(nodes: N
         running.wait_lines(100)
         writer.stop()  # SIGTERM while the consumer is receiving and acknowledging
     finally:
-        before = running.wait(timeout_s=60)
+        before = running.stop()
     acked = {line["body"] for line in before if line.get("acked")}
     assert len(acked) >= 100
     again = nodes.start("writer", store, *SIZE_ARGS)
@@ -235,14 +240,16 @@ def test_sigkill_loses_no_message_and_redelivers_only_the_last_flush_intervals_a
     writer = nodes.start("writer", store, *SIZE_ARGS, *flush)
     sent = produce(tmp_path, writer.endpoint, 400)
     orders = {line["body"] for line in sent if line["topic"] == "Orders"}
-    running = Background(tmp_path, "before", "simple", writer.endpoint, "g", "Orders", "--batch", "8", "--invisible-s", "3")
+    # Paced so that the acknowledgements before the kill span several flush intervals.
+    running = Background(tmp_path, "before", "simple", writer.endpoint, "g", "Orders", "--batch", "8", "--invisible-s", "3",
+                         "--pace-s", "0.03")  # fmt: skip
     try:
         running.wait_lines(150)
         killed_at = time.time()
         writer.proc.kill()
         writer.cleanup()
     finally:
-        before = running.wait(timeout_s=60)
+        before = running.stop()
     acked = {line["body"]: line["t_done"] for line in before if line.get("acked")}
     assert len(acked) >= 150
     again = nodes.start("writer", store, *SIZE_ARGS, *flush)
@@ -252,7 +259,8 @@ def test_sigkill_loses_no_message_and_redelivers_only_the_last_flush_intervals_a
     # Only acknowledgements of the last flush interval before the kill may be lost.
     late = [acked[body] for body in redelivered if acked[body] < killed_at - KILL_BOUND_S]
     assert late == [], (len(redelivered), killed_at, sorted(late)[:5])
-    assert len(redelivered) < len(acked)
+    # Some acknowledgements were older than the bound (each of them then kept).
+    assert sum(1 for t in acked.values() if t < killed_at - KILL_BOUND_S) >= 50
 
 
 def test_two_consumers_of_a_group_share_and_another_group_gets_all(nodes: Nodes, tmp_path: Path) -> None:
@@ -260,18 +268,28 @@ def test_two_consumers_of_a_group_share_and_another_group_gets_all(nodes: Nodes,
     sent = produce(tmp_path, writer.endpoint, 400)
     orders = sorted(line["body"] for line in sent if line["topic"] == "Orders")
     consumers = [
-        Background(tmp_path, f"shared{i}", "simple", writer.endpoint, "shared", "Orders", "--batch", "4", "--idle-s", "4")
+        Background(tmp_path, f"shared{i}", "simple", writer.endpoint, "shared", "Orders", "--batch", "4", "--idle-s", "10",
+                   "--await-s", "1")  # fmt: skip
         for i in range(2)
     ]
-    other = Background(tmp_path, "other", "simple", writer.endpoint, "other", "Orders", "--idle-s", "4")
+    other = Background(tmp_path, "other", "simple", writer.endpoint, "other", "Orders", "--expect", str(len(orders)))
     try:
         shared = [c.wait(timeout_s=120) for c in consumers]
         alone = other.wait(timeout_s=120)
     finally:
         for c in (*consumers, other):
             c.close()
-    first, second = (set(bodies(lines)) for lines in shared)
-    assert not first & second  # no message went to both
-    assert sorted(bodies(shared[0]) + bodies(shared[1])) == orders
-    assert first and second  # both took part
+    # The client picks queues at random, so a quiet spell may end one early: a third
+    # consumer of the group takes what is left, if anything.
+    left = consume(tmp_path, "simple", writer.endpoint, "shared", "Orders", "--want", str(want_file(tmp_path, orders, shared)))
+    first, second, third = (set(bodies(lines)) for lines in (*shared, left))
+    assert not first & second and not (first | second) & third  # no message went to two consumers
+    assert sorted(bodies(shared[0]) + bodies(shared[1]) + bodies(left)) == orders
+    assert len(first) >= 20 and len(second) >= 20  # both took part
     assert sorted(bodies(alone)) == orders
+
+
+def want_file(tmp_path: Path, orders: list[str], shared: list[list[dict[str, Any]]]) -> Path:
+    path = tmp_path / "left.txt"
+    path.write_text("".join(f"{body}\n" for body in sorted(set(orders) - {line["body"] for lines in shared for line in lines})))
+    return path

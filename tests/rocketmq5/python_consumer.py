@@ -85,6 +85,7 @@ def simple(args: argparse.Namespace) -> None:
                     line["acked"] = True
                 line["t_done"] = time.time()
                 emit(line)
+                time.sleep(args.pace_s)
     finally:
         consumer.shutdown()
 
@@ -129,6 +130,7 @@ def main() -> None:
     # polls is no proof that nothing is left.
     parser.add_argument("--idle-s", type=float, default=30.0)
     parser.add_argument("--want", default="", help="a file of bodies, one a line: stop once each was handled")
+    parser.add_argument("--pace-s", type=float, default=0.0, help="a pause after each message handled")
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--invisible-s", type=int, default=30)
     parser.add_argument("--await-s", type=int, default=2)

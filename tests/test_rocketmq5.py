@@ -422,10 +422,6 @@ def test_disk_full_is_too_many_requests(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("call", "request_type", "streams"),
     [
-        ("PullMessage", v2s.PullMessageRequest, True),
-        ("UpdateOffset", v2s.UpdateOffsetRequest, False),
-        ("GetOffset", v2s.GetOffsetRequest, False),
-        ("QueryOffset", v2s.QueryOffsetRequest, False),
         ("EndTransaction", v2s.EndTransactionRequest, False),
         ("RecallMessage", v2s.RecallMessageRequest, False),
         ("SyncLiteSubscription", v2s.SyncLiteSubscriptionRequest, False),

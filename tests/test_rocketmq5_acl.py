@@ -390,12 +390,12 @@ def test_consumer_calls_are_authorized_before_they_are_answered(gateway: Gateway
         "AckMessage": v2.BAD_REQUEST,  # no entries
         "ForwardMessageToDeadLetterQueue": v2.INVALID_RECEIPT_HANDLE,
         "ChangeInvisibleDuration": v2.INVALID_RECEIPT_HANDLE,
-        "UpdateOffset": v2.NOT_IMPLEMENTED,
-        "GetOffset": v2.NOT_IMPLEMENTED,
+        "UpdateOffset": v2.TOPIC_NOT_FOUND,
+        "GetOffset": v2.TOPIC_NOT_FOUND,
         "SyncLiteSubscription": v2.NOT_IMPLEMENTED,
         "ReceiveMessage": v2.BAD_REQUEST,  # batch_size 0
-        "PullMessage": v2.NOT_IMPLEMENTED,
-        "QueryOffset": v2.NOT_IMPLEMENTED,
+        "PullMessage": v2.TOPIC_NOT_FOUND,
+        "QueryOffset": v2.TOPIC_NOT_FOUND,
     }
     for name, allowed, refused in calls:
         call = getattr(watcher, name)

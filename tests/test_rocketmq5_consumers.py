@@ -398,3 +398,84 @@ def test_a_damaged_state_file_falls_back_to_the_committed_offsets(tmp_path: Path
     finally:
         again.close()
 
+
+
+def queue(topic: str = "Orders", queue_id: int = 0) -> v2.MessageQueue:
+    return v2.MessageQueue(topic=v2.Resource(name=topic), id=queue_id)
+
+
+def test_get_and_update_offset_move_the_groups_position(node: Node) -> None:
+    send(node, 5)
+    get = v2s.GetOffsetRequest(group=GROUP, message_queue=queue())
+    assert (node.v2.GetOffset(get, timeout=RPC_TIMEOUT_S).status.code, node.v2.GetOffset(get, timeout=RPC_TIMEOUT_S).offset) == (v2.OK, 0)
+    update = v2s.UpdateOffsetRequest(group=GROUP, message_queue=queue(), offset=3)
+    assert node.v2.UpdateOffset(update, timeout=RPC_TIMEOUT_S).status.code == v2.OK
+    assert node.v2.GetOffset(get, timeout=RPC_TIMEOUT_S).offset == 3
+    assert bodies(receive(node)[1]) == [b"m3", b"m4"]
+    for offset in (-1, 6):
+        bad = node.v2.UpdateOffset(v2s.UpdateOffsetRequest(group=GROUP, message_queue=queue(), offset=offset), timeout=RPC_TIMEOUT_S)
+        assert (bad.status.code, bad.status.message) == (v2.ILLEGAL_OFFSET, f"offset {offset}: queue 0 of Orders holds 0-5")
+    unknown = node.v2.GetOffset(v2s.GetOffsetRequest(group=GROUP, message_queue=queue("Nope")), timeout=RPC_TIMEOUT_S)
+    assert (unknown.status.code, unknown.status.message) == (v2.TOPIC_NOT_FOUND, "topic Nope does not exist")
+    past = node.v2.GetOffset(v2s.GetOffsetRequest(group=GROUP, message_queue=queue(queue_id=4)), timeout=RPC_TIMEOUT_S)
+    assert (past.status.code, past.status.message) == (v2.BAD_REQUEST, "queue 4: topic Orders has queues 0-3")
+
+
+def test_query_offset_beginning_end_and_timestamp_lower(node: Node) -> None:
+    send(node, 3)
+    time.sleep(0.05)
+    middle_ms = int(time.time() * 1000)
+    time.sleep(0.05)
+    send(node, 2)
+
+    def query(policy: int, timestamp_ms: int | None = None) -> tuple[int, int]:
+        request = v2s.QueryOffsetRequest(message_queue=queue(), query_offset_policy=policy)  # type: ignore[arg-type]
+        if timestamp_ms is not None:
+            request.timestamp.FromMilliseconds(timestamp_ms)
+        response = node.v2.QueryOffset(request, timeout=RPC_TIMEOUT_S)
+        return response.status.code, response.offset
+
+    assert query(v2.BEGINNING) == (v2.OK, 0)
+    assert query(v2.END) == (v2.OK, 5)
+    assert query(v2.TIMESTAMP, middle_ms) == (v2.OK, 3)  # the first stored at or after
+    assert query(v2.TIMESTAMP, 0) == (v2.OK, 0)
+    assert query(v2.TIMESTAMP, middle_ms + 3_600_000) == (v2.OK, 5)  # none after: the end
+    missing = node.v2.QueryOffset(v2s.QueryOffsetRequest(message_queue=queue(), query_offset_policy=v2.TIMESTAMP), timeout=RPC_TIMEOUT_S)
+    assert (missing.status.code, missing.status.message) == (v2.BAD_REQUEST, "query_offset_policy TIMESTAMP needs a timestamp")
+    odd = node.v2.QueryOffset(v2s.QueryOffsetRequest(message_queue=queue(), query_offset_policy=9), timeout=RPC_TIMEOUT_S)  # type: ignore[arg-type]
+    assert (odd.status.code, odd.status.message) == (v2.BAD_REQUEST, "query_offset_policy 9 is not BEGINNING, END or TIMESTAMP")
+
+
+def test_pull_message_reads_from_an_offset_and_names_the_next(node: Node) -> None:
+    for tag in ("a", "b", "a", "b", "a"):
+        send(node, 1, tags=tag)
+
+    def pull(offset: int, batch: int = 2, expression: str = "*", poll_s: float = 0) -> tuple[v2.Status, list[v2.Message], int]:
+        request = v2s.PullMessageRequest(
+            group=GROUP, message_queue=queue(), offset=offset, batch_size=batch,
+            filter_expression=v2.FilterExpression(type=v2.TAG, expression=expression), long_polling_timeout=seconds(poll_s),
+        )  # fmt: skip
+        answers = list(node.v2.PullMessage(request, timeout=RPC_TIMEOUT_S + poll_s))
+        (status,) = [a.status for a in answers if a.HasField("status")]
+        next_offsets = [a.next_offset for a in answers if a.HasField("next_offset")]
+        assert len(next_offsets) == (1 if status.code in (v2.OK, v2.MESSAGE_NOT_FOUND) else 0)
+        return status, [a.message for a in answers if a.HasField("message")], next_offsets[0] if next_offsets else -1
+
+    status, messages, next_offset = pull(0)
+    assert (status.code, [m.system_properties.queue_offset for m in messages], next_offset) == (v2.OK, [0, 1], 2)
+    assert messages[0].system_properties.receipt_handle == ""
+    _, messages, next_offset = pull(1, batch=10, expression="a")
+    assert ([m.system_properties.queue_offset for m in messages], next_offset) == ([2, 4], 5)
+    status, messages, next_offset = pull(5)
+    assert (status.code, messages, next_offset) == (v2.MESSAGE_NOT_FOUND, [], 5)
+    status, _, _ = pull(6)
+    assert (status.code, status.message) == (v2.ILLEGAL_OFFSET, "offset 6: queue 0 of Orders holds 0-5")
+    # A pull at the end waits for the next append.
+    outcome: dict[str, object] = {}
+    waiting = threading.Thread(target=lambda: outcome.update(answer=pull(5, poll_s=10)))
+    waiting.start()
+    time.sleep(0.5)
+    send(node, 1)
+    waiting.join(timeout=20)
+    status, messages, next_offset = outcome["answer"]  # type: ignore[misc]
+    assert (status.code, bodies(messages), next_offset) == (v2.OK, [b"m0"], 6)

@@ -30,6 +30,7 @@ from rmqstore.common.codec.msgid import offset_msg_id
 from rmqstore.common.codec.record import PROPERTIES_LENGTH_MAX, Record
 from rmqstore.common.codec.topic import NOT_ALLOWED_SEND_TOPICS, topic_problem
 from rmqstore.common.errors import InvalidArgument, NotFound, StoreError, StoreFull
+from rmqstore.common.files.consumequeue import Boundary
 from rmqstore.rocketmq_v2 import definition_pb2 as v2
 from rmqstore.rocketmq_v2 import service_pb2 as v2s
 from rmqstore.rocketmq_v2 import service_pb2_grpc
@@ -38,6 +39,7 @@ from rmqstore.writer.consumers import (
     BATCH_MAX,
     INVISIBLE_MS_MAX,
     INVISIBLE_MS_MIN,
+    SCAN_UNITS_MAX,
     ConsumerGroups,
     Handed,
     IllegalFilter,
@@ -877,17 +879,151 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             return v2s.ForwardMessageToDeadLetterQueueResponse(status=self._failed("ForwardMessageToDeadLetterQueue", error))
         return v2s.ForwardMessageToDeadLetterQueueResponse(status=ok_status())
 
-    async def PullMessage(self, request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[v2s.PullMessageResponse]:
-        yield v2s.PullMessageResponse(status=_not_served("PullMessage"))
+    def _queue_of(self, queue: v2.MessageQueue) -> tuple[str, int]:
+        """The topic and queue id a request names; both must exist."""
+        topic = _consumed_topic(queue.topic)
+        count = self.consumers.queue_count(topic)
+        if not 0 <= queue.id < count:
+            raise V2Refusal(v2.BAD_REQUEST, f"queue {queue.id}: topic {topic} has queues 0-{count - 1}")
+        return topic, queue.id
 
-    async def UpdateOffset(self, request: Any, context: grpc.aio.ServicerContext) -> v2s.UpdateOffsetResponse:
-        return v2s.UpdateOffsetResponse(status=_not_served("UpdateOffset"))
+    def _bounds(self, topic: str, queue_id: int) -> tuple[int, int]:
+        queue = self.writer.queues.find(topic, queue_id)
+        return (queue.min_offset, queue.max_offset) if queue is not None else (0, 0)
 
-    async def GetOffset(self, request: Any, context: grpc.aio.ServicerContext) -> v2s.GetOffsetResponse:
-        return v2s.GetOffsetResponse(status=_not_served("GetOffset"))
+    async def GetOffset(self, request: v2s.GetOffsetRequest, context: grpc.aio.ServicerContext) -> v2s.GetOffsetResponse:
+        """The group's committed offset in the queue (its oldest message for a new group)."""
+        try:
+            group = check_group(request.group.name)
+            topic, queue_id = self._queue_of(request.message_queue)
+            offset = self.consumers.committed(group, topic, queue_id)
+        except Exception as error:
+            return v2s.GetOffsetResponse(status=self._failed("GetOffset", error))
+        return v2s.GetOffsetResponse(status=ok_status(), offset=offset)
 
-    async def QueryOffset(self, request: Any, context: grpc.aio.ServicerContext) -> v2s.QueryOffsetResponse:
-        return v2s.QueryOffsetResponse(status=_not_served("QueryOffset"))
+    async def UpdateOffset(self, request: v2s.UpdateOffsetRequest, context: grpc.aio.ServicerContext) -> v2s.UpdateOffsetResponse:
+        """Set the group's committed offset: anywhere from the queue's oldest message to its end."""
+        try:
+            group = check_group(request.group.name)
+            topic, queue_id = self._queue_of(request.message_queue)
+            low, high = self._bounds(topic, queue_id)
+            if not low <= request.offset <= high:
+                raise V2Refusal(v2.ILLEGAL_OFFSET, f"offset {request.offset}: queue {queue_id} of {topic} holds {low}-{high}")
+            self.consumers.update_offset(group, topic, queue_id, request.offset)
+        except Exception as error:
+            return v2s.UpdateOffsetResponse(status=self._failed("UpdateOffset", error))
+        self.wakeup.notify()  # an offset moved back makes messages visible to a waiting poll
+        return v2s.UpdateOffsetResponse(status=ok_status())
+
+    async def QueryOffset(self, request: v2s.QueryOffsetRequest, context: grpc.aio.ServicerContext) -> v2s.QueryOffsetResponse:
+        """BEGINNING: the oldest offset; END: one past the newest; TIMESTAMP: the first
+        offset stored at or after the time (the end when none is), the store's LOWER search."""
+        try:
+            topic, queue_id = self._queue_of(request.message_queue)
+            low, high = self._bounds(topic, queue_id)
+            policy = request.query_offset_policy
+            if policy == v2.BEGINNING:
+                offset = low
+            elif policy == v2.END:
+                offset = high
+            elif policy == v2.TIMESTAMP:
+                if not request.HasField("timestamp"):
+                    raise V2Refusal(v2.BAD_REQUEST, "query_offset_policy TIMESTAMP needs a timestamp")
+                timestamp_ms = request.timestamp.seconds * 1000 + request.timestamp.nanos // 1_000_000
+                if timestamp_ms < 0:
+                    raise V2Refusal(v2.BAD_REQUEST, f"timestamp {timestamp_ms} ms is before 1970")
+                offset = self._offset_at(topic, queue_id, timestamp_ms)
+            else:
+                raise V2Refusal(v2.BAD_REQUEST, f"query_offset_policy {policy} is not BEGINNING, END or TIMESTAMP")
+        except Exception as error:
+            return v2s.QueryOffsetResponse(status=self._failed("QueryOffset", error))
+        return v2s.QueryOffsetResponse(status=ok_status(), offset=offset)
+
+    def _offset_at(self, topic: str, queue_id: int, timestamp_ms: int) -> int:
+        queue = self.writer.queues.find(topic, queue_id)
+        if queue is None:
+            return 0
+        log_ = self.writer.log
+        return int(
+            queue.offset_by_time(
+                timestamp_ms,
+                lambda unit: log_.store_timestamp(unit.commitlog_offset),
+                Boundary.LOWER,
+                commitlog_min_offset=log_.min_offset,
+                bisect_file=log_.first_stored_after,
+            )
+        )
+
+    async def PullMessage(
+        self, request: v2s.PullMessageRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[v2s.PullMessageResponse]:
+        """Up to batch_size messages from the offset on, for clients that keep their own
+        offsets (no invisibility, no receipt handles): the status, the messages, then the
+        offset to pull from next. Long-polls when the offset is the queue's end."""
+        try:
+            check_group(request.group.name)
+            topic, queue_id = self._queue_of(request.message_queue)
+            tag_filter = _tag_filter(request.filter_expression)
+            if not 0 < request.batch_size <= BATCH_MAX:
+                raise V2Refusal(v2.BAD_REQUEST, f"batch_size {request.batch_size}: expected 1-{BATCH_MAX}")
+            poll_ms = (
+                _duration_ms(request.long_polling_timeout, "long_polling_timeout", v2.ILLEGAL_POLLING_TIME, 0, LONG_POLL_MS_MAX)
+                if request.HasField("long_polling_timeout")
+                else 0
+            )
+            low, high = self._bounds(topic, queue_id)
+            if not low <= request.offset <= high:
+                raise V2Refusal(v2.ILLEGAL_OFFSET, f"offset {request.offset}: queue {queue_id} of {topic} holds {low}-{high}")
+            messages, next_offset = await self._pull(topic, queue_id, request.offset, request.batch_size, tag_filter, poll_ms, context)
+        except Exception as error:
+            yield v2s.PullMessageResponse(status=self._failed("PullMessage", error))
+            return
+        if not messages:
+            yield v2s.PullMessageResponse(status=v2.Status(code=v2.MESSAGE_NOT_FOUND, message="no new message"))
+        else:
+            yield v2s.PullMessageResponse(status=ok_status())
+        for message in messages:
+            yield v2s.PullMessageResponse(message=message)
+        yield v2s.PullMessageResponse(next_offset=next_offset)
+
+    async def _pull(
+        self, topic: str, queue_id: int, offset: int, batch_size: int, tag_filter: TagFilter, poll_ms: int,
+        context: grpc.aio.ServicerContext,
+    ) -> tuple[list[v2.Message], int]:  # fmt: skip
+        """The messages from ``offset`` on that pass the filter, and the offset after the
+        last unit looked at (past the filtered-out ones too)."""
+        loop = asyncio.get_running_loop()
+        remaining_s = context.time_remaining()
+        poll_s = poll_ms / 1000 if remaining_s is None else max(0.0, min(poll_ms / 1000, remaining_s - POLL_MARGIN_S))
+        deadline = loop.time() + poll_s
+        resource = v2.Resource(name=topic)
+        codes = tag_filter.codes
+        while True:
+            queue = self.writer.queues.find(topic, queue_id)
+            out: list[v2.Message] = []
+            next_offset = offset
+            if queue is not None:
+                next_offset = min(queue.max_offset, offset + SCAN_UNITS_MAX)
+                for position, unit in queue.units(offset, next_offset):
+                    if len(out) >= batch_size:
+                        next_offset = position
+                        break
+                    if codes is not None and unit.tags_code not in codes:
+                        continue
+                    record = self.writer.log.read(unit.commitlog_offset)
+                    if tag_filter.admits(record.tags):
+                        out.append(self._pulled(record, queue_id, position, resource))
+            left_s = deadline - loop.time()
+            if out or next_offset > offset or left_s <= 0 or self._stopping.is_set():
+                return out, next_offset
+            await self.wakeup.wait(left_s)
+
+    def _pulled(self, record: Record, queue_id: int, queue_offset: int, resource: v2.Resource) -> v2.Message:
+        message = self._message(Handed(record, queue_id, queue_offset, 1, "", _now_ms()), resource)
+        message.system_properties.ClearField("receipt_handle")
+        message.system_properties.ClearField("invisible_duration")
+        message.system_properties.ClearField("delivery_attempt")
+        return message
 
     async def EndTransaction(self, request: Any, context: grpc.aio.ServicerContext) -> v2s.EndTransactionResponse:
         return v2s.EndTransactionResponse(status=_not_served("EndTransaction"))

@@ -281,7 +281,10 @@ def cmd_writer_serve(args: argparse.Namespace) -> int:
     # bound one, known once the server listens.
     route = RouteConfig.parse(args.advertise or f"{args.host}:{args.port or 1}", args.broker_name)
     for group in args.fifo_group:
-        check_group(group)
+        try:
+            check_group(group)
+        except InvalidArgument as error:
+            raise InvalidArgument(f"--fifo-group: {error}") from None
     policy = ConsumerPolicy(max_attempts=args.consumer_max_attempts, retry_delays_s=args.consumer_retry_delays or DEFAULT_RETRY_DELAYS_S)
     writer = Writer(config)
     try:

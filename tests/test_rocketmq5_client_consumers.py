@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 import time
 from collections import Counter, defaultdict
 from collections.abc import Iterator
@@ -293,3 +294,27 @@ def want_file(tmp_path: Path, orders: list[str], shared: list[list[dict[str, Any
     path = tmp_path / "left.txt"
     path.write_text("".join(f"{body}\n" for body in sorted(set(orders) - {line["body"] for lines in shared for line in lines})))
     return path
+
+
+@pytest.mark.parametrize(
+    ("option", "line"),
+    [
+        ("--fifo-group=a b", "rmqstore: error: --fifo-group: consumer group 'a b' must be 1-255 of letters, digits, %, |, _ and -"),
+        ("--consumer-retry-delays=x", "rmqstore: error: writer serve: argument --consumer-retry-delays: 'x': expected whole seconds "
+         "separated by commas, e.g. 1,5,10 (see rmqstore writer serve --help)"),
+        ("--consumer-retry-delays=1,9000", "rmqstore: error: writer serve: argument --consumer-retry-delays: '1,9000': each delay "
+         "must be 0-7200 seconds (see rmqstore writer serve --help)"),
+        ("--consumer-max-attempts=0", "rmqstore: error: writer serve: argument --consumer-max-attempts: 0 is outside "
+         "[1, 2147483647] (a count of at least 1) (see rmqstore writer serve --help)"),
+        ("--consumer-flush-interval-ms=0", "rmqstore: error: writer serve: argument --consumer-flush-interval-ms: 0 is outside "
+         "[1, 2147483647] (a count of at least 1) (see rmqstore writer serve --help)"),
+    ],
+)  # fmt: skip
+def test_bad_consumer_options_stop_the_writer_before_it_touches_the_store(tmp_path: Path, option: str, line: str) -> None:
+    store = tmp_path / "store"
+    done = subprocess.run(
+        [sys.executable, "-m", "rmqstore.cli.main", "writer", "serve", "--store", str(store), "--port", "0", option],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert (done.returncode, done.stdout, done.stderr) == (2, "", line + "\n")
+    assert not store.exists()

@@ -1,10 +1,12 @@
 """RocketMQ 5's gRPC protocol (apache.rocketmq.v2.MessagingService) on the writer's port:
 the calls an official producer of any language makes, answered from the writer's own
-topics and stored through the same group commit as ``WriterService.SendStream``.
+topics and stored through the same group commit as ``WriterService.SendStream``; and the
+calls of its simple and push consumers, over the groups' progress in
+:mod:`rmqstore.writer.consumers`.
 
 Every answer carries a v2 ``Status``: the clients read the status field, never the gRPC
-code, so a refusal is an OK gRPC call whose status names the problem. Only the consumer
-calls, which rmqstore does not serve yet, answer NOT_IMPLEMENTED (docs/rocketmq5.md).
+code, so a refusal is an OK gRPC call whose status names the problem. Only transactions,
+recall and lite topics answer NOT_IMPLEMENTED (docs/rocketmq5.md).
 The servicer holds no access control of its own: with ``--acl`` the node's ACL
 interceptor checks every call first, by the rules :func:`acl_rules` gives it."""
 

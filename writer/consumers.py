@@ -36,6 +36,7 @@ import logging
 import os
 import re
 import secrets
+import threading
 import time
 import zlib
 from collections.abc import Iterator
@@ -203,6 +204,7 @@ class ConsumerGroups:
         self.progress: dict[Key, QueueProgress] = {}
         self.dirty = False
         self.secret = b""
+        self._write_lock = threading.Lock()
         self._load()
 
     # Loading and flushing
@@ -269,6 +271,10 @@ class ConsumerGroups:
 
     def write(self, table: consumer_offsets.OffsetTable, state_text: str) -> None:
         """Write a snapshot: the state file first, then consumerOffset.json (see the module's note)."""
+        with self._write_lock:  # the final flush at a stop may meet a periodic one still writing
+            self._write(table, state_text)
+
+    def _write(self, table: consumer_offsets.OffsetTable, state_text: str) -> None:
         os.makedirs(self.config_dir, exist_ok=True)
         temp = self.state_path + ".tmp"
         with open(temp, "w", encoding="utf-8") as handle:
@@ -465,7 +471,13 @@ class ConsumerGroups:
         return soonest
 
     def committed(self, group: str, topic: str, queue_id: int) -> int:
-        return self._progress(group, topic, queue_id).committed
+        """The group's committed offset (a group never seen: the queue's oldest offset,
+        without making the group known)."""
+        check_group(group)
+        progress = self.progress.get((group, topic, queue_id))
+        queue = self.writer.queues.find(topic, queue_id)
+        floor = queue.min_offset if queue is not None else 0
+        return floor if progress is None else max(progress.committed, floor)
 
     def update_offset(self, group: str, topic: str, queue_id: int, offset: int) -> None:
         check_group(group)

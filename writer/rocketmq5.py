@@ -772,7 +772,11 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         while True:
             handed, dead = self.consumers.receive(group, topic, queue_ids, request.batch_size, invisible_ms, tag_filter)
             for one in dead:
-                await self._to_dead_letters(group, topic, one.record, one.attempt, one.receipt_handle, peer_address(context))
+                try:
+                    await self._to_dead_letters(group, topic, one.record, one.attempt, one.receipt_handle, peer_address(context))
+                except StoreError as error:
+                    # Held invisible, it is tried again when it comes back; the receive goes on.
+                    log.error("moving a message of %s to %s%s failed: %s", topic, DLQ_PREFIX, group, error)
             left_s = deadline - loop.time()
             if handed or left_s <= 0 or self._stopping.is_set():
                 return handed

@@ -359,6 +359,9 @@ def test_progress_files_survive_a_restart_in_apaches_layout(tmp_path: Path) -> N
         send(node, 6)
         _, messages = receive(node, invisible_s=600)
         assert ack(node, messages[0], messages[1], messages[3]).status.code == v2.OK
+        # Asking a group's offset makes no group of it.
+        peek = v2s.GetOffsetRequest(group=v2.Resource(name="peek"), message_queue=v2.MessageQueue(topic=TOPIC, id=0))
+        assert node.v2.GetOffset(peek, timeout=RPC_TIMEOUT_S).offset == 0
         node.messaging.consumers.flush()
     finally:
         node.close()

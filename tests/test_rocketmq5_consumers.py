@@ -115,7 +115,7 @@ def test_receive_hands_out_each_message_once_with_its_fields_then_message_not_fo
 
 def test_an_append_wakes_a_waiting_long_poll_at_once(node: Node) -> None:
     """A poll of 10 s answers as soon as a message is sent through rmqstore.v1."""
-    send(node, 1, topic="Orders", queue_id=1)  # the topic exists
+    node.v1.CreateTopic(writer_pb2.CreateTopicRequest(name="Orders", queue_count=4), timeout=RPC_TIMEOUT_S)
     outcome: dict[str, object] = {}
 
     def poll() -> None:
@@ -134,7 +134,7 @@ def test_an_append_wakes_a_waiting_long_poll_at_once(node: Node) -> None:
 
 
 def test_an_empty_long_poll_waits_its_timeout_then_message_not_found(node: Node) -> None:
-    send(node, 1, queue_id=1)
+    node.v1.CreateTopic(writer_pb2.CreateTopicRequest(name="Orders", queue_count=4), timeout=RPC_TIMEOUT_S)
     started = time.monotonic()
     status, messages = receive(node, poll_s=1.5)
     waited_s = time.monotonic() - started
@@ -252,6 +252,19 @@ def test_ack_without_entries_is_a_bad_request_and_several_entries_answer_each(no
     response = node.v2.AckMessage(v2s.AckMessageRequest(group=GROUP, topic=TOPIC, entries=entries), timeout=RPC_TIMEOUT_S)
     assert response.status.code == v2.MULTIPLE_RESULTS
     assert [e.status.code for e in response.entries] == [v2.OK, v2.INVALID_RECEIPT_HANDLE]
+
+
+def test_a_receive_takes_from_any_queue_each_starting_at_the_next(node: Node) -> None:
+    """Whatever queue the request names (the clients pick one per receive), every queue of
+    the topic is served, each receive starting one queue further."""
+    for queue_id in range(4):
+        send(node, 2, queue_id=queue_id)
+    picked = [(m.system_properties.queue_id, m.system_properties.queue_offset) for m in receive(node, queue_id=3, batch=3)[1]]
+    assert picked == [(0, 0), (0, 1), (1, 0)]
+    picked = [(m.system_properties.queue_id, m.system_properties.queue_offset) for m in receive(node, queue_id=3, batch=3)[1]]
+    assert picked == [(1, 1), (2, 0), (2, 1)]
+    picked = [(m.system_properties.queue_id, m.system_properties.queue_offset) for m in receive(node, queue_id=0, batch=8)[1]]
+    assert picked == [(3, 0), (3, 1)]
 
 
 def test_two_groups_each_get_every_message_and_one_groups_consumers_share(node: Node) -> None:

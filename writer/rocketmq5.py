@@ -491,6 +491,8 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         self.consumers.max_attempts = policy.max_attempts
         self.auto_renew_invisible_ms = policy.auto_renew_invisible_ms
         self.wakeup = Wakeup()
+        # The queue each (group, topic)'s next receive starts at.
+        self._next_queue: dict[tuple[str, str], int] = {}
         appender.listeners.append(self.wakeup.notify)
         self._flusher: asyncio.Task[None] | None = None
         # Set when the writer stops: open Telemetry streams end at once rather than hold
@@ -762,8 +764,13 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         queue_id = request.message_queue.id
         if queue_id >= count:
             raise V2Refusal(v2.BAD_REQUEST, f"queue {queue_id}: topic {topic} has queues 0-{count - 1}")
-        # A negative queue id asks for any queue of the topic.
-        queue_ids = [queue_id] if queue_id >= 0 else list(range(count))
+        # Any queue of the topic, as Apache's proxy pops from every queue of the broker the
+        # request names: the clients pick a queue per receive (the Python client at random),
+        # and a receive sent to a drained queue would wait out its poll while others hold
+        # messages. Each receive starts at the next queue in turn, so none is starved.
+        start = self._next_queue.get((group, topic), 0) % count
+        self._next_queue[(group, topic)] = start + 1
+        queue_ids = [(start + i) % count for i in range(count)]
         loop = asyncio.get_running_loop()
         remaining_s = context.time_remaining()
         # Answer a little before the call's deadline, so the answer arrives in time.

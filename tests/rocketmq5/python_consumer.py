@@ -126,8 +126,7 @@ def main() -> None:
     parser.add_argument("topic")
     parser.add_argument("--tag", default="")
     parser.add_argument("--expect", type=int, default=1_000_000)
-    # The Python client picks a queue at random for each receive: a quiet spell of a few
-    # polls is no proof that nothing is left.
+    # A safety net: the tests stop a consumer by --expect or --want where they can.
     parser.add_argument("--idle-s", type=float, default=30.0)
     parser.add_argument("--want", default="", help="a file of bodies, one a line: stop once each was handled")
     parser.add_argument("--pace-s", type=float, default=0.0, help="a pause after each message handled")

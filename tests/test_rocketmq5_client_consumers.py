@@ -327,3 +327,18 @@ def test_bad_consumer_options_stop_the_writer_before_it_touches_the_store(tmp_pa
     )  # fmt: skip
     assert (done.returncode, done.stdout, done.stderr) == (2, "", line + "\n")
     assert not store.exists()
+
+
+def test_fifo_push_consumer_gets_each_message_group_in_send_order(nodes: Nodes, tmp_path: Path) -> None:
+    writer = nodes.start("writer", tmp_path / "store", *SIZE_ARGS, "--fifo-group", "ordered")
+    sent = produce(tmp_path, writer.endpoint, 160)  # 40 FIFO messages to Carts, in 8 message groups
+    expected: dict[str, list[int]] = defaultdict(list)
+    for line in sent:
+        if "group" in line:
+            expected[line["group"]].append(line["n"])
+    lines = consume(tmp_path, "push", writer.endpoint, "ordered", "Carts", "--seconds", "6")
+    received: dict[str, list[int]] = defaultdict(list)
+    for line in lines:
+        received[line["group"]].append(int(line["body"].split(" ")[1]))
+    assert dict(received) == dict(expected)
+    assert {line["result"] for line in lines} == {"SUCCESS"} and {line["attempt"] for line in lines} == {1}

@@ -495,3 +495,24 @@ def test_pull_message_reads_from_an_offset_and_names_the_next(node: Node) -> Non
     waiting.join(timeout=20)
     status, messages, next_offset = outcome["answer"]  # type: ignore[misc]
     assert (status.code, bodies(messages), next_offset) == (v2.OK, [b"m0"], 6)
+
+
+def test_an_ack_in_a_fifo_group_wakes_a_poll_waiting_for_the_next_of_its_message_group(node: Node) -> None:
+    node.messaging.consumers.fifo_groups = frozenset({"audit"})
+    send(node, 2, properties={"__SHARDINGKEY": "g"})
+    _, (first,) = receive(node)
+    outcome: dict[str, object] = {}
+
+    def poll() -> None:
+        started = time.monotonic()
+        outcome["answer"] = receive(node, poll_s=10)
+        outcome["waited_s"] = time.monotonic() - started
+
+    waiting = threading.Thread(target=poll)
+    waiting.start()
+    time.sleep(1.0)
+    assert ack(node, first).status.code == v2.OK
+    waiting.join(timeout=20)
+    status, messages = outcome["answer"]  # type: ignore[misc]
+    assert status.code == v2.OK and bodies(messages) == [b"m1"]
+    assert 0.9 <= outcome["waited_s"] < 5.0  # type: ignore[operator]

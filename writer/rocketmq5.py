@@ -843,6 +843,9 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             except Exception as error:
                 status = self._failed("AckMessage", error)
             entries.append(v2s.AckMessageResultEntry(message_id=entry.message_id, receipt_handle=entry.receipt_handle, status=status))
+        if group in self.consumers.fifo_groups:
+            # An acknowledgement in a FIFO group frees its message group's next message.
+            self.wakeup.notify()
         return v2s.AckMessageResponse(status=_overall(entries), entries=entries)
 
     async def ChangeInvisibleDuration(
@@ -872,6 +875,8 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         batch = MessageBatch.of([_dead_letter(record, dlq, attempt)])
         await self.appender.append_batch(batch, peer, lambda results: results)
         self.consumers.ack(group, topic, handle)
+        if group in self.consumers.fifo_groups:
+            self.wakeup.notify()
 
     async def ForwardMessageToDeadLetterQueue(
         self, request: v2s.ForwardMessageToDeadLetterQueueRequest, context: grpc.aio.ServicerContext

@@ -342,3 +342,26 @@ def test_fifo_push_consumer_gets_each_message_group_in_send_order(nodes: Nodes, 
         received[line["group"]].append(int(line["body"].split(" ")[1]))
     assert dict(received) == dict(expected)
     assert {line["result"] for line in lines} == {"SUCCESS"} and {line["attempt"] for line in lines} == {1}
+
+
+def test_fifo_push_consumer_forwards_a_failing_message_to_the_dead_letter_topic(nodes: Nodes, tmp_path: Path) -> None:
+    """The FIFO push consumer retries a failing message itself (the group's attempts and
+    delays), then forwards it with ForwardMessageToDeadLetterQueue and goes on."""
+    store = tmp_path / "store"
+    writer = nodes.start("writer", store, *SIZE_ARGS, "--fifo-group", "ordered", "--consumer-max-attempts", "2",
+                         "--consumer-retry-delays", "1")  # fmt: skip
+    sent = produce(tmp_path, writer.endpoint, 80)  # 20 FIFO messages to Carts (n 60-79)
+    fifo = {line["n"]: line for line in sent if "group" in line}
+    lines = consume(tmp_path, "push", writer.endpoint, "ordered", "Carts", "--fail-mod", "7", "--seconds", "8")
+    consumed = Counter(int(line["body"].split(" ")[1]) for line in lines)
+    failing = {n for n in fifo if n % 7 == 0}
+    assert failing and consumed == Counter({n: 2 if n in failing else 1 for n in fifo})
+    query = nodes.query(nodes.start("query", store, *SIZE_ARGS))
+    for n in sorted(fifo):
+        found = query.QueryByUniqKey(
+            query_pb2.QueryByUniqKeyRequest(topic="%DLQ%ordered", uniq_key=fifo[n]["message_id"]), timeout=RPC_TIMEOUT_S
+        ).messages
+        assert len(found) == (1 if n in failing else 0), n
+        if found:
+            assert dict(found[0].properties)["DLQ_ORIGIN_TOPIC"] == "Carts"
+            assert dict(found[0].properties)["__SHARDINGKEY"] == fifo[n]["group"]

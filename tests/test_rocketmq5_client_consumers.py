@@ -365,3 +365,21 @@ def test_fifo_push_consumer_forwards_a_failing_message_to_the_dead_letter_topic(
         if found:
             assert dict(found[0].properties)["DLQ_ORIGIN_TOPIC"] == "Carts"
             assert dict(found[0].properties)["__SHARDINGKEY"] == fifo[n]["group"]
+
+
+def test_a_damaged_consumer_offset_file_stops_the_writer_with_its_reason(tmp_path: Path) -> None:
+    """Neither consumerOffset.json nor its .bak decodes: the writer does not start (it
+    would otherwise hand every group's messages out again from the start), and says why."""
+    config = tmp_path / "store" / "config"
+    config.mkdir(parents=True)
+    (config / "consumerOffset.json").write_text("{garbage")
+    done = subprocess.run(
+        [sys.executable, "-m", "rmqstore.cli.main", "writer", "serve", "--store", str(tmp_path / "store"), "--port", "0"],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert (done.returncode, done.stdout) == (1, "")
+    assert done.stderr == (
+        f"rmqstore: error: {config}/consumerOffset.json is not readable JSON: Expecting property name enclosed in double quotes: "
+        "line 1 column 2 (char 1)\n"
+    )
+    assert (config / "consumerOffset.json").read_text() == "{garbage"  # left as it was

@@ -516,3 +516,21 @@ def test_an_ack_in_a_fifo_group_wakes_a_poll_waiting_for_the_next_of_its_message
     status, messages = outcome["answer"]  # type: ignore[misc]
     assert status.code == v2.OK and bodies(messages) == [b"m1"]
     assert 0.9 <= outcome["waited_s"] < 5.0  # type: ignore[operator]
+
+
+def test_messages_removed_by_retention_are_skipped_not_an_error(node: Node) -> None:
+    body = b"x" * 600_000  # each near 0.6 of a 1 MiB commit log file: one a file
+    node.v1.SendBatch(
+        writer_pb2.SendBatchRequest(messages=[messages_pb2.Message(topic="Orders", body=body + bytes([i]), queue_id=0) for i in range(4)]),
+        timeout=RPC_TIMEOUT_S,
+    )
+    later_s = time.time() + 200 * 3600
+    while time.localtime(later_s).tm_hour not in node.writer.config.retention_delete_hours:
+        later_s += 3600
+    report = node.writer.run_retention(now_s=later_s)
+    assert len(report.commitlog_files) >= 1
+    status, messages = receive(node)
+    assert status.code == v2.OK
+    kept = [m.body[-1] for m in messages]
+    assert kept == list(range(4 - len(kept), 4)) and 0 < len(kept) < 4
+    assert node.messaging.consumers.committed("audit", "Orders", 0) == 4 - len(kept)

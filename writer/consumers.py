@@ -386,6 +386,10 @@ class ConsumerGroups:
                 if fifo and delivery.message_group:
                     blocked.add(delivery.message_group)
                 continue
+            if unit.commitlog_offset < self.writer.log.min_offset:
+                progress.done(offset)  # removed by retention before the group read it
+                self.dirty = True
+                continue
             if codes is not None and unit.tags_code not in codes:
                 progress.done(offset)  # not the group's: consumed by skipping
                 self.dirty = True

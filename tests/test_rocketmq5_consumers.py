@@ -12,13 +12,22 @@ from pathlib import Path
 
 import pytest
 from google.protobuf import duration_pb2
+from hypothesis import given
+from hypothesis import strategies as st
 from test_rocketmq5 import Node
 
+from rmqstore.common.errors import Corruption
 from rmqstore.common.files.consumer_offsets import read_offsets
 from rmqstore.rocketmq_v2 import definition_pb2 as v2
 from rmqstore.rocketmq_v2 import service_pb2 as v2s
 from rmqstore.v1 import messages_pb2, writer_pb2
-from rmqstore.writer.consumers import STATE_FILE_NAME, parse_state
+from rmqstore.writer.consumers import (
+    STATE_FILE_NAME,
+    QueueProgress,
+    TagFilter,
+    parse_state,
+    render_state,
+)
 
 RPC_TIMEOUT_S = 15.0
 GROUP = v2.Resource(name="audit")
@@ -534,3 +543,43 @@ def test_messages_removed_by_retention_are_skipped_not_an_error(node: Node) -> N
     kept = [m.body[-1] for m in messages]
     assert kept == list(range(4 - len(kept), 4)) and 0 < len(kept) < 4
     assert node.messaging.consumers.committed("audit", "Orders", 0) == 4 - len(kept)
+
+
+@given(st.lists(st.integers(0, 40), max_size=60), st.integers(0, 5))
+def test_queue_progress_commits_up_to_the_first_offset_not_done(done: list[int], start: int) -> None:
+    progress = QueueProgress(start)
+    for offset in done:
+        progress.done(offset)
+    finished = {o for o in done if o >= start}
+    expected = start
+    while expected in finished:
+        expected += 1
+    assert progress.committed == expected
+    assert progress.acked == {o for o in finished if o > expected}
+
+
+@pytest.mark.parametrize(
+    ("expression", "tags"),
+    [("*", None), ("", None), ("  *  ", None), ("a", {"a"}), ("a || b", {"a", "b"}), ("a||b||a", {"a", "b"})],
+)
+def test_tag_expressions(expression: str, tags: set[str] | None) -> None:
+    parsed = TagFilter.parse(expression)
+    assert parsed.tags == (None if tags is None else frozenset(tags))
+    assert parsed.admits("a") == (tags is None or "a" in tags) and parsed.admits(None) == (tags is None)
+
+
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [
+        ("", "consumerState.json does not start with the rmqstore-consumer-state header"),
+        ("rmqstore-consumer-state 2 00000000\n{}\n", "consumerState.json is version 2; this writer reads version 1"),
+        ("rmqstore-consumer-state 1 00000000\n{}\n", "consumerState.json fails its checksum (a torn or damaged write)"),
+        (render_state({"queues": []}), "consumerState.json has a good checksum but not the expected fields: 'secret'"),
+    ],
+)
+def test_state_file_damage_is_named(text: str, problem: str) -> None:
+    with pytest.raises(Corruption) as raised:
+        parse_state(text)
+    assert str(raised.value) == problem
+    good = render_state({"secret": "00", "queues": []})
+    assert parse_state(good) == {"secret": "00", "queues": []}

@@ -39,7 +39,6 @@ import secrets
 import threading
 import time
 import zlib
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -48,6 +47,7 @@ from rmqstore.common.codec.record import Record
 from rmqstore.common.errors import Corruption, InvalidArgument, NotFound
 from rmqstore.common.files import consumer_offsets
 from rmqstore.common.files.mapped import fsync_directory
+from rmqstore.writer.store import Writer
 
 STATE_FILE_NAME = "consumerState.json"
 STATE_MAGIC = "rmqstore-consumer-state"
@@ -186,14 +186,13 @@ class ConsumerGroups:
 
     def __init__(
         self,
-        writer: Any,
+        writer: Writer,
         config_dir: str,
         *,
         flush_interval_ms: int = DEFAULT_FLUSH_INTERVAL_MS,
         fifo_groups: frozenset[str] = frozenset(),
         max_attempts: int = DEFAULT_MAX_ATTEMPTS,
     ):
-        # ``writer`` is a writer.store.Writer (its consume queues, commit log and topics).
         self.writer = writer
         self.config_dir = config_dir
         self.state_path = os.path.join(config_dir, STATE_FILE_NAME)
@@ -378,7 +377,7 @@ class ConsumerGroups:
         blocked: set[str] = set()  # FIFO message groups with an earlier message in flight
         out: list[Handed] = []
         stop = min(queue.max_offset, progress.committed + SCAN_UNITS_MAX)
-        for offset, unit in _units(queue, progress.committed, stop):
+        for offset, unit in queue.units(progress.committed, stop):
             if offset in progress.acked:
                 continue
             delivery = progress.inflight.get(offset)
@@ -488,10 +487,6 @@ class ConsumerGroups:
         progress = self._progress(group, topic, queue_id)
         progress.move_to(offset)
         self.dirty = True
-
-
-def _units(queue: Any, start: int, stop: int) -> Iterator[tuple[int, Any]]:
-    return queue.units(start, stop)  # type: ignore[no-any-return]
 
 
 def render_state(document: dict[str, Any]) -> str:

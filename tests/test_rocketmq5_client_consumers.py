@@ -278,8 +278,9 @@ def test_two_consumers_of_a_group_share_and_another_group_gets_all(nodes: Nodes,
     sent = produce(tmp_path, writer.endpoint, 400)
     orders = sorted(line["body"] for line in sent if line["topic"] == "Orders")
     consumers = [
+        # Paced, so that the one started first cannot take everything before the other starts.
         Background(tmp_path, f"shared{i}", "simple", writer.endpoint, "shared", "Orders", "--batch", "4", "--idle-s", "10",
-                   "--await-s", "1")  # fmt: skip
+                   "--await-s", "1", "--pace-s", "0.02")  # fmt: skip
         for i in range(2)
     ]
     other = Background(tmp_path, "other", "simple", writer.endpoint, "other", "Orders", "--expect", str(len(orders)))

@@ -380,7 +380,8 @@ def test_the_documented_client_examples_work_against_writer_serve(nodes: Nodes, 
     (the documented port swapped for the test's), and the message found by its key."""
     store = tmp_path / "store"
     writer = nodes.start("writer", store, *SIZE_ARGS)
-    [python_example] = [b for b in _code_blocks(ROOT / document, "python") if "rocketmq" in b]
+    [python_example] = [b for b in _code_blocks(ROOT / document, "python") if "rocketmq" in b and "Producer(" in b]
+    consumer_examples = [b for b in _code_blocks(ROOT / document, "python") if "rocketmq" in b and "SimpleConsumer(" in b]
     [node_example] = [b for b in _code_blocks(ROOT / document, "js") if "rocketmq-client-nodejs" in b]
     home = tmp_path / "home"
     home.mkdir()
@@ -405,6 +406,15 @@ def test_the_documented_client_examples_work_against_writer_serve(nodes: Nodes, 
     assert sorted(m.uniq_key for m in found.messages) == sorted([python_id, node_id])
     assert {m.body for m in found.messages} == {b"order 1 paid"} and {m.tags for m in found.messages} == {"paid"}
     assert int(python_offset) in [m.queue_offset for m in found.messages]
+    # The consumer example (docs/rocketmq5.md has one) receives and acknowledges both.
+    assert consumer_examples or document != "docs/rocketmq5.md"
+    for consumer_example in consumer_examples:
+        consumer_run = subprocess.run(
+            [rmq5_python(), "-c", consumer_example.replace("127.0.0.1:8081", writer.endpoint)],
+            capture_output=True, timeout=120, env=client_env(home), check=False,
+        )  # fmt: skip
+        assert consumer_run.returncode == 0, consumer_run.stderr.decode()[-2000:]
+        assert consumer_run.stdout.decode().splitlines() == ["b'order 1 paid' 1"] * 2
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,388 @@
+"""The official RocketMQ 5 Python client's SimpleConsumer and PushConsumer, unmodified, in
+processes of their own (tests/rocketmq5/python_consumer.py), against ``rmqstore writer
+serve`` processes fed by the official producer (tests/rocketmq5/python_producer.py):
+exactly-once when acknowledged, tag filters, redelivery, FIFO order, retries and dead
+letters found through a query node, restarts by SIGTERM and SIGKILL, shared and separate
+groups."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections import Counter, defaultdict
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_query_live import SIZE_ARGS, Nodes
+from test_rocketmq5_clients import (
+    CLIENT_TIMEOUT_S,
+    DRIVERS,
+    PYTHON_CLIENT_MESSAGES,
+    client_env,
+    rmq5_python,
+    run_python_client,
+)
+
+from rmqstore.common.files.consumer_offsets import read_offsets
+from rmqstore.v1 import query_pb2
+
+RPC_TIMEOUT_S = 15.0
+FLUSH_INTERVAL_MS = 1000
+# How long before a SIGKILL an acknowledgement may have been made and still be lost: the
+# flush interval, and the time one flush takes to write its two files (generous here).
+KILL_BOUND_S = FLUSH_INTERVAL_MS / 1000 + 1.0
+
+
+@pytest.fixture
+def nodes(tmp_path: Path) -> Iterator[Nodes]:
+    log_dir = tmp_path / "logs"
+    log_dir.mkdir()
+    started = Nodes(log_dir)
+    yield started
+    started.close()
+
+
+def consumer_command(*args: str) -> list[str]:
+    return [rmq5_python(), str(DRIVERS / "python_consumer.py"), *args]
+
+
+def consume(tmp_path: Path, *args: str) -> list[dict[str, Any]]:
+    home = tmp_path / "client-home"
+    home.mkdir(exist_ok=True)
+    done = subprocess.run(
+        consumer_command(*args), capture_output=True, timeout=CLIENT_TIMEOUT_S, env=client_env(home), cwd=tmp_path, check=False
+    )
+    assert done.returncode == 0, f"consumer failed: {done.stderr.decode(errors='replace')[-3000:]}"
+    return [json.loads(line) for line in done.stdout.splitlines()]
+
+
+class Background:
+    """A consumer process running while the test does other things; its lines so far."""
+
+    def __init__(self, tmp_path: Path, name: str, *args: str):
+        home = tmp_path / "client-home"
+        home.mkdir(exist_ok=True)
+        self.out_path = tmp_path / f"{name}.out"
+        self._out = open(self.out_path, "wb")
+        self.proc = subprocess.Popen(
+            consumer_command(*args), stdout=self._out, stderr=subprocess.DEVNULL, env=client_env(home), cwd=tmp_path
+        )
+
+    def lines(self) -> list[dict[str, Any]]:
+        text = self.out_path.read_text()
+        return [json.loads(line) for line in text.splitlines() if line.endswith("}")]
+
+    def wait_lines(self, count: int, timeout_s: float = 120.0) -> list[dict[str, Any]]:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            lines = self.lines()
+            if len(lines) >= count:
+                return lines
+            assert self.proc.poll() is None, f"the consumer exited early with {len(lines)} lines"
+            time.sleep(0.05)
+        raise AssertionError(f"the consumer printed fewer than {count} lines within {timeout_s} s")
+
+    def wait(self, timeout_s: float = CLIENT_TIMEOUT_S) -> list[dict[str, Any]]:
+        try:
+            self.proc.wait(timeout=timeout_s)
+        finally:
+            self.close()
+        return self.lines()
+
+    def stop(self) -> list[dict[str, Any]]:
+        """Kill it (its writer is gone: the client would retry on) and take its lines,
+        every one of which it printed in full after the writer's answer."""
+        self.close()
+        return self.lines()
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=30)
+        self._out.close()
+
+
+def produce(tmp_path: Path, endpoint: str, count: int) -> list[dict[str, Any]]:
+    """``count`` messages from the official producer: three quarters to Orders (tags
+    Tag0-2), a quarter to Carts as FIFO (eight message groups)."""
+    lines = run_python_client(tmp_path, "send", endpoint, "Orders", "Carts", str(count))
+    assert len(lines) == count
+    return lines
+
+
+def consume_the_rest(tmp_path: Path, endpoint: str, wanted: set[str]) -> list[dict[str, Any]]:
+    """Group g's messages until each of ``wanted`` came, then whatever else still comes
+    within a few quiet seconds."""
+    want = tmp_path / "want.txt"
+    want.write_text("\n".join(sorted(wanted)) + "\n")
+    lines = consume(tmp_path, "simple", endpoint, "g", "Orders", "--want", str(want))
+    return lines + consume(tmp_path, "simple", endpoint, "g", "Orders", "--idle-s", "4")
+
+
+def bodies(lines: list[dict[str, Any]]) -> list[str]:
+    return [line["body"] for line in lines]
+
+
+@pytest.mark.slow
+def test_simple_consumer_gets_every_message_once_a_tag_filter_its_subset_fifo_in_order(nodes: Nodes, tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    writer = nodes.start("writer", store, *SIZE_ARGS, "--fifo-group", "fifo")
+    sent = produce(tmp_path, writer.endpoint, PYTHON_CLIENT_MESSAGES)
+    # Group "all": a consumer for each topic, side by side (one consumer of both would
+    # alternate its receives between them, waiting out its poll on the drained one).
+    counts = Counter(line["topic"] for line in sent)
+    per_topic = [
+        Background(tmp_path, f"all-{topic}", "simple", writer.endpoint, "all", topic, "--expect", str(counts[topic]))
+        for topic in ("Orders", "Carts")
+    ]
+    try:
+        everything = [line for consumer in per_topic for line in consumer.wait()]
+    finally:
+        for consumer in per_topic:
+            consumer.close()
+    assert Counter(bodies(everything)) == Counter(bodies(sent))  # each exactly once
+    assert {line["attempt"] for line in everything} == {1} and all(line["acked"] for line in everything)
+    wanted = [line["body"] for line in sent if line.get("tag") in ("Tag0", "Tag2")]
+    tagged = consume(tmp_path, "simple", writer.endpoint, "tagged", "Orders", "--tag", "Tag0||Tag2", "--expect", str(len(wanted)))
+    assert sorted(bodies(tagged)) == sorted(wanted)
+    assert {line["tag"] for line in tagged} == {"Tag0", "Tag2"}
+    # A FIFO group gets each message group's messages in their send order.
+    fifo_count = sum(1 for line in sent if "group" in line)
+    fifo = consume(tmp_path, "simple", writer.endpoint, "fifo", "Carts", "--expect", str(fifo_count))
+    assert len(fifo) == fifo_count
+    received: dict[str, list[int]] = defaultdict(list)
+    for line in fifo:
+        received[line["group"]].append(int(line["body"].split(" ")[1]))
+    expected: dict[str, list[int]] = defaultdict(list)
+    for line in sent:
+        if "group" in line:
+            expected[line["group"]].append(line["n"])
+    assert dict(received) == dict(expected)
+    # After a clean stop the groups' offsets are Apache's consumerOffset.json, at each queue's end.
+    writer.stop()
+    ends: dict[tuple[str, int], int] = defaultdict(int)
+    for line in sent:
+        ends[(line["topic"], line["queue_id"])] = max(ends[(line["topic"], line["queue_id"])], line["offset"] + 1)
+    table = read_offsets(str(store / "config"))
+    for topic in ("Orders", "Carts"):
+        assert table[(topic, "all")] == {q: end for (t, q), end in ends.items() if t == topic}
+    assert table[("Orders", "tagged")] == {q: end for (t, q), end in ends.items() if t == "Orders"}
+
+
+def test_unacknowledged_come_back_with_a_higher_attempt_and_a_renewed_one_stays_away(nodes: Nodes, tmp_path: Path) -> None:
+    writer = nodes.start("writer", tmp_path / "store", *SIZE_ARGS)
+    sent = produce(tmp_path, writer.endpoint, 40)
+    orders = sorted(line["body"] for line in sent if line["topic"] == "Orders")
+    # Nothing acknowledged, invisible 5 s; the first handled is renewed for 60 s.
+    first = consume(tmp_path, "simple", writer.endpoint, "g", "Orders", "--ack", "none", "--invisible-s", "5",
+                    "--renew", "1", "--expect", str(len(orders)), "--await-s", "1")  # fmt: skip
+    assert sorted(bodies(first)) == orders and {line["attempt"] for line in first} == {1}
+    renewed = [line["body"] for line in first if line.get("renewed")]
+    assert len(renewed) == 1
+    again = consume(tmp_path, "simple", writer.endpoint, "g", "Orders", "--expect", str(len(orders) - 1), "--await-s", "1")
+    assert sorted(bodies(again)) == sorted(set(orders) - set(renewed))
+    assert {line["attempt"] for line in again} == {2}
+    assert consume(tmp_path, "simple", writer.endpoint, "g", "Orders", "--idle-s", "3") == []
+
+
+def test_push_consumer_success_for_all_and_failures_retried_then_in_the_dead_letter_topic(nodes: Nodes, tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    writer = nodes.start("writer", store, *SIZE_ARGS, "--consumer-max-attempts", "3", "--consumer-retry-delays", "1,2")
+    sent = produce(tmp_path, writer.endpoint, 40)
+    orders = [line for line in sent if line["topic"] == "Orders"]
+    ok = consume(tmp_path, "push", writer.endpoint, "pushok", "Orders", "--seconds", "5")
+    assert sorted(bodies(ok)) == sorted(bodies(orders)) and {line["result"] for line in ok} == {"SUCCESS"}
+    failing = consume(tmp_path, "push", writer.endpoint, "pushfail", "Orders", "--fail-mod", "10", "--seconds", "9")
+    failed = {line["body"]: line for line in orders if line["n"] % 10 == 0}
+    assert failed
+    by_body: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for line in failing:
+        by_body[line["body"]].append(line)
+    for body in failed:
+        attempts = by_body[body]
+        assert [a["attempt"] for a in attempts] == [1, 2, 3], body
+        assert all(a["result"] == "FAILURE" for a in attempts)
+        # The backoff: 1 s before the second delivery, 2 s before the third (timer slack allowed).
+        assert attempts[1]["t"] - attempts[0]["t"] >= 0.9 and attempts[2]["t"] - attempts[1]["t"] >= 1.9, attempts
+    for body in set(by_body) - set(failed):
+        assert [a["result"] for a in by_body[body]] == ["SUCCESS"], body
+    # The writer moved each failed message to %DLQ%pushfail once its third delivery failed.
+    query = nodes.query(nodes.start("query", store, *SIZE_ARGS))
+    for body, line in failed.items():
+        found = query.QueryByUniqKey(
+            query_pb2.QueryByUniqKeyRequest(topic="%DLQ%pushfail", uniq_key=line["message_id"]), timeout=RPC_TIMEOUT_S
+        ).messages
+        assert len(found) == 1, body
+        stored = found[0]
+        assert stored.body == body.encode() and stored.tags == line["tag"]
+        properties = dict(stored.properties)
+        assert properties["DLQ_ORIGIN_TOPIC"] == "Orders" and properties["DLQ_ORIGIN_MESSAGE_ID"] == line["message_id"]
+        assert properties["RECONSUME_TIME"] == "3" or properties["RECONSUME_TIME"] == "2"
+        assert properties["seq"] == str(line["n"])
+
+
+def test_sigterm_mid_consumption_delivers_no_acknowledged_message_again(nodes: Nodes, tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    writer = nodes.start("writer", store, *SIZE_ARGS)
+    sent = produce(tmp_path, writer.endpoint, 400)
+    orders = {line["body"] for line in sent if line["topic"] == "Orders"}
+    # Paced, so that the stop comes while it is consuming.
+    running = Background(tmp_path, "before", "simple", writer.endpoint, "g", "Orders", "--batch", "8", "--invisible-s", "3",
+                         "--pace-s", "0.02")  # fmt: skip
+    try:
+        running.wait_lines(100)
+        writer.stop()  # SIGTERM while the consumer is receiving and acknowledging
+    finally:
+        before = running.stop()
+    acked = {line["body"] for line in before if line.get("acked")}
+    assert 100 <= len(acked) < len(orders)
+    again = nodes.start("writer", store, *SIZE_ARGS)
+    after = consume_the_rest(tmp_path, again.endpoint, orders - set(acked))
+    assert not acked & set(bodies(after))
+    assert acked | set(bodies(after)) == orders
+
+
+def test_sigkill_loses_no_message_and_redelivers_only_the_last_flush_intervals_acks(nodes: Nodes, tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    flush = ["--consumer-flush-interval-ms", str(FLUSH_INTERVAL_MS)]
+    writer = nodes.start("writer", store, *SIZE_ARGS, *flush)
+    sent = produce(tmp_path, writer.endpoint, 400)
+    orders = {line["body"] for line in sent if line["topic"] == "Orders"}
+    # Paced so that the acknowledgements before the kill span several flush intervals.
+    running = Background(tmp_path, "before", "simple", writer.endpoint, "g", "Orders", "--batch", "8", "--invisible-s", "3",
+                         "--pace-s", "0.03")  # fmt: skip
+    try:
+        running.wait_lines(150)
+        killed_at = time.time()
+        writer.proc.kill()
+        writer.cleanup()
+    finally:
+        before = running.stop()
+    acked = {line["body"]: line["t_done"] for line in before if line.get("acked")}
+    assert 150 <= len(acked) < len(orders)
+    again = nodes.start("writer", store, *SIZE_ARGS, *flush)
+    after = consume_the_rest(tmp_path, again.endpoint, orders - set(acked))
+    assert set(acked) | set(bodies(after)) == orders  # none lost
+    redelivered = [body for body in bodies(after) if body in acked]
+    # Only acknowledgements of the last flush interval before the kill may be lost.
+    late = [acked[body] for body in redelivered if acked[body] < killed_at - KILL_BOUND_S]
+    assert late == [], (len(redelivered), killed_at, sorted(late)[:5])
+    # Some acknowledgements were older than the bound (each of them then kept).
+    assert sum(1 for t in acked.values() if t < killed_at - KILL_BOUND_S) >= 50
+
+
+def test_two_consumers_of_a_group_share_and_another_group_gets_all(nodes: Nodes, tmp_path: Path) -> None:
+    writer = nodes.start("writer", tmp_path / "store", *SIZE_ARGS)
+    sent = produce(tmp_path, writer.endpoint, 400)
+    orders = sorted(line["body"] for line in sent if line["topic"] == "Orders")
+    consumers = [
+        # Paced, so that the one started first cannot take everything before the other starts.
+        Background(tmp_path, f"shared{i}", "simple", writer.endpoint, "shared", "Orders", "--batch", "4", "--idle-s", "10",
+                   "--await-s", "1", "--pace-s", "0.02")  # fmt: skip
+        for i in range(2)
+    ]
+    other = Background(tmp_path, "other", "simple", writer.endpoint, "other", "Orders", "--expect", str(len(orders)))
+    try:
+        shared = [c.wait(timeout_s=120) for c in consumers]
+        alone = other.wait(timeout_s=120)
+    finally:
+        for c in (*consumers, other):
+            c.close()
+    # The client picks queues at random, so a quiet spell may end one early: a third
+    # consumer of the group takes what is left, if anything.
+    left = consume(tmp_path, "simple", writer.endpoint, "shared", "Orders", "--want", str(want_file(tmp_path, orders, shared)))
+    first, second, third = (set(bodies(lines)) for lines in (*shared, left))
+    assert not first & second and not (first | second) & third  # no message went to two consumers
+    assert sorted(bodies(shared[0]) + bodies(shared[1]) + bodies(left)) == orders
+    assert len(first) >= 20 and len(second) >= 20  # both took part
+    assert sorted(bodies(alone)) == orders
+
+
+def want_file(tmp_path: Path, orders: list[str], shared: list[list[dict[str, Any]]]) -> Path:
+    path = tmp_path / "left.txt"
+    path.write_text("".join(f"{body}\n" for body in sorted(set(orders) - {line["body"] for lines in shared for line in lines})))
+    return path
+
+
+@pytest.mark.parametrize(
+    ("option", "line"),
+    [
+        ("--fifo-group=a b", "rmqstore: error: --fifo-group: consumer group 'a b' must be 1-255 of letters, digits, %, |, _ and -"),
+        ("--consumer-retry-delays=x", "rmqstore: error: writer serve: argument --consumer-retry-delays: 'x': expected whole seconds "
+         "separated by commas, e.g. 1,5,10 (see rmqstore writer serve --help)"),
+        ("--consumer-retry-delays=1,9000", "rmqstore: error: writer serve: argument --consumer-retry-delays: '1,9000': each delay "
+         "must be 0-7200 seconds (see rmqstore writer serve --help)"),
+        ("--consumer-max-attempts=0", "rmqstore: error: writer serve: argument --consumer-max-attempts: 0 is outside "
+         "[1, 2147483647] (a count of at least 1) (see rmqstore writer serve --help)"),
+        ("--consumer-flush-interval-ms=0", "rmqstore: error: writer serve: argument --consumer-flush-interval-ms: 0 is outside "
+         "[1, 2147483647] (a count of at least 1) (see rmqstore writer serve --help)"),
+    ],
+)  # fmt: skip
+def test_bad_consumer_options_stop_the_writer_before_it_touches_the_store(tmp_path: Path, option: str, line: str) -> None:
+    store = tmp_path / "store"
+    done = subprocess.run(
+        [sys.executable, "-m", "rmqstore.cli.main", "writer", "serve", "--store", str(store), "--port", "0", option],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert (done.returncode, done.stdout, done.stderr) == (2, "", line + "\n")
+    assert not store.exists()
+
+
+def test_fifo_push_consumer_gets_each_message_group_in_send_order(nodes: Nodes, tmp_path: Path) -> None:
+    writer = nodes.start("writer", tmp_path / "store", *SIZE_ARGS, "--fifo-group", "ordered")
+    sent = produce(tmp_path, writer.endpoint, 160)  # 40 FIFO messages to Carts, in 8 message groups
+    expected: dict[str, list[int]] = defaultdict(list)
+    for line in sent:
+        if "group" in line:
+            expected[line["group"]].append(line["n"])
+    lines = consume(tmp_path, "push", writer.endpoint, "ordered", "Carts", "--seconds", "6")
+    received: dict[str, list[int]] = defaultdict(list)
+    for line in lines:
+        received[line["group"]].append(int(line["body"].split(" ")[1]))
+    assert dict(received) == dict(expected)
+    assert {line["result"] for line in lines} == {"SUCCESS"} and {line["attempt"] for line in lines} == {1}
+
+
+def test_fifo_push_consumer_forwards_a_failing_message_to_the_dead_letter_topic(nodes: Nodes, tmp_path: Path) -> None:
+    """The FIFO push consumer retries a failing message itself (the group's attempts and
+    delays), then forwards it with ForwardMessageToDeadLetterQueue and goes on."""
+    store = tmp_path / "store"
+    writer = nodes.start("writer", store, *SIZE_ARGS, "--fifo-group", "ordered", "--consumer-max-attempts", "2",
+                         "--consumer-retry-delays", "1")  # fmt: skip
+    sent = produce(tmp_path, writer.endpoint, 80)  # 20 FIFO messages to Carts (n 60-79)
+    fifo = {line["n"]: line for line in sent if "group" in line}
+    lines = consume(tmp_path, "push", writer.endpoint, "ordered", "Carts", "--fail-mod", "7", "--seconds", "8")
+    consumed = Counter(int(line["body"].split(" ")[1]) for line in lines)
+    failing = {n for n in fifo if n % 7 == 0}
+    assert failing and consumed == Counter({n: 2 if n in failing else 1 for n in fifo})
+    query = nodes.query(nodes.start("query", store, *SIZE_ARGS))
+    for n in sorted(fifo):
+        found = query.QueryByUniqKey(
+            query_pb2.QueryByUniqKeyRequest(topic="%DLQ%ordered", uniq_key=fifo[n]["message_id"]), timeout=RPC_TIMEOUT_S
+        ).messages
+        assert len(found) == (1 if n in failing else 0), n
+        if found:
+            assert dict(found[0].properties)["DLQ_ORIGIN_TOPIC"] == "Carts"
+            assert dict(found[0].properties)["__SHARDINGKEY"] == fifo[n]["group"]
+
+
+def test_a_damaged_consumer_offset_file_stops_the_writer_with_its_reason(tmp_path: Path) -> None:
+    """Neither consumerOffset.json nor its .bak decodes: the writer does not start (it
+    would otherwise hand every group's messages out again from the start), and says why."""
+    config = tmp_path / "store" / "config"
+    config.mkdir(parents=True)
+    (config / "consumerOffset.json").write_text("{garbage")
+    done = subprocess.run(
+        [sys.executable, "-m", "rmqstore.cli.main", "writer", "serve", "--store", str(tmp_path / "store"), "--port", "0"],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert (done.returncode, done.stdout) == (1, "")
+    assert done.stderr == (
+        f"rmqstore: error: {config}/consumerOffset.json is not readable JSON: Expecting property name enclosed in double quotes: "
+        "line 1 column 2 (char 1)\n"
+    )
+    assert (config / "consumerOffset.json").read_text() == "{garbage"  # left as it was

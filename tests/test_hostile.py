@@ -130,7 +130,7 @@ def test_malformed_protobuf_is_invalid_argument_on_every_method_of_both_nodes(wr
     """Every method of the writer (asyncio server) and of the query node (threaded
     server), health and reflection included, answers bytes that do not parse with
     INVALID_ARGUMENT naming the request type, and both nodes serve on afterwards."""
-    assert len(METHODS) == 7 + 12 + 3
+    assert len(METHODS) == 7 + 14 + 3
     for channel, node in ((writer.channel, "writer"), (query.channel, "query")):
         for path, client_streaming, server_streaming, request_type in METHODS:
             service = path.split("/")[1]

@@ -1,0 +1,377 @@
+"""RocketMQ 5 consumers against the writer, beside SQLite used as a queue, in one run.
+
+Rate: MESSAGES messages stored first, then consumed. rmqstore: the official Python
+client's SimpleConsumer (benchmarks/consumer_client.py, its own virtualenv and process)
+receives batches of BATCH with a waiting long poll and acknowledges every message.
+SQLite: one file (WAL, synchronous=NORMAL: durable at checkpoints, as the writer's group
+offsets are durable at their flush interval), a table of messages, and a consumer
+process that takes BATCH in one transaction: SELECT … ORDER BY id LIMIT BATCH, then
+DELETE of those ids, COMMIT. The figure is rmqstore's rate ÷ SQLite's (target ≥ 5).
+
+Latency: a producer sends RATE msgs/s steadily for SECONDS (our own WriterService
+SendBatch every 10 ms; each body is its send time, time.time_ns) while CONSUMERS
+SimpleConsumer processes of one group wait in their long polls; latency is receive time
+minus send time, on one machine's clock. SQLite the same: a producer inserting each 10 ms
+batch in one transaction, a consumer process polling (1 ms sleep when the table is
+empty: SQLite cannot wake a reader). Target: rmqstore's p99 ≤ 50 ms.
+
+    python benchmarks/consumer_bench.py [--messages N] [--batch 32] [--rate 5000]
+        [--seconds S] [--consumers C] [--out benchmarks/CONSUMERS.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sqlite3
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+sys.path.insert(0, str(HERE))
+
+from bench_common import Nodes, load_average, machine_facts, quiet_env, ratio  # noqa: E402
+
+RATE_TARGET = 5.0
+P99_TARGET_MS = 50.0
+TIMEOUT_S = 1800.0
+TICK_S = 0.01
+PRELOAD_BATCH = 256
+TOPIC = "ConsumeBench"
+GROUP = "consume-bench"
+# Consumers long-poll before the producer starts: this is their start-up allowance.
+CONSUMER_START_S = 4.0
+# After the producer stops, what the consumers may take to drain.
+DRAIN_S = 5.0
+BODY_BYTES = 100
+SQLITE_POLL_SLEEP_S = 0.001
+
+
+def _body(n: int) -> bytes:
+    return f"{n:020d}".encode().ljust(BODY_BYTES, b".")
+
+
+# rmqstore
+
+
+def rmq5_python() -> str:
+    python = Path(os.environ.get("RMQSTORE_RMQ5_VENV", REPO / ".venv-rmq5")) / "bin" / "python"
+    if not python.exists():
+        raise SystemExit(f"the official Python client's virtualenv is missing ({python}): run test.sh once")
+    return str(python)
+
+
+def client_env(home: Path) -> dict[str, str]:
+    env = {k: v for k, v in quiet_env().items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    env["HOME"] = str(home)  # the client's log goes under ~/logs
+    return env
+
+
+def preload(endpoint: str, count: int) -> None:
+    import grpc
+
+    from rmqstore.v1 import messages_pb2, writer_pb2, writer_pb2_grpc
+
+    with grpc.insecure_channel(endpoint) as channel:
+        stub = writer_pb2_grpc.WriterServiceStub(channel)
+        for start in range(0, count, PRELOAD_BATCH):
+            messages = [messages_pb2.Message(topic=TOPIC, body=_body(n), tags="T") for n in range(start, min(start + PRELOAD_BATCH, count))]
+            stub.SendBatch(writer_pb2.SendBatchRequest(messages=messages), timeout=60)
+
+
+def rmqstore_rate(nodes: Nodes, work: Path, count: int, batch: int) -> dict[str, Any]:
+    writer = nodes.start("writer", work / "store-rate")
+    preload(writer.endpoint, count)
+    command = [rmq5_python(), str(HERE / "consumer_client.py"), "rate", writer.endpoint, TOPIC, GROUP, str(count), str(batch)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT_S, env=client_env(work), check=False)
+    writer.stop()
+    if done.returncode != 0:
+        raise RuntimeError(f"the consumer failed ({done.returncode}):\n{done.stderr[-3000:]}")
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    result["msgs_per_s"] = result["messages"] / result["seconds"]
+    return result
+
+
+def paced(rate: int, seconds: float, send: Any) -> int:
+    """Call ``send(first_n, count)`` every TICK_S with what is due at ``rate``; the count sent."""
+    total = int(rate * seconds)
+    sent = 0
+    started = time.perf_counter()
+    while sent < total:
+        due = min(total, int((time.perf_counter() - started) * rate) + 1)
+        if due > sent:
+            send(sent, due - sent)
+            sent = due
+        time.sleep(max(0.0, started + sent / rate - time.perf_counter()))
+    return sent
+
+
+def rmqstore_latency(nodes: Nodes, work: Path, rate: int, seconds: float, batch: int, consumers: int) -> dict[str, Any]:
+    import grpc
+
+    from rmqstore.v1 import messages_pb2, writer_pb2, writer_pb2_grpc
+
+    writer = nodes.start("writer", work / "store-latency")
+    total = int(rate * seconds)
+    deadline_s = CONSUMER_START_S + seconds + DRAIN_S
+    with grpc.insecure_channel(writer.endpoint) as channel:
+        stub = writer_pb2_grpc.WriterServiceStub(channel)
+        # The topic exists before the consumers ask for its route.
+        stub.CreateTopic(writer_pb2.CreateTopicRequest(name=TOPIC, queue_count=4), timeout=60)
+        command = [rmq5_python(), str(HERE / "consumer_client.py"), "latency", writer.endpoint, TOPIC, GROUP, str(total), str(batch), str(deadline_s)]
+        procs = [
+            subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=client_env(work))
+            for _ in range(consumers)
+        ]
+        try:
+            time.sleep(CONSUMER_START_S)
+
+            def send(first: int, count: int) -> None:
+                stamp = str(time.time_ns()).encode()
+                messages = [messages_pb2.Message(topic=TOPIC, body=stamp) for _ in range(count)]
+                stub.SendBatch(writer_pb2.SendBatchRequest(messages=messages), timeout=60)
+
+            sent = paced(rate, seconds, send)
+            outputs = [proc.communicate(timeout=deadline_s + 60) for proc in procs]
+        finally:
+            for proc in procs:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
+    writer.stop()
+    latencies: list[int] = []
+    received = duplicates = 0
+    for proc, (stdout, stderr) in zip(procs, outputs):
+        if proc.returncode != 0:
+            raise RuntimeError(f"a consumer failed ({proc.returncode}):\n{stderr[-3000:]}")
+        result = json.loads(stdout.strip().splitlines()[-1])
+        latencies += result["latencies_us"]
+        received += result["messages"]
+        duplicates += result["duplicates"]
+    return {"sent": sent, "received": received, "duplicates": duplicates, **percentiles(latencies)}
+
+
+def percentiles(latencies_us: list[int]) -> dict[str, Any]:
+    if not latencies_us:
+        return {"p50_ms": None, "p99_ms": None, "max_ms": None}
+    ms = sorted(v / 1000 for v in latencies_us)
+    if len(ms) == 1:
+        p50 = p99 = ms[0]
+    else:
+        cuts = statistics.quantiles(ms, n=100, method="inclusive")
+        p50, p99 = cuts[49], cuts[98]
+    return {"p50_ms": round(p50, 2), "p99_ms": round(p99, 2), "max_ms": round(ms[-1], 2)}
+
+
+# SQLite as a queue
+
+
+def sqlite_connect(path: Path) -> sqlite3.Connection:
+    connection = sqlite3.connect(path, isolation_level=None, timeout=30)
+    connection.execute("PRAGMA journal_mode=WAL")
+    connection.execute("PRAGMA synchronous=NORMAL")
+    connection.execute("CREATE TABLE IF NOT EXISTS queue (id INTEGER PRIMARY KEY AUTOINCREMENT, tag TEXT, body BLOB NOT NULL)")
+    return connection
+
+
+def sqlite_take(connection: sqlite3.Connection, batch: int) -> list[tuple[int, bytes]]:
+    """One consumer step: a batch taken and deleted in one transaction."""
+    connection.execute("BEGIN IMMEDIATE")
+    try:
+        rows = connection.execute("SELECT id, body FROM queue ORDER BY id LIMIT ?", (batch,)).fetchall()
+        if rows:
+            connection.execute(f"DELETE FROM queue WHERE id IN ({','.join('?' * len(rows))})", [r[0] for r in rows])
+        connection.execute("COMMIT")
+    except BaseException:
+        connection.execute("ROLLBACK")
+        raise
+    return rows
+
+
+def sqlite_insert(connection: sqlite3.Connection, bodies: list[bytes]) -> None:
+    connection.execute("BEGIN IMMEDIATE")
+    connection.executemany("INSERT INTO queue (tag, body) VALUES ('T', ?)", [(b,) for b in bodies])
+    connection.execute("COMMIT")
+
+
+def sqlite_consume(path: Path, count: int, batch: int, deadline_s: float, stamped: bool) -> dict[str, Any]:
+    """The SQLite consumer process: take batches until ``count`` messages or the deadline."""
+    connection = sqlite_connect(path)
+    taken = 0
+    latencies_us: list[int] = []
+    started = time.perf_counter()
+    stop_at = time.monotonic() + deadline_s
+    while taken < count and time.monotonic() < stop_at:
+        rows = sqlite_take(connection, batch)
+        if not rows:
+            time.sleep(SQLITE_POLL_SLEEP_S)
+            continue
+        arrived_ns = time.time_ns()
+        taken += len(rows)
+        if stamped:
+            latencies_us += [(arrived_ns - int(body)) // 1000 for _, body in rows]
+    seconds = time.perf_counter() - started
+    connection.close()
+    return {"messages": taken, "seconds": seconds, "latencies_us": latencies_us}
+
+
+def _sqlite_consumer_process(path: Path, count: int, batch: int, deadline_s: float, stamped: bool) -> subprocess.Popen[str]:
+    command = [sys.executable, __file__, "--sqlite-consumer", str(path), str(count), str(batch), str(deadline_s), "1" if stamped else "0"]
+    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=quiet_env())
+
+
+def _result_of(proc: subprocess.Popen[str], timeout_s: float) -> dict[str, Any]:
+    stdout, stderr = proc.communicate(timeout=timeout_s)
+    if proc.returncode != 0:
+        raise RuntimeError(f"the SQLite consumer failed ({proc.returncode}):\n{stderr[-3000:]}")
+    result: dict[str, Any] = json.loads(stdout.strip().splitlines()[-1])
+    return result
+
+
+def sqlite_rate(work: Path, count: int, batch: int) -> dict[str, Any]:
+    path = work / "rate.sqlite"
+    connection = sqlite_connect(path)
+    for start in range(0, count, PRELOAD_BATCH):
+        sqlite_insert(connection, [_body(n) for n in range(start, min(start + PRELOAD_BATCH, count))])
+    connection.close()
+    result = _result_of(_sqlite_consumer_process(path, count, batch, TIMEOUT_S, stamped=False), TIMEOUT_S)
+    result.pop("latencies_us")
+    result["msgs_per_s"] = result["messages"] / result["seconds"]
+    return result
+
+
+def sqlite_latency(work: Path, rate: int, seconds: float, batch: int) -> dict[str, Any]:
+    path = work / "latency.sqlite"
+    connection = sqlite_connect(path)
+    total = int(rate * seconds)
+    deadline_s = CONSUMER_START_S + seconds + DRAIN_S
+    proc = _sqlite_consumer_process(path, total, batch, deadline_s, stamped=True)
+    try:
+        time.sleep(CONSUMER_START_S)
+        sent = paced(rate, seconds, lambda first, n: sqlite_insert(connection, [str(time.time_ns()).encode()] * n))
+        result = _result_of(proc, deadline_s + 60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        connection.close()
+    return {"sent": sent, "received": result["messages"], "duplicates": 0, **percentiles(result["latencies_us"])}
+
+
+# The run
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--messages", type=int, default=50_000, help="messages stored, then consumed, for the rate")
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--rate", type=int, default=5_000, help="the producer's msgs/s for the latency")
+    parser.add_argument("--seconds", type=float, default=10.0, help="how long the producer sends for the latency")
+    parser.add_argument("--consumers", type=int, default=1, help="SimpleConsumer processes of the group for the latency")
+    parser.add_argument("--out", type=Path, help="write the results as markdown here")
+    parser.add_argument("--sqlite-consumer", nargs=5, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.sqlite_consumer:
+        path, count, batch, deadline_s, stamped = args.sqlite_consumer
+        print(json.dumps(sqlite_consume(Path(path), int(count), int(batch), float(deadline_s), stamped == "1")), flush=True)
+        return
+    with tempfile.TemporaryDirectory(prefix="consumer-bench-") as work_text:
+        work = Path(work_text)
+        with Nodes(work / "logs") as nodes:
+            rmq_rate = rmqstore_rate(nodes, work, args.messages, args.batch)
+            lite_rate = sqlite_rate(work, args.messages, args.batch)
+            rmq_latency = rmqstore_latency(nodes, work, args.rate, args.seconds, args.batch, args.consumers)
+            lite_latency = sqlite_latency(work, args.rate, args.seconds, args.batch)
+    figure = ratio(rmq_rate["msgs_per_s"], lite_rate["msgs_per_s"])
+    report = {
+        "messages": args.messages,
+        "batch": args.batch,
+        "rate": args.rate,
+        "seconds": args.seconds,
+        "consumers": args.consumers,
+        "receive_ack": {
+            "rmqstore": {k: round(v, 3) if isinstance(v, float) else v for k, v in rmq_rate.items()},
+            "sqlite": {k: round(v, 3) if isinstance(v, float) else v for k, v in lite_rate.items()},
+        },
+        "rate_ratio": figure,
+        "latency": {"rmqstore": rmq_latency, "sqlite": lite_latency},
+        "rate_target": RATE_TARGET,
+        "p99_target_ms": P99_TARGET_MS,
+        "rate_met": figure is not None and figure >= RATE_TARGET,
+        "p99_met": rmq_latency["p99_ms"] is not None and rmq_latency["p99_ms"] <= P99_TARGET_MS,
+    }
+    print(json.dumps(report), flush=True)
+    if args.out:
+        text = markdown(report, " ".join(["python", "benchmarks/consumer_bench.py", *sys.argv[1:]]))
+        args.out.write_text(text + kept_analysis(args.out))
+
+
+ANALYSIS_HEADING = "\n## What bounds the figures"
+
+
+def kept_analysis(out: Path) -> str:
+    """The hand-written analysis at the end of an earlier report (from its heading on),
+    kept when the figures above it are measured again."""
+    if not out.exists():
+        return ""
+    earlier = out.read_text(encoding="utf-8")
+    start = earlier.find(ANALYSIS_HEADING)
+    return earlier[start:] if start >= 0 else ""
+
+
+def markdown(report: dict[str, Any], command: str) -> str:
+    facts = machine_facts(REPO)
+    rate = report["receive_ack"]
+    latency = report["latency"]
+
+    def verdict(met: bool) -> str:
+        return "met" if met else "missed"
+
+    def latency_row(name: str, figures: dict[str, Any]) -> str:
+        return (
+            f"| {name} | {figures['sent']:,} | {figures['received']:,} | {figures['duplicates']} | "
+            f"{figures['p50_ms']} | {figures['p99_ms']} | {figures['max_ms']} |"
+        )
+
+    return f"""# RocketMQ 5 consumers: the official Python SimpleConsumer beside SQLite as a queue
+
+`{command}`
+
+{facts['date_utc']}, commit {facts['git_commit']}, {facts['cores']} cores ({facts['cpu']}), load average at the
+end {load_average()}. Every process on 127.0.0.1; the writer with its defaults (ASYNC flush).
+
+## Receive and acknowledge, batches of {report['batch']}
+
+{report['messages']:,} messages stored first, then consumed by one consumer.
+
+| consumer | messages | seconds | msgs/s |
+|---|---|---|---|
+| rmqstore, official Python SimpleConsumer (receive {report['batch']}, ack each) | {rate['rmqstore']['messages']:,} | {rate['rmqstore']['seconds']} | {rate['rmqstore']['msgs_per_s']:,.0f} |
+| SQLite (SELECT … LIMIT {report['batch']} + DELETE, one transaction) | {rate['sqlite']['messages']:,} | {rate['sqlite']['seconds']} | {rate['sqlite']['msgs_per_s']:,.0f} |
+
+rmqstore ÷ SQLite: **{report['rate_ratio']}** (target ≥ {report['rate_target']:g}: {verdict(report['rate_met'])}).
+Messages received twice by rmqstore's consumer: {rate['rmqstore']['duplicates']}.
+
+## Send → receive under a steady {report['rate']:,} msgs/s producer
+
+{report['seconds']:g} s of sending; rmqstore: {report['consumers']} SimpleConsumer process(es) in a waiting long poll;
+SQLite: one consumer polling every {SQLITE_POLL_SLEEP_S * 1000:g} ms when the table is empty.
+
+| system | sent | received | twice | p50 ms | p99 ms | max ms |
+|---|---|---|---|---|---|---|
+{latency_row('rmqstore', latency['rmqstore'])}
+{latency_row('SQLite', latency['sqlite'])}
+
+rmqstore's p99: **{latency['rmqstore']['p99_ms']} ms** (target ≤ {report['p99_target_ms']:g} ms: {verdict(report['p99_met'])}).
+"""
+
+
+if __name__ == "__main__":
+    main()

@@ -17,6 +17,9 @@ empty: SQLite cannot wake a reader). Target: rmqstore's p99 ≤ 50 ms.
 
     python benchmarks/consumer_bench.py [--messages N] [--batch 32] [--rate 5000]
         [--seconds S] [--consumers C] [--out benchmarks/CONSUMERS.md]
+
+With --out, the report is also written as JSON to results/consumers-<UTC time>-<N>.json
+beside the markdown.
 """
 
 from __future__ import annotations
@@ -275,7 +278,7 @@ def main() -> None:
     parser.add_argument("--rate", type=int, default=5_000, help="the producer's msgs/s for the latency")
     parser.add_argument("--seconds", type=float, default=10.0, help="how long the producer sends for the latency")
     parser.add_argument("--consumers", type=int, default=1, help="SimpleConsumer processes of the group for the latency")
-    parser.add_argument("--out", type=Path, help="write the results as markdown here")
+    parser.add_argument("--out", type=Path, help="write the results as markdown here, and as JSON in results/ beside it")
     parser.add_argument("--sqlite-consumer", nargs=5, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.sqlite_consumer:
@@ -311,6 +314,10 @@ def main() -> None:
     if args.out:
         text = markdown(report, " ".join(["python", "benchmarks/consumer_bench.py", *sys.argv[1:]]))
         args.out.write_text(text + kept_analysis(args.out))
+        results = args.out.parent / "results"
+        results.mkdir(parents=True, exist_ok=True)
+        stamp = time.strftime("%Y%m%dT%H%MZ", time.gmtime())
+        (results / f"consumers-{stamp}-{args.messages}.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
 
 
 ANALYSIS_HEADING = "\n## What bounds the figures"

@@ -222,14 +222,32 @@ def channel_from(args: argparse.Namespace, endpoint: str) -> grpc.Channel:
     return signing_channel(channel, access_key, secret_key)
 
 
+def retry_delays(text: str) -> tuple[int, ...]:
+    """``--consumer-retry-delays``: whole seconds, 0-7200 each, comma separated."""
+    try:
+        delays = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected whole seconds separated by commas, e.g. 1,5,10") from None
+    if not delays or any(not 0 <= d <= 7200 for d in delays):
+        raise argparse.ArgumentTypeError(f"{text!r}: each delay must be 0-7200 seconds")
+    return delays
+
+
 def cmd_writer_serve(args: argparse.Namespace) -> int:
     from rmqstore.rocketmq_v2 import service_pb2_grpc as messaging_pb2_grpc
     from rmqstore.service.metrics import configure_metrics
     from rmqstore.service.server import AsyncServing
     from rmqstore.service.telemetry import configure_tracing
     from rmqstore.writer.config import FlushPolicy, WriterConfig
+    from rmqstore.writer.consumers import ConsumerGroups, check_group
+    from rmqstore.writer.rocketmq5 import (
+        DEFAULT_RETRY_DELAYS_S,
+        ConsumerPolicy,
+        MessagingServicer,
+        RouteConfig,
+        acl_rules,
+    )
     from rmqstore.writer.rocketmq5 import SERVICE_NAME as MESSAGING_SERVICE_NAME
-    from rmqstore.writer.rocketmq5 import MessagingServicer, RouteConfig, acl_rules
     from rmqstore.writer.service import SERVICE_NAME, WriterServicer
     from rmqstore.writer.store import Writer
 
@@ -262,11 +280,21 @@ def cmd_writer_serve(args: argparse.Namespace) -> int:
     # Checked before recovery, like the TLS files; without --advertise the port is the
     # bound one, known once the server listens.
     route = RouteConfig.parse(args.advertise or f"{args.host}:{args.port or 1}", args.broker_name)
+    for group in args.fifo_group:
+        check_group(group)
+    policy = ConsumerPolicy(max_attempts=args.consumer_max_attempts, retry_delays_s=args.consumer_retry_delays or DEFAULT_RETRY_DELAYS_S)
     writer = Writer(config)
+    try:
+        groups = ConsumerGroups(
+            writer, writer.paths.config, flush_interval_ms=args.consumer_flush_interval_ms, fifo_groups=frozenset(args.fifo_group)
+        )
+    except BaseException:
+        writer.close()
+        raise
     writer.start_background()
     servicer = WriterServicer(writer)
     # RocketMQ 5's producers share the WriterService's group commit: one appender per loop.
-    messaging = MessagingServicer(writer, servicer.appender, route)
+    messaging = MessagingServicer(writer, servicer.appender, route, groups, policy)
 
     def register(server: grpc.aio.Server) -> None:
         writer_pb2_grpc.add_WriterServiceServicer_to_server(servicer, server)
@@ -291,6 +319,7 @@ def cmd_writer_serve(args: argparse.Namespace) -> int:
         raise
     if not args.advertise:
         messaging.route = RouteConfig(route.advertise_host, serving.port, route.broker_name)
+    serving.call(messaging.start_flushing())
     recovery = writer.recovery
     print(
         json.dumps(
@@ -316,6 +345,7 @@ def cmd_writer_serve(args: argparse.Namespace) -> int:
     serving.call(messaging.end_streams())
     serving.stop(SHUTDOWN_GRACE_S)
     servicer.close()
+    groups.flush()  # no handler runs now: the groups' progress as it stands
     writer.close()
     print(json.dumps({"event": "stopped", "service": "writer"}), flush=True)
     return EXIT_OK
@@ -556,6 +586,33 @@ def register(commands: argparse._SubParsersAction) -> None:  # type: ignore[type
         "--broker-name",
         default="rmqstore-0",
         help="the broker name QueryRoute gives the writer (default rmqstore-0)",
+    )
+    consumers = serve.add_argument_group("RocketMQ 5 consumers")
+    consumers.add_argument(
+        "--consumer-flush-interval-ms",
+        type=exits.positive,
+        default=1000,
+        help="write the consumer groups' progress (config/consumerOffset.json) this often (default 1000)",
+    )
+    consumers.add_argument(
+        "--consumer-max-attempts",
+        type=exits.positive,
+        default=17,
+        help="deliveries of a message before a push consumer moves it to %%DLQ%%<group> (default 17)",
+    )
+    consumers.add_argument(
+        "--consumer-retry-delays",
+        type=retry_delays,
+        default=None,
+        metavar="S,S,...",
+        help="seconds before each retry of a failed message (default 1,5,10,30,60,...,7200: Apache's levels)",
+    )
+    consumers.add_argument(
+        "--fifo-group",
+        action="append",
+        default=[],
+        metavar="GROUP",
+        help="a consumer group that consumes FIFO: a message group's next message waits for the one in flight (repeatable)",
     )
     serve.add_argument("--retention-hours", type=exits.hours, default=72.0, help="commit log file reserved time (default 72)")
     serve.add_argument("--disk-clean-ratio", type=exits.ratio, default=0.75, help="delete old files above this disk use (default 0.75)")

@@ -15,23 +15,38 @@ import functools
 import hashlib
 import ipaddress
 import logging
+import time
 import zlib
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import grpc
-from google.protobuf import duration_pb2
+from google.protobuf import duration_pb2, timestamp_pb2
 
 from rmqstore.common.codec import properties as props
 from rmqstore.common.codec.hosts import SocketAddress
-from rmqstore.common.codec.record import PROPERTIES_LENGTH_MAX
+from rmqstore.common.codec.msgid import offset_msg_id
+from rmqstore.common.codec.record import PROPERTIES_LENGTH_MAX, Record
 from rmqstore.common.codec.topic import NOT_ALLOWED_SEND_TOPICS, topic_problem
 from rmqstore.common.errors import InvalidArgument, NotFound, StoreError, StoreFull
 from rmqstore.rocketmq_v2 import definition_pb2 as v2
 from rmqstore.rocketmq_v2 import service_pb2 as v2s
 from rmqstore.rocketmq_v2 import service_pb2_grpc
 from rmqstore.service.acl import MethodRule, Need, Refused, Requirement
+from rmqstore.writer.consumers import (
+    BATCH_MAX,
+    INVISIBLE_MS_MAX,
+    INVISIBLE_MS_MIN,
+    ConsumerGroups,
+    Handed,
+    IllegalFilter,
+    IllegalGroup,
+    InvalidReceiptHandle,
+    TagFilter,
+    check_group,
+)
+from rmqstore.writer.consumers import DEFAULT_MAX_ATTEMPTS as DEFAULT_CONSUMER_MAX_ATTEMPTS
 from rmqstore.writer.service import GroupAppender, peer_address
 from rmqstore.writer.store import AppendResults, Writer
 from rmqstore.writer.validate import (
@@ -59,6 +74,24 @@ LANGUAGES_WITHOUT_QUEUE_ID = frozenset({"PYTHON", "GOLANG"})
 # A message group is a RocketMQ property value: the same rules, a bounded length.
 MESSAGE_GROUP_LENGTH_MAX = 255
 
+# Consumers: the dead-letter topic of a group (MixAll.DLQ_GROUP_TOPIC_PREFIX), the long
+# poll's bounds, and what a consumer is told in the Settings answer.
+DLQ_PREFIX = "%DLQ%"
+DEFAULT_LONG_POLL_MS = 20_000
+LONG_POLL_MS_MAX = 60_000
+POLL_MARGIN_S = 0.5
+AUTO_RENEW_INVISIBLE_MS = 60_000
+RECEIVE_BATCH_SIZE = 32
+# A group's retries (push consumers): Apache's maxReconsumeTimes 16 is 17 deliveries, and
+# its delay levels from the fourth (1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h).
+DEFAULT_RETRY_DELAYS_S = (1, 5, 10, 30, 60, 120, 180, 240, 300, 360, 420, 480, 540, 600, 1200, 1800, 3600, 7200)
+# RocketMQ's properties of a message moved to a dead-letter topic.
+DLQ_ORIGIN_TOPIC = "DLQ_ORIGIN_TOPIC"
+DLQ_ORIGIN_MESSAGE_ID = "DLQ_ORIGIN_MESSAGE_ID"
+RETRY_TOPIC = "RETRY_TOPIC"
+ORIGIN_MESSAGE_ID = "ORIGIN_MESSAGE_ID"
+RECONSUME_TIMES = "RECONSUME_TIME"
+
 T = TypeVar("T")
 log = logging.getLogger(__name__)
 
@@ -80,6 +113,12 @@ def status_for(error: BaseException) -> v2.Status:
     here (the edge's one table for this protocol), anything else is the server's fault."""
     if isinstance(error, V2Refusal):
         return v2.Status(code=error.code, message=str(error))  # type: ignore[arg-type]
+    if isinstance(error, InvalidReceiptHandle):
+        return v2.Status(code=v2.INVALID_RECEIPT_HANDLE, message=str(error))
+    if isinstance(error, IllegalFilter):
+        return v2.Status(code=v2.ILLEGAL_FILTER_EXPRESSION, message=str(error))
+    if isinstance(error, IllegalGroup):
+        return v2.Status(code=v2.ILLEGAL_CONSUMER_GROUP, message=str(error))
     if isinstance(error, StoreFull):
         # The clients stop retrying on TOO_MANY_REQUESTS: a full disk is not a blip.
         return v2.Status(code=v2.TOO_MANY_REQUESTS, message=str(error))
@@ -391,22 +430,93 @@ def send_response(results: AppendResults) -> v2s.SendMessageResponse:
     return response
 
 
-class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
-    """apache.rocketmq.v2.MessagingService for producers, all handlers async (the writer's
-    asyncio server). Sends share the writer's GroupAppender with WriterService."""
+@dataclass(frozen=True)
+class ConsumerPolicy:
+    """What the writer tells consumers: their retries (max delivery attempts, the delay
+    before each retry) and how long an auto-renewed delivery stays invisible."""
 
-    def __init__(self, writer: Writer, appender: GroupAppender, route: RouteConfig):
+    max_attempts: int = DEFAULT_CONSUMER_MAX_ATTEMPTS
+    retry_delays_s: tuple[int, ...] = DEFAULT_RETRY_DELAYS_S
+    auto_renew_invisible_ms: int = AUTO_RENEW_INVISIBLE_MS
+
+
+class Wakeup:
+    """Long polls waiting for new messages: every append wakes them all at once (each
+    then looks again), with no timer loop."""
+
+    def __init__(self) -> None:
+        self._waiters: list[asyncio.Future[None]] = []
+
+    def notify(self) -> None:
+        waiters, self._waiters = self._waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+
+    async def wait(self, timeout_s: float) -> None:
+        waiter = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        try:
+            await asyncio.wait_for(waiter, timeout_s)
+        except TimeoutError:
+            pass
+        finally:
+            if waiter in self._waiters:
+                self._waiters.remove(waiter)
+
+
+class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
+    """apache.rocketmq.v2.MessagingService, all handlers async (the writer's asyncio
+    server). Sends share the writer's GroupAppender with WriterService; each append
+    wakes the consumers' long polls."""
+
+    def __init__(
+        self,
+        writer: Writer,
+        appender: GroupAppender,
+        route: RouteConfig,
+        consumers: ConsumerGroups | None = None,
+        policy: ConsumerPolicy = ConsumerPolicy(),
+    ):
         self.writer = writer
         self.appender = appender
         self.route = route
         self.reader = MessageReader(writer)
+        self.consumers = consumers if consumers is not None else ConsumerGroups(writer, writer.paths.config)
+        self.policy = policy
+        self.consumers.max_attempts = policy.max_attempts
+        self.auto_renew_invisible_ms = policy.auto_renew_invisible_ms
+        self.wakeup = Wakeup()
+        appender.listeners.append(self.wakeup.notify)
+        self._flusher: asyncio.Task[None] | None = None
         # Set when the writer stops: open Telemetry streams end at once rather than hold
         # the server's shutdown grace (a client keeps its stream open for its lifetime).
         self._stopping = asyncio.Event()
 
     async def end_streams(self) -> None:
-        """End every open Telemetry stream (on the server's loop), and any opened later."""
+        """End every open Telemetry stream and long poll (on the server's loop), and any
+        opened later; stop the periodic flush of the groups' progress."""
         self._stopping.set()
+        self.wakeup.notify()
+        if self._flusher is not None:
+            self._flusher.cancel()
+
+    async def start_flushing(self) -> None:
+        """Write the groups' progress every flush interval (on the server's loop: the
+        snapshot is taken there, the files are written on a thread)."""
+        self._flusher = asyncio.get_running_loop().create_task(self._flush_loop())
+
+    async def _flush_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.consumers.flush_interval_ms / 1000)
+            if not self.consumers.dirty:
+                continue
+            table, state = self.consumers.snapshot()
+            try:
+                await self._blocking(functools.partial(self.consumers.write, table, state))
+            except OSError as error:
+                self.consumers.dirty = True  # tried again at the next interval
+                log.error("writing the consumer groups' progress failed: %s", error)
 
     @staticmethod
     async def _blocking(call: Callable[[], T]) -> T:
@@ -492,6 +602,35 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             answer.publishing.validate_message_type = settings.publishing.validate_message_type
         return answer
 
+    def _consumer_settings(self, settings: v2.Settings) -> v2.Settings:
+        """A consumer's settings as the writer wants them used: the group's retries
+        (customized backoff, the one kind every official client reads), whether the group
+        is FIFO, the long poll and batch of a push consumer."""
+        group = settings.subscription.group.name
+        try:
+            check_group(group)
+        except IllegalGroup as error:
+            raise V2Refusal(v2.ILLEGAL_CONSUMER_GROUP, str(error)) from None
+        answer = v2.Settings()
+        answer.CopyFrom(settings)
+        answer.backoff_policy.CopyFrom(
+            v2.RetryPolicy(
+                max_attempts=self.policy.max_attempts,
+                customized_backoff=v2.CustomizedBackoff(
+                    next=[duration_pb2.Duration(seconds=s) for s in self.policy.retry_delays_s]
+                ),
+            )
+        )
+        subscription = answer.subscription
+        subscription.fifo = group in self.consumers.fifo_groups
+        if not subscription.HasField("long_polling_timeout") or not (
+            subscription.long_polling_timeout.seconds or subscription.long_polling_timeout.nanos
+        ):
+            subscription.long_polling_timeout.CopyFrom(duration_pb2.Duration(seconds=DEFAULT_LONG_POLL_MS // 1000))
+        if not subscription.receive_batch_size:
+            subscription.receive_batch_size = RECEIVE_BATCH_SIZE
+        return answer
+
     async def Telemetry(
         self, request_iterator: AsyncIterator[v2s.TelemetryCommand], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[v2s.TelemetryCommand]:
@@ -505,12 +644,18 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             if settings.client_type not in v2.ClientType.values():
                 yield v2s.TelemetryCommand(status=_unknown_client_type(settings.client_type), settings=settings)
                 continue
+            if settings.client_type in (v2.PUSH_CONSUMER, v2.SIMPLE_CONSUMER):
+                try:
+                    answer = self._consumer_settings(settings)
+                except V2Refusal as refusal:
+                    yield v2s.TelemetryCommand(status=status_for(refusal), settings=settings)
+                    continue
+                yield v2s.TelemetryCommand(status=ok_status(), settings=answer)
+                continue
             if settings.client_type not in (v2.CLIENT_TYPE_UNSPECIFIED, v2.PRODUCER):
+                name = v2.ClientType.Name(settings.client_type)
                 yield v2s.TelemetryCommand(
-                    status=v2.Status(
-                        code=v2.NOT_IMPLEMENTED,
-                        message="the writer serves producers; consumers are not served by rmqstore yet",
-                    ),
+                    status=v2.Status(code=v2.NOT_IMPLEMENTED, message=f"{name} clients are not served by rmqstore"),
                     settings=settings,
                 )
                 continue
@@ -540,19 +685,197 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
 
     # The consumer and transaction calls: answered with a v2 status, never a bare gRPC error.
 
-    async def QueryAssignment(self, request: Any, context: grpc.aio.ServicerContext) -> v2s.QueryAssignmentResponse:
-        return v2s.QueryAssignmentResponse(status=_not_served("QueryAssignment"))
+    async def QueryAssignment(
+        self, request: v2s.QueryAssignmentRequest, context: grpc.aio.ServicerContext
+    ) -> v2s.QueryAssignmentResponse:
+        """Every queue of the topic: the consumers of a group all read every queue, and
+        invisibility keeps them from being handed the same message."""
+        try:
+            check_group(request.group.name)
+            topic = _consumed_topic(request.topic)
+            # Never created here: a consumer's right to read a topic is no right to make one.
+            count = self.consumers.queue_count(topic)
+        except Exception as error:
+            return v2s.QueryAssignmentResponse(status=self._failed("QueryAssignment", error))
+        broker = v2.Broker(name=self.route.broker_name, id=0, endpoints=self.route.endpoints())
+        resource = v2.Resource(name=topic, resource_namespace=request.topic.resource_namespace)
+        return v2s.QueryAssignmentResponse(
+            status=ok_status(),
+            assignments=[
+                v2.Assignment(
+                    message_queue=v2.MessageQueue(
+                        topic=resource, id=queue_id, permission=v2.READ_WRITE, broker=broker, accept_message_types=ACCEPTED_TYPES
+                    )
+                )
+                for queue_id in range(count)
+            ],
+        )
 
-    async def ReceiveMessage(self, request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[v2s.ReceiveMessageResponse]:
-        yield v2s.ReceiveMessageResponse(status=_not_served("ReceiveMessage"))
+    def _failed(self, call: str, error: BaseException) -> v2.Status:
+        status = status_for(error)
+        if status.code == v2.INTERNAL_SERVER_ERROR:
+            log.error("%s failed", call, exc_info=error)
+        return status
 
-    async def AckMessage(self, request: Any, context: grpc.aio.ServicerContext) -> v2s.AckMessageResponse:
-        return v2s.AckMessageResponse(status=_not_served("AckMessage"))
+    async def ReceiveMessage(
+        self, request: v2s.ReceiveMessageRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[v2s.ReceiveMessageResponse]:
+        """Up to batch_size messages, after a long poll when none is visible; then the
+        status (the clients wait for it), MESSAGE_NOT_FOUND when none came."""
+        try:
+            handed = await self._receive(request, context)
+        except Exception as error:
+            yield v2s.ReceiveMessageResponse(status=self._failed("ReceiveMessage", error))
+            return
+        if not handed:
+            yield v2s.ReceiveMessageResponse(
+                status=v2.Status(code=v2.MESSAGE_NOT_FOUND, message="no new message")
+            )
+            return
+        yield v2s.ReceiveMessageResponse(status=ok_status())
+        # When the batch left the server: the clients measure their receive latency from
+        # it (the Python push consumer fails every message of a batch without it).
+        yield v2s.ReceiveMessageResponse(delivery_timestamp=_timestamp(_now_ms()))
+        resource = request.message_queue.topic
+        for one in handed:
+            yield v2s.ReceiveMessageResponse(message=self._message(one, resource))
+
+    async def _receive(self, request: v2s.ReceiveMessageRequest, context: grpc.aio.ServicerContext) -> list[Handed]:
+        group = check_group(request.group.name)
+        topic = _consumed_topic(request.message_queue.topic)
+        tag_filter = _tag_filter(request.filter_expression)
+        if not 0 < request.batch_size <= BATCH_MAX:
+            raise V2Refusal(v2.BAD_REQUEST, f"batch_size {request.batch_size}: expected 1-{BATCH_MAX}")
+        invisible_ms = self.auto_renew_invisible_ms if request.auto_renew and not request.HasField("invisible_duration") else (
+            _duration_ms(request.invisible_duration, "invisible_duration", v2.ILLEGAL_INVISIBLE_TIME, INVISIBLE_MS_MIN, INVISIBLE_MS_MAX)
+        )
+        poll_ms = (
+            _duration_ms(request.long_polling_timeout, "long_polling_timeout", v2.ILLEGAL_POLLING_TIME, 0, LONG_POLL_MS_MAX)
+            if request.HasField("long_polling_timeout")
+            else DEFAULT_LONG_POLL_MS
+        )
+        count = self.consumers.queue_count(topic)
+        queue_id = request.message_queue.id
+        if queue_id >= count:
+            raise V2Refusal(v2.BAD_REQUEST, f"queue {queue_id}: topic {topic} has queues 0-{count - 1}")
+        # A negative queue id asks for any queue of the topic.
+        queue_ids = [queue_id] if queue_id >= 0 else list(range(count))
+        loop = asyncio.get_running_loop()
+        remaining_s = context.time_remaining()
+        # Answer a little before the call's deadline, so the answer arrives in time.
+        poll_s = poll_ms / 1000 if remaining_s is None else max(0.0, min(poll_ms / 1000, remaining_s - POLL_MARGIN_S))
+        deadline = loop.time() + poll_s
+        while True:
+            handed, dead = self.consumers.receive(group, topic, queue_ids, request.batch_size, invisible_ms, tag_filter)
+            for one in dead:
+                await self._to_dead_letters(group, topic, one.record, one.attempt, one.receipt_handle, peer_address(context))
+            left_s = deadline - loop.time()
+            if handed or left_s <= 0 or self._stopping.is_set():
+                return handed
+            visible_ms = self.consumers.next_visible_ms(group, topic, queue_ids)
+            if visible_ms is not None:
+                # A message in flight comes back then: wake for it (a few ms late, not early).
+                left_s = min(left_s, max(0.0, (visible_ms - _now_ms()) / 1000) + 0.005)
+            await self.wakeup.wait(left_s)
+
+    def _message(self, one: Handed, resource: v2.Resource) -> v2.Message:
+        record = one.record
+        system = v2.SystemProperties(
+            message_id=record.uniq_key or offset_msg_id(record.store_host, record.commitlog_offset),
+            body_digest=v2.Digest(type=v2.CRC32, checksum=f"{zlib.crc32(record.body) & 0xFFFFFFFF:08X}"),
+            body_encoding=v2.IDENTITY,
+            born_timestamp=_timestamp(record.born_timestamp_ms),
+            born_host=record.born_host.host_text(),
+            store_timestamp=_timestamp(record.store_timestamp_ms),
+            store_host=record.store_host.java_text(),
+            receipt_handle=one.receipt_handle,
+            queue_id=one.queue_id,
+            queue_offset=one.queue_offset,
+            invisible_duration=_duration(one.visible_at_ms - _now_ms()),
+            delivery_attempt=one.attempt,
+        )
+        properties = dict(record.properties)
+        tag = properties.pop(props.TAGS, "")
+        if tag:
+            system.tag = tag
+        keys = properties.pop(props.KEYS, "")
+        if keys:
+            system.keys.extend(k for k in keys.split(props.KEY_SEPARATOR) if k)
+        group = properties.pop(SHARDING_KEY, "")
+        if group:
+            system.message_group = group
+            system.message_type = v2.FIFO
+        else:
+            system.message_type = v2.NORMAL
+        properties.pop(props.UNIQ_KEY, None)
+        return v2.Message(
+            topic=resource, user_properties=properties, system_properties=system, body=record.body
+        )
+
+    async def AckMessage(self, request: v2s.AckMessageRequest, context: grpc.aio.ServicerContext) -> v2s.AckMessageResponse:
+        try:
+            group = check_group(request.group.name)
+            topic = _consumed_topic(request.topic)
+            if not request.entries:
+                raise V2Refusal(v2.BAD_REQUEST, "the request has no entries")
+        except Exception as error:
+            return v2s.AckMessageResponse(status=self._failed("AckMessage", error))
+        entries = []
+        for entry in request.entries:
+            try:
+                self.consumers.ack(group, topic, entry.receipt_handle)
+                status = ok_status()
+            except Exception as error:
+                status = self._failed("AckMessage", error)
+            entries.append(v2s.AckMessageResultEntry(message_id=entry.message_id, receipt_handle=entry.receipt_handle, status=status))
+        return v2s.AckMessageResponse(status=_overall(entries), entries=entries)
+
+    async def ChangeInvisibleDuration(
+        self, request: v2s.ChangeInvisibleDurationRequest, context: grpc.aio.ServicerContext
+    ) -> v2s.ChangeInvisibleDurationResponse:
+        try:
+            group = check_group(request.group.name)
+            topic = _consumed_topic(request.topic)
+            invisible_ms = _duration_ms(
+                request.invisible_duration, "invisible_duration", v2.ILLEGAL_INVISIBLE_TIME, 0, INVISIBLE_MS_MAX
+            )
+            handle = self.consumers.change_invisible(group, topic, request.receipt_handle, invisible_ms)
+        except Exception as error:
+            return v2s.ChangeInvisibleDurationResponse(status=self._failed("ChangeInvisibleDuration", error))
+        # A waiting poll recomputes when the next message in flight comes back.
+        self.wakeup.notify()
+        return v2s.ChangeInvisibleDurationResponse(status=ok_status(), receipt_handle=handle)
+
+    async def _to_dead_letters(
+        self, group: str, topic: str, record: Record, attempt: int, handle: str, peer: SocketAddress | None
+    ) -> None:
+        """Store the record in the group's dead-letter topic, then acknowledge it: a crash
+        in between leaves it in both (at-least-once), never in neither."""
+        dlq = DLQ_PREFIX + group
+        if self.writer.topics.queue_count(dlq) is None:
+            await self._blocking(lambda: self.writer.topics.create(dlq, 1))
+        batch = MessageBatch.of([_dead_letter(record, dlq, attempt)])
+        await self.appender.append_batch(batch, peer, lambda results: results)
+        self.consumers.ack(group, topic, handle)
 
     async def ForwardMessageToDeadLetterQueue(
-        self, request: Any, context: grpc.aio.ServicerContext
+        self, request: v2s.ForwardMessageToDeadLetterQueueRequest, context: grpc.aio.ServicerContext
     ) -> v2s.ForwardMessageToDeadLetterQueueResponse:
-        return v2s.ForwardMessageToDeadLetterQueueResponse(status=_not_served("ForwardMessageToDeadLetterQueue"))
+        """Store the message in ``%DLQ%<group>`` (created with one queue, as Apache's
+        broker creates it), with RocketMQ's dead-letter properties, then acknowledge it."""
+        try:
+            group = check_group(request.group.name)
+            topic = _consumed_topic(request.topic)
+            receipt, delivery = self.consumers.delivery_of(group, topic, request.receipt_handle)
+            queue = self.writer.queues.find(topic, receipt.queue_id)
+            unit = queue.read(receipt.queue_offset) if queue is not None else None
+            if unit is None:
+                raise V2Refusal(v2.MESSAGE_NOT_FOUND, f"the message at queue {receipt.queue_id} offset {receipt.queue_offset} is gone")
+            record = self.writer.log.read(unit.commitlog_offset)
+            await self._to_dead_letters(group, topic, record, delivery.attempt, request.receipt_handle, peer_address(context))
+        except Exception as error:
+            return v2s.ForwardMessageToDeadLetterQueueResponse(status=self._failed("ForwardMessageToDeadLetterQueue", error))
+        return v2s.ForwardMessageToDeadLetterQueueResponse(status=ok_status())
 
     async def PullMessage(self, request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[v2s.PullMessageResponse]:
         yield v2s.PullMessageResponse(status=_not_served("PullMessage"))
@@ -569,11 +892,6 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
     async def EndTransaction(self, request: Any, context: grpc.aio.ServicerContext) -> v2s.EndTransactionResponse:
         return v2s.EndTransactionResponse(status=_not_served("EndTransaction"))
 
-    async def ChangeInvisibleDuration(
-        self, request: Any, context: grpc.aio.ServicerContext
-    ) -> v2s.ChangeInvisibleDurationResponse:
-        return v2s.ChangeInvisibleDurationResponse(status=_not_served("ChangeInvisibleDuration"))
-
     async def RecallMessage(self, request: Any, context: grpc.aio.ServicerContext) -> v2s.RecallMessageResponse:
         return v2s.RecallMessageResponse(status=_not_served("RecallMessage"))
 
@@ -581,6 +899,82 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         self, request: Any, context: grpc.aio.ServicerContext
     ) -> v2s.SyncLiteSubscriptionResponse:
         return v2s.SyncLiteSubscriptionResponse(status=_not_served("SyncLiteSubscription"))
+
+
+def _consumed_topic(resource: v2.Resource) -> str:
+    """A topic a consumer names: any valid name (a dead-letter topic too); it must exist."""
+    problem = topic_problem(resource.name)
+    if problem is not None:
+        raise V2Refusal(v2.ILLEGAL_TOPIC, problem)
+    return resource.name
+
+
+def _tag_filter(expression: v2.FilterExpression) -> TagFilter:
+    if expression.type == v2.SQL:
+        raise V2Refusal(v2.ILLEGAL_FILTER_EXPRESSION, "SQL92 filter expressions are not supported: subscribe by tag")
+    if expression.type not in (v2.FILTER_TYPE_UNSPECIFIED, v2.TAG):
+        raise V2Refusal(v2.ILLEGAL_FILTER_EXPRESSION, f"filter type {expression.type} is not TAG")
+    return TagFilter.parse(expression.expression)
+
+
+def _duration_ms(duration: duration_pb2.Duration, name: str, code: int, low_ms: int, high_ms: int) -> int:
+    if duration.seconds < 0 or duration.nanos < 0 or duration.nanos >= 1_000_000_000:
+        raise V2Refusal(code, f"{name} {duration.seconds}s {duration.nanos}ns is not a duration")
+    value_ms = duration.seconds * 1000 + duration.nanos // 1_000_000
+    if not low_ms <= value_ms <= high_ms:
+        raise V2Refusal(code, f"{name} {value_ms} ms: expected {low_ms}-{high_ms} ms")
+    return value_ms
+
+
+def _duration(ms: int) -> duration_pb2.Duration:
+    ms = max(0, ms)
+    return duration_pb2.Duration(seconds=ms // 1000, nanos=(ms % 1000) * 1_000_000)
+
+
+def _timestamp(ms: int) -> timestamp_pb2.Timestamp:
+    return timestamp_pb2.Timestamp(seconds=ms // 1000, nanos=(ms % 1000) * 1_000_000)
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def _overall(entries: list[v2s.AckMessageResultEntry]) -> v2.Status:
+    """One entry's status is the request's; of several, OK when all are, else MULTIPLE_RESULTS."""
+    if len(entries) == 1:
+        return entries[0].status
+    if all(entry.status.code == v2.OK for entry in entries):
+        return ok_status()
+    return v2.Status(code=v2.MULTIPLE_RESULTS, message="some entries failed: see each entry's status")
+
+
+def _dead_letter(record: Record, dlq: str, attempt: int) -> MessageInput:
+    """The record as its dead-letter copy: body, keys, tag, user properties and message id
+    kept, and the properties RocketMQ adds on the way to a dead-letter topic."""
+    properties = {k: v for k, v in record.properties.items() if k not in RESERVED_PROPERTIES}
+    message_id = record.uniq_key or offset_msg_id(record.store_host, record.commitlog_offset)
+    properties.update(
+        {
+            DLQ_ORIGIN_TOPIC: record.topic,
+            DLQ_ORIGIN_MESSAGE_ID: message_id,
+            RETRY_TOPIC: record.topic,
+            ORIGIN_MESSAGE_ID: message_id,
+            RECONSUME_TIMES: str(max(0, attempt - 1)),
+        }
+    )
+    keys = record.properties.get(props.KEYS, "")
+    return MessageInput(
+        topic=dlq,
+        body=record.body,
+        keys=[k for k in keys.split(props.KEY_SEPARATOR) if k],
+        tags=record.properties.get(props.TAGS, ""),
+        properties=properties,
+        queue_id=0,
+        uniq_key=record.uniq_key or "",
+        flag=record.flag,
+        born_timestamp_ms=record.born_timestamp_ms,
+        born_host=record.born_host,
+    )
 
 
 def _collect(task: asyncio.Future[Any]) -> None:
@@ -595,7 +989,7 @@ def _unknown_client_type(client_type: int) -> v2.Status:
 def _not_served(call: str) -> v2.Status:
     return v2.Status(
         code=v2.NOT_IMPLEMENTED,
-        message=f"{call} is not served: the rmqstore writer takes producers' messages only (consumers are not served yet)",
+        message=f"{call} is not served by the rmqstore writer",
     )
 
 

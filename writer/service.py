@@ -183,6 +183,8 @@ class GroupAppender:
         self._queue: collections.deque[_Pending] = collections.deque()
         self._drain_scheduled = False
         self._closed = False
+        # Called on the loop after messages are stored (the consumers' long polls wake).
+        self.listeners: list[Callable[[], None]] = []
         # Appended, waiting for an fsync (SYNC only), each request with its outcome.
         self._appended = threading.Condition()
         self._unflushed: list[tuple[_Pending, _Stored | BaseException]] = []
@@ -285,7 +287,7 @@ class GroupAppender:
                 pass  # the loop is closed: nobody awaits these any more
 
     def _settle(self, done: list[tuple[_Pending, _Stored | BaseException]]) -> None:
-        """Acknowledge (or refuse) each request: on the loop."""
+        """Acknowledge (or refuse) each request, then wake the listeners: on the loop."""
         for pending, outcome in done:
             if pending.future.done():
                 continue  # the call was cancelled (its client went away)
@@ -294,6 +296,9 @@ class GroupAppender:
                 pending.future.set_result(outcome.response)
             else:
                 pending.future.set_exception(outcome)
+        if any(isinstance(outcome, _Stored) for _, outcome in done):
+            for listener in self.listeners:
+                listener()
 
     def close(self) -> None:
         """Flush and acknowledge what is appended, then stop the flusher; later appends

@@ -1,0 +1,138 @@
+"""The official RocketMQ 5 Python client's consumers (PyPI rocketmq-python-client), unmodified,
+in their own virtualenv and process, as the tests drive them. Every message is printed as
+one JSON line on stdout the moment it is handled (so a process stopped mid-run has
+reported all it did), ``"acked": true`` only once the writer answered the ack OK.
+
+    python python_consumer.py simple ENDPOINT GROUP TOPIC [options]
+    python python_consumer.py push ENDPOINT GROUP TOPIC [options]
+
+``simple``: a SimpleConsumer receives (batches of --batch, invisible for --invisible-s)
+until --expect messages were handled, or nothing came for --idle-s. --ack none leaves every
+message unacknowledged; --renew N makes message N invisible for --renew-s more instead of
+acking it (ChangeInvisibleDuration). ``push``: a PushConsumer whose listener answers
+FAILURE for the messages whose number (in the body "message N to TOPIC") is a multiple of
+--fail-mod, SUCCESS for the rest,
+for --seconds."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import threading
+import time
+from typing import Any
+
+from rocketmq import (
+    ClientConfiguration,
+    ConsumeResult,
+    Credentials,
+    FilterExpression,
+    MessageListener,
+    PushConsumer,
+    SimpleConsumer,
+)
+
+_print_lock = threading.Lock()
+
+
+def emit(line: dict[str, Any]) -> None:
+    with _print_lock:
+        sys.stdout.write(json.dumps(line) + "\n")
+        sys.stdout.flush()
+
+
+def describe(message: Any) -> dict[str, Any]:
+    return {
+        "message_id": message.message_id,
+        "body": message.body.decode(),
+        "tag": message.tag,
+        "group": message.message_group,
+        "attempt": message.delivery_attempt,
+        "topic": message.topic,
+        "t": time.time(),
+    }
+
+
+def simple(args: argparse.Namespace) -> None:
+    expression = FilterExpression(args.tag) if args.tag else FilterExpression()
+    consumer = SimpleConsumer(
+        ClientConfiguration(args.endpoint, Credentials(), request_timeout=10),
+        args.group,
+        {args.topic: expression},
+        await_duration=args.await_s,
+    )
+    consumer.startup()
+    handled = 0
+    idle_since = time.monotonic()
+    try:
+        while handled < args.expect and time.monotonic() - idle_since < args.idle_s:
+            messages = consumer.receive(args.batch, args.invisible_s)
+            if messages:
+                idle_since = time.monotonic()
+            for message in messages:
+                line = describe(message)
+                handled += 1
+                if args.renew is not None and handled == args.renew:
+                    consumer.change_invisible_duration(message, args.renew_s)
+                    line["renewed"] = True
+                elif args.ack == "all":
+                    consumer.ack(message)
+                    line["acked"] = True
+                line["t_done"] = time.time()
+                emit(line)
+    finally:
+        consumer.shutdown()
+
+
+class Listener(MessageListener):  # type: ignore[misc]
+    def __init__(self, fail_mod: int):
+        self.fail_mod = fail_mod
+
+    def consume(self, message: Any) -> Any:
+        line = describe(message)
+        # The bodies are "message N to TOPIC" (python_producer.py).
+        fail = self.fail_mod > 0 and int(line["body"].split(" ")[1]) % self.fail_mod == 0
+        line["result"] = "FAILURE" if fail else "SUCCESS"
+        emit(line)
+        return ConsumeResult.FAILURE if fail else ConsumeResult.SUCCESS
+
+
+def push(args: argparse.Namespace) -> None:
+    expression = FilterExpression(args.tag) if args.tag else FilterExpression()
+    consumer = PushConsumer(
+        ClientConfiguration(args.endpoint, Credentials(), request_timeout=10),
+        args.group,
+        Listener(args.fail_mod),
+        {args.topic: expression},
+    )
+    consumer.startup()
+    try:
+        time.sleep(args.seconds)
+    finally:
+        consumer.shutdown()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("mode", choices=["simple", "push"])
+    parser.add_argument("endpoint")
+    parser.add_argument("group")
+    parser.add_argument("topic")
+    parser.add_argument("--tag", default="")
+    parser.add_argument("--expect", type=int, default=1_000_000)
+    parser.add_argument("--idle-s", type=float, default=10.0)
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--invisible-s", type=int, default=30)
+    parser.add_argument("--await-s", type=int, default=2)
+    parser.add_argument("--ack", choices=["all", "none"], default="all")
+    parser.add_argument("--renew", type=int, default=None)
+    parser.add_argument("--renew-s", type=int, default=60)
+    parser.add_argument("--fail-mod", type=int, default=0)
+    parser.add_argument("--seconds", type=float, default=10.0)
+    args = parser.parse_args()
+    simple(args) if args.mode == "simple" else push(args)
+
+
+if __name__ == "__main__":
+    main()

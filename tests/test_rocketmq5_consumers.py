@@ -1,0 +1,400 @@
+"""RocketMQ 5's consumer calls on the writer, through real gRPC with our own v2 stubs:
+receive, long polling, invisibility, acknowledgements, receipt handles, FIFO groups, dead
+letters, the groups' progress files, and every refusal's exact v2 status."""
+
+from __future__ import annotations
+
+import threading
+import time
+import zlib
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from google.protobuf import duration_pb2
+from test_rocketmq5 import Node
+
+from rmqstore.common.files.consumer_offsets import read_offsets
+from rmqstore.rocketmq_v2 import definition_pb2 as v2
+from rmqstore.rocketmq_v2 import service_pb2 as v2s
+from rmqstore.v1 import messages_pb2, writer_pb2
+from rmqstore.writer.consumers import STATE_FILE_NAME, parse_state
+
+RPC_TIMEOUT_S = 15.0
+GROUP = v2.Resource(name="audit")
+TOPIC = v2.Resource(name="Orders")
+
+
+@pytest.fixture
+def node(tmp_path: Path) -> Iterator[Node]:
+    started = Node(tmp_path / "store")
+    yield started
+    started.close()
+
+
+def send(node: Node, count: int, topic: str = "Orders", queue_id: int = 0, **fields: object) -> None:
+    """``count`` messages through rmqstore.v1 (bodies "m0", "m1", …), all to ``queue_id``."""
+    messages = [messages_pb2.Message(topic=topic, body=f"m{i}".encode(), queue_id=queue_id, **fields) for i in range(count)]  # type: ignore[arg-type]
+    node.v1.SendBatch(writer_pb2.SendBatchRequest(messages=messages), timeout=RPC_TIMEOUT_S)
+
+
+def seconds(value: float) -> duration_pb2.Duration:
+    return duration_pb2.Duration(seconds=int(value), nanos=int((value % 1) * 1e9))
+
+
+def receive(
+    node: Node,
+    *,
+    group: v2.Resource = GROUP,
+    topic: v2.Resource = TOPIC,
+    queue_id: int = 0,
+    batch: int = 32,
+    invisible_s: float = 30,
+    poll_s: float = 0,
+    expression: v2.FilterExpression | None = None,
+) -> tuple[v2.Status, list[v2.Message]]:
+    request = v2s.ReceiveMessageRequest(
+        group=group,
+        message_queue=v2.MessageQueue(topic=topic, id=queue_id),
+        filter_expression=expression or v2.FilterExpression(type=v2.TAG, expression="*"),
+        batch_size=batch,
+        invisible_duration=seconds(invisible_s),
+        long_polling_timeout=seconds(poll_s),
+    )
+    answers = list(node.v2.ReceiveMessage(request, timeout=RPC_TIMEOUT_S + poll_s))
+    statuses = [a.status for a in answers if a.HasField("status")]
+    assert len(statuses) == 1, answers
+    return statuses[0], [a.message for a in answers if a.HasField("message")]
+
+
+def ack(node: Node, *messages: v2.Message, group: v2.Resource = GROUP, topic: v2.Resource = TOPIC) -> v2s.AckMessageResponse:
+    entries = [v2s.AckMessageEntry(message_id=m.system_properties.message_id, receipt_handle=m.system_properties.receipt_handle) for m in messages]
+    return node.v2.AckMessage(v2s.AckMessageRequest(group=group, topic=topic, entries=entries), timeout=RPC_TIMEOUT_S)
+
+
+def ack_handle(node: Node, handle: str, group: v2.Resource = GROUP, topic: v2.Resource = TOPIC) -> tuple[int, str]:
+    response = node.v2.AckMessage(
+        v2s.AckMessageRequest(group=group, topic=topic, entries=[v2s.AckMessageEntry(message_id="x", receipt_handle=handle)]),
+        timeout=RPC_TIMEOUT_S,
+    )
+    return response.status.code, response.status.message
+
+
+def change(node: Node, handle: str, invisible_s: float) -> v2s.ChangeInvisibleDurationResponse:
+    request = v2s.ChangeInvisibleDurationRequest(
+        group=GROUP, topic=TOPIC, receipt_handle=handle, invisible_duration=seconds(invisible_s), message_id="x"
+    )
+    return node.v2.ChangeInvisibleDuration(request, timeout=RPC_TIMEOUT_S)
+
+
+def bodies(messages: list[v2.Message]) -> list[bytes]:
+    return [m.body for m in messages]
+
+
+def test_receive_hands_out_each_message_once_with_its_fields_then_message_not_found(node: Node) -> None:
+    send(node, 5, tags="paid", keys=["k1", "k2"], properties={"region": "eu"})
+    status, messages = receive(node, batch=3)
+    assert (status.code, status.message) == (v2.OK, "OK")
+    assert bodies(messages) == [b"m0", b"m1", b"m2"]
+    first = messages[0]
+    system = first.system_properties
+    assert (system.queue_id, system.queue_offset, system.delivery_attempt) == (0, 0, 1)
+    assert system.tag == "paid" and sorted(system.keys) == ["k1", "k2"]
+    assert dict(first.user_properties) == {"region": "eu"}
+    assert system.body_encoding == v2.IDENTITY
+    assert (system.body_digest.type, system.body_digest.checksum) == (v2.CRC32, f"{zlib.crc32(b'm0'):08X}")
+    assert system.store_timestamp.seconds > 0 and system.message_type == v2.NORMAL
+    assert 29 <= system.invisible_duration.seconds <= 30
+    status, rest = receive(node, batch=32)
+    assert bodies(rest) == [b"m3", b"m4"]
+    status, none = receive(node)
+    assert (status.code, status.message, none) == (v2.MESSAGE_NOT_FOUND, "no new message", [])
+    assert ack(node, *messages, *rest).status.code == v2.OK
+    assert node.messaging.consumers.committed("audit", "Orders", 0) == 5
+
+
+def test_an_append_wakes_a_waiting_long_poll_at_once(node: Node) -> None:
+    """A poll of 10 s answers as soon as a message is sent through rmqstore.v1."""
+    send(node, 1, topic="Orders", queue_id=1)  # the topic exists
+    outcome: dict[str, object] = {}
+
+    def poll() -> None:
+        started = time.monotonic()
+        outcome["answer"] = receive(node, poll_s=10)
+        outcome["waited_s"] = time.monotonic() - started
+
+    waiting = threading.Thread(target=poll)
+    waiting.start()
+    time.sleep(1.0)
+    send(node, 1)
+    waiting.join(timeout=20)
+    status, messages = outcome["answer"]  # type: ignore[misc]
+    assert status.code == v2.OK and bodies(messages) == [b"m0"]
+    assert 0.9 <= outcome["waited_s"] < 5.0  # type: ignore[operator]
+
+
+def test_an_empty_long_poll_waits_its_timeout_then_message_not_found(node: Node) -> None:
+    send(node, 1, queue_id=1)
+    started = time.monotonic()
+    status, messages = receive(node, poll_s=1.5)
+    waited_s = time.monotonic() - started
+    assert (status.code, messages) == (v2.MESSAGE_NOT_FOUND, [])
+    assert 1.4 <= waited_s < 6.0
+
+
+def test_unacknowledged_comes_back_after_its_invisibility_with_a_higher_attempt(node: Node) -> None:
+    send(node, 2)
+    _, first = receive(node, invisible_s=1)
+    assert [m.system_properties.delivery_attempt for m in first] == [1, 1]
+    assert receive(node)[1] == []  # invisible
+    assert ack(node, first[1]).status.code == v2.OK
+    # A poll wakes when the message in flight becomes visible again.
+    _status, again = receive(node, poll_s=5)
+    assert bodies(again) == [b"m0"] and again[0].system_properties.delivery_attempt == 2
+    # The first delivery's handle is stale now; the second's works.
+    assert ack_handle(node, first[0].system_properties.receipt_handle) == (
+        v2.INVALID_RECEIPT_HANDLE, "the receipt handle is stale: the message has been handed out again since"
+    )
+    assert ack(node, again[0]).status.code == v2.OK
+    assert ack(node, again[0]).status.code == v2.OK  # acknowledging twice is no error
+    assert node.messaging.consumers.committed("audit", "Orders", 0) == 2
+
+
+def test_change_invisible_duration_keeps_a_message_away_and_returns_a_new_handle(node: Node) -> None:
+    send(node, 1)
+    _, (message,) = receive(node, invisible_s=1)
+    old = message.system_properties.receipt_handle
+    renewed = change(node, old, 60)
+    assert renewed.status.code == v2.OK and renewed.receipt_handle not in ("", old)
+    time.sleep(1.3)
+    assert receive(node)[1] == []
+    assert ack_handle(node, old)[0] == v2.INVALID_RECEIPT_HANDLE
+    # 0 makes it visible at once.
+    zero = change(node, renewed.receipt_handle, 0)
+    assert zero.status.code == v2.OK
+    _, again = receive(node)
+    assert bodies(again) == [b"m0"] and again[0].system_properties.delivery_attempt == 2
+
+
+def test_receipt_handles_forged_or_of_another_group_are_refused(node: Node) -> None:
+    send(node, 1)
+    _, (message,) = receive(node)
+    handle = message.system_properties.receipt_handle
+    forged = handle[:-3] + ("AAA" if not handle.endswith("AAA") else "BBB")
+    for bad in (forged, "not-a-handle", "", "!!!"):
+        assert ack_handle(node, bad) == (v2.INVALID_RECEIPT_HANDLE, "the receipt handle is not one this writer gave out")
+    assert ack_handle(node, handle, group=v2.Resource(name="other")) == (
+        v2.INVALID_RECEIPT_HANDLE, "the receipt handle is for group audit on topic Orders"
+    )
+    assert change(node, forged, 10).status.code == v2.INVALID_RECEIPT_HANDLE
+    assert ack_handle(node, handle) == (v2.OK, "OK")
+
+
+def test_tag_filters_hand_out_the_matching_subset_and_sql92_is_refused(node: Node) -> None:
+    for tag in ("a", "b", "c", "a"):
+        send(node, 1, tags=tag)
+    tags = v2.FilterExpression(type=v2.TAG, expression="a || c")
+    status, messages = receive(node, expression=tags)
+    assert [m.system_properties.tag for m in messages] == ["a", "c", "a"]
+    sql = v2.FilterExpression(type=v2.SQL, expression="a > 1")
+    assert receive(node, group=v2.Resource(name="g2"), expression=sql)[0].code == v2.ILLEGAL_FILTER_EXPRESSION
+    blank = v2.FilterExpression(type=v2.TAG, expression="a||")
+    status, _ = receive(node, group=v2.Resource(name="g3"), expression=blank)
+    assert (status.code, status.message) == (v2.ILLEGAL_FILTER_EXPRESSION, "tag expression 'a||' is not '*' or tags joined by '||'")
+
+
+@pytest.mark.parametrize(
+    ("changes", "code", "message"),
+    [
+        ({"group": v2.Resource(name="bad group")}, v2.ILLEGAL_CONSUMER_GROUP, "consumer group 'bad group' must be 1-255 of letters, digits, %, |, _ and -"),
+        ({"group": v2.Resource(name="")}, v2.ILLEGAL_CONSUMER_GROUP, "consumer group '' must be 1-255 of letters, digits, %, |, _ and -"),
+        ({"topic": v2.Resource(name="Nope")}, v2.TOPIC_NOT_FOUND, "topic Nope does not exist"),
+        ({"topic": v2.Resource(name="a b")}, v2.ILLEGAL_TOPIC, "the topic 'a b' contains characters outside [%|a-zA-Z0-9_-]"),
+        ({"batch": 0}, v2.BAD_REQUEST, "batch_size 0: expected 1-1024"),
+        ({"queue_id": 9}, v2.BAD_REQUEST, "queue 9: topic Orders has queues 0-3"),
+        ({"invisible_s": 0.5}, v2.ILLEGAL_INVISIBLE_TIME, "invisible_duration 500 ms: expected 1000-43200000 ms"),
+        ({"invisible_s": 50_000}, v2.ILLEGAL_INVISIBLE_TIME, "invisible_duration 50000000 ms: expected 1000-43200000 ms"),
+        ({"poll_s": 61}, v2.ILLEGAL_POLLING_TIME, "long_polling_timeout 61000 ms: expected 0-60000 ms"),
+    ],
+)
+def test_bad_receive_requests_get_their_status(node: Node, changes: dict[str, object], code: int, message: str) -> None:
+    send(node, 1)
+    status, messages = receive(node, **changes)  # type: ignore[arg-type]
+    assert (status.code, status.message, messages) == (code, message, [])
+    assert receive(node)[1] != []  # nothing was handed out by the refused call
+
+
+def test_negative_durations_are_refused(node: Node) -> None:
+    send(node, 1)
+    request = v2s.ReceiveMessageRequest(
+        group=GROUP, message_queue=v2.MessageQueue(topic=TOPIC, id=0), batch_size=1,
+        invisible_duration=duration_pb2.Duration(seconds=-5), long_polling_timeout=seconds(0),
+    )  # fmt: skip
+    (answer,) = list(node.v2.ReceiveMessage(request, timeout=RPC_TIMEOUT_S))
+    assert (answer.status.code, answer.status.message) == (v2.ILLEGAL_INVISIBLE_TIME, "invisible_duration -5s 0ns is not a duration")
+    _, (message,) = receive(node)
+    response = change(node, message.system_properties.receipt_handle, 0)
+    assert response.status.code == v2.OK
+    bad = v2s.ChangeInvisibleDurationRequest(
+        group=GROUP, topic=TOPIC, receipt_handle=response.receipt_handle, invisible_duration=duration_pb2.Duration(seconds=-1)
+    )
+    answer = node.v2.ChangeInvisibleDuration(bad, timeout=RPC_TIMEOUT_S)
+    assert (answer.status.code, answer.status.message) == (v2.ILLEGAL_INVISIBLE_TIME, "invisible_duration -1s 0ns is not a duration")
+
+
+def test_ack_without_entries_is_a_bad_request_and_several_entries_answer_each(node: Node) -> None:
+    send(node, 2)
+    response = node.v2.AckMessage(v2s.AckMessageRequest(group=GROUP, topic=TOPIC), timeout=RPC_TIMEOUT_S)
+    assert (response.status.code, response.status.message) == (v2.BAD_REQUEST, "the request has no entries")
+    _, messages = receive(node)
+    entries = [v2s.AckMessageEntry(message_id="a", receipt_handle=messages[0].system_properties.receipt_handle),
+               v2s.AckMessageEntry(message_id="b", receipt_handle="forged")]  # fmt: skip
+    response = node.v2.AckMessage(v2s.AckMessageRequest(group=GROUP, topic=TOPIC, entries=entries), timeout=RPC_TIMEOUT_S)
+    assert response.status.code == v2.MULTIPLE_RESULTS
+    assert [e.status.code for e in response.entries] == [v2.OK, v2.INVALID_RECEIPT_HANDLE]
+
+
+def test_two_groups_each_get_every_message_and_one_groups_consumers_share(node: Node) -> None:
+    send(node, 10)
+    _, first = receive(node, batch=6)
+    _, second = receive(node, batch=32)  # another consumer of the group: the rest only
+    assert bodies(first) + bodies(second) == [f"m{i}".encode() for i in range(10)]
+    _, other = receive(node, group=v2.Resource(name="billing"))
+    assert bodies(other) == [f"m{i}".encode() for i in range(10)]
+
+
+def test_fifo_group_holds_a_message_group_while_one_is_in_flight(node: Node) -> None:
+    node.messaging.consumers.fifo_groups = frozenset({"audit"})
+    for i in range(6):
+        node.v1.Send(
+            writer_pb2.SendRequest(
+                message=messages_pb2.Message(topic="Orders", body=f"m{i}".encode(), queue_id=0, properties={"__SHARDINGKEY": f"g{i % 2}"})
+            ),
+            timeout=RPC_TIMEOUT_S,
+        )
+    _, first = receive(node, invisible_s=1)
+    assert bodies(first) == [b"m0", b"m1"]  # one of each message group
+    assert [m.system_properties.message_group for m in first] == ["g0", "g1"]
+    assert first[0].system_properties.message_type == v2.FIFO
+    assert receive(node)[1] == []  # both groups have one in flight
+    assert ack(node, first[1]).status.code == v2.OK
+    assert bodies(receive(node)[1]) == [b"m3"]  # g1's next; g0 still waits for m0
+    _, again = receive(node, poll_s=5)  # m0's invisibility ends: m0 again, before m2
+    assert bodies(again) == [b"m0"] and again[0].system_properties.delivery_attempt == 2
+
+
+def test_after_max_attempts_a_message_goes_to_the_groups_dead_letter_topic(node: Node) -> None:
+    node.messaging.consumers.max_attempts = 2
+    send(node, 1, tags="t", keys=["order-1"], properties={"region": "eu"}, uniq_key="0A0B0C0D0E0F00000000000000000001")
+    for attempt in (1, 2):
+        _, messages = receive(node, invisible_s=1, poll_s=3)
+        assert [m.system_properties.delivery_attempt for m in messages] == [attempt]
+    _, none = receive(node, poll_s=3)  # the third delivery would pass the limit: dead-lettered
+    assert none == []
+    assert node.messaging.consumers.committed("audit", "Orders", 0) == 1
+    assert node.writer.topics.queue_count("%DLQ%audit") == 1
+    dead = [r for r in node.records() if r.topic == "%DLQ%audit"]
+    assert len(dead) == 1
+    record = dead[0]
+    assert record.body == b"m0" and record.tags == "t" and record.keys == "order-1"
+    assert record.uniq_key == "0A0B0C0D0E0F00000000000000000001"
+    assert {k: v for k, v in record.properties.items() if k not in ("KEYS", "TAGS", "UNIQ_KEY")} == {
+        "region": "eu",
+        "DLQ_ORIGIN_TOPIC": "Orders",
+        "DLQ_ORIGIN_MESSAGE_ID": "0A0B0C0D0E0F00000000000000000001",
+        "RETRY_TOPIC": "Orders",
+        "ORIGIN_MESSAGE_ID": "0A0B0C0D0E0F00000000000000000001",
+        "RECONSUME_TIME": "1",
+    }
+
+
+def test_forward_to_dead_letter_queue_stores_it_and_acknowledges(node: Node) -> None:
+    send(node, 1)
+    _, (message,) = receive(node)
+    request = v2s.ForwardMessageToDeadLetterQueueRequest(
+        group=GROUP, topic=TOPIC, receipt_handle=message.system_properties.receipt_handle, message_id=message.system_properties.message_id,
+        delivery_attempt=1, max_delivery_attempts=1,
+    )  # fmt: skip
+    response = node.v2.ForwardMessageToDeadLetterQueue(request, timeout=RPC_TIMEOUT_S)
+    assert (response.status.code, response.status.message) == (v2.OK, "OK")
+    assert [r.body for r in node.records() if r.topic == "%DLQ%audit"] == [b"m0"]
+    assert node.messaging.consumers.committed("audit", "Orders", 0) == 1
+    again = node.v2.ForwardMessageToDeadLetterQueue(request, timeout=RPC_TIMEOUT_S)
+    assert (again.status.code, again.status.message) == (v2.INVALID_RECEIPT_HANDLE, "the message is already acknowledged")
+    forged = v2s.ForwardMessageToDeadLetterQueueRequest(group=GROUP, topic=TOPIC, receipt_handle="zz")
+    assert node.v2.ForwardMessageToDeadLetterQueue(forged, timeout=RPC_TIMEOUT_S).status.code == v2.INVALID_RECEIPT_HANDLE
+
+
+def test_query_assignment_names_every_queue_of_the_topic(node: Node) -> None:
+    send(node, 1)
+    response = node.v2.QueryAssignment(v2s.QueryAssignmentRequest(group=GROUP, topic=TOPIC), timeout=RPC_TIMEOUT_S)
+    assert response.status.code == v2.OK
+    assert [a.message_queue.id for a in response.assignments] == [0, 1, 2, 3]
+    queue = response.assignments[0].message_queue
+    assert (queue.topic.name, queue.permission, queue.broker.name) == ("Orders", v2.READ_WRITE, "broker-a")
+    bad = node.v2.QueryAssignment(v2s.QueryAssignmentRequest(group=v2.Resource(name="a@b"), topic=TOPIC), timeout=RPC_TIMEOUT_S)
+    assert bad.status.code == v2.ILLEGAL_CONSUMER_GROUP
+
+
+def test_consumer_settings_carry_the_groups_retry_policy(node: Node) -> None:
+    settings = v2.Settings(
+        client_type=v2.PUSH_CONSUMER, subscription=v2.Subscription(group=GROUP, subscriptions=[v2.SubscriptionEntry(topic=TOPIC)])
+    )
+    (answer,) = list(node.v2.Telemetry(iter([v2s.TelemetryCommand(settings=settings)]), timeout=RPC_TIMEOUT_S))
+    assert answer.status.code == v2.OK
+    policy = answer.settings.backoff_policy
+    assert policy.max_attempts == 17 and policy.WhichOneof("strategy") == "customized_backoff"
+    assert [d.seconds for d in policy.customized_backoff.next][:4] == [1, 5, 10, 30]
+    subscription = answer.settings.subscription
+    assert (subscription.fifo, subscription.long_polling_timeout.seconds, subscription.receive_batch_size) == (False, 20, 32)
+    bad = v2.Settings(client_type=v2.SIMPLE_CONSUMER, subscription=v2.Subscription(group=v2.Resource(name="no spaces")))
+    (refused,) = list(node.v2.Telemetry(iter([v2s.TelemetryCommand(settings=bad)]), timeout=RPC_TIMEOUT_S))
+    assert refused.status.code == v2.ILLEGAL_CONSUMER_GROUP
+
+
+def test_progress_files_survive_a_restart_in_apaches_layout(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    node = Node(store)
+    try:
+        send(node, 6)
+        _, messages = receive(node, invisible_s=600)
+        assert ack(node, messages[0], messages[1], messages[3]).status.code == v2.OK
+        node.messaging.consumers.flush()
+    finally:
+        node.close()
+    config = str(store / "config")
+    assert read_offsets(config) == {("Orders", "audit"): {0: 2}}
+    assert (store / "config" / "consumerOffset.json").read_text().startswith('{\n\t"offsetTable":{\n\t\t"Orders@audit":{0:2')
+    state = parse_state((store / "config" / STATE_FILE_NAME).read_text())
+    (queue,) = state["queues"]
+    assert (queue["committed"], queue["acked"], [i[0] for i in queue["inflight"]]) == (2, [3], [2, 4, 5])
+    again = Node(store)
+    try:
+        # In flight before the restart, still invisible after it; the old handles still work.
+        assert receive(again)[1] == []
+        assert ack(again, messages[2], messages[4], messages[5]).status.code == v2.OK
+        assert again.messaging.consumers.committed("audit", "Orders", 0) == 6
+    finally:
+        again.close()
+
+
+def test_a_damaged_state_file_falls_back_to_the_committed_offsets(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    node = Node(store)
+    try:
+        send(node, 4)
+        _, messages = receive(node)
+        assert ack(node, messages[0], messages[2]).status.code == v2.OK
+        node.messaging.consumers.flush()
+    finally:
+        node.close()
+    path = store / "config" / STATE_FILE_NAME
+    text = path.read_text()
+    path.write_text(text.replace('"acked":[2]', '"acked":[3]'))  # the checksum no longer matches
+    again = Node(store)
+    try:
+        # Everything above the committed offset comes back, acknowledged or not: none lost.
+        assert bodies(receive(again)[1]) == [b"m1", b"m2", b"m3"]
+    finally:
+        again.close()
+

@@ -1,0 +1,506 @@
+"""Consumer groups on the writer: which messages of a queue a group has been handed, which
+it has acknowledged, and how far it has consumed (RocketMQ 5's "pop" consumption).
+
+A group's position in a queue is its committed offset: every message below it is done
+(acknowledged, or skipped by the group's tag filter). Above it, each message is either
+waiting, in flight (handed out, invisible to the group until its ``visible_at_ms``), or
+acknowledged out of order. Acknowledging the committed offset's message moves it up
+over every acknowledged one after it. A message whose invisibility ends is handed out
+again with its delivery attempt one higher: at-least-once.
+
+Every hand-out carries a receipt handle: the message's place and a nonce of that one
+delivery, signed (HMAC-SHA256) with the store's secret, so that a forged handle, one of
+another group, or one of an earlier delivery of a message since handed out again, is
+refused. The secret is kept in the state file: handles stay good across a restart.
+
+Durability (:meth:`ConsumerGroups.flush`, every ``flush_interval_ms``): the committed
+offsets go to ``config/consumerOffset.json`` in Apache RocketMQ 4.9's layout
+(common.files.consumer_offsets), and what lies above them (acknowledgements out of
+order, deliveries in flight) to ``config/consumerState.json``, our own, with a CRC32.
+The state file is written first; it records the committed offsets it was written with,
+and is used for a queue only where consumerOffset.json names the same offset (so an
+offset changed by hand, or a crash between the two writes, falls back to the offset
+file: messages come back, none is lost).
+
+Everything here runs on the writer's event loop (the handlers call it); only the file
+writes of a flush run elsewhere, on a snapshot."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import hmac
+import json
+import logging
+import os
+import re
+import secrets
+import time
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from rmqstore.common.codec.consumequeue import tags_code
+from rmqstore.common.codec.record import Record
+from rmqstore.common.errors import Corruption, InvalidArgument, NotFound
+from rmqstore.common.files import consumer_offsets
+from rmqstore.common.files.mapped import fsync_directory
+
+STATE_FILE_NAME = "consumerState.json"
+STATE_MAGIC = "rmqstore-consumer-state"
+STATE_VERSION = 1
+# RocketMQ's property holding a FIFO message's group.
+SHARDING_KEY = "__SHARDINGKEY"
+# Apache's consumer group name rule (letters, digits, %, |, _, -; at most 255): no '@',
+# so "topic@group" in consumerOffset.json splits one way only.
+GROUP_PATTERN = re.compile(r"^[%|a-zA-Z0-9_-]{1,255}$")
+# Bounds on one receive: the units it looks at (a queue with more messages in flight
+# than this hands out nothing further until some are acknowledged) and the messages.
+SCAN_UNITS_MAX = 65_536
+BATCH_MAX = 1_024
+INVISIBLE_MS_MIN = 1_000
+INVISIBLE_MS_MAX = 12 * 3600 * 1000  # Apache's proxy bounds invisible_duration the same way
+DEFAULT_FLUSH_INTERVAL_MS = 1_000
+# Apache's maxReconsumeTimes 16: 17 deliveries.
+DEFAULT_MAX_ATTEMPTS = 17
+# A message bound for the dead-letter topic stays invisible while it is written there.
+DEAD_LETTER_HOLD_MS = 60_000
+HANDLE_VERSION = "1"
+_MAC_BYTES = 16
+
+
+class InvalidReceiptHandle(InvalidArgument):
+    """A receipt handle that is not one this store gave out, or not the message's latest."""
+
+
+class IllegalFilter(InvalidArgument):
+    """A subscription expression the writer does not evaluate (SQL92) or cannot read."""
+
+
+class IllegalGroup(InvalidArgument):
+    """A consumer group name outside RocketMQ's rule."""
+
+
+def check_group(group: str) -> str:
+    if not GROUP_PATTERN.match(group):
+        raise IllegalGroup(f"consumer group {group[:80]!r} must be 1-255 of letters, digits, %, |, _ and -")
+    return group
+
+
+@dataclass(frozen=True)
+class TagFilter:
+    """A TAG subscription: ``*`` (every message) or tags joined by ``||``."""
+
+    tags: frozenset[str] | None  # None: every message
+
+    @classmethod
+    def parse(cls, expression: str) -> TagFilter:
+        text = expression.strip()
+        if not text or text == "*":
+            return cls(None)
+        tags = frozenset(part.strip() for part in text.split("||"))
+        if "" in tags or any(c in text for c in "\x01\x02") or len(text) > 4096:
+            raise IllegalFilter(f"tag expression {expression[:80]!r} is not '*' or tags joined by '||'")
+        return cls(tags)
+
+    @property
+    def codes(self) -> frozenset[int] | None:
+        return None if self.tags is None else frozenset(tags_code(t) for t in self.tags)
+
+    def admits(self, tag: str | None) -> bool:
+        return self.tags is None or (tag or "") in self.tags
+
+
+@dataclass
+class Delivery:
+    """A message handed out and not acknowledged: invisible until ``visible_at_ms``,
+    then waiting to be handed out again (the entry keeps the attempt count)."""
+
+    attempt: int
+    visible_at_ms: int
+    nonce: int
+    message_group: str = ""
+
+
+@dataclass
+class QueueProgress:
+    committed: int
+    acked: set[int] = field(default_factory=set)
+    inflight: dict[int, Delivery] = field(default_factory=dict)
+
+    def advance(self) -> None:
+        while self.committed in self.acked:
+            self.acked.discard(self.committed)
+            self.inflight.pop(self.committed, None)
+            self.committed += 1
+
+    def done(self, offset: int) -> None:
+        if offset < self.committed:
+            return
+        self.acked.add(offset)
+        self.inflight.pop(offset, None)
+        self.advance()
+
+    def move_to(self, offset: int) -> None:
+        """Set the committed offset (the queue's floor, or a client's UpdateOffset): what
+        lies below is forgotten, what lies above stays as it is."""
+        self.committed = offset
+        self.acked = {o for o in self.acked if o >= offset}
+        self.inflight = {o: d for o, d in self.inflight.items() if o >= offset}
+        self.advance()
+
+
+@dataclass(frozen=True)
+class Handed:
+    """One message handed out by :meth:`ConsumerGroups.receive`."""
+
+    record: Record
+    queue_id: int
+    queue_offset: int
+    attempt: int
+    receipt_handle: str
+    visible_at_ms: int
+
+
+@dataclass(frozen=True)
+class Receipt:
+    group: str
+    topic: str
+    queue_id: int
+    queue_offset: int
+    nonce: int
+
+
+Key = tuple[str, str, int]  # (group, topic, queue id)
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class ConsumerGroups:
+    """Every group's progress on one writer's store."""
+
+    def __init__(
+        self,
+        writer: Any,
+        config_dir: str,
+        *,
+        flush_interval_ms: int = DEFAULT_FLUSH_INTERVAL_MS,
+        fifo_groups: frozenset[str] = frozenset(),
+        max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+    ):
+        # ``writer`` is a writer.store.Writer (its consume queues, commit log and topics).
+        self.writer = writer
+        self.config_dir = config_dir
+        self.state_path = os.path.join(config_dir, STATE_FILE_NAME)
+        self.flush_interval_ms = flush_interval_ms
+        self.fifo_groups = fifo_groups
+        # Deliveries of a message before it goes to the group's dead-letter topic.
+        self.max_attempts = max_attempts
+        self.progress: dict[Key, QueueProgress] = {}
+        self.dirty = False
+        self.secret = b""
+        self._load()
+
+    # Loading and flushing
+
+    def _load(self) -> None:
+        offsets = consumer_offsets.read_offsets(self.config_dir)
+        state = self._read_state()
+        self.secret = bytes.fromhex(state["secret"]) if state else secrets.token_bytes(32)
+        for (topic, group), queues in offsets.items():
+            for queue_id, committed in queues.items():
+                self.progress[(group, topic, queue_id)] = QueueProgress(committed)
+        for entry in state.get("queues", []) if state else []:
+            key = (entry["group"], entry["topic"], int(entry["queue"]))
+            progress = self.progress.get(key)
+            if progress is None or progress.committed != entry["committed"]:
+                continue  # consumerOffset.json moved since: it is the authority
+            progress.acked = {int(o) for o in entry["acked"]}
+            progress.inflight = {
+                int(o): Delivery(int(attempt), int(visible), int(nonce), str(group_name))
+                for o, attempt, visible, nonce, group_name in entry["inflight"]
+            }
+            progress.advance()
+        if not state:
+            self.dirty = True  # write the secret down with the first flush
+
+    def _read_state(self) -> dict[str, Any] | None:
+        """The state file's document, or None when there is none or it fails its check
+        (then every message above the committed offsets comes back: nothing is lost)."""
+        try:
+            with open(self.state_path, encoding="utf-8") as handle:
+                text = handle.read()
+        except FileNotFoundError:
+            return None
+        except (OSError, UnicodeDecodeError) as error:
+            logging.getLogger(__name__).warning("%s is not readable (%s): starting from consumerOffset.json", self.state_path, error)
+            return None
+        try:
+            return parse_state(text, self.state_path)
+        except Corruption as error:
+            logging.getLogger(__name__).warning("%s: starting from consumerOffset.json", error)
+            return None
+
+    def snapshot(self) -> tuple[consumer_offsets.OffsetTable, str]:
+        """What a flush writes, taken on the loop: the offset table and the state file's text."""
+        table: consumer_offsets.OffsetTable = {}
+        queues = []
+        for (group, topic, queue_id), progress in sorted(self.progress.items()):
+            table.setdefault((topic, group), {})[queue_id] = progress.committed
+            if progress.acked or progress.inflight:
+                queues.append(
+                    {
+                        "group": group,
+                        "topic": topic,
+                        "queue": queue_id,
+                        "committed": progress.committed,
+                        "acked": sorted(progress.acked),
+                        "inflight": [
+                            [o, d.attempt, d.visible_at_ms, d.nonce, d.message_group] for o, d in sorted(progress.inflight.items())
+                        ],
+                    }
+                )
+        self.dirty = False
+        return table, render_state({"secret": self.secret.hex(), "queues": queues})
+
+    def write(self, table: consumer_offsets.OffsetTable, state_text: str) -> None:
+        """Write a snapshot: the state file first, then consumerOffset.json (see the module's note)."""
+        os.makedirs(self.config_dir, exist_ok=True)
+        temp = self.state_path + ".tmp"
+        with open(temp, "w", encoding="utf-8") as handle:
+            handle.write(state_text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temp, self.state_path)
+        fsync_directory(self.config_dir)
+        consumer_offsets.write_offsets(self.config_dir, table)
+
+    def flush(self) -> None:
+        """Snapshot and write at once (at shutdown, when no handler runs)."""
+        if self.dirty:
+            self.write(*self.snapshot())
+
+    # Receipt handles
+
+    def _sign(self, payload: bytes) -> bytes:
+        return hmac.new(self.secret, payload, hashlib.sha256).digest()[:_MAC_BYTES]
+
+    def make_handle(self, group: str, topic: str, queue_id: int, queue_offset: int, nonce: int) -> str:
+        payload = f"{HANDLE_VERSION} {group} {topic} {queue_id} {queue_offset} {nonce}".encode()
+        return base64.urlsafe_b64encode(payload + self._sign(payload)).decode().rstrip("=")
+
+    def read_handle(self, handle: str) -> Receipt:
+        try:
+            raw = base64.urlsafe_b64decode(handle + "=" * (-len(handle) % 4))
+        except (binascii.Error, ValueError):
+            raise InvalidReceiptHandle("the receipt handle is not one this writer gave out") from None
+        payload, mac = raw[:-_MAC_BYTES], raw[-_MAC_BYTES:]
+        if len(raw) <= _MAC_BYTES or not hmac.compare_digest(mac, self._sign(payload)):
+            raise InvalidReceiptHandle("the receipt handle is not one this writer gave out")
+        _, group, topic, queue_id, queue_offset, nonce = payload.decode().split(" ")
+        return Receipt(group, topic, int(queue_id), int(queue_offset), int(nonce))
+
+    # The calls
+
+    def _progress(self, group: str, topic: str, queue_id: int) -> QueueProgress:
+        key = (group, topic, queue_id)
+        progress = self.progress.get(key)
+        queue = self.writer.queues.find(topic, queue_id)
+        floor = queue.min_offset if queue is not None else 0
+        if progress is None:
+            # A new group starts at the queue's oldest message.
+            progress = self.progress[key] = QueueProgress(floor)
+            self.dirty = True
+        elif progress.committed < floor:
+            progress.move_to(floor)  # retention removed what it had not consumed
+            self.dirty = True
+        return progress
+
+    def queue_count(self, topic: str) -> int:
+        count = self.writer.topics.queue_count(topic)
+        if count is None:
+            raise NotFound(f"topic {topic} does not exist")
+        return int(count)
+
+    def receive(
+        self,
+        group: str,
+        topic: str,
+        queue_ids: list[int],
+        batch_size: int,
+        invisible_ms: int,
+        tag_filter: TagFilter,
+    ) -> tuple[list[Handed], list[Handed]]:
+        """Up to ``batch_size`` visible, unacknowledged messages of the queues, each now in
+        flight until ``invisible_ms`` from now; and the messages met that have had their
+        ``max_attempts`` deliveries, held invisible for the caller to store in the
+        dead-letter topic and then acknowledge."""
+        check_group(group)
+        now = now_ms()
+        out: list[Handed] = []
+        dead: list[Handed] = []
+        fifo = group in self.fifo_groups
+        for queue_id in queue_ids:
+            if len(out) >= batch_size:
+                break
+            out += self._receive_queue(
+                group, topic, queue_id, batch_size - len(out), now, invisible_ms, tag_filter, fifo, dead
+            )
+        return out, dead
+
+    def _receive_queue(
+        self,
+        group: str,
+        topic: str,
+        queue_id: int,
+        wanted: int,
+        now: int,
+        invisible_ms: int,
+        tag_filter: TagFilter,
+        fifo: bool,
+        dead: list[Handed],
+    ) -> list[Handed]:
+        queue = self.writer.queues.find(topic, queue_id)
+        if queue is None:
+            return []
+        progress = self._progress(group, topic, queue_id)
+        codes = tag_filter.codes
+        blocked: set[str] = set()  # FIFO message groups with an earlier message in flight
+        out: list[Handed] = []
+        stop = min(queue.max_offset, progress.committed + SCAN_UNITS_MAX)
+        for offset, unit in _units(queue, progress.committed, stop):
+            if offset in progress.acked:
+                continue
+            delivery = progress.inflight.get(offset)
+            if delivery is not None and delivery.visible_at_ms > now:
+                if fifo and delivery.message_group:
+                    blocked.add(delivery.message_group)
+                continue
+            if codes is not None and unit.tags_code not in codes:
+                progress.done(offset)  # not the group's: consumed by skipping
+                self.dirty = True
+                continue
+            record = self.writer.log.read(unit.commitlog_offset)
+            if not tag_filter.admits(record.tags):
+                progress.done(offset)
+                self.dirty = True
+                continue
+            message_group = record.properties.get(SHARDING_KEY, "")
+            if fifo and message_group:
+                if message_group in blocked:
+                    continue
+                blocked.add(message_group)
+            attempt = delivery.attempt + 1 if delivery is not None else 1
+            nonce = secrets.randbits(62)
+            self.dirty = True
+            if attempt > self.max_attempts:
+                visible_at = now + DEAD_LETTER_HOLD_MS
+                progress.inflight[offset] = Delivery(attempt - 1, visible_at, nonce, message_group)
+                handle = self.make_handle(group, topic, queue_id, offset, nonce)
+                dead.append(Handed(record, queue_id, offset, attempt - 1, handle, visible_at))
+                continue
+            visible_at = now + invisible_ms
+            progress.inflight[offset] = Delivery(attempt, visible_at, nonce, message_group)
+            handle = self.make_handle(group, topic, queue_id, offset, nonce)
+            out.append(Handed(record, queue_id, offset, attempt, handle, visible_at))
+            if len(out) >= wanted:
+                break
+        return out
+
+    def _current(self, group: str, topic: str, handle: str) -> tuple[Receipt, QueueProgress, Delivery | None]:
+        """The handle's message and its delivery; None when already acknowledged.
+        Raises InvalidReceiptHandle for a forged handle, another group's or topic's, or
+        a delivery since superseded."""
+        receipt = self.read_handle(handle)
+        if receipt.group != group or receipt.topic != topic:
+            raise InvalidReceiptHandle(f"the receipt handle is for group {receipt.group} on topic {receipt.topic}")
+        progress = self.progress.get((group, topic, receipt.queue_id))
+        if progress is None:
+            raise InvalidReceiptHandle("the receipt handle names a queue the group has not received from")
+        if receipt.queue_offset < progress.committed or receipt.queue_offset in progress.acked:
+            return receipt, progress, None
+        delivery = progress.inflight.get(receipt.queue_offset)
+        if delivery is None or delivery.nonce != receipt.nonce:
+            raise InvalidReceiptHandle("the receipt handle is stale: the message has been handed out again since")
+        return receipt, progress, delivery
+
+    def ack(self, group: str, topic: str, handle: str) -> None:
+        """Acknowledge a delivery; acknowledging it again is no error."""
+        receipt, progress, delivery = self._current(group, topic, handle)
+        if delivery is not None:
+            progress.done(receipt.queue_offset)
+            self.dirty = True
+
+    def change_invisible(self, group: str, topic: str, handle: str, invisible_ms: int) -> str:
+        """Make the delivery invisible for ``invisible_ms`` from now; a new handle for it."""
+        receipt, _, delivery = self._current(group, topic, handle)
+        if delivery is None:
+            raise InvalidReceiptHandle("the message is already acknowledged")
+        delivery.visible_at_ms = now_ms() + invisible_ms
+        delivery.nonce = secrets.randbits(62)
+        self.dirty = True
+        return self.make_handle(group, topic, receipt.queue_id, receipt.queue_offset, delivery.nonce)
+
+    def delivery_of(self, group: str, topic: str, handle: str) -> tuple[Receipt, Delivery]:
+        """The current delivery a handle names (for a dead-letter forward)."""
+        receipt, _, delivery = self._current(group, topic, handle)
+        if delivery is None:
+            raise InvalidReceiptHandle("the message is already acknowledged")
+        return receipt, delivery
+
+    def next_visible_ms(self, group: str, topic: str, queue_ids: list[int]) -> int | None:
+        """When the first message in flight on these queues becomes visible again."""
+        soonest: int | None = None
+        for queue_id in queue_ids:
+            progress = self.progress.get((group, topic, queue_id))
+            if progress is None:
+                continue
+            for delivery in progress.inflight.values():
+                if soonest is None or delivery.visible_at_ms < soonest:
+                    soonest = delivery.visible_at_ms
+        return soonest
+
+    def committed(self, group: str, topic: str, queue_id: int) -> int:
+        return self._progress(group, topic, queue_id).committed
+
+    def update_offset(self, group: str, topic: str, queue_id: int, offset: int) -> None:
+        check_group(group)
+        progress = self._progress(group, topic, queue_id)
+        progress.move_to(offset)
+        self.dirty = True
+
+
+def _units(queue: Any, start: int, stop: int) -> Iterator[tuple[int, Any]]:
+    return queue.units(start, stop)  # type: ignore[no-any-return]
+
+
+def render_state(document: dict[str, Any]) -> str:
+    body = json.dumps(document, separators=(",", ":"), sort_keys=True)
+    crc = zlib.crc32(body.encode())
+    return f"{STATE_MAGIC} {STATE_VERSION} {crc:08x}\n{body}\n"
+
+
+def parse_state(text: str, path: str = STATE_FILE_NAME) -> dict[str, Any]:
+    """The state file's document; Corruption when its header or checksum do not match."""
+    header, newline, body = text.partition("\n")
+    parts = header.split(" ")
+    if not newline or len(parts) != 3 or parts[0] != STATE_MAGIC:
+        raise Corruption(f"{path} does not start with the {STATE_MAGIC} header", path=path)
+    if parts[1] != str(STATE_VERSION):
+        raise Corruption(f"{path} is version {parts[1]}; this writer reads version {STATE_VERSION}", path=path)
+    body = body.rstrip("\n")
+    if f"{zlib.crc32(body.encode()):08x}" != parts[2]:
+        raise Corruption(f"{path} fails its checksum (a torn or damaged write)", path=path)
+    try:
+        document = json.loads(body)
+        bytes.fromhex(document["secret"])
+        for entry in document["queues"]:
+            str(entry["group"]), str(entry["topic"]), int(entry["queue"]), int(entry["committed"])
+            list(entry["acked"]), list(entry["inflight"])
+    except (ValueError, KeyError, TypeError) as error:
+        raise Corruption(f"{path} has a good checksum but not the expected fields: {error}", path=path) from None
+    return document  # type: ignore[no-any-return]

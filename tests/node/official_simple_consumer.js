@@ -23,7 +23,7 @@ function line(message, after) {
     keys: message.keys,
     delivery_attempt: message.deliveryAttempt,
     offset: message.offset === undefined ? null : Number(message.offset),
-    corrupted: message.corrupted,
+    corrupted: message.corrupted === true,  // the client leaves it unset on a good digest
     after,
   }) + '\n';
 }

@@ -4,18 +4,18 @@ Rate: MESSAGES messages stored first, then consumed. rmqstore: the official Pyth
 client's SimpleConsumer (benchmarks/consumer_client.py, its own virtualenv and process)
 receives batches of BATCH with a waiting long poll and acknowledges every message.
 SQLite: one file (WAL, synchronous=NORMAL: durable at checkpoints, as the writer's group
-offsets are durable at their flush interval), a table of messages, and a consumer
+offsets are durable at their flush interval; and again with FULL, every commit synced), a table of messages, and a consumer
 process that takes BATCH in one transaction: SELECT … ORDER BY id LIMIT BATCH, then
 DELETE of those ids, COMMIT. The figure is rmqstore's rate ÷ SQLite's (target ≥ 5).
 
-Latency: a producer sends RATE msgs/s steadily for SECONDS (our own WriterService
+Latency: a producer sends RATE msgs/s (each of --rates in turn) steadily for SECONDS (our own WriterService
 SendBatch every 10 ms; each body is its send time, time.time_ns) while CONSUMERS
 SimpleConsumer processes of one group wait in their long polls; latency is receive time
 minus send time, on one machine's clock. SQLite the same: a producer inserting each 10 ms
 batch in one transaction, a consumer process polling (1 ms sleep when the table is
 empty: SQLite cannot wake a reader). Target: rmqstore's p99 ≤ 50 ms.
 
-    python benchmarks/consumer_bench.py [--messages N] [--batch 32] [--rate 5000]
+    python benchmarks/consumer_bench.py [--messages N] [--batch 32] [--rates 5000 500]
         [--seconds S] [--consumers C] [--out benchmarks/CONSUMERS.md]
 
 With --out, the report is also written as JSON to results/consumers-<UTC time>-<N>.json
@@ -54,6 +54,10 @@ CONSUMER_START_S = 4.0
 # After the producer stops, what the consumers may take to drain.
 DRAIN_S = 5.0
 BODY_BYTES = 100
+# One queue: the writer serves a receive from the queue the request names, and the
+# clients name one queue per call in turn, so on a topic of several queues a receive
+# on an empty queue waits out its long poll while others hold messages.
+QUEUES = 1
 SQLITE_POLL_SLEEP_S = 0.001
 
 
@@ -84,9 +88,16 @@ def preload(endpoint: str, count: int) -> None:
 
     with grpc.insecure_channel(endpoint) as channel:
         stub = writer_pb2_grpc.WriterServiceStub(channel)
+        create_topic(stub)
         for start in range(0, count, PRELOAD_BATCH):
             messages = [messages_pb2.Message(topic=TOPIC, body=_body(n), tags="T") for n in range(start, min(start + PRELOAD_BATCH, count))]
             stub.SendBatch(writer_pb2.SendBatchRequest(messages=messages), timeout=60)
+
+
+def create_topic(stub: Any) -> None:
+    from rmqstore.v1 import writer_pb2
+
+    stub.CreateTopic(writer_pb2.CreateTopicRequest(name=TOPIC, queue_count=QUEUES), timeout=60)
 
 
 def rmqstore_rate(nodes: Nodes, work: Path, count: int, batch: int) -> dict[str, Any]:
@@ -121,13 +132,12 @@ def rmqstore_latency(nodes: Nodes, work: Path, rate: int, seconds: float, batch:
 
     from rmqstore.v1 import messages_pb2, writer_pb2, writer_pb2_grpc
 
-    writer = nodes.start("writer", work / "store-latency")
+    writer = nodes.start("writer", work / f"store-latency-{rate}")
     total = int(rate * seconds)
     deadline_s = CONSUMER_START_S + seconds + DRAIN_S
     with grpc.insecure_channel(writer.endpoint) as channel:
         stub = writer_pb2_grpc.WriterServiceStub(channel)
-        # The topic exists before the consumers ask for its route.
-        stub.CreateTopic(writer_pb2.CreateTopicRequest(name=TOPIC, queue_count=4), timeout=60)
+        create_topic(stub)  # before the consumers ask for its route
         command = [rmq5_python(), str(HERE / "consumer_client.py"), "latency", writer.endpoint, TOPIC, GROUP, str(total), str(batch), str(deadline_s)]
         procs = [
             subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=client_env(work))
@@ -176,10 +186,10 @@ def percentiles(latencies_us: list[int]) -> dict[str, Any]:
 # SQLite as a queue
 
 
-def sqlite_connect(path: Path) -> sqlite3.Connection:
+def sqlite_connect(path: Path, synchronous: str = "NORMAL") -> sqlite3.Connection:
     connection = sqlite3.connect(path, isolation_level=None, timeout=30)
     connection.execute("PRAGMA journal_mode=WAL")
-    connection.execute("PRAGMA synchronous=NORMAL")
+    connection.execute(f"PRAGMA synchronous={synchronous}")
     connection.execute("CREATE TABLE IF NOT EXISTS queue (id INTEGER PRIMARY KEY AUTOINCREMENT, tag TEXT, body BLOB NOT NULL)")
     return connection
 
@@ -204,9 +214,9 @@ def sqlite_insert(connection: sqlite3.Connection, bodies: list[bytes]) -> None:
     connection.execute("COMMIT")
 
 
-def sqlite_consume(path: Path, count: int, batch: int, deadline_s: float, stamped: bool) -> dict[str, Any]:
+def sqlite_consume(path: Path, count: int, batch: int, deadline_s: float, stamped: bool, synchronous: str) -> dict[str, Any]:
     """The SQLite consumer process: take batches until ``count`` messages or the deadline."""
-    connection = sqlite_connect(path)
+    connection = sqlite_connect(path, synchronous)
     taken = 0
     latencies_us: list[int] = []
     started = time.perf_counter()
@@ -225,8 +235,11 @@ def sqlite_consume(path: Path, count: int, batch: int, deadline_s: float, stampe
     return {"messages": taken, "seconds": seconds, "latencies_us": latencies_us}
 
 
-def _sqlite_consumer_process(path: Path, count: int, batch: int, deadline_s: float, stamped: bool) -> subprocess.Popen[str]:
-    command = [sys.executable, __file__, "--sqlite-consumer", str(path), str(count), str(batch), str(deadline_s), "1" if stamped else "0"]
+def _sqlite_consumer_process(
+    path: Path, count: int, batch: int, deadline_s: float, stamped: bool, synchronous: str = "NORMAL"
+) -> subprocess.Popen[str]:
+    command = [sys.executable, __file__, "--sqlite-consumer", str(path), str(count), str(batch), str(deadline_s),
+               "1" if stamped else "0", synchronous]  # fmt: skip
     return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=quiet_env())
 
 
@@ -238,20 +251,20 @@ def _result_of(proc: subprocess.Popen[str], timeout_s: float) -> dict[str, Any]:
     return result
 
 
-def sqlite_rate(work: Path, count: int, batch: int) -> dict[str, Any]:
-    path = work / "rate.sqlite"
-    connection = sqlite_connect(path)
+def sqlite_rate(work: Path, count: int, batch: int, synchronous: str) -> dict[str, Any]:
+    path = work / f"rate-{synchronous}.sqlite"
+    connection = sqlite_connect(path, synchronous)
     for start in range(0, count, PRELOAD_BATCH):
         sqlite_insert(connection, [_body(n) for n in range(start, min(start + PRELOAD_BATCH, count))])
     connection.close()
-    result = _result_of(_sqlite_consumer_process(path, count, batch, TIMEOUT_S, stamped=False), TIMEOUT_S)
+    result = _result_of(_sqlite_consumer_process(path, count, batch, TIMEOUT_S, False, synchronous), TIMEOUT_S)
     result.pop("latencies_us")
     result["msgs_per_s"] = result["messages"] / result["seconds"]
     return result
 
 
 def sqlite_latency(work: Path, rate: int, seconds: float, batch: int) -> dict[str, Any]:
-    path = work / "latency.sqlite"
+    path = work / f"latency-{rate}.sqlite"
     connection = sqlite_connect(path)
     total = int(rate * seconds)
     deadline_s = CONSUMER_START_S + seconds + DRAIN_S
@@ -271,44 +284,60 @@ def sqlite_latency(work: Path, rate: int, seconds: float, batch: int) -> dict[st
 # The run
 
 
+def _rounded(figures: dict[str, Any]) -> dict[str, Any]:
+    return {k: round(v, 3) if isinstance(v, float) else v for k, v in figures.items()}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--messages", type=int, default=50_000, help="messages stored, then consumed, for the rate")
+    parser.add_argument("--messages", type=int, default=20_000, help="messages stored, then consumed, for the rate")
     parser.add_argument("--batch", type=int, default=32)
-    parser.add_argument("--rate", type=int, default=5_000, help="the producer's msgs/s for the latency")
+    parser.add_argument(
+        "--rates", type=int, nargs="+", default=[5_000, 500],
+        help="the producer's msgs/s for the latency, one run each; the first is the target's",
+    )  # fmt: skip
     parser.add_argument("--seconds", type=float, default=10.0, help="how long the producer sends for the latency")
     parser.add_argument("--consumers", type=int, default=1, help="SimpleConsumer processes of the group for the latency")
     parser.add_argument("--out", type=Path, help="write the results as markdown here, and as JSON in results/ beside it")
-    parser.add_argument("--sqlite-consumer", nargs=5, help=argparse.SUPPRESS)
+    parser.add_argument("--sqlite-consumer", nargs=6, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.sqlite_consumer:
-        path, count, batch, deadline_s, stamped = args.sqlite_consumer
-        print(json.dumps(sqlite_consume(Path(path), int(count), int(batch), float(deadline_s), stamped == "1")), flush=True)
+        path, count, batch, deadline_s, stamped, synchronous = args.sqlite_consumer
+        result = sqlite_consume(Path(path), int(count), int(batch), float(deadline_s), stamped == "1", synchronous)
+        print(json.dumps(result), flush=True)
         return
     with tempfile.TemporaryDirectory(prefix="consumer-bench-") as work_text:
         work = Path(work_text)
         with Nodes(work / "logs") as nodes:
-            rmq_rate = rmqstore_rate(nodes, work, args.messages, args.batch)
-            lite_rate = sqlite_rate(work, args.messages, args.batch)
-            rmq_latency = rmqstore_latency(nodes, work, args.rate, args.seconds, args.batch, args.consumers)
-            lite_latency = sqlite_latency(work, args.rate, args.seconds, args.batch)
-    figure = ratio(rmq_rate["msgs_per_s"], lite_rate["msgs_per_s"])
+            rates = {
+                "rmqstore": rmqstore_rate(nodes, work, args.messages, args.batch),
+                "sqlite": sqlite_rate(work, args.messages, args.batch, "NORMAL"),
+                "sqlite_full": sqlite_rate(work, args.messages, args.batch, "FULL"),
+            }
+            latency = [
+                {
+                    "rate": rate,
+                    "rmqstore": rmqstore_latency(nodes, work, rate, args.seconds, args.batch, args.consumers),
+                    "sqlite": sqlite_latency(work, rate, args.seconds, args.batch),
+                }
+                for rate in args.rates
+            ]
+    figure = ratio(rates["rmqstore"]["msgs_per_s"], rates["sqlite"]["msgs_per_s"])
+    target_p99 = latency[0]["rmqstore"]["p99_ms"]
     report = {
         "messages": args.messages,
         "batch": args.batch,
-        "rate": args.rate,
         "seconds": args.seconds,
         "consumers": args.consumers,
-        "receive_ack": {
-            "rmqstore": {k: round(v, 3) if isinstance(v, float) else v for k, v in rmq_rate.items()},
-            "sqlite": {k: round(v, 3) if isinstance(v, float) else v for k, v in lite_rate.items()},
-        },
+        "queues": QUEUES,
+        "receive_ack": {name: _rounded(figures) for name, figures in rates.items()},
         "rate_ratio": figure,
-        "latency": {"rmqstore": rmq_latency, "sqlite": lite_latency},
+        "rate_ratio_sqlite_full": ratio(rates["rmqstore"]["msgs_per_s"], rates["sqlite_full"]["msgs_per_s"]),
+        "latency": latency,
         "rate_target": RATE_TARGET,
         "p99_target_ms": P99_TARGET_MS,
         "rate_met": figure is not None and figure >= RATE_TARGET,
-        "p99_met": rmq_latency["p99_ms"] is not None and rmq_latency["p99_ms"] <= P99_TARGET_MS,
+        "p99_met": target_p99 is not None and target_p99 <= P99_TARGET_MS,
     }
     print(json.dumps(report), flush=True)
     if args.out:
@@ -336,47 +365,59 @@ def kept_analysis(out: Path) -> str:
 def markdown(report: dict[str, Any], command: str) -> str:
     facts = machine_facts(REPO)
     rate = report["receive_ack"]
-    latency = report["latency"]
+    batch = report["batch"]
 
     def verdict(met: bool) -> str:
         return "met" if met else "missed"
 
-    def latency_row(name: str, figures: dict[str, Any]) -> str:
+    def rate_row(name: str, figures: dict[str, Any]) -> str:
+        return f"| {name} | {figures['messages']:,} | {figures['seconds']} | {figures['msgs_per_s']:,.0f} |"
+
+    def latency_row(rate_per_s: int, name: str, figures: dict[str, Any]) -> str:
         return (
-            f"| {name} | {figures['sent']:,} | {figures['received']:,} | {figures['duplicates']} | "
+            f"| {rate_per_s:,} | {name} | {figures['sent']:,} | {figures['received']:,} | {figures['duplicates']} | "
             f"{figures['p50_ms']} | {figures['p99_ms']} | {figures['max_ms']} |"
         )
 
+    latency_rows = "\n".join(
+        row
+        for run in report["latency"]
+        for row in (latency_row(run["rate"], "rmqstore", run["rmqstore"]), latency_row(run["rate"], "SQLite", run["sqlite"]))
+    )
+    first = report["latency"][0]
     return f"""# RocketMQ 5 consumers: the official Python SimpleConsumer beside SQLite as a queue
 
 `{command}`
 
 {facts['date_utc']}, commit {facts['git_commit']}, {facts['cores']} cores ({facts['cpu']}), load average at the
-end {load_average()}. Every process on 127.0.0.1; the writer with its defaults (ASYNC flush).
+end {load_average()}. Every process on 127.0.0.1; the writer with its defaults (ASYNC flush, group
+offsets flushed every second), a topic of {report['queues']} queue.
 
-## Receive and acknowledge, batches of {report['batch']}
+## Receive and acknowledge, batches of {batch}
 
-{report['messages']:,} messages stored first, then consumed by one consumer.
+{report['messages']:,} messages stored first, then consumed by one consumer process. SQLite in WAL mode,
+`synchronous=NORMAL` (durable at checkpoints, as the group's offsets are at their flush) and
+`FULL` (every commit synced).
 
 | consumer | messages | seconds | msgs/s |
 |---|---|---|---|
-| rmqstore, official Python SimpleConsumer (receive {report['batch']}, ack each) | {rate['rmqstore']['messages']:,} | {rate['rmqstore']['seconds']} | {rate['rmqstore']['msgs_per_s']:,.0f} |
-| SQLite (SELECT … LIMIT {report['batch']} + DELETE, one transaction) | {rate['sqlite']['messages']:,} | {rate['sqlite']['seconds']} | {rate['sqlite']['msgs_per_s']:,.0f} |
+{rate_row(f"rmqstore, official Python SimpleConsumer (receive {batch}, ack each)", rate['rmqstore'])}
+{rate_row(f"SQLite NORMAL (SELECT … LIMIT {batch} + DELETE, one transaction)", rate['sqlite'])}
+{rate_row("SQLite FULL (the same)", rate['sqlite_full'])}
 
-rmqstore ÷ SQLite: **{report['rate_ratio']}** (target ≥ {report['rate_target']:g}: {verdict(report['rate_met'])}).
-Messages received twice by rmqstore's consumer: {rate['rmqstore']['duplicates']}.
+rmqstore ÷ SQLite NORMAL: **{report['rate_ratio']}** (target ≥ {report['rate_target']:g}: {verdict(report['rate_met'])});
+÷ SQLite FULL: {report['rate_ratio_sqlite_full']}. Messages received twice by rmqstore's consumer: {rate['rmqstore']['duplicates']}.
 
-## Send → receive under a steady {report['rate']:,} msgs/s producer
+## Send → receive under a steady producer
 
-{report['seconds']:g} s of sending; rmqstore: {report['consumers']} SimpleConsumer process(es) in a waiting long poll;
-SQLite: one consumer polling every {SQLITE_POLL_SLEEP_S * 1000:g} ms when the table is empty.
+{report['seconds']:g} s of sending at each rate; rmqstore: {report['consumers']} SimpleConsumer process(es) in a
+waiting long poll; SQLite: one consumer process polling every {SQLITE_POLL_SLEEP_S * 1000:g} ms when the table is empty.
 
-| system | sent | received | twice | p50 ms | p99 ms | max ms |
-|---|---|---|---|---|---|---|
-{latency_row('rmqstore', latency['rmqstore'])}
-{latency_row('SQLite', latency['sqlite'])}
+| msgs/s | system | sent | received | twice | p50 ms | p99 ms | max ms |
+|---|---|---|---|---|---|---|---|
+{latency_rows}
 
-rmqstore's p99: **{latency['rmqstore']['p99_ms']} ms** (target ≤ {report['p99_target_ms']:g} ms: {verdict(report['p99_met'])}).
+rmqstore's p99 at {first['rate']:,} msgs/s: **{first['rmqstore']['p99_ms']} ms** (target ≤ {report['p99_target_ms']:g} ms: {verdict(report['p99_met'])}).
 """
 
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import sqlite3
 import statistics
 import subprocess
@@ -41,6 +42,7 @@ REPO = HERE.parent
 sys.path.insert(0, str(HERE))
 
 from bench_common import Nodes, load_average, machine_facts, quiet_env, ratio  # noqa: E402
+from rocketmq5_bench import process_cpu_s  # noqa: E402
 
 RATE_TARGET = 5.0
 P99_TARGET_MS = 50.0
@@ -104,12 +106,20 @@ def rmqstore_rate(nodes: Nodes, work: Path, count: int, batch: int) -> dict[str,
     writer = nodes.start("writer", work / "store-rate")
     preload(writer.endpoint, count)
     command = [rmq5_python(), str(HERE / "consumer_client.py"), "rate", writer.endpoint, TOPIC, GROUP, str(count), str(batch)]
+    # Which process a message costs more CPU: the consumer's (start-up included) or the writer's.
+    writer_before = process_cpu_s(writer.proc.pid)
+    children_before = resource.getrusage(resource.RUSAGE_CHILDREN)
     done = subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT_S, env=client_env(work), check=False)
+    children_after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    writer_cpu_s = process_cpu_s(writer.proc.pid) - writer_before
     writer.stop()
     if done.returncode != 0:
         raise RuntimeError(f"the consumer failed ({done.returncode}):\n{done.stderr[-3000:]}")
     result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
     result["msgs_per_s"] = result["messages"] / result["seconds"]
+    consumer_cpu_s = (children_after.ru_utime + children_after.ru_stime) - (children_before.ru_utime + children_before.ru_stime)
+    result["consumer_cpu_us_per_message"] = consumer_cpu_s / result["messages"] * 1e6
+    result["writer_cpu_us_per_message"] = writer_cpu_s / result["messages"] * 1e6
     return result
 
 
@@ -407,6 +417,8 @@ offsets flushed every second), a topic of {report['queues']} queue.
 
 rmqstore ÷ SQLite NORMAL: **{report['rate_ratio']}** (target ≥ {report['rate_target']:g}: {verdict(report['rate_met'])});
 ÷ SQLite FULL: {report['rate_ratio_sqlite_full']}. Messages received twice by rmqstore's consumer: {rate['rmqstore']['duplicates']}.
+CPU a message cost (user + system): {rate['rmqstore']['consumer_cpu_us_per_message']:,.0f} µs in the consumer's process (its
+start-up included), {rate['rmqstore']['writer_cpu_us_per_message']:,.0f} µs in the writer.
 
 ## Send → receive under a steady producer
 

@@ -112,15 +112,69 @@ def rmqstore_rate(nodes: Nodes, work: Path, count: int, batch: int) -> dict[str,
     done = subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT_S, env=client_env(work), check=False)
     children_after = resource.getrusage(resource.RUSAGE_CHILDREN)
     writer_cpu_s = process_cpu_s(writer.proc.pid) - writer_before
-    writer.stop()
     if done.returncode != 0:
+        writer.stop()
         raise RuntimeError(f"the consumer failed ({done.returncode}):\n{done.stderr[-3000:]}")
     result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
     result["msgs_per_s"] = result["messages"] / result["seconds"]
     consumer_cpu_s = (children_after.ru_utime + children_after.ru_stime) - (children_before.ru_utime + children_before.ru_stime)
     result["consumer_cpu_us_per_message"] = consumer_cpu_s / result["messages"] * 1e6
     result["writer_cpu_us_per_message"] = writer_cpu_s / result["messages"] * 1e6
+    # The same messages again, for a group of its own, by the cheapest caller.
+    own_command = [sys.executable, __file__, "--own-v2-consumer", writer.endpoint, str(count), str(batch)]
+    writer_before = process_cpu_s(writer.proc.pid)
+    children_before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    own = subprocess.run(own_command, capture_output=True, text=True, timeout=TIMEOUT_S, env=quiet_env(), check=False)
+    children_after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    writer_cpu_s = process_cpu_s(writer.proc.pid) - writer_before
+    writer.stop()
+    if own.returncode != 0:
+        raise RuntimeError(f"our own v2 consumer failed ({own.returncode}):\n{own.stderr[-3000:]}")
+    own_result: dict[str, Any] = json.loads(own.stdout.strip().splitlines()[-1])
+    own_result["msgs_per_s"] = own_result["messages"] / own_result["seconds"]
+    consumer_cpu_s = (children_after.ru_utime + children_after.ru_stime) - (children_before.ru_utime + children_before.ru_stime)
+    own_result["consumer_cpu_us_per_message"] = consumer_cpu_s / own_result["messages"] * 1e6
+    own_result["writer_cpu_us_per_message"] = writer_cpu_s / own_result["messages"] * 1e6
+    result["own_v2"] = own_result
     return result
+
+
+def own_v2_consume(endpoint: str, count: int, batch: int) -> dict[str, Any]:
+    """The writer's receive and ack path with the least client cost the protocol allows:
+    our own v2 stubs, a receive of ``batch`` and one AckMessage carrying all of them."""
+    import grpc
+    from google.protobuf import duration_pb2
+
+    from rmqstore.rocketmq_v2 import definition_pb2 as v2
+    from rmqstore.rocketmq_v2 import service_pb2 as v2s
+    from rmqstore.rocketmq_v2 import service_pb2_grpc
+
+    group, topic = v2.Resource(name=GROUP + "-own"), v2.Resource(name=TOPIC)
+    request = v2s.ReceiveMessageRequest(
+        group=group, message_queue=v2.MessageQueue(topic=topic, id=0),
+        filter_expression=v2.FilterExpression(type=v2.TAG, expression="*"), batch_size=batch,
+        invisible_duration=duration_pb2.Duration(seconds=30), long_polling_timeout=duration_pb2.Duration(seconds=5),
+    )  # fmt: skip
+    seen: set[str] = set()
+    duplicates = 0
+    with grpc.insecure_channel(endpoint) as channel:
+        stub = service_pb2_grpc.MessagingServiceStub(channel)
+        started = time.perf_counter()
+        while len(seen) < count:
+            messages = [a.message for a in stub.ReceiveMessage(request, timeout=30) if a.HasField("message")]
+            if not messages:
+                raise RuntimeError(f"the writer had nothing more to hand out after {len(seen)} of {count} messages")
+            entries = []
+            for message in messages:
+                system = message.system_properties
+                duplicates += system.message_id in seen
+                seen.add(system.message_id)
+                entries.append(v2s.AckMessageEntry(message_id=system.message_id, receipt_handle=system.receipt_handle))
+            answer = stub.AckMessage(v2s.AckMessageRequest(group=group, topic=topic, entries=entries), timeout=30)
+            if answer.status.code != v2.OK:
+                raise RuntimeError(f"AckMessage answered {answer.status.code}: {answer.status.message}")
+        seconds = time.perf_counter() - started
+    return {"messages": len(seen), "duplicates": duplicates, "seconds": seconds}
 
 
 def paced(rate: int, seconds: float, send: Any) -> int:
@@ -310,7 +364,12 @@ def main() -> None:
     parser.add_argument("--consumers", type=int, default=1, help="SimpleConsumer processes of the group for the latency")
     parser.add_argument("--out", type=Path, help="write the results as markdown here, and as JSON in results/ beside it")
     parser.add_argument("--sqlite-consumer", nargs=6, help=argparse.SUPPRESS)
+    parser.add_argument("--own-v2-consumer", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.own_v2_consumer:
+        endpoint, count, batch = args.own_v2_consumer
+        print(json.dumps(own_v2_consume(endpoint, int(count), int(batch))), flush=True)
+        return
     if args.sqlite_consumer:
         path, count, batch, deadline_s, stamped, synchronous = args.sqlite_consumer
         result = sqlite_consume(Path(path), int(count), int(batch), float(deadline_s), stamped == "1", synchronous)
@@ -319,8 +378,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="consumer-bench-") as work_text:
         work = Path(work_text)
         with Nodes(work / "logs") as nodes:
+            official = rmqstore_rate(nodes, work, args.messages, args.batch)
             rates = {
-                "rmqstore": rmqstore_rate(nodes, work, args.messages, args.batch),
+                "rmqstore": official,
+                "rmqstore_own_v2": official.pop("own_v2"),
                 "sqlite": sqlite_rate(work, args.messages, args.batch, "NORMAL"),
                 "sqlite_full": sqlite_rate(work, args.messages, args.batch, "FULL"),
             }
@@ -343,6 +404,8 @@ def main() -> None:
         "receive_ack": {name: _rounded(figures) for name, figures in rates.items()},
         "rate_ratio": figure,
         "rate_ratio_sqlite_full": ratio(rates["rmqstore"]["msgs_per_s"], rates["sqlite_full"]["msgs_per_s"]),
+        # The writer's own path, without the official client's per-message calls (not the target's figure).
+        "own_v2_rate_ratio": ratio(rates["rmqstore_own_v2"]["msgs_per_s"], rates["sqlite"]["msgs_per_s"]),
         "latency": latency,
         "rate_target": RATE_TARGET,
         "p99_target_ms": P99_TARGET_MS,
@@ -412,13 +475,17 @@ offsets flushed every second), a topic of {report['queues']} queue.
 | consumer | messages | seconds | msgs/s |
 |---|---|---|---|
 {rate_row(f"rmqstore, official Python SimpleConsumer (receive {batch}, ack each)", rate['rmqstore'])}
+{rate_row(f"rmqstore, our own v2 caller (receive {batch}, one AckMessage of {batch})", rate['rmqstore_own_v2'])}
 {rate_row(f"SQLite NORMAL (SELECT … LIMIT {batch} + DELETE, one transaction)", rate['sqlite'])}
 {rate_row("SQLite FULL (the same)", rate['sqlite_full'])}
 
 rmqstore ÷ SQLite NORMAL: **{report['rate_ratio']}** (target ≥ {report['rate_target']:g}: {verdict(report['rate_met'])});
 ÷ SQLite FULL: {report['rate_ratio_sqlite_full']}. Messages received twice by rmqstore's consumer: {rate['rmqstore']['duplicates']}.
 CPU a message cost (user + system): {rate['rmqstore']['consumer_cpu_us_per_message']:,.0f} µs in the consumer's process (its
-start-up included), {rate['rmqstore']['writer_cpu_us_per_message']:,.0f} µs in the writer.
+start-up included), {rate['rmqstore']['writer_cpu_us_per_message']:,.0f} µs in the writer. Our own v2 caller, the same messages for a
+group of its own (not the target's figure: it shows the writer's path without the client's call a message):
+{report['own_v2_rate_ratio']} of SQLite NORMAL's rate; {rate['rmqstore_own_v2']['consumer_cpu_us_per_message']:,.0f} µs a message in the caller,
+{rate['rmqstore_own_v2']['writer_cpu_us_per_message']:,.0f} µs in the writer.
 
 ## Send → receive under a steady producer
 

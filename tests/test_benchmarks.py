@@ -298,6 +298,8 @@ def test_the_consumer_benchmark_measures_both_queues(tmp_path: Path) -> None:
     rates = result["receive_ack"]
     assert (rates["rmqstore"]["messages"], rates["rmqstore"]["duplicates"]) == (300, 0)
     assert rates["rmqstore"]["consumer_cpu_us_per_message"] > 0 and rates["rmqstore"]["writer_cpu_us_per_message"] > 0
+    assert (rates["rmqstore_own_v2"]["messages"], rates["rmqstore_own_v2"]["duplicates"]) == (300, 0)
+    assert result["own_v2_rate_ratio"] == round(rates["rmqstore_own_v2"]["msgs_per_s"] / rates["sqlite"]["msgs_per_s"], 2)
     assert (rates["sqlite"]["messages"], rates["sqlite_full"]["messages"]) == (300, 300)
     assert result["rate_ratio"] == round(rates["rmqstore"]["msgs_per_s"] / rates["sqlite"]["msgs_per_s"], 2)
     assert result["rate_met"] == (result["rate_ratio"] >= 5.0)

@@ -183,6 +183,8 @@ TLS flags of a server, and its plaintext health port, when tls.enabled; call wit
 - "0.0.0.0"
 - --port
 - {{ int64 .Values.query.port | quote }}
+- --broker-name
+- {{ .Values.writer.brokerName | quote }}
 {{- include "rmqstore.tlsArgs" (dict "root" . "healthPort" .Values.query.healthPort) }}
 {{- include "rmqstore.accessArgs" . }}
 {{- include "rmqstore.sizeArgs" . }}

@@ -35,6 +35,7 @@ from rmqstore.cli.writer_tools import (
     wait_for_stop,
 )
 from rmqstore.common.errors import InvalidArgument, NotFound
+from rmqstore.query.groups import BROKER_NAME_DEFAULT
 from rmqstore.v1 import (
     messages_pb2,
     query_pb2,
@@ -44,6 +45,13 @@ from rmqstore.v1 import (
 )
 
 SHUTDOWN_GRACE_S = 5.0
+
+
+def broker_name(text: str) -> str:
+    """A broker name as the writer takes one: not empty, no spaces."""
+    if not text or any(c.isspace() for c in text):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a non-empty name without spaces")
+    return text
 KEY_PAGE_SIZE = 1000
 
 
@@ -416,6 +424,59 @@ def cmd_update_topic(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+PROGRESS_HEADER = ("#Topic", "#Broker Name", "#QID", "#Broker Offset", "#Consumer Offset", "#Diff")
+GROUPS_HEADER = ("#Group", "#Topics", "#Diff Total")
+
+
+def _progress_line(topic: object, broker: object, queue: object, broker_offset: object, consumer_offset: object, diff: object) -> str:
+    # mqadmin consumerProgress's columns and widths; a longer name pushes the row on, as there.
+    return f"{topic!s:<64}  {broker!s:<32}  {queue!s:<4}  {broker_offset!s:<20}  {consumer_offset!s:<20}  {diff}\n"
+
+
+def cmd_consumer_progress(args: argparse.Namespace) -> int:
+    """A group's progress per queue as mqadmin's consumerProgress prints it (broker offset,
+    consumer offset, diff, then the diff total); without -g, every group and its total."""
+
+    def action(backend: Backend) -> int:
+        if args.group is None:
+            if args.topic is not None:
+                raise InvalidArgument("-t/--topic needs -g/--group")
+            groups = backend.call("ListGroups", query_pb2.ListGroupsRequest()).groups
+            if args.json:
+                documents = [{"group": g.group, "topics": list(g.topics), "diffTotal": g.lag_total} for g in groups]
+                print(json.dumps(documents, ensure_ascii=False))
+                return EXIT_OK
+            lines = [f"{GROUPS_HEADER[0]:<64}  {GROUPS_HEADER[1]:<7}  {GROUPS_HEADER[2]}\n"]
+            lines += [f"{g.group:<64}  {len(g.topics):<7}  {g.lag_total}\n" for g in groups]
+            sys.stdout.write("".join(lines))
+            return EXIT_OK
+        request = query_pb2.GroupLagRequest(group=args.group, topic=args.topic or "")
+        response = backend.call("GroupLag", request)
+        if args.json:
+            queues = [
+                {
+                    "topic": q.topic,
+                    "brokerName": response.broker_name,
+                    "queueId": q.queue_id,
+                    "brokerOffset": q.broker_offset,
+                    "consumerOffset": q.consumer_offset,
+                    "diff": q.lag,
+                }
+                for q in response.queues
+            ]
+            document = {"group": response.group, "queues": queues, "diffTotal": response.lag_total}
+            print(json.dumps(document, ensure_ascii=False))
+            return EXIT_OK
+        lines = [_progress_line(*PROGRESS_HEADER)]
+        for q in response.queues:
+            lines.append(_progress_line(q.topic, response.broker_name, q.queue_id, q.broker_offset, q.consumer_offset, q.lag))
+        lines.append(f"\nDiff Total: {response.lag_total}\n")
+        sys.stdout.write("".join(lines))
+        return EXIT_OK
+
+    return _run(args, action)
+
+
 def cmd_query_serve(args: argparse.Namespace) -> int:
     from rmqstore.query.service import SERVICE_NAME, AsyncQueryServicer
     from rmqstore.query.view import StoreView
@@ -436,7 +497,9 @@ def cmd_query_serve(args: argparse.Namespace) -> int:
     try:
         with listening(args):
             serving = AsyncServing(
-                lambda s: query_pb2_grpc.add_QueryServiceServicer_to_server(AsyncQueryServicer(view), s),
+                lambda s: query_pb2_grpc.add_QueryServiceServicer_to_server(
+                    AsyncQueryServicer(view, broker_name=args.broker_name), s
+                ),
                 [SERVICE_NAME],
                 host=args.host,
                 port=args.port,
@@ -504,6 +567,12 @@ def register(commands: argparse._SubParsersAction) -> None:  # type: ignore[type
         help="resident mapped store pages kept before they are dropped (default 96, query.view's "
         "MAPPED_RESIDENT_BUDGET_BYTES); lower keeps the RSS smaller, higher spares lookups re-mapping pages",
     )
+    serve.add_argument(
+        "--broker-name",
+        type=broker_name,
+        default=BROKER_NAME_DEFAULT,
+        help=f"the broker name consumerProgress shows, the writer's --broker-name (default {BROKER_NAME_DEFAULT})",
+    )
     add_server_tls_options(serve)
     add_size_options(serve)
     serve.set_defaults(handler=cmd_query_serve)
@@ -565,6 +634,15 @@ def register(commands: argparse._SubParsersAction) -> None:  # type: ignore[type
     )
     topic_status.add_argument("-t", "--topic", required=True, help="the topic")
     topic_status.set_defaults(handler=cmd_topic_status)
+
+    progress = _lookup_parser(
+        commands, "consumerProgress",
+        "a consumer group's progress per queue: broker offset, consumer offset, diff (without -g: every group)",
+        json_help="print one JSON object (without -g: a list of groups)", bodies=False,
+    )
+    progress.add_argument("-g", "--group", help="the consumer group (default: list every group and its diff total)")
+    progress.add_argument("-t", "--topic", help="only this topic of the group")
+    progress.set_defaults(handler=cmd_consumer_progress)
 
     update = commands.add_parser(
         "updateTopic",

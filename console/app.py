@@ -128,6 +128,7 @@ class Pages:
             "message": lambda p: self.backend.message(p)[0],
             "rate": lambda p: self.backend.rate(p, _now_ms()),
             "nodes": lambda p: self.backend.nodes(),
+            "groups": self.backend.groups,
         }
         name = request.path_params["name"]
         if name not in builders:
@@ -200,6 +201,14 @@ class Pages:
                 error, status = failed.message, failed.status
         return self.render("rate.html", status, page="rate", params=params, data=data, charts=charts, error=error)
 
+    async def groups(self, request: Request) -> Response:
+        params = _params(request)
+        try:
+            data = await self._data(lambda: self.backend.groups(params))
+        except ConsoleError as error:
+            return self.render("groups.html", error.status, page="groups", params=params, error=error.message, data=None)
+        return self.render("groups.html", page="groups", params=params, data=data, error=None)
+
     async def nodes(self, request: Request) -> Response:
         try:
             data = await self._data(self.backend.nodes)
@@ -240,6 +249,7 @@ def build_app(backend: Backend, users: dict[str, str] | None) -> ASGIApp:
             Route("/message", pages.message),
             Route("/message/body", pages.body),
             Route("/rate", pages.rate),
+            Route("/groups", pages.groups),
             Route("/nodes", pages.nodes),
             Route("/api/{name}", pages.api),
             Route("/healthz", _health),

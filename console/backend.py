@@ -458,6 +458,24 @@ class Backend:
         }  # fmt: skip
         return detail, found
 
+    # Consumer groups
+
+    def groups(self, params: dict[str, str]) -> dict[str, Any]:
+        """Without ``group``: every group of the store's consumerOffset.json and its total
+        lag. With it: the group's rows (only ``topic``'s when given), as consumerProgress
+        prints them. The query node checks the names (400) and knows the groups (404)."""
+        group = params.get("group", "").strip()
+        if not group:
+            listed = self._call(self.query.ListGroups, query_pb2.ListGroupsRequest()).groups
+            return {"groups": [{"group": g.group, "topics": list(g.topics), "diffTotal": g.lag_total} for g in listed]}
+        request = query_pb2.GroupLagRequest(group=group, topic=params.get("topic", "").strip())
+        lag = self._call(self.query.GroupLag, request)
+        queues = [
+            {"topic": q.topic, "queueId": q.queue_id, "brokerOffset": q.broker_offset, "consumerOffset": q.consumer_offset, "diff": q.lag}
+            for q in lag.queues
+        ]
+        return {"group": lag.group, "brokerName": lag.broker_name, "queues": queues, "diffTotal": lag.lag_total}
+
     # Nodes
 
     def nodes(self) -> dict[str, Any]:

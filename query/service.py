@@ -19,6 +19,13 @@ from rmqstore.common.codec.record import Record
 from rmqstore.common.errors import InvalidArgument, StoreError
 from rmqstore.common.files.consumequeue import Boundary
 from rmqstore.common.tracing import span
+from rmqstore.query.groups import (
+    BROKER_NAME_DEFAULT,
+    GroupOffsets,
+    group_lag,
+    group_topics,
+    queue_lags,
+)
 from rmqstore.query.view import TIME_MAX_MS, TIME_MIN_MS, StoreView
 from rmqstore.service.acl import may_see_paths
 from rmqstore.service.errors import abort_with, abort_with_async, mapped
@@ -59,9 +66,11 @@ def to_stored(record: Record) -> messages_pb2.StoredMessage:
 
 
 class QueryServicer(query_pb2_grpc.QueryServiceServicer):
-    def __init__(self, view: StoreView):
+    def __init__(self, view: StoreView, *, broker_name: str = BROKER_NAME_DEFAULT):
         self.view = view
         self.metrics = QueryMetrics(view)
+        self.broker_name = broker_name
+        self.group_offsets = GroupOffsets(view.paths.config)
 
     @contextmanager
     def _lookup(self, kind: str) -> Iterator[trace.Span]:
@@ -166,6 +175,35 @@ class QueryServicer(query_pb2_grpc.QueryServiceServicer):
         return query_pb2.OffsetsByTimeResponse(offsets=offsets)
 
     @mapped
+    def ListGroups(self, request: query_pb2.ListGroupsRequest, context: grpc.ServicerContext) -> query_pb2.ListGroupsResponse:
+        with self._lookup("list_groups"):
+            table = self.group_offsets.table()
+            groups = []
+            for group, topics in group_topics(table).items():
+                lag_total = sum(row.lag for row in queue_lags(self.view, table, group, topics))
+                groups.append(query_pb2.GroupSummary(group=group, topics=topics, lag_total=lag_total))
+        return query_pb2.ListGroupsResponse(groups=groups)
+
+    @mapped
+    def GroupLag(self, request: query_pb2.GroupLagRequest, context: grpc.ServicerContext) -> query_pb2.GroupLagResponse:
+        with self._lookup("group_lag") as span:
+            span.set_attribute("rmqstore.group", request.group)
+            rows = group_lag(self.view, self.group_offsets.table(), request.group, request.topic)
+        queues = [
+            query_pb2.QueueLag(
+                topic=row.topic,
+                queue_id=row.queue_id,
+                broker_offset=row.broker_offset,
+                consumer_offset=row.consumer_offset,
+                lag=row.lag,
+            )
+            for row in rows
+        ]
+        return query_pb2.GroupLagResponse(
+            group=request.group, broker_name=self.broker_name, queues=queues, lag_total=sum(row.lag for row in rows)
+        )
+
+    @mapped
     def Ping(self, request: query_pb2.PingRequest, context: grpc.ServicerContext) -> query_pb2.PingResponse:
         return query_pb2.PingResponse()
 
@@ -220,8 +258,8 @@ class AsyncQueryServicer(query_pb2_grpc.QueryServiceServicer):
     waiting holds no thread: an idle connection, a stream whose reader has stopped, or
     a thousand of them leave the executor to the lookups and the loop to Ping and health."""
 
-    def __init__(self, view: StoreView, *, stalled_write_s: float = STALLED_WRITE_S):
-        self.lookups = QueryServicer(view)
+    def __init__(self, view: StoreView, *, stalled_write_s: float = STALLED_WRITE_S, broker_name: str = BROKER_NAME_DEFAULT):
+        self.lookups = QueryServicer(view, broker_name=broker_name)
         self.stalled_write_s = stalled_write_s
 
     QueryByKey = _unary("QueryByKey")
@@ -233,6 +271,8 @@ class AsyncQueryServicer(query_pb2_grpc.QueryServiceServicer):
     SearchOffset = _unary("SearchOffset")
     ListTopics = _unary("ListTopics")
     OffsetsByTime = _unary("OffsetsByTime")
+    ListGroups = _unary("ListGroups")
+    GroupLag = _unary("GroupLag")
     _stats = _unary("Stats")
 
     async def Stats(self, request: query_pb2.StatsRequest, context: grpc.aio.ServicerContext[Any, Any]) -> query_pb2.StatsResponse:

@@ -347,6 +347,10 @@ NEEDS: dict[str, Need] = {
     "/rmqstore.v1.QueryService/StreamByTime": _topic("Sub"),
     "/rmqstore.v1.QueryService/ListTopics": _cluster("List"),
     "/rmqstore.v1.QueryService/Stats": _cluster("Get"),
+    # The node's group names, as ListTopics lists its topics.
+    "/rmqstore.v1.QueryService/ListGroups": _cluster("List"),
+    # One group's progress, as Apache's ACL guards a group's consume stats: Get on the group.
+    "/rmqstore.v1.QueryService/GroupLag": lambda r: [("Get", f"Group:{r.group}")],
     "/rmqstore.v1.QueryService/Ping": lambda r: [],
     "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo": lambda r: [],
     "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo": lambda r: [],

@@ -296,3 +296,39 @@ def test_the_metrics_cost_probe_times_every_variant() -> None:
         assert all(row[f"{kind}_p{q}_us"] > 0 for kind in ("without", "off", "on") for q in (50, 99))
         assert row["p50_ratio_off_to_without"] == round(row["off_p50_us"] / row["without_p50_us"], 3)
         assert row["p50_ratio_on_to_without"] == round(row["on_p50_us"] / row["without_p50_us"], 3)
+
+
+@pytest.mark.slow
+def test_the_consumer_benchmark_measures_both_queues(tmp_path: Path) -> None:
+    """benchmarks/consumer_bench.py at a smoke size: the official Python SimpleConsumer and
+    the SQLite queue each consume every stored message once, the paced producers' messages
+    all arrive with a latency each, and the ratio is theirs. No timing is asserted."""
+    out = tmp_path / "CONSUMERS.md"
+    out.write_text("# old figures\n\n## What bounds the figures\n\nkept as written\n")
+    args = ["--messages", "300", "--rates", "200", "--seconds", "1", "--out", str(out)]
+    done = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "consumer_bench.py"), *args],
+        cwd=REPO, capture_output=True, text=True, timeout=TIMEOUT_S, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    rates = result["receive_ack"]
+    assert (rates["rmqstore"]["messages"], rates["rmqstore"]["duplicates"]) == (300, 0)
+    assert rates["rmqstore"]["consumer_cpu_us_per_message"] > 0 and rates["rmqstore"]["writer_cpu_us_per_message"] > 0
+    assert (rates["rmqstore_own_v2"]["messages"], rates["rmqstore_own_v2"]["duplicates"]) == (300, 0)
+    assert result["own_v2_rate_ratio"] == round(rates["rmqstore_own_v2"]["msgs_per_s"] / rates["sqlite"]["msgs_per_s"], 2)
+    assert (rates["sqlite"]["messages"], rates["sqlite_full"]["messages"]) == (300, 300)
+    assert result["rate_ratio"] == round(rates["rmqstore"]["msgs_per_s"] / rates["sqlite"]["msgs_per_s"], 2)
+    assert result["rate_met"] == (result["rate_ratio"] >= 5.0)
+    [run] = result["latency"]
+    assert run["rate"] == 200
+    for system in ("rmqstore", "sqlite"):
+        latency = run[system]
+        assert (latency["sent"], latency["received"], latency["duplicates"]) == (200, 200, 0), system
+        assert 0 <= latency["p50_ms"] <= latency["p99_ms"] <= latency["max_ms"], system
+    assert result["p99_met"] == (run["rmqstore"]["p99_ms"] <= 50.0)
+    report = out.read_text()
+    assert report.startswith("# RocketMQ 5 consumers") and "`python benchmarks/consumer_bench.py --messages 300" in report
+    assert "# old figures" not in report and report.endswith("\n## What bounds the figures\n\nkept as written\n")
+    [saved] = (tmp_path / "results").glob("consumers-*-300.json")
+    assert json.loads(saved.read_text()) == result

@@ -213,6 +213,7 @@ BAD_INPUTS: dict[str, list[str]] = {
     "printMsg": ["printMsg", "--endpoint", "{query}", "-t", "T", "-e", "99999999999999999999"],
     "topicList": ["topicList", "--endpoint", "{query}", "--store", "{store}"],
     "topicStatus": ["topicStatus", "--store", "{file}", "-t", "T"],
+    "consumerProgress": ["consumerProgress", "--endpoint", "{query}", "-g", "no-such-group"],
     "updateTopic": ["updateTopic", "--endpoint", "{writer}", "-t", "T", "-r", "2", "-w", "4"],
     "demo": ["demo", "--store", "{tmp}"],
     "console": ["console", "--query-endpoint", "{query}", "--users", "{missing}", "--port", "0"],
@@ -295,7 +296,7 @@ def test_every_lookup_flag_has_help() -> None:
     parser = build_parser()
     commands = next(a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction").choices  # type: ignore[attr-defined]
     for name in ("queryMsgByKey", "queryMsgByUniqueKey", "queryMsgById", "queryMsgByOffset", "searchOffset", "printMsg",
-                 "topicList", "topicStatus", "updateTopic", "send"):  # fmt: skip
+                 "topicList", "topicStatus", "consumerProgress", "updateTopic", "send"):  # fmt: skip
         for action in commands[name]._actions:
             assert action.help, (name, action.option_strings)
     search = {o for a in commands["searchOffset"]._actions for o in a.option_strings}

@@ -28,6 +28,7 @@ from typing import Any
 import pytest
 from test_query_live import Nodes, quiet_env, send_all
 
+from rmqstore.common.files.consumer_offsets import write_offsets
 from rmqstore.v1 import messages_pb2, query_pb2
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -348,16 +349,46 @@ def test_nodes_api_shows_query_and_writer(store: Store) -> None:
     assert data["writer"]["store"] == str(store.root) and data["writer"]["flushPolicy"] in ("sync", "async")
 
 
+def test_groups_api_and_page_show_consumer_progress(store: Store) -> None:
+    """The group list, one group's rows (as consumerProgress prints them) and the errors
+    of the query node as the console's: an unknown group 404, a bad name 400."""
+    write_offsets(str(store.root / "config"), {(TOPIC, "billing"): {0: 1}, (HOSTILE_TOPIC, "audit"): {0: 0}})
+    ends = {
+        q.queue_id: q.max_offset
+        for t in store.query.ListTopics(query_pb2.ListQueryTopicsRequest()).topics
+        if t.name == TOPIC
+        for q in t.queues
+    }
+    rows = [{"topic": TOPIC, "queueId": q, "brokerOffset": end, "consumerOffset": 1 if q == 0 else 0,
+             "diff": end - (1 if q == 0 else 0)} for q, end in sorted(ends.items())]  # fmt: skip
+    total = sum(r["diff"] for r in rows)
+    assert api(store, "groups") == (200, {"groups": [
+        {"group": "audit", "topics": [HOSTILE_TOPIC], "diffTotal": len(store.sent[HOSTILE_TOPIC])},
+        {"group": "billing", "topics": [TOPIC], "diffTotal": total},
+    ]})  # fmt: skip
+    assert api(store, "groups", group="billing") == (200, {"group": "billing", "brokerName": "rmqstore-0", "queues": rows, "diffTotal": total})
+    assert api(store, "groups", group="nobody") == (404, {"error": "consumer group nobody has no offsets in this store"})
+    assert api(store, "groups", group="a/b") == (400, {"error": "the consumer group 'a/b' contains characters outside [%|a-zA-Z0-9_-]"})
+    status, _, body = get(f"{store.url}/groups?group=billing")
+    assert status == 200
+    assert f'<span id="diff-total">{total}</span>' in body.decode()
+    assert body.decode().count("<tr data-queue=") == len(rows)
+    status, _, body = get(f"{store.url}/groups?group=nobody")
+    assert status == 404 and "consumer group nobody has no offsets in this store" in body.decode()
+    status, _, body = get(f"{store.url}/groups")
+    assert status == 200 and body.decode().count("<tr data-group=") == 2
+
+
 def test_pages_carry_the_csp_and_answer_shareable_urls(store: Store) -> None:
     ack = store.acks[TOPIC][0]
     for path in ("/topics", f"/search?mode=key&topic={TOPIC}&key={KEY}", f"/message?id={ack.offset_msg_id}", f"/rate?topic={TOPIC}",
-                 "/nodes", "/api/topics", "/static/console.css", "/nope"):  # fmt: skip
+                 "/nodes", "/groups", "/api/topics", "/static/console.css", "/nope"):  # fmt: skip
         status, headers, body = get(store.url + path)
         assert status == (404 if path == "/nope" else 200), path
         assert headers["content-security-policy"] == CSP
         assert headers["x-content-type-options"] == "nosniff"
         assert re.fullmatch(r"app;dur=\d+\.\d{3}", headers["server-timing"])
-        if path.startswith(("/topics", "/search", "/message", "/rate", "/nodes")):
+        if path.startswith(("/topics", "/search", "/message", "/rate", "/nodes", "/groups")):
             assert b"<script" not in body.lower()
     status, headers, body = get(f"{store.url}/message/body?id={ack.offset_msg_id}")
     assert status == 200 and headers["content-type"] == "application/octet-stream"

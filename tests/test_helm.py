@@ -605,6 +605,10 @@ def test_writer_advertises_its_service_to_rocketmq5_clients(chart: helm.Chart) -
     custom = render(chart, {"writer": {"advertise": "mq.example.com:443", "brokerName": "east-1"}, **OPEN})
     args = parse_cli(next(c for _, c in custom.containers() if c["name"] == "writer")["args"])
     assert (args.advertise, args.broker_name) == ("mq.example.com:443", "east-1")
+    # The query nodes report the writer's broker name in consumerProgress.
+    for rendered, name in ((render(chart, OPEN), "rmqstore-0"), (custom, "east-1")):
+        query = next(c for _, c in rendered.containers() if c["name"] == "query")
+        assert parse_cli(query["args"]).broker_name == name
 
 
 def test_default_command_lines_use_rocketmqs_sizes_without_float_notation(chart: helm.Chart) -> None:

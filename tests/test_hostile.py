@@ -21,6 +21,7 @@ from test_writer import SMALL, Node, start_node
 
 from rmqstore.common.codec.properties import split_keys
 from rmqstore.common.errors import Corruption, InvalidArgument
+from rmqstore.common.files.consumer_offsets import write_offsets
 from rmqstore.common.files.cursorkey import FILE_NAME, MAGIC, ensure_cursor_key, read_cursor_key
 from rmqstore.common.files.store import StoreSizes
 from rmqstore.query.cursor import CURSOR_CHARS, decode_cursor, encode_cursor, query_digest
@@ -130,7 +131,7 @@ def test_malformed_protobuf_is_invalid_argument_on_every_method_of_both_nodes(wr
     """Every method of the writer (asyncio server) and of the query node (threaded
     server), health and reflection included, answers bytes that do not parse with
     INVALID_ARGUMENT naming the request type, and both nodes serve on afterwards."""
-    assert len(METHODS) == 7 + 12 + 3
+    assert len(METHODS) == 7 + 14 + 3
     for channel, node in ((writer.channel, "writer"), (query.channel, "query")):
         for path, client_streaming, server_streaming, request_type in METHODS:
             service = path.split("/")[1]
@@ -534,6 +535,7 @@ def test_the_asyncio_query_node_answers_as_the_threaded_one(writer: Node, tmp_pa
     """Each lookup through AsyncQueryServicer gives what QueryServicer gives, errors
     included (code, message and reason)."""
     results = send(writer, "TopicA", 30, keys=["k"], body=b"v")
+    write_offsets(str(tmp_path / "store" / "config"), {("TopicA", "g"): {0: 3, 1: 99}})
     threaded, asynchronous = QueryNode(tmp_path / "store"), AsyncQueryNode(tmp_path / "store")
     try:
         calls: list[tuple[str, Any]] = [
@@ -550,10 +552,19 @@ def test_the_asyncio_query_node_answers_as_the_threaded_one(writer: Node, tmp_pa
             ("QueryByMsgId", query_pb2.QueryByMsgIdRequest(msg_id="zz")),
             ("QueueBounds", query_pb2.QueueBoundsRequest(topic="Nope", queue_id=0)),
             ("SearchOffset", query_pb2.SearchOffsetRequest(topic="TopicA", queue_id=0, boundary=9)),  # type: ignore[arg-type]
+            ("ListGroups", query_pb2.ListGroupsRequest()),
+            ("GroupLag", query_pb2.GroupLagRequest(group="g")),
+            ("GroupLag", query_pb2.GroupLagRequest(group="g", topic="TopicB")),
+            ("GroupLag", query_pb2.GroupLagRequest(group="bad group")),
         ]
         for name, request in calls:
             answers = [outcome(lambda: getattr(node.stub, name)(request, timeout=RPC_TIMEOUT_S)) for node in (threaded, asynchronous)]  # noqa: B023
             assert answers[0] == answers[1], name
+        lag = asynchronous.stub.GroupLag(query_pb2.GroupLagRequest(group="g"), timeout=RPC_TIMEOUT_S)
+        ends = {q.queue_id: q.max_offset for q in asynchronous.stub.ListTopics(query_pb2.ListQueryTopicsRequest()).topics[0].queues}
+        assert [(q.queue_id, q.consumer_offset, q.lag) for q in lag.queues] == [
+            (queue, {0: 3, 1: 99}.get(queue, 0), max(end - {0: 3, 1: 99}.get(queue, 0), 0)) for queue, end in sorted(ends.items())
+        ]
         stream = query_pb2.StreamByTimeRequest(topic="TopicA", queue_id=0, begin_ms=0, end_ms=2**62)
         assert list(threaded.stub.StreamByTime(stream)) == list(asynchronous.stub.StreamByTime(stream))
         assert len(list(asynchronous.stub.StreamByTime(stream))) == sum(1 for r in results if r.queue_id == 0)

@@ -797,7 +797,10 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         record = one.record
         system = v2.SystemProperties(
             message_id=record.uniq_key or offset_msg_id(record.store_host, record.commitlog_offset),
-            body_digest=v2.Digest(type=v2.CRC32, checksum=f"{zlib.crc32(record.body) & 0xFFFFFFFF:08X}"),
+            # MD5 in upper-case hex is the one digest every official client checks alike:
+            # for CRC32 the Java client expects unpadded hex, Python's padded hex and
+            # Node.js's decimal, so any one spelling marks some client's messages corrupted.
+            body_digest=v2.Digest(type=v2.MD5, checksum=hashlib.md5(record.body).hexdigest().upper()),
             body_encoding=v2.IDENTITY,
             born_timestamp=_timestamp(record.born_timestamp_ms),
             born_host=record.born_host.host_text(),

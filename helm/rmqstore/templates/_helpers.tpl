@@ -191,6 +191,8 @@ TLS flags of a server, and its plaintext health port, when tls.enabled; call wit
 - --metrics-port
 - {{ int64 .Values.query.metricsPort | quote }}
 {{- end }}
+- --broker-name
+- {{ .Values.writer.brokerName | quote }}
 {{- include "rmqstore.tlsArgs" (dict "root" . "healthPort" .Values.query.healthPort) }}
 {{- include "rmqstore.accessArgs" . }}
 {{- include "rmqstore.sizeArgs" . }}

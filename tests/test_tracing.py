@@ -53,7 +53,10 @@ def test_spans_continue_the_callers_trace(tmp_path: Path) -> None:
         span = spans[name]
         assert span.context.trace_id == TRACE_ID, name
         assert span.parent is not None and span.parent.span_id == server.context.span_id, name
-    assert spans["rmqstore.append"].attributes["rmqstore.messages"] == 1
+    append = spans["rmqstore.append"].attributes
+    assert append["messaging.system"] == "rocketmq" and append["messaging.destination.name"] == "Traced"
+    assert append["messaging.operation.type"] == "send" and len(append["messaging.message.id"]) == 32
+    assert spans["rmqstore.flush"].attributes["rmqstore.flush.bytes"] == node.writer.log.write_offset
     assert server.status.status_code != trace.StatusCode.ERROR
 
 

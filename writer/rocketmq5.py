@@ -28,6 +28,7 @@ from rmqstore.common.codec.hosts import SocketAddress
 from rmqstore.common.codec.record import PROPERTIES_LENGTH_MAX
 from rmqstore.common.codec.topic import NOT_ALLOWED_SEND_TOPICS, topic_problem
 from rmqstore.common.errors import InvalidArgument, NotFound, StoreError, StoreFull
+from rmqstore.common.tracing import TRACEPARENT
 from rmqstore.rocketmq_v2 import definition_pb2 as v2
 from rmqstore.rocketmq_v2 import service_pb2 as v2s
 from rmqstore.rocketmq_v2 import service_pb2_grpc
@@ -245,6 +246,10 @@ class MessageReader:
         self._check_properties(properties)
         if group:
             properties[SHARDING_KEY] = group
+        if system.trace_context and not _has_separator(system.trace_context):
+            # The producer's trace context, kept as an ordinary property: the writer's
+            # dispatch span links to it, and so can a consumer's receive span.
+            properties.setdefault(TRACEPARENT, system.trace_context)
         if _properties_may_overflow(properties, keys, tag) and _properties_size(properties, keys, tag) > PROPERTIES_LENGTH_MAX:
             raise V2Refusal(
                 v2.MESSAGE_PROPERTIES_TOO_LARGE, f"the properties take more than the {PROPERTIES_LENGTH_MAX} bytes a record holds"

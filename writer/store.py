@@ -18,7 +18,7 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple, TypedDict, overload
+from typing import Any, NamedTuple, TypedDict, overload
 
 from opentelemetry import trace
 
@@ -48,7 +48,20 @@ from rmqstore.common.files.mapped import fsync_directory, makedirs_durable
 from rmqstore.common.files.progress import ProgressPublisher
 from rmqstore.common.files.scan import ColumnScan
 from rmqstore.common.files.store import Dispatcher, StorePaths, geometry_of
-from rmqstore.common.tracing import span
+from rmqstore.common.tracing import (
+    MESSAGING_BATCH_MESSAGE_COUNT,
+    MESSAGING_DESTINATION_NAME,
+    MESSAGING_MESSAGE_ID,
+    MESSAGING_OPERATION_NAME,
+    MESSAGING_OPERATION_TYPE,
+    MESSAGING_ROCKETMQ_KEYS,
+    MESSAGING_ROCKETMQ_TAG,
+    MESSAGING_SYSTEM,
+    ROCKETMQ,
+    links_from_messages,
+    span,
+    tracing_on,
+)
 from rmqstore.writer.background import PeriodicTask
 from rmqstore.writer.config import FlushPolicy, WriterConfig
 from rmqstore.writer.ids import UniqKeyGenerator
@@ -252,6 +265,26 @@ def _abort_boot_id(path: str) -> str:
             return handle.read(64).decode("ascii", "replace").strip()
     except OSError:
         return ""
+
+
+def _messaging_attributes(batch: MessageBatch, operation: str | None = "send") -> dict[str, Any]:
+    """The messaging conventions' attributes of a batch's span (only while it records):
+    the topic when the batch has one, a single message's keys and tag, else the count."""
+    attributes: dict[str, Any] = {MESSAGING_SYSTEM: ROCKETMQ}
+    if operation is not None:
+        attributes[MESSAGING_OPERATION_TYPE] = operation
+        attributes[MESSAGING_OPERATION_NAME] = operation
+    topics = set(batch.topics)
+    if len(topics) == 1:
+        attributes[MESSAGING_DESTINATION_NAME] = batch.topics[0]
+    if batch.message_count == 1:
+        if batch.keys[0]:
+            attributes[MESSAGING_ROCKETMQ_KEYS] = list(batch.keys[0])
+        if batch.tags[0]:
+            attributes[MESSAGING_ROCKETMQ_TAG] = batch.tags[0]
+    else:
+        attributes[MESSAGING_BATCH_MESSAGE_COUNT] = batch.message_count
+    return attributes
 
 
 def _describe(error: BaseException) -> str:
@@ -608,10 +641,18 @@ class Writer:
             batch, peer = combined, None
         assert batch is not None
         with span(_TRACER, "rmqstore.append") as current:
-            current.set_attribute("rmqstore.messages", batch.message_count)
+            if current.is_recording():
+                current.set_attributes(_messaging_attributes(batch))
             plans, results = self._append_batch(batch, peer)
+            if current.is_recording() and batch.message_count == 1:
+                current.set_attribute(MESSAGING_MESSAGE_ID, results.uniq_keys[0])
         try:
-            with span(_TRACER, "rmqstore.dispatch"):
+            # Linked to each message's producer (its traceparent property): a batch holds
+            # the messages of many producers, none of them this span's parent.
+            links = links_from_messages(batch.properties) if tracing_on() else None
+            with span(_TRACER, "rmqstore.dispatch", links=links) as current:
+                if current.is_recording():
+                    current.set_attributes(_messaging_attributes(batch, None))
                 self.dispatcher.dispatch_batch(plans)
         except Exception as error:
             # The commit log is the truth: the records stay, and their dispatch is
@@ -798,15 +839,25 @@ class Writer:
 
     # Flushing
 
-    def flush(self) -> int:
+    def flush(self, links: list[trace.Link] | None = None) -> int:
         """fsync the commit log up to what is written, then the queues and index, and
-        publish the durable offset. Returns the flushed commit log offset."""
+        publish the durable offset. Returns the flushed commit log offset. A flush with
+        bytes to sync has a span (in the caller's trace, ``links`` naming the other
+        requests it acknowledges); one with none has no span."""
         with self._append_lock:
             target = self.log.write_offset or 0
             start = self.flushed_offset
-        with span(_TRACER, "rmqstore.flush") as current:
-            current.set_attribute("rmqstore.flush.bytes", max(target - start, 0))
+        if target <= start:
+            # Nothing new to fsync: no span (an idle writer under ASYNC flushes twice a
+            # second, and a span for each would bury the traces that matter).
             self.log.flush_range(start, target)
+        else:
+            with span(_TRACER, "rmqstore.flush", links=links) as current:
+                began = time.perf_counter()
+                self.log.flush_range(start, target)
+                if current.is_recording():
+                    current.set_attribute("rmqstore.flush.bytes", target - start)
+                    current.set_attribute("rmqstore.flush.fsync_ms", round((time.perf_counter() - began) * 1000, 3))
         with self._flushed_lock:
             self.flushed_offset = max(self.flushed_offset, target)
         return target

@@ -80,7 +80,7 @@ def test_query_lookups_get_their_own_spans(tmp_path: Path) -> None:
     server = spans["/rmqstore.v1.QueryService/QueryByKey"]
     lookup = spans["rmqstore.lookup.key"]
     assert lookup.parent is not None and lookup.parent.span_id == server.context.span_id
-    assert lookup.attributes["rmqstore.topic"] == "TopicTest" and lookup.attributes["rmqstore.results"] == 3
+    assert lookup.attributes["messaging.destination.name"] == "TopicTest" and lookup.attributes["rmqstore.results"] == 3
 
 
 def test_tracing_is_off_unless_asked() -> None:

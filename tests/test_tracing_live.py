@@ -1,0 +1,305 @@
+"""Traces end to end, as an operator gets them: a real OTLP gRPC receiver in this process
+(OpenTelemetry's collector services on 127.0.0.1, port 0), real writer and query processes
+and ``rmqstore`` commands run as processes with only ``OTEL_*`` variables set.
+
+* ``rmqstore send`` → the writer: one trace, CLI PRODUCER span → server span → append,
+  dispatch and (SYNC) flush, with the messaging attributes; the dispatch span links to
+  the context the message carries in its ``traceparent`` property;
+* ``rmqstore queryMsgByKey`` → a query node: CLI span → server span → lookup span with
+  topic and result count;
+* a message whose own ``traceparent`` property names another trace: kept as it is, and
+  the dispatch span links to that trace;
+* an idle writer under ASYNC exports no span in 10 s; its first periodic flush with bytes
+  is a root span of its own with byte count and fsync time.
+
+Every process listens on 127.0.0.1 and exports to the receiver there; every wait is
+bounded; every process is killed in teardown.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from concurrent import futures
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from opentelemetry.proto.collector.logs.v1 import logs_service_pb2, logs_service_pb2_grpc
+from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2, metrics_service_pb2_grpc
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
+from opentelemetry.proto.trace.v1 import trace_pb2
+
+SERVING_TIMEOUT_S = 30.0
+CLI_TIMEOUT_S = 60.0
+SPANS_WITHIN_S = 20.0
+STOP_TIMEOUT_S = 30.0
+IDLE_S = 10.0
+
+SERVER = trace_pb2.Span.SPAN_KIND_SERVER
+CLIENT = trace_pb2.Span.SPAN_KIND_CLIENT
+PRODUCER = trace_pb2.Span.SPAN_KIND_PRODUCER
+INTERNAL = trace_pb2.Span.SPAN_KIND_INTERNAL
+
+
+@dataclass
+class Span:
+    service: str
+    span: trace_pb2.Span
+
+    @property
+    def name(self) -> str:
+        return self.span.name
+
+    @property
+    def trace_id(self) -> bytes:
+        return self.span.trace_id
+
+    @property
+    def span_id(self) -> bytes:
+        return self.span.span_id
+
+    @property
+    def parent_id(self) -> bytes:
+        return self.span.parent_span_id
+
+    @property
+    def attributes(self) -> dict[str, Any]:
+        return {a.key: _value(a.value) for a in self.span.attributes}
+
+
+def _value(value: Any) -> Any:
+    kind = value.WhichOneof("value")
+    if kind == "array_value":
+        return [_value(v) for v in value.array_value.values]
+    return getattr(value, kind) if kind else None
+
+
+class Receiver(
+    trace_service_pb2_grpc.TraceServiceServicer,
+    metrics_service_pb2_grpc.MetricsServiceServicer,
+    logs_service_pb2_grpc.LogsServiceServicer,
+):
+    """An OTLP/gRPC receiver keeping every span and log record it is sent."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.spans: list[Span] = []
+        self.logs: list[tuple[str, Any]] = []
+        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+        trace_service_pb2_grpc.add_TraceServiceServicer_to_server(self, self.server)
+        metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(self, self.server)
+        logs_service_pb2_grpc.add_LogsServiceServicer_to_server(self, self.server)
+        self.port = self.server.add_insecure_port("127.0.0.1:0")
+        self.server.start()
+
+    def Export(self, request: Any, context: Any) -> Any:  # noqa: N802 (the services' method name)
+        if isinstance(request, trace_service_pb2.ExportTraceServiceRequest):
+            with self.lock:
+                for resource in request.resource_spans:
+                    service = _service_name(resource.resource)
+                    self.spans += [Span(service, s) for scope in resource.scope_spans for s in scope.spans]
+            return trace_service_pb2.ExportTraceServiceResponse()
+        if isinstance(request, logs_service_pb2.ExportLogsServiceRequest):
+            with self.lock:
+                for resource in request.resource_logs:
+                    service = _service_name(resource.resource)
+                    self.logs += [(service, r) for scope in resource.scope_logs for r in scope.log_records]
+            return logs_service_pb2.ExportLogsServiceResponse()
+        return metrics_service_pb2.ExportMetricsServiceResponse()
+
+    def snapshot(self) -> list[Span]:
+        with self.lock:
+            return list(self.spans)
+
+    def wait_for(self, names: set[str], within_s: float = SPANS_WITHIN_S) -> list[Span]:
+        deadline = time.monotonic() + within_s
+        while True:
+            spans = self.snapshot()
+            if names <= {s.name for s in spans}:
+                return spans
+            if time.monotonic() > deadline:
+                raise AssertionError(f"spans {sorted(names - {s.name for s in spans})} not exported within {within_s} s; got {sorted({s.name for s in spans})}")
+            time.sleep(0.1)
+
+    def env(self) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+        env.update(
+            OTEL_EXPORTER_OTLP_ENDPOINT=f"http://127.0.0.1:{self.port}",
+            OTEL_EXPORTER_OTLP_INSECURE="true",
+            # Export within a fifth of a second: the test waits for the spans.
+            OTEL_BSP_SCHEDULE_DELAY="200",
+            OTEL_METRIC_EXPORT_INTERVAL="60000",
+        )
+        return env
+
+
+def _service_name(resource: Any) -> str:
+    return next((a.value.string_value for a in resource.attributes if a.key == "service.name"), "")
+
+
+@pytest.fixture
+def receiver() -> Iterator[Receiver]:
+    started = Receiver()
+    yield started
+    started.server.stop(None)
+
+
+class Node:
+    """A ``rmqstore writer serve`` or ``query serve`` process exporting to the receiver."""
+
+    def __init__(self, kind: str, store: Path, env: dict[str, str], log: Path, *extra: str):
+        self.kind = kind
+        self.stderr = open(log, "wb")
+        self.log = log
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "rmqstore.cli.main", kind, "serve", "--store", str(store), "--host", "127.0.0.1", "--port", "0", *extra],
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=self.stderr, env=env,
+        )  # fmt: skip
+        self.lines: queue.Queue[bytes | None] = queue.Queue()
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+        line = self.lines.get(timeout=SERVING_TIMEOUT_S)
+        assert line is not None, f"{kind} exited: {log.read_text()[-3000:]}"
+        self.serving = json.loads(line)
+        assert self.serving["event"] == "serving", self.serving
+        self.endpoint = f"127.0.0.1:{self.serving['port']}"
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.put(line)
+        self.lines.put(None)
+
+    def stop(self) -> None:
+        """SIGTERM, and the clean exit that flushes the node's spans."""
+        self.proc.send_signal(signal.SIGTERM)
+        assert self.proc.wait(timeout=STOP_TIMEOUT_S) == 0, self.log.read_text()[-3000:]
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=STOP_TIMEOUT_S)
+        self.reader.join(timeout=STOP_TIMEOUT_S)
+        assert self.proc.stdout is not None
+        self.proc.stdout.close()
+        self.stderr.close()
+
+
+@pytest.fixture
+def started() -> Iterator[list[Node]]:
+    nodes: list[Node] = []
+    yield nodes
+    for node in nodes:
+        node.kill()
+
+
+def rmqstore(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    done = subprocess.run(
+        [sys.executable, "-m", "rmqstore.cli.main", *args], env=env, capture_output=True, text=True, timeout=CLI_TIMEOUT_S
+    )
+    assert done.returncode == 0, done.stderr
+    return done
+
+
+def one(spans: list[Span], name: str, **where: Any) -> Span:
+    found = [s for s in spans if s.name == name and all(getattr(s, k) == v for k, v in where.items())]
+    assert len(found) == 1, (name, where, [(s.name, s.service) for s in spans])
+    return found[0]
+
+
+def names(span: Span, traceparent: str) -> bool:
+    """Whether a sampled W3C ``traceparent`` value names ``span`` (the flags may carry the
+    random-trace-id bit besides the sampled one)."""
+    version, trace_hex, span_hex, flags = traceparent.split("-")
+    return (version, trace_hex, span_hex) == ("00", span.trace_id.hex(), span.span_id.hex()) and flags in ("01", "03")
+
+
+def test_send_and_lookup_are_one_trace_each(tmp_path: Path, receiver: Receiver, started: list[Node]) -> None:
+    env = receiver.env()
+    store = tmp_path / "store"
+    writer = Node("writer", store, env, tmp_path / "writer.log", "--flush", "sync")
+    started.append(writer)
+    query = Node("query", store, env, tmp_path / "query.log")
+    started.append(query)
+
+    sent = rmqstore(env, "send", "--endpoint", writer.endpoint, "-t", "Traced", "-k", "order-1 order-2", "--tags", "TagA", "--body", "hello")
+    [ack] = [json.loads(line) for line in sent.stdout.splitlines()]
+    spans = receiver.wait_for({"send Traced", "/rmqstore.v1.WriterService/SendStream", "rmqstore.append", "rmqstore.dispatch", "rmqstore.flush"})
+    client = one(spans, "send Traced")
+    assert client.service == "rmqstore-client" and client.span.kind == PRODUCER
+    assert client.parent_id == b""  # the trace starts at the command
+    assert client.attributes == {
+        "messaging.system": "rocketmq",
+        "messaging.operation.type": "send",
+        "messaging.operation.name": "send",
+        "messaging.destination.name": "Traced",
+        "messaging.message.id": ack["uniqKey"],
+        "rpc.system": "grpc",
+        "rpc.service": "rmqstore.v1.WriterService",
+        "rpc.method": "SendStream",
+        "rpc.grpc.status_code": 0,
+        "server.address": "127.0.0.1",
+        "server.port": writer.serving["port"],
+    }
+    server = one(spans, "/rmqstore.v1.WriterService/SendStream")
+    assert server.service == "rmqstore-writer" and server.span.kind == SERVER
+    assert (server.trace_id, server.parent_id) == (client.trace_id, client.span_id)
+    for name in ("rmqstore.append", "rmqstore.dispatch", "rmqstore.flush"):
+        child = one(spans, name, trace_id=client.trace_id)
+        assert child.parent_id == server.span_id, name
+    append = one(spans, "rmqstore.append").attributes
+    assert append == {
+        "messaging.system": "rocketmq",
+        "messaging.operation.type": "send",
+        "messaging.operation.name": "send",
+        "messaging.destination.name": "Traced",
+        "messaging.rocketmq.message.keys": ["order-1", "order-2"],
+        "messaging.rocketmq.message.tag": "TagA",
+        "messaging.message.id": ack["uniqKey"],
+    }
+    dispatch = one(spans, "rmqstore.dispatch")
+    assert [(link.trace_id, link.span_id) for link in dispatch.span.links] == [(client.trace_id, client.span_id)]
+    flush = one(spans, "rmqstore.flush").attributes
+    assert ack["commitLogOffset"] == 0 and flush["rmqstore.flush.fsync_ms"] >= 0
+    flushed_bytes = flush["rmqstore.flush.bytes"]
+
+    # The message keeps the sender's context as an ordinary property.
+    looked = rmqstore(env, "queryMsgByKey", "--endpoint", query.endpoint, "-t", "Traced", "-k", "order-1", "--json")
+    [found] = [json.loads(line) for line in looked.stdout.splitlines()]
+    assert names(client, found["properties"]["traceparent"])
+    spans = receiver.wait_for({"rmqstore.v1.QueryService/QueryByKey", "/rmqstore.v1.QueryService/QueryByKey", "rmqstore.lookup.key"})
+    lookup_client = one(spans, "rmqstore.v1.QueryService/QueryByKey")
+    assert lookup_client.service == "rmqstore-client" and lookup_client.span.kind == CLIENT and lookup_client.parent_id == b""
+    assert lookup_client.attributes == {
+        "rpc.system": "grpc",
+        "rpc.service": "rmqstore.v1.QueryService",
+        "rpc.method": "QueryByKey",
+        "rpc.grpc.status_code": 0,
+        "server.address": "127.0.0.1",
+        "server.port": query.serving["port"],
+        "messaging.system": "rocketmq",
+        "messaging.destination.name": "Traced",
+        "rmqstore.results": 1,
+    }
+    lookup_server = one(spans, "/rmqstore.v1.QueryService/QueryByKey")
+    assert lookup_server.service == "rmqstore-query"
+    assert (lookup_server.trace_id, lookup_server.parent_id) == (lookup_client.trace_id, lookup_client.span_id)
+    lookup = one(spans, "rmqstore.lookup.key")
+    assert (lookup.trace_id, lookup.parent_id) == (lookup_client.trace_id, lookup_server.span_id)
+    assert lookup.attributes["messaging.destination.name"] == "Traced" and lookup.attributes["rmqstore.results"] == 1
+
+    # The SYNC flush synced exactly the one record.
+    writer.stop()
+    [record] = [json.loads(line) for line in rmqstore(env, "dump", "commitlog", str(store)).stdout.splitlines()]
+    assert names(client, record["properties"]["traceparent"])
+    assert flushed_bytes == record["size"]

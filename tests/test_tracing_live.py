@@ -102,7 +102,7 @@ class Receiver(
         self.port = self.server.add_insecure_port("127.0.0.1:0")
         self.server.start()
 
-    def Export(self, request: Any, context: Any) -> Any:  # noqa: N802 (the services' method name)
+    def Export(self, request: Any, context: Any) -> Any:
         if isinstance(request, trace_service_pb2.ExportTraceServiceRequest):
             with self.lock:
                 for resource in request.resource_spans:
@@ -303,3 +303,85 @@ def test_send_and_lookup_are_one_trace_each(tmp_path: Path, receiver: Receiver, 
     [record] = [json.loads(line) for line in rmqstore(env, "dump", "commitlog", str(store)).stdout.splitlines()]
     assert names(client, record["properties"]["traceparent"])
     assert flushed_bytes == record["size"]
+
+
+USER_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
+USER_SPAN = "00f067aa0ba902b7"
+
+
+def test_send_file_has_a_span_per_batch_and_keeps_a_messages_own_traceparent(
+    tmp_path: Path, receiver: Receiver, started: list[Node]
+) -> None:
+    env = receiver.env()
+    store = tmp_path / "store"
+    writer = Node("writer", store, env, tmp_path / "writer.log")
+    started.append(writer)
+    lines = [
+        {"topic": "Filed", "body": "one", "properties": {"traceparent": f"00-{USER_TRACE}-{USER_SPAN}-01", "origin": "upstream"}},
+        {"topic": "Filed", "body": "two"},
+        {"topic": "Filed", "body": "three", "properties": {"origin": "here"}},
+    ]
+    messages = tmp_path / "messages.jsonl"
+    messages.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    sent = rmqstore(env, "send", "--endpoint", writer.endpoint, "--file", str(messages), "--batch-size", "2")
+    assert len(sent.stdout.splitlines()) == 3
+    spans = receiver.wait_for({"send Filed", "/rmqstore.v1.WriterService/SendStream", "rmqstore.dispatch"})
+    file_span = one(spans, "send Filed", parent_id=b"")
+    assert file_span.span.kind == PRODUCER and file_span.attributes["messaging.batch.message_count"] == 3
+    batches = sorted((s for s in spans if s.name == "send Filed" and s.parent_id == file_span.span_id), key=lambda s: s.span.start_time_unix_nano)
+    assert [(b.span.kind, b.attributes.get("messaging.batch.message_count")) for b in batches] == [(CLIENT, 2), (CLIENT, None)]
+    server = one(spans, "/rmqstore.v1.WriterService/SendStream")
+    assert (server.trace_id, server.parent_id) == (file_span.trace_id, file_span.span_id)
+    # Each dispatch links to the contexts its messages carry: the producer's own for the
+    # first message, the file's span for the others.
+    receiver.wait_for({"rmqstore.dispatch"})
+    linked = {(link.trace_id.hex(), link.span_id.hex()) for s in receiver.snapshot() if s.name == "rmqstore.dispatch" for link in s.span.links}
+    assert linked == {(USER_TRACE, USER_SPAN), (file_span.trace_id.hex(), file_span.span_id.hex())}
+    writer.stop()
+    records = [json.loads(line) for line in rmqstore(env, "dump", "commitlog", str(store)).stdout.splitlines()]
+    assert records[0]["properties"]["traceparent"] == f"00-{USER_TRACE}-{USER_SPAN}-01"
+    assert records[0]["properties"]["origin"] == "upstream" and records[2]["properties"]["origin"] == "here"
+    assert names(file_span, records[1]["properties"]["traceparent"]) and names(file_span, records[2]["properties"]["traceparent"])
+
+
+def quiet(env: dict[str, str]) -> dict[str, str]:
+    """The environment without tracing: a command whose own spans are not wanted."""
+    return {k: v for k, v in env.items() if not k.startswith("OTEL_")} | {"OTEL_SDK_DISABLED": "true"}
+
+
+def test_a_message_with_a_traceparent_links_the_dispatch_without_a_traced_client(
+    tmp_path: Path, receiver: Receiver, started: list[Node]
+) -> None:
+    env = receiver.env()
+    writer = Node("writer", tmp_path / "store", env, tmp_path / "writer.log")
+    started.append(writer)
+    messages = tmp_path / "messages.jsonl"
+    messages.write_text(json.dumps({"topic": "Linked", "body": "x", "properties": {"traceparent": f"00-{USER_TRACE}-{USER_SPAN}-01"}}) + "\n")
+    rmqstore(quiet(env), "send", "--endpoint", writer.endpoint, "--file", str(messages))
+    spans = receiver.wait_for({"rmqstore.dispatch"})
+    dispatch = one(spans, "rmqstore.dispatch")
+    assert [(link.trace_id.hex(), link.span_id.hex()) for link in dispatch.span.links] == [(USER_TRACE, USER_SPAN)]
+    assert dispatch.trace_id.hex() != USER_TRACE  # linked, not continued: the call had no context
+    assert not any(s.service == "rmqstore-client" for s in spans)
+
+
+@pytest.mark.slow
+def test_an_idle_async_writer_exports_no_span(tmp_path: Path, receiver: Receiver, started: list[Node]) -> None:
+    env = receiver.env()
+    store = tmp_path / "store"
+    writer = Node("writer", store, env, tmp_path / "writer.log", "--flush", "async")
+    started.append(writer)
+    time.sleep(IDLE_S)  # some 20 periodic flushes, none with a byte to sync
+    assert receiver.snapshot() == []
+    # The receiver does get the spans of a write: the first periodic flush with bytes is a
+    # short root span of its own.
+    rmqstore(quiet(env), "send", "--endpoint", writer.endpoint, "-t", "Idle", "--body", "wake")
+    spans = receiver.wait_for({"/rmqstore.v1.WriterService/SendStream", "rmqstore.append", "rmqstore.dispatch", "rmqstore.flush"})
+    flush = one(spans, "rmqstore.flush")
+    assert flush.parent_id == b"" and flush.trace_id != one(spans, "rmqstore.append").trace_id
+    writer.stop()
+    [record] = [json.loads(line) for line in rmqstore(quiet(env), "dump", "commitlog", str(store)).stdout.splitlines()]
+    assert flush.attributes["rmqstore.flush.bytes"] == record["size"] and flush.attributes["rmqstore.flush.fsync_ms"] >= 0
+    assert sorted(s.name for s in receiver.snapshot()) == sorted(
+        ["/rmqstore.v1.WriterService/SendStream", "rmqstore.append", "rmqstore.dispatch", "rmqstore.flush"]
+    )

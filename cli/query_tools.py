@@ -419,6 +419,7 @@ def cmd_update_topic(args: argparse.Namespace) -> int:
 def cmd_query_serve(args: argparse.Namespace) -> int:
     from rmqstore.query.service import SERVICE_NAME, AsyncQueryServicer
     from rmqstore.query.view import StoreView
+    from rmqstore.service.logs import configure_logging
     from rmqstore.service.metrics import configure_metrics
     from rmqstore.service.server import AsyncServing
     from rmqstore.service.telemetry import configure_tracing
@@ -430,6 +431,7 @@ def cmd_query_serve(args: argparse.Namespace) -> int:
     check_ports(args)
     stopping = stop_requested()
     configure_tracing("rmqstore-query")
+    configure_logging("rmqstore-query")
     configure_metrics("rmqstore-query")
     budget = args.mapped_budget_mb  # at least 1: its argument type refuses less
     view = StoreView(args.store, sizes_from(args, args.store), mapped_budget_bytes=None if budget is None else budget << 20)

@@ -217,6 +217,7 @@ def channel_from(args: argparse.Namespace, endpoint: str) -> grpc.Channel:
 
 def cmd_writer_serve(args: argparse.Namespace) -> int:
     from rmqstore.rocketmq_v2 import service_pb2_grpc as messaging_pb2_grpc
+    from rmqstore.service.logs import configure_logging
     from rmqstore.service.metrics import configure_metrics
     from rmqstore.service.server import AsyncServing
     from rmqstore.service.telemetry import configure_tracing
@@ -239,6 +240,7 @@ def cmd_writer_serve(args: argparse.Namespace) -> int:
     # end in a clean stop (final flush, checkpoint, abort removed).
     stopping = stop_requested()
     configure_tracing("rmqstore-writer")
+    configure_logging("rmqstore-writer")
     configure_metrics("rmqstore-writer")
     config = WriterConfig(
         store=args.store,

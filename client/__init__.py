@@ -3,7 +3,7 @@ a node with an ACL, UNAVAILABLE retried where a call is safe to repeat) and the 
 and query node's calls, each in a client span carrying W3C trace context when the
 standard ``OTEL_*`` variables ask for tracing (see :mod:`rmqstore.client.tracing`).
 
-Without those variables nothing of OpenTelemetry is imported: the command line uses this
+Without those variables none of OpenTelemetry's SDK is loaded: the command line uses this
 client on every run."""
 
 from __future__ import annotations

@@ -385,3 +385,64 @@ def test_an_idle_async_writer_exports_no_span(tmp_path: Path, receiver: Receiver
     assert sorted(s.name for s in receiver.snapshot()) == sorted(
         ["/rmqstore.v1.WriterService/SendStream", "rmqstore.append", "rmqstore.dispatch", "rmqstore.flush"]
     )
+
+
+def test_log_lines_carry_the_span_and_are_exported(receiver: Receiver, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The nodes' logging set-up, in this process: a JSON line per record, with the trace
+    and span ids inside a span, and the same record at the OTLP receiver."""
+    import io
+    import logging
+
+    from opentelemetry import trace
+    from test_tracing import sdk_exporter
+
+    from rmqstore.service.logs import configure_logging, unconfigure_logging
+
+    for name, value in receiver.env().items():
+        if name.startswith("OTEL_"):
+            monkeypatch.setenv(name, value)
+    monkeypatch.setenv("OTEL_LOGS_EXPORTER", "otlp")
+    sdk_exporter()
+    stream = io.StringIO()
+    handlers = configure_logging("rmqstore-writer", stream)
+    assert len(handlers) == 2
+    try:
+        log = logging.getLogger("rmqstore.writer")
+        with trace.get_tracer("test").start_as_current_span("request") as span:
+            log.warning("flush of %d bytes failed", 42)
+        log.info("outside any span")
+        logging.getLogger("elsewhere").warning("not a node's logger")
+        for handler in handlers:
+            handler.flush()
+    finally:
+        unconfigure_logging()
+    context = span.get_span_context()
+    inside, outside = (json.loads(line) for line in stream.getvalue().splitlines())
+    assert {k: v for k, v in inside.items() if k != "time"} == {
+        "level": "WARNING",
+        "logger": "rmqstore.writer",
+        "message": "flush of 42 bytes failed",
+        "service": "rmqstore-writer",
+        "trace_id": f"{context.trace_id:032x}",
+        "span_id": f"{context.span_id:016x}",
+    }
+    assert inside["time"].endswith("Z") and len(inside["time"]) == len("2026-01-01T00:00:00.000Z")
+    assert "trace_id" not in outside and outside["message"] == "outside any span"
+    [(service, record), (_, plain)] = receiver.logs
+    assert service == "rmqstore-writer"
+    assert (record.trace_id, record.span_id) == (context.trace_id.to_bytes(16, "big"), context.span_id.to_bytes(8, "big"))
+    assert (record.severity_text, record.body.string_value) == ("WARNING", "flush of 42 bytes failed")
+    assert plain.trace_id == b"" and plain.body.string_value == "outside any span"
+
+
+def test_an_unknown_logs_exporter_is_refused() -> None:
+    from rmqstore.common.errors import InvalidArgument
+    from rmqstore.service.logs import logs_exporter_requested
+
+    assert logs_exporter_requested({}) is None
+    assert logs_exporter_requested({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4317"}) is None
+    assert logs_exporter_requested({"OTEL_LOGS_EXPORTER": "otlp"}) == "otlp"
+    assert logs_exporter_requested({"OTEL_LOGS_EXPORTER": "otlp", "OTEL_SDK_DISABLED": "true"}) is None
+    with pytest.raises(InvalidArgument) as refused:
+        logs_exporter_requested({"OTEL_LOGS_EXPORTER": "console"})
+    assert str(refused.value) == "OTEL_LOGS_EXPORTER='console': rmqstore supports otlp or none"

@@ -109,7 +109,9 @@ class WriterClient:
     def send_batch(self, messages: Sequence[messages_pb2.Message]) -> writer_pb2.SendBatchResponse:
         """Store messages as one batch; one ack each, in order."""
         request = writer_pb2.SendBatchRequest(messages=messages)
-        with tracing.producer_span(self.endpoint, "SendBatch", [m.topic for m in messages]) as span:
+        one = messages[0] if len(messages) == 1 else None
+        keys, tag = (list(one.keys), one.tags) if one is not None else ((), "")
+        with tracing.producer_span(self.endpoint, "SendBatch", [m.topic for m in messages], keys, tag) as span:
             if span is not None:
                 tracing.stamp(request.messages, span)
             call = self.channel.unary_unary(

@@ -106,15 +106,24 @@ def _span_name(topics: Sequence[str]) -> str:
 
 
 @contextlib.contextmanager
-def producer_span(endpoint: str, method: str, topics: Sequence[str]) -> Iterator[trace.Span | None]:
-    """A PRODUCER span ``send <topic>`` around a send of ``topics``' messages, current
-    while the block runs; None (and no cost) when tracing is off."""
+def producer_span(
+    endpoint: str, method: str, topics: Sequence[str], keys: Sequence[str] = (), tag: str = ""
+) -> Iterator[trace.Span | None]:
+    """A PRODUCER span ``send <topic>`` around a send of ``topics``' messages (with a
+    single message's ``keys`` and ``tag``), current while the block runs; None (and no
+    cost) when tracing is off."""
     if not enabled():
         yield None
         return
     from opentelemetry import trace
 
+    from rmqstore.common import tracing as conventions
+
     attributes = _messaging_attributes(topics)
+    if keys:
+        attributes[conventions.MESSAGING_ROCKETMQ_KEYS] = list(keys)
+    if tag:
+        attributes[conventions.MESSAGING_ROCKETMQ_TAG] = tag
     attributes.update(_server_attributes(endpoint, f"/rmqstore.v1.WriterService/{method}"))
     with _tracer().start_as_current_span(_span_name(topics), kind=trace.SpanKind.PRODUCER, attributes=attributes) as span:
         try:

@@ -55,7 +55,7 @@ def test_spans_continue_the_callers_trace(tmp_path: Path) -> None:
         assert span.parent is not None and span.parent.span_id == server.context.span_id, name
     append = spans["rmqstore.append"].attributes
     assert append["messaging.system"] == "rocketmq" and append["messaging.destination.name"] == "Traced"
-    assert append["messaging.operation.type"] == "send" and len(append["messaging.message.id"]) == 32
+    assert len(append["messaging.message.id"]) == 32
     assert spans["rmqstore.flush"].attributes["rmqstore.flush.bytes"] == node.writer.log.write_offset
     assert server.status.status_code != trace.StatusCode.ERROR
 

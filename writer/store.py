@@ -52,12 +52,9 @@ from rmqstore.common.tracing import (
     MESSAGING_BATCH_MESSAGE_COUNT,
     MESSAGING_DESTINATION_NAME,
     MESSAGING_MESSAGE_ID,
-    MESSAGING_OPERATION_NAME,
-    MESSAGING_OPERATION_TYPE,
-    MESSAGING_ROCKETMQ_KEYS,
-    MESSAGING_ROCKETMQ_TAG,
     MESSAGING_SYSTEM,
     ROCKETMQ,
+    leaf_span,
     links_from_messages,
     span,
     tracing_on,
@@ -267,22 +264,16 @@ def _abort_boot_id(path: str) -> str:
         return ""
 
 
-def _messaging_attributes(batch: MessageBatch, operation: str | None = "send") -> dict[str, Any]:
-    """The messaging conventions' attributes of a batch's span (only while it records):
-    the topic when the batch has one, a single message's keys and tag, else the count."""
+def _messaging_attributes(batch: MessageBatch) -> dict[str, Any]:
+    """The append span's messaging attributes: the topic when the batch has one, the count
+    when it has more than one message. Few on purpose: the SDK checks every attribute
+    value, a cost paid per group of requests (the client's span has a message's keys and
+    tag)."""
     attributes: dict[str, Any] = {MESSAGING_SYSTEM: ROCKETMQ}
-    if operation is not None:
-        attributes[MESSAGING_OPERATION_TYPE] = operation
-        attributes[MESSAGING_OPERATION_NAME] = operation
-    topics = set(batch.topics)
-    if len(topics) == 1:
-        attributes[MESSAGING_DESTINATION_NAME] = batch.topics[0]
-    if batch.message_count == 1:
-        if batch.keys[0]:
-            attributes[MESSAGING_ROCKETMQ_KEYS] = list(batch.keys[0])
-        if batch.tags[0]:
-            attributes[MESSAGING_ROCKETMQ_TAG] = batch.tags[0]
-    else:
+    topics = batch.topics
+    if len(topics) == 1 or len(set(topics)) == 1:
+        attributes[MESSAGING_DESTINATION_NAME] = topics[0]
+    if batch.message_count != 1:
         attributes[MESSAGING_BATCH_MESSAGE_COUNT] = batch.message_count
     return attributes
 
@@ -640,19 +631,16 @@ class Writer:
             _default_born_hosts(combined.born_hosts, requests, self.store_host)
             batch, peer = combined, None
         assert batch is not None
-        with span(_TRACER, "rmqstore.append") as current:
-            if current.is_recording():
-                current.set_attributes(_messaging_attributes(batch))
+        traced = tracing_on()
+        with leaf_span(_TRACER, "rmqstore.append", _messaging_attributes(batch) if traced else None) as current:
             plans, results = self._append_batch(batch, peer)
-            if current.is_recording() and batch.message_count == 1:
+            if traced and batch.message_count == 1:
                 current.set_attribute(MESSAGING_MESSAGE_ID, results.uniq_keys[0])
         try:
             # Linked to each message's producer (its traceparent property): a batch holds
-            # the messages of many producers, none of them this span's parent.
-            links = links_from_messages(batch.properties) if tracing_on() else None
-            with span(_TRACER, "rmqstore.dispatch", links=links) as current:
-                if current.is_recording():
-                    current.set_attributes(_messaging_attributes(batch, None))
+            # the messages of many producers, none of them this span's parent. No
+            # attributes: the append span beside it has them.
+            with leaf_span(_TRACER, "rmqstore.dispatch", links=links_from_messages(batch.properties) if traced else None):
                 self.dispatcher.dispatch_batch(plans)
         except Exception as error:
             # The commit log is the truth: the records stay, and their dispatch is

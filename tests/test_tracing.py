@@ -226,3 +226,37 @@ def test_streaming_calls_work_and_are_traced_with_a_tracer_provider(tmp_path: Pa
         node.close()
     names = {span.name for span in exporter.get_finished_spans()}
     assert {"/rmqstore.v1.WriterService/SendStream", "/rmqstore.v1.QueryService/StreamByTime"} <= names
+
+
+def test_every_sync_request_reaches_the_flush_that_acknowledged_it(tmp_path: Path) -> None:
+    """Under SYNC one fsync acknowledges every request appended before it: its span is the
+    first one's child and links to the others, so each request's trace has its fsync."""
+    import threading
+
+    exporter = sdk_exporter()
+    node = start_node(tmp_path / "store", flush=FlushPolicy.SYNC)
+    threads_count, sends_each = 6, 5
+    first_trace = TRACE_ID + 100
+
+    def sender(thread: int) -> None:
+        for n in range(sends_each):
+            trace_id = first_trace + thread * sends_each + n
+            node.stub.Send(
+                writer_pb2.SendRequest(message=messages_pb2.Message(topic="Grouped", body=b"x")),
+                metadata=(("traceparent", f"00-{trace_id:032x}-{PARENT_SPAN_ID:016x}-01"),),
+                timeout=30,
+            )
+
+    try:
+        threads = [threading.Thread(target=sender, args=(t,)) for t in range(threads_count)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=60)
+    finally:
+        node.close()
+    sent = set(range(first_trace, first_trace + threads_count * sends_each))
+    flushes = [s for s in exporter.get_finished_spans() if s.name == "rmqstore.flush" and s.context.trace_id in sent]
+    reached = {s.context.trace_id for s in flushes} | {link.context.trace_id for s in flushes for link in s.links}
+    assert reached == sent
+    assert all(s.attributes["rmqstore.flush.bytes"] > 0 for s in flushes)

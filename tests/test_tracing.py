@@ -260,3 +260,28 @@ def test_every_sync_request_reaches_the_flush_that_acknowledged_it(tmp_path: Pat
     reached = {s.context.trace_id for s in flushes} | {link.context.trace_id for s in flushes for link in s.links}
     assert reached == sent
     assert all(s.attributes["rmqstore.flush.bytes"] > 0 for s in flushes)
+
+
+def test_a_messages_traceparent_becomes_a_link_and_a_bad_one_links_nothing() -> None:
+    from rmqstore.common.tracing import LINKS_MAX, link_from_properties, links_from_messages
+
+    good = f"00-{TRACE_ID:032x}-{PARENT_SPAN_ID:016x}-01"
+    link = link_from_properties({"traceparent": good, "KEYS": "k"})
+    assert link is not None
+    assert (link.context.trace_id, link.context.span_id, link.context.is_remote, int(link.context.trace_flags)) == (
+        TRACE_ID, PARENT_SPAN_ID, True, 1,
+    )  # fmt: skip
+    # Random-trace-id flag (0x02) and a future version's extra fields are read too.
+    assert link_from_properties({"traceparent": good[:-2] + "03"}) is not None
+    assert link_from_properties({"traceparent": "01" + good[2:] + "-future"}) is not None
+    for bad in (
+        "", "garbage", good + "-extra", "ff" + good[2:], good.upper(), good.replace("-01", "-zz"),
+        f"00-{0:032x}-{PARENT_SPAN_ID:016x}-01", f"00-{TRACE_ID:032x}-{0:016x}-01", good[:-1],
+    ):  # fmt: skip
+        assert link_from_properties({"traceparent": bad}) is None, bad
+    assert link_from_properties({}) is None
+    other = f"00-{TRACE_ID + 1:032x}-{PARENT_SPAN_ID:016x}-01"
+    links = links_from_messages([{"traceparent": good}, {}, {"traceparent": "bad"}, {"traceparent": other}, {"traceparent": good}])
+    assert [lk.context.trace_id for lk in links] == [TRACE_ID, TRACE_ID + 1]
+    many = [{"traceparent": f"00-{TRACE_ID + n:032x}-{PARENT_SPAN_ID:016x}-01"} for n in range(LINKS_MAX + 10)]
+    assert len(links_from_messages(many)) == LINKS_MAX

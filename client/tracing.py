@@ -33,6 +33,10 @@ TRACEPARENT = "traceparent"  # rmqstore.common.tracing.TRACEPARENT, without impo
 # The writer's calls that store messages: traced as PRODUCER spans by the calls themselves.
 SEND_METHODS = frozenset(f"/rmqstore.v1.WriterService/{name}" for name in ("Send", "SendBatch", "SendStream"))
 
+# A command exports its spans as it exits: an unreachable collector may delay its exit by
+# this much at most (the SDK's default is 10 s of retries).
+EXPORT_TIMEOUT_S = 2.0
+
 _enabled: bool | None = None
 
 
@@ -56,7 +60,7 @@ def _decide() -> bool:
     if tracing_requested() is None:
         return False
     try:
-        return configure_tracing(SERVICE_NAME)
+        return configure_tracing(SERVICE_NAME, EXPORT_TIMEOUT_S)
     except ValueError as error:
         raise InvalidArgument(str(error)) from None
 

@@ -41,9 +41,10 @@ def tracing_requested(environ: dict[str, str] | None = None) -> str | None:
     return exporter_requested("TRACES", environ)
 
 
-def configure_tracing(service_name: str) -> bool:
+def configure_tracing(service_name: str, export_timeout_s: float | None = None) -> bool:
     """Install an SDK tracer provider if the environment asks for one. Returns whether
-    tracing is on. Safe to call more than once."""
+    tracing is on. Safe to call more than once. ``export_timeout_s`` bounds each OTLP
+    export (retries included) unless ``OTEL_EXPORTER_OTLP_(TRACES_)TIMEOUT`` says otherwise."""
     global _configured
     exporter_name = tracing_requested()
     if exporter_name is None or _configured:
@@ -64,7 +65,9 @@ def configure_tracing(service_name: str) -> bool:
     elif exporter_name == "otlp":
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 
-        provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+        timeout_set = os.environ.get("OTEL_EXPORTER_OTLP_TIMEOUT") or os.environ.get("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT")
+        timeout = export_timeout_s if export_timeout_s is not None and not timeout_set else None
+        provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(timeout=timeout)))
     else:
         raise ValueError(f"OTEL_TRACES_EXPORTER={exporter_name!r}: rmqstore supports otlp, console or none")
     trace.set_tracer_provider(provider)

@@ -441,3 +441,18 @@ def test_an_unknown_logs_exporter_is_refused() -> None:
     with pytest.raises(InvalidArgument) as refused:
         logs_exporter_requested({"OTEL_LOGS_EXPORTER": "console"})
     assert str(refused.value) == "OTEL_LOGS_EXPORTER='console': rmqstore supports otlp or none"
+
+
+def test_a_command_exits_soon_when_the_collector_is_unreachable(tmp_path: Path, receiver: Receiver, started: list[Node]) -> None:
+    """The command's spans are exported as it exits; a collector that is not there costs
+    it at most the client's export bound (2 s), not the SDK's 10 s of retries."""
+    writer = Node("writer", tmp_path / "store", quiet(receiver.env()), tmp_path / "writer.log")
+    started.append(writer)
+    dead = {**quiet(receiver.env()), "OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9", "OTEL_EXPORTER_OTLP_INSECURE": "true"}
+    del dead["OTEL_SDK_DISABLED"]
+    began = time.monotonic()
+    sent = rmqstore(dead, "send", "--endpoint", writer.endpoint, "-t", "Lonely", "--body", "x")
+    elapsed_s = time.monotonic() - began
+    assert json.loads(sent.stdout)["topic"] == "Lonely"
+    assert "Failed to export traces to 127.0.0.1:9" in sent.stderr
+    assert elapsed_s < 6.0, elapsed_s  # about 2.5 s; the SDK's default retries took 7

@@ -289,8 +289,11 @@ class GroupAppender:
                 try:
                     # Every request here was appended before this fsync began. Its span
                     # is the first request's child, linked to the others it acknowledges.
-                    links = _request_links(waiting[1:]) if tracing_on() else None
-                    waiting[0][0].context.run(self.writer.flush, links)
+                    links = _request_links(waiting[1:]) if tracing_on() else []
+                    if links:
+                        waiting[0][0].context.run(self.writer.flush, links)
+                    else:
+                        waiting[0][0].context.run(self.writer.flush)
                 except BaseException as error:
                     # Not known to be stored: nobody is acknowledged.
                     waiting = [(p, error if isinstance(o, _Stored) else o) for p, o in waiting]

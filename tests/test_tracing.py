@@ -285,3 +285,21 @@ def test_a_messages_traceparent_becomes_a_link_and_a_bad_one_links_nothing() -> 
     assert [lk.context.trace_id for lk in links] == [TRACE_ID, TRACE_ID + 1]
     many = [{"traceparent": f"00-{TRACE_ID + n:032x}-{PARENT_SPAN_ID:016x}-01"} for n in range(LINKS_MAX + 10)]
     assert len(links_from_messages(many)) == LINKS_MAX
+
+
+def test_a_flush_call_fsyncs_in_its_own_trace(tmp_path: Path) -> None:
+    exporter = sdk_exporter()
+    node = start_node(tmp_path / "store", flush=FlushPolicy.ASYNC)  # no periodic flush here
+    trace_id = TRACE_ID + 7
+    try:
+        node.stub.Send(writer_pb2.SendRequest(message=messages_pb2.Message(topic="Flushed", body=b"x")))
+        node.stub.Flush(
+            writer_pb2.FlushRequest(), metadata=(("traceparent", f"00-{trace_id:032x}-{PARENT_SPAN_ID:016x}-01"),), timeout=30
+        )
+        written = node.writer.log.write_offset
+    finally:
+        node.close()
+    spans = {span.name: span for span in exporter.get_finished_spans() if span.context.trace_id == trace_id}
+    server, flush = spans["/rmqstore.v1.WriterService/Flush"], spans["rmqstore.flush"]
+    assert flush.parent is not None and flush.parent.span_id == server.context.span_id
+    assert flush.attributes["rmqstore.flush.bytes"] == written

@@ -835,16 +835,19 @@ class Writer:
         with self._append_lock:
             target = self.log.write_offset or 0
             start = self.flushed_offset
-        if target <= start:
-            # Nothing new to fsync: no span (an idle writer under ASYNC flushes twice a
-            # second, and a span for each would bury the traces that matter).
+        if target <= start and not (links or (tracing_on() and trace.get_current_span().get_span_context().is_valid)):
+            # Nothing new to fsync and nobody waiting in a trace: no span (an idle writer
+            # under ASYNC flushes twice a second, and a root span for each would bury the
+            # traces that matter). A request waiting for this flush still gets its span,
+            # with 0 bytes: an earlier fsync, which ran as its bytes were written, synced
+            # them, and its trace shows that the wait ended here.
             self.log.flush_range(start, target)
         else:
             with span(_TRACER, "rmqstore.flush", links=links) as current:
                 began = time.perf_counter()
                 self.log.flush_range(start, target)
                 if current.is_recording():
-                    current.set_attribute("rmqstore.flush.bytes", target - start)
+                    current.set_attribute("rmqstore.flush.bytes", max(target - start, 0))
                     current.set_attribute("rmqstore.flush.fsync_ms", round((time.perf_counter() - began) * 1000, 3))
         with self._flushed_lock:
             self.flushed_offset = max(self.flushed_offset, target)

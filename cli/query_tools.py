@@ -89,20 +89,24 @@ class Backend:
 
 
 class EndpointBackend(Backend):
+    """A query node's calls through rmqstore.client."""
+
     def __init__(self, endpoint: str, timeout_s: float, channel: grpc.Channel | None = None):
+        from rmqstore.client import QueryClient, connect
+
         # A given channel (e.g. a TLS one) is owned from here on: close() closes it.
-        self.channel = channel if channel is not None else grpc.insecure_channel(endpoint)
-        self.stub = query_pb2_grpc.QueryServiceStub(self.channel)
+        self.client = QueryClient(channel if channel is not None else connect(endpoint), timeout_s)
+        self.channel = self.client.channel
         self.timeout_s = timeout_s
 
     def call(self, method: str, request: Any) -> Any:
-        return getattr(self.stub, method)(request, timeout=self.timeout_s)
+        return self.client.call(method, request)
 
     def stream(self, method: str, request: Any) -> Iterator[Any]:
-        return getattr(self.stub, method)(request, timeout=self.timeout_s)
+        return self.client.stream(method, request)
 
     def close(self) -> None:
-        self.channel.close()
+        self.client.close()
 
 
 class _LocalContext:

@@ -456,3 +456,36 @@ def test_a_command_exits_soon_when_the_collector_is_unreachable(tmp_path: Path, 
     assert json.loads(sent.stdout)["topic"] == "Lonely"
     assert "Failed to export traces to 127.0.0.1:9" in sent.stderr
     assert elapsed_s < 6.0, elapsed_s  # about 2.5 s; the SDK's default retries took 7
+
+
+def test_a_refusal_the_operator_acts_on_is_logged_in_the_requests_trace(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A real writer refusing writes (its disk use is above a full ratio of 0.1 %): the
+    RESOURCE_EXHAUSTED answer is logged as a JSON line carrying the caller's trace."""
+    import io
+
+    from test_tracing import PARENT_SPAN_ID, TRACE_ID, sdk_exporter
+    from test_writer import start_node
+
+    from rmqstore.service.logs import configure_logging, unconfigure_logging
+    from rmqstore.v1 import messages_pb2, writer_pb2
+
+    monkeypatch.delenv("OTEL_LOGS_EXPORTER", raising=False)
+    sdk_exporter()
+    stream = io.StringIO()
+    configure_logging("rmqstore-writer", stream)
+    node = start_node(tmp_path / "store", disk_full_ratio=0.001)
+    try:
+        with pytest.raises(grpc.RpcError) as refused:
+            node.stub.Send(
+                writer_pb2.SendRequest(message=messages_pb2.Message(topic="Full", body=b"x")),
+                metadata=(("traceparent", f"00-{TRACE_ID + 9:032x}-{PARENT_SPAN_ID:016x}-01"),),
+                timeout=30,
+            )
+    finally:
+        node.close()
+        unconfigure_logging()
+    assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    [line] = [json.loads(text) for text in stream.getvalue().splitlines()]
+    assert (line["level"], line["logger"], line["trace_id"]) == ("WARNING", "rmqstore.service", f"{TRACE_ID + 9:032x}")
+    assert line["message"] == f"answered RESOURCE_EXHAUSTED (StoreFull): {refused.value.details()}"
+    assert len(line["span_id"]) == 16 and line["span_id"] != f"{PARENT_SPAN_ID:016x}"  # the server span's

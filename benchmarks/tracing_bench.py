@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -103,6 +104,8 @@ def one_run(work: Path, jsonl: Path, batch: int, env: dict[str, str]) -> dict[st
         seconds = time.perf_counter() - started
         cpu = cpu_seconds(writer.proc.pid) - cpu_before
         writer.stop()
+    # Each store preallocates its files (a GiB and more): one at a time on the disk.
+    shutil.rmtree(store, ignore_errors=True)
     if done.returncode != 0:
         raise RuntimeError(f"rmqstore send failed ({done.returncode}): {done.stderr.decode(errors='replace')}")
     return {"seconds": seconds, "writer_cpu_s": cpu}

@@ -19,6 +19,7 @@ COPY pyproject.toml setup.py README.md ./
 COPY protos protos
 COPY common common
 COPY cli cli
+COPY client client
 COPY writer writer
 COPY query query
 COPY service service

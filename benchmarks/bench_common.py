@@ -151,7 +151,7 @@ class NodeFailed(RuntimeError):
 class Node:
     """A ``rmqstore writer serve`` or ``rmqstore query serve`` process on 127.0.0.1."""
 
-    def __init__(self, kind: str, store: Path, log_dir: Path, *extra: str):
+    def __init__(self, kind: str, store: Path, log_dir: Path, *extra: str, env: dict[str, str] | None = None):
         self.kind = kind
         log_dir.mkdir(parents=True, exist_ok=True)
         self.stderr_path = log_dir / f"{kind}-{time.monotonic_ns()}.stderr"
@@ -163,7 +163,7 @@ class Node:
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=self._stderr,
-            env=quiet_env(),
+            env=quiet_env() if env is None else env,
         )
         self._lines: queue.Queue[bytes | None] = queue.Queue()
         self._reader = threading.Thread(target=self._read_stdout, daemon=True)
@@ -252,8 +252,9 @@ class Nodes:
         self.log_dir = log_dir
         self.started: list[Node] = []
 
-    def start(self, kind: str, store: Path, *extra: str) -> Node:
-        node = Node(kind, store, self.log_dir, *extra)
+    def start(self, kind: str, store: Path, *extra: str, env: dict[str, str] | None = None) -> Node:
+        """A node serving; ``env`` replaces the untraced environment (e.g. to trace it)."""
+        node = Node(kind, store, self.log_dir, *extra, env=env)
         self.started.append(node)
         node.wait_serving()
         return node

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import gc
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import repeat
 from typing import Any
 
@@ -67,12 +67,15 @@ class Prepared:
 
     requests: list[bytes]
     topics: list[str]
+    # How many messages each request holds.
+    batch_sizes: list[int] = field(default_factory=list)
 
 
-def prepare(path: str, limits: Any, batch_size: int) -> Prepared:
+def prepare(path: str, limits: Any, batch_size: int, traceparent: str | None = None) -> Prepared:
     """Every message of ``path``, checked and encoded in batches of ``batch_size`` (the last
     batch of each chunk may be smaller); raises InvalidArgument naming the first bad line
-    before any request exists."""
+    before any request exists. With ``traceparent`` (the send's span, when traced) each
+    message without one of its own gets it as a property."""
     data = read_file(path)
     prepared = Prepared([], [])
     distinct: dict[str, str] = {}
@@ -90,7 +93,13 @@ def prepare(path: str, limits: Any, batch_size: int) -> Prepared:
             columns = _fast(chunk, limits)
             if columns is None:
                 columns = _slow(path, chunk, limits, first_line, start)
+            if traceparent is not None:
+                from rmqstore.client.tracing import stamped
+
+                columns.properties = stamped(columns.properties, traceparent)
             prepared.requests += encode_batches(columns, batch_size)
+            whole, rest = divmod(len(columns), batch_size)
+            prepared.batch_sizes += [batch_size] * whole + ([rest] if rest else [])
             prepared.topics += [distinct.setdefault(topic, topic) for topic in columns.topics]
             first_line += chunk.count(b"\n")
             start = end

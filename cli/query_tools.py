@@ -97,20 +97,24 @@ class Backend:
 
 
 class EndpointBackend(Backend):
+    """A query node's calls through rmqstore.client."""
+
     def __init__(self, endpoint: str, timeout_s: float, channel: grpc.Channel | None = None):
+        from rmqstore.client import QueryClient, connect
+
         # A given channel (e.g. a TLS one) is owned from here on: close() closes it.
-        self.channel = channel if channel is not None else grpc.insecure_channel(endpoint)
-        self.stub = query_pb2_grpc.QueryServiceStub(self.channel)
+        self.client = QueryClient(channel if channel is not None else connect(endpoint), timeout_s)
+        self.channel = self.client.channel
         self.timeout_s = timeout_s
 
     def call(self, method: str, request: Any) -> Any:
-        return getattr(self.stub, method)(request, timeout=self.timeout_s)
+        return self.client.call(method, request)
 
     def stream(self, method: str, request: Any) -> Iterator[Any]:
-        return getattr(self.stub, method)(request, timeout=self.timeout_s)
+        return self.client.stream(method, request)
 
     def close(self) -> None:
-        self.channel.close()
+        self.client.close()
 
 
 class _LocalContext:
@@ -480,6 +484,7 @@ def cmd_consumer_progress(args: argparse.Namespace) -> int:
 def cmd_query_serve(args: argparse.Namespace) -> int:
     from rmqstore.query.service import SERVICE_NAME, AsyncQueryServicer
     from rmqstore.query.view import StoreView
+    from rmqstore.service.logs import configure_logging
     from rmqstore.service.metrics import configure_metrics
     from rmqstore.service.server import AsyncServing
     from rmqstore.service.telemetry import configure_tracing
@@ -491,6 +496,7 @@ def cmd_query_serve(args: argparse.Namespace) -> int:
     check_ports(args)
     stopping = stop_requested()
     configure_tracing("rmqstore-query")
+    configure_logging("rmqstore-query")
     metrics = configure_metrics("rmqstore-query", scrape_host=args.host, scrape_port=args.metrics_port)
     budget = args.mapped_budget_mb  # at least 1: its argument type refuses less
     view = StoreView(args.store, sizes_from(args, args.store), mapped_budget_bytes=None if budget is None else budget << 20)

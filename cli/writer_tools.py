@@ -23,7 +23,7 @@ from rmqstore.cli import exits
 from rmqstore.cli.exits import EXIT_OK
 from rmqstore.cli.store_tools import add_size_options, sizes_from
 from rmqstore.common.errors import InvalidArgument
-from rmqstore.v1 import messages_pb2, writer_pb2, writer_pb2_grpc
+from rmqstore.v1 import messages_pb2, writer_pb2_grpc
 
 if TYPE_CHECKING:
     from rmqstore.service.acl import Acl
@@ -220,23 +220,16 @@ def add_client_tls_options(parser: argparse.ArgumentParser) -> None:
 
 
 def channel_from(args: argparse.Namespace, endpoint: str) -> grpc.Channel:
-    from rmqstore.service.acl import signing_channel
-    from rmqstore.service.server import open_channel
+    """rmqstore.client's channel, from the command's TLS and credentials options."""
+    from rmqstore.client import Credentials, Tls, connect
 
     access_key = args.access_key or os.environ.get(ACCESS_KEY_ENV) or None
     secret_key = args.secret_key or os.environ.get(SECRET_KEY_ENV) or None
     if (access_key is None) != (secret_key is None):
         raise InvalidArgument(f"give an access key and a secret key together (--access-key/--secret-key or {ACCESS_KEY_ENV}/{SECRET_KEY_ENV})")
-    channel = open_channel(
-        endpoint,
-        ca=args.tls_ca,
-        client_cert=args.tls_client_cert,
-        client_key=args.tls_client_key,
-        server_name=args.tls_server_name,
-    )
-    if access_key is None or secret_key is None:
-        return channel
-    return signing_channel(channel, access_key, secret_key)
+    tls = Tls(ca=args.tls_ca, client_cert=args.tls_client_cert, client_key=args.tls_client_key, server_name=args.tls_server_name)
+    credentials = None if access_key is None or secret_key is None else Credentials(access_key, secret_key)
+    return connect(endpoint, tls, credentials)
 
 
 def retry_delays(text: str) -> tuple[int, ...]:
@@ -252,6 +245,7 @@ def retry_delays(text: str) -> tuple[int, ...]:
 
 def cmd_writer_serve(args: argparse.Namespace) -> int:
     from rmqstore.rocketmq_v2 import service_pb2_grpc as messaging_pb2_grpc
+    from rmqstore.service.logs import configure_logging
     from rmqstore.service.metrics import configure_metrics
     from rmqstore.service.server import AsyncServing
     from rmqstore.service.telemetry import configure_tracing
@@ -281,6 +275,7 @@ def cmd_writer_serve(args: argparse.Namespace) -> int:
     # end in a clean stop (final flush, checkpoint, abort removed).
     stopping = stop_requested()
     configure_tracing("rmqstore-writer")
+    configure_logging("rmqstore-writer")
     metrics = configure_metrics("rmqstore-writer", scrape_host=args.host, scrape_port=args.metrics_port)
     config = WriterConfig(
         store=args.store,
@@ -525,45 +520,70 @@ class _Progress:
             sys.stderr.flush()
 
 
-SEND_STREAM = "/rmqstore.v1.WriterService/SendStream"
-
-
 def cmd_send(args: argparse.Namespace) -> int:
-    from rmqstore.cli import bulk_send
+    from rmqstore.client import tracing
 
     if args.file is not None:
         given = [flag for flag, value in (("-t", args.topic), ("-k", args.keys), ("--tags", args.tags), ("--body", args.body),
                                           ("--body-file", args.body_file), ("-q", args.queue)) if value is not None]
         if given:
             raise InvalidArgument(f"{', '.join(given)} describe one message; with --file every line gives its own")
-        # The whole file is read, checked and encoded before anything is sent, so a bad
-        # line costs nothing.
-        prepared = bulk_send.prepare(args.file, client_limits(), args.batch_size)
+        message = None
+        topics: list[str] = []
     else:
         message = _one_message(args)
+        topics = [message.topic]
+    # With tracing asked for, the send is a span (the file's, or the message's) that each
+    # message names in its traceparent property; it starts before the file is read.
+    keys, tag = (list(message.keys), message.tags) if message is not None else ((), "")
+    with tracing.producer_span(args.endpoint, "SendStream", topics, keys, tag) as span:
+        return _send(args, message, span)
+
+
+def _send(args: argparse.Namespace, message: messages_pb2.Message | None, span: Any) -> int:
+    from rmqstore.cli import bulk_send
+    from rmqstore.client import WriterClient, tracing
+
+    stamp = None if span is None else tracing.traceparent(span)
+    if message is None:
+        # The whole file is read, checked and encoded before anything is sent, so a bad
+        # line costs nothing.
+        prepared = bulk_send.prepare(args.file, client_limits(), args.batch_size, stamp)
+    else:
         queue_id = message.queue_id if message.HasField("queue_id") else None
-        columns = bulk_send.Columns([message.topic], [queue_id], [message.body], [list(message.keys)], [message.tags], [""], [None])
-        prepared = bulk_send.Prepared(bulk_send.encode_batches(columns, 1), columns.topics)
-    requests, topics, total = prepared.requests, prepared.topics, len(prepared.topics)
+        columns = bulk_send.Columns(
+            [message.topic], [queue_id], [message.body], [list(message.keys)], [message.tags], [""],
+            [None if stamp is None else {tracing.TRACEPARENT: stamp}],
+        )  # fmt: skip
+        prepared = bulk_send.Prepared(bulk_send.encode_batches(columns, 1), columns.topics, [1])
+    requests, topics, batch_sizes, total = prepared.requests, prepared.topics, prepared.batch_sizes, len(prepared.topics)
     del prepared
+    batches: tracing.BatchSpans | None = None
+    sending: Iterator[bytes] | list[bytes] = requests
+    if span is not None and message is None:
+        tracing.describe_file(span, topics)
+        batches = tracing.BatchSpans(span)
+        sending = batches.requests(requests, topics, batch_sizes)
     on_terminal = args.file is not None and sys.stderr.isatty()
     progress = _Progress(total, shown=on_terminal, live=not (args.acks == "all" and sys.stdout.isatty()))
     out = sys.stdout
     sent = 0
     try:
-        with channel_from(args, args.endpoint) as channel:
-            # The requests are serialized already: gRPC sends the bytes as they are.
-            call = channel.stream_stream(
-                SEND_STREAM, request_serializer=None, response_deserializer=writer_pb2.SendBatchResponse.FromString
-            )
-            for response in call(iter(requests), timeout=args.timeout):
+        with WriterClient(channel_from(args, args.endpoint), args.endpoint) as client:
+            for response in client.send_stream(sending, args.timeout, tracing.metadata(span)):
                 count = bulk_send.acked(response)
+                if batches is not None:
+                    batches.acked()
+                elif span is not None and response.compact.uniq_keys:
+                    tracing.acknowledged(span, response.compact.uniq_keys[0])
                 if args.acks == "all":
                     out.write(bulk_send.ack_text(response, topics[sent : sent + count]))
                 sent += count
                 progress.advance(count)
     except KeyboardInterrupt:
         progress.finish()
+        if batches is not None:
+            batches.close()
         where = "; their acks are above" if args.acks == "all" else ""
         print(
             f"{exits.PREFIX}interrupted: {progress.acked} of {progress.total} messages acknowledged "
@@ -573,9 +593,15 @@ def cmd_send(args: argparse.Namespace) -> int:
         return exits.EXIT_INTERRUPTED
     except grpc.RpcError as error:
         progress.finish()
+        if batches is not None:
+            batches.close(error)
+        if span is not None:
+            tracing.failed(span, error)
         note = f" ({progress.acked} of {progress.total} messages were acknowledged before it)" if progress.acked else ""
         return exits.status_exit(error, note)
     progress.finish()
+    if span is not None:
+        tracing.succeeded(span)
     if args.acks == "summary":
         out.write(json.dumps(progress.summary()) + "\n")
     return EXIT_OK

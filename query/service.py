@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import functools
 import itertools
 from collections.abc import Awaitable, Callable, Iterator
@@ -18,7 +19,7 @@ from rmqstore.common.codec.properties import split_keys
 from rmqstore.common.codec.record import Record
 from rmqstore.common.errors import InvalidArgument, StoreError
 from rmqstore.common.files.consumequeue import Boundary
-from rmqstore.common.tracing import span
+from rmqstore.common.tracing import MESSAGING_DESTINATION_NAME, MESSAGING_SYSTEM, ROCKETMQ, span
 from rmqstore.query.groups import (
     BROKER_NAME_DEFAULT,
     GroupOffsets,
@@ -73,15 +74,17 @@ class QueryServicer(query_pb2_grpc.QueryServiceServicer):
         self.group_offsets = GroupOffsets(view.paths.config)
 
     @contextmanager
-    def _lookup(self, kind: str) -> Iterator[trace.Span]:
-        """A span ``rmqstore.lookup.<kind>`` and the lookup's duration."""
+    def _lookup(self, kind: str, topic: str = "") -> Iterator[trace.Span]:
+        """A span ``rmqstore.lookup.<kind>`` (with the topic looked in) and the lookup's
+        duration."""
         with self.metrics.timed(kind), span(_TRACER, f"rmqstore.lookup.{kind}") as current:
+            if topic and current.is_recording():
+                current.set_attributes({MESSAGING_SYSTEM: ROCKETMQ, MESSAGING_DESTINATION_NAME: topic})
             yield current
 
     @mapped
     def QueryByKey(self, request: query_pb2.QueryByKeyRequest, context: grpc.ServicerContext) -> query_pb2.QueryByKeyResponse:
-        with self._lookup("key") as span:
-            span.set_attribute("rmqstore.topic", request.topic)
+        with self._lookup("key", request.topic) as span:
             page = self.view.by_key(
                 request.topic,
                 request.key,
@@ -97,7 +100,7 @@ class QueryServicer(query_pb2_grpc.QueryServiceServicer):
 
     @mapped
     def QueryByUniqKey(self, request: query_pb2.QueryByUniqKeyRequest, context: grpc.ServicerContext) -> query_pb2.QueryByUniqKeyResponse:
-        with self._lookup("uniq_key") as span:
+        with self._lookup("uniq_key", request.topic) as span:
             page = self.view.uniq_key_page(request.topic, request.uniq_key, request.cursor)
             span.set_attribute("rmqstore.results", len(page.records))
         return query_pb2.QueryByUniqKeyResponse(
@@ -106,21 +109,23 @@ class QueryServicer(query_pb2_grpc.QueryServiceServicer):
 
     @mapped
     def QueryByMsgId(self, request: query_pb2.QueryByMsgIdRequest, context: grpc.ServicerContext) -> query_pb2.QueryByMsgIdResponse:
-        with self._lookup("msg_id"):
+        with self._lookup("msg_id") as span:
             record = self.view.by_msg_id(request.msg_id)
+            span.set_attributes({MESSAGING_SYSTEM: ROCKETMQ, MESSAGING_DESTINATION_NAME: record.topic, "rmqstore.results": 1})
         return query_pb2.QueryByMsgIdResponse(message=to_stored(record))
 
     @mapped
     def QueryByQueueOffset(
         self, request: query_pb2.QueryByQueueOffsetRequest, context: grpc.ServicerContext
     ) -> query_pb2.QueryByQueueOffsetResponse:
-        with self._lookup("queue_offset"):
+        with self._lookup("queue_offset", request.topic) as span:
+            span.set_attribute("rmqstore.results", 1)
             record = self.view.by_queue_offset(request.topic, request.queue_id, request.queue_offset)
         return query_pb2.QueryByQueueOffsetResponse(message=to_stored(record))
 
     @mapped
     def Pull(self, request: query_pb2.PullRequest, context: grpc.ServicerContext) -> query_pb2.PullResponse:
-        with self._lookup("pull") as span:
+        with self._lookup("pull", request.topic) as span:
             records, next_offset = self.view.pull(
                 request.topic, request.queue_id, request.from_offset, request.max_count, request.max_bytes
             )
@@ -244,7 +249,10 @@ def _unary(name: str) -> Callable[..., Awaitable[Any]]:
 
     async def handler(self: AsyncQueryServicer, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
         try:
-            return await asyncio.get_running_loop().run_in_executor(None, lookup, self.lookups, request, context)
+            # In the call's context: the lookup's span is the server span's child.
+            return await asyncio.get_running_loop().run_in_executor(
+                None, contextvars.copy_context().run, lookup, self.lookups, request, context
+            )
         except StoreError as error:
             await abort_with_async(context, error)
 

@@ -7,6 +7,7 @@ Every status carries a machine-readable reason in the trailing metadata
 from __future__ import annotations
 
 import functools
+import logging
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -15,6 +16,14 @@ import grpc
 from rmqstore.common import errors
 
 REASON_KEY = "rmqstore-reason"
+
+LOG = logging.getLogger("rmqstore.service")
+
+# The statuses an operator acts on (the node or its store is in trouble), logged as they
+# are answered; the others are the caller's business (a bad request, a missing message).
+LOGGED_CODES = frozenset(
+    {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DATA_LOSS, grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.INTERNAL}
+)
 
 CODES: dict[type[errors.StoreError], grpc.StatusCode] = {
     errors.InvalidArgument: grpc.StatusCode.INVALID_ARGUMENT,
@@ -37,9 +46,16 @@ def code_for(error: errors.StoreError) -> grpc.StatusCode:
     return grpc.StatusCode.INTERNAL
 
 
+def _log(code: grpc.StatusCode, error: errors.StoreError) -> None:
+    if code in LOGGED_CODES:
+        LOG.warning("answered %s (%s): %s", code.name, type(error).__name__, error)
+
+
 def abort_with(context: grpc.ServicerContext, error: errors.StoreError) -> None:
+    code = code_for(error)
+    _log(code, error)
     context.set_trailing_metadata(((REASON_KEY, type(error).__name__),))
-    context.abort(code_for(error), str(error))
+    context.abort(code, str(error))
 
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -60,8 +76,10 @@ def mapped(method: F) -> F:
 
 async def abort_with_async(context: grpc.aio.ServicerContext, error: errors.StoreError) -> None:
     """:func:`abort_with` on an asyncio server's context."""
+    code = code_for(error)
+    _log(code, error)
     context.set_trailing_metadata(((REASON_KEY, type(error).__name__),))
-    await context.abort(code_for(error), str(error))
+    await context.abort(code, str(error))
 
 
 def mapped_async(method: F) -> F:

@@ -152,13 +152,14 @@ def open_channel(
     client_cert: str | None = None,
     client_key: str | None = None,
     server_name: str | None = None,
+    extra_options: Sequence[tuple[str, Any]] = (),
 ) -> grpc.Channel:
     """A plaintext channel, or a TLS one as soon as any TLS file is given. ``server_name``
     checks the server's certificate for that name instead of the endpoint's host (e.g.
-    through a port-forward to 127.0.0.1)."""
+    through a port-forward to 127.0.0.1). ``extra_options`` are more channel arguments."""
     # A page may hold 16 MiB of records and one more record of up to 4 MiB: more than
     # grpc's default 4 MiB a client receives.
-    options: list[tuple[str, Any]] = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)]
+    options: list[tuple[str, Any]] = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES), *extra_options]
     if ca is None and client_cert is None and client_key is None:
         if server_name is not None:
             raise InvalidArgument("--tls-server-name needs TLS: give --tls-ca (or a client certificate)")

@@ -9,9 +9,13 @@ exporter itself reads the other ``OTEL_EXPORTER_OTLP_*`` settings.
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
 
-from opentelemetry import trace
+if TYPE_CHECKING:
+    from opentelemetry import trace
 
+# The API is imported only once tracing is asked for: the command-line client reads the
+# variables here on every run.
 _configured = False
 
 
@@ -37,13 +41,15 @@ def tracing_requested(environ: dict[str, str] | None = None) -> str | None:
     return exporter_requested("TRACES", environ)
 
 
-def configure_tracing(service_name: str) -> bool:
+def configure_tracing(service_name: str, export_timeout_s: float | None = None) -> bool:
     """Install an SDK tracer provider if the environment asks for one. Returns whether
-    tracing is on. Safe to call more than once."""
+    tracing is on. Safe to call more than once. ``export_timeout_s`` bounds each OTLP
+    export (retries included) unless ``OTEL_EXPORTER_OTLP_(TRACES_)TIMEOUT`` says otherwise."""
     global _configured
     exporter_name = tracing_requested()
     if exporter_name is None or _configured:
         return _configured
+    from opentelemetry import trace
     from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import (
@@ -59,7 +65,9 @@ def configure_tracing(service_name: str) -> bool:
     elif exporter_name == "otlp":
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 
-        provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+        timeout_set = os.environ.get("OTEL_EXPORTER_OTLP_TIMEOUT") or os.environ.get("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT")
+        timeout = export_timeout_s if export_timeout_s is not None and not timeout_set else None
+        provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(timeout=timeout)))
     else:
         raise ValueError(f"OTEL_TRACES_EXPORTER={exporter_name!r}: rmqstore supports otlp, console or none")
     trace.set_tracer_provider(provider)
@@ -68,5 +76,7 @@ def configure_tracing(service_name: str) -> bool:
 
 
 def tracer(name: str) -> trace.Tracer:
+    from opentelemetry import trace
+
     return trace.get_tracer(name)
 

@@ -332,3 +332,26 @@ def test_the_consumer_benchmark_measures_both_queues(tmp_path: Path) -> None:
     assert "# old figures" not in report and report.endswith("\n## What bounds the figures\n\nkept as written\n")
     [saved] = (tmp_path / "results").glob("consumers-*-300.json")
     assert json.loads(saved.read_text()) == result
+
+
+def test_the_tracing_benchmark_measures_both_ways(tmp_path: Path) -> None:
+    """benchmarks/tracing_bench.py at a smoke size: each batch size timed traced and not,
+    the traced runs' spans received, the report naming the command and the targets."""
+    out = tmp_path / "TRACING.md"
+    args = ["--messages", "200", "--rounds", "1", "--out", str(out)]
+    done = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "tracing_bench.py"), *args],
+        cwd=REPO, capture_output=True, text=True, timeout=TIMEOUT_S, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-5000:]
+    result = json.loads(done.stdout.splitlines()[-1])
+    assert result["command"] == "python benchmarks/tracing_bench.py " + " ".join(args)
+    assert set(result["batches"]) == {"1", "1000"}
+    for batch, figures in result["batches"].items():
+        assert len(figures["runs"]["off"]) == len(figures["runs"]["on"]) == 1, batch
+        assert _positive(figures["wall_ratio"]) and figures["target"] == {"1": 1.15, "1000": 1.05}[batch]
+    # batch 1: a span per request on the client, append and dispatch per group on the
+    # writer, and the stream's spans; batch 1,000: one request.
+    assert result["spans_received"] >= 200 + 2 + 3
+    report = out.read_text(encoding="utf-8")
+    assert "python benchmarks/tracing_bench.py --messages 200" in report and "≤ 1.15" in report and "≤ 1.05" in report

@@ -472,3 +472,21 @@ def test_bytes_that_do_not_parse_are_invalid_argument(node: Node, method: Any) -
         f"malformed request: the bytes do not parse as {method.input_type.full_name}",
     )
     assert send(node, v2_message()).status.code == v2.Code.OK
+
+
+def test_a_clients_trace_context_is_stored_as_the_traceparent_property(node: Node) -> None:
+    """The official clients send their producer span's context in the system properties:
+    it is kept as an ordinary ``traceparent`` property (the writer's dispatch and a
+    consumer link to it); a user property of that name wins; a value RocketMQ's format
+    cannot hold is left out, and the message is still stored."""
+    context = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    traced = v2_message(body=b"traced", trace_context=context)
+    own = v2_message(body=b"own", message_id=MESSAGE_ID[:-1] + "B", trace_context=context)
+    own.user_properties["traceparent"] = "00-11111111111111111111111111111111-2222222222222222-01"
+    unholdable = v2_message(body=b"odd", message_id=MESSAGE_ID[:-1] + "C", trace_context="00-\x01")
+    response = send(node, traced, own, unholdable)
+    assert [e.status.code for e in response.entries] == [v2.OK] * 3
+    first, second, third = node.records()
+    assert first.properties["traceparent"] == context
+    assert second.properties["traceparent"] == "00-11111111111111111111111111111111-2222222222222222-01"
+    assert "traceparent" not in third.properties and third.body == b"odd"

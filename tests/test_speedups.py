@@ -27,7 +27,7 @@ from rmqstore.common.codec import properties as props
 from rmqstore.common.codec.hosts import SocketAddress
 from rmqstore.common.codec.record import Blank, Record, decode_record, encode_record
 from rmqstore.common.codec.speedups import _speedups
-from rmqstore.common.errors import Corruption, CrcMismatch
+from rmqstore.common.errors import Corruption, CrcMismatch, InvalidArgument
 from rmqstore.common.files.index import IndexFile
 from rmqstore.writer import validate
 
@@ -1186,3 +1186,40 @@ def test_no_call_leaks_what_it_builds(tmp_path: Path) -> None:
             tracemalloc.stop()
         assert grown < 64 * 1024, (call, grown)
     os.close(descriptor)
+
+
+_PROPERTY_NAMES = st.sampled_from(["traceparent", "origin", "", "KEYS", "UNIQ_KEY", "a\x01b", "é"])
+_PROPERTY_VALUES = st.sampled_from(["00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", "x", "", "a\x02b", "é" * 3, "v" * 20_000])
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.sampled_from(_SCREEN_LIMITS),
+    st.lists(st.dictionaries(_PROPERTY_NAMES, _PROPERTY_VALUES, max_size=3), min_size=1, max_size=5),
+    st.booleans(),
+)
+def test_the_batch_screen_passes_properties_only_when_every_message_is_valid(  # type: ignore[no-untyped-def]
+    limits: validate.Limits, properties, shared: bool
+) -> None:
+    """A batch with user properties is screened (no message-by-message check) only when
+    each message would pass validate_message; a mapping shared by many messages (as a
+    producer's trace context is) is screened once."""
+    if shared:
+        properties = [properties[0]] * len(properties)
+    batch = validate.MessageBatch.of(
+        [validate.MessageInput("TopicA", b"x", keys=("k",), tags="t", properties=p) for p in properties]
+    )
+    valid = True
+    for i in range(batch.message_count):
+        try:
+            validate.validate_message(batch.message(i), limits)
+        except InvalidArgument:
+            valid = False
+    compiled, python = _screens(batch, limits)
+    assert compiled == python
+    if compiled:
+        assert valid
+    plain = all(p and "KEYS" not in p and "UNIQ_KEY" not in p and "" not in p for p in properties)
+    # (The second limits leave TAGS no room beside any user property: never screened.)
+    if limits is _SCREEN_LIMITS[0] and valid and plain and all(v in ("x", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01") for p in properties for v in p.values()):
+        assert compiled  # small, plain properties take the screen's path

@@ -53,7 +53,10 @@ def test_spans_continue_the_callers_trace(tmp_path: Path) -> None:
         span = spans[name]
         assert span.context.trace_id == TRACE_ID, name
         assert span.parent is not None and span.parent.span_id == server.context.span_id, name
-    assert spans["rmqstore.append"].attributes["rmqstore.messages"] == 1
+    append = spans["rmqstore.append"].attributes
+    assert append["messaging.system"] == "rocketmq" and append["messaging.destination.name"] == "Traced"
+    assert len(append["messaging.message.id"]) == 32
+    assert spans["rmqstore.flush"].attributes["rmqstore.flush.bytes"] == node.writer.log.write_offset
     assert server.status.status_code != trace.StatusCode.ERROR
 
 
@@ -77,7 +80,7 @@ def test_query_lookups_get_their_own_spans(tmp_path: Path) -> None:
     server = spans["/rmqstore.v1.QueryService/QueryByKey"]
     lookup = spans["rmqstore.lookup.key"]
     assert lookup.parent is not None and lookup.parent.span_id == server.context.span_id
-    assert lookup.attributes["rmqstore.topic"] == "TopicTest" and lookup.attributes["rmqstore.results"] == 3
+    assert lookup.attributes["messaging.destination.name"] == "TopicTest" and lookup.attributes["rmqstore.results"] == 3
 
 
 def test_tracing_is_off_unless_asked() -> None:
@@ -233,3 +236,82 @@ def test_streaming_calls_work_and_are_traced_with_a_tracer_provider(tmp_path: Pa
         node.close()
     names = {span.name for span in exporter.get_finished_spans()}
     assert {"/rmqstore.v1.WriterService/SendStream", "/rmqstore.v1.QueryService/StreamByTime"} <= names
+
+
+def test_every_sync_request_reaches_the_flush_that_acknowledged_it(tmp_path: Path) -> None:
+    """Under SYNC one fsync acknowledges every request appended before it: its span is the
+    first one's child and links to the others, so each request's trace has its fsync."""
+    import threading
+
+    exporter = sdk_exporter()
+    node = start_node(tmp_path / "store", flush=FlushPolicy.SYNC)
+    threads_count, sends_each = 6, 5
+    first_trace = TRACE_ID + 100
+
+    def sender(thread: int) -> None:
+        for n in range(sends_each):
+            trace_id = first_trace + thread * sends_each + n
+            node.stub.Send(
+                writer_pb2.SendRequest(message=messages_pb2.Message(topic="Grouped", body=b"x")),
+                metadata=(("traceparent", f"00-{trace_id:032x}-{PARENT_SPAN_ID:016x}-01"),),
+                timeout=30,
+            )
+
+    try:
+        threads = [threading.Thread(target=sender, args=(t,)) for t in range(threads_count)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=60)
+    finally:
+        node.close()
+    sent = set(range(first_trace, first_trace + threads_count * sends_each))
+    flushes = [s for s in exporter.get_finished_spans() if s.name == "rmqstore.flush" and s.context.trace_id in sent]
+    reached = {s.context.trace_id for s in flushes} | {link.context.trace_id for s in flushes for link in s.links}
+    assert reached == sent
+    # A request whose bytes an earlier fsync synced (it ran while they were written) has a
+    # span with 0 bytes; every other flush synced some.
+    assert all(s.attributes["rmqstore.flush.bytes"] >= 0 for s in flushes) and any(s.attributes["rmqstore.flush.bytes"] > 0 for s in flushes)
+
+
+def test_a_messages_traceparent_becomes_a_link_and_a_bad_one_links_nothing() -> None:
+    from rmqstore.common.tracing import LINKS_MAX, link_from_properties, links_from_messages
+
+    good = f"00-{TRACE_ID:032x}-{PARENT_SPAN_ID:016x}-01"
+    link = link_from_properties({"traceparent": good, "KEYS": "k"})
+    assert link is not None
+    assert (link.context.trace_id, link.context.span_id, link.context.is_remote, int(link.context.trace_flags)) == (
+        TRACE_ID, PARENT_SPAN_ID, True, 1,
+    )  # fmt: skip
+    # Random-trace-id flag (0x02) and a future version's extra fields are read too.
+    assert link_from_properties({"traceparent": good[:-2] + "03"}) is not None
+    assert link_from_properties({"traceparent": "01" + good[2:] + "-future"}) is not None
+    for bad in (
+        "", "garbage", good + "-extra", "ff" + good[2:], good.upper(), good.replace("-01", "-zz"),
+        f"00-{0:032x}-{PARENT_SPAN_ID:016x}-01", f"00-{TRACE_ID:032x}-{0:016x}-01", good[:-1],
+    ):  # fmt: skip
+        assert link_from_properties({"traceparent": bad}) is None, bad
+    assert link_from_properties({}) is None
+    other = f"00-{TRACE_ID + 1:032x}-{PARENT_SPAN_ID:016x}-01"
+    links = links_from_messages([{"traceparent": good}, {}, {"traceparent": "bad"}, {"traceparent": other}, {"traceparent": good}])
+    assert [lk.context.trace_id for lk in links] == [TRACE_ID, TRACE_ID + 1]
+    many = [{"traceparent": f"00-{TRACE_ID + n:032x}-{PARENT_SPAN_ID:016x}-01"} for n in range(LINKS_MAX + 10)]
+    assert len(links_from_messages(many)) == LINKS_MAX
+
+
+def test_a_flush_call_fsyncs_in_its_own_trace(tmp_path: Path) -> None:
+    exporter = sdk_exporter()
+    node = start_node(tmp_path / "store", flush=FlushPolicy.ASYNC)  # no periodic flush here
+    trace_id = TRACE_ID + 7
+    try:
+        node.stub.Send(writer_pb2.SendRequest(message=messages_pb2.Message(topic="Flushed", body=b"x")))
+        node.stub.Flush(
+            writer_pb2.FlushRequest(), metadata=(("traceparent", f"00-{trace_id:032x}-{PARENT_SPAN_ID:016x}-01"),), timeout=30
+        )
+        written = node.writer.log.write_offset
+    finally:
+        node.close()
+    spans = {span.name: span for span in exporter.get_finished_spans() if span.context.trace_id == trace_id}
+    server, flush = spans["/rmqstore.v1.WriterService/Flush"], spans["rmqstore.flush"]
+    assert flush.parent is not None and flush.parent.span_id == server.context.span_id
+    assert flush.attributes["rmqstore.flush.bytes"] == written

@@ -20,11 +20,13 @@ import logging
 import time
 import zlib
 from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import grpc
 from google.protobuf import duration_pb2, timestamp_pb2
+from opentelemetry import trace
 
 from rmqstore.common.codec import properties as props
 from rmqstore.common.codec.hosts import SocketAddress
@@ -33,6 +35,18 @@ from rmqstore.common.codec.record import PROPERTIES_LENGTH_MAX, Record
 from rmqstore.common.codec.topic import NOT_ALLOWED_SEND_TOPICS, topic_problem
 from rmqstore.common.errors import InvalidArgument, NotFound, StoreError, StoreFull
 from rmqstore.common.files.consumequeue import Boundary
+from rmqstore.common.tracing import (
+    MESSAGING_BATCH_MESSAGE_COUNT,
+    MESSAGING_CONSUMER_GROUP_NAME,
+    MESSAGING_DESTINATION_NAME,
+    MESSAGING_OPERATION_TYPE,
+    MESSAGING_SYSTEM,
+    ROCKETMQ,
+    TRACEPARENT,
+    leaf_span,
+    links_from_messages,
+    tracing_on,
+)
 from rmqstore.rocketmq_v2 import definition_pb2 as v2
 from rmqstore.rocketmq_v2 import service_pb2 as v2s
 from rmqstore.rocketmq_v2 import service_pb2_grpc
@@ -98,6 +112,7 @@ RECONSUME_TIMES = "RECONSUME_TIME"
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
+_TRACER = trace.get_tracer(__name__)
 
 
 class V2Refusal(Exception):
@@ -288,6 +303,10 @@ class MessageReader:
         self._check_properties(properties)
         if group:
             properties[SHARDING_KEY] = group
+        if system.trace_context and not _has_separator(system.trace_context):
+            # The producer's trace context, kept as an ordinary property: the writer's
+            # dispatch span links to it, and so can a consumer's receive span.
+            properties.setdefault(TRACEPARENT, system.trace_context)
         if _properties_may_overflow(properties, keys, tag) and _properties_size(properties, keys, tag) > PROPERTIES_LENGTH_MAX:
             raise V2Refusal(
                 v2.MESSAGE_PROPERTIES_TOO_LARGE, f"the properties take more than the {PROPERTIES_LENGTH_MAX} bytes a record holds"
@@ -467,6 +486,22 @@ class Wakeup:
         finally:
             if waiter in self._waiters:
                 self._waiters.remove(waiter)
+
+
+def _receive_span(group: str, handed: list[Handed]) -> AbstractContextManager[Any]:
+    """The span of a receive that hands out messages, linked to the trace contexts their
+    producers stored with them, so one trace runs from a producer through the writer to
+    the consumer; nothing while tracing is off."""
+    if not tracing_on():
+        return nullcontext()
+    attributes = {
+        MESSAGING_SYSTEM: ROCKETMQ,
+        MESSAGING_OPERATION_TYPE: "receive",
+        MESSAGING_DESTINATION_NAME: handed[0].record.topic,
+        MESSAGING_CONSUMER_GROUP_NAME: group,
+        MESSAGING_BATCH_MESSAGE_COUNT: len(handed),
+    }
+    return leaf_span(_TRACER, "rmqstore.receive", attributes, links_from_messages(one.record.properties for one in handed))
 
 
 class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
@@ -738,13 +773,15 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
                 status=v2.Status(code=v2.MESSAGE_NOT_FOUND, message="no new message")
             )
             return
+        resource = request.message_queue.topic
+        with _receive_span(request.group.name, handed):
+            messages = [self._message(one, resource) for one in handed]
         yield v2s.ReceiveMessageResponse(status=ok_status())
         # When the batch left the server: the clients measure their receive latency from
         # it (the Python push consumer fails every message of a batch without it).
         yield v2s.ReceiveMessageResponse(delivery_timestamp=_timestamp(_now_ms()))
-        resource = request.message_queue.topic
-        for one in handed:
-            yield v2s.ReceiveMessageResponse(message=self._message(one, resource))
+        for message in messages:
+            yield v2s.ReceiveMessageResponse(message=message)
 
     async def _receive(self, request: v2s.ReceiveMessageRequest, context: grpc.aio.ServicerContext) -> list[Handed]:
         group = check_group(request.group.name)
@@ -826,6 +863,10 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         else:
             system.message_type = v2.NORMAL
         properties.pop(props.UNIQ_KEY, None)
+        # The producer's trace context goes back where the RocketMQ 5 clients read it.
+        trace_context = properties.pop(TRACEPARENT, "")
+        if trace_context:
+            system.trace_context = trace_context
         return v2.Message(
             topic=resource, user_properties=properties, system_properties=system, body=record.body
         )

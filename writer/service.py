@@ -13,10 +13,12 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any, NamedTuple, TypeVar
 
 import grpc
+from opentelemetry import trace
 
 from rmqstore.common.codec.hosts import SocketAddress
 from rmqstore.common.codec.msgid import MSG_ID_OFFSET_DIGITS, offset_msg_ids
 from rmqstore.common.errors import InvalidArgument, StoreError, invariant
+from rmqstore.common.tracing import LINKS_MAX, tracing_on
 from rmqstore.service.acl import may_see_paths
 from rmqstore.service.errors import abort_with_async, mapped_async
 from rmqstore.service.metrics import WriterMetrics
@@ -152,6 +154,19 @@ class _Pending:
         self.started = time.perf_counter()
 
 
+def _request_links(waiting: list[tuple[_Pending, Any]]) -> list[trace.Link]:
+    """Links to the spans of the requests ``waiting`` (the ones in a trace), at most
+    :data:`LINKS_MAX`."""
+    links = []
+    for pending, _ in waiting:
+        context = pending.context.run(trace.get_current_span).get_span_context()
+        if context.is_valid:
+            links.append(trace.Link(context))
+            if len(links) >= LINKS_MAX:
+                break
+    return links
+
+
 class _Stored(NamedTuple):
     """A request appended, its response made, waiting to be acknowledged."""
 
@@ -273,8 +288,13 @@ class GroupAppender:
                 waiting, self._unflushed = self._unflushed, []
             if any(isinstance(outcome, _Stored) for _, outcome in waiting):
                 try:
-                    # Every request here was appended before this fsync began.
-                    waiting[0][0].context.run(self.writer.flush)
+                    # Every request here was appended before this fsync began. Its span
+                    # is the first request's child, linked to the others it acknowledges.
+                    links = _request_links(waiting[1:]) if tracing_on() else []
+                    if links:
+                        waiting[0][0].context.run(self.writer.flush, links)
+                    else:
+                        waiting[0][0].context.run(self.writer.flush)
                 except BaseException as error:
                     # Not known to be stored: nobody is acknowledged.
                     waiting = [(p, error if isinstance(o, _Stored) else o) for p, o in waiting]
@@ -347,7 +367,8 @@ class WriterServicer(writer_pb2_grpc.WriterServiceServicer):
 
     @staticmethod
     async def _blocking(call: Callable[[], T]) -> T:
-        return await asyncio.get_running_loop().run_in_executor(None, call)
+        # In the caller's context: the call's spans (a Flush's fsync) stay in its trace.
+        return await asyncio.get_running_loop().run_in_executor(None, contextvars.copy_context().run, call)
 
     @mapped_async
     async def Send(self, request: writer_pb2.SendRequest, context: grpc.aio.ServicerContext) -> writer_pb2.SendResponse:

@@ -18,7 +18,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple, TypedDict, overload
+from typing import Any, NamedTuple, TypedDict, overload
 
 from opentelemetry import trace
 
@@ -48,7 +48,17 @@ from rmqstore.common.files.mapped import fsync_directory, makedirs_durable
 from rmqstore.common.files.progress import ProgressPublisher
 from rmqstore.common.files.scan import ColumnScan
 from rmqstore.common.files.store import Dispatcher, StorePaths, geometry_of
-from rmqstore.common.tracing import span
+from rmqstore.common.tracing import (
+    MESSAGING_BATCH_MESSAGE_COUNT,
+    MESSAGING_DESTINATION_NAME,
+    MESSAGING_MESSAGE_ID,
+    MESSAGING_SYSTEM,
+    ROCKETMQ,
+    leaf_span,
+    links_from_messages,
+    span,
+    tracing_on,
+)
 from rmqstore.writer.background import PeriodicTask
 from rmqstore.writer.config import FlushPolicy, WriterConfig
 from rmqstore.writer.ids import UniqKeyGenerator
@@ -252,6 +262,20 @@ def _abort_boot_id(path: str) -> str:
             return handle.read(64).decode("ascii", "replace").strip()
     except OSError:
         return ""
+
+
+def _messaging_attributes(batch: MessageBatch) -> dict[str, Any]:
+    """The append span's messaging attributes: the topic when the batch has one, the count
+    when it has more than one message. Few on purpose: the SDK checks every attribute
+    value, a cost paid per group of requests (the client's span has a message's keys and
+    tag)."""
+    attributes: dict[str, Any] = {MESSAGING_SYSTEM: ROCKETMQ}
+    topics = batch.topics
+    if len(topics) == 1 or len(set(topics)) == 1:
+        attributes[MESSAGING_DESTINATION_NAME] = topics[0]
+    if batch.message_count != 1:
+        attributes[MESSAGING_BATCH_MESSAGE_COUNT] = batch.message_count
+    return attributes
 
 
 def _describe(error: BaseException) -> str:
@@ -609,11 +633,16 @@ class Writer:
             _default_born_hosts(combined.born_hosts, requests, self.store_host)
             batch, peer = combined, None
         assert batch is not None
-        with span(_TRACER, "rmqstore.append") as current:
-            current.set_attribute("rmqstore.messages", batch.message_count)
+        traced = tracing_on()
+        with leaf_span(_TRACER, "rmqstore.append", _messaging_attributes(batch) if traced else None) as current:
             plans, results = self._append_batch(batch, peer)
+            if traced and batch.message_count == 1:
+                current.set_attribute(MESSAGING_MESSAGE_ID, results.uniq_keys[0])
         try:
-            with span(_TRACER, "rmqstore.dispatch"):
+            # Linked to each message's producer (its traceparent property): a batch holds
+            # the messages of many producers, none of them this span's parent. No
+            # attributes: the append span beside it has them.
+            with leaf_span(_TRACER, "rmqstore.dispatch", links=links_from_messages(batch.properties) if traced else None):
                 self.dispatcher.dispatch_batch(plans)
         except Exception as error:
             # The commit log is the truth: the records stay, and their dispatch is
@@ -800,18 +829,34 @@ class Writer:
 
     # Flushing
 
-    def flush(self) -> int:
+    def flush(self, links: list[trace.Link] | None = None) -> int:
         """fsync the commit log up to what is written, then the queues and index, and
-        publish the durable offset. Returns the flushed commit log offset."""
+        publish the durable offset. Returns the flushed commit log offset. A flush with
+        bytes to sync has a span (in the caller's trace, ``links`` naming the other
+        requests it acknowledges); one with none has no span."""
         with self._append_lock:
             target = self.log.write_offset or 0
             start = self.flushed_offset
-        with span(_TRACER, "rmqstore.flush") as current:
-            current.set_attribute("rmqstore.flush.bytes", max(target - start, 0))
-            started = time.perf_counter()
+        if target <= start and not (links or (tracing_on() and trace.get_current_span().get_span_context().is_valid)):
+            # Nothing new to fsync and nobody waiting in a trace: no span (an idle writer
+            # under ASYNC flushes twice a second, and a root span for each would bury the
+            # traces that matter). A request waiting for this flush still gets its span,
+            # with 0 bytes: an earlier fsync, which ran as its bytes were written, synced
+            # them, and its trace shows that the wait ended here.
+            began = time.perf_counter()
             self.log.flush_range(start, target)
             if self.flush_observer is not None:
-                self.flush_observer(max(target - start, 0), time.perf_counter() - started)
+                self.flush_observer(max(target - start, 0), time.perf_counter() - began)
+        else:
+            with span(_TRACER, "rmqstore.flush", links=links) as current:
+                began = time.perf_counter()
+                self.log.flush_range(start, target)
+                took = time.perf_counter() - began
+                if self.flush_observer is not None:
+                    self.flush_observer(max(target - start, 0), took)
+                if current.is_recording():
+                    current.set_attribute("rmqstore.flush.bytes", max(target - start, 0))
+                    current.set_attribute("rmqstore.flush.fsync_ms", round(took * 1000, 3))
         with self._flushed_lock:
             self.flushed_offset = max(self.flushed_offset, target)
         return target

@@ -1,0 +1,178 @@
+"""What tracing costs: ``rmqstore send --file`` against a fresh ASYNC writer with tracing
+off (no ``OTEL_*`` variable) and on (both the command and the writer exporting over OTLP
+to a receiver in this process, on 127.0.0.1, the default sampler), alternating, ROUNDS
+times, at one message a request (``--batch-size 1``) and at 1,000.
+
+The figures are ratios of medians measured in the same run: the command's wall time from
+its start to its exit, traced over untraced (targets: at most 1.15 at one message a
+request, 1.05 at 1,000), and the writer's CPU time (user + system) for the same sends.
+
+    python benchmarks/tracing_bench.py [--messages N] [--rounds R] [--out benchmarks/TRACING.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from concurrent import futures
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+sys.path.insert(0, str(HERE))
+
+from bench_common import Nodes, load_average, machine_facts, quiet_env  # noqa: E402
+
+TARGETS = {1: 1.15, 1000: 1.05}
+TIMEOUT_S = 3600.0
+
+
+class Receiver:
+    """An OTLP/gRPC receiver that counts the spans it is sent and keeps nothing else."""
+
+    def __init__(self) -> None:
+        import grpc
+        from opentelemetry.proto.collector.metrics.v1 import (
+            metrics_service_pb2,
+            metrics_service_pb2_grpc,
+        )
+        from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
+
+        receiver = self
+        self.spans = 0
+        self.lock = threading.Lock()
+
+        class Traces(trace_service_pb2_grpc.TraceServiceServicer):  # type: ignore[misc]
+            def Export(self, request: Any, context: Any) -> Any:
+                with receiver.lock:
+                    receiver.spans += sum(len(scope.spans) for rs in request.resource_spans for scope in rs.scope_spans)
+                return trace_service_pb2.ExportTraceServiceResponse()
+
+        class Metrics(metrics_service_pb2_grpc.MetricsServiceServicer):  # type: ignore[misc]
+            def Export(self, request: Any, context: Any) -> Any:
+                return metrics_service_pb2.ExportMetricsServiceResponse()
+
+        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+        trace_service_pb2_grpc.add_TraceServiceServicer_to_server(Traces(), self.server)
+        metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(Metrics(), self.server)
+        self.port = self.server.add_insecure_port("127.0.0.1:0")
+        self.server.start()
+
+    def env(self) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+        env.update(
+            OTEL_EXPORTER_OTLP_ENDPOINT=f"http://127.0.0.1:{self.port}",
+            OTEL_EXPORTER_OTLP_INSECURE="true",
+            # Traces only: the metrics' cost is not this measure's.
+            OTEL_METRICS_EXPORTER="none",
+        )
+        return env
+
+
+def write_messages(path: Path, count: int) -> None:
+    with open(path, "w", encoding="utf-8") as handle:
+        handle.writelines(
+            json.dumps({"topic": f"Traced{i % 4}", "body": f"message {i:08d} " + "x" * 100, "keys": [f"k{i}"], "tags": "T"}) + "\n"
+            for i in range(count)
+        )
+
+
+def cpu_seconds(pid: int) -> float:
+    with open(f"/proc/{pid}/stat", encoding="ascii") as handle:
+        fields = handle.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def one_run(work: Path, jsonl: Path, batch: int, env: dict[str, str]) -> dict[str, float]:
+    store = work / f"store-{time.monotonic_ns()}"
+    with Nodes(work / "logs") as nodes:
+        writer = nodes.start("writer", store, "--flush", "async", env=env)
+        command = [sys.executable, "-m", "rmqstore.cli.main", "send", "--endpoint", writer.endpoint,
+                   "--file", str(jsonl), "--acks", "none", "--batch-size", str(batch)]  # fmt: skip
+        cpu_before = cpu_seconds(writer.proc.pid)
+        started = time.perf_counter()
+        done = subprocess.run(command, env=env, capture_output=True, timeout=TIMEOUT_S, check=False)
+        seconds = time.perf_counter() - started
+        cpu = cpu_seconds(writer.proc.pid) - cpu_before
+        writer.stop()
+    # Each store preallocates its files (a GiB and more): one at a time on the disk.
+    shutil.rmtree(store, ignore_errors=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"rmqstore send failed ({done.returncode}): {done.stderr.decode(errors='replace')}")
+    return {"seconds": seconds, "writer_cpu_s": cpu}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--messages", type=int, default=100_000)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--batches", type=int, nargs="+", default=[1, 1000])
+    parser.add_argument("--out", type=Path, default=HERE / "TRACING.md")
+    args = parser.parse_args()
+    command = "python benchmarks/tracing_bench.py " + " ".join(sys.argv[1:])
+    receiver = Receiver()
+    results: dict[str, Any] = {"command": command.strip(), "messages": args.messages, "rounds": args.rounds, "batches": {}}
+    try:
+        with tempfile.TemporaryDirectory(prefix="tracing-bench-") as temp:
+            work = Path(temp)
+            jsonl = work / "messages.jsonl"
+            write_messages(jsonl, args.messages)
+            for batch in args.batches:
+                runs: dict[str, list[dict[str, float]]] = {"off": [], "on": []}
+                for _ in range(args.rounds):
+                    runs["off"].append(one_run(work, jsonl, batch, quiet_env()))
+                    runs["on"].append(one_run(work, jsonl, batch, receiver.env()))
+                off = {k: statistics.median(r[k] for r in runs["off"]) for k in ("seconds", "writer_cpu_s")}
+                on = {k: statistics.median(r[k] for r in runs["on"]) for k in ("seconds", "writer_cpu_s")}
+                wall = on["seconds"] / off["seconds"]
+                results["batches"][str(batch)] = {
+                    "off": off, "on": on, "runs": runs,
+                    "wall_ratio": round(wall, 3),
+                    "writer_cpu_ratio": round(on["writer_cpu_s"] / off["writer_cpu_s"], 3) if off["writer_cpu_s"] else None,
+                    "target": TARGETS.get(batch),
+                    "met": None if batch not in TARGETS else wall <= TARGETS[batch],
+                }  # fmt: skip
+            # Every traced run's spans reached the receiver (a few are in flight at most).
+            results["spans_received"] = receiver.spans
+    finally:
+        receiver.server.stop(None)
+    results["machine"] = machine_facts(REPO)
+    results["load_average"] = load_average()
+    args.out.write_text(report(results), encoding="utf-8")
+    print(json.dumps({k: v for k, v in results.items() if k != "machine"}, default=str))
+
+
+def report(results: dict[str, Any]) -> str:
+    lines = [
+        "# What tracing costs",
+        "",
+        f"Measured by `{results['command']}`: {results['messages']:,} messages sent with `rmqstore send --file`",
+        f"to a fresh ASYNC writer, tracing off and on alternating, {results['rounds']} rounds each; medians.",
+        "Traced means the command and the writer both export over OTLP (default sampler) to a receiver",
+        "on 127.0.0.1. Wall time is the command's, from its start to its exit.",
+        "",
+        "| messages a request | wall off (s) | wall on (s) | wall on/off | target | met | writer CPU on/off |",
+        "|---:|---:|---:|---:|---:|:---:|---:|",
+    ]
+    for batch, figures in results["batches"].items():
+        target = figures["target"]
+        lines.append(
+            f"| {int(batch):,} | {figures['off']['seconds']:.3f} | {figures['on']['seconds']:.3f} | {figures['wall_ratio']:.3f} | "
+            f"{'' if target is None else f'≤ {target}'} | {'' if figures['met'] is None else ('yes' if figures['met'] else 'no')} | "
+            f"{figures['writer_cpu_ratio']} |"
+        )
+    lines += ["", f"Spans received: {results['spans_received']:,}. Load average at the end: {results['load_average']}.", ""]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()

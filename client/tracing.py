@@ -1,0 +1,295 @@
+"""The client's spans and the W3C trace context it sends, when the standard ``OTEL_*``
+variables ask for tracing (as the nodes read them, :mod:`rmqstore.service.telemetry`), or
+when the program using the client installed an SDK tracer provider of its own.
+
+* A send is a PRODUCER span ``send <topic>`` with the messaging and RPC attributes; its
+  context travels in the call's metadata (the node's server span is its child) and in each
+  message's ``traceparent`` property (the writer's dispatch span, and a consumer, link to
+  it). ``send --file`` is one such span for the file and a CLIENT span per batch.
+* Every other call (the lookups, topic and flush calls) is a CLIENT span named by its
+  method, with the lookup's topic and result count.
+
+Nothing here imports OpenTelemetry until :func:`enabled` finds tracing asked for."""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import sys
+from collections.abc import Iterator, MutableMapping, Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+import grpc
+
+from rmqstore.common.errors import InvalidArgument
+
+if TYPE_CHECKING:
+    from opentelemetry import trace
+
+SERVICE_NAME = "rmqstore-client"
+TRACER_NAME = "rmqstore.client"
+TRACEPARENT = "traceparent"  # rmqstore.common.tracing.TRACEPARENT, without importing the API
+
+# The writer's calls that store messages: traced as PRODUCER spans by the calls themselves.
+SEND_METHODS = frozenset(f"/rmqstore.v1.WriterService/{name}" for name in ("Send", "SendBatch", "SendStream"))
+
+# A command exports its spans as it exits: an unreachable collector may delay its exit by
+# this much at most (the SDK's default is 10 s of retries).
+EXPORT_TIMEOUT_S = 2.0
+
+_enabled: bool | None = None
+
+
+def enabled() -> bool:
+    """Whether calls are traced: an SDK tracer provider is installed (by the program) or
+    the environment asks for one (installed here, once)."""
+    global _enabled
+    if _enabled is None:
+        _enabled = _decide()
+    return _enabled
+
+
+def _decide() -> bool:
+    if "opentelemetry.trace" in sys.modules:
+        from rmqstore.common.tracing import tracing_on
+
+        if tracing_on():
+            return True
+    from rmqstore.service.telemetry import configure_tracing, tracing_requested
+
+    if tracing_requested() is None:
+        return False
+    try:
+        return configure_tracing(SERVICE_NAME, EXPORT_TIMEOUT_S)
+    except ValueError as error:
+        raise InvalidArgument(str(error)) from None
+
+
+def _tracer() -> trace.Tracer:
+    from opentelemetry import trace
+
+    return trace.get_tracer(TRACER_NAME)
+
+
+def _server_attributes(endpoint: str, method_path: str) -> dict[str, Any]:
+    """The RPC conventions' attributes of a call, as OpenTelemetry's gRPC instrumentation
+    names them, and the server's address."""
+    service, _, method = method_path.lstrip("/").partition("/")
+    attributes: dict[str, Any] = {"rpc.system": "grpc", "rpc.service": service, "rpc.method": method}
+    host, _, port = endpoint.rpartition(":")
+    if host and port.isdigit():
+        attributes["server.address"] = host.strip("[]")
+        attributes["server.port"] = int(port)
+    return attributes
+
+
+def _messaging_attributes(topics: Sequence[str]) -> dict[str, Any]:
+    from rmqstore.common import tracing as conventions
+
+    attributes: dict[str, Any] = {
+        conventions.MESSAGING_SYSTEM: conventions.ROCKETMQ,
+        conventions.MESSAGING_OPERATION_TYPE: "send",
+        conventions.MESSAGING_OPERATION_NAME: "send",
+    }
+    distinct = set(topics)
+    if len(distinct) == 1:
+        attributes[conventions.MESSAGING_DESTINATION_NAME] = topics[0]
+    if len(topics) != 1:
+        attributes[conventions.MESSAGING_BATCH_MESSAGE_COUNT] = len(topics)
+    return attributes
+
+
+def describe_file(span: trace.Span, topics: Sequence[str]) -> None:
+    """The messaging attributes and name of ``send --file``'s span, once the file is read."""
+    span.set_attributes(_messaging_attributes(topics))
+    span.update_name(_span_name(topics))
+
+
+def _span_name(topics: Sequence[str]) -> str:
+    return f"send {topics[0]}" if len(set(topics)) == 1 else "send"
+
+
+@contextlib.contextmanager
+def producer_span(
+    endpoint: str, method: str, topics: Sequence[str], keys: Sequence[str] = (), tag: str = ""
+) -> Iterator[trace.Span | None]:
+    """A PRODUCER span ``send <topic>`` around a send of ``topics``' messages (with a
+    single message's ``keys`` and ``tag``), current while the block runs; None (and no
+    cost) when tracing is off."""
+    if not enabled():
+        yield None
+        return
+    from opentelemetry import trace
+
+    from rmqstore.common import tracing as conventions
+
+    attributes = _messaging_attributes(topics)
+    if keys:
+        attributes[conventions.MESSAGING_ROCKETMQ_KEYS] = list(keys)
+    if tag:
+        attributes[conventions.MESSAGING_ROCKETMQ_TAG] = tag
+    attributes.update(_server_attributes(endpoint, f"/rmqstore.v1.WriterService/{method}"))
+    with _tracer().start_as_current_span(_span_name(topics), kind=trace.SpanKind.PRODUCER, attributes=attributes) as span:
+        try:
+            yield span
+        except grpc.RpcError as error:
+            failed(span, error)
+            raise
+
+
+def succeeded(span: trace.Span) -> None:
+    span.set_attribute("rpc.grpc.status_code", grpc.StatusCode.OK.value[0])
+
+
+def failed(span: trace.Span, error: grpc.RpcError) -> None:
+    from opentelemetry.trace import Status, StatusCode
+
+    code = error.code() if isinstance(error, grpc.Call) else grpc.StatusCode.UNKNOWN
+    span.set_attribute("rpc.grpc.status_code", code.value[0])
+    span.set_attribute("error.type", code.name)
+    span.set_status(Status(StatusCode.ERROR, f"{code.name}: {error.details() if isinstance(error, grpc.Call) else error}"))
+
+
+def traceparent(span: trace.Span) -> str:
+    from rmqstore.common.tracing import traceparent_of
+
+    return traceparent_of(span.get_span_context())
+
+
+def stamp(messages: Any, span: trace.Span) -> None:
+    """Give each message that has none a ``traceparent`` property naming ``span``."""
+    value = traceparent(span)
+    for message in messages:
+        if TRACEPARENT not in message.properties:
+            message.properties[TRACEPARENT] = value
+
+
+def stamped(properties: list[dict[str, str] | None], value: str) -> list[dict[str, str] | None]:
+    """``send --file``'s properties column with a ``traceparent`` in each message that has
+    none (a message's own is kept): the messages without properties share one dict."""
+    shared = {TRACEPARENT: value}
+    return [shared if not each else (each if TRACEPARENT in each else {**each, TRACEPARENT: value}) for each in properties]
+
+
+def metadata(span: trace.Span | None) -> tuple[tuple[str, str], ...] | None:
+    """The call metadata carrying the current context (``traceparent``, and whatever else
+    the configured propagators add), or None without a span."""
+    if span is None:
+        return None
+    from opentelemetry import propagate
+
+    carrier: dict[str, str] = {}
+    propagate.inject(carrier)
+    return tuple(carrier.items())
+
+
+def acknowledged(span: trace.Span, uniq_key: str) -> None:
+    from rmqstore.common.tracing import MESSAGING_MESSAGE_ID
+
+    span.set_attribute(MESSAGING_MESSAGE_ID, uniq_key)
+
+
+class BatchSpans:
+    """``send --file``'s span per batch on its stream: each batch's CLIENT span starts as
+    its request is handed to gRPC and ends with its ack (the stream answers in order)."""
+
+    def __init__(self, parent: trace.Span):
+        from opentelemetry import trace
+
+        self._context = trace.set_span_in_context(parent)
+        self._kind = trace.SpanKind.CLIENT
+        self._open: collections.deque[trace.Span] = collections.deque()
+
+    def requests(self, requests: Sequence[bytes], topics: Sequence[str], batch_sizes: Sequence[int]) -> Iterator[bytes]:
+        """``requests`` as gRPC takes them, each starting its batch's span; ``topics`` has
+        each message's topic, ``batch_sizes`` each request's message count."""
+        tracer = _tracer()
+        start = 0
+        for request, size in zip(requests, batch_sizes):
+            batch = topics[start : start + size]
+            start += size
+            self._open.append(
+                tracer.start_span(_span_name(batch), self._context, self._kind, attributes=_messaging_attributes(batch))
+            )
+            yield request
+
+    def acked(self) -> None:
+        self._open.popleft().end()
+
+    def close(self, error: BaseException | None = None) -> None:
+        """End the batches still unacknowledged (the stream failed or was interrupted)."""
+        while self._open:
+            span = self._open.popleft()
+            if isinstance(error, grpc.RpcError):
+                failed(span, error)
+            span.end()
+
+
+class _Details(NamedTuple):
+    method: str
+    timeout: float | None
+    metadata: Any
+    credentials: Any
+    wait_for_ready: Any
+    compression: Any
+
+
+class ClientSpans(grpc.UnaryUnaryClientInterceptor):  # type: ignore[misc]
+    """A CLIENT span around each unary call but the sends (their PRODUCER spans are the
+    calls' own), its context injected into the call's metadata."""
+
+    def __init__(self, endpoint: str):
+        self.endpoint = endpoint
+
+    def intercept_unary_unary(self, continuation: Any, client_call_details: Any, request: Any) -> Any:
+        method = client_call_details.method
+        if method in SEND_METHODS:
+            return continuation(client_call_details, request)
+        from opentelemetry import trace
+
+        from rmqstore.common import tracing as conventions
+
+        attributes = _server_attributes(self.endpoint, method)
+        topic = getattr(request, "topic", "")
+        if topic:
+            attributes[conventions.MESSAGING_SYSTEM] = conventions.ROCKETMQ
+            attributes[conventions.MESSAGING_DESTINATION_NAME] = topic
+        with _tracer().start_as_current_span(method.lstrip("/"), kind=trace.SpanKind.CLIENT, attributes=attributes) as span:
+            details = _Details(
+                method, client_call_details.timeout, _with_context(client_call_details.metadata),
+                client_call_details.credentials, client_call_details.wait_for_ready, client_call_details.compression,
+            )  # fmt: skip
+            outcome = continuation(details, request)
+            try:
+                response = outcome.result()
+            except grpc.RpcError as error:
+                failed(span, error)
+                return outcome
+            span.set_attribute("rpc.grpc.status_code", grpc.StatusCode.OK.value[0])
+            found = _result_count(response)
+            if found is not None:
+                span.set_attribute("rmqstore.results", found)
+            return outcome
+
+
+def _with_context(given: Any) -> list[tuple[str, str]]:
+    from opentelemetry import propagate
+
+    carrier: MutableMapping[str, str] = {}
+    propagate.inject(carrier)
+    return list(given or ()) + list(carrier.items())
+
+
+def _result_count(response: Any) -> int | None:
+    """How many messages a lookup's response holds, when it holds messages."""
+    descriptor = getattr(response, "DESCRIPTOR", None)
+    if descriptor is None:
+        return None
+    for name in ("messages", "records"):
+        if name in descriptor.fields_by_name:
+            return len(getattr(response, name))
+    if "message" in descriptor.fields_by_name:
+        return 1 if response.HasField("message") else 0
+    return None
+
+

@@ -1,0 +1,540 @@
+"""Traces end to end, as an operator gets them: a real OTLP gRPC receiver in this process
+(OpenTelemetry's collector services on 127.0.0.1, port 0), real writer and query processes
+and ``rmqstore`` commands run as processes with only ``OTEL_*`` variables set.
+
+* ``rmqstore send`` → the writer: one trace, CLI PRODUCER span → server span → append,
+  dispatch and (SYNC) flush, with the messaging attributes; the dispatch span links to
+  the context the message carries in its ``traceparent`` property;
+* ``rmqstore queryMsgByKey`` → a query node: CLI span → server span → lookup span with
+  topic and result count;
+* a message whose own ``traceparent`` property names another trace: kept as it is, and
+  the dispatch span links to that trace;
+* an idle writer under ASYNC exports no span in 10 s; its first periodic flush with bytes
+  is a root span of its own with byte count and fsync time.
+
+Every process listens on 127.0.0.1 and exports to the receiver there; every wait is
+bounded; every process is killed in teardown.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from concurrent import futures
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from google.protobuf import duration_pb2
+from opentelemetry.proto.collector.logs.v1 import logs_service_pb2, logs_service_pb2_grpc
+from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2, metrics_service_pb2_grpc
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
+from opentelemetry.proto.trace.v1 import trace_pb2
+
+SERVING_TIMEOUT_S = 30.0
+CLI_TIMEOUT_S = 60.0
+SPANS_WITHIN_S = 20.0
+STOP_TIMEOUT_S = 30.0
+IDLE_S = 10.0
+
+SERVER = trace_pb2.Span.SPAN_KIND_SERVER
+CLIENT = trace_pb2.Span.SPAN_KIND_CLIENT
+PRODUCER = trace_pb2.Span.SPAN_KIND_PRODUCER
+INTERNAL = trace_pb2.Span.SPAN_KIND_INTERNAL
+
+
+@dataclass
+class Span:
+    service: str
+    span: trace_pb2.Span
+
+    @property
+    def name(self) -> str:
+        return self.span.name
+
+    @property
+    def trace_id(self) -> bytes:
+        return self.span.trace_id
+
+    @property
+    def span_id(self) -> bytes:
+        return self.span.span_id
+
+    @property
+    def parent_id(self) -> bytes:
+        return self.span.parent_span_id
+
+    @property
+    def attributes(self) -> dict[str, Any]:
+        return {a.key: _value(a.value) for a in self.span.attributes}
+
+
+def _value(value: Any) -> Any:
+    kind = value.WhichOneof("value")
+    if kind == "array_value":
+        return [_value(v) for v in value.array_value.values]
+    return getattr(value, kind) if kind else None
+
+
+class Receiver(
+    trace_service_pb2_grpc.TraceServiceServicer,
+    metrics_service_pb2_grpc.MetricsServiceServicer,
+    logs_service_pb2_grpc.LogsServiceServicer,
+):
+    """An OTLP/gRPC receiver keeping every span and log record it is sent."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.spans: list[Span] = []
+        self.logs: list[tuple[str, Any]] = []
+        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+        trace_service_pb2_grpc.add_TraceServiceServicer_to_server(self, self.server)
+        metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(self, self.server)
+        logs_service_pb2_grpc.add_LogsServiceServicer_to_server(self, self.server)
+        self.port = self.server.add_insecure_port("127.0.0.1:0")
+        self.server.start()
+
+    def Export(self, request: Any, context: Any) -> Any:
+        if isinstance(request, trace_service_pb2.ExportTraceServiceRequest):
+            with self.lock:
+                for resource in request.resource_spans:
+                    service = _service_name(resource.resource)
+                    self.spans += [Span(service, s) for scope in resource.scope_spans for s in scope.spans]
+            return trace_service_pb2.ExportTraceServiceResponse()
+        if isinstance(request, logs_service_pb2.ExportLogsServiceRequest):
+            with self.lock:
+                for resource in request.resource_logs:
+                    service = _service_name(resource.resource)
+                    self.logs += [(service, r) for scope in resource.scope_logs for r in scope.log_records]
+            return logs_service_pb2.ExportLogsServiceResponse()
+        return metrics_service_pb2.ExportMetricsServiceResponse()
+
+    def snapshot(self) -> list[Span]:
+        with self.lock:
+            return list(self.spans)
+
+    def wait_for(self, names: set[str], within_s: float = SPANS_WITHIN_S) -> list[Span]:
+        deadline = time.monotonic() + within_s
+        while True:
+            spans = self.snapshot()
+            if names <= {s.name for s in spans}:
+                return spans
+            if time.monotonic() > deadline:
+                raise AssertionError(f"spans {sorted(names - {s.name for s in spans})} not exported within {within_s} s; got {sorted({s.name for s in spans})}")
+            time.sleep(0.1)
+
+    def env(self) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+        env.update(
+            OTEL_EXPORTER_OTLP_ENDPOINT=f"http://127.0.0.1:{self.port}",
+            OTEL_EXPORTER_OTLP_INSECURE="true",
+            # Export within a fifth of a second: the test waits for the spans.
+            OTEL_BSP_SCHEDULE_DELAY="200",
+            OTEL_METRIC_EXPORT_INTERVAL="60000",
+        )
+        return env
+
+
+def _service_name(resource: Any) -> str:
+    return next((a.value.string_value for a in resource.attributes if a.key == "service.name"), "")
+
+
+@pytest.fixture
+def receiver() -> Iterator[Receiver]:
+    started = Receiver()
+    yield started
+    started.server.stop(None)
+
+
+class Node:
+    """A ``rmqstore writer serve`` or ``query serve`` process exporting to the receiver."""
+
+    def __init__(self, kind: str, store: Path, env: dict[str, str], log: Path, *extra: str):
+        self.kind = kind
+        self.stderr = open(log, "wb")
+        self.log = log
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "rmqstore.cli.main", kind, "serve", "--store", str(store), "--host", "127.0.0.1", "--port", "0", *extra],
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=self.stderr, env=env,
+        )  # fmt: skip
+        self.lines: queue.Queue[bytes | None] = queue.Queue()
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+        line = self.lines.get(timeout=SERVING_TIMEOUT_S)
+        assert line is not None, f"{kind} exited: {log.read_text()[-3000:]}"
+        self.serving = json.loads(line)
+        assert self.serving["event"] == "serving", self.serving
+        self.endpoint = f"127.0.0.1:{self.serving['port']}"
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.put(line)
+        self.lines.put(None)
+
+    def stop(self) -> None:
+        """SIGTERM, and the clean exit that flushes the node's spans."""
+        self.proc.send_signal(signal.SIGTERM)
+        assert self.proc.wait(timeout=STOP_TIMEOUT_S) == 0, self.log.read_text()[-3000:]
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=STOP_TIMEOUT_S)
+        self.reader.join(timeout=STOP_TIMEOUT_S)
+        assert self.proc.stdout is not None
+        self.proc.stdout.close()
+        self.stderr.close()
+
+
+@pytest.fixture
+def started() -> Iterator[list[Node]]:
+    nodes: list[Node] = []
+    yield nodes
+    for node in nodes:
+        node.kill()
+
+
+def rmqstore(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    done = subprocess.run(
+        [sys.executable, "-m", "rmqstore.cli.main", *args], env=env, capture_output=True, text=True, timeout=CLI_TIMEOUT_S
+    )
+    assert done.returncode == 0, done.stderr
+    return done
+
+
+def one(spans: list[Span], name: str, **where: Any) -> Span:
+    found = [s for s in spans if s.name == name and all(getattr(s, k) == v for k, v in where.items())]
+    assert len(found) == 1, (name, where, [(s.name, s.service) for s in spans])
+    return found[0]
+
+
+def names(span: Span, traceparent: str) -> bool:
+    """Whether a sampled W3C ``traceparent`` value names ``span`` (the flags may carry the
+    random-trace-id bit besides the sampled one)."""
+    version, trace_hex, span_hex, flags = traceparent.split("-")
+    return (version, trace_hex, span_hex) == ("00", span.trace_id.hex(), span.span_id.hex()) and flags in ("01", "03")
+
+
+def test_send_and_lookup_are_one_trace_each(tmp_path: Path, receiver: Receiver, started: list[Node]) -> None:
+    env = receiver.env()
+    store = tmp_path / "store"
+    writer = Node("writer", store, env, tmp_path / "writer.log", "--flush", "sync")
+    started.append(writer)
+    query = Node("query", store, env, tmp_path / "query.log")
+    started.append(query)
+
+    sent = rmqstore(env, "send", "--endpoint", writer.endpoint, "-t", "Traced", "-k", "order-1 order-2", "--tags", "TagA", "--body", "hello")
+    [ack] = [json.loads(line) for line in sent.stdout.splitlines()]
+    spans = receiver.wait_for({"send Traced", "/rmqstore.v1.WriterService/SendStream", "rmqstore.append", "rmqstore.dispatch", "rmqstore.flush"})
+    client = one(spans, "send Traced")
+    assert client.service == "rmqstore-client" and client.span.kind == PRODUCER
+    assert client.parent_id == b""  # the trace starts at the command
+    assert client.attributes == {
+        "messaging.system": "rocketmq",
+        "messaging.operation.type": "send",
+        "messaging.operation.name": "send",
+        "messaging.destination.name": "Traced",
+        "messaging.message.id": ack["uniqKey"],
+        "messaging.rocketmq.message.keys": ["order-1", "order-2"],
+        "messaging.rocketmq.message.tag": "TagA",
+        "rpc.system": "grpc",
+        "rpc.service": "rmqstore.v1.WriterService",
+        "rpc.method": "SendStream",
+        "rpc.grpc.status_code": 0,
+        "server.address": "127.0.0.1",
+        "server.port": writer.serving["port"],
+    }
+    server = one(spans, "/rmqstore.v1.WriterService/SendStream")
+    assert server.service == "rmqstore-writer" and server.span.kind == SERVER
+    assert (server.trace_id, server.parent_id) == (client.trace_id, client.span_id)
+    for name in ("rmqstore.append", "rmqstore.dispatch", "rmqstore.flush"):
+        child = one(spans, name, trace_id=client.trace_id)
+        assert child.parent_id == server.span_id, name
+    append = one(spans, "rmqstore.append").attributes
+    assert append == {"messaging.system": "rocketmq", "messaging.destination.name": "Traced", "messaging.message.id": ack["uniqKey"]}
+    dispatch = one(spans, "rmqstore.dispatch")
+    assert [(link.trace_id, link.span_id) for link in dispatch.span.links] == [(client.trace_id, client.span_id)]
+    assert dispatch.attributes == {}
+    flush = one(spans, "rmqstore.flush").attributes
+    assert ack["commitLogOffset"] == 0 and flush["rmqstore.flush.fsync_ms"] >= 0
+    flushed_bytes = flush["rmqstore.flush.bytes"]
+
+    # The message keeps the sender's context as an ordinary property.
+    looked = rmqstore(env, "queryMsgByKey", "--endpoint", query.endpoint, "-t", "Traced", "-k", "order-1", "--json")
+    [found] = [json.loads(line) for line in looked.stdout.splitlines()]
+    assert names(client, found["properties"]["traceparent"])
+    spans = receiver.wait_for({"rmqstore.v1.QueryService/QueryByKey", "/rmqstore.v1.QueryService/QueryByKey", "rmqstore.lookup.key"})
+    lookup_client = one(spans, "rmqstore.v1.QueryService/QueryByKey")
+    assert lookup_client.service == "rmqstore-client" and lookup_client.span.kind == CLIENT and lookup_client.parent_id == b""
+    assert lookup_client.attributes == {
+        "rpc.system": "grpc",
+        "rpc.service": "rmqstore.v1.QueryService",
+        "rpc.method": "QueryByKey",
+        "rpc.grpc.status_code": 0,
+        "server.address": "127.0.0.1",
+        "server.port": query.serving["port"],
+        "messaging.system": "rocketmq",
+        "messaging.destination.name": "Traced",
+        "rmqstore.results": 1,
+    }
+    lookup_server = one(spans, "/rmqstore.v1.QueryService/QueryByKey")
+    assert lookup_server.service == "rmqstore-query"
+    assert (lookup_server.trace_id, lookup_server.parent_id) == (lookup_client.trace_id, lookup_client.span_id)
+    lookup = one(spans, "rmqstore.lookup.key")
+    assert (lookup.trace_id, lookup.parent_id) == (lookup_client.trace_id, lookup_server.span_id)
+    assert lookup.attributes["messaging.destination.name"] == "Traced" and lookup.attributes["rmqstore.results"] == 1
+
+    # The SYNC flush synced exactly the one record.
+    writer.stop()
+    [record] = [json.loads(line) for line in rmqstore(env, "dump", "commitlog", str(store)).stdout.splitlines()]
+    assert names(client, record["properties"]["traceparent"])
+    assert flushed_bytes == record["size"]
+
+
+USER_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
+USER_SPAN = "00f067aa0ba902b7"
+
+
+def test_send_file_has_a_span_per_batch_and_keeps_a_messages_own_traceparent(
+    tmp_path: Path, receiver: Receiver, started: list[Node]
+) -> None:
+    env = receiver.env()
+    store = tmp_path / "store"
+    writer = Node("writer", store, env, tmp_path / "writer.log")
+    started.append(writer)
+    lines = [
+        {"topic": "Filed", "body": "one", "properties": {"traceparent": f"00-{USER_TRACE}-{USER_SPAN}-01", "origin": "upstream"}},
+        {"topic": "Filed", "body": "two"},
+        {"topic": "Filed", "body": "three", "properties": {"origin": "here"}},
+    ]
+    messages = tmp_path / "messages.jsonl"
+    messages.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    sent = rmqstore(env, "send", "--endpoint", writer.endpoint, "--file", str(messages), "--batch-size", "2")
+    assert len(sent.stdout.splitlines()) == 3
+    spans = receiver.wait_for({"send Filed", "/rmqstore.v1.WriterService/SendStream", "rmqstore.dispatch"})
+    file_span = one(spans, "send Filed", parent_id=b"")
+    assert file_span.span.kind == PRODUCER and file_span.attributes["messaging.batch.message_count"] == 3
+    batches = sorted((s for s in spans if s.name == "send Filed" and s.parent_id == file_span.span_id), key=lambda s: s.span.start_time_unix_nano)
+    assert [(b.span.kind, b.attributes.get("messaging.batch.message_count")) for b in batches] == [(CLIENT, 2), (CLIENT, None)]
+    server = one(spans, "/rmqstore.v1.WriterService/SendStream")
+    assert (server.trace_id, server.parent_id) == (file_span.trace_id, file_span.span_id)
+    # Each dispatch links to the contexts its messages carry: the producer's own for the
+    # first message, the file's span for the others.
+    receiver.wait_for({"rmqstore.dispatch"})
+    linked = {(link.trace_id.hex(), link.span_id.hex()) for s in receiver.snapshot() if s.name == "rmqstore.dispatch" for link in s.span.links}
+    assert linked == {(USER_TRACE, USER_SPAN), (file_span.trace_id.hex(), file_span.span_id.hex())}
+    writer.stop()
+    records = [json.loads(line) for line in rmqstore(env, "dump", "commitlog", str(store)).stdout.splitlines()]
+    assert records[0]["properties"]["traceparent"] == f"00-{USER_TRACE}-{USER_SPAN}-01"
+    assert records[0]["properties"]["origin"] == "upstream" and records[2]["properties"]["origin"] == "here"
+    assert names(file_span, records[1]["properties"]["traceparent"]) and names(file_span, records[2]["properties"]["traceparent"])
+
+
+def quiet(env: dict[str, str]) -> dict[str, str]:
+    """The environment without tracing: a command whose own spans are not wanted."""
+    return {k: v for k, v in env.items() if not k.startswith("OTEL_")} | {"OTEL_SDK_DISABLED": "true"}
+
+
+def test_a_message_with_a_traceparent_links_the_dispatch_without_a_traced_client(
+    tmp_path: Path, receiver: Receiver, started: list[Node]
+) -> None:
+    env = receiver.env()
+    writer = Node("writer", tmp_path / "store", env, tmp_path / "writer.log")
+    started.append(writer)
+    messages = tmp_path / "messages.jsonl"
+    messages.write_text(json.dumps({"topic": "Linked", "body": "x", "properties": {"traceparent": f"00-{USER_TRACE}-{USER_SPAN}-01"}}) + "\n")
+    rmqstore(quiet(env), "send", "--endpoint", writer.endpoint, "--file", str(messages))
+    spans = receiver.wait_for({"rmqstore.dispatch"})
+    dispatch = one(spans, "rmqstore.dispatch")
+    assert [(link.trace_id.hex(), link.span_id.hex()) for link in dispatch.span.links] == [(USER_TRACE, USER_SPAN)]
+    assert dispatch.trace_id.hex() != USER_TRACE  # linked, not continued: the call had no context
+    assert not any(s.service == "rmqstore-client" for s in spans)
+
+
+def test_a_consumers_receive_links_to_the_producers_context(tmp_path: Path, receiver: Receiver, started: list[Node]) -> None:
+    """A RocketMQ 5 receive hands the stored ``traceparent`` back as the message's
+    ``trace_context`` (where the clients read it; not as a user property), and the writer's
+    receive span links to it, so the trace runs producer → writer → consumer."""
+    from rmqstore.rocketmq_v2 import definition_pb2 as v2
+    from rmqstore.rocketmq_v2 import service_pb2 as v2s
+    from rmqstore.rocketmq_v2 import service_pb2_grpc
+
+    env = receiver.env()
+    writer = Node("writer", tmp_path / "store", env, tmp_path / "writer.log")
+    started.append(writer)
+    producer = f"00-{USER_TRACE}-{USER_SPAN}-01"
+    messages = tmp_path / "messages.jsonl"
+    lines = [
+        {"topic": "Traced", "body": "linked", "queueId": 0, "properties": {"traceparent": producer, "origin": "up"}},
+        {"topic": "Traced", "body": "plain", "queueId": 0},
+    ]
+    messages.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    rmqstore(quiet(env), "send", "--endpoint", writer.endpoint, "--file", str(messages))
+    request = v2s.ReceiveMessageRequest(
+        group=v2.Resource(name="tracers"),
+        message_queue=v2.MessageQueue(topic=v2.Resource(name="Traced"), id=0),
+        filter_expression=v2.FilterExpression(type=v2.TAG, expression="*"),
+        batch_size=32,
+        invisible_duration=duration_pb2.Duration(seconds=30),
+    )
+    with grpc.insecure_channel(writer.endpoint) as channel:
+        answers = list(service_pb2_grpc.MessagingServiceStub(channel).ReceiveMessage(request, timeout=CLI_TIMEOUT_S))
+    got = {a.message.body: a.message for a in answers if a.HasField("message")}
+    assert sorted(got) == [b"linked", b"plain"]
+    assert got[b"linked"].system_properties.trace_context == producer
+    assert dict(got[b"linked"].user_properties) == {"origin": "up"}
+    assert got[b"plain"].system_properties.trace_context == "" and dict(got[b"plain"].user_properties) == {}
+    spans = receiver.wait_for({"rmqstore.receive"})
+    received = one(spans, "rmqstore.receive")
+    assert [(link.trace_id.hex(), link.span_id.hex()) for link in received.span.links] == [(USER_TRACE, USER_SPAN)]
+    assert received.span.kind == INTERNAL and received.service == "rmqstore-writer"
+    assert received.attributes == {
+        "messaging.system": "rocketmq",
+        "messaging.operation.type": "receive",
+        "messaging.destination.name": "Traced",
+        "messaging.consumer.group.name": "tracers",
+        "messaging.batch.message_count": 2,
+    }
+    server = one(spans, "/apache.rocketmq.v2.MessagingService/ReceiveMessage")
+    assert (received.trace_id, received.parent_id) == (server.trace_id, server.span_id)
+
+
+@pytest.mark.slow
+def test_an_idle_async_writer_exports_no_span(tmp_path: Path, receiver: Receiver, started: list[Node]) -> None:
+    env = receiver.env()
+    store = tmp_path / "store"
+    writer = Node("writer", store, env, tmp_path / "writer.log", "--flush", "async")
+    started.append(writer)
+    time.sleep(IDLE_S)  # some 20 periodic flushes, none with a byte to sync
+    assert receiver.snapshot() == []
+    # The receiver does get the spans of a write: the first periodic flush with bytes is a
+    # short root span of its own.
+    rmqstore(quiet(env), "send", "--endpoint", writer.endpoint, "-t", "Idle", "--body", "wake")
+    spans = receiver.wait_for({"/rmqstore.v1.WriterService/SendStream", "rmqstore.append", "rmqstore.dispatch", "rmqstore.flush"})
+    flush = one(spans, "rmqstore.flush")
+    assert flush.parent_id == b"" and flush.trace_id != one(spans, "rmqstore.append").trace_id
+    writer.stop()
+    [record] = [json.loads(line) for line in rmqstore(quiet(env), "dump", "commitlog", str(store)).stdout.splitlines()]
+    assert flush.attributes["rmqstore.flush.bytes"] == record["size"] and flush.attributes["rmqstore.flush.fsync_ms"] >= 0
+    assert sorted(s.name for s in receiver.snapshot()) == sorted(
+        ["/rmqstore.v1.WriterService/SendStream", "rmqstore.append", "rmqstore.dispatch", "rmqstore.flush"]
+    )
+
+
+def test_log_lines_carry_the_span_and_are_exported(receiver: Receiver, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The nodes' logging set-up, in this process: a JSON line per record, with the trace
+    and span ids inside a span, and the same record at the OTLP receiver."""
+    import io
+    import logging
+
+    from opentelemetry import trace
+    from test_tracing import sdk_exporter
+
+    from rmqstore.service.logs import configure_logging, unconfigure_logging
+
+    for name, value in receiver.env().items():
+        if name.startswith("OTEL_"):
+            monkeypatch.setenv(name, value)
+    monkeypatch.setenv("OTEL_LOGS_EXPORTER", "otlp")
+    sdk_exporter()
+    stream = io.StringIO()
+    handlers = configure_logging("rmqstore-writer", stream)
+    assert len(handlers) == 2
+    try:
+        log = logging.getLogger("rmqstore.writer")
+        with trace.get_tracer("test").start_as_current_span("request") as span:
+            log.warning("flush of %d bytes failed", 42)
+        log.info("outside any span")
+        logging.getLogger("elsewhere").warning("not a node's logger")
+        for handler in handlers:
+            handler.flush()
+    finally:
+        unconfigure_logging()
+    context = span.get_span_context()
+    inside, outside = (json.loads(line) for line in stream.getvalue().splitlines())
+    assert {k: v for k, v in inside.items() if k != "time"} == {
+        "level": "WARNING",
+        "logger": "rmqstore.writer",
+        "message": "flush of 42 bytes failed",
+        "service": "rmqstore-writer",
+        "trace_id": f"{context.trace_id:032x}",
+        "span_id": f"{context.span_id:016x}",
+    }
+    assert inside["time"].endswith("Z") and len(inside["time"]) == len("2026-01-01T00:00:00.000Z")
+    assert "trace_id" not in outside and outside["message"] == "outside any span"
+    [(service, record), (_, plain)] = receiver.logs
+    assert service == "rmqstore-writer"
+    assert (record.trace_id, record.span_id) == (context.trace_id.to_bytes(16, "big"), context.span_id.to_bytes(8, "big"))
+    assert (record.severity_text, record.body.string_value) == ("WARNING", "flush of 42 bytes failed")
+    assert plain.trace_id == b"" and plain.body.string_value == "outside any span"
+
+
+def test_an_unknown_logs_exporter_is_refused() -> None:
+    from rmqstore.common.errors import InvalidArgument
+    from rmqstore.service.logs import logs_exporter_requested
+
+    assert logs_exporter_requested({}) is None
+    assert logs_exporter_requested({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4317"}) is None
+    assert logs_exporter_requested({"OTEL_LOGS_EXPORTER": "otlp"}) == "otlp"
+    assert logs_exporter_requested({"OTEL_LOGS_EXPORTER": "otlp", "OTEL_SDK_DISABLED": "true"}) is None
+    with pytest.raises(InvalidArgument) as refused:
+        logs_exporter_requested({"OTEL_LOGS_EXPORTER": "console"})
+    assert str(refused.value) == "OTEL_LOGS_EXPORTER='console': rmqstore supports otlp or none"
+
+
+def test_a_command_exits_soon_when_the_collector_is_unreachable(tmp_path: Path, receiver: Receiver, started: list[Node]) -> None:
+    """The command's spans are exported as it exits; a collector that is not there costs
+    it at most the client's export bound (2 s), not the SDK's 10 s of retries."""
+    writer = Node("writer", tmp_path / "store", quiet(receiver.env()), tmp_path / "writer.log")
+    started.append(writer)
+    dead = {**quiet(receiver.env()), "OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9", "OTEL_EXPORTER_OTLP_INSECURE": "true"}
+    del dead["OTEL_SDK_DISABLED"]
+    began = time.monotonic()
+    sent = rmqstore(dead, "send", "--endpoint", writer.endpoint, "-t", "Lonely", "--body", "x")
+    elapsed_s = time.monotonic() - began
+    assert json.loads(sent.stdout)["topic"] == "Lonely"
+    assert "Failed to export traces to 127.0.0.1:9" in sent.stderr
+    assert elapsed_s < 6.0, elapsed_s  # about 2.5 s; the SDK's default retries took 7
+
+
+def test_a_refusal_the_operator_acts_on_is_logged_in_the_requests_trace(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A real writer refusing writes (its disk use is above a full ratio of 0.1 %): the
+    RESOURCE_EXHAUSTED answer is logged as a JSON line carrying the caller's trace."""
+    import io
+
+    from test_tracing import PARENT_SPAN_ID, TRACE_ID, sdk_exporter
+    from test_writer import start_node
+
+    from rmqstore.service.logs import configure_logging, unconfigure_logging
+    from rmqstore.v1 import messages_pb2, writer_pb2
+
+    monkeypatch.delenv("OTEL_LOGS_EXPORTER", raising=False)
+    sdk_exporter()
+    stream = io.StringIO()
+    configure_logging("rmqstore-writer", stream)
+    node = start_node(tmp_path / "store", disk_full_ratio=0.001)
+    try:
+        with pytest.raises(grpc.RpcError) as refused:
+            node.stub.Send(
+                writer_pb2.SendRequest(message=messages_pb2.Message(topic="Full", body=b"x")),
+                metadata=(("traceparent", f"00-{TRACE_ID + 9:032x}-{PARENT_SPAN_ID:016x}-01"),),
+                timeout=30,
+            )
+    finally:
+        node.close()
+        unconfigure_logging()
+    assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    [line] = [json.loads(text) for text in stream.getvalue().splitlines()]
+    assert (line["level"], line["logger"], line["trace_id"]) == ("WARNING", "rmqstore.service", f"{TRACE_ID + 9:032x}")
+    assert line["message"] == f"answered RESOURCE_EXHAUSTED (StoreFull): {refused.value.details()}"
+    assert len(line["span_id"]) == 16 and line["span_id"] != f"{PARENT_SPAN_ID:016x}"  # the server span's

@@ -57,3 +57,15 @@ def small_fs(tmp_path: Path) -> Iterator[Path]:
         yield mount
     finally:
         subprocess.run(["umount", "-l", str(mount)], check=True)
+
+
+@pytest.fixture(autouse=True)
+def _node_logging_undone() -> Iterator[None]:
+    """A command run in this process (``main([... "serve" ...])``) sets up the nodes' JSON
+    log lines for the process; undo it after each test, so that the next test's own
+    set-up and pytest's log capture see the loggers as they were."""
+    yield
+    from rmqstore.service import logs
+
+    if logs._handlers:
+        logs.unconfigure_logging()

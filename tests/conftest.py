@@ -69,3 +69,15 @@ def _node_logging_undone() -> Iterator[None]:
 
     if logs._handlers:
         logs.unconfigure_logging()
+
+
+@pytest.fixture
+def nodes(tmp_path: Path) -> Iterator[Any]:
+    """Writer and query node processes (test_query_live.Nodes) with their logs under
+    tmp_path, all stopped after the test."""
+    from test_query_live import Nodes
+
+    (tmp_path / "logs").mkdir()
+    started = Nodes(tmp_path / "logs")
+    yield started
+    started.close()

@@ -312,15 +312,6 @@ def test_a_missing_acl_file_is_refused(tmp_path: Path) -> None:
 # The CLI
 
 
-@pytest.fixture
-def nodes(tmp_path: Path) -> Iterator[Nodes]:
-    log_dir = tmp_path / "logs"
-    log_dir.mkdir()
-    started = Nodes(log_dir)
-    yield started
-    started.close()
-
-
 def test_the_cli_signs_with_its_options_or_the_environment(nodes: Nodes, tmp_path: Path) -> None:
     acl_path = tmp_path / "acl.yaml"
     acl_path.write_text(ACL)

@@ -9,7 +9,7 @@ import selectors
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -31,15 +31,6 @@ P99_MAX_S = 0.100
 RSS_GROWTH_MAX_BYTES = 256 * 1024 * 1024
 SEED_MESSAGES = 2_000
 RPC_TIMEOUT_S = 10.0
-
-
-@pytest.fixture
-def nodes(tmp_path: Path) -> Iterator[Nodes]:
-    log_dir = tmp_path / "logs"
-    log_dir.mkdir()
-    started = Nodes(log_dir)
-    yield started
-    started.close()
 
 
 def rss_bytes(pid: int) -> int:

@@ -192,15 +192,6 @@ class Nodes:
             node.cleanup()
 
 
-@pytest.fixture
-def nodes(tmp_path: Path) -> Iterator[Nodes]:
-    log_dir = tmp_path / "logs"
-    log_dir.mkdir()
-    started = Nodes(log_dir)
-    yield started
-    started.close()
-
-
 # Streaming to the writer
 
 

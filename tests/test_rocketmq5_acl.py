@@ -98,15 +98,6 @@ def receipt(line: dict[str, Any], topic: str) -> str:
     return str(line["message_id"])
 
 
-@pytest.fixture
-def nodes(tmp_path: Path) -> Iterator[Nodes]:
-    log_dir = tmp_path / "logs"
-    log_dir.mkdir()
-    started = Nodes(log_dir)
-    yield started
-    started.close()
-
-
 def test_the_official_python_client_is_accepted_with_its_key_and_refused_without(nodes: Nodes, tmp_path: Path) -> None:
     acl_path = tmp_path / "acl.yaml"
     acl_path.write_text(ACL)

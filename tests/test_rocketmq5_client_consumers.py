@@ -12,7 +12,6 @@ import subprocess
 import sys
 import time
 from collections import Counter, defaultdict
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -35,15 +34,6 @@ FLUSH_INTERVAL_MS = 1000
 # How long before a SIGKILL an acknowledgement may have been made and still be lost: the
 # flush interval, and the time one flush takes to write its two files (generous here).
 KILL_BOUND_S = FLUSH_INTERVAL_MS / 1000 + 1.0
-
-
-@pytest.fixture
-def nodes(tmp_path: Path) -> Iterator[Nodes]:
-    log_dir = tmp_path / "logs"
-    log_dir.mkdir()
-    started = Nodes(log_dir)
-    yield started
-    started.close()
 
 
 def consumer_command(*args: str) -> list[str]:

@@ -14,7 +14,6 @@ import subprocess
 import sys
 import time
 from collections import Counter, defaultdict
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,15 +30,6 @@ RMQ5_VENV = Path(os.environ.get("RMQSTORE_RMQ5_VENV", ROOT / ".venv-rmq5"))
 PYTHON_CLIENT_MESSAGES = int(os.environ.get("RMQSTORE_RMQ5_COUNT", "10000"))
 CLIENT_TIMEOUT_S = 600.0
 RPC_TIMEOUT_S = 15.0
-
-
-@pytest.fixture
-def nodes(tmp_path: Path) -> Iterator[Nodes]:
-    log_dir = tmp_path / "logs"
-    log_dir.mkdir()
-    started = Nodes(log_dir)
-    yield started
-    started.close()
 
 
 def rmq5_python() -> str:

@@ -21,7 +21,6 @@ from conftest import FIXTURE_SIZE_ARGS, FIXTURE_SIZES
 from test_acl import Guarded, denied, status_of
 from test_acl import guarded as guarded
 from test_query_live import SIZE_ARGS, Nodes, run_cli
-from test_query_live import nodes as nodes
 
 from rmqstore.common.files.consumer_offsets import write_offsets
 from rmqstore.query.groups import BROKER_NAME_DEFAULT, GroupOffsets, group_lag

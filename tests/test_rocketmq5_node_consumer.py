@@ -14,7 +14,6 @@ from pathlib import Path
 import pytest
 from test_query_live import SIZE_ARGS, Nodes, run_cli
 from test_rocketmq5_clients import NODE_CLIENT_MESSAGES, run_node
-from test_rocketmq5_clients import nodes as nodes
 
 from rmqstore.common.files.consumer_offsets import read_offsets
 

@@ -7,8 +7,9 @@ from __future__ import annotations
 import hashlib
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from google.protobuf import duration_pb2
@@ -76,6 +77,28 @@ def receive(
     return statuses[0], [a.message for a in answers if a.HasField("message")]
 
 
+def polling(node: Node) -> Callable[[], tuple[v2.Status, list[v2.Message], float]]:
+    """A receive with a 10 s long poll started in a thread, and 1 s given it to wait;
+    the function returned joins it and gives its answer and how long it waited."""
+    outcome: dict[str, Any] = {}
+
+    def poll() -> None:
+        started = time.monotonic()
+        outcome["answer"] = receive(node, poll_s=10)
+        outcome["waited_s"] = time.monotonic() - started
+
+    waiting = threading.Thread(target=poll)
+    waiting.start()
+    time.sleep(1.0)
+
+    def finished() -> tuple[v2.Status, list[v2.Message], float]:
+        waiting.join(timeout=20)
+        status, messages = outcome["answer"]
+        return status, messages, outcome["waited_s"]
+
+    return finished
+
+
 def ack(node: Node, *messages: v2.Message, group: v2.Resource = GROUP, topic: v2.Resource = TOPIC) -> v2s.AckMessageResponse:
     entries = [v2s.AckMessageEntry(message_id=m.system_properties.message_id, receipt_handle=m.system_properties.receipt_handle) for m in messages]
     return node.v2.AckMessage(v2s.AckMessageRequest(group=group, topic=topic, entries=entries), timeout=RPC_TIMEOUT_S)
@@ -125,21 +148,11 @@ def test_receive_hands_out_each_message_once_with_its_fields_then_message_not_fo
 def test_an_append_wakes_a_waiting_long_poll_at_once(node: Node) -> None:
     """A poll of 10 s answers as soon as a message is sent through rmqstore.v1."""
     node.v1.CreateTopic(writer_pb2.CreateTopicRequest(name="Orders", queue_count=4), timeout=RPC_TIMEOUT_S)
-    outcome: dict[str, object] = {}
-
-    def poll() -> None:
-        started = time.monotonic()
-        outcome["answer"] = receive(node, poll_s=10)
-        outcome["waited_s"] = time.monotonic() - started
-
-    waiting = threading.Thread(target=poll)
-    waiting.start()
-    time.sleep(1.0)
+    finished = polling(node)
     send(node, 1)
-    waiting.join(timeout=20)
-    status, messages = outcome["answer"]  # type: ignore[misc]
+    status, messages, waited_s = finished()
     assert status.code == v2.OK and bodies(messages) == [b"m0"]
-    assert 0.9 <= outcome["waited_s"] < 5.0  # type: ignore[operator]
+    assert 0.9 <= waited_s < 5.0
 
 
 def test_an_empty_long_poll_waits_its_timeout_then_message_not_found(node: Node) -> None:
@@ -510,21 +523,11 @@ def test_an_ack_in_a_fifo_group_wakes_a_poll_waiting_for_the_next_of_its_message
     node.messaging.consumers.fifo_groups = frozenset({"audit"})
     send(node, 2, properties={"__SHARDINGKEY": "g"})
     _, (first,) = receive(node)
-    outcome: dict[str, object] = {}
-
-    def poll() -> None:
-        started = time.monotonic()
-        outcome["answer"] = receive(node, poll_s=10)
-        outcome["waited_s"] = time.monotonic() - started
-
-    waiting = threading.Thread(target=poll)
-    waiting.start()
-    time.sleep(1.0)
+    finished = polling(node)
     assert ack(node, first).status.code == v2.OK
-    waiting.join(timeout=20)
-    status, messages = outcome["answer"]  # type: ignore[misc]
+    status, messages, waited_s = finished()
     assert status.code == v2.OK and bodies(messages) == [b"m1"]
-    assert 0.9 <= outcome["waited_s"] < 5.0  # type: ignore[operator]
+    assert 0.9 <= waited_s < 5.0
 
 
 def test_messages_removed_by_retention_are_skipped_not_an_error(node: Node) -> None:

@@ -77,6 +77,9 @@ def prepare(path: str, limits: Any, batch_size: int, traceparent: str | None = N
     before any request exists. With ``traceparent`` (the send's span, when traced) each
     message without one of its own gets it as a property."""
     data = read_file(path)
+    compiled = _compiled(data, limits, batch_size, traceparent)
+    if compiled is not None:
+        return compiled
     prepared = Prepared([], [])
     distinct: dict[str, str] = {}
     # Parsing makes a dict per line and no reference cycles: the cyclic collector would only
@@ -108,6 +111,57 @@ def prepare(path: str, limits: Any, batch_size: int, traceparent: str | None = N
             gc.enable()
     gc.freeze()
     return prepared
+
+
+def _compiled(data: bytes, limits: Any, batch_size: int, traceparent: str | None) -> Prepared | None:
+    """The whole file in one compiled pass from its bytes to the requests, when every line
+    is plainly good (else None: the columns' paths below decide, and word any error). The
+    writer's rules are the batch screen's: the compiled pass applies its per-message checks,
+    and the few distinct topics (and the trace context's property) are checked here."""
+    if _speedups is None:
+        return None
+    from rmqstore.client.tracing import TRACEPARENT
+    from rmqstore.common.codec.record import PROPERTIES_LENGTH_MAX
+    from rmqstore.writer.validate import (
+        UNIQ_KEY_LENGTH_MAX,
+        _plain_properties_bytes,
+        _sendable_topic,
+    )
+
+    stamp = {} if traceparent is None else {TRACEPARENT: traceparent}
+    properties_bytes = _plain_properties_bytes([stamp])
+    if properties_bytes is None:
+        return None
+    tags_room = (
+        PROPERTIES_LENGTH_MAX - 64 - UNIQ_KEY_LENGTH_MAX - limits.max_keys * (limits.max_key_length + 1) - properties_bytes
+    )
+    # Every message's properties field: the one map entry, already encoded (or nothing).
+    entry = b"".join(
+        _length_delimited(0x32, _length_delimited(0x0A, name.encode()) + _length_delimited(0x12, value.encode()))
+        for name, value in stamp.items()
+    )
+    found = _speedups.jsonl_send_batches(
+        data, batch_size, limits.max_body_bytes, limits.max_keys, limits.max_key_length, tags_room,
+        UNIQ_KEY_LENGTH_MAX, entry,
+    )  # fmt: skip
+    if found is None:
+        return None
+    requests, topics, distinct = found
+    if not all(map(_sendable_topic, distinct)):
+        return None
+    whole, rest = divmod(len(topics), batch_size)
+    gc.freeze()  # what is kept is out of the cyclic collector's later passes (as below)
+    return Prepared(requests, topics, [batch_size] * whole + ([rest] if rest else []))
+
+
+def _length_delimited(tag: int, data: bytes) -> bytes:
+    """A protobuf length-delimited field (tag byte, varint length, bytes)."""
+    length, varint = len(data), bytearray()
+    while length >= 0x80:
+        varint.append(length & 0x7F | 0x80)
+        length >>= 7
+    varint.append(length)
+    return bytes([tag]) + bytes(varint) + data
 
 
 def _fast(data: bytes, limits: Any) -> Columns | None:

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
-from importlib import metadata
+from typing import Any
 
 import grpc
 
@@ -21,10 +22,25 @@ from rmqstore.common.errors import StoreError
 
 
 def version() -> str:
+    # importlib.metadata (with the email package it reads metadata with) is a tenth of the
+    # command line's start-up: loaded only when the version is asked for.
+    from importlib import metadata
+
     try:
         return metadata.version("rmqstore")
     except metadata.PackageNotFoundError:
         return "unknown"
+
+
+class VersionAction(argparse.Action):
+    """``--version``: argparse's, with the version looked up only when asked for."""
+
+    def __init__(self, option_strings: list[str], dest: str = argparse.SUPPRESS, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: Any) -> None:
+        print(f"rmqstore {version()}")
+        parser.exit()
 
 
 def build_parser() -> exits.Parser:
@@ -34,7 +50,7 @@ def build_parser() -> exits.Parser:
         epilog="exit codes: 0 success; 1 the data disagrees (check failed, corruption); 2 usage, or a "
         "missing or unreadable store; 3 not found (topic, queue, id, no message at an offset); 130 interrupted",
     )
-    parser.add_argument("--version", action="version", version=f"rmqstore {version()}")
+    parser.add_argument("--version", action=VersionAction, help="show the version and exit")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     store_tools.register(commands)
     writer_tools.register(commands)

@@ -8,21 +8,19 @@ import json
 import os
 import sys
 from collections.abc import Callable
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from rmqstore.cli import exits
 from rmqstore.cli.exits import EXIT_DISAGREE, EXIT_OK
-from rmqstore.common.codec import index as ix
-from rmqstore.common.codec.consumequeue import UNIT_SIZE as CQ_UNIT_BYTES
-from rmqstore.common.codec.javahash import java_hashmap_order
-from rmqstore.common.codec.msgid import offset_msg_id
-from rmqstore.common.codec.record import Record
 from rmqstore.common.errors import InvalidArgument
-from rmqstore.common.files.check import check_store
-from rmqstore.common.files.commitlog import CommitLog, StopReason
-from rmqstore.common.files.consumequeue import ConsumeQueueSet
-from rmqstore.common.files.inspect import inspect_store
-from rmqstore.common.files.store import StorePaths, StoreSizes, reindex, resolve_sizes
+
+if TYPE_CHECKING:
+    from rmqstore.common.codec.record import Record
+    from rmqstore.common.files.store import StoreSizes
+
+# The store's modules (and numpy under them) are imported by the commands that read a store,
+# not when the command line is parsed: `rmqstore send` and the lookups over gRPC start in
+# about half the time without them.
 
 
 def add_size_options(parser: argparse.ArgumentParser) -> None:
@@ -56,6 +54,10 @@ def sizes_from(args: argparse.Namespace, root: str, *, reads_index: bool = True)
     """The store's sizes (flags, else the writer's record, else the files, else RocketMQ's
     defaults), refused as a usage error when the first file of a kind is of another size:
     wrong sizes are the caller's mistake, not the data disagreeing."""
+    from rmqstore.common.codec import index as ix
+    from rmqstore.common.codec.consumequeue import UNIT_SIZE as CQ_UNIT_BYTES
+    from rmqstore.common.files.store import StorePaths, resolve_sizes
+
     sizes = resolve_sizes(
         root,
         commitlog_file_size_bytes=args.commitlog_file_size,
@@ -107,6 +109,8 @@ def _first_queue_file(root: str) -> str | None:
 def record_dump(record: Record) -> dict[str, Any]:
     """A record with the field names and value formats of Apache's lookMessageByOffset
     dump (fixtures' *-commitlog-dump.jsonl)."""
+    from rmqstore.common.codec.msgid import offset_msg_id
+
     return {
         "commitLogOffset": record.commitlog_offset,
         "size": record.size,
@@ -135,6 +139,9 @@ def _line(out: TextIO, obj: dict[str, Any]) -> None:
 
 
 def cmd_dump_commitlog(args: argparse.Namespace) -> int:
+    from rmqstore.common.files.commitlog import CommitLog, StopReason
+    from rmqstore.common.files.store import StorePaths
+
     store_from(args)
     sizes = sizes_from(args, args.dir, reads_index=False)
     log = CommitLog(StorePaths(args.dir).commitlog, sizes.commitlog_file_size_bytes)
@@ -155,6 +162,10 @@ def cmd_dump_commitlog(args: argparse.Namespace) -> int:
 def cmd_dump_consumequeue(args: argparse.Namespace) -> int:
     """Topics in the order Apache's consumeQueueTable (a ConcurrentHashMap) iterates them,
     queue ids ascending, as in the fixtures' *-consumequeue-dump.jsonl."""
+    from rmqstore.common.codec.javahash import java_hashmap_order
+    from rmqstore.common.files.consumequeue import ConsumeQueueSet
+    from rmqstore.common.files.store import StorePaths
+
     store_from(args)
     sizes = sizes_from(args, args.dir, reads_index=False)
     queues = ConsumeQueueSet(StorePaths(args.dir).consumequeue, sizes.cq_file_units)
@@ -186,6 +197,9 @@ def cmd_dump_consumequeue(args: argparse.Namespace) -> int:
 
 
 def cmd_reindex(args: argparse.Namespace) -> int:
+    from rmqstore.common.files.commitlog import StopReason
+    from rmqstore.common.files.store import StorePaths, reindex
+
     store_from(args)
     exits.creatable_dir(args.out, "--out")
     log_dir = StorePaths(args.dir).commitlog
@@ -201,6 +215,8 @@ def cmd_reindex(args: argparse.Namespace) -> int:
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
+    from rmqstore.common.files.inspect import inspect_store
+
     store_from(args)
     report = inspect_store(args.dir, sizes_from(args, args.dir))
     if args.json:
@@ -255,6 +271,8 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
+    from rmqstore.common.files.check import check_store
+
     store_from(args)
     report = check_store(args.dir, sizes_from(args, args.dir))
     for note in report.notes:

@@ -1172,6 +1172,10 @@ def test_no_call_leaks_what_it_builds(tmp_path: Path) -> None:
         lambda: _speedups.encode_send_batches(["T", "U"], [1, None], [b"ab", b""], [["k"], []], ["t", ""], ["", "AB"],
                                               [None, {"a": "b"}], 1),  # fmt: skip
         lambda: refused(_speedups.encode_send_batches, ["T"], [None], ["not bytes"], [[]], [""], [""], [None], 1),
+        lambda: _speedups.jsonl_send_batches(b'{"topic":"T","body":"\\u00e9x","keys":["a"]}\n{"topic":"U"}\n{"topic":"T"}',
+                                             2, 100, 4, 10, 10, 10, b""),  # fmt: skip
+        lambda: _speedups.jsonl_send_batches(b'{"topic":"T"}\n{"topic":"T","x":1}\n', 2, 100, 4, 10, 10, 10, b"2"),
+        lambda: refused(_speedups.jsonl_send_batches, b"{}", 0, 100, 4, 10, 10, 10, b""),
     ]
     for call in calls:
         for _ in range(200):

@@ -17,6 +17,7 @@
  *   tags_codes, message_key_hashes     dispatch.DispatchBatch.of_messages: tags codes, index key hashes
  *   index_put_keys                     files.index.IndexFile.put_keys
  *   screen_batch                       writer.validate._plainly_valid
+ *   jsonl_send_batches                 cli.bulk_send's parse, screen and encode of a JSON Lines file
  *
  * The fast paths only ever succeed. Where the bytes are anything but a well-formed
  * record or chain (a BLANK filler, zeros, a bad size or CRC, a read past the buffer), they
@@ -2370,6 +2371,504 @@ done:
     return result;
 }
 
+/* `rmqstore send --file`'s whole fast path in one pass: the JSON Lines file's bytes straight
+ * to serialized SendBatchRequests, with no Python object per message (only the topic text
+ * each ack line needs, shared by the messages of one topic). The parse is JSON's grammar
+ * restricted to what json_columns accepts: one object a line, its fields among topic, body,
+ * keys, tags, uniqKey and queueId, each of the type it takes there, none twice; the values
+ * are screened by screen_batch's rules. Anything else — another field, a value of another
+ * type, an escape that is not JSON's, bytes that are not UTF-8, an object spanning lines, a
+ * message the screen would refuse — answers None, and the caller takes the parse-and-check
+ * path, which accepts the same files and words every error. So this parser never decides
+ * that a line is bad; it only vouches for lines that are plainly good, and the tests hold
+ * its requests to that path's byte for byte. */
+
+typedef struct {
+    const char *data; /* into the file, or NULL: at `offset` in the line's scratch buffer */
+    Py_ssize_t offset, length;
+} Text;
+
+typedef struct {
+    char *bytes;
+    Py_ssize_t length, capacity;
+} Buffer;
+
+static int buffer_reserve(Buffer *buffer, Py_ssize_t more) {
+    if (buffer->length + more <= buffer->capacity) return 0;
+    Py_ssize_t capacity = buffer->capacity ? buffer->capacity : 4096;
+    while (capacity < buffer->length + more) capacity *= 2;
+    char *grown = PyMem_Realloc(buffer->bytes, (size_t)capacity);
+    if (grown == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    buffer->bytes = grown;
+    buffer->capacity = capacity;
+    return 0;
+}
+
+static inline const char *text_at(const Text *text, const Buffer *scratch) {
+    return text->data != NULL ? text->data : scratch->bytes + text->offset;
+}
+
+static inline const char *skip_blanks(const char *p, const char *end) {
+    while (p < end && (*p == ' ' || *p == '\t' || *p == '\r')) p++;
+    return p;
+}
+
+static int hex_digit(char c) {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+}
+
+static int hex4(const char *p, const char *end) {
+    if (end - p < 4) return -1;
+    int value = 0;
+    for (int i = 0; i < 4; i++) {
+        int digit = hex_digit(p[i]);
+        if (digit < 0) return -1;
+        value = value << 4 | digit;
+    }
+    return value;
+}
+
+/* The length of the well-formed UTF-8 sequence at p (RFC 3629: no overlong forms, no
+ * surrogates, nothing above U+10FFFF), or 0. */
+static Py_ssize_t utf8_sequence(const unsigned char *p, const unsigned char *end) {
+    unsigned char c = p[0];
+    if (c >= 0xC2 && c <= 0xDF) return end - p >= 2 && (p[1] & 0xC0) == 0x80 ? 2 : 0;
+    if (c >= 0xE0 && c <= 0xEF) {
+        if (end - p < 3 || (p[1] & 0xC0) != 0x80 || (p[2] & 0xC0) != 0x80) return 0;
+        if (c == 0xE0 && p[1] < 0xA0) return 0; /* overlong */
+        if (c == 0xED && p[1] >= 0xA0) return 0; /* a surrogate */
+        return 3;
+    }
+    if (c >= 0xF0 && c <= 0xF4) {
+        if (end - p < 4 || (p[1] & 0xC0) != 0x80 || (p[2] & 0xC0) != 0x80 || (p[3] & 0xC0) != 0x80) return 0;
+        if (c == 0xF0 && p[1] < 0x90) return 0; /* overlong */
+        if (c == 0xF4 && p[1] >= 0x90) return 0; /* above U+10FFFF */
+        return 4;
+    }
+    return 0;
+}
+
+static char *put_utf8(char *p, int code_point) {
+    if (code_point < 0x80) {
+        *p++ = (char)code_point;
+    } else if (code_point < 0x800) {
+        *p++ = (char)(0xC0 | code_point >> 6);
+        *p++ = (char)(0x80 | (code_point & 0x3F));
+    } else if (code_point < 0x10000) {
+        *p++ = (char)(0xE0 | code_point >> 12);
+        *p++ = (char)(0x80 | (code_point >> 6 & 0x3F));
+        *p++ = (char)(0x80 | (code_point & 0x3F));
+    } else {
+        *p++ = (char)(0xF0 | code_point >> 18);
+        *p++ = (char)(0x80 | (code_point >> 12 & 0x3F));
+        *p++ = (char)(0x80 | (code_point >> 6 & 0x3F));
+        *p++ = (char)(0x80 | (code_point & 0x3F));
+    }
+    return p;
+}
+
+/* The JSON string at *at (its opening quote), as UTF-8: a span of the file when it has no
+ * escape, else decoded into `scratch`. *at moves past the closing quote. 1, 0 when the
+ * string is not plainly valid JSON text, -1 with an error set. */
+static int json_string(const char **at, const char *end, Text *out, Buffer *scratch) {
+    const char *p = *at + 1, *start = p;
+    for (;;) {
+        if (p >= end) return 0;
+        unsigned char c = (unsigned char)*p;
+        if (c == '"') {
+            out->data = start;
+            out->offset = 0;
+            out->length = p - start;
+            *at = p + 1;
+            return 1;
+        }
+        if (c == '\\') break;
+        if (c < 0x20) return 0;
+        if (c < 0x80) {
+            p++;
+            continue;
+        }
+        Py_ssize_t n = utf8_sequence((const unsigned char *)p, (const unsigned char *)end);
+        if (n == 0) return 0;
+        p += n;
+    }
+    /* An escape: the text so far, then the rest decoded, into the scratch buffer (at most
+     * as long as the source: no escape decodes to more bytes than it is written with). */
+    if (buffer_reserve(scratch, end - start) < 0) return -1;
+    Py_ssize_t offset = scratch->length;
+    char *w = scratch->bytes + offset;
+    memcpy(w, start, (size_t)(p - start));
+    w += p - start;
+    for (;;) {
+        if (p >= end) return 0;
+        unsigned char c = (unsigned char)*p;
+        if (c == '"') break;
+        if (c < 0x20) return 0;
+        if (c >= 0x80) {
+            Py_ssize_t n = utf8_sequence((const unsigned char *)p, (const unsigned char *)end);
+            if (n == 0) return 0;
+            memcpy(w, p, (size_t)n);
+            w += n;
+            p += n;
+            continue;
+        }
+        if (c != '\\') {
+            *w++ = (char)c;
+            p++;
+            continue;
+        }
+        if (end - p < 2) return 0;
+        char escaped = p[1];
+        p += 2;
+        switch (escaped) {
+        case '"': *w++ = '"'; break;
+        case '\\': *w++ = '\\'; break;
+        case '/': *w++ = '/'; break;
+        case 'b': *w++ = '\b'; break;
+        case 'f': *w++ = '\f'; break;
+        case 'n': *w++ = '\n'; break;
+        case 'r': *w++ = '\r'; break;
+        case 't': *w++ = '\t'; break;
+        case 'u': {
+            int code_point = hex4(p, end);
+            if (code_point < 0) return 0;
+            p += 4;
+            if (code_point >= 0xDC00 && code_point <= 0xDFFF) return 0; /* a lone low surrogate */
+            if (code_point >= 0xD800 && code_point <= 0xDBFF) {
+                /* a pair's high half: its low half must follow */
+                if (end - p < 6 || p[0] != '\\' || p[1] != 'u') return 0;
+                int low = hex4(p + 2, end);
+                if (low < 0xDC00 || low > 0xDFFF) return 0;
+                p += 6;
+                code_point = 0x10000 + ((code_point - 0xD800) << 10) + (low - 0xDC00);
+            }
+            w = put_utf8(w, code_point); /* at most as many bytes as the escape's 6 (or 12) */
+            break;
+        }
+        default:
+            return 0;
+        }
+    }
+    out->data = NULL;
+    out->offset = offset;
+    out->length = (w - scratch->bytes) - offset;
+    scratch->length = offset + out->length;
+    *at = p + 1;
+    return 1;
+}
+
+typedef struct {
+    Text topic, body, tags, uniq_key;
+    Text *keys; /* room for max_keys */
+    Py_ssize_t key_count;
+    long queue_id; /* -1: none given */
+} JsonMessage;
+
+enum { SEEN_TOPIC = 1, SEEN_BODY = 2, SEEN_KEYS = 4, SEEN_TAGS = 8, SEEN_UNIQ_KEY = 16, SEEN_QUEUE_ID = 32 };
+
+typedef struct {
+    Py_ssize_t max_body, max_keys, max_key_length, max_tags_length, max_uniq_key_length;
+} Screen;
+
+static inline int text_is(const Text *name, const Buffer *scratch, const char *literal, Py_ssize_t length) {
+    return name->length == length && memcmp(text_at(name, scratch), literal, (size_t)length) == 0;
+}
+
+/* queueId's value at *at: a JSON integer in [0, 2^31 − 1] (1), or null (1, queue_id -1);
+ * 0 for anything else, as json_columns declines other numbers (floats, exponents, negatives). */
+static int json_queue_id(const char **at, const char *end, long *queue_id) {
+    const char *p = *at;
+    if (end - p >= 4 && memcmp(p, "null", 4) == 0) {
+        *queue_id = -1;
+        *at = p + 4;
+        return 1;
+    }
+    if (p >= end || *p < '0' || *p > '9') return 0;
+    if (*p == '0' && p + 1 < end && p[1] >= '0' && p[1] <= '9') return 0; /* a leading zero */
+    long value = 0;
+    while (p < end && *p >= '0' && *p <= '9') {
+        value = value * 10 + (*p - '0');
+        if (value > INT32_MAX) return 0;
+        p++;
+    }
+    if (p < end && (*p == '.' || *p == 'e' || *p == 'E')) return 0;
+    *queue_id = value;
+    *at = p;
+    return 1;
+}
+
+/* One line (without its newline) into *message: 1, 0 when it is not a plainly good
+ * message, -1 with an error set. */
+static int json_message(const char *p, const char *end, JsonMessage *message, Buffer *scratch, const Screen *screen) {
+    static const char empty[] = "";
+    Text none = {empty, 0, 0};
+    message->topic = message->body = message->tags = message->uniq_key = none;
+    message->key_count = 0;
+    message->queue_id = -1;
+    scratch->length = 0;
+    int seen = 0, found;
+    p = skip_blanks(p, end);
+    if (p >= end || *p != '{') return 0;
+    p = skip_blanks(p + 1, end);
+    if (p < end && *p == '}') return 0; /* no topic */
+    for (;;) {
+        Text name;
+        if (p >= end || *p != '"') return 0;
+        if ((found = json_string(&p, end, &name, scratch)) != 1) return found;
+        p = skip_blanks(p, end);
+        if (p >= end || *p != ':') return 0;
+        p = skip_blanks(p + 1, end);
+        int field;
+        Text *text = NULL;
+        if (text_is(&name, scratch, "topic", 5)) field = SEEN_TOPIC, text = &message->topic;
+        else if (text_is(&name, scratch, "body", 4)) field = SEEN_BODY, text = &message->body;
+        else if (text_is(&name, scratch, "tags", 4)) field = SEEN_TAGS, text = &message->tags;
+        else if (text_is(&name, scratch, "uniqKey", 7)) field = SEEN_UNIQ_KEY, text = &message->uniq_key;
+        else if (text_is(&name, scratch, "keys", 4)) field = SEEN_KEYS;
+        else if (text_is(&name, scratch, "queueId", 7)) field = SEEN_QUEUE_ID;
+        else return 0;
+        if (seen & field) return 0; /* twice: JSON keeps the last, the slow path shows which */
+        seen |= field;
+        if (text != NULL) {
+            if (p >= end || *p != '"') return 0;
+            if ((found = json_string(&p, end, text, scratch)) != 1) return found;
+        } else if (field == SEEN_QUEUE_ID) {
+            if (!json_queue_id(&p, end, &message->queue_id)) return 0;
+        } else {
+            if (p >= end || *p != '[') return 0;
+            p = skip_blanks(p + 1, end);
+            if (p < end && *p == ']') {
+                p++;
+            } else {
+                for (;;) {
+                    if (message->key_count == screen->max_keys) return 0;
+                    if (p >= end || *p != '"') return 0;
+                    if ((found = json_string(&p, end, &message->keys[message->key_count++], scratch)) != 1) return found;
+                    p = skip_blanks(p, end);
+                    if (p < end && *p == ',') {
+                        p = skip_blanks(p + 1, end);
+                        continue;
+                    }
+                    if (p < end && *p == ']') {
+                        p++;
+                        break;
+                    }
+                    return 0;
+                }
+            }
+        }
+        p = skip_blanks(p, end);
+        if (p < end && *p == ',') {
+            p = skip_blanks(p + 1, end);
+            continue;
+        }
+        if (p < end && *p == '}') {
+            p++;
+            break;
+        }
+        return 0;
+    }
+    if (skip_blanks(p, end) != end || !(seen & SEEN_TOPIC)) return 0;
+    /* screen_batch's rules, on the UTF-8: a text is ASCII when all its bytes are. */
+    if (message->body.length > screen->max_body) return 0;
+    for (Py_ssize_t k = 0; k < message->key_count; k++) {
+        const Text *key = &message->keys[k];
+        if (key->length == 0 || key->length > screen->max_key_length) return 0;
+        const unsigned char *t = (const unsigned char *)text_at(key, scratch);
+        for (Py_ssize_t j = 0; j < key->length; j++)
+            if (t[j] >= 0x80 || t[j] == 0x01 || t[j] == 0x02 || t[j] == ' ') return 0;
+    }
+    if (message->tags.length > screen->max_tags_length) return 0;
+    const unsigned char *t = (const unsigned char *)text_at(&message->tags, scratch);
+    for (Py_ssize_t j = 0; j < message->tags.length; j++)
+        if (t[j] >= 0x80 || t[j] == 0x01 || t[j] == 0x02) return 0;
+    if (message->uniq_key.length > screen->max_uniq_key_length) return 0;
+    t = (const unsigned char *)text_at(&message->uniq_key, scratch);
+    for (Py_ssize_t j = 0; j < message->uniq_key.length; j++) {
+        unsigned char u = t[j];
+        if (!((u >= '0' && u <= '9') || (u >= 'A' && u <= 'Z') || (u >= 'a' && u <= 'z'))) return 0;
+    }
+    return 1;
+}
+
+/* A length-delimited field of a Text into the buffer (room reserved by the caller). */
+static inline char *put_text(char *p, unsigned char tag, const Text *text, const Buffer *scratch) {
+    *p++ = (char)tag;
+    p = (char *)put_varint((unsigned char *)p, (uint64_t)text->length);
+    memcpy(p, text_at(text, scratch), (size_t)text->length);
+    return p + text->length;
+}
+
+static inline Py_ssize_t text_field_size(const Text *text) {
+    return 1 + varint_size((uint64_t)text->length) + text->length;
+}
+
+/* The message's fields as message_fields writes them: topic, queue id, body, keys, tags,
+ * properties (the one shared entry, already encoded), uniq key; empty ones left out. */
+static int put_json_message(Buffer *out, const JsonMessage *m, const Buffer *scratch, const char *entry,
+                            Py_ssize_t entry_size) {
+    Py_ssize_t size = text_field_size(&m->topic) + entry_size;
+    uint64_t queue_id = (uint64_t)m->queue_id;
+    if (m->queue_id >= 0) size += 1 + varint_size(queue_id);
+    if (m->body.length) size += text_field_size(&m->body);
+    for (Py_ssize_t k = 0; k < m->key_count; k++) size += text_field_size(&m->keys[k]);
+    if (m->tags.length) size += text_field_size(&m->tags);
+    if (m->uniq_key.length) size += text_field_size(&m->uniq_key);
+    if (buffer_reserve(out, 1 + varint_size((uint64_t)size) + size) < 0) return -1;
+    char *p = out->bytes + out->length;
+    *p++ = 0x0A; /* SendBatchRequest.messages */
+    p = (char *)put_varint((unsigned char *)p, (uint64_t)size);
+    p = put_text(p, 0x0A, &m->topic, scratch);
+    if (m->queue_id >= 0) {
+        *p++ = 0x10;
+        p = (char *)put_varint((unsigned char *)p, queue_id);
+    }
+    if (m->body.length) p = put_text(p, 0x1A, &m->body, scratch);
+    for (Py_ssize_t k = 0; k < m->key_count; k++) p = put_text(p, 0x22, &m->keys[k], scratch);
+    if (m->tags.length) p = put_text(p, 0x2A, &m->tags, scratch);
+    memcpy(p, entry, (size_t)entry_size);
+    p += entry_size;
+    if (m->uniq_key.length) p = put_text(p, 0x3A, &m->uniq_key, scratch);
+    out->length = p - out->bytes;
+    return 0;
+}
+
+/* The topic's text: one str per distinct topic, found by its UTF-8 in `topics` (which
+ * holds it); the previous line's topic is compared first, as a file's lines often share one. */
+static PyObject *topic_text(PyObject *topics, const Text *topic, const Buffer *scratch, PyObject **last_key,
+                            PyObject **last_text) {
+    const char *data = text_at(topic, scratch);
+    if (*last_key != NULL && PyBytes_GET_SIZE(*last_key) == topic->length &&
+        memcmp(PyBytes_AS_STRING(*last_key), data, (size_t)topic->length) == 0)
+        return *last_text;
+    PyObject *key = PyBytes_FromStringAndSize(data, topic->length);
+    if (key == NULL) return NULL;
+    PyObject *text = PyDict_GetItemWithError(topics, key);
+    if (text == NULL) {
+        if (PyErr_Occurred() || (text = PyUnicode_DecodeUTF8(data, topic->length, NULL)) == NULL) {
+            Py_DECREF(key);
+            return NULL;
+        }
+        int stored = PyDict_SetItem(topics, key, text);
+        Py_DECREF(text); /* the dict holds it */
+        if (stored < 0) {
+            Py_DECREF(key);
+            return NULL;
+        }
+    }
+    Py_XSETREF(*last_key, key);
+    *last_text = text;
+    return text;
+}
+
+static PyObject *jsonl_send_batches(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 8) {
+        PyErr_SetString(PyExc_TypeError, "jsonl_send_batches takes (data, batch_size, max_body, max_keys, "
+                                         "max_key_length, max_tags_length, max_uniq_key_length, property_entry)");
+        return NULL;
+    }
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0) return NULL;
+    Screen screen;
+    Py_ssize_t batch_size = PyLong_AsSsize_t(args[1]);
+    screen.max_body = PyLong_AsSsize_t(args[2]);
+    screen.max_keys = PyLong_AsSsize_t(args[3]);
+    screen.max_key_length = PyLong_AsSsize_t(args[4]);
+    screen.max_tags_length = PyLong_AsSsize_t(args[5]);
+    screen.max_uniq_key_length = PyLong_AsSsize_t(args[6]);
+    PyObject *result = NULL, *requests = NULL, *message_topics = NULL, *topics = NULL, *last_key = NULL, *last_text = NULL;
+    Buffer batch = {NULL, 0, 0}, scratch = {NULL, 0, 0};
+    JsonMessage message;
+    message.keys = NULL;
+    if (PyErr_Occurred()) goto done;
+    if (batch_size < 1 || screen.max_keys < 0) {
+        PyErr_SetString(PyExc_ValueError, "batch_size must be at least 1 and max_keys at least 0");
+        goto done;
+    }
+    if (!PyBytes_Check(args[7])) {
+        PyErr_SetString(PyExc_TypeError, "property_entry must be bytes");
+        goto done;
+    }
+    const char *entry = PyBytes_AS_STRING(args[7]);
+    Py_ssize_t entry_size = PyBytes_GET_SIZE(args[7]);
+    message.keys = PyMem_Malloc(sizeof(Text) * (size_t)(screen.max_keys + 1));
+    requests = PyList_New(0);
+    message_topics = PyList_New(0);
+    topics = PyDict_New();
+    if (message.keys == NULL || requests == NULL || message_topics == NULL || topics == NULL) {
+        if (!PyErr_Occurred()) PyErr_NoMemory();
+        goto done;
+    }
+    const char *p = view.buf, *end = p + view.len;
+    Py_ssize_t in_batch = 0;
+    while (p < end) {
+        const char *line_end = memchr(p, '\n', (size_t)(end - p));
+        if (line_end == NULL) line_end = end;
+        if (skip_blanks(p, line_end) != line_end) {
+            int found = json_message(p, line_end, &message, &scratch, &screen);
+            if (found < 0) goto failed;
+            if (found == 0) goto not_plain;
+            PyObject *topic = topic_text(topics, &message.topic, &scratch, &last_key, &last_text);
+            if (topic == NULL || PyList_Append(message_topics, topic) < 0) goto failed;
+            if (put_json_message(&batch, &message, &scratch, entry, entry_size) < 0) goto failed;
+            if (++in_batch == batch_size) {
+                if (buffer_reserve(&batch, 2) < 0) goto failed;
+                batch.bytes[batch.length++] = 0x10; /* compact_results = true */
+                batch.bytes[batch.length++] = 0x01;
+                PyObject *request = PyBytes_FromStringAndSize(batch.bytes, batch.length);
+                if (request == NULL || PyList_Append(requests, request) < 0) {
+                    Py_XDECREF(request);
+                    goto failed;
+                }
+                Py_DECREF(request);
+                batch.length = 0;
+                in_batch = 0;
+            }
+        }
+        if (line_end == end) break;
+        p = line_end + 1;
+    }
+    if (in_batch) {
+        if (buffer_reserve(&batch, 2) < 0) goto failed;
+        batch.bytes[batch.length++] = 0x10;
+        batch.bytes[batch.length++] = 0x01;
+        PyObject *request = PyBytes_FromStringAndSize(batch.bytes, batch.length);
+        if (request == NULL || PyList_Append(requests, request) < 0) {
+            Py_XDECREF(request);
+            goto failed;
+        }
+        Py_DECREF(request);
+    }
+    if (PyList_GET_SIZE(message_topics) == 0) goto not_plain; /* no message: the slow path words it */
+    PyObject *distinct = PyDict_Values(topics);
+    if (distinct == NULL) goto failed;
+    result = PyTuple_Pack(3, requests, message_topics, distinct);
+    Py_DECREF(distinct);
+    goto done;
+not_plain:
+    result = Py_None;
+    Py_INCREF(result);
+    goto done;
+failed:
+    result = NULL;
+done:
+    PyBuffer_Release(&view);
+    PyMem_Free(message.keys);
+    PyMem_Free(batch.bytes);
+    PyMem_Free(scratch.bytes);
+    Py_XDECREF(requests);
+    Py_XDECREF(message_topics);
+    Py_XDECREF(topics);
+    Py_XDECREF(last_key);
+    return result;
+}
+
 /* send --file's ack lines, the text json.dumps would write for each acknowledged message,
  * built into one string instead of a str.format per line. Texts that json.dumps would
  * escape (quotes, backslashes, control or non-ASCII characters) or negative offsets answer
@@ -2503,6 +3002,9 @@ static PyMethodDef methods[] = {
     {"encode_send_batches", (PyCFunction)(void (*)(void))encode_send_batches, METH_FASTCALL,
      "encode_send_batches(topics, queue_ids, bodies, keys, tags, uniq_keys, properties, batch_size) -> list[bytes]:"
      " serialized SendBatchRequests asking for compact results."},
+    {"jsonl_send_batches", (PyCFunction)(void (*)(void))jsonl_send_batches, METH_FASTCALL,
+     "jsonl_send_batches(data, batch_size, max_body, max_keys, max_key_length, max_tags_length, max_uniq_key_length,"
+     " property_entry) -> (requests, topics, distinct_topics) | None: send --file's requests straight from the file."},
     {"ack_lines", (PyCFunction)(void (*)(void))ack_lines, METH_FASTCALL,
      "ack_lines(prefix, topics, uniq_keys, queue_ids, queue_offsets, commitlog_offsets, store_timestamp_ms) -> str"
      " | None: send --file's ack lines, None where one needs Python's formatting."},

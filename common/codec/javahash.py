@@ -10,15 +10,21 @@ from __future__ import annotations
 import operator
 import struct
 from collections.abc import Iterable, Sequence
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from rmqstore.common.codec.speedups import _speedups
+
+if TYPE_CHECKING:
+    import numpy as np
+
+# numpy is imported by the functions that take or make arrays (the writer's and the
+# readers' batch paths), not by this module: the scalar hashes and the HashMap order are all
+# a command line's message encoding needs, and numpy would be a third of its start-up time.
 
 INT32_MIN = -(2**31)
 _MASK32 = 0xFFFFFFFF
 # 31**e mod 2**32, grown on demand: the weight of a code unit e places from a string's end.
-_POWERS_31 = np.ones(1, dtype=np.uint32)
+_POWERS_31: np.ndarray | None = None
 
 
 def java_string_hash(text: str) -> int:
@@ -62,9 +68,11 @@ def topic_key_hash(topic: str, key: str) -> int:
 
 
 def _powers_31(count: int) -> np.ndarray:
+    import numpy as np
+
     global _POWERS_31
-    if len(_POWERS_31) < count:
-        size = max(count, 2 * len(_POWERS_31))
+    if _POWERS_31 is None or len(_POWERS_31) < count:
+        size = max(count, 2 * (0 if _POWERS_31 is None else len(_POWERS_31)), 1)
         powers = np.empty(size, dtype=np.uint32)
         powers[0] = 1
         for e in range(1, size):  # once per process, up to the longest string seen
@@ -81,6 +89,8 @@ def topic_prefix_hashes(topics: Sequence[str]) -> np.ndarray:
 def _hashes_and_lengths(texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
     """String.hashCode of each text as uint32, and its length in UTF-16 code units,
     computed as Σ unit·31^(n−1−i) mod 2³² over all texts' units in one pass."""
+    import numpy as np
+
     count = len(texts)
     joined = "".join(texts)
     if joined.isascii():
@@ -106,12 +116,16 @@ def _hashes_and_lengths(texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
 
 def offsets_within(lengths: np.ndarray) -> np.ndarray:
     """0 … n−1 for each length n, concatenated: each item's place within its span."""
+    import numpy as np
+
     return np.arange(int(lengths.sum()), dtype=np.int64) - np.repeat(np.cumsum(lengths) - lengths, lengths)
 
 
 def ascii_span_hashes(data: np.ndarray, at: np.ndarray, length: np.ndarray) -> np.ndarray:
     """String.hashCode (uint32) of byte spans ``data[at:at+length]`` that hold ASCII
     text, whose bytes are its UTF-16 code units: hashing without making the strings."""
+    import numpy as np
+
     count = len(at)
     hashes = np.zeros(count, dtype=np.uint32)
     total = int(length.sum())
@@ -135,10 +149,14 @@ def combine_hashes(prefix: np.ndarray, suffix: np.ndarray, suffix_length: np.nda
 
 def java_string_hashes(texts: Sequence[str]) -> np.ndarray:
     """:func:`java_string_hash` of many strings at once, as int32."""
+    import numpy as np
+
     return _hashes_and_lengths(texts)[0].view(np.int32)
 
 
 def _index_hash(hashes: np.ndarray) -> np.ndarray:
+    import numpy as np
+
     signed = hashes.view(np.int32).astype(np.int64)
     signed[signed == INT32_MIN] = 0
     return np.abs(signed)

@@ -11,7 +11,9 @@ line exactly as it would alone.
 
 from __future__ import annotations
 
+import contextlib
 import gc
+import mmap
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from itertools import repeat
@@ -44,14 +46,30 @@ class Columns:
         return len(self.topics)
 
 
-def read_file(path: str) -> bytes:
+@contextlib.contextmanager
+def _mapped(path: str) -> Iterator[bytes | mmap.mmap]:
+    """The file's bytes, mapped rather than read when it can be (the compiled pass reads
+    them once; a copy of a large file into fresh memory cost as much as that pass)."""
     try:
-        with open(path, "rb") as handle:
-            return handle.read()
+        handle = open(path, "rb")
     except IsADirectoryError:
         raise InvalidArgument(f"--file {path}: is a directory, not a JSONL file") from None
     except OSError as error:
         raise InvalidArgument(f"--file {path}: {error.strerror or error}") from None
+    with handle:
+        try:
+            mapped = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
+        except (ValueError, OSError):  # empty, or not a regular file (a pipe): read as before
+            mapped = None
+        if mapped is None:
+            try:
+                data = handle.read()
+            except OSError as error:
+                raise InvalidArgument(f"--file {path}: {error.strerror or error}") from None
+            yield data
+        else:
+            with mapped:
+                yield mapped
 
 
 # The file is parsed, checked and encoded this many bytes (whole lines) at a time: the
@@ -76,10 +94,11 @@ def prepare(path: str, limits: Any, batch_size: int, traceparent: str | None = N
     batch of each chunk may be smaller); raises InvalidArgument naming the first bad line
     before any request exists. With ``traceparent`` (the send's span, when traced) each
     message without one of its own gets it as a property."""
-    data = read_file(path)
-    compiled = _compiled(data, limits, batch_size, traceparent)
-    if compiled is not None:
-        return compiled
+    with _mapped(path) as mapped:
+        compiled = _compiled(mapped, limits, batch_size, traceparent)
+        if compiled is not None:
+            return compiled
+        data = mapped if isinstance(mapped, bytes) else mapped[:]
     prepared = Prepared([], [])
     distinct: dict[str, str] = {}
     # Parsing makes a dict per line and no reference cycles: the cyclic collector would only
@@ -113,7 +132,7 @@ def prepare(path: str, limits: Any, batch_size: int, traceparent: str | None = N
     return prepared
 
 
-def _compiled(data: bytes, limits: Any, batch_size: int, traceparent: str | None) -> Prepared | None:
+def _compiled(data: bytes | mmap.mmap, limits: Any, batch_size: int, traceparent: str | None) -> Prepared | None:
     """The whole file in one compiled pass from its bytes to the requests, when every line
     is plainly good (else None: the columns' paths below decide, and word any error). The
     writer's rules are the batch screen's: the compiled pass applies its per-message checks,

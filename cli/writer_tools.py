@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import base64
 import contextlib
-import dataclasses
 import ipaddress
 import json
 import os
@@ -102,7 +101,7 @@ def add_server_tls_options(parser: argparse.ArgumentParser) -> None:
 def server_credentials_from(args: argparse.Namespace) -> grpc.ServerCredentials | None:
     """The server's TLS credentials from its options, None for plaintext; checks the files
     and the options' combinations first, so that a bad one stops the node before it starts."""
-    from rmqstore.service.server import load_server_credentials
+    from rmqstore.service.channels import load_server_credentials
 
     if args.workers < 1:
         raise InvalidArgument(f"--workers must be at least 1, got {args.workers}")
@@ -426,12 +425,9 @@ JSONL_FIELDS_HELP = (
 
 
 def client_limits() -> Any:
-    from rmqstore.writer.config import WriterConfig
-    from rmqstore.writer.validate import Limits
+    from rmqstore.writer.validate import DEFAULT_LIMITS
 
-    # A writer's own limits, at their defaults (the client cannot know a node's settings).
-    defaults: dict[str, int] = {f.name: f.default for f in dataclasses.fields(WriterConfig) if isinstance(f.default, int)}
-    return Limits(defaults["max_body_bytes"], defaults["max_keys"], defaults["max_key_length"], defaults["max_batch_messages"])
+    return DEFAULT_LIMITS
 
 
 def check_message(message: messages_pb2.Message, limits: Any, where: str) -> None:

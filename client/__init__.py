@@ -72,7 +72,7 @@ class Credentials:
 def connect(endpoint: str, tls: Tls | None = None, credentials: Credentials | None = None) -> grpc.Channel:
     """A channel to ``endpoint`` (``HOST:PORT``): plaintext unless ``tls`` gives a file,
     signed when ``credentials`` are given, traced when the environment asks for it."""
-    from rmqstore.service.server import open_channel
+    from rmqstore.service.channels import open_channel
 
     tls = tls or Tls()
     channel = open_channel(

@@ -28,8 +28,9 @@ from rmqstore.query.service import SERVICE_NAME as QUERY_SERVICE
 from rmqstore.query.service import AsyncQueryServicer
 from rmqstore.query.view import StoreView
 from rmqstore.service.acl import load_acl, sign, signing_channel
+from rmqstore.service.channels import load_server_credentials, open_channel
 from rmqstore.service.errors import REASON_KEY
-from rmqstore.service.server import AsyncServing, load_server_credentials, open_channel
+from rmqstore.service.server import AsyncServing
 from rmqstore.v1 import messages_pb2, query_pb2, query_pb2_grpc, writer_pb2, writer_pb2_grpc
 from rmqstore.writer.config import WriterConfig
 from rmqstore.writer.service import SERVICE_NAME as WRITER_SERVICE

@@ -23,7 +23,8 @@ from rmqstore.query.service import SERVICE_NAME as QUERY_SERVICE
 from rmqstore.query.service import AsyncQueryServicer
 from rmqstore.query.view import StoreView
 from rmqstore.rocketmq_v2 import definition_pb2, service_pb2
-from rmqstore.service.server import AsyncServing, open_channel
+from rmqstore.service.channels import open_channel
+from rmqstore.service.server import AsyncServing
 from rmqstore.v1 import messages_pb2, query_pb2, query_pb2_grpc, writer_pb2
 
 # Per method: 1,000 by default (a minute or two for the 36 methods: the writer's, the query

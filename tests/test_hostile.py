@@ -28,8 +28,9 @@ from rmqstore.query.cursor import CURSOR_CHARS, decode_cursor, encode_cursor, qu
 from rmqstore.query.service import SERVICE_NAME as QUERY_SERVICE
 from rmqstore.query.service import AsyncQueryServicer, QueryServicer
 from rmqstore.query.view import StoreView
+from rmqstore.service.channels import open_channel
 from rmqstore.service.errors import REASON_KEY
-from rmqstore.service.server import AsyncServing, open_channel, start_server
+from rmqstore.service.server import AsyncServing, start_server
 from rmqstore.v1 import messages_pb2, query_pb2, query_pb2_grpc, writer_pb2, writer_pb2_grpc
 from rmqstore.writer.config import WriterConfig
 from rmqstore.writer.service import SERVICE_NAME as WRITER_SERVICE

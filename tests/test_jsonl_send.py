@@ -197,3 +197,32 @@ def test_any_file_the_compiled_pass_takes_is_the_column_paths_byte_for_byte(
     got, expected = compiled(data, batch_size, None), by_columns(data, batch_size, None)
     # The same answer either way: both take the file (with the same requests) or neither.
     assert got == expected
+
+
+@pytest.mark.parametrize("bad", [False, True])
+def test_a_pipe_is_read_once_for_either_path(tmp_path: Path, bad: bool) -> None:
+    """A file that cannot be mapped (a pipe) is read; when the compiled pass declines it,
+    the checked path gets the same bytes rather than reading the pipe again."""
+    import os
+    import threading
+
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    data = lines({"topic": "T", "body": "one"}, {"topic": "T", "body": "two"}) + (b'{"topic": "T", "x": 1}\n' if bad else b"")
+
+    def feed() -> None:
+        with open(fifo, "wb") as pipe:
+            pipe.write(data)
+
+    feeder = threading.Thread(target=feed)
+    feeder.start()
+    try:
+        if bad:
+            with pytest.raises(InvalidArgument) as error:
+                bulk_send.prepare(str(fifo), LIMITS, 2)
+            assert str(error.value).startswith("line 3: unknown field(s) ['x']")
+        else:
+            assert bulk_send.prepare(str(fifo), LIMITS, 2) == compiled(data, 2)
+    finally:
+        feeder.join(timeout=10)
+    assert not feeder.is_alive()

@@ -29,11 +29,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from rmqstore.cli.main import main
 from rmqstore.common.errors import InvalidArgument
 from rmqstore.common.files.store import StoreSizes
-from rmqstore.service.server import (
-    AsyncServing,
-    load_server_credentials,
-    open_channel,
-)
+from rmqstore.service.channels import load_server_credentials, open_channel
+from rmqstore.service.server import AsyncServing
 from rmqstore.v1 import messages_pb2, writer_pb2, writer_pb2_grpc
 from rmqstore.writer.config import FlushPolicy, WriterConfig
 from rmqstore.writer.service import SERVICE_NAME as WRITER_SERVICE

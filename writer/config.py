@@ -7,6 +7,7 @@ import enum
 from dataclasses import dataclass, field
 
 from rmqstore.common.files.store import StoreSizes
+from rmqstore.writer.validate import DEFAULT_LIMITS
 
 
 class FlushPolicy(enum.Enum):
@@ -23,10 +24,10 @@ class WriterConfig:
     # The store host written into every record (and so into every offsetMsgId).
     store_host: str = "127.0.0.1:10911"
     # Limits on what a producer may send.
-    max_body_bytes: int = 4 * 1024 * 1024  # maxMessageSize
-    max_keys: int = 32
-    max_key_length: int = 255
-    max_batch_messages: int = 10_000
+    max_body_bytes: int = DEFAULT_LIMITS.max_body_bytes
+    max_keys: int = DEFAULT_LIMITS.max_keys
+    max_key_length: int = DEFAULT_LIMITS.max_key_length
+    max_batch_messages: int = DEFAULT_LIMITS.max_batch_messages
     auto_create_topics: bool = True
     auto_create_queue_count: int = 4  # min(producer 4, TBW102 8)
     default_queue_count: int = 8  # mqadmin updateTopic

@@ -71,6 +71,16 @@ class Limits:
     max_batch_messages: int
 
 
+# A writer's limits by default (WriterConfig's defaults): what a client checks its messages
+# against, as it cannot know a node's settings.
+DEFAULT_LIMITS = Limits(
+    max_body_bytes=4 * 1024 * 1024,  # maxMessageSize
+    max_keys=32,
+    max_key_length=255,
+    max_batch_messages=10_000,
+)
+
+
 def _no_separators(text: str, what: str) -> None:
     if any(sep in text for sep in _SEPARATORS):
         raise InvalidArgument(f"{what} contains a 0x01 or 0x02 character, which would corrupt the properties")

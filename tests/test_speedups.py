@@ -1137,6 +1137,14 @@ def test_no_call_leaks_what_it_builds(tmp_path: Path) -> None:
     logged = _sample_record(commitlog_offset=0)
     (tmp_path / "log").write_bytes(logged * 3)  # one record read, two handed back
     descriptor = os.open(tmp_path / "log", os.O_RDONLY)
+    from rmqstore.v1 import messages_pb2, writer_pb2
+
+    request_bytes = writer_pb2.SendBatchRequest(
+        messages=[
+            messages_pb2.Message(topic="T", queue_id=1, body=b"b", keys=["k", "l"], tags="t", properties={"a": "é"}),
+            messages_pb2.Message(topic="T", uniq_key="AB", flag=3, born_timestamp_ms=9),
+        ]
+    ).SerializeToString()
 
     def refused(call, *args):  # type: ignore[no-untyped-def]
         try:
@@ -1172,6 +1180,10 @@ def test_no_call_leaks_what_it_builds(tmp_path: Path) -> None:
         lambda: _speedups.encode_send_batches(["T", "U"], [1, None], [b"ab", b""], [["k"], []], ["t", ""], ["", "AB"],
                                               [None, {"a": "b"}], 1),  # fmt: skip
         lambda: refused(_speedups.encode_send_batches, ["T"], [None], ["not bytes"], [[]], [""], [""], [None], 1),
+        lambda: _speedups.send_batch_columns(request_bytes, validate.EMPTY_PROPERTIES),
+        lambda: _speedups.send_batch_columns(request_bytes[:-1], validate.EMPTY_PROPERTIES),  # cut short: None
+        lambda: _speedups.send_batch_columns(b"\x0a\x05\x0a\x01T\x3a\x80", validate.EMPTY_PROPERTIES),  # 0x80: None
+        lambda: refused(_speedups.send_batch_columns, "not bytes", validate.EMPTY_PROPERTIES),
     ]
     for call in calls:
         for _ in range(200):
@@ -1223,3 +1235,111 @@ def test_the_batch_screen_passes_properties_only_when_every_message_is_valid(  #
     # (The second limits leave TAGS no room beside any user property: never screened.)
     if limits is _SCREEN_LIMITS[0] and valid and plain and all(v in ("x", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01") for p in properties for v in p.values()):
         assert compiled  # small, plain properties take the screen's path
+
+
+# Reading a SendBatchRequest's bytes into columns (writer.service.request_columns)
+
+_INT32 = st.integers(-(2**31), 2**31 - 1)
+_WIRE_TEXT = st.one_of(st.sampled_from(["", "TopicA", "TagB", "é", "k 1"]), st.text(max_size=8))
+_WIRE_MESSAGES = st.lists(
+    st.fixed_dictionaries(
+        {},
+        optional={
+            "topic": _WIRE_TEXT,
+            "queue_id": _INT32,
+            "body": st.binary(max_size=16),
+            "keys": st.lists(_WIRE_TEXT, max_size=3),
+            "tags": _WIRE_TEXT,
+            "properties": st.dictionaries(_WIRE_TEXT, _WIRE_TEXT, max_size=3),
+            "uniq_key": _WIRE_TEXT,
+            "flag": _INT32,
+            "born_timestamp_ms": st.integers(-(2**63), 2**63 - 1),
+        },
+    ),
+    max_size=6,
+)
+
+
+def _compiled_and_python_columns(request_bytes: bytes):  # type: ignore[no-untyped-def]
+    """The compiled columns of the bytes, and the Python definition's of what protobuf
+    parses them into (None when protobuf refuses them)."""
+    from google.protobuf.message import DecodeError
+
+    from rmqstore.v1 import writer_pb2
+    from rmqstore.writer.service import to_batch
+
+    compiled = _speedups.send_batch_columns(request_bytes, validate.EMPTY_PROPERTIES)
+    try:
+        parsed = writer_pb2.SendBatchRequest.FromString(request_bytes)
+    except DecodeError:
+        return compiled, None
+    return compiled, tuple(to_batch(parsed.messages))
+
+
+@settings(max_examples=300, deadline=None)
+@given(_WIRE_MESSAGES, st.booleans())
+@example([{"topic": "T", "queue_id": -1, "flag": -(2**31), "born_timestamp_ms": -1}], True)
+@example([{"topic": "T", "properties": {"": "", "a": "b"}}, {"topic": "T"}], False)
+def test_request_columns_are_what_the_python_reading_gives(messages, compact: bool) -> None:  # type: ignore[no-untyped-def]
+    """Every field of every message, defaults and negatives included: the columns read
+    off the bytes equal to_batch's of the parsed request, the empty properties being the
+    one shared empty mapping as there."""
+    from rmqstore.v1 import messages_pb2, writer_pb2
+
+    request = writer_pb2.SendBatchRequest(messages=[messages_pb2.Message(**m) for m in messages], compact_results=compact)
+    compiled, python = _compiled_and_python_columns(request.SerializeToString())
+    assert compiled is not None and python is not None
+    assert compiled == python
+    for mine, theirs in zip(compiled[4], python[4]):
+        assert (mine is validate.EMPTY_PROPERTIES) == (theirs is validate.EMPTY_PROPERTIES)
+        assert type(mine) is type(theirs) or theirs is validate.EMPTY_PROPERTIES
+
+
+def test_request_columns_leave_born_hosts_unknown_fields_and_bad_bytes_to_the_python_reading() -> None:
+    """None, never other columns, wherever the Python reading must decide: a born host
+    (parsed, maybe refused with its message's number), a field this reader does not know,
+    bytes protobuf refuses (not UTF-8, cut short); through the service, the born host's
+    refusal keeps its exact words."""
+    from rmqstore.v1 import messages_pb2, writer_pb2
+    from rmqstore.writer.service import (
+        _group_batch,
+        _Pending,
+        batch_response,
+        request_columns,
+        to_batch,
+    )
+
+    good = messages_pb2.Message(topic="T", body=b"b", keys=["k"], uniq_key="AB")
+    hosted = writer_pb2.SendBatchRequest(messages=[good, messages_pb2.Message(topic="T", born_host="nowhere")])
+    assert request_columns(writer_pb2.SendBatchRequest(messages=[good])) is not None
+    assert request_columns(hosted) is None
+    assert _speedups.send_batch_columns(hosted.SerializeToString(), validate.EMPTY_PROPERTIES) is None
+    unknown_field = writer_pb2.SendBatchRequest(messages=[good]).SerializeToString() + b"\x18\x01"  # field 3
+    unknown_in_message = b"\x0a\x04\x0a\x01T\x58\x01"  # Message field 11
+    not_utf8 = b"\x0a\x03\x0a\x01\xff"  # a topic of byte 0xFF
+    cut = writer_pb2.SendBatchRequest(messages=[good]).SerializeToString()[:-1]
+    for data in (unknown_field, unknown_in_message, not_utf8, cut, b"\x0a\x7f", b"\x0a\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\x01"):
+        compiled, _ = _compiled_and_python_columns(data)
+        assert compiled is None, data
+    assert _compiled_and_python_columns(not_utf8)[1] is None  # protobuf refuses it too
+    with pytest.raises(TypeError, match="send_batch_columns takes"):
+        _speedups.send_batch_columns(b"")
+    with pytest.raises(TypeError):
+        _speedups.send_batch_columns("not bytes", validate.EMPTY_PROPERTIES)
+    assert _speedups.send_batch_columns(b"", validate.EMPTY_PROPERTIES) == tuple([] for _ in range(10))
+    # The group reads the hosted request message by message: its error is the Python one.
+    pending = _Pending(hosted.messages, None, batch_response, None, request=hosted)  # type: ignore[arg-type]
+    _, refused = _group_batch([pending])
+    with pytest.raises(InvalidArgument) as python_error:
+        to_batch(hosted.messages)
+    assert str(python_error.value).startswith("message 2: born_host: ")
+    assert [str(problem) for problem in refused] == [str(python_error.value)]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=64))
+@example(b"\x0a\x02\x10\x01")
+@example(b"\x0a\x04\x32\x02\x0a\x00")
+def test_request_columns_of_any_bytes_are_the_python_readings_or_none(data: bytes) -> None:
+    compiled, python = _compiled_and_python_columns(data)
+    assert compiled is None or compiled == python

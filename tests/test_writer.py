@@ -25,6 +25,7 @@ from rmqstore.common.files.store import StoreSizes
 from rmqstore.service.metrics import WriterMetrics
 from rmqstore.service.server import AsyncServing
 from rmqstore.v1 import messages_pb2, writer_pb2, writer_pb2_grpc
+from rmqstore.writer import service as writer_service
 from rmqstore.writer.config import FlushPolicy, WriterConfig
 from rmqstore.writer.service import (
     SERVICE_NAME,
@@ -632,19 +633,27 @@ def test_concurrent_appends_are_combined_and_each_keeps_its_own_outcome(tmp_path
 
 
 def _appended_as_one_group(
-    writer: Writer, requests: list[tuple[list[messages_pb2.Message], SocketAddress]], as_columns: Collection[int] = ()
+    writer: Writer,
+    requests: list[tuple[list[messages_pb2.Message], SocketAddress]],
+    as_columns: Collection[int] = (),
+    as_requests: bool = False,
 ) -> list[object]:
     """Each request's response or error, the requests queued on one event loop with no
     await between them: the appender's first drain takes them all as one group. The
     requests numbered in ``as_columns`` come already read into columns (append_batch, as
-    the RocketMQ 5 gateway sends), the others as protos."""
+    the RocketMQ 5 gateway sends), the others as protos: their messages, or with
+    ``as_requests`` their SendBatchRequests (append_request, as SendBatch and SendStream
+    hand them over)."""
     appender = GroupAppender(writer, WriterMetrics(writer))
+
+    def append(messages: list[messages_pb2.Message], peer: SocketAddress) -> asyncio.Future[object]:
+        if as_requests:
+            return appender.append_request(writer_pb2.SendBatchRequest(messages=messages), peer, batch_response)
+        return appender.append(messages, peer, batch_response)
 
     async def send_all() -> list[object]:
         futures = [
-            appender.append_batch(to_batch(messages), peer, batch_response)
-            if n in as_columns
-            else appender.append(messages, peer, batch_response)
+            appender.append_batch(to_batch(messages), peer, batch_response) if n in as_columns else append(messages, peer)
             for n, (messages, peer) in enumerate(requests)
         ]
         return await asyncio.gather(*futures, return_exceptions=True)
@@ -663,11 +672,12 @@ GROUP_CASES = {
 }
 
 
+@pytest.mark.parametrize("way", ["messages", "requests", "requests, Python path"])
 @pytest.mark.parametrize("mixed", [False, True], ids=["protos", "protos and columns"])
 @pytest.mark.parametrize("flush", [FlushPolicy.SYNC, FlushPolicy.ASYNC])
 @pytest.mark.parametrize("case", GROUP_CASES)
 def test_a_group_of_requests_is_stored_as_one_batch_and_each_keeps_its_own_outcome(
-    tmp_path: Path, flush: FlushPolicy, case: str, mixed: bool
+    tmp_path: Path, flush: FlushPolicy, case: str, mixed: bool, way: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The asyncio service's group commit (GroupAppender → Writer.append_group): the
     requests queued together are appended as one batch with one fsync under SYNC; each
@@ -676,7 +686,10 @@ def test_a_group_of_requests_is_stored_as_one_batch_and_each_keeps_its_own_outco
     a queue id out of range, a record larger than a commit log file) is refused alone,
     its messages numbered within its own request. Mixed: the odd callers' requests and
     the bad ones that can be read (4, 8) come as columns, the others as protos, and the
-    outcomes are the same."""
+    outcomes are the same. The protos come as messages or as SendBatchRequests, read off
+    their bytes by the compiled pass, or (Python path) without it, message by message."""
+    if way == "requests, Python path":
+        monkeypatch.setattr(writer_service, "_speedups", None)
     store = tmp_path / "store"
     writer = Writer(WriterConfig(store=str(store), sizes=SMALL, flush=flush, auto_create_topics=False))
     writer.topics.create("Orders", 4)
@@ -697,7 +710,9 @@ def test_a_group_of_requests_is_stored_as_one_batch_and_each_keeps_its_own_outco
     callers = range(10)
     peers = [SocketAddress.parse(f"10.0.0.{caller}:{5000 + caller}") for caller in callers]
     as_columns = {c for c in callers if c % 2 or c in (4, 8)} if mixed else set()
-    outcomes = _appended_as_one_group(writer, [(special.get(c) or good(c), peers[c]) for c in callers], as_columns)
+    outcomes = _appended_as_one_group(
+        writer, [(special.get(c) or good(c), peers[c]) for c in callers], as_columns, as_requests=way != "messages"
+    )
     reasons = {
         2: lambda text: text.startswith("message 2: born_host: "),
         4: lambda text: text == "queue id 7 is out of range: topic Orders has 4 queues",

@@ -17,6 +17,7 @@
  *   tags_codes, message_key_hashes     dispatch.DispatchBatch.of_messages: tags codes, index key hashes
  *   index_put_keys                     files.index.IndexFile.put_keys
  *   screen_batch                       writer.validate._plainly_valid
+ *   send_batch_columns                 writer.service.to_batch, from a SendBatchRequest's bytes
  *
  * The fast paths only ever succeed. Where the bytes are anything but a well-formed
  * record or chain (a BLANK filler, zeros, a bad size or CRC, a read past the buffer), they
@@ -2265,6 +2266,254 @@ done:
     return batches;
 }
 
+/* A serialized SendBatchRequest's messages as the writer's columns (writer.validate.MessageBatch,
+ * in its field order: topics, bodies, keys, tags, properties, queue_ids, uniq_keys, flags,
+ * born_timestamps_ms, born_hosts), read off the wire in one pass: the proto objects the
+ * Python definition (writer.service.to_batch) reads field by field are never made. None
+ * wherever the bytes hold anything that definition must word or decide (a born host, which
+ * is parsed and may be refused; a field or wire type this reader does not know; bytes that
+ * do not parse), and the caller then runs it. Proto3 rules: an absent field is its default,
+ * a repeated scalar field's last value wins, optional queue_id is None only when absent. */
+
+typedef struct {
+    const unsigned char *p, *end;
+} Wire;
+
+static inline int get_varint(Wire *w, uint64_t *value) {
+    uint64_t result = 0;
+    for (int shift = 0; shift < 64 && w->p < w->end; shift += 7) {
+        unsigned char byte = *w->p++;
+        result |= (uint64_t)(byte & 0x7F) << shift;
+        if (!(byte & 0x80)) {
+            *value = result;
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* A length-delimited field's bytes: [*data, *data + *length) within w. */
+static inline int get_delimited(Wire *w, const unsigned char **data, Py_ssize_t *length) {
+    uint64_t size;
+    if (!get_varint(w, &size) || size > (uint64_t)(w->end - w->p)) return 0;
+    *data = w->p;
+    *length = (Py_ssize_t)size;
+    w->p += size;
+    return 1;
+}
+
+/* A text field's str into *text (its reference replaced): the previous message's object
+ * again when the bytes repeat (topics and tags do, message after message), so equal texts
+ * are one object for the dict look-ups downstream. 1: done; 0: the bytes are not UTF-8
+ * (protobuf's parser refuses them: not plain, no error set); -1: error. */
+static int wire_text(const unsigned char *data, Py_ssize_t length, PyObject *previous, PyObject **text) {
+    PyObject *made;
+    if (previous != NULL && PyUnicode_IS_COMPACT_ASCII(previous) && PyUnicode_GET_LENGTH(previous) == length &&
+        memcmp(PyUnicode_1BYTE_DATA(previous), data, (size_t)length) == 0) {
+        Py_INCREF(previous);
+        made = previous;
+    } else {
+        made = PyUnicode_DecodeUTF8((const char *)data, length, NULL);
+        if (made == NULL) {
+            if (!PyErr_ExceptionMatches(PyExc_UnicodeDecodeError)) return -1;
+            PyErr_Clear();
+            return 0;
+        }
+    }
+    Py_XSETREF(*text, made);
+    return 1;
+}
+
+/* One map<string, string> entry (key = 1, value = 2) into properties. 0: not plain. */
+static int wire_property(const unsigned char *data, Py_ssize_t length, PyObject *properties) {
+    Wire w = {data, data + length};
+    const unsigned char *name = (const unsigned char *)"", *value = (const unsigned char *)"";
+    Py_ssize_t name_length = 0, value_length = 0;
+    while (w.p < w.end) {
+        uint64_t tag;
+        if (!get_varint(&w, &tag)) return 0;
+        if (tag == 0x0A) {
+            if (!get_delimited(&w, &name, &name_length)) return 0;
+        } else if (tag == 0x12) {
+            if (!get_delimited(&w, &value, &value_length)) return 0;
+        } else {
+            return 0;
+        }
+    }
+    PyObject *key = NULL, *text = NULL;
+    int read = wire_text(name, name_length, NULL, &key);
+    if (read == 1) read = wire_text(value, value_length, NULL, &text);
+    if (read == 1 && PyDict_SetItem(properties, key, text) < 0) read = -1;
+    Py_XDECREF(key);
+    Py_XDECREF(text);
+    return read;
+}
+
+enum { COL_TOPICS, COL_BODIES, COL_KEYS, COL_TAGS, COL_PROPERTIES, COL_QUEUE_IDS, COL_UNIQ_KEYS, COL_FLAGS,
+       COL_BORN_TIMESTAMPS, COL_BORN_HOSTS, COLUMNS };
+
+/* One Message's fields appended to the columns. 1: done; 0: not plain (no error set); -1: error. */
+static int wire_message(const unsigned char *data, Py_ssize_t length, PyObject **columns, PyObject *empty_properties) {
+    Wire w = {data, data + length};
+    Py_ssize_t count = PyList_GET_SIZE(columns[COL_TOPICS]);
+    PyObject *previous_topic = count ? PyList_GET_ITEM(columns[COL_TOPICS], count - 1) : NULL;
+    PyObject *previous_tags = count ? PyList_GET_ITEM(columns[COL_TAGS], count - 1) : NULL;
+    PyObject *topic = NULL, *body = NULL, *keys = NULL, *tags = NULL, *properties = NULL, *queue_id = NULL,
+             *uniq_key = NULL;
+    int32_t flag = 0;
+    int64_t born_timestamp_ms = 0;
+    int outcome = 0, read;
+    keys = PyList_New(0);
+    if (keys == NULL) return -1;
+    while (w.p < w.end) {
+        uint64_t tag, number;
+        const unsigned char *field;
+        Py_ssize_t field_length;
+        if (!get_varint(&w, &tag)) goto done;
+        switch (tag) {
+        case 0x0A: /* topic */
+            if (!get_delimited(&w, &field, &field_length)) goto done;
+            if ((read = wire_text(field, field_length, previous_topic, &topic)) != 1) goto failed;
+            break;
+        case 0x10: /* queue_id: an int32 varint, sign-extended on the wire */
+            if (!get_varint(&w, &number)) goto done;
+            Py_XSETREF(queue_id, PyLong_FromLong((long)(int32_t)(uint32_t)number));
+            if (queue_id == NULL) goto error;
+            break;
+        case 0x1A: /* body */
+            if (!get_delimited(&w, &field, &field_length)) goto done;
+            Py_XSETREF(body, PyBytes_FromStringAndSize((const char *)field, field_length));
+            if (body == NULL) goto error;
+            break;
+        case 0x22: { /* keys: repeated */
+            if (!get_delimited(&w, &field, &field_length)) goto done;
+            PyObject *key = NULL;
+            if ((read = wire_text(field, field_length, NULL, &key)) != 1) goto failed;
+            int appended = PyList_Append(keys, key);
+            Py_DECREF(key);
+            if (appended < 0) goto error;
+            break;
+        }
+        case 0x2A: /* tags */
+            if (!get_delimited(&w, &field, &field_length)) goto done;
+            if ((read = wire_text(field, field_length, previous_tags, &tags)) != 1) goto failed;
+            break;
+        case 0x32: { /* properties: map entries */
+            if (!get_delimited(&w, &field, &field_length)) goto done;
+            if (properties == NULL && (properties = PyDict_New()) == NULL) goto error;
+            if ((read = wire_property(field, field_length, properties)) != 1) goto failed;
+            break;
+        }
+        case 0x3A: /* uniq_key */
+            if (!get_delimited(&w, &field, &field_length)) goto done;
+            if ((read = wire_text(field, field_length, NULL, &uniq_key)) != 1) goto failed;
+            break;
+        case 0x40: /* flag: int32 */
+            if (!get_varint(&w, &number)) goto done;
+            flag = (int32_t)(uint32_t)number;
+            break;
+        case 0x48: /* born_timestamp_ms: int64 */
+            if (!get_varint(&w, &number)) goto done;
+            born_timestamp_ms = (int64_t)number;
+            break;
+        case 0x52: /* born_host: the Python definition parses (and may refuse) it */
+            if (!get_delimited(&w, &field, &field_length)) goto done;
+            if (field_length) goto done;
+            break;
+        default:
+            goto done;
+        }
+    }
+    PyObject *values[COLUMNS] = {
+        topic, body, keys, tags, properties != NULL && PyDict_GET_SIZE(properties) ? properties : empty_properties,
+        queue_id, uniq_key, NULL, NULL, Py_None,
+    };
+    PyObject *made[COLUMNS] = {NULL};
+    made[COL_FLAGS] = values[COL_FLAGS] = PyLong_FromLong(flag);
+    made[COL_BORN_TIMESTAMPS] = values[COL_BORN_TIMESTAMPS] = PyLong_FromLongLong(born_timestamp_ms);
+    if (made[COL_FLAGS] == NULL || made[COL_BORN_TIMESTAMPS] == NULL) {
+        Py_XDECREF(made[COL_FLAGS]);
+        Py_XDECREF(made[COL_BORN_TIMESTAMPS]);
+        goto error;
+    }
+    if (topic == NULL) values[COL_TOPICS] = made[COL_TOPICS] = PyUnicode_New(0, 0);
+    if (body == NULL) values[COL_BODIES] = made[COL_BODIES] = PyBytes_FromStringAndSize(NULL, 0);
+    if (tags == NULL) values[COL_TAGS] = made[COL_TAGS] = PyUnicode_New(0, 0);
+    if (uniq_key == NULL) values[COL_UNIQ_KEYS] = made[COL_UNIQ_KEYS] = PyUnicode_New(0, 0);
+    if (queue_id == NULL) values[COL_QUEUE_IDS] = Py_None;
+    outcome = 1;
+    for (int k = 0; k < COLUMNS; k++) {
+        if (outcome == 1 && (values[k] == NULL || PyList_Append(columns[k], values[k]) < 0)) outcome = -1;
+        Py_XDECREF(made[k]);
+    }
+    if (outcome < 0) {
+        /* Keep the columns of equal length: drop what this message appended. */
+        for (int k = 0; k < COLUMNS; k++)
+            if (PyList_GET_SIZE(columns[k]) > count) PyList_SetSlice(columns[k], count, count + 1, NULL);
+    }
+    goto done;
+failed: /* read is 0 (not plain) or -1 (an error) */
+    outcome = read;
+    goto done;
+error:
+    outcome = -1;
+done:
+    Py_XDECREF(topic);
+    Py_XDECREF(body);
+    Py_XDECREF(keys);
+    Py_XDECREF(tags);
+    Py_XDECREF(properties);
+    Py_XDECREF(queue_id);
+    Py_XDECREF(uniq_key);
+    return outcome;
+}
+
+static PyObject *send_batch_columns(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "send_batch_columns takes (serialized SendBatchRequest, empty_properties)");
+        return NULL;
+    }
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0) return NULL;
+    PyObject *columns[COLUMNS] = {NULL};
+    PyObject *result = NULL;
+    for (int k = 0; k < COLUMNS; k++)
+        if ((columns[k] = PyList_New(0)) == NULL) goto done;
+    Wire w = {view.buf, (const unsigned char *)view.buf + view.len};
+    while (w.p < w.end) {
+        uint64_t tag, ignored;
+        const unsigned char *message;
+        Py_ssize_t length;
+        if (!get_varint(&w, &tag)) goto plain_none;
+        if (tag == 0x0A) { /* messages */
+            if (!get_delimited(&w, &message, &length)) goto plain_none;
+            int read = wire_message(message, length, columns, args[1]);
+            if (read < 0) goto done;
+            if (read == 0) goto plain_none;
+        } else if (tag == 0x10) { /* compact_results: the caller reads it off the request */
+            if (!get_varint(&w, &ignored)) goto plain_none;
+        } else {
+            goto plain_none;
+        }
+    }
+    result = PyTuple_New(COLUMNS);
+    if (result == NULL) goto done;
+    for (int k = 0; k < COLUMNS; k++) {
+        PyTuple_SET_ITEM(result, k, columns[k]);
+        columns[k] = NULL;
+    }
+    goto done;
+plain_none:
+    if (!PyErr_Occurred()) {
+        Py_INCREF(Py_None);
+        result = Py_None;
+    }
+done:
+    for (int k = 0; k < COLUMNS; k++) Py_XDECREF(columns[k]);
+    PyBuffer_Release(&view);
+    return result;
+}
+
 /* The columns of `rmqstore send --file`'s parsed JSON lines (a list of dicts): topics,
  * queue ids, bodies (the text's UTF-8), keys, tags and uniq keys — or None as soon as a
  * line is anything but plain (an unknown or other field, a value of another type, a queue
@@ -2506,6 +2755,8 @@ static PyMethodDef methods[] = {
     {"ack_lines", (PyCFunction)(void (*)(void))ack_lines, METH_FASTCALL,
      "ack_lines(prefix, topics, uniq_keys, queue_ids, queue_offsets, commitlog_offsets, store_timestamp_ms) -> str"
      " | None: send --file's ack lines, None where one needs Python's formatting."},
+    {"send_batch_columns", (PyCFunction)(void (*)(void))send_batch_columns, METH_FASTCALL,
+     "send_batch_columns(request_bytes, empty_properties) -> (topics, ..., born_hosts) | None."},
     {"screen_batch", (PyCFunction)(void (*)(void))screen_batch, METH_FASTCALL,
      "screen_batch(bodies, keys, tags, uniq_keys, queue_ids, max_body, max_keys, max_key_length, max_tags_length)"
      " -> bool."},

@@ -2302,23 +2302,43 @@ static inline int get_delimited(Wire *w, const unsigned char **data, Py_ssize_t 
     return 1;
 }
 
-/* A text field's str into *text (its reference replaced): the previous message's object
- * again when the bytes repeat (topics and tags do, message after message), so equal texts
- * are one object for the dict look-ups downstream. 1: done; 0: the bytes are not UTF-8
- * (protobuf's parser refuses them: not plain, no error set); -1: error. */
-static int wire_text(const unsigned char *data, Py_ssize_t length, PyObject *previous, PyObject **text) {
-    PyObject *made;
-    if (previous != NULL && PyUnicode_IS_COMPACT_ASCII(previous) && PyUnicode_GET_LENGTH(previous) == length &&
-        memcmp(PyUnicode_1BYTE_DATA(previous), data, (size_t)length) == 0) {
-        Py_INCREF(previous);
-        made = previous;
-    } else {
-        made = PyUnicode_DecodeUTF8((const char *)data, length, NULL);
-        if (made == NULL) {
-            if (!PyErr_ExceptionMatches(PyExc_UnicodeDecodeError)) return -1;
-            PyErr_Clear();
-            return 0;
+/* The few distinct texts a field repeats across a request (a batch's topics and tags), each
+ * decoded once: equal texts are then one object, whose hash is computed once and which the
+ * dict look-ups downstream find by identity. It owns its references. */
+#define TEXT_CACHE_SIZE 16
+typedef struct {
+    PyObject *texts[TEXT_CACHE_SIZE];
+    int count;
+} TextCache;
+
+static void text_cache_clear(TextCache *cache) {
+    for (int i = 0; i < cache->count; i++) Py_DECREF(cache->texts[i]);
+    cache->count = 0;
+}
+
+/* A text field's str into *text (its reference replaced), taken from the cache when given
+ * one. 1: done; 0: the bytes are not UTF-8 (protobuf's parser refuses them: not plain, no
+ * error set); -1: error. */
+static int wire_text(const unsigned char *data, Py_ssize_t length, TextCache *cache, PyObject **text) {
+    if (cache != NULL)
+        for (int i = 0; i < cache->count; i++) {
+            PyObject *known = cache->texts[i];
+            if (PyUnicode_GET_LENGTH(known) == length && memcmp(PyUnicode_1BYTE_DATA(known), data, (size_t)length) == 0) {
+                Py_INCREF(known);
+                Py_XSETREF(*text, known);
+                return 1;
+            }
         }
+    PyObject *made = PyUnicode_DecodeUTF8((const char *)data, length, NULL);
+    if (made == NULL) {
+        if (!PyErr_ExceptionMatches(PyExc_UnicodeDecodeError)) return -1;
+        PyErr_Clear();
+        return 0;
+    }
+    /* Only ASCII texts are cached: their bytes are their UTF-8, compared above as is. */
+    if (cache != NULL && cache->count < TEXT_CACHE_SIZE && PyUnicode_IS_COMPACT_ASCII(made)) {
+        Py_INCREF(made);
+        cache->texts[cache->count++] = made;
     }
     Py_XSETREF(*text, made);
     return 1;
@@ -2353,11 +2373,10 @@ enum { COL_TOPICS, COL_BODIES, COL_KEYS, COL_TAGS, COL_PROPERTIES, COL_QUEUE_IDS
        COL_BORN_TIMESTAMPS, COL_BORN_HOSTS, COLUMNS };
 
 /* One Message's fields appended to the columns. 1: done; 0: not plain (no error set); -1: error. */
-static int wire_message(const unsigned char *data, Py_ssize_t length, PyObject **columns, PyObject *empty_properties) {
+static int wire_message(const unsigned char *data, Py_ssize_t length, PyObject **columns, PyObject *empty_properties,
+                        TextCache *topic_texts, TextCache *tags_texts) {
     Wire w = {data, data + length};
     Py_ssize_t count = PyList_GET_SIZE(columns[COL_TOPICS]);
-    PyObject *previous_topic = count ? PyList_GET_ITEM(columns[COL_TOPICS], count - 1) : NULL;
-    PyObject *previous_tags = count ? PyList_GET_ITEM(columns[COL_TAGS], count - 1) : NULL;
     PyObject *topic = NULL, *body = NULL, *keys = NULL, *tags = NULL, *properties = NULL, *queue_id = NULL,
              *uniq_key = NULL;
     int32_t flag = 0;
@@ -2373,7 +2392,7 @@ static int wire_message(const unsigned char *data, Py_ssize_t length, PyObject *
         switch (tag) {
         case 0x0A: /* topic */
             if (!get_delimited(&w, &field, &field_length)) goto done;
-            if ((read = wire_text(field, field_length, previous_topic, &topic)) != 1) goto failed;
+            if ((read = wire_text(field, field_length, topic_texts, &topic)) != 1) goto failed;
             break;
         case 0x10: /* queue_id: an int32 varint, sign-extended on the wire */
             if (!get_varint(&w, &number)) goto done;
@@ -2396,7 +2415,7 @@ static int wire_message(const unsigned char *data, Py_ssize_t length, PyObject *
         }
         case 0x2A: /* tags */
             if (!get_delimited(&w, &field, &field_length)) goto done;
-            if ((read = wire_text(field, field_length, previous_tags, &tags)) != 1) goto failed;
+            if ((read = wire_text(field, field_length, tags_texts, &tags)) != 1) goto failed;
             break;
         case 0x32: { /* properties: map entries */
             if (!get_delimited(&w, &field, &field_length)) goto done;
@@ -2477,6 +2496,7 @@ static PyObject *send_batch_columns(PyObject *module, PyObject *const *args, Py_
     if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0) return NULL;
     PyObject *columns[COLUMNS] = {NULL};
     PyObject *result = NULL;
+    TextCache topic_texts = {{NULL}, 0}, tags_texts = {{NULL}, 0};
     for (int k = 0; k < COLUMNS; k++)
         if ((columns[k] = PyList_New(0)) == NULL) goto done;
     Wire w = {view.buf, (const unsigned char *)view.buf + view.len};
@@ -2487,7 +2507,7 @@ static PyObject *send_batch_columns(PyObject *module, PyObject *const *args, Py_
         if (!get_varint(&w, &tag)) goto plain_none;
         if (tag == 0x0A) { /* messages */
             if (!get_delimited(&w, &message, &length)) goto plain_none;
-            int read = wire_message(message, length, columns, args[1]);
+            int read = wire_message(message, length, columns, args[1], &topic_texts, &tags_texts);
             if (read < 0) goto done;
             if (read == 0) goto plain_none;
         } else if (tag == 0x10) { /* compact_results: the caller reads it off the request */
@@ -2510,6 +2530,8 @@ plain_none:
     }
 done:
     for (int k = 0; k < COLUMNS; k++) Py_XDECREF(columns[k]);
+    text_cache_clear(&topic_texts);
+    text_cache_clear(&tags_texts);
     PyBuffer_Release(&view);
     return result;
 }

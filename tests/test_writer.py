@@ -31,6 +31,7 @@ from rmqstore.writer.service import (
     SERVICE_NAME,
     GroupAppender,
     WriterServicer,
+    add_writer_service,
     batch_response,
     to_batch,
 )
@@ -64,7 +65,7 @@ def start_node(store: Path, **overrides: object) -> Node:
     servicer = WriterServicer(writer)
     try:
         serving = AsyncServing(
-            lambda s: writer_pb2_grpc.add_WriterServiceServicer_to_server(servicer, s),
+            lambda s: add_writer_service(servicer, s),
             [SERVICE_NAME],
             host="127.0.0.1",
             port=0,
@@ -164,6 +165,28 @@ def test_stream_acks_each_batch_in_order(node: Node) -> None:
     assert [len(r.results) for r in responses] == [3] * 20
     offsets = [result.commitlog_offset for r in responses for result in r.results]
     assert offsets == sorted(offsets) and len(set(offsets)) == 60
+
+
+def test_batches_are_read_off_the_bytes_they_came_in(node: Node, monkeypatch: pytest.MonkeyPatch) -> None:
+    """SendBatch and SendStream, registered by add_writer_service, hand the drain each
+    request with the bytes it arrived in (read into columns without serializing it
+    again); every message is stored as sent, and the Send call still reads its proto."""
+    seen: list[type] = []
+    read = writer_service.request_columns
+
+    def spying(request: object) -> object:
+        seen.append(type(request))
+        return read(request)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(writer_service, "request_columns", spying)
+    batch = writer_pb2.SendBatchRequest(messages=[message(keys=["k1", "k2"], body=b"one", tags="t"), message(body=b"two")])
+    acked = list(node.stub.SendBatch(batch).results) + [r for response in node.stub.SendStream(iter([batch])) for r in response.results]
+    acked.append(node.stub.Send(writer_pb2.SendRequest(message=message(body=b"three"))).result)
+    assert seen == [writer_service.ReceivedBatch] * 2
+    stored = [node.writer.log.read(result.commitlog_offset) for result in acked]
+    assert [record.body for record in stored] == [b"one", b"two", b"one", b"two", b"three"]
+    assert [record.keys for record in stored] == ["k1 k2", None, "k1 k2", None, None]
+    assert [record.tags for record in stored] == ["t", None, "t", None, None]
 
 
 def test_compact_acks_carry_what_send_results_carry(node: Node) -> None:

@@ -1184,6 +1184,10 @@ def test_no_call_leaks_what_it_builds(tmp_path: Path) -> None:
         lambda: _speedups.send_batch_columns(request_bytes[:-1], validate.EMPTY_PROPERTIES),  # cut short: None
         lambda: _speedups.send_batch_columns(b"\x0a\x05\x0a\x01T\x3a\x80", validate.EMPTY_PROPERTIES),  # 0x80: None
         lambda: refused(_speedups.send_batch_columns, "not bytes", validate.EMPTY_PROPERTIES),
+        lambda: _speedups.queue_unit_blocks(["A", "B", "A"], [0, 1, 0], [4, 0, 5], [1, 2, 3], [1, 2, 3], [1, 2, 3]),
+        lambda: _speedups.queue_unit_blocks(["A", "B", "A"], [0, 1, 0], [4, 0, 6], [1, 2, 3], [1, 2, 3], [1, 2, 3]),
+        lambda: _speedups.queue_unit_blocks(["A", "B", "A"], [0, 1, 0], [4, 0, 5], [1, 2, 3], [1, 2**40, 3], [1, 2, 3]),
+        lambda: refused(_speedups.queue_unit_blocks, ["A"], [0, 1], [0], [1], [1], [1]),
     ]
     for call in calls:
         for _ in range(200):
@@ -1343,3 +1347,66 @@ def test_request_columns_leave_born_hosts_unknown_fields_and_bad_bytes_to_the_py
 def test_request_columns_of_any_bytes_are_the_python_readings_or_none(data: bytes) -> None:
     compiled, python = _compiled_and_python_columns(data)
     assert compiled is None or compiled == python
+
+
+# A dispatch batch's consume queue units grouped by queue (consumequeue.queue_unit_blocks)
+
+_BLOCK_VALUES = st.one_of(st.integers(-(2**63), 2**63 - 1), st.sampled_from([0, -1, 2**31 - 1, -(2**31), 2**31, 2**63, -(2**63) - 1]))
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(["A", "B", "é"]), st.sampled_from([0, 1, -1, 2**31 - 1, 2**31])),
+        min_size=0,
+        max_size=30,
+    ),
+    st.integers(0, 2**62 + 1),
+    st.lists(st.tuples(_BLOCK_VALUES, _BLOCK_VALUES, _BLOCK_VALUES), min_size=30, max_size=30),
+    st.sampled_from(["consecutive", "gap", "repeat"]),
+)
+@example([("A", 0), ("B", 1), ("A", 0)], 5, [(10, 100, -1)] * 30, "consecutive")
+@example([("A", 0), ("A", 0)], 2**62 - 2, [(10, 100, 0)] * 30, "consecutive")  # the last offset allowed
+@example([("A", 0), ("A", 0)], 2**62 - 1, [(10, 100, 0)] * 30, "consecutive")  # one past it
+def test_queue_unit_blocks_are_the_python_definitions(queues, start: int, values, shape: str) -> None:  # type: ignore[no-untyped-def]
+    """Grouped and encoded as the Python definition does, byte for byte, values at and
+    past every field's limits and queue ids past int32 included; None from both where a
+    queue's offsets skip or repeat within the batch or a value does not fit."""
+    from rmqstore.common.codec import consumequeue as cq
+
+    topics = [topic for topic, _ in queues]
+    queue_ids = [queue_id for _, queue_id in queues]
+    taken: dict[tuple[str, int], int] = {}
+    queue_offsets = []
+    for key in queues:
+        taken[key] = taken.get(key, start - 1) + (2 if shape == "gap" and key in taken else 0 if shape == "repeat" and key in taken else 1)
+        queue_offsets.append(taken[key])
+    offsets, sizes, tags_codes = (list(column[: len(queues)]) for column in zip(*values))
+    args = (topics, queue_ids, queue_offsets, offsets, sizes, tags_codes)
+    compiled = _speedups.queue_unit_blocks(*args)
+    assert compiled == cq.python_queue_unit_blocks(*args)
+    if compiled is not None:
+        for topic, queue_id, first, last, units in compiled:
+            positions = [p for p, key in enumerate(queues) if key == (topic, queue_id)]
+            assert (first, last) == (queue_offsets[positions[0]], positions[-1])
+            assert units == b"".join(cq.encode_unit(offsets[p], sizes[p], tags_codes[p]) for p in positions)
+
+
+def test_queue_unit_blocks_hand_values_of_other_types_back() -> None:
+    from rmqstore.common.codec import consumequeue as cq
+
+    good = (["A", "A"], [0, 0], [0, 1], [10, 20], [5, 6], [7, 8])
+    assert _speedups.queue_unit_blocks(*good) == cq.python_queue_unit_blocks(*good) == [
+        ("A", 0, 0, 1, cq.encode_unit(10, 5, 7) + cq.encode_unit(20, 6, 8))
+    ]
+    for column, odd in ((0, b"A"), (1, 0.0), (2, 1.0), (3, np.int64(20)), (4, "6"), (5, None)):
+        args = [list(values) for values in good]
+        args[column][1] = odd
+        assert _speedups.queue_unit_blocks(*args) is None, (column, odd)
+        assert cq.python_queue_unit_blocks(*args) is None, (column, odd)
+    for call in (_speedups.queue_unit_blocks, cq.python_queue_unit_blocks):
+        with pytest.raises(ValueError, match="the columns differ in length"):
+            call(["A"], [0, 1], [0], [1], [1], [1])
+    with pytest.raises(TypeError, match="queue_unit_blocks takes"):
+        _speedups.queue_unit_blocks(["A"])
+    assert _speedups.queue_unit_blocks([], [], [], [], [], []) == cq.python_queue_unit_blocks([], [], [], [], [], []) == []

@@ -19,6 +19,7 @@
  *   screen_batch                       writer.validate._plainly_valid
  *   send_batch_columns                 writer.service.to_batch, from a SendBatchRequest's bytes
  *   queue_unit_blocks                  consumequeue.queue_unit_blocks
+ *   compact_response_bytes             writer.service.compact_response, serialized
  *
  * The fast paths only ever succeed. Where the bytes are anything but a well-formed
  * record or chain (a BLANK filler, zeros, a bad size or CRC, a read past the buffer), they
@@ -2267,6 +2268,113 @@ done:
     return batches;
 }
 
+/* A SendBatchResponse holding only CompactResults (writer.service.compact_response), as
+ * protobuf serializes it: fields in number order, the integer columns packed, int32s
+ * sign-extended to ten bytes when negative. Built from the results' columns without a
+ * proto object, for a handler whose server sends bytes as they are (add_writer_service).
+ * None where a value is not what the columns hold (the caller builds the proto). */
+
+static Py_ssize_t packed_size(PyObject **items, Py_ssize_t count, int is_int32, int *plain) {
+    Py_ssize_t size = 0;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        if (!PyLong_CheckExact(items[i])) {
+            *plain = 0;
+            return 0;
+        }
+        int overflow;
+        long long value = PyLong_AsLongLongAndOverflow(items[i], &overflow);
+        if (value == -1 && PyErr_Occurred()) return -1;
+        if (overflow || (is_int32 && (value < INT32_MIN || value > INT32_MAX))) {
+            *plain = 0;
+            return 0;
+        }
+        size += varint_size((uint64_t)value);
+    }
+    return size;
+}
+
+static unsigned char *put_packed(unsigned char *p, unsigned char tag, PyObject **items, Py_ssize_t count, Py_ssize_t size) {
+    if (!count) return p;
+    *p++ = tag;
+    p = put_varint(p, (uint64_t)size);
+    for (Py_ssize_t i = 0; i < count; i++) p = put_varint(p, (uint64_t)PyLong_AsLongLong(items[i]));
+    return p;
+}
+
+static PyObject *compact_response_bytes(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 7) {
+        PyErr_SetString(PyExc_TypeError, "compact_response_bytes takes (offset_msg_id_prefix, store_timestamp_ms, "
+                                         "uniq_keys, queue_ids, queue_offsets, commitlog_offsets, sizes)");
+        return NULL;
+    }
+    const char *names[5] = {"uniq_keys", "queue_ids", "queue_offsets", "commitlog_offsets", "sizes"};
+    PyObject *columns[5] = {NULL}, *result = NULL;
+    for (int k = 0; k < 5; k++)
+        if ((columns[k] = PySequence_Fast(args[k + 2], names[k])) == NULL) goto done;
+    Py_ssize_t prefix_length;
+    const char *prefix = PyUnicode_Check(args[0]) ? PyUnicode_AsUTF8AndSize(args[0], &prefix_length) : NULL;
+    if (prefix == NULL) {
+        if (PyErr_Occurred() && !PyErr_ExceptionMatches(PyExc_UnicodeEncodeError)) goto done;
+        PyErr_Clear();
+        goto not_plain;
+    }
+    int overflow;
+    long long stored = PyLong_Check(args[1]) ? PyLong_AsLongLongAndOverflow(args[1], &overflow) : 0;
+    if (stored == -1 && PyErr_Occurred()) goto done;
+    if (!PyLong_Check(args[1]) || overflow) goto not_plain;
+    Py_ssize_t size = 0, packed[4], uniq_size = 0;
+    unsigned char *measuring = NULL;
+    if (prefix_length) size += put_bytes(&measuring, 0x0A, prefix, prefix_length);
+    if (stored) size += 1 + varint_size((uint64_t)stored);
+    PyObject **uniq_keys = PySequence_Fast_ITEMS(columns[0]);
+    for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(columns[0]); i++) {
+        Py_ssize_t length;
+        if (!PyUnicode_Check(uniq_keys[i])) goto not_plain;
+        const char *text = PyUnicode_AsUTF8AndSize(uniq_keys[i], &length);
+        if (text == NULL) {
+            if (!PyErr_ExceptionMatches(PyExc_UnicodeEncodeError)) goto done;
+            PyErr_Clear();
+            goto not_plain;
+        }
+        uniq_size += 1 + varint_size((uint64_t)length) + length;
+    }
+    size += uniq_size;
+    for (int k = 0; k < 4; k++) {
+        int plain = 1;
+        packed[k] = packed_size(PySequence_Fast_ITEMS(columns[k + 1]), PySequence_Fast_GET_SIZE(columns[k + 1]),
+                                k == 0 || k == 3, &plain);
+        if (packed[k] < 0) goto done;
+        if (!plain) goto not_plain;
+        if (PySequence_Fast_GET_SIZE(columns[k + 1])) size += 1 + varint_size((uint64_t)packed[k]) + packed[k];
+    }
+    /* SendBatchResponse.compact (field 2), present even when empty, as the proto's is set. */
+    result = PyBytes_FromStringAndSize(NULL, 1 + varint_size((uint64_t)size) + size);
+    if (result == NULL) goto done;
+    unsigned char *p = (unsigned char *)PyBytes_AS_STRING(result);
+    *p++ = 0x12;
+    p = put_varint(p, (uint64_t)size);
+    if (prefix_length) put_bytes(&p, 0x0A, prefix, prefix_length);
+    if (stored) {
+        *p++ = 0x10;
+        p = put_varint(p, (uint64_t)stored);
+    }
+    for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(columns[0]); i++) {
+        Py_ssize_t length;
+        const char *text = PyUnicode_AsUTF8AndSize(uniq_keys[i], &length);
+        put_bytes(&p, 0x1A, text, length);
+    }
+    for (int k = 0; k < 4; k++)
+        p = put_packed(p, (unsigned char)(0x22 + 8 * k), PySequence_Fast_ITEMS(columns[k + 1]),
+                       PySequence_Fast_GET_SIZE(columns[k + 1]), packed[k]);
+    goto done;
+not_plain:
+    Py_INCREF(Py_None);
+    result = Py_None;
+done:
+    for (int k = 0; k < 5; k++) Py_XDECREF(columns[k]);
+    return result;
+}
+
 /* A dispatch batch's consume queue units grouped by queue (codec.consumequeue.queue_unit_blocks):
  * for each queue, in the order the batch first names it, (topic, queue id, first queue offset,
  * position of its last record, its units' bytes in record order). None when some queue's
@@ -2926,6 +3034,9 @@ static PyMethodDef methods[] = {
     {"ack_lines", (PyCFunction)(void (*)(void))ack_lines, METH_FASTCALL,
      "ack_lines(prefix, topics, uniq_keys, queue_ids, queue_offsets, commitlog_offsets, store_timestamp_ms) -> str"
      " | None: send --file's ack lines, None where one needs Python's formatting."},
+    {"compact_response_bytes", (PyCFunction)(void (*)(void))compact_response_bytes, METH_FASTCALL,
+     "compact_response_bytes(prefix, store_timestamp_ms, uniq_keys, queue_ids, queue_offsets, commitlog_offsets, sizes)"
+     " -> bytes | None: a serialized SendBatchResponse holding only CompactResults."},
     {"queue_unit_blocks", (PyCFunction)(void (*)(void))queue_unit_blocks, METH_FASTCALL,
      "queue_unit_blocks(topics, queue_ids, queue_offsets, commitlog_offsets, sizes, tags_codes)"
      " -> [(topic, queue_id, first_queue_offset, last_position, units)] | None."},

@@ -151,14 +151,16 @@ class NodeFailed(RuntimeError):
 class Node:
     """A ``rmqstore writer serve`` or ``rmqstore query serve`` process on 127.0.0.1."""
 
-    def __init__(self, kind: str, store: Path, log_dir: Path, *extra: str, env: dict[str, str] | None = None):
+    def __init__(
+        self, kind: str, store: Path, log_dir: Path, *extra: str, env: dict[str, str] | None = None, python: str | None = None
+    ):
         self.kind = kind
         log_dir.mkdir(parents=True, exist_ok=True)
         self.stderr_path = log_dir / f"{kind}-{time.monotonic_ns()}.stderr"
         self._stderr = open(self.stderr_path, "wb")
         self.started_ns = time.perf_counter_ns()
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "rmqstore.cli.main", kind, "serve", "--store", str(store),
+            [python or sys.executable, "-m", "rmqstore.cli.main", kind, "serve", "--store", str(store),
              "--host", "127.0.0.1", "--port", "0", *extra],  # fmt: skip
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
@@ -252,9 +254,12 @@ class Nodes:
         self.log_dir = log_dir
         self.started: list[Node] = []
 
-    def start(self, kind: str, store: Path, *extra: str, env: dict[str, str] | None = None) -> Node:
-        """A node serving; ``env`` replaces the untraced environment (e.g. to trace it)."""
-        node = Node(kind, store, self.log_dir, *extra, env=env)
+    def start(
+        self, kind: str, store: Path, *extra: str, env: dict[str, str] | None = None, python: str | None = None
+    ) -> Node:
+        """A node serving; ``env`` replaces the untraced environment (e.g. to trace it),
+        ``python`` the interpreter that runs it (another tree's, to compare the two)."""
+        node = Node(kind, store, self.log_dir, *extra, env=env, python=python)
         self.started.append(node)
         node.wait_serving()
         return node

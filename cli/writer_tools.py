@@ -22,7 +22,7 @@ from rmqstore.cli import exits
 from rmqstore.cli.exits import EXIT_OK
 from rmqstore.cli.store_tools import add_size_options, sizes_from
 from rmqstore.common.errors import InvalidArgument
-from rmqstore.v1 import messages_pb2, writer_pb2_grpc
+from rmqstore.v1 import messages_pb2
 
 if TYPE_CHECKING:
     from rmqstore.service.acl import Acl
@@ -258,7 +258,7 @@ def cmd_writer_serve(args: argparse.Namespace) -> int:
         acl_rules,
     )
     from rmqstore.writer.rocketmq5 import SERVICE_NAME as MESSAGING_SERVICE_NAME
-    from rmqstore.writer.service import SERVICE_NAME, WriterServicer
+    from rmqstore.writer.service import SERVICE_NAME, WriterServicer, add_writer_service
     from rmqstore.writer.store import Writer
 
     # The store, TLS files and the ACL are checked before anything else: a bad one costs no recovery.
@@ -311,7 +311,7 @@ def cmd_writer_serve(args: argparse.Namespace) -> int:
     messaging = MessagingServicer(writer, servicer.appender, route, groups, policy)
 
     def register(server: grpc.aio.Server) -> None:
-        writer_pb2_grpc.add_WriterServiceServicer_to_server(servicer, server)
+        add_writer_service(servicer, server)
         messaging_pb2_grpc.add_MessagingServiceServicer_to_server(messaging, server)
 
     try:

@@ -178,6 +178,37 @@ def test_batch_dispatch_writes_the_bytes_of_one_record_at_a_time(
         shutil.rmtree(root)
 
 
+@pytest.mark.parametrize("grouping", ["compiled", "python", "arrays"])
+def test_each_queues_units_written_as_one_block_are_the_bytes_of_one_record_at_a_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, grouping: str
+) -> None:
+    """Batches whose every record has a unit (COMMIT and NOT only, as a writer's): each
+    queue's share is grouped into one block of bytes (compiled, or the Python definition)
+    and written at the queue's end, crossing its 7-unit files; the bytes, and each queue's
+    maxPhysicOffset, are those of dispatching one record at a time, and of the array path
+    the grouping stands in for."""
+    from rmqstore.common.codec import consumequeue as cq_codec
+
+    if grouping == "python":
+        monkeypatch.setattr(cq_codec, "_speedups", None)
+    if grouping == "arrays":
+        monkeypatch.setattr(Dispatcher, "_append_queue_blocks", lambda self, batch: False)
+    blocks: list[object] = []
+    grouped = cq_codec.queue_unit_blocks
+    monkeypatch.setattr(cq_codec, "queue_unit_blocks", lambda *columns: blocks.append(grouped(*columns)) or blocks[-1])
+    records = [r for r in make_records(random.Random(11), 400, 4096) if r.sys_flag in (0, 0x8)]
+    taken: dict[tuple[str, int], int] = {}
+    for record in records:  # renumbered: the kept records of each queue run consecutively
+        record.queue_offset = taken.get((record.topic, record.queue_id), 0)
+        taken[(record.topic, record.queue_id)] = record.queue_offset + 1
+    ends = dispatch_into(tmp_path / "one", records, None)
+    assert dispatch_into(tmp_path / "many", records, 50) == ends
+    assert tree_bytes(tmp_path / "many") == tree_bytes(tmp_path / "one")
+    if grouping != "arrays":  # every batch of 16 records or more was grouped: none handed back
+        assert len(blocks) == sum(len(records[s : s + 50]) >= 16 for s in range(0, len(records), 50)) >= 5
+        assert None not in blocks
+
+
 def test_redispatching_a_batch_changes_nothing(tmp_path: Path) -> None:
     records = make_records(random.Random(7), 300, 4096)
     dispatch_into(tmp_path / "once", records, 64)

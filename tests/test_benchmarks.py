@@ -355,3 +355,24 @@ def test_the_tracing_benchmark_measures_both_ways(tmp_path: Path) -> None:
     assert result["spans_received"] >= 200 + 2 + 3
     report = out.read_text(encoding="utf-8")
     assert "python benchmarks/tracing_bench.py --messages 200" in report and "≤ 1.15" in report and "≤ 1.05" in report
+
+
+def test_the_intake_probe_measures_the_writers_cpu_per_message() -> None:
+    """benchmarks/intake_probe.py at a smoke size, its writer run by two interpreters
+    (the same one twice) alternately: every message acked in every round, and the figures
+    printed agree with each other."""
+    python = sys.executable
+    done = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "intake_probe.py"), "--batches", "3", "--rounds", "1",
+         "--python", python, "--python", python],
+        cwd=REPO, capture_output=True, text=True, timeout=TIMEOUT_S, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout)
+    assert result["command"] == f"benchmarks/intake_probe.py --batches 3 --rounds 1 --python {python} --python {python}"
+    assert [r["python"] for r in result["rounds"]] == [python, python]
+    for row in result["rounds"]:
+        assert row["messages"] == 3000
+        assert row["writer_cpu_s"] >= 0 and row["msgs_per_s"] > 0
+        assert row["writer_cpu_us_per_msg"] == round(row["writer_cpu_s"] / 3000 * 1e6, 3)
+    assert list(result["medians"]) == [python]

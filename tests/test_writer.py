@@ -25,11 +25,13 @@ from rmqstore.common.files.store import StoreSizes
 from rmqstore.service.metrics import WriterMetrics
 from rmqstore.service.server import AsyncServing
 from rmqstore.v1 import messages_pb2, writer_pb2, writer_pb2_grpc
+from rmqstore.writer import service as writer_service
 from rmqstore.writer.config import FlushPolicy, WriterConfig
 from rmqstore.writer.service import (
     SERVICE_NAME,
     GroupAppender,
     WriterServicer,
+    add_writer_service,
     batch_response,
     to_batch,
 )
@@ -63,7 +65,7 @@ def start_node(store: Path, **overrides: object) -> Node:
     servicer = WriterServicer(writer)
     try:
         serving = AsyncServing(
-            lambda s: writer_pb2_grpc.add_WriterServiceServicer_to_server(servicer, s),
+            lambda s: add_writer_service(servicer, s),
             [SERVICE_NAME],
             host="127.0.0.1",
             port=0,
@@ -163,6 +165,28 @@ def test_stream_acks_each_batch_in_order(node: Node) -> None:
     assert [len(r.results) for r in responses] == [3] * 20
     offsets = [result.commitlog_offset for r in responses for result in r.results]
     assert offsets == sorted(offsets) and len(set(offsets)) == 60
+
+
+def test_batches_are_read_off_the_bytes_they_came_in(node: Node, monkeypatch: pytest.MonkeyPatch) -> None:
+    """SendBatch and SendStream, registered by add_writer_service, hand the drain each
+    request with the bytes it arrived in (read into columns without serializing it
+    again); every message is stored as sent, and the Send call still reads its proto."""
+    seen: list[type] = []
+    read = writer_service.request_columns
+
+    def spying(request: object) -> object:
+        seen.append(type(request))
+        return read(request)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(writer_service, "request_columns", spying)
+    batch = writer_pb2.SendBatchRequest(messages=[message(keys=["k1", "k2"], body=b"one", tags="t"), message(body=b"two")])
+    acked = list(node.stub.SendBatch(batch).results) + [r for response in node.stub.SendStream(iter([batch])) for r in response.results]
+    acked.append(node.stub.Send(writer_pb2.SendRequest(message=message(body=b"three"))).result)
+    assert seen == [writer_service.ReceivedBatch] * 2
+    stored = [node.writer.log.read(result.commitlog_offset) for result in acked]
+    assert [record.body for record in stored] == [b"one", b"two", b"one", b"two", b"three"]
+    assert [record.keys for record in stored] == ["k1 k2", None, "k1 k2", None, None]
+    assert [record.tags for record in stored] == ["t", None, "t", None, None]
 
 
 def test_compact_acks_carry_what_send_results_carry(node: Node) -> None:
@@ -632,19 +656,27 @@ def test_concurrent_appends_are_combined_and_each_keeps_its_own_outcome(tmp_path
 
 
 def _appended_as_one_group(
-    writer: Writer, requests: list[tuple[list[messages_pb2.Message], SocketAddress]], as_columns: Collection[int] = ()
+    writer: Writer,
+    requests: list[tuple[list[messages_pb2.Message], SocketAddress]],
+    as_columns: Collection[int] = (),
+    as_requests: bool = False,
 ) -> list[object]:
     """Each request's response or error, the requests queued on one event loop with no
     await between them: the appender's first drain takes them all as one group. The
     requests numbered in ``as_columns`` come already read into columns (append_batch, as
-    the RocketMQ 5 gateway sends), the others as protos."""
+    the RocketMQ 5 gateway sends), the others as protos: their messages, or with
+    ``as_requests`` their SendBatchRequests (append_request, as SendBatch and SendStream
+    hand them over)."""
     appender = GroupAppender(writer, WriterMetrics(writer))
+
+    def append(messages: list[messages_pb2.Message], peer: SocketAddress) -> asyncio.Future[object]:
+        if as_requests:
+            return appender.append_request(writer_pb2.SendBatchRequest(messages=messages), peer, batch_response)
+        return appender.append(messages, peer, batch_response)
 
     async def send_all() -> list[object]:
         futures = [
-            appender.append_batch(to_batch(messages), peer, batch_response)
-            if n in as_columns
-            else appender.append(messages, peer, batch_response)
+            appender.append_batch(to_batch(messages), peer, batch_response) if n in as_columns else append(messages, peer)
             for n, (messages, peer) in enumerate(requests)
         ]
         return await asyncio.gather(*futures, return_exceptions=True)
@@ -663,11 +695,12 @@ GROUP_CASES = {
 }
 
 
+@pytest.mark.parametrize("way", ["messages", "requests", "requests, Python path"])
 @pytest.mark.parametrize("mixed", [False, True], ids=["protos", "protos and columns"])
 @pytest.mark.parametrize("flush", [FlushPolicy.SYNC, FlushPolicy.ASYNC])
 @pytest.mark.parametrize("case", GROUP_CASES)
 def test_a_group_of_requests_is_stored_as_one_batch_and_each_keeps_its_own_outcome(
-    tmp_path: Path, flush: FlushPolicy, case: str, mixed: bool
+    tmp_path: Path, flush: FlushPolicy, case: str, mixed: bool, way: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The asyncio service's group commit (GroupAppender → Writer.append_group): the
     requests queued together are appended as one batch with one fsync under SYNC; each
@@ -676,7 +709,10 @@ def test_a_group_of_requests_is_stored_as_one_batch_and_each_keeps_its_own_outco
     a queue id out of range, a record larger than a commit log file) is refused alone,
     its messages numbered within its own request. Mixed: the odd callers' requests and
     the bad ones that can be read (4, 8) come as columns, the others as protos, and the
-    outcomes are the same."""
+    outcomes are the same. The protos come as messages or as SendBatchRequests, read off
+    their bytes by the compiled pass, or (Python path) without it, message by message."""
+    if way == "requests, Python path":
+        monkeypatch.setattr(writer_service, "_speedups", None)
     store = tmp_path / "store"
     writer = Writer(WriterConfig(store=str(store), sizes=SMALL, flush=flush, auto_create_topics=False))
     writer.topics.create("Orders", 4)
@@ -697,7 +733,9 @@ def test_a_group_of_requests_is_stored_as_one_batch_and_each_keeps_its_own_outco
     callers = range(10)
     peers = [SocketAddress.parse(f"10.0.0.{caller}:{5000 + caller}") for caller in callers]
     as_columns = {c for c in callers if c % 2 or c in (4, 8)} if mixed else set()
-    outcomes = _appended_as_one_group(writer, [(special.get(c) or good(c), peers[c]) for c in callers], as_columns)
+    outcomes = _appended_as_one_group(
+        writer, [(special.get(c) or good(c), peers[c]) for c in callers], as_columns, as_requests=way != "messages"
+    )
     reasons = {
         2: lambda text: text.startswith("message 2: born_host: "),
         4: lambda text: text == "queue id 7 is out of range: topic Orders has 4 queues",

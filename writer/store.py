@@ -742,8 +742,16 @@ class Writer:
         default_born = peer or store_host
         count = batch.message_count
         topics, bodies, keys, tags = batch.topics, batch.bodies, batch.keys, batch.tags
-        born_hosts = [born or default_born for born in batch.born_hosts]
-        uniq_keys = [given or self.uniq_keys.next(born.ip, now) for given, born in zip(batch.uniq_keys, born_hosts)]
+        # The common batches (no born hosts given, every uniq key given) take a C-speed
+        # pass over the column instead of a Python step per message.
+        if any(batch.born_hosts):
+            born_hosts = [born or default_born for born in batch.born_hosts]
+        else:
+            born_hosts = [default_born] * count
+        if all(batch.uniq_keys):
+            uniq_keys = batch.uniq_keys[:]
+        else:
+            uniq_keys = [given or self.uniq_keys.next(born.ip, now) for given, born in zip(batch.uniq_keys, born_hosts)]
         queue_ids = self._assign_queues(topics, batch.queue_ids)
         queue_offsets, next_queue_offsets = self._plan_queue_offsets(topics, queue_ids)
         properties = props.encode_messages_properties(batch.properties, keys, tags, uniq_keys)
@@ -760,7 +768,7 @@ class Writer:
             records = set_physical_offsets(records, sizes, offsets)
         timestamps = [store_ts] * count
         plans = DispatchBatch.of_messages(topics, queue_ids, queue_offsets, offsets, sizes, timestamps, tags, uniq_keys, keys)
-        self._prepare_dispatch(topics, queue_ids, queue_offsets, next_queue_offsets, sum(plans.key_counts))
+        self._prepare_dispatch(next_queue_offsets, sum(plans.key_counts))
         try:
             self.log.write_laid_out(offsets, sizes, records)
         except BaseException as error:
@@ -775,25 +783,19 @@ class Writer:
         self._last_store_ts = store_ts
         return plans, AppendResults(store_host, store_ts, uniq_keys, topics, queue_ids, queue_offsets, offsets, sizes)
 
-    def _prepare_dispatch(
-        self,
-        topics: list[str],
-        queue_ids: list[int],
-        queue_offsets: list[int],
-        next_queue_offsets: dict[tuple[str, int], int],
-        key_count: int,
-    ) -> None:
+    def _prepare_dispatch(self, next_queue_offsets: dict[tuple[str, int], int], key_count: int) -> None:
         """Create, before the batch touches the commit log, every consume queue file its
         units will go into, and the next index file's blocks if its keys may fill the
         current one. Creating a file is what a full disk or a descriptor shortage
         refuses; refused here, the batch is refused whole and nothing of it is stored,
-        where refused during dispatch its records would already be in the log."""
-        firsts: dict[tuple[str, int], int] = {}
-        for key, queue_offset in zip(zip(topics, queue_ids), queue_offsets):
-            firsts.setdefault(key, queue_offset)
+        where refused during dispatch its records would already be in the log.
+
+        A queue's units run from its next offset before the batch (nothing of the batch
+        is taken yet) to the one before ``next_queue_offsets``: a step per queue, not per
+        message."""
         try:
-            for key, first in firsts.items():
-                self.queues.get(*key).prepare(first, next_queue_offsets[key] - 1)
+            for key, following in next_queue_offsets.items():
+                self.queues.get(*key).prepare(self._next_queue_offset.get(key, 0), following - 1)
             self.index.prepare(key_count)
         except OSError as error:
             typed = typed_os_error(error, "a consume queue or index file could not be created; the batch was not stored")

@@ -18,6 +18,9 @@
  *   index_put_keys                     files.index.IndexFile.put_keys
  *   screen_batch                       writer.validate._plainly_valid
  *   jsonl_send_batches                 cli.bulk_send's parse, screen and encode of a JSON Lines file
+ *   send_batch_columns                 writer.service.to_batch, from a SendBatchRequest's bytes
+ *   queue_unit_blocks                  consumequeue.queue_unit_blocks
+ *   compact_response_bytes             writer.service.compact_response, serialized
  *
  * The fast paths only ever succeed. Where the bytes are anything but a well-formed
  * record or chain (a BLANK filler, zeros, a bad size or CRC, a read past the buffer), they
@@ -2266,6 +2269,531 @@ done:
     return batches;
 }
 
+/* A SendBatchResponse holding only CompactResults (writer.service.compact_response), as
+ * protobuf serializes it: fields in number order, the integer columns packed, int32s
+ * sign-extended to ten bytes when negative. Built from the results' columns without a
+ * proto object, for a handler whose server sends bytes as they are (add_writer_service).
+ * None where a value is not what the columns hold (the caller builds the proto). */
+
+static Py_ssize_t packed_size(PyObject **items, Py_ssize_t count, int is_int32, int *plain) {
+    Py_ssize_t size = 0;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        if (!PyLong_CheckExact(items[i])) {
+            *plain = 0;
+            return 0;
+        }
+        int overflow;
+        long long value = PyLong_AsLongLongAndOverflow(items[i], &overflow);
+        if (value == -1 && PyErr_Occurred()) return -1;
+        if (overflow || (is_int32 && (value < INT32_MIN || value > INT32_MAX))) {
+            *plain = 0;
+            return 0;
+        }
+        size += varint_size((uint64_t)value);
+    }
+    return size;
+}
+
+static unsigned char *put_packed(unsigned char *p, unsigned char tag, PyObject **items, Py_ssize_t count, Py_ssize_t size) {
+    if (!count) return p;
+    *p++ = tag;
+    p = put_varint(p, (uint64_t)size);
+    for (Py_ssize_t i = 0; i < count; i++) p = put_varint(p, (uint64_t)PyLong_AsLongLong(items[i]));
+    return p;
+}
+
+static PyObject *compact_response_bytes(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 7) {
+        PyErr_SetString(PyExc_TypeError, "compact_response_bytes takes (offset_msg_id_prefix, store_timestamp_ms, "
+                                         "uniq_keys, queue_ids, queue_offsets, commitlog_offsets, sizes)");
+        return NULL;
+    }
+    const char *names[5] = {"uniq_keys", "queue_ids", "queue_offsets", "commitlog_offsets", "sizes"};
+    PyObject *columns[5] = {NULL}, *result = NULL;
+    for (int k = 0; k < 5; k++)
+        if ((columns[k] = PySequence_Fast(args[k + 2], names[k])) == NULL) goto done;
+    Py_ssize_t prefix_length;
+    const char *prefix = PyUnicode_Check(args[0]) ? PyUnicode_AsUTF8AndSize(args[0], &prefix_length) : NULL;
+    if (prefix == NULL) {
+        if (PyErr_Occurred() && !PyErr_ExceptionMatches(PyExc_UnicodeEncodeError)) goto done;
+        PyErr_Clear();
+        goto not_plain;
+    }
+    int overflow;
+    long long stored = PyLong_Check(args[1]) ? PyLong_AsLongLongAndOverflow(args[1], &overflow) : 0;
+    if (stored == -1 && PyErr_Occurred()) goto done;
+    if (!PyLong_Check(args[1]) || overflow) goto not_plain;
+    Py_ssize_t size = 0, packed[4], uniq_size = 0;
+    unsigned char *measuring = NULL;
+    if (prefix_length) size += put_bytes(&measuring, 0x0A, prefix, prefix_length);
+    if (stored) size += 1 + varint_size((uint64_t)stored);
+    PyObject **uniq_keys = PySequence_Fast_ITEMS(columns[0]);
+    for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(columns[0]); i++) {
+        Py_ssize_t length;
+        if (!PyUnicode_Check(uniq_keys[i])) goto not_plain;
+        const char *text = PyUnicode_AsUTF8AndSize(uniq_keys[i], &length);
+        if (text == NULL) {
+            if (!PyErr_ExceptionMatches(PyExc_UnicodeEncodeError)) goto done;
+            PyErr_Clear();
+            goto not_plain;
+        }
+        uniq_size += 1 + varint_size((uint64_t)length) + length;
+    }
+    size += uniq_size;
+    for (int k = 0; k < 4; k++) {
+        int plain = 1;
+        packed[k] = packed_size(PySequence_Fast_ITEMS(columns[k + 1]), PySequence_Fast_GET_SIZE(columns[k + 1]),
+                                k == 0 || k == 3, &plain);
+        if (packed[k] < 0) goto done;
+        if (!plain) goto not_plain;
+        if (PySequence_Fast_GET_SIZE(columns[k + 1])) size += 1 + varint_size((uint64_t)packed[k]) + packed[k];
+    }
+    /* SendBatchResponse.compact (field 2), present even when empty, as the proto's is set. */
+    result = PyBytes_FromStringAndSize(NULL, 1 + varint_size((uint64_t)size) + size);
+    if (result == NULL) goto done;
+    unsigned char *p = (unsigned char *)PyBytes_AS_STRING(result);
+    *p++ = 0x12;
+    p = put_varint(p, (uint64_t)size);
+    if (prefix_length) put_bytes(&p, 0x0A, prefix, prefix_length);
+    if (stored) {
+        *p++ = 0x10;
+        p = put_varint(p, (uint64_t)stored);
+    }
+    for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(columns[0]); i++) {
+        Py_ssize_t length;
+        const char *text = PyUnicode_AsUTF8AndSize(uniq_keys[i], &length);
+        put_bytes(&p, 0x1A, text, length);
+    }
+    for (int k = 0; k < 4; k++)
+        p = put_packed(p, (unsigned char)(0x22 + 8 * k), PySequence_Fast_ITEMS(columns[k + 1]),
+                       PySequence_Fast_GET_SIZE(columns[k + 1]), packed[k]);
+    goto done;
+not_plain:
+    Py_INCREF(Py_None);
+    result = Py_None;
+done:
+    for (int k = 0; k < 5; k++) Py_XDECREF(columns[k]);
+    return result;
+}
+
+/* A dispatch batch's consume queue units grouped by queue (codec.consumequeue.queue_unit_blocks):
+ * for each queue, in the order the batch first names it, (topic, queue id, first queue offset,
+ * position of its last record, its units' bytes in record order). None when some queue's
+ * offsets do not run consecutively in the batch, or a value does not fit its unit field:
+ * the caller then takes the general path. Queues are told apart by topic (a str, compared
+ * by value) and queue id, through a table of int64 keys: the topic's number among the
+ * batch's distinct topics above the queue id. */
+
+#define CQ_UNIT_SIZE 20 /* consumequeue.py: UNIT, commitLogOffset int64, size int32, tagsCode int64 */
+
+static inline void put_be64(unsigned char *p, long long v) {
+    put_be32(p, (uint32_t)((uint64_t)v >> 32));
+    put_be32(p + 4, (uint32_t)v);
+}
+
+typedef struct {
+    int64_t key;
+    Py_ssize_t group; /* -1: empty */
+} QueueSlot;
+
+typedef struct {
+    Py_ssize_t first, last, count;
+    long long first_offset, next_offset;
+    unsigned char *out;
+} QueueGroup;
+
+static int unit_field(PyObject *value, long long low, long long high, long long *out) {
+    if (!PyLong_Check(value)) return 0;
+    int overflow;
+    *out = PyLong_AsLongLongAndOverflow(value, &overflow);
+    if (*out == -1 && PyErr_Occurred()) return -1;
+    return !overflow && *out >= low && *out <= high;
+}
+
+static PyObject *queue_unit_blocks(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 6) {
+        PyErr_SetString(PyExc_TypeError, "queue_unit_blocks takes (topics, queue_ids, queue_offsets, commitlog_offsets, "
+                                         "sizes, tags_codes)");
+        return NULL;
+    }
+    const char *names[6] = {"topics", "queue_ids", "queue_offsets", "commitlog_offsets", "sizes", "tags_codes"};
+    PyObject *columns[6] = {NULL}, *topic_numbers = NULL, *result = NULL;
+    QueueSlot *slots = NULL;
+    QueueGroup *groups = NULL;
+    Py_ssize_t *group_of = NULL, group_count = 0;
+    for (int k = 0; k < 6; k++)
+        if ((columns[k] = PySequence_Fast(args[k], names[k])) == NULL) goto done;
+    Py_ssize_t count = PySequence_Fast_GET_SIZE(columns[0]);
+    for (int k = 1; k < 6; k++)
+        if (PySequence_Fast_GET_SIZE(columns[k]) != count) {
+            PyErr_SetString(PyExc_ValueError, "the columns differ in length");
+            goto done;
+        }
+    PyObject **topics = PySequence_Fast_ITEMS(columns[0]), **queue_ids = PySequence_Fast_ITEMS(columns[1]),
+             **queue_offsets = PySequence_Fast_ITEMS(columns[2]), **offsets = PySequence_Fast_ITEMS(columns[3]),
+             **sizes = PySequence_Fast_ITEMS(columns[4]), **tags_codes = PySequence_Fast_ITEMS(columns[5]);
+    Py_ssize_t capacity = 16;
+    while (capacity < 2 * count) capacity *= 2;
+    slots = PyMem_Malloc(sizeof(QueueSlot) * (size_t)capacity);
+    groups = PyMem_Malloc(sizeof(QueueGroup) * (size_t)(count ? count : 1));
+    group_of = PyMem_Malloc(sizeof(Py_ssize_t) * (size_t)(count ? count : 1));
+    topic_numbers = PyDict_New();
+    if (slots == NULL || groups == NULL || group_of == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    if (topic_numbers == NULL) goto done;
+    for (Py_ssize_t i = 0; i < capacity; i++) slots[i].group = -1;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        if (!PyUnicode_Check(topics[i])) goto not_plain;
+        long long queue_id, queue_offset;
+        int fits = unit_field(queue_ids[i], INT32_MIN, INT32_MAX, &queue_id);
+        if (fits == 1) fits = unit_field(queue_offsets[i], 0, (1LL << 62) - 1, &queue_offset);
+        if (fits < 0) goto done;
+        if (fits == 0) goto not_plain;
+        PyObject *number = PyDict_GetItemWithError(topic_numbers, topics[i]);
+        long long topic_number;
+        if (number == NULL) {
+            if (PyErr_Occurred()) goto done;
+            topic_number = PyDict_GET_SIZE(topic_numbers);
+            PyObject *made = PyLong_FromLongLong(topic_number);
+            if (made == NULL) goto done;
+            int set = PyDict_SetItem(topic_numbers, topics[i], made);
+            Py_DECREF(made);
+            if (set < 0) goto done;
+        } else {
+            topic_number = PyLong_AsLongLong(number);
+        }
+        int64_t key = (int64_t)((uint64_t)topic_number << 32 | (uint32_t)queue_id);
+        Py_ssize_t at = (Py_ssize_t)(((uint64_t)key * 0x9E3779B97F4A7C15ull) >> 20) & (capacity - 1);
+        while (slots[at].group >= 0 && slots[at].key != key) at = (at + 1) & (capacity - 1);
+        if (slots[at].group < 0) {
+            slots[at].key = key;
+            slots[at].group = group_count;
+            groups[group_count] = (QueueGroup){i, i, 0, queue_offset, queue_offset, NULL};
+            group_count++;
+        }
+        QueueGroup *group = &groups[slots[at].group];
+        if (queue_offset != group->next_offset) goto not_plain; /* not consecutive */
+        group->next_offset++;
+        group->last = i;
+        group->count++;
+        group_of[i] = slots[at].group;
+    }
+    result = PyList_New(group_count);
+    if (result == NULL) goto done;
+    for (Py_ssize_t g = 0; g < group_count; g++) {
+        QueueGroup *group = &groups[g];
+        PyObject *units = PyBytes_FromStringAndSize(NULL, group->count * CQ_UNIT_SIZE);
+        if (units == NULL) goto fail;
+        group->out = (unsigned char *)PyBytes_AS_STRING(units);
+        PyObject *block = Py_BuildValue("(OOLnN)", topics[group->first], queue_ids[group->first], group->first_offset,
+                                        group->last, units);
+        if (block == NULL) goto fail;
+        PyList_SET_ITEM(result, g, block);
+    }
+    for (Py_ssize_t i = 0; i < count; i++) {
+        long long offset, size, tags_code;
+        int fits = unit_field(offsets[i], INT64_MIN, INT64_MAX, &offset);
+        if (fits == 1) fits = unit_field(sizes[i], INT32_MIN, INT32_MAX, &size);
+        if (fits == 1) fits = unit_field(tags_codes[i], INT64_MIN, INT64_MAX, &tags_code);
+        if (fits < 0) goto fail;
+        if (fits == 0) {
+            Py_CLEAR(result);
+            goto not_plain;
+        }
+        QueueGroup *group = &groups[group_of[i]];
+        put_be64(group->out, offset);
+        put_be32(group->out + 8, (uint32_t)size);
+        put_be64(group->out + 12, tags_code);
+        group->out += CQ_UNIT_SIZE;
+    }
+    goto done;
+not_plain:
+    Py_INCREF(Py_None);
+    result = Py_None;
+    goto done;
+fail:
+    Py_CLEAR(result);
+done:
+    for (int k = 0; k < 6; k++) Py_XDECREF(columns[k]);
+    Py_XDECREF(topic_numbers);
+    PyMem_Free(slots);
+    PyMem_Free(groups);
+    PyMem_Free(group_of);
+    return result;
+}
+
+/* A serialized SendBatchRequest's messages as the writer's columns (writer.validate.MessageBatch,
+ * in its field order: topics, bodies, keys, tags, properties, queue_ids, uniq_keys, flags,
+ * born_timestamps_ms, born_hosts), read off the wire in one pass: the proto objects the
+ * Python definition (writer.service.to_batch) reads field by field are never made. None
+ * wherever the bytes hold anything that definition must word or decide (a born host, which
+ * is parsed and may be refused; a field or wire type this reader does not know; bytes that
+ * do not parse), and the caller then runs it. Proto3 rules: an absent field is its default,
+ * a repeated scalar field's last value wins, optional queue_id is None only when absent. */
+
+typedef struct {
+    const unsigned char *p, *end;
+} Wire;
+
+static inline int get_varint(Wire *w, uint64_t *value) {
+    uint64_t result = 0;
+    for (int shift = 0; shift < 64 && w->p < w->end; shift += 7) {
+        unsigned char byte = *w->p++;
+        result |= (uint64_t)(byte & 0x7F) << shift;
+        if (!(byte & 0x80)) {
+            *value = result;
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* A length-delimited field's bytes: [*data, *data + *length) within w. */
+static inline int get_delimited(Wire *w, const unsigned char **data, Py_ssize_t *length) {
+    uint64_t size;
+    if (!get_varint(w, &size) || size > (uint64_t)(w->end - w->p)) return 0;
+    *data = w->p;
+    *length = (Py_ssize_t)size;
+    w->p += size;
+    return 1;
+}
+
+/* The few distinct texts a field repeats across a request (a batch's topics and tags), each
+ * decoded once: equal texts are then one object, whose hash is computed once and which the
+ * dict look-ups downstream find by identity. It owns its references. */
+#define TEXT_CACHE_SIZE 16
+typedef struct {
+    PyObject *texts[TEXT_CACHE_SIZE];
+    int count;
+} TextCache;
+
+static void text_cache_clear(TextCache *cache) {
+    for (int i = 0; i < cache->count; i++) Py_DECREF(cache->texts[i]);
+    cache->count = 0;
+}
+
+/* A text field's str into *text (its reference replaced), taken from the cache when given
+ * one. 1: done; 0: the bytes are not UTF-8 (protobuf's parser refuses them: not plain, no
+ * error set); -1: error. */
+static int wire_text(const unsigned char *data, Py_ssize_t length, TextCache *cache, PyObject **text) {
+    if (cache != NULL)
+        for (int i = 0; i < cache->count; i++) {
+            PyObject *known = cache->texts[i];
+            if (PyUnicode_GET_LENGTH(known) == length && memcmp(PyUnicode_1BYTE_DATA(known), data, (size_t)length) == 0) {
+                Py_INCREF(known);
+                Py_XSETREF(*text, known);
+                return 1;
+            }
+        }
+    PyObject *made = PyUnicode_DecodeUTF8((const char *)data, length, NULL);
+    if (made == NULL) {
+        if (!PyErr_ExceptionMatches(PyExc_UnicodeDecodeError)) return -1;
+        PyErr_Clear();
+        return 0;
+    }
+    /* Only ASCII texts are cached: their bytes are their UTF-8, compared above as is. */
+    if (cache != NULL && cache->count < TEXT_CACHE_SIZE && PyUnicode_IS_COMPACT_ASCII(made)) {
+        Py_INCREF(made);
+        cache->texts[cache->count++] = made;
+    }
+    Py_XSETREF(*text, made);
+    return 1;
+}
+
+/* One map<string, string> entry (key = 1, value = 2) into properties. 0: not plain. */
+static int wire_property(const unsigned char *data, Py_ssize_t length, PyObject *properties) {
+    Wire w = {data, data + length};
+    const unsigned char *name = (const unsigned char *)"", *value = (const unsigned char *)"";
+    Py_ssize_t name_length = 0, value_length = 0;
+    while (w.p < w.end) {
+        uint64_t tag;
+        if (!get_varint(&w, &tag)) return 0;
+        if (tag == 0x0A) {
+            if (!get_delimited(&w, &name, &name_length)) return 0;
+        } else if (tag == 0x12) {
+            if (!get_delimited(&w, &value, &value_length)) return 0;
+        } else {
+            return 0;
+        }
+    }
+    PyObject *key = NULL, *text = NULL;
+    int read = wire_text(name, name_length, NULL, &key);
+    if (read == 1) read = wire_text(value, value_length, NULL, &text);
+    if (read == 1 && PyDict_SetItem(properties, key, text) < 0) read = -1;
+    Py_XDECREF(key);
+    Py_XDECREF(text);
+    return read;
+}
+
+enum { COL_TOPICS, COL_BODIES, COL_KEYS, COL_TAGS, COL_PROPERTIES, COL_QUEUE_IDS, COL_UNIQ_KEYS, COL_FLAGS,
+       COL_BORN_TIMESTAMPS, COL_BORN_HOSTS, COLUMNS };
+
+/* One Message's fields appended to the columns. 1: done; 0: not plain (no error set); -1: error. */
+static int wire_message(const unsigned char *data, Py_ssize_t length, PyObject **columns, PyObject *empty_properties,
+                        TextCache *topic_texts, TextCache *tags_texts) {
+    Wire w = {data, data + length};
+    Py_ssize_t count = PyList_GET_SIZE(columns[COL_TOPICS]);
+    PyObject *topic = NULL, *body = NULL, *keys = NULL, *tags = NULL, *properties = NULL, *queue_id = NULL,
+             *uniq_key = NULL;
+    int32_t flag = 0;
+    int64_t born_timestamp_ms = 0;
+    int outcome = 0, read;
+    keys = PyList_New(0);
+    if (keys == NULL) return -1;
+    while (w.p < w.end) {
+        uint64_t tag, number;
+        const unsigned char *field;
+        Py_ssize_t field_length;
+        if (!get_varint(&w, &tag)) goto done;
+        switch (tag) {
+        case 0x0A: /* topic */
+            if (!get_delimited(&w, &field, &field_length)) goto done;
+            if ((read = wire_text(field, field_length, topic_texts, &topic)) != 1) goto failed;
+            break;
+        case 0x10: /* queue_id: an int32 varint, sign-extended on the wire */
+            if (!get_varint(&w, &number)) goto done;
+            Py_XSETREF(queue_id, PyLong_FromLong((long)(int32_t)(uint32_t)number));
+            if (queue_id == NULL) goto error;
+            break;
+        case 0x1A: /* body */
+            if (!get_delimited(&w, &field, &field_length)) goto done;
+            Py_XSETREF(body, PyBytes_FromStringAndSize((const char *)field, field_length));
+            if (body == NULL) goto error;
+            break;
+        case 0x22: { /* keys: repeated */
+            if (!get_delimited(&w, &field, &field_length)) goto done;
+            PyObject *key = NULL;
+            if ((read = wire_text(field, field_length, NULL, &key)) != 1) goto failed;
+            int appended = PyList_Append(keys, key);
+            Py_DECREF(key);
+            if (appended < 0) goto error;
+            break;
+        }
+        case 0x2A: /* tags */
+            if (!get_delimited(&w, &field, &field_length)) goto done;
+            if ((read = wire_text(field, field_length, tags_texts, &tags)) != 1) goto failed;
+            break;
+        case 0x32: { /* properties: map entries */
+            if (!get_delimited(&w, &field, &field_length)) goto done;
+            if (properties == NULL && (properties = PyDict_New()) == NULL) goto error;
+            if ((read = wire_property(field, field_length, properties)) != 1) goto failed;
+            break;
+        }
+        case 0x3A: /* uniq_key */
+            if (!get_delimited(&w, &field, &field_length)) goto done;
+            if ((read = wire_text(field, field_length, NULL, &uniq_key)) != 1) goto failed;
+            break;
+        case 0x40: /* flag: int32 */
+            if (!get_varint(&w, &number)) goto done;
+            flag = (int32_t)(uint32_t)number;
+            break;
+        case 0x48: /* born_timestamp_ms: int64 */
+            if (!get_varint(&w, &number)) goto done;
+            born_timestamp_ms = (int64_t)number;
+            break;
+        case 0x52: /* born_host: the Python definition parses (and may refuse) it */
+            if (!get_delimited(&w, &field, &field_length)) goto done;
+            if (field_length) goto done;
+            break;
+        default:
+            goto done;
+        }
+    }
+    PyObject *values[COLUMNS] = {
+        topic, body, keys, tags, properties != NULL && PyDict_GET_SIZE(properties) ? properties : empty_properties,
+        queue_id, uniq_key, NULL, NULL, Py_None,
+    };
+    PyObject *made[COLUMNS] = {NULL};
+    made[COL_FLAGS] = values[COL_FLAGS] = PyLong_FromLong(flag);
+    made[COL_BORN_TIMESTAMPS] = values[COL_BORN_TIMESTAMPS] = PyLong_FromLongLong(born_timestamp_ms);
+    if (made[COL_FLAGS] == NULL || made[COL_BORN_TIMESTAMPS] == NULL) {
+        Py_XDECREF(made[COL_FLAGS]);
+        Py_XDECREF(made[COL_BORN_TIMESTAMPS]);
+        goto error;
+    }
+    if (topic == NULL) values[COL_TOPICS] = made[COL_TOPICS] = PyUnicode_New(0, 0);
+    if (body == NULL) values[COL_BODIES] = made[COL_BODIES] = PyBytes_FromStringAndSize(NULL, 0);
+    if (tags == NULL) values[COL_TAGS] = made[COL_TAGS] = PyUnicode_New(0, 0);
+    if (uniq_key == NULL) values[COL_UNIQ_KEYS] = made[COL_UNIQ_KEYS] = PyUnicode_New(0, 0);
+    if (queue_id == NULL) values[COL_QUEUE_IDS] = Py_None;
+    outcome = 1;
+    for (int k = 0; k < COLUMNS; k++) {
+        if (outcome == 1 && (values[k] == NULL || PyList_Append(columns[k], values[k]) < 0)) outcome = -1;
+        Py_XDECREF(made[k]);
+    }
+    if (outcome < 0) {
+        /* Keep the columns of equal length: drop what this message appended. */
+        for (int k = 0; k < COLUMNS; k++)
+            if (PyList_GET_SIZE(columns[k]) > count) PyList_SetSlice(columns[k], count, count + 1, NULL);
+    }
+    goto done;
+failed: /* read is 0 (not plain) or -1 (an error) */
+    outcome = read;
+    goto done;
+error:
+    outcome = -1;
+done:
+    Py_XDECREF(topic);
+    Py_XDECREF(body);
+    Py_XDECREF(keys);
+    Py_XDECREF(tags);
+    Py_XDECREF(properties);
+    Py_XDECREF(queue_id);
+    Py_XDECREF(uniq_key);
+    return outcome;
+}
+
+static PyObject *send_batch_columns(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "send_batch_columns takes (serialized SendBatchRequest, empty_properties)");
+        return NULL;
+    }
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0) return NULL;
+    PyObject *columns[COLUMNS] = {NULL};
+    PyObject *result = NULL;
+    TextCache topic_texts = {{NULL}, 0}, tags_texts = {{NULL}, 0};
+    for (int k = 0; k < COLUMNS; k++)
+        if ((columns[k] = PyList_New(0)) == NULL) goto done;
+    Wire w = {view.buf, (const unsigned char *)view.buf + view.len};
+    while (w.p < w.end) {
+        uint64_t tag, ignored;
+        const unsigned char *message;
+        Py_ssize_t length;
+        if (!get_varint(&w, &tag)) goto plain_none;
+        if (tag == 0x0A) { /* messages */
+            if (!get_delimited(&w, &message, &length)) goto plain_none;
+            int read = wire_message(message, length, columns, args[1], &topic_texts, &tags_texts);
+            if (read < 0) goto done;
+            if (read == 0) goto plain_none;
+        } else if (tag == 0x10) { /* compact_results: the caller reads it off the request */
+            if (!get_varint(&w, &ignored)) goto plain_none;
+        } else {
+            goto plain_none;
+        }
+    }
+    result = PyTuple_New(COLUMNS);
+    if (result == NULL) goto done;
+    for (int k = 0; k < COLUMNS; k++) {
+        PyTuple_SET_ITEM(result, k, columns[k]);
+        columns[k] = NULL;
+    }
+    goto done;
+plain_none:
+    if (!PyErr_Occurred()) {
+        Py_INCREF(Py_None);
+        result = Py_None;
+    }
+done:
+    for (int k = 0; k < COLUMNS; k++) Py_XDECREF(columns[k]);
+    text_cache_clear(&topic_texts);
+    text_cache_clear(&tags_texts);
+    PyBuffer_Release(&view);
+    return result;
+}
+
 /* The columns of `rmqstore send --file`'s parsed JSON lines (a list of dicts): topics,
  * queue ids, bodies (the text's UTF-8), keys, tags and uniq keys — or None as soon as a
  * line is anything but plain (an unknown or other field, a value of another type, a queue
@@ -3025,6 +3553,14 @@ static PyMethodDef methods[] = {
     {"ack_lines", (PyCFunction)(void (*)(void))ack_lines, METH_FASTCALL,
      "ack_lines(prefix, topics, uniq_keys, queue_ids, queue_offsets, commitlog_offsets, store_timestamp_ms) -> str"
      " | None: send --file's ack lines, None where one needs Python's formatting."},
+    {"compact_response_bytes", (PyCFunction)(void (*)(void))compact_response_bytes, METH_FASTCALL,
+     "compact_response_bytes(prefix, store_timestamp_ms, uniq_keys, queue_ids, queue_offsets, commitlog_offsets, sizes)"
+     " -> bytes | None: a serialized SendBatchResponse holding only CompactResults."},
+    {"queue_unit_blocks", (PyCFunction)(void (*)(void))queue_unit_blocks, METH_FASTCALL,
+     "queue_unit_blocks(topics, queue_ids, queue_offsets, commitlog_offsets, sizes, tags_codes)"
+     " -> [(topic, queue_id, first_queue_offset, last_position, units)] | None."},
+    {"send_batch_columns", (PyCFunction)(void (*)(void))send_batch_columns, METH_FASTCALL,
+     "send_batch_columns(request_bytes, empty_properties) -> (topics, ..., born_hosts) | None."},
     {"screen_batch", (PyCFunction)(void (*)(void))screen_batch, METH_FASTCALL,
      "screen_batch(bodies, keys, tags, uniq_keys, queue_ids, max_body, max_keys, max_key_length, max_tags_length)"
      " -> bool."},

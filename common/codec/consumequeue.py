@@ -9,12 +9,15 @@ A unit is 20 bytes:
 
 from __future__ import annotations
 
+import itertools
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from rmqstore.common.codec.javahash import java_string_hash
+from rmqstore.common.codec.speedups import _speedups
 
 UNIT = struct.Struct(
     ">q"  # commitLogOffset
@@ -53,6 +56,66 @@ class Unit:
 
 def encode_unit(commitlog_offset: int, size: int, tags_code: int) -> bytes:
     return UNIT.pack(commitlog_offset, size, tags_code)
+
+
+# A queue's share of a batch: topic, queue id, its first queue offset, the position of its
+# last record in the batch, and its units' bytes in record order.
+QueueBlock = tuple[str, int, int, int, bytes]
+_QUEUE_ID_RANGE = range(-(2**31), 2**31)
+_QUEUE_OFFSET_END = 2**62  # far past any queue; keeps the compiled pass's arithmetic in int64
+
+
+def queue_unit_blocks(
+    topics: Sequence[str],
+    queue_ids: Sequence[int],
+    queue_offsets: Sequence[int],
+    commitlog_offsets: Sequence[int],
+    sizes: Sequence[int],
+    tags_codes: Sequence[int],
+) -> list[QueueBlock] | None:
+    """A batch's units grouped by queue, each queue's as one block of bytes, in the order
+    the batch first names the queues; None when some queue's offsets do not run
+    consecutively within the batch or a value does not fit its field (the caller then
+    takes the general path). One compiled pass where the extension is built."""
+    if _speedups is not None:
+        blocks: list[QueueBlock] | None = _speedups.queue_unit_blocks(
+            topics, queue_ids, queue_offsets, commitlog_offsets, sizes, tags_codes
+        )
+        return blocks
+    return python_queue_unit_blocks(topics, queue_ids, queue_offsets, commitlog_offsets, sizes, tags_codes)
+
+
+def python_queue_unit_blocks(
+    topics: Sequence[str],
+    queue_ids: Sequence[int],
+    queue_offsets: Sequence[int],
+    commitlog_offsets: Sequence[int],
+    sizes: Sequence[int],
+    tags_codes: Sequence[int],
+) -> list[QueueBlock] | None:
+    """The definition of :func:`queue_unit_blocks`."""
+    if not len(topics) == len(queue_ids) == len(queue_offsets) == len(commitlog_offsets) == len(sizes) == len(tags_codes):
+        raise ValueError("the columns differ in length")
+    groups: dict[tuple[str, int], list[int]] = {}
+    for position, (topic, queue_id) in enumerate(zip(topics, queue_ids)):
+        if type(topic) is not str or not isinstance(queue_id, int) or queue_id not in _QUEUE_ID_RANGE:
+            return None
+        groups.setdefault((topic, queue_id), []).append(position)
+    blocks = []
+    for (topic, queue_id), positions in groups.items():
+        offsets = [queue_offsets[p] for p in positions]
+        fields = [(commitlog_offsets[p], sizes[p], tags_codes[p]) for p in positions]
+        if not all(isinstance(value, int) for value in itertools.chain(offsets, *fields)):
+            return None
+        first = offsets[0]
+        if offsets != list(range(first, first + len(positions))) or first < 0 or first + len(positions) > _QUEUE_OFFSET_END:
+            return None
+        try:
+            units = b"".join([UNIT.pack(*unit) for unit in fields])
+        except struct.error:
+            return None
+        blocks.append((topic, queue_id, first, positions[-1], units))
+    return blocks
 
 
 def decode_unit(buf: bytes | bytearray | memoryview, pos: int = 0) -> Unit:

@@ -192,6 +192,37 @@ class Dispatcher:
         if len(batch) < SMALL_BATCH_RECORDS and batch.key_hashes is None:
             self._dispatch_one_by_one(batch)
             return
+        if not self._append_queue_blocks(batch):
+            self._append_queue_units(batch)
+        for position in range(len(batch) - 1, -1, -1):
+            if batch.has_unit[position]:
+                self.last_dispatched_timestamp_ms = batch.store_timestamps_ms[position]
+                break
+        if self.index is not None:
+            self.index.build_index_batch(batch)
+
+    def _append_queue_blocks(self, batch: DispatchBatch) -> bool:
+        """Each queue's units of the batch in one write of bytes grouped in one pass
+        (cq.queue_unit_blocks), when every record has a unit and every queue's share
+        continues it at its end: a writer's batch, whose queue offsets it numbered itself.
+        False, with nothing written, for any other batch."""
+        if not all(batch.has_unit):
+            return False
+        blocks = cq.queue_unit_blocks(
+            batch.topics, batch.queue_ids, batch.queue_offsets, batch.commitlog_offsets, batch.sizes, batch.tags_codes
+        )
+        if blocks is None:
+            return False
+        queues = [self.queues.get(topic, queue_id) for topic, queue_id, _, _, _ in blocks]
+        if not all(queue.continues_at(first) for queue, (_, _, first, _, _) in zip(queues, blocks)):
+            return False  # a new queue, a gap, units already there: the general path decides
+        offsets, sizes = batch.commitlog_offsets, batch.sizes
+        for queue, (_, _, first, last, units) in zip(queues, blocks):
+            queue.append_block(first, units, offsets[last] + sizes[last])
+        return True
+
+    def _append_queue_units(self, batch: DispatchBatch) -> None:
+        """Each queue's units of the batch, found and written with array operations."""
         units = np.empty(len(batch), dtype=cq.UNIT_DTYPE)
         units["commitlog_offset"] = batch.commitlog_offsets
         units["size"] = batch.sizes
@@ -210,12 +241,6 @@ class Dispatcher:
                     queue.append_block(first, block, int(batch.commitlog_offsets[last]) + int(batch.sizes[last]))
                     continue
             queue.append_units(queue_offsets[positions], units[positions])
-        for position in range(len(batch) - 1, -1, -1):
-            if batch.has_unit[position]:
-                self.last_dispatched_timestamp_ms = batch.store_timestamps_ms[position]
-                break
-        if self.index is not None:
-            self.index.build_index_batch(batch)
 
     def _dispatch_one_by_one(self, batch: DispatchBatch) -> None:
         """A few records: the array set-up would cost more than it saves."""

@@ -1406,7 +1406,10 @@ def test_queue_unit_blocks_hand_values_of_other_types_back() -> None:
     assert _speedups.queue_unit_blocks(*good) == cq.python_queue_unit_blocks(*good) == [
         ("A", 0, 0, 1, cq.encode_unit(10, 5, 7) + cq.encode_unit(20, 6, 8))
     ]
-    for column, odd in ((0, b"A"), (1, 0.0), (2, 1.0), (3, np.int64(20)), (4, "6"), (5, None)):
+    class Text(str):
+        pass
+
+    for column, odd in ((0, b"A"), (0, Text("A")), (1, 0.0), (2, 1.0), (3, np.int64(20)), (4, "6"), (5, None)):
         args = [list(values) for values in good]
         args[column][1] = odd
         assert _speedups.queue_unit_blocks(*args) is None, (column, odd)

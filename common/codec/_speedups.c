@@ -2445,7 +2445,7 @@ static PyObject *queue_unit_blocks(PyObject *module, PyObject *const *args, Py_s
     if (topic_numbers == NULL) goto done;
     for (Py_ssize_t i = 0; i < capacity; i++) slots[i].group = -1;
     for (Py_ssize_t i = 0; i < count; i++) {
-        if (!PyUnicode_Check(topics[i])) goto not_plain;
+        if (!PyUnicode_CheckExact(topics[i])) goto not_plain;
         long long queue_id, queue_offset;
         int fits = unit_field(queue_ids[i], INT32_MIN, INT32_MAX, &queue_id);
         if (fits == 1) fits = unit_field(queue_offsets[i], 0, (1LL << 62) - 1, &queue_offset);

@@ -3,22 +3,32 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import sys
+from collections.abc import Sequence
 from typing import Any
 
 import grpc
 
-from rmqstore.cli import (
-    console_tools,
-    demo,
-    exits,
-    pipeline_tools,
-    query_tools,
-    store_tools,
-    writer_tools,
-)
+from rmqstore.cli import exits
 from rmqstore.common.errors import StoreError
+
+# The modules that register commands, in the order the help lists them, and the commands
+# each registers. A command line that names a command loads and registers only its module
+# (a tenth of `rmqstore send`'s start-up is the others); help and an unknown command get
+# the whole parser. tests/test_cli.py holds this table to what the modules register.
+COMMAND_MODULES: dict[str, tuple[str, ...]] = {
+    "store_tools": ("dump", "reindex", "inspect", "check"),
+    "writer_tools": ("writer", "send"),
+    "query_tools": (
+        "query", "queryMsgByKey", "queryMsgByUniqueKey", "queryMsgById", "queryMsgByOffset", "searchOffset",
+        "printMsg", "topicList", "topicStatus", "consumerProgress", "updateTopic",
+    ),  # fmt: skip
+    "console_tools": ("console", "console-passwd"),
+    "demo": ("demo",),
+    "pipeline_tools": ("pipeline",),
+}
 
 
 def version() -> str:
@@ -43,7 +53,9 @@ class VersionAction(argparse.Action):
         parser.exit()
 
 
-def build_parser() -> exits.Parser:
+def build_parser(command: str | None = None) -> exits.Parser:
+    """The command line's parser: with ``command`` (a name the table above knows), only its
+    module's commands; else all of them."""
     parser = exits.Parser(
         prog="rmqstore",
         description="Apache RocketMQ 4.9's on-disk message store: tools, writer and query nodes.",
@@ -52,17 +64,16 @@ def build_parser() -> exits.Parser:
     )
     parser.add_argument("--version", action=VersionAction, help="show the version and exit")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    store_tools.register(commands)
-    writer_tools.register(commands)
-    query_tools.register(commands)
-    console_tools.register(commands)
-    demo.register(commands)
-    pipeline_tools.register(commands)
+    modules = [name for name, names in COMMAND_MODULES.items() if command in names] or list(COMMAND_MODULES)
+    for name in modules:
+        importlib.import_module(f"rmqstore.cli.{name}").register(commands)
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # The command is the first argument (the top level takes no option with a value).
+    args = build_parser(argv[0] if argv else None).parse_args(argv)
     # The edge of the command line: whatever ends a command becomes one error line and a
     # code from the exit table (exits.py), never a traceback.
     try:

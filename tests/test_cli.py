@@ -4,6 +4,7 @@ geometry file; ``send``'s flags. A real writer and query node serve the module's
 
 from __future__ import annotations
 
+import argparse
 import datetime as dt
 import json
 import os
@@ -750,3 +751,29 @@ def test_reindex_refuses_an_empty_store_and_an_out_that_is_a_file(tmp_path: Path
         2, "", f"rmqstore: error: --out {tmp_path / 'f'}: not a directory\n"
     )
     assert not (tmp_path / "out").exists() and (tmp_path / "f").read_text() == "x"
+
+
+def test_a_command_line_registers_only_its_commands_module() -> None:
+    """The table of which module registers which command is what the modules register, in
+    the help's order; a named command's parser is the whole parser's for that command."""
+    import importlib
+
+    from rmqstore.cli import exits
+    from rmqstore.cli.main import COMMAND_MODULES
+
+    listed = []
+    for name, commands in COMMAND_MODULES.items():
+        parser = exits.Parser(prog="rmqstore")
+        registered = parser.add_subparsers(dest="command")
+        importlib.import_module(f"rmqstore.cli.{name}").register(registered)
+        assert tuple(registered.choices) == commands, name
+        listed += commands
+    whole = build_parser()
+    [top] = [action for action in whole._actions if isinstance(action, argparse._SubParsersAction)]
+    assert list(top.choices) == listed
+    for command in listed:
+        [alone] = [a for a in build_parser(command)._actions if isinstance(a, argparse._SubParsersAction)]
+        assert alone.choices[command].format_help() == top.choices[command].format_help(), command
+    code = "import sys\nfrom rmqstore.cli import main\nmain.build_parser('send')\nprint(sorted(m for m in sys.modules if m.startswith('rmqstore.cli.')))\n"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert done.stdout == "['rmqstore.cli.exits', 'rmqstore.cli.main', 'rmqstore.cli.store_tools', 'rmqstore.cli.writer_tools']\n"

@@ -126,10 +126,11 @@ class LeafRecorder:
         kind: trace.SpanKind = trace.SpanKind.INTERNAL,
         error: BaseException | None = None,
         parent: context_api.Context | None = None,
+        status: trace.Status | None = None,
     ) -> None:
         """Record the span ``name`` of the instrumentation scope ``scope`` that ran from
         ``start_ns`` to ``end_ns`` (``time.time_ns()``), a child of the current span (or
-        of ``parent``'s), failed with ``error`` if given."""
+        of ``parent``'s), failed with ``error`` if given (or ended with ``status``)."""
         parent_context = trace.get_current_span(parent).get_span_context()
         if parent_context.is_valid:
             trace_id, parent_span = parent_context.trace_id, parent_context
@@ -146,10 +147,10 @@ class LeafRecorder:
         span_context = trace.SpanContext(
             trace_id, self._ids.generate_span_id(), is_remote=False, trace_flags=flags, trace_state=sampled.trace_state
         )
-        status = _UNSET
         events: tuple[Any, ...] = ()
+        if status is None:
+            status = _UNSET if error is None else trace.Status(trace.StatusCode.ERROR, f"{type(error).__name__}: {error}")
         if error is not None:
-            status = trace.Status(trace.StatusCode.ERROR, f"{type(error).__name__}: {error}")
             events = (
                 self._event(
                     "exception",
@@ -171,6 +172,14 @@ class LeafRecorder:
                 status=status, start_time=start_ns, end_time=end_ns, instrumentation_scope=instrumentation,
             )  # fmt: skip
         )
+
+
+    def force_flush(self, slow_s: float) -> bool:
+        """Export what the processor holds and wait for it; False when that took
+        ``slow_s`` or longer (the collector is slow to answer, or away)."""
+        began = time.monotonic()
+        self._processor.force_flush()
+        return time.monotonic() - began < slow_s
 
 
 _recorder: LeafRecorder | None = None

@@ -5,12 +5,15 @@ from __future__ import annotations
 from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
 from opentelemetry import trace
+from opentelemetry.context import Context
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from test_writer import start_node
 
+from rmqstore.common.tracing import LeafRecorder
 from rmqstore.service.telemetry import tracing_requested
 from rmqstore.v1 import messages_pb2, writer_pb2
 from rmqstore.writer.config import FlushPolicy
@@ -315,3 +318,90 @@ def test_a_flush_call_fsyncs_in_its_own_trace(tmp_path: Path) -> None:
     server, flush = spans["/rmqstore.v1.WriterService/Flush"], spans["rmqstore.flush"]
     assert flush.parent is not None and flush.parent.span_id == server.context.span_id
     assert flush.attributes["rmqstore.flush.bytes"] == written
+
+
+def _recorder_on(exporter: InMemorySpanExporter) -> tuple[TracerProvider, LeafRecorder]:
+    """A recorder on a provider of its own (not the process's), its spans kept by ``exporter``."""
+    provider = TracerProvider()
+    processor = SimpleSpanProcessor(exporter)
+    provider.add_span_processor(processor)
+    return provider, LeafRecorder(provider, processor)
+
+
+def _parent(flags: int) -> Context:
+    return trace.set_span_in_context(
+        trace.NonRecordingSpan(trace.SpanContext(TRACE_ID, PARENT_SPAN_ID, is_remote=True, trace_flags=trace.TraceFlags(flags)))
+    )
+
+
+def test_a_recorded_leaf_span_is_the_span_the_sdk_would_export() -> None:
+    exporter = InMemorySpanExporter()
+    provider, recorder = _recorder_on(exporter)
+    link = trace.Link(trace.SpanContext(TRACE_ID + 1, 7, is_remote=True, trace_flags=trace.TraceFlags(1)))
+    recorder.record(
+        "rmqstore.writer", "rmqstore.dispatch", 1_000, 2_500, {"messaging.system": "rocketmq"}, [link], parent=_parent(1)
+    )
+    [span] = exporter.get_finished_spans()
+    assert (span.name, span.kind, span.start_time, span.end_time) == ("rmqstore.dispatch", trace.SpanKind.INTERNAL, 1_000, 2_500)
+    assert span.context.trace_id == TRACE_ID and span.context.span_id not in (0, PARENT_SPAN_ID)
+    assert span.context.trace_flags.sampled and not span.context.is_remote
+    assert span.parent is not None and (span.parent.trace_id, span.parent.span_id) == (TRACE_ID, PARENT_SPAN_ID)
+    assert dict(span.attributes or {}) == {"messaging.system": "rocketmq"}
+    assert [(lk.context.trace_id, lk.context.span_id) for lk in span.links] == [(TRACE_ID + 1, 7)]
+    assert span.status.status_code == trace.StatusCode.UNSET and span.events == ()
+    assert span.resource is provider.resource and span.instrumentation_scope is not None
+    assert span.instrumentation_scope.name == "rmqstore.writer"
+
+
+def test_a_recorded_leaf_span_follows_the_sampler_and_records_its_failure() -> None:
+    exporter = InMemorySpanExporter()
+    _, recorder = _recorder_on(exporter)
+    # The default sampler follows the parent: an unsampled caller's leaf spans are not kept.
+    recorder.record("rmqstore.writer", "rmqstore.append", 1, 2, parent=_parent(0))
+    assert exporter.get_finished_spans() == ()
+    # No parent: a trace of its own.
+    recorder.record("rmqstore.writer", "rmqstore.append", 1, 2, parent=Context())
+    [root] = exporter.get_finished_spans()
+    assert root.parent is None and root.context.trace_id not in (0, TRACE_ID)
+    exporter.clear()
+    recorder.record("rmqstore.writer", "rmqstore.append", 1, 2, error=ValueError("bad batch"), parent=_parent(1))
+    [failed] = exporter.get_finished_spans()
+    assert (failed.status.status_code, failed.status.description) == (trace.StatusCode.ERROR, "ValueError: bad batch")
+    [event] = failed.events
+    assert event.name == "exception" and event.timestamp == 2
+    assert event.attributes is not None and (event.attributes["exception.type"], event.attributes["exception.message"]) == ("ValueError", "bad batch")
+    exporter.clear()
+    given = trace.Status(trace.StatusCode.ERROR, "UNAVAILABLE: gone")
+    recorder.record("rmqstore.client", "send T", 1, 2, kind=trace.SpanKind.CLIENT, parent=_parent(1), status=given)
+    [client] = exporter.get_finished_spans()
+    assert (client.kind, client.status.description, client.events) == (trace.SpanKind.CLIENT, "UNAVAILABLE: gone", ())
+    assert recorder.force_flush(slow_s=5.0)
+
+
+def test_leaf_spans_go_to_the_recorder_of_the_installed_provider(monkeypatch: pytest.MonkeyPatch) -> None:
+    """leaf_span records through the recorder only while its provider is the installed
+    one: as a child of the current span, its attributes set in the block, an escaping
+    error recorded; a recorder for another provider is not used."""
+    from rmqstore.common import tracing
+
+    sdk_exporter()
+    provider = trace.get_tracer_provider()
+    assert isinstance(provider, TracerProvider)
+    exporter = InMemorySpanExporter()
+    recorder = LeafRecorder(provider, SimpleSpanProcessor(exporter))
+    monkeypatch.setattr(tracing, "_recorder", recorder)
+    tracer = trace.get_tracer("rmqstore.writer")
+    with tracer.start_as_current_span("server") as server:
+        with tracing.leaf_span(tracer, "rmqstore.append", {"messaging.system": "rocketmq"}) as current:
+            current.set_attribute("messaging.message.id", "ABC")
+        with pytest.raises(KeyError), tracing.leaf_span(tracer, "rmqstore.dispatch"):
+            raise KeyError("queue")
+    append, dispatch = exporter.get_finished_spans()
+    assert dict(append.attributes or {}) == {"messaging.system": "rocketmq", "messaging.message.id": "ABC"}
+    for span in (append, dispatch):
+        assert span.parent is not None and span.parent.span_id == server.get_span_context().span_id
+        assert span.instrumentation_scope is not None and span.instrumentation_scope.name == "rmqstore.writer"
+        assert span.start_time is not None and span.end_time is not None and span.start_time <= span.end_time
+    assert dispatch.status.description == "KeyError: 'queue'"
+    monkeypatch.setattr(tracing, "_recorder", LeafRecorder(TracerProvider(), SimpleSpanProcessor(exporter)))
+    assert tracing.leaf_recorder() is None

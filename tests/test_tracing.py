@@ -405,3 +405,19 @@ def test_leaf_spans_go_to_the_recorder_of_the_installed_provider(monkeypatch: py
     assert dispatch.status.description == "KeyError: 'queue'"
     monkeypatch.setattr(tracing, "_recorder", LeafRecorder(TracerProvider(), SimpleSpanProcessor(exporter)))
     assert tracing.leaf_recorder() is None
+
+
+def test_the_resource_keeps_the_sdks_hash_and_equality() -> None:
+    """The processes' resource hashes once (the OTLP encoder groups every span by it):
+    the same hash, attributes and equality as the SDK's own resource."""
+    from opentelemetry.sdk.resources import Resource
+
+    from rmqstore.service.telemetry import _hash_kept
+
+    created = Resource.create({"service.name": "rmqstore-writer"})
+    kept = _hash_kept(created)
+    assert kept is not created and kept == created and created == kept
+    assert hash(kept) == hash(created) and dict(kept.attributes) == dict(created.attributes)
+    assert kept.schema_url == created.schema_url
+    assert kept != Resource.create({"service.name": "rmqstore-query"})
+    assert {kept: 1}[created] == 1

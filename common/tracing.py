@@ -155,7 +155,7 @@ class LeafRecorder:
                 self._event(
                     "exception",
                     {
-                        "exception.type": type(error).__name__,
+                        "exception.type": _exception_type(error),
                         "exception.message": str(error),
                         "exception.stacktrace": "".join(traceback.format_exception(error)),
                         "exception.escaped": "False",
@@ -180,6 +180,12 @@ class LeafRecorder:
         began = time.monotonic()
         self._processor.force_flush()
         return time.monotonic() - began < slow_s
+
+
+def _exception_type(error: BaseException) -> str:
+    """An exception's type as the SDK's ``record_exception`` names it."""
+    module, name = type(error).__module__, type(error).__qualname__
+    return f"{module}.{name}" if module and module != "builtins" else name
 
 
 _recorder: LeafRecorder | None = None

@@ -13,6 +13,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from test_writer import start_node
 
+from rmqstore.common.errors import InvalidArgument
 from rmqstore.common.tracing import LeafRecorder
 from rmqstore.service.telemetry import tracing_requested
 from rmqstore.v1 import messages_pb2, writer_pb2
@@ -370,6 +371,12 @@ def test_a_recorded_leaf_span_follows_the_sampler_and_records_its_failure() -> N
     [event] = failed.events
     assert event.name == "exception" and event.timestamp == 2
     assert event.attributes is not None and (event.attributes["exception.type"], event.attributes["exception.message"]) == ("ValueError", "bad batch")
+    exporter.clear()
+    # Named as the SDK's record_exception names it: module and qualified name.
+    recorder.record("rmqstore.writer", "rmqstore.append", 1, 2, error=InvalidArgument("refused"), parent=_parent(1))
+    [typed] = exporter.get_finished_spans()
+    assert typed.events[0].attributes is not None
+    assert typed.events[0].attributes["exception.type"] == "rmqstore.common.errors.InvalidArgument"
     exporter.clear()
     given = trace.Status(trace.StatusCode.ERROR, "UNAVAILABLE: gone")
     recorder.record("rmqstore.client", "send T", 1, 2, kind=trace.SpanKind.CLIENT, parent=_parent(1), status=given)

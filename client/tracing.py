@@ -249,26 +249,36 @@ class BatchSpans:
         now = time.time_ns()
         recorder = leaf_recorder()
         tracer = _tracer()
+        # A file's batches mostly have one topic and the same size: their name and
+        # attributes are worked out once (a finished span's attributes are only read).
+        described: dict[tuple[str, int], tuple[str, dict[str, Any]]] = {}
         start = 0
         for number, (started, size) in enumerate(zip(self._started_ns, self._batch_sizes)):
             batch = self._topics[start : start + size]
             start += size
+            key = (batch[0], size) if batch and batch.count(batch[0]) == size else None
+            if key is not None and key in described:
+                name, attributes = described[key]
+            else:
+                name, attributes = _span_name(batch), _messaging_attributes(batch)
+                if key is not None:
+                    described[key] = (name, attributes)
             acked = number < len(self._ended_ns)
-            attributes = _messaging_attributes(batch)
             status = None
             if not acked and isinstance(error, grpc.RpcError):
+                attributes = dict(attributes)
                 status = _failure(attributes, error)
             ended = self._ended_ns[number] if acked else now
             if recorder is not None:
                 recorder.record(
-                    TRACER_NAME, _span_name(batch), started, ended, attributes, kind=trace.SpanKind.CLIENT,
+                    TRACER_NAME, name, started, ended, attributes, kind=trace.SpanKind.CLIENT,
                     parent=self._context, status=status,
                 )  # fmt: skip
                 if (number + 1) % SPANS_PER_EXPORT == 0:
                     if not recorder.force_flush(EXPORT_TIMEOUT_S / 2):
                         break
             else:
-                span = tracer.start_span(_span_name(batch), self._context, trace.SpanKind.CLIENT, attributes, start_time=started)
+                span = tracer.start_span(name, self._context, trace.SpanKind.CLIENT, attributes, start_time=started)
                 if status is not None:
                     span.set_status(status)
                 span.end(end_time=ended)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from types import SimpleNamespace
 
+import grpc
 import pytest
 from opentelemetry import trace
 from opentelemetry.context import Context
@@ -428,3 +429,66 @@ def test_the_resource_keeps_the_sdks_hash_and_equality() -> None:
     assert kept.schema_url == created.schema_url
     assert kept != Resource.create({"service.name": "rmqstore-query"})
     assert {kept: 1}[created] == 1
+
+
+class _Refused(grpc.RpcError, grpc.Call):  # type: ignore[misc]
+    """A stream's failure as gRPC raises it: a code and details."""
+
+    def code(self) -> grpc.StatusCode:
+        return grpc.StatusCode.UNAVAILABLE
+
+    def details(self) -> str:
+        return "the writer went away"
+
+    def initial_metadata(self) -> None: ...
+    def trailing_metadata(self) -> None: ...
+    def is_active(self) -> bool:
+        return False
+
+    def time_remaining(self) -> None: ...
+    def cancel(self) -> bool:
+        return False
+
+    def add_callback(self, callback: object) -> bool:
+        return False
+
+
+def test_send_files_batch_spans_end_acknowledged_or_failed_once_the_stream_is_over(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Three batches handed to gRPC, two acknowledged, then the stream fails: the first
+    two spans end at their acks, the third fails with the stream's code; a batch never
+    handed over has no span. Made by close(), not before."""
+    from rmqstore.client import tracing as client_tracing
+    from rmqstore.common import tracing
+
+    sdk_exporter()
+    provider = trace.get_tracer_provider()
+    assert isinstance(provider, TracerProvider)
+    exporter = InMemorySpanExporter()
+    monkeypatch.setattr(tracing, "_recorder", LeafRecorder(provider, SimpleSpanProcessor(exporter)))
+    with trace.get_tracer("test").start_as_current_span("send") as file_span:
+        batches = client_tracing.BatchSpans(file_span)
+        sending = batches.requests([b"1", b"2", b"3", b"4"], ["A", "A", "A", "B", "B", "C"], [2, 2, 1, 1])
+        assert [next(sending), next(sending)] == [b"1", b"2"]
+        batches.acked()
+        assert next(sending) == b"3"
+        batches.acked()
+        assert exporter.get_finished_spans() == ()
+        batches.close(_Refused())
+        batches.close()  # once only
+    spans = [s for s in exporter.get_finished_spans() if s.parent is not None and s.parent.span_id == file_span.get_span_context().span_id]
+    assert [(s.name, s.kind) for s in spans] == [("send A", trace.SpanKind.CLIENT), ("send", trace.SpanKind.CLIENT), ("send B", trace.SpanKind.CLIENT)]
+    first, second, third = spans
+    assert dict(first.attributes or {}) == {
+        "messaging.system": "rocketmq", "messaging.operation.type": "send", "messaging.operation.name": "send",
+        "messaging.destination.name": "A", "messaging.batch.message_count": 2,
+    }  # fmt: skip
+    assert "messaging.destination.name" not in (second.attributes or {})
+    assert first.status.status_code == second.status.status_code == trace.StatusCode.UNSET
+    assert (third.status.status_code, third.status.description) == (trace.StatusCode.ERROR, "UNAVAILABLE: the writer went away")
+    assert dict(third.attributes or {}) == {
+        "messaging.system": "rocketmq", "messaging.operation.type": "send", "messaging.operation.name": "send",
+        "messaging.destination.name": "B", "rpc.grpc.status_code": 14, "error.type": "UNAVAILABLE",
+    }  # fmt: skip
+    for span in spans:
+        assert span.start_time is not None and span.end_time is not None and span.start_time <= span.end_time
+    assert first.end_time is not None and second.start_time is not None and first.start_time <= second.start_time

@@ -604,6 +604,8 @@ def _send(args: argparse.Namespace, message: messages_pb2.Message | None, span: 
         note = f" ({progress.acked} of {progress.total} messages were acknowledged before it)" if progress.acked else ""
         return exits.status_exit(error, note)
     progress.finish()
+    if batches is not None:
+        batches.close()
     if span is not None:
         tracing.succeeded(span)
     if args.acks == "summary":

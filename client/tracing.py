@@ -13,9 +13,9 @@ Nothing here imports OpenTelemetry until :func:`enabled` finds tracing asked for
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import sys
+import time
 from collections.abc import Iterator, MutableMapping, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -36,6 +36,10 @@ SEND_METHODS = frozenset(f"/rmqstore.v1.WriterService/{name}" for name in ("Send
 # A command exports its spans as it exits: an unreachable collector may delay its exit by
 # this much at most (the SDK's default is 10 s of retries).
 EXPORT_TIMEOUT_S = 2.0
+
+# A send's batch spans go to the exporter this many at a time, once the send is over: the
+# batch span processor's default batch, well under its queue (2,048).
+SPANS_PER_EXPORT = 512
 
 _enabled: bool | None = None
 
@@ -142,12 +146,20 @@ def succeeded(span: trace.Span) -> None:
 
 
 def failed(span: trace.Span, error: grpc.RpcError) -> None:
+    attributes: dict[str, Any] = {}
+    status = _failure(attributes, error)
+    span.set_attributes(attributes)
+    span.set_status(status)
+
+
+def _failure(attributes: dict[str, Any], error: grpc.RpcError) -> trace.Status:
+    """A failed call's status, its code and name added to ``attributes``."""
     from opentelemetry.trace import Status, StatusCode
 
     code = error.code() if isinstance(error, grpc.Call) else grpc.StatusCode.UNKNOWN
-    span.set_attribute("rpc.grpc.status_code", code.value[0])
-    span.set_attribute("error.type", code.name)
-    span.set_status(Status(StatusCode.ERROR, f"{code.name}: {error.details() if isinstance(error, grpc.Call) else error}"))
+    attributes["rpc.grpc.status_code"] = code.value[0]
+    attributes["error.type"] = code.name
+    return Status(StatusCode.ERROR, f"{code.name}: {error.details() if isinstance(error, grpc.Call) else error}")
 
 
 def traceparent(span: trace.Span) -> str:
@@ -190,39 +202,86 @@ def acknowledged(span: trace.Span, uniq_key: str) -> None:
 
 
 class BatchSpans:
-    """``send --file``'s span per batch on its stream: each batch's CLIENT span starts as
-    its request is handed to gRPC and ends with its ack (the stream answers in order)."""
+    """``send --file``'s CLIENT span per batch on its stream: each batch's span starts as
+    its request is handed to gRPC and ends with its ack (the stream answers in order).
+
+    The spans are made once the stream is over, from the times noted while it ran (two
+    clock reads a batch): exporting a span while the stream runs takes the GIL from the
+    threads that feed gRPC, stalling the stream for every batch of spans the exporter
+    encodes (at one message a request this cost more than making the spans). They are
+    handed to the exporter :data:`SPANS_PER_EXPORT` at a time, each batch's export
+    awaited, so that none is dropped from the exporter's queue; when an export is slow
+    (the collector does not answer) the rest are dropped rather than delay the command's
+    exit further."""
 
     def __init__(self, parent: trace.Span):
         from opentelemetry import trace
 
         self._context = trace.set_span_in_context(parent)
-        self._kind = trace.SpanKind.CLIENT
-        self._open: collections.deque[trace.Span] = collections.deque()
+        self._started_ns: list[int] = []
+        self._ended_ns: list[int] = []
+        self._topics: Sequence[str] = ()
+        self._batch_sizes: Sequence[int] = ()
+        self._closed = False
 
     def requests(self, requests: Sequence[bytes], topics: Sequence[str], batch_sizes: Sequence[int]) -> Iterator[bytes]:
         """``requests`` as gRPC takes them, each starting its batch's span; ``topics`` has
         each message's topic, ``batch_sizes`` each request's message count."""
-        tracer = _tracer()
-        start = 0
-        for request, size in zip(requests, batch_sizes):
-            batch = topics[start : start + size]
-            start += size
-            self._open.append(
-                tracer.start_span(_span_name(batch), self._context, self._kind, attributes=_messaging_attributes(batch))
-            )
+        self._topics, self._batch_sizes = topics, batch_sizes
+        started = self._started_ns
+        for request in requests:
+            started.append(time.time_ns())
             yield request
 
     def acked(self) -> None:
-        self._open.popleft().end()
+        self._ended_ns.append(time.time_ns())
 
     def close(self, error: BaseException | None = None) -> None:
-        """End the batches still unacknowledged (the stream failed or was interrupted)."""
-        while self._open:
-            span = self._open.popleft()
-            if isinstance(error, grpc.RpcError):
-                failed(span, error)
-            span.end()
+        """Make the spans: the batches acknowledged, then those still unacknowledged
+        (the stream failed with ``error``, or was interrupted), ended now."""
+        if self._closed:
+            return
+        self._closed = True
+        from opentelemetry import trace
+
+        from rmqstore.common.tracing import leaf_recorder
+
+        now = time.time_ns()
+        recorder = leaf_recorder()
+        tracer = _tracer()
+        # A file's batches mostly have one topic and the same size: their name and
+        # attributes are worked out once (a finished span's attributes are only read).
+        described: dict[tuple[str, int], tuple[str, dict[str, Any]]] = {}
+        start = 0
+        for number, (started, size) in enumerate(zip(self._started_ns, self._batch_sizes)):
+            batch = self._topics[start : start + size]
+            start += size
+            key = (batch[0], size) if batch and batch.count(batch[0]) == size else None
+            if key is not None and key in described:
+                name, attributes = described[key]
+            else:
+                name, attributes = _span_name(batch), _messaging_attributes(batch)
+                if key is not None:
+                    described[key] = (name, attributes)
+            acked = number < len(self._ended_ns)
+            status = None
+            if not acked and isinstance(error, grpc.RpcError):
+                attributes = dict(attributes)
+                status = _failure(attributes, error)
+            ended = self._ended_ns[number] if acked else now
+            if recorder is not None:
+                recorder.record(
+                    TRACER_NAME, name, started, ended, attributes, kind=trace.SpanKind.CLIENT,
+                    parent=self._context, status=status,
+                )  # fmt: skip
+                if (number + 1) % SPANS_PER_EXPORT == 0:
+                    if not recorder.force_flush(EXPORT_TIMEOUT_S / 2):
+                        break
+            else:
+                span = tracer.start_span(name, self._context, trace.SpanKind.CLIENT, attributes, start_time=started)
+                if status is not None:
+                    span.set_status(status)
+                span.end(end_time=ended)
 
 
 class _Details(NamedTuple):

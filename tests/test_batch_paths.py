@@ -37,6 +37,7 @@ from rmqstore.common.files.store import Dispatcher, StoreSizes
 from rmqstore.writer.config import WriterConfig
 from rmqstore.writer.store import AppendResult, Writer
 from rmqstore.writer.validate import (
+    EMPTY_PROPERTIES,
     Limits,
     MessageBatch,
     MessageInput,
@@ -92,6 +93,42 @@ def test_message_properties_equal_the_broker_order_encoding(user: dict[str, str]
     expected = props.encode_properties(props.broker_order(stored))
     assert props.encode_message_properties(user, keys, tags, "0A0B0C") == expected
     assert props.encode_messages_properties([user], [keys], [tags], ["0A0B0C"]) == [expected]
+
+
+
+@given(
+    st.dictionaries(st.sampled_from(["a", "seq", "{x}", "Zz", "b}", "traceparent"]), st.text(min_size=1, max_size=5), max_size=3),
+    st.lists(st.lists(st.text(alphabet="k0é", min_size=1, max_size=4), min_size=1, max_size=3), min_size=1, max_size=4),
+    st.sampled_from(["TagA", "标签{}"]),
+)
+def test_messages_sharing_one_mapping_encode_as_each_alone(user: dict[str, str], keys: list[list[str]], tags: str) -> None:
+    """A batch whose messages share one properties mapping (a traced producer's trace
+    context) takes the shared-template path: the same bytes as each message alone."""
+    uniq_keys = [f"0A0B0C{i}" for i in range(len(keys))]
+    expected = [props.encode_message_properties(user, k, tags, u) for k, u in zip(keys, uniq_keys)]
+    assert props.encode_messages_properties([user] * len(keys), keys, [tags] * len(keys), uniq_keys) == expected
+    # Equal but distinct mappings, and one message without KEYS: the per-message path, same bytes.
+    copies = [dict(user) for _ in keys]
+    assert props.encode_messages_properties(copies, keys, [tags] * len(keys), uniq_keys) == expected
+    keyless = [[], *keys[1:]]
+    assert props.encode_messages_properties([user] * len(keys), keyless, [tags] * len(keys), uniq_keys) == [
+        props.encode_message_properties(user, k, tags, u) for k, u in zip(keyless, uniq_keys)
+    ]
+
+
+def test_a_requests_equal_properties_are_read_into_one_shared_mapping() -> None:
+    from rmqstore.v1 import messages_pb2
+    from rmqstore.writer.service import to_batch
+
+    context = {"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}
+    other = {"traceparent": "00-0af7651916cd43dd8448eb211c80319c-00f067aa0ba902b7-01", "origin": "x"}
+    shapes: list[dict[str, str]] = [context, context, {}, context, other, other, context]
+    batch = to_batch([messages_pb2.Message(topic="T", body=b"b", properties=shape) for shape in shapes])
+    assert [dict(each) for each in batch.properties] == shapes
+    first, second, empty, after_gap, third, fourth, last = batch.properties
+    assert first is second and third is fourth and first is not third and last is not third
+    assert after_gap is first  # an empty one between equal ones does not break the run
+    assert empty is EMPTY_PROPERTIES and last == first
 
 
 # Dispatch

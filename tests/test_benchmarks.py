@@ -350,11 +350,14 @@ def test_the_tracing_benchmark_measures_both_ways(tmp_path: Path) -> None:
     for batch, figures in result["batches"].items():
         assert len(figures["runs"]["off"]) == len(figures["runs"]["on"]) == 1, batch
         assert _positive(figures["wall_ratio"]) and figures["target"] == {"1": 1.15, "1000": 1.05}[batch]
+        # The command's CPU time: it loads Python and gRPC whether traced or not.
+        assert figures["off"]["command_cpu_s"] > 0 and _positive(figures["command_cpu_ratio"]), batch
     # batch 1: a span per request on the client, append and dispatch per group on the
     # writer, and the stream's spans; batch 1,000: one request.
     assert result["spans_received"] >= 200 + 2 + 3
     report = out.read_text(encoding="utf-8")
     assert "python benchmarks/tracing_bench.py --messages 200" in report and "≤ 1.15" in report and "≤ 1.05" in report
+    assert "| command CPU on/off |" in report
 
 
 def test_the_intake_probe_measures_the_writers_cpu_per_message() -> None:

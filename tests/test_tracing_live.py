@@ -340,6 +340,64 @@ def test_send_file_has_a_span_per_batch_and_keeps_a_messages_own_traceparent(
     assert names(file_span, records[1]["properties"]["traceparent"]) and names(file_span, records[2]["properties"]["traceparent"])
 
 
+def test_send_file_exports_every_batch_span_once_the_stream_is_over(tmp_path: Path, receiver: Receiver, started: list[Node]) -> None:
+    """2,500 batches of one message: more batch spans than the span processor's queue
+    holds (2,048). They are made when the stream is over and handed on 512 at a time,
+    each handful exported before the next: every one arrives, each with its own times,
+    in the order its request was sent, under the file's span."""
+    env = receiver.env()
+    writer = Node("writer", tmp_path / "store", env, tmp_path / "writer.log")
+    started.append(writer)
+    count = 2_500
+    messages = tmp_path / "messages.jsonl"
+    messages.write_text("".join(json.dumps({"topic": "Many", "body": f"m{i}"}) + "\n" for i in range(count)))
+    began_ns = time.time_ns()
+    sent = rmqstore(env, "send", "--endpoint", writer.endpoint, "--file", str(messages), "--batch-size", "1", "--acks", "summary")
+    ended_ns = time.time_ns()
+    assert json.loads(sent.stdout)["acked"] == count
+    file_span = one(receiver.wait_for({"send Many"}), "send Many", parent_id=b"")
+    deadline = time.monotonic() + SPANS_WITHIN_S
+    while True:
+        batches = [s for s in receiver.snapshot() if s.name == "send Many" and s.parent_id == file_span.span_id]
+        if len(batches) >= count or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    assert len(batches) == count
+    assert {s.service for s in batches} == {"rmqstore-client"} and {s.trace_id for s in batches} == {file_span.trace_id}
+    assert {b.span.kind for b in batches} == {CLIENT}
+    assert all(
+        b.attributes == {"messaging.system": "rocketmq", "messaging.operation.type": "send", "messaging.operation.name": "send", "messaging.destination.name": "Many"}
+        for b in batches
+    )
+    assert all(began_ns <= b.span.start_time_unix_nano <= b.span.end_time_unix_nano <= ended_ns for b in batches)
+    assert all(b.span.start_time_unix_nano >= file_span.span.start_time_unix_nano for b in batches)
+    assert len({b.span_id for b in batches}) == count
+    # The stream answers in order: the i-th request's ack ends the i-th span.
+    by_start = sorted(batches, key=lambda b: b.span.start_time_unix_nano)
+    assert [b.span.end_time_unix_nano for b in by_start] == sorted(b.span.end_time_unix_nano for b in by_start)
+
+
+def test_send_file_drops_the_batch_spans_a_collector_is_not_taking(tmp_path: Path, receiver: Receiver, started: list[Node]) -> None:
+    """An unreachable collector: the first handful of batch spans waits out one export
+    (the 2 s bound), the rest are dropped, and the command still exits within a few
+    seconds, every message acknowledged."""
+    writer = Node("writer", tmp_path / "store", quiet(receiver.env()), tmp_path / "writer.log")
+    started.append(writer)
+    dead = {**quiet(receiver.env()), "OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9", "OTEL_EXPORTER_OTLP_INSECURE": "true"}
+    del dead["OTEL_SDK_DISABLED"]
+    count = 1_600
+    messages = tmp_path / "messages.jsonl"
+    messages.write_text("".join(json.dumps({"topic": "Lonely", "body": f"m{i}"}) + "\n" for i in range(count)))
+    began = time.monotonic()
+    sent = rmqstore(dead, "send", "--endpoint", writer.endpoint, "--file", str(messages), "--batch-size", "1", "--acks", "summary")
+    elapsed_s = time.monotonic() - began
+    assert json.loads(sent.stdout)["acked"] == count
+    assert "Failed to export traces to 127.0.0.1:9" in sent.stderr
+    # The sends (about 1 s here), one export waited out, the exit's export: about 6 s.
+    # Waiting out each of the four handfuls would take more than 10.
+    assert elapsed_s < 10.0, elapsed_s
+
+
 def quiet(env: dict[str, str]) -> dict[str, str]:
     """The environment without tracing: a command whose own spans are not wanted."""
     return {k: v for k, v in env.items() if not k.startswith("OTEL_")} | {"OTEL_SDK_DISABLED": "true"}

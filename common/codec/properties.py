@@ -112,6 +112,16 @@ def encode_messages_properties(
         fill = _KEYS_TAGS_UNIQ_KEY.format
         join = KEY_SEPARATOR.join
         return [fill(join(k), t, u).encode("utf-8") for k, t, u in zip(keys, tags, uniq_keys)]
+    if users and all(keys) and all(tags) and all(user is users[0] for user in users):
+        # One mapping shared by every message (a traced producer's trace context): its
+        # names and the broker order worked out once, each message filling its own
+        # KEYS, TAGS and UNIQ_KEY.
+        shared = users[0]
+        names = (*shared, KEYS, TAGS, UNIQ_KEY) if shared else (KEYS, TAGS, UNIQ_KEY)
+        values = tuple(shared.values())
+        template, in_order = _broker_template(names)
+        fill, join = template.format, KEY_SEPARATOR.join
+        return [fill(*in_order((*values, join(k), t, u))).encode("utf-8") for k, t, u in zip(keys, tags, uniq_keys)]
     return [encode_message_properties(*fields) for fields in zip(users, keys, tags, uniq_keys)]
 
 

@@ -122,13 +122,20 @@ def test_a_requests_equal_properties_are_read_into_one_shared_mapping() -> None:
 
     context = {"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}
     other = {"traceparent": "00-0af7651916cd43dd8448eb211c80319c-00f067aa0ba902b7-01", "origin": "x"}
+    from rmqstore.common.codec.speedups import _speedups
+    from rmqstore.v1 import writer_pb2
+
     shapes: list[dict[str, str]] = [context, context, {}, context, other, other, context]
-    batch = to_batch([messages_pb2.Message(topic="T", body=b"b", properties=shape) for shape in shapes])
-    assert [dict(each) for each in batch.properties] == shapes
-    first, second, empty, after_gap, third, fourth, last = batch.properties
-    assert first is second and third is fourth and first is not third and last is not third
-    assert after_gap is first  # an empty one between equal ones does not break the run
-    assert empty is EMPTY_PROPERTIES and last == first
+    messages = [messages_pb2.Message(topic="T", body=b"b", properties=shape) for shape in shapes]
+    read_off_bytes = _speedups.send_batch_columns(
+        writer_pb2.SendBatchRequest(messages=messages).SerializeToString(), EMPTY_PROPERTIES
+    )[4]  # the compiled reading of the request's bytes, which the writer takes first
+    for properties in (to_batch(messages).properties, read_off_bytes):
+        assert [dict(each) for each in properties] == shapes
+        first, second, empty, after_gap, third, fourth, last = properties
+        assert first is second and third is fourth and first is not third and last is not third
+        assert after_gap is first  # an empty one between equal ones does not break the run
+        assert empty is EMPTY_PROPERTIES and last == first
 
 
 # Dispatch

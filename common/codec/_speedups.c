@@ -2632,7 +2632,7 @@ enum { COL_TOPICS, COL_BODIES, COL_KEYS, COL_TAGS, COL_PROPERTIES, COL_QUEUE_IDS
 
 /* One Message's fields appended to the columns. 1: done; 0: not plain (no error set); -1: error. */
 static int wire_message(const unsigned char *data, Py_ssize_t length, PyObject **columns, PyObject *empty_properties,
-                        TextCache *topic_texts, TextCache *tags_texts) {
+                        TextCache *topic_texts, TextCache *tags_texts, PyObject **previous_properties) {
     Wire w = {data, data + length};
     Py_ssize_t count = PyList_GET_SIZE(columns[COL_TOPICS]);
     PyObject *topic = NULL, *body = NULL, *keys = NULL, *tags = NULL, *properties = NULL, *queue_id = NULL,
@@ -2701,9 +2701,18 @@ static int wire_message(const unsigned char *data, Py_ssize_t length, PyObject *
             goto done;
         }
     }
+    PyObject *message_properties = empty_properties;
+    if (properties != NULL && PyDict_GET_SIZE(properties)) {
+        /* A run of equal properties shares one mapping, as writer.service._properties_column
+         * reads them: a traced producer stamps a request's messages with one trace context,
+         * and the screen and the record encoder then work once per distinct mapping. */
+        int equal = *previous_properties == NULL ? 0 : PyObject_RichCompareBool(properties, *previous_properties, Py_EQ);
+        if (equal < 0) goto error;
+        if (!equal) *previous_properties = properties; /* borrowed: the column holds it once appended */
+        message_properties = *previous_properties;
+    }
     PyObject *values[COLUMNS] = {
-        topic, body, keys, tags, properties != NULL && PyDict_GET_SIZE(properties) ? properties : empty_properties,
-        queue_id, uniq_key, NULL, NULL, Py_None,
+        topic, body, keys, tags, message_properties, queue_id, uniq_key, NULL, NULL, Py_None,
     };
     PyObject *made[COLUMNS] = {NULL};
     made[COL_FLAGS] = values[COL_FLAGS] = PyLong_FromLong(flag);
@@ -2755,6 +2764,7 @@ static PyObject *send_batch_columns(PyObject *module, PyObject *const *args, Py_
     PyObject *columns[COLUMNS] = {NULL};
     PyObject *result = NULL;
     TextCache topic_texts = {{NULL}, 0}, tags_texts = {{NULL}, 0};
+    PyObject *previous_properties = NULL; /* the last message's with any, held by the column */
     for (int k = 0; k < COLUMNS; k++)
         if ((columns[k] = PyList_New(0)) == NULL) goto done;
     Wire w = {view.buf, (const unsigned char *)view.buf + view.len};
@@ -2765,7 +2775,7 @@ static PyObject *send_batch_columns(PyObject *module, PyObject *const *args, Py_
         if (!get_varint(&w, &tag)) goto plain_none;
         if (tag == 0x0A) { /* messages */
             if (!get_delimited(&w, &message, &length)) goto plain_none;
-            int read = wire_message(message, length, columns, args[1], &topic_texts, &tags_texts);
+            int read = wire_message(message, length, columns, args[1], &topic_texts, &tags_texts, &previous_properties);
             if (read < 0) goto done;
             if (read == 0) goto plain_none;
         } else if (tag == 0x10) { /* compact_results: the caller reads it off the request */

@@ -140,28 +140,23 @@ def _compiled(data: bytes | mmap.mmap, limits: Any, batch_size: int, traceparent
     if _speedups is None:
         return None
     from rmqstore.client.tracing import TRACEPARENT
-    from rmqstore.common.codec.record import PROPERTIES_LENGTH_MAX
     from rmqstore.writer.validate import (
         UNIQ_KEY_LENGTH_MAX,
         _plain_properties_bytes,
         _sendable_topic,
+        tags_room,
     )
 
     stamp = {} if traceparent is None else {TRACEPARENT: traceparent}
     properties_bytes = _plain_properties_bytes([stamp])
     if properties_bytes is None:
         return None
-    tags_room = (
-        PROPERTIES_LENGTH_MAX - 64 - UNIQ_KEY_LENGTH_MAX - limits.max_keys * (limits.max_key_length + 1) - properties_bytes
-    )
-    # Every message's properties field: the one map entry, already encoded (or nothing).
-    entry = b"".join(
-        _length_delimited(0x32, _length_delimited(0x0A, name.encode()) + _length_delimited(0x12, value.encode()))
-        for name, value in stamp.items()
-    )
+    # Every message's properties field (the one map entry, or nothing), as protobuf
+    # writes it: a Message with nothing else set is that field alone.
+    entry = messages_pb2.Message(properties=stamp).SerializeToString()
     found = _speedups.jsonl_send_batches(
-        data, batch_size, limits.max_body_bytes, limits.max_keys, limits.max_key_length, tags_room,
-        UNIQ_KEY_LENGTH_MAX, entry,
+        data, batch_size, limits.max_body_bytes, limits.max_keys, limits.max_key_length,
+        tags_room(limits, properties_bytes), UNIQ_KEY_LENGTH_MAX, entry,
     )  # fmt: skip
     if found is None:
         return None
@@ -171,16 +166,6 @@ def _compiled(data: bytes | mmap.mmap, limits: Any, batch_size: int, traceparent
     whole, rest = divmod(len(topics), batch_size)
     gc.freeze()  # what is kept is out of the cyclic collector's later passes (as below)
     return Prepared(requests, topics, [batch_size] * whole + ([rest] if rest else []))
-
-
-def _length_delimited(tag: int, data: bytes) -> bytes:
-    """A protobuf length-delimited field (tag byte, varint length, bytes)."""
-    length, varint = len(data), bytearray()
-    while length >= 0x80:
-        varint.append(length & 0x7F | 0x80)
-        length >>= 7
-    varint.append(length)
-    return bytes([tag]) + bytes(varint) + data
 
 
 def _fast(data: bytes, limits: Any) -> Columns | None:

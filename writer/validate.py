@@ -187,16 +187,12 @@ def _plainly_valid(batch: MessageBatch, limits: Limits) -> bool:
     properties_bytes = _plain_properties_bytes(batch.properties) if any(batch.properties) else 0
     if properties_bytes is None:
         return False
-    # KEYS, TAGS and a UNIQ_KEY at their longest, with their separators, still fit beside
-    # the largest user properties.
-    tags_room = (
-        PROPERTIES_LENGTH_MAX - 64 - UNIQ_KEY_LENGTH_MAX - limits.max_keys * (limits.max_key_length + 1) - properties_bytes
-    )
+    room = tags_room(limits, properties_bytes)
     if _speedups is not None:
         return bool(
             _speedups.screen_batch(
                 batch.bodies, batch.keys, batch.tags, batch.uniq_keys, batch.queue_ids,
-                limits.max_body_bytes, limits.max_keys, limits.max_key_length, tags_room,
+                limits.max_body_bytes, limits.max_keys, limits.max_key_length, room,
             )  # fmt: skip
         )
     if max(map(len, batch.bodies)) > limits.max_body_bytes:
@@ -212,7 +208,7 @@ def _plainly_valid(batch: MessageBatch, limits: Limits) -> bool:
         return False
     if keys and ("" in keys or max(map(len, keys)) > limits.max_key_length):
         return False
-    if max(map(len, batch.tags)) > tags_room:
+    if max(map(len, batch.tags)) > room:
         return False
     uniq_keys = "".join(batch.uniq_keys)
     # bytes.isalnum is str.isalnum on ASCII text, by table rather than Unicode lookups.
@@ -223,6 +219,14 @@ def _plainly_valid(batch: MessageBatch, limits: Limits) -> bool:
     ):
         return False
     return True
+
+
+def tags_room(limits: Limits, properties_bytes: int) -> int:
+    """The longest TAGS the batch screen passes: KEYS, TAGS and a UNIQ_KEY at their longest,
+    with their separators, still fit beside user properties of ``properties_bytes``."""
+    return (
+        PROPERTIES_LENGTH_MAX - 64 - UNIQ_KEY_LENGTH_MAX - limits.max_keys * (limits.max_key_length + 1) - properties_bytes
+    )
 
 
 def _plain_properties_bytes(properties: Sequence[Mapping[str, str]]) -> int | None:

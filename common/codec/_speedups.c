@@ -3158,6 +3158,17 @@ static int json_queue_id(const char **at, const char *end, long *queue_id) {
     return 1;
 }
 
+/* What follows a value of an array or object at *p: 1 after a comma (another value comes,
+ * *p at it), 0 after `closer` (*p past it), -1 for anything else. */
+static int json_after_value(const char **p, const char *end, char closer) {
+    const char *q = skip_blanks(*p, end);
+    if (q < end && (*q == ',' || *q == closer)) {
+        *p = *q == ',' ? skip_blanks(q + 1, end) : q + 1;
+        return *q == ',';
+    }
+    return -1;
+}
+
 /* One line (without its newline) into *message: 1, 0 when it is not a plainly good
  * message, -1 with an error set. */
 static int json_message(const char *p, const char *end, JsonMessage *message, Buffer *scratch, const Screen *screen) {
@@ -3205,30 +3216,14 @@ static int json_message(const char *p, const char *end, JsonMessage *message, Bu
                     if (message->key_count == screen->max_keys) return 0;
                     if (p >= end || *p != '"') return 0;
                     if ((found = json_string(&p, end, &message->keys[message->key_count++], scratch)) != 1) return found;
-                    p = skip_blanks(p, end);
-                    if (p < end && *p == ',') {
-                        p = skip_blanks(p + 1, end);
-                        continue;
-                    }
-                    if (p < end && *p == ']') {
-                        p++;
-                        break;
-                    }
-                    return 0;
+                    if ((found = json_after_value(&p, end, ']')) != 1) break;
                 }
+                if (found < 0) return 0;
             }
         }
-        p = skip_blanks(p, end);
-        if (p < end && *p == ',') {
-            p = skip_blanks(p + 1, end);
-            continue;
-        }
-        if (p < end && *p == '}') {
-            p++;
-            break;
-        }
-        return 0;
+        if ((found = json_after_value(&p, end, '}')) != 1) break;
     }
+    if (found < 0) return 0;
     if (skip_blanks(p, end) != end || !(seen & SEEN_TOPIC)) return 0;
     /* screen_batch's rules, on the UTF-8: a text is ASCII when all its bytes are. */
     if (message->body.length > screen->max_body) return 0;

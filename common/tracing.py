@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 import traceback
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -96,10 +96,14 @@ class LeafRecorder:
     provider whose only span processor is known (the one :func:`record_leaf_spans`
     was given): another processor's ``on_start`` would never be called."""
 
-    __slots__ = ("_event", "_ids", "_processor", "_provider", "_readable", "_resource", "_sampler", "_scope", "_scopes")
+    __slots__ = (
+        "_default_sampler", "_emit", "_encoded", "_encoder", "_event", "_ids", "_processor", "_provider",
+        "_readable", "_resource", "_sampler", "_scope", "_scopes",
+    )  # fmt: skip
 
     def __init__(self, provider: TracerProvider, processor: SpanProcessor):
         from opentelemetry.sdk.trace import Event, ReadableSpan
+        from opentelemetry.sdk.trace.sampling import DEFAULT_ON
         from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
         self._readable = ReadableSpan
@@ -108,9 +112,25 @@ class LeafRecorder:
         self._provider = provider
         self._processor = processor
         self._sampler = provider.sampler
+        # The default sampler (the parent's decision, else sampled), decided here without
+        # the objects its call makes.
+        self._default_sampler = self._sampler is DEFAULT_ON
         self._ids = provider.id_generator
         self._resource = provider.resource
         self._scopes: dict[str, Any] = {}
+        # Where the processor is the SDK's batch processor exporting with this package's
+        # OTLP exporter, a span is written in OTLP's format as it is recorded and queued
+        # as those bytes (no SDK span object is made); else it is handed on as an SDK span.
+        self._emit: Callable[[Any], None] | None = None
+        self._encoder: Any = None
+        self._encoded: Any = None
+        queue = getattr(processor, "_batch_processor", None)
+        exporter = getattr(queue, "_exporter", None)
+        if queue is not None and hasattr(queue, "emit"):
+            from rmqstore.common.otlp import EncodedSpan, SpanExporter
+
+            if isinstance(exporter, SpanExporter):
+                self._emit, self._encoder, self._encoded = queue.emit, exporter.encoder, EncodedSpan
 
     def active(self) -> bool:
         return trace.get_tracer_provider() is self._provider
@@ -132,24 +152,38 @@ class LeafRecorder:
         ``start_ns`` to ``end_ns`` (``time.time_ns()``), a child of the current span (or
         of ``parent``'s), failed with ``error`` if given (or ended with ``status``)."""
         parent_context = trace.get_current_span(parent).get_span_context()
-        if parent_context.is_valid:
-            trace_id, parent_span = parent_context.trace_id, parent_context
+        parent_span = parent_context if parent_context.is_valid else None
+        trace_id = parent_context.trace_id if parent_span is not None else self._ids.generate_trace_id()
+        if self._default_sampler:
+            if parent_span is not None and not parent_context.trace_flags.sampled:
+                return
+            trace_state = parent_context.trace_state if parent_span is not None else None
         else:
-            trace_id, parent_span = self._ids.generate_trace_id(), None
-        sampled = self._sampler.should_sample(parent, trace_id, name, kind, attributes, links)
-        if not sampled.decision.is_sampled():  # type: ignore[no-untyped-call]
-            # Recorded but not sampled is exported by no processor: nothing to hand on.
+            sampled = self._sampler.should_sample(parent, trace_id, name, kind, attributes, links)
+            if not sampled.decision.is_sampled():  # type: ignore[no-untyped-call]
+                # Recorded but not sampled is exported by no processor: nothing to hand on.
+                return
+            if sampled.attributes:
+                attributes = {**(attributes or {}), **sampled.attributes}
+            trace_state = sampled.trace_state
+        instrumentation = self._scopes.get(scope)
+        if instrumentation is None:
+            instrumentation = self._scopes[scope] = self._scope(scope)
+        if status is None:
+            status = _UNSET if error is None else trace.Status(trace.StatusCode.ERROR, f"{type(error).__name__}: {error}")
+        if self._emit is not None and error is None:
+            data = self._encoder.span_bytes(
+                trace_id, self._ids.generate_span_id(), trace_state, parent_span, name, kind.value, start_ns, end_ns,
+                attributes, links, status,
+            )  # fmt: skip
+            self._emit(self._encoded(data, self._resource, instrumentation))
             return
-        if sampled.attributes:
-            attributes = {**(attributes or {}), **sampled.attributes}
         # The sampled flag, and the parent's other flags (the random trace id flag).
         flags = trace.TraceFlags((int(parent_span.trace_flags) if parent_span is not None else 0) | trace.TraceFlags.SAMPLED)
         span_context = trace.SpanContext(
-            trace_id, self._ids.generate_span_id(), is_remote=False, trace_flags=flags, trace_state=sampled.trace_state
+            trace_id, self._ids.generate_span_id(), is_remote=False, trace_flags=flags, trace_state=trace_state
         )
         events: tuple[Any, ...] = ()
-        if status is None:
-            status = _UNSET if error is None else trace.Status(trace.StatusCode.ERROR, f"{type(error).__name__}: {error}")
         if error is not None:
             events = (
                 self._event(
@@ -163,9 +197,6 @@ class LeafRecorder:
                     end_ns,
                 ),
             )
-        instrumentation = self._scopes.get(scope)
-        if instrumentation is None:
-            instrumentation = self._scopes[scope] = self._scope(scope)
         self._processor.on_end(
             self._readable(
                 name, span_context, parent_span, self._resource, attributes or {}, events, tuple(links), kind,

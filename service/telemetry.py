@@ -67,11 +67,11 @@ def configure_tracing(service_name: str, export_timeout_s: float | None = None) 
     if exporter_name == "console":
         processor = SimpleSpanProcessor(ConsoleSpanExporter())
     elif exporter_name == "otlp":
-        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+        from rmqstore.common.otlp import SpanExporter
 
         timeout_set = os.environ.get("OTEL_EXPORTER_OTLP_TIMEOUT") or os.environ.get("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT")
         timeout = export_timeout_s if export_timeout_s is not None and not timeout_set else None
-        processor = BatchSpanProcessor(OTLPSpanExporter(timeout=timeout))
+        processor = BatchSpanProcessor(SpanExporter(timeout=timeout))
     else:
         raise ValueError(f"OTEL_TRACES_EXPORTER={exporter_name!r}: rmqstore supports otlp, console or none")
     provider.add_span_processor(processor)

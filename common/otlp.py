@@ -1,0 +1,297 @@
+"""The OTLP/gRPC span exporter the nodes and the client install: the SDK's own
+(``OTLPSpanExporter``: its channel, retries, timeouts, headers, compression), with the
+spans' encoding done from bytes rather than through a protobuf object per field.
+
+The SDK's encoder builds a ``Span`` message per span, a ``KeyValue`` and an ``AnyValue``
+per attribute and a ``Status`` and ``Link`` per status and link, each through protobuf's
+keyword constructor: about 20 µs a span, on a thread of the exporting process and so on
+its GIL. At one message a request the writer exports two spans a message and the command
+one, and this encoding was the larger part of what tracing cost them. Here each span's
+fields are written in protobuf's wire format directly, its attributes from a cache of
+each (key, value) pair's encoded bytes (a process's spans repeat the same few names and
+values), and the request is parsed once by protobuf's C parser into the message the
+exporter sends: the same message the SDK's encoder makes, field for field (tests hold
+the two equal on spans of every shape). A span's events (an exception recorded) are
+encoded by the SDK's encoder, and so is a span this encoding fails on.
+
+Spans recorded by :class:`~rmqstore.common.tracing.LeafRecorder` skip the SDK's span
+objects altogether: they are written in this format as they are recorded
+(:class:`EncodedSpan`) and queued as bytes."""
+
+from __future__ import annotations
+
+import logging
+import struct
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from opentelemetry.exporter.otlp.proto.common._internal import (
+    _encode_attributes,
+    _encode_instrumentation_scope,
+    _encode_resource,
+)
+from opentelemetry.exporter.otlp.proto.common._internal.trace_encoder import (
+    _encode_events,
+    _encode_span,
+)
+from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+if TYPE_CHECKING:
+    from opentelemetry.sdk.trace import ReadableSpan
+    from opentelemetry.trace import Link, SpanContext, Status, TraceState
+
+_logger = logging.getLogger(__name__)
+
+# Field tags (field number << 3 | wire type) of the messages written here, from
+# opentelemetry-proto's trace.proto and trace_service.proto.
+_LEN = 2  # wire type of bytes, strings and messages
+_REQUEST_RESOURCE_SPANS = b"\x0a"  # ExportTraceServiceRequest.resource_spans = 1
+_RESOURCE = b"\x0a"  # ResourceSpans.resource = 1
+_SCOPE_SPANS = b"\x12"  # ResourceSpans.scope_spans = 2
+_SCHEMA_URL = b"\x1a"  # ResourceSpans.schema_url = 3, ScopeSpans.schema_url = 3
+_SCOPE = b"\x0a"  # ScopeSpans.scope = 1
+_SPANS = b"\x12"  # ScopeSpans.spans = 2
+# Span: trace_id = 1 (16 bytes), span_id = 2 (8 bytes), the fixed head of every span.
+_IDS = struct.Struct(">2s QQ 2s Q")
+_TRACE_STATE = b"\x1a"  # Span.trace_state = 3
+_PARENT = struct.Struct(">2s Q")  # Span.parent_span_id = 4 (8 bytes)
+_NAME = b"\x2a"  # Span.name = 5
+_KIND = 0x30  # Span.kind = 6, varint
+_TIMES = struct.Struct("<BQBQ")  # Span.start_time_unix_nano = 7, end_time_unix_nano = 8, fixed64
+_ATTRIBUTE = b"\x4a"  # Span.attributes = 9
+_DROPPED_ATTRIBUTES = 0x50  # Span.dropped_attributes_count = 10, varint
+_EVENT = b"\x5a"  # Span.events = 11
+_DROPPED_EVENTS = 0x60  # Span.dropped_events_count = 12
+_LINK = b"\x6a"  # Span.links = 13
+_DROPPED_LINKS = 0x70  # Span.dropped_links_count = 14
+_STATUS = b"\x7a"  # Span.status = 15
+# Link: trace_id = 1, span_id = 2, attributes = 4, dropped_attributes_count = 5, flags = 6 (fixed32).
+_LINK_IDS = struct.Struct(">2s QQ 2s Q")
+_LINK_ATTRIBUTE = b"\x22"
+_LINK_DROPPED_ATTRIBUTES = 0x28
+_LINK_FLAGS = struct.Struct("<BI")
+# Status: message = 2, code = 3 (varint).
+_STATUS_MESSAGE = b"\x12"
+_STATUS_CODE = 0x18
+
+# SpanFlags: the context's is-remote bit is known (always, from this SDK), and is set.
+_HAS_IS_REMOTE = 0x100
+_IS_REMOTE = 0x200
+
+# Span.flags = 16, fixed32 (tag 133 as a varint): the parent's is-remote bit is known
+# (always, from this SDK), and set when the parent is remote.
+_LOCAL_FLAGS = struct.pack("<2sI", b"\x85\x01", _HAS_IS_REMOTE)
+_REMOTE_PARENT_FLAGS = struct.pack("<2sI", b"\x85\x01", _HAS_IS_REMOTE | _IS_REMOTE)
+_EMPTY_STATUS = _STATUS + b"\x00"
+
+# Each attribute's encoded field, by (key, type of value, value, field tag): at most this
+# many kept.
+_ATTRIBUTES_KEPT = 4096
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while value > 0x7F:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def _field(tag: bytes, payload: bytes) -> bytes:
+    """A length-delimited field: its tag, its length, its bytes."""
+    size = len(payload)
+    return tag + (bytes((size,)) if size < 0x80 else _varint(size)) + payload
+
+
+class EncodedSpan:
+    """A finished span already written as an OTLP ``Span`` message (``data``), with the
+    resource and instrumentation scope it is exported under: what
+    :class:`~rmqstore.common.tracing.LeafRecorder` hands the batch span processor when
+    the processor's exporter is a :class:`SpanExporter` (no SDK span object is made)."""
+
+    __slots__ = ("data", "instrumentation_scope", "resource")
+
+    def __init__(self, data: bytes, resource: Any, instrumentation_scope: Any):
+        self.data = data
+        self.resource = resource
+        self.instrumentation_scope = instrumentation_scope
+
+
+class SpanEncoder:
+    """Spans to an ``ExportTraceServiceRequest``, written as bytes (see the module's
+    doc). Its caches are only read and filled (a dict's single steps), so the recorder
+    on a node's event loop and the exporter's thread can share one."""
+
+    def __init__(self) -> None:
+        self._attributes: dict[tuple[str, type, Any, bytes], bytes] = {}
+        self._names: dict[str, bytes] = {}
+        self._resources: dict[Any, bytes] = {}
+        self._scopes: dict[Any, bytes] = {}
+
+    def encode(self, spans: Sequence[ReadableSpan | EncodedSpan]) -> ExportTraceServiceRequest:
+        return ExportTraceServiceRequest.FromString(self.encode_bytes(spans))
+
+    def encode_bytes(self, spans: Sequence[ReadableSpan | EncodedSpan]) -> bytes:
+        # Grouped by resource, then by instrumentation scope, each in the order first
+        # seen, as the SDK's encoder groups them (by equality; consecutive spans
+        # mostly share both objects, so identity is tried first).
+        groups: dict[Any, dict[Any, list[bytes]]] = {}
+        last_resource: Any = None
+        last_scope: Any = None
+        encoded: list[bytes] | None = None
+        for span in spans:
+            resource, scope = span.resource, span.instrumentation_scope or None
+            if encoded is None or resource is not last_resource or scope is not last_scope:
+                encoded = groups.setdefault(resource, {}).setdefault(scope, [])
+                last_resource, last_scope = resource, scope
+            encoded.append(_field(_SPANS, span.data if isinstance(span, EncodedSpan) else self.readable_bytes(span)))
+        out = []
+        for resource, scopes in groups.items():
+            parts = [self._resource(resource)]
+            for scope, encoded_spans in scopes.items():
+                scope_parts = [self._scope(scope), *encoded_spans]
+                schema_url = scope.schema_url if scope else None
+                if schema_url:
+                    scope_parts.append(_field(_SCHEMA_URL, schema_url.encode()))
+                parts.append(_field(_SCOPE_SPANS, b"".join(scope_parts)))
+            if resource.schema_url:
+                parts.append(_field(_SCHEMA_URL, resource.schema_url.encode()))
+            out.append(_field(_REQUEST_RESOURCE_SPANS, b"".join(parts)))
+        return b"".join(out)
+
+    def _resource(self, resource: Any) -> bytes:
+        found = self._resources.get(resource)
+        if found is None:
+            if len(self._resources) >= 64:
+                self._resources.clear()
+            found = self._resources[resource] = _field(_RESOURCE, _encode_resource(resource).SerializeToString())
+        return found
+
+    def _scope(self, scope: Any) -> bytes:
+        found = self._scopes.get(scope)
+        if found is None:
+            if len(self._scopes) >= 256:
+                self._scopes.clear()
+            found = self._scopes[scope] = _field(_SCOPE, _encode_instrumentation_scope(scope).SerializeToString())
+        return found
+
+    def readable_bytes(self, span: ReadableSpan) -> bytes:
+        """An SDK span's ``Span`` message (by the SDK's own encoder if this one fails on it)."""
+        try:
+            context = span.context
+            assert context is not None
+            events = b"".join(_field(_EVENT, each.SerializeToString()) for each in _encode_events(span.events) or ())
+            return self.span_bytes(
+                context.trace_id, context.span_id, context.trace_state, span.parent, span.name, span.kind.value,
+                span.start_time or 0, span.end_time or 0, span.attributes, span.links, span.status,
+                events, span.dropped_attributes, span.dropped_events, span.dropped_links,
+            )  # fmt: skip
+        except Exception:  # a span of a shape not foreseen here
+            _logger.debug("encoding a span by the SDK's encoder", exc_info=True)
+            return bytes(_encode_span(span).SerializeToString())
+
+    def span_bytes(
+        self,
+        trace_id: int,
+        span_id: int,
+        trace_state: TraceState | None,
+        parent: SpanContext | None,
+        name: str,
+        kind: int,
+        start_ns: int,
+        end_ns: int,
+        attributes: Mapping[str, Any] | None,
+        links: Sequence[Link],
+        status: Status | None,
+        events: bytes = b"",
+        dropped_attributes: int = 0,
+        dropped_events: int = 0,
+        dropped_links: int = 0,
+    ) -> bytes:
+        """A ``Span`` message with these fields (``kind`` is the API's SpanKind value,
+        ``events`` the span's events already encoded as its fields), field for field as
+        the SDK's encoder writes a span that has them."""
+        parts = [_IDS.pack(b"\x0a\x10", trace_id >> 64, trace_id & 0xFFFFFFFFFFFFFFFF, b"\x12\x08", span_id)]
+        if trace_state:
+            parts.append(_field(_TRACE_STATE, ",".join(f"{key}={value}" for key, value in trace_state.items()).encode()))
+        if parent:
+            parts.append(_PARENT.pack(b"\x22\x08", parent.span_id))
+        encoded_name = self._names.get(name)
+        if encoded_name is None:
+            if len(self._names) >= 1024:
+                self._names.clear()
+            encoded_name = self._names[name] = _field(_NAME, name.encode()) if name else b""
+        parts.append(encoded_name)
+        parts.append(bytes((_KIND, kind + 1)))
+        parts.append(_TIMES.pack(0x39, start_ns, 0x41, end_ns))
+        if attributes:
+            parts.append(self._attributes_bytes(attributes, _ATTRIBUTE))
+        if dropped_attributes:
+            parts.append(bytes((_DROPPED_ATTRIBUTES,)) + _varint(dropped_attributes))
+        if events:
+            parts.append(events)
+        if dropped_events:
+            parts.append(bytes((_DROPPED_EVENTS,)) + _varint(dropped_events))
+        for link in links:
+            parts.append(_field(_LINK, self._link(link)))
+        if dropped_links:
+            parts.append(bytes((_DROPPED_LINKS,)) + _varint(dropped_links))
+        if status is not None:
+            if status.description or status.status_code.value:
+                status_parts = []
+                if status.description:
+                    status_parts.append(_field(_STATUS_MESSAGE, status.description.encode()))
+                if status.status_code.value:
+                    status_parts.append(bytes((_STATUS_CODE,)) + _varint(status.status_code.value))
+                parts.append(_field(_STATUS, b"".join(status_parts)))
+            else:
+                parts.append(_EMPTY_STATUS)
+        parts.append(_REMOTE_PARENT_FLAGS if parent and parent.is_remote else _LOCAL_FLAGS)
+        return b"".join(parts)
+
+    def _link(self, link: Link) -> bytes:
+        context = link.context
+        parts = [_LINK_IDS.pack(b"\x0a\x10", context.trace_id >> 64, context.trace_id & 0xFFFFFFFFFFFFFFFF, b"\x12\x08", context.span_id)]
+        if link.attributes:
+            parts.append(self._attributes_bytes(link.attributes, _LINK_ATTRIBUTE))
+        if link.dropped_attributes:
+            parts.append(bytes((_LINK_DROPPED_ATTRIBUTES,)) + _varint(link.dropped_attributes))
+        parts.append(_LINK_FLAGS.pack(0x35, _HAS_IS_REMOTE | (_IS_REMOTE if context.is_remote else 0)))
+        return b"".join(parts)
+
+    def _attributes_bytes(self, attributes: Mapping[str, Any], tag: bytes) -> bytes:
+        """The fields of ``attributes``, each a ``KeyValue`` as the SDK encodes it (an
+        attribute it cannot encode is logged and left out, as it does)."""
+        cache = self._attributes
+        out = []
+        for key, value in attributes.items():
+            kind = type(value)
+            if kind is str or kind is int or kind is bool or kind is float:
+                cached = cache.get((key, kind, value, tag))
+                if cached is None:
+                    cached = b"".join(_field(tag, each.SerializeToString()) for each in _encode_attributes({key: value}))
+                    if cached:
+                        if len(cache) >= _ATTRIBUTES_KEPT:
+                            cache.clear()
+                        cache[(key, kind, value, tag)] = cached
+                out.append(cached)
+            else:
+                out.extend(_field(tag, each.SerializeToString()) for each in _encode_attributes({key: value}))
+        return b"".join(out)
+
+
+class SpanExporter(OTLPSpanExporter):
+    """The SDK's OTLP/gRPC span exporter, encoding with :class:`SpanEncoder`."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._encoder = SpanEncoder()
+
+    @property
+    def encoder(self) -> SpanEncoder:
+        return self._encoder
+
+    def _translate_data(self, data: Sequence[ReadableSpan | EncodedSpan]) -> ExportTraceServiceRequest:
+        return self._encoder.encode(data)

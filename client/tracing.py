@@ -64,7 +64,8 @@ def _decide() -> bool:
     if tracing_requested() is None:
         return False
     try:
-        return configure_tracing(SERVICE_NAME, EXPORT_TIMEOUT_S)
+        # A command exports as it exits: the OTLP exporter is loaded meanwhile.
+        return configure_tracing(SERVICE_NAME, EXPORT_TIMEOUT_S, deferred_export=True)
     except ValueError as error:
         raise InvalidArgument(str(error)) from None
 

@@ -1,6 +1,7 @@
-"""The OTLP/gRPC span exporter the nodes and the client install: the SDK's own
-(``OTLPSpanExporter``: its channel, retries, timeouts, headers, compression), with the
-spans' encoding done from bytes rather than through a protobuf object per field.
+"""The encoding of the OTLP/gRPC span exporter the nodes and the client install
+(:mod:`rmqstore.common.otlp_exporter`: the SDK's own ``OTLPSpanExporter``, its channel,
+retries, timeouts, headers and compression), done from bytes rather than through a
+protobuf object per field.
 
 The SDK's encoder builds a ``Span`` message per span, a ``KeyValue`` and an ``AnyValue``
 per attribute and a ``Status`` and ``Link`` per status and link, each through protobuf's
@@ -22,7 +23,8 @@ from __future__ import annotations
 
 import logging
 import struct
-from collections.abc import Mapping, Sequence
+import threading
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from opentelemetry.exporter.otlp.proto.common._internal import (
@@ -34,8 +36,9 @@ from opentelemetry.exporter.otlp.proto.common._internal.trace_encoder import (
     _encode_events,
     _encode_span,
 )
-from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.sdk.trace.export import SpanExporter as SDKSpanExporter
+from opentelemetry.sdk.trace.export import SpanExportResult
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import ReadableSpan
@@ -282,16 +285,47 @@ class SpanEncoder:
         return b"".join(out)
 
 
-class SpanExporter(OTLPSpanExporter):
-    """The SDK's OTLP/gRPC span exporter, encoding with :class:`SpanEncoder`."""
+class EncodingExporter:
+    """An exporter that takes :class:`EncodedSpan` items besides SDK spans, encoding with
+    ``encoder`` (what the leaf recorder looks for on the batch span processor)."""
 
-    def __init__(self, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self._encoder = SpanEncoder()
+    encoder: SpanEncoder
 
-    @property
-    def encoder(self) -> SpanEncoder:
-        return self._encoder
 
-    def _translate_data(self, data: Sequence[ReadableSpan | EncodedSpan]) -> ExportTraceServiceRequest:
-        return self._encoder.encode(data)
+class DeferredExporter(SDKSpanExporter, EncodingExporter):
+    """An exporter made on a thread of its own and waited for at the first export: the
+    SDK's OTLP/gRPC exporter module also loads the SDK's metrics and logs (about 45 ms),
+    which a command that exports only as it exits need not wait for before its work
+    starts. ``make`` builds the exporter with the encoder given."""
+
+    def __init__(self, make: Callable[[SpanEncoder], SDKSpanExporter]):
+        self.encoder = SpanEncoder()
+        self._made: SDKSpanExporter | None = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._make, args=(make,), name="otlp-exporter", daemon=True)
+        self._thread.start()
+
+    def _make(self, make: Callable[[SpanEncoder], SDKSpanExporter]) -> None:
+        try:
+            self._made = make(self.encoder)
+        except BaseException as error:  # raised to the first export, which logs it
+            self._error = error
+
+    def exporter(self) -> SDKSpanExporter:
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        assert self._made is not None
+        return self._made
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        return self.exporter().export(spans)
+
+    def shutdown(self) -> None:
+        self._thread.join()
+        if self._made is not None:
+            self._made.shutdown()
+
+    def force_flush(self, timeout_millis: int = 30_000) -> bool:
+        self._thread.join()
+        return self._made.force_flush(timeout_millis) if self._made is not None else True

@@ -127,9 +127,9 @@ class LeafRecorder:
         queue = getattr(processor, "_batch_processor", None)
         exporter = getattr(queue, "_exporter", None)
         if queue is not None and hasattr(queue, "emit"):
-            from rmqstore.common.otlp import EncodedSpan, SpanExporter
+            from rmqstore.common.otlp import EncodedSpan, EncodingExporter
 
-            if isinstance(exporter, SpanExporter):
+            if isinstance(exporter, EncodingExporter):
                 self._emit, self._encoder, self._encoded = queue.emit, exporter.encoder, EncodedSpan
 
     def active(self) -> bool:
@@ -342,7 +342,11 @@ def links_from_messages(properties: Iterable[Mapping[str, str]]) -> list[trace.L
     """One Link per distinct producer context among messages' properties, in the order
     first seen, at most :data:`LINKS_MAX`."""
     seen: dict[str, trace.Link] = {}
+    last: Mapping[str, str] | None = None
     for each in properties:
+        if each is last:
+            continue  # the messages of a request mostly share one mapping: read once
+        last = each
         value = each.get(TRACEPARENT) if each else None
         if not value or value in seen:
             continue

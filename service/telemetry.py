@@ -14,6 +14,9 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from opentelemetry import trace
     from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace.export import SpanExporter
+
+    from rmqstore.common.otlp import SpanEncoder
 
 # The API is imported only once tracing is asked for: the command-line client reads the
 # variables here on every run.
@@ -42,10 +45,12 @@ def tracing_requested(environ: dict[str, str] | None = None) -> str | None:
     return exporter_requested("TRACES", environ)
 
 
-def configure_tracing(service_name: str, export_timeout_s: float | None = None) -> bool:
+def configure_tracing(service_name: str, export_timeout_s: float | None = None, *, deferred_export: bool = False) -> bool:
     """Install an SDK tracer provider if the environment asks for one. Returns whether
     tracing is on. Safe to call more than once. ``export_timeout_s`` bounds each OTLP
-    export (retries included) unless ``OTEL_EXPORTER_OTLP_(TRACES_)TIMEOUT`` says otherwise."""
+    export (retries included) unless ``OTEL_EXPORTER_OTLP_(TRACES_)TIMEOUT`` says otherwise.
+    With ``deferred_export`` the OTLP exporter is made on a thread while the caller goes
+    on, and waited for at the first export (a command that exports as it exits)."""
     global _configured
     exporter_name = tracing_requested()
     if exporter_name is None or _configured:
@@ -67,11 +72,20 @@ def configure_tracing(service_name: str, export_timeout_s: float | None = None) 
     if exporter_name == "console":
         processor = SimpleSpanProcessor(ConsoleSpanExporter())
     elif exporter_name == "otlp":
-        from rmqstore.common.otlp import SpanExporter
-
         timeout_set = os.environ.get("OTEL_EXPORTER_OTLP_TIMEOUT") or os.environ.get("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT")
         timeout = export_timeout_s if export_timeout_s is not None and not timeout_set else None
-        processor = BatchSpanProcessor(SpanExporter(timeout=timeout))
+
+        def otlp(encoder: SpanEncoder | None = None) -> SpanExporter:
+            from rmqstore.common.otlp_exporter import SpanExporter
+
+            return SpanExporter(encoder, timeout=timeout)
+
+        if deferred_export:
+            from rmqstore.common.otlp import DeferredExporter
+
+            processor = BatchSpanProcessor(DeferredExporter(otlp))
+        else:
+            processor = BatchSpanProcessor(otlp())
     else:
         raise ValueError(f"OTEL_TRACES_EXPORTER={exporter_name!r}: rmqstore supports otlp, console or none")
     provider.add_span_processor(processor)

@@ -40,7 +40,8 @@ from opentelemetry.trace import (
 from opentelemetry.util.types import Attributes
 
 from rmqstore.common import otlp
-from rmqstore.common.otlp import EncodedSpan, SpanEncoder, SpanExporter
+from rmqstore.common.otlp import EncodedSpan, SpanEncoder
+from rmqstore.common.otlp_exporter import SpanExporter
 from rmqstore.common.tracing import LeafRecorder
 
 EXPORT_TIMEOUT_S = 10.0

@@ -884,11 +884,43 @@ def test_common_properties_equal_the_template(messages: list[tuple[list[str], st
     assert props.encode_messages_properties([{}] * len(keys), keys, tags, uniq_keys) == expected
 
 
+_property_text = st.text(min_size=1, max_size=12).filter(
+    lambda t: not any(0xD800 <= ord(c) < 0xE000 for c in t) and "\x01" not in t and "\x02" not in t
+)
+
+
+@settings(max_examples=300)
+@given(
+    st.dictionaries(_property_text.filter(lambda name: name not in (props.KEYS, props.TAGS, props.UNIQ_KEY)), _property_text, min_size=1, max_size=6),
+    st.lists(
+        st.tuples(st.lists(_property_text, min_size=1, max_size=3), _property_text, st.text(alphabet="0123456789ABCDEF", min_size=1, max_size=32)),
+        min_size=1,
+        max_size=8,
+    ),
+)
+@example({"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}, [(["k1"], "T", "AB01")])
+def test_properties_shared_by_every_message_fill_as_each_message_encodes_alone(
+    shared: dict[str, str], messages: list[tuple[list[str], str, str]]
+) -> None:
+    """Messages sharing one mapping of properties (a traced producer's trace context) take
+    the compiled fill: each message's bytes are what it encodes to alone (broker order)."""
+    keys, tags, uniq_keys = (list(column) for column in zip(*messages))
+    expected = [props.encode_message_properties(shared, k, t, u) for k, t, u in zip(keys, tags, uniq_keys)]
+    assert expected == [props.encode_properties(props.broker_order({**shared, props.KEYS: " ".join(k), props.TAGS: t, props.UNIQ_KEY: u})) for k, t, u in zip(keys, tags, uniq_keys)]
+    assert props.encode_messages_properties([shared] * len(keys), keys, tags, uniq_keys) == expected
+    order, pieces = props._shared_pieces(tuple(shared.items()))
+    assert _speedups.encode_common_properties(order, keys, tags, uniq_keys, pieces) == expected
+
+
 def test_common_properties_refuse_what_utf8_cannot_hold() -> None:
     with pytest.raises(UnicodeEncodeError):
         _speedups.encode_common_properties(props._COMMON_ORDER, [["\ud800"]], ["t"], ["u"])
     with pytest.raises(ValueError, match="positions 0, 1 and 2"):
         _speedups.encode_common_properties((0, 1, 5), [["k"]], ["t"], ["u"])
+    with pytest.raises(TypeError, match="pieces are bytes"):
+        _speedups.encode_common_properties(props._COMMON_ORDER, [["k"]], ["t"], ["u"], ("a", b"", b"", b""))
+    with pytest.raises(TypeError, match=r"uniq_keys\[, pieces\]"):
+        _speedups.encode_common_properties(props._COMMON_ORDER, [["k"]], ["t"], ["u"], (b"", b""))
 
 
 # Walking and checking records in bulk
@@ -1159,6 +1191,7 @@ def test_no_call_leaks_what_it_builds(tmp_path: Path) -> None:
         lambda: _speedups.encode_records(0, [1, 2], [0, 0], [5, 6], [None, 3], [host, V6], [b"ab", b""], ["T", "T"],
                                          [b"p", b""], 9, host, 8),  # fmt: skip
         lambda: _speedups.encode_common_properties(props._COMMON_ORDER, [["a", "b"]], ["t"], ["u"]),
+        lambda: _speedups.encode_common_properties((1, 0, 2), [["a", "b"]], ["t"], ["u"], (b"x\x01", b"\x02", b"", b"\x02y")),
         lambda: _speedups.walk_starts(good * 3, 0, 10**6, 10),
         lambda: _speedups.read_records(descriptor, [0, 1, len(logged)], len(logged) * 3, 0, 1024, True, None),
         lambda: _speedups.read_records(descriptor, [0, 1], len(logged) * 3, 0, 1024, True, (b"T", b"k", 0, 9, 0, 10**9)),

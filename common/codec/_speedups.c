@@ -838,18 +838,21 @@ done:
     return result;
 }
 
-/* encode_common_properties(order, keys, tags, uniq_keys) -> list[bytes]
+/* encode_common_properties(order, keys, tags, uniq_keys[, pieces]) -> list[bytes]
  *
  * properties.encode_messages_properties for messages with KEYS (a list of str, joined
- * with spaces), TAGS and UNIQ_KEY and no properties of their own: "name 0x01 value"
- * joined by 0x02, the names in broker order, given as positions in (KEYS, TAGS,
- * UNIQ_KEY). */
+ * with spaces), TAGS and UNIQ_KEY: "name 0x01 value" joined by 0x02, the names in broker
+ * order, given as positions in (KEYS, TAGS, UNIQ_KEY). Without pieces the message has
+ * no properties of its own; with pieces (four bytes) it has the same ones as every other
+ * message, and each message is pieces[0] value pieces[1] value pieces[2] value pieces[3],
+ * the values in that order (the pieces hold every name, separator and shared value). */
 static PyObject *encode_common_properties(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     static const char *names[3] = {"KEYS", "TAGS", "UNIQ_KEY"};
     static const Py_ssize_t name_lengths[3] = {4, 4, 8};
-    if (nargs != 4 || !PyTuple_Check(args[0]) || PyTuple_GET_SIZE(args[0]) != 3 || !PyList_Check(args[1])
-        || !PyList_Check(args[2]) || !PyList_Check(args[3])) {
-        PyErr_SetString(PyExc_TypeError, "encode_common_properties takes (order, keys, tags, uniq_keys)");
+    if ((nargs != 4 && nargs != 5) || !PyTuple_Check(args[0]) || PyTuple_GET_SIZE(args[0]) != 3 || !PyList_Check(args[1])
+        || !PyList_Check(args[2]) || !PyList_Check(args[3])
+        || (nargs == 5 && (!PyTuple_Check(args[4]) || PyTuple_GET_SIZE(args[4]) != 4))) {
+        PyErr_SetString(PyExc_TypeError, "encode_common_properties takes (order, keys, tags, uniq_keys[, pieces])");
         return NULL;
     }
     int order[3];
@@ -860,12 +863,40 @@ static PyObject *encode_common_properties(PyObject *module, PyObject *const *arg
             return NULL;
         }
     }
+    /* The bytes around the values: given, or the names in order with their separators. */
+    char named[3][16];
+    const char *pieces[4];
+    Py_ssize_t piece_lengths[4];
+    if (nargs == 5) {
+        for (int n = 0; n < 4; n++) {
+            PyObject *piece = PyTuple_GET_ITEM(args[4], n);
+            if (!PyBytes_Check(piece)) {
+                PyErr_SetString(PyExc_TypeError, "encode_common_properties: pieces are bytes");
+                return NULL;
+            }
+            pieces[n] = PyBytes_AS_STRING(piece);
+            piece_lengths[n] = PyBytes_GET_SIZE(piece);
+        }
+    } else {
+        for (int n = 0; n < 3; n++) {
+            char *q = named[n];
+            if (n > 0) *q++ = 0x02;
+            memcpy(q, names[order[n]], name_lengths[order[n]]);
+            q += name_lengths[order[n]];
+            *q++ = 0x01;
+            pieces[n] = named[n];
+            piece_lengths[n] = q - named[n];
+        }
+        pieces[3] = "";
+        piece_lengths[3] = 0;
+    }
     PyObject *keys = args[1], *tags = args[2], *uniq_keys = args[3];
     Py_ssize_t count = PyList_GET_SIZE(keys);
     if (PyList_GET_SIZE(tags) != count || PyList_GET_SIZE(uniq_keys) != count) {
         PyErr_SetString(PyExc_ValueError, "encode_common_properties: columns of different lengths");
         return NULL;
     }
+    Py_ssize_t pieces_length = piece_lengths[0] + piece_lengths[1] + piece_lengths[2] + piece_lengths[3];
     PyObject *result = PyList_New(count);
     if (result == NULL) return NULL;
     for (Py_ssize_t i = 0; i < count; i++) {
@@ -889,8 +920,7 @@ static PyObject *encode_common_properties(PyObject *module, PyObject *const *arg
             Py_DECREF(key_list);
             goto fail;
         }
-        Py_ssize_t total = 2; /* the two 0x02 separators */
-        for (int n = 0; n < 3; n++) total += name_lengths[n] + 1 + lengths[n];
+        Py_ssize_t total = pieces_length + lengths[0] + lengths[1] + lengths[2];
         PyObject *encoded = PyBytes_FromStringAndSize(NULL, total);
         if (encoded == NULL) {
             Py_DECREF(key_list);
@@ -899,10 +929,8 @@ static PyObject *encode_common_properties(PyObject *module, PyObject *const *arg
         char *p = PyBytes_AS_STRING(encoded);
         for (int n = 0; n < 3; n++) {
             int field = order[n];
-            if (n > 0) *p++ = 0x02;
-            memcpy(p, names[field], name_lengths[field]);
-            p += name_lengths[field];
-            *p++ = 0x01;
+            memcpy(p, pieces[n], piece_lengths[n]);
+            p += piece_lengths[n];
             if (field == 0) {
                 for (Py_ssize_t k = 0; k < key_count; k++) {
                     Py_ssize_t length;
@@ -916,6 +944,7 @@ static PyObject *encode_common_properties(PyObject *module, PyObject *const *arg
                 p += lengths[field];
             }
         }
+        memcpy(p, pieces[3], piece_lengths[3]);
         Py_DECREF(key_list);
         PyList_SET_ITEM(result, i, encoded);
     }
@@ -3544,7 +3573,7 @@ static PyMethodDef methods[] = {
     {"message_key_hashes", (PyCFunction)(void (*)(void))message_key_hashes, METH_FASTCALL,
      "message_key_hashes(prefixes, uniq_keys, keys) -> (hashes, counts)."},
     {"encode_common_properties", (PyCFunction)(void (*)(void))encode_common_properties, METH_FASTCALL,
-     "encode_common_properties(order, keys, tags, uniq_keys) -> list[bytes]."},
+     "encode_common_properties(order, keys, tags, uniq_keys[, pieces]) -> list[bytes]."},
     {"index_put_keys", (PyCFunction)(void (*)(void))index_put_keys, METH_FASTCALL,
      "index_put_keys(buf, slots, start, begin_ts, key_hashes, phy_offsets, timestamps) -> new_slots | None."},
     {"json_columns", (PyCFunction)json_columns, METH_O,

@@ -91,6 +91,27 @@ def encode_message_properties(user: Mapping[str, str], keys: Sequence[str], tags
     return template.format(*in_order((*values, uniq_key))).encode("utf-8")
 
 
+@functools.lru_cache(maxsize=1024)
+def _shared_pieces(shared: tuple[tuple[str, str], ...]) -> tuple[tuple[int, int, int], tuple[bytes, bytes, bytes, bytes]]:
+    """For messages that all have the properties ``shared`` (name, value pairs) besides
+    their own KEYS, TAGS and UNIQ_KEY: the order in which the broker writes those three
+    (positions in KEYS, TAGS, UNIQ_KEY) and the bytes before, between and after them
+    (every other name and value, and the separators), for the compiled fill."""
+    values = dict(shared)
+    own = (KEYS, TAGS, UNIQ_KEY)
+    order: list[int] = []
+    pieces = [""]
+    for number, name in enumerate(java_hashmap_order((*values, *own))):
+        pieces[-1] += f"{PROPERTY_SEPARATOR if number else ''}{name}{NAME_VALUE_SEPARATOR}"
+        if name in own:
+            order.append(own.index(name))
+            pieces.append("")
+        else:
+            pieces[-1] += values[name]
+    encoded = [piece.encode("utf-8") for piece in pieces]
+    return (order[0], order[1], order[2]), (encoded[0], encoded[1], encoded[2], encoded[3])
+
+
 # KEYS, TAGS and UNIQ_KEY in broker order, filled by position ({0} KEYS, {1} TAGS,
 # {2} UNIQ_KEY): the properties of nearly every message a producer sends.
 _template, _in_order = _broker_template((KEYS, TAGS, UNIQ_KEY))
@@ -117,6 +138,13 @@ def encode_messages_properties(
         # names and the broker order worked out once, each message filling its own
         # KEYS, TAGS and UNIQ_KEY.
         shared = users[0]
+        if (
+            _speedups is not None and isinstance(keys, list) and isinstance(tags, list) and isinstance(uniq_keys, list)
+            and KEYS not in shared and TAGS not in shared and UNIQ_KEY not in shared
+        ):  # fmt: skip
+            order, pieces = _shared_pieces(tuple(shared.items()))
+            filled: list[bytes] = _speedups.encode_common_properties(order, keys, tags, uniq_keys, pieces)
+            return filled
         names = (*shared, KEYS, TAGS, UNIQ_KEY) if shared else (KEYS, TAGS, UNIQ_KEY)
         values = tuple(shared.values())
         template, in_order = _broker_template(names)

@@ -274,7 +274,16 @@ class SpanEncoder:
             if kind is str or kind is int or kind is bool or kind is float:
                 cached = cache.get((key, kind, value, tag))
                 if cached is None:
-                    cached = b"".join(_field(tag, each.SerializeToString()) for each in _encode_attributes({key: value}))
+                    scalar = _scalar(value)
+                    if scalar is not None:
+                        try:
+                            name = _field(b"\x0a", key.encode()) if key else b""
+                        except UnicodeEncodeError:
+                            scalar = None
+                    if scalar is None:
+                        cached = b"".join(_field(tag, each.SerializeToString()) for each in _encode_attributes({key: value}))
+                    else:
+                        cached = _field(tag, name + _field(b"\x12", scalar))
                     if cached:
                         if len(cache) >= _ATTRIBUTES_KEPT:
                             cache.clear()
@@ -283,6 +292,27 @@ class SpanEncoder:
             else:
                 out.extend(_field(tag, each.SerializeToString()) for each in _encode_attributes({key: value}))
         return b"".join(out)
+
+
+_DOUBLE = struct.Struct("<Bd")
+
+
+def _scalar(value: str | int | bool | float) -> bytes | None:
+    """An ``AnyValue`` holding a string, bool, 64-bit integer or double, as protobuf
+    writes it (a oneof member is written even when zero or empty); None where the SDK's
+    encoder must decide (text that is not UTF-8, an integer past 64 bits)."""
+    if type(value) is str:
+        try:
+            return _field(b"\x0a", value.encode())
+        except UnicodeEncodeError:
+            return None
+    if type(value) is bool:
+        return b"\x10\x01" if value else b"\x10\x00"
+    if type(value) is int:
+        if not -(2**63) <= value < 2**63:
+            return None
+        return b"\x18" + _varint(value & 0xFFFFFFFFFFFFFFFF)
+    return _DOUBLE.pack(0x21, value)
 
 
 class EncodingExporter:

@@ -253,6 +253,7 @@ class BatchSpans:
         # A file's batches mostly have one topic and the same size: their name and
         # attributes are worked out once (a finished span's attributes are only read).
         described: dict[tuple[str, int], tuple[str, dict[str, Any]]] = {}
+        spans: list[tuple[str, dict[str, Any], int, int, trace.Status | None]] = []
         start = 0
         for number, (started, size) in enumerate(zip(self._started_ns, self._batch_sizes)):
             batch = self._topics[start : start + size]
@@ -269,20 +270,35 @@ class BatchSpans:
             if not acked and isinstance(error, grpc.RpcError):
                 attributes = dict(attributes)
                 status = _failure(attributes, error)
-            ended = self._ended_ns[number] if acked else now
-            if recorder is not None:
-                recorder.record(
-                    TRACER_NAME, name, started, ended, attributes, kind=trace.SpanKind.CLIENT,
-                    parent=self._context, status=status,
-                )  # fmt: skip
-                if (number + 1) % SPANS_PER_EXPORT == 0:
-                    if not recorder.force_flush(EXPORT_TIMEOUT_S / 2):
-                        break
-            else:
+            spans.append((name, attributes, started, self._ended_ns[number] if acked else now, status))
+        if recorder is None:
+            for name, attributes, started, ended, status in spans:
                 span = tracer.start_span(name, self._context, trace.SpanKind.CLIENT, attributes, start_time=started)
                 if status is not None:
                     span.set_status(status)
                 span.end(end_time=ended)
+            return
+        for first in range(0, len(spans), SPANS_PER_EXPORT):
+            chunk = spans[first : first + SPANS_PER_EXPORT]
+            index = 0
+            while index < len(chunk):
+                name, attributes, _, _, status = chunk[index]
+                # A run of batches with one name and attributes, acknowledged: written once.
+                end = index + 1
+                while end < len(chunk) and chunk[end][0] == name and chunk[end][1] is attributes and status is None and chunk[end][4] is None:
+                    end += 1
+                run = chunk[index:end]
+                if status is not None or not recorder.record_batch(
+                    TRACER_NAME, name, [(each[2], each[3]) for each in run], attributes, trace.SpanKind.CLIENT, self._context
+                ):
+                    for name, attributes, started, ended, status in run:
+                        recorder.record(
+                            TRACER_NAME, name, started, ended, attributes, kind=trace.SpanKind.CLIENT,
+                            parent=self._context, status=status,
+                        )  # fmt: skip
+                index = end
+            if len(chunk) == SPANS_PER_EXPORT and not recorder.force_flush(EXPORT_TIMEOUT_S / 2):
+                break
 
 
 class _Details(NamedTuple):

@@ -216,19 +216,41 @@ class SpanEncoder:
         """A ``Span`` message with these fields (``kind`` is the API's SpanKind value,
         ``events`` the span's events already encoded as its fields), field for field as
         the SDK's encoder writes a span that has them."""
-        parts = [_IDS.pack(b"\x0a\x10", trace_id >> 64, trace_id & 0xFFFFFFFFFFFFFFFF, b"\x12\x08", span_id)]
+        middle, tail = self.span_parts(
+            trace_state, parent, name, kind, attributes, links, status, events, dropped_attributes, dropped_events, dropped_links
+        )
+        return b"".join((span_head(trace_id, span_id), middle, span_times(start_ns, end_ns), tail))
+
+    def span_parts(
+        self,
+        trace_state: TraceState | None,
+        parent: SpanContext | None,
+        name: str,
+        kind: int,
+        attributes: Mapping[str, Any] | None,
+        links: Sequence[Link],
+        status: Status | None,
+        events: bytes = b"",
+        dropped_attributes: int = 0,
+        dropped_events: int = 0,
+        dropped_links: int = 0,
+    ) -> tuple[bytes, bytes]:
+        """What :meth:`span_bytes` writes between a span's ids and its times, and after
+        its times: spans that differ only in ids and times (a send's batches) share them,
+        each span then ``span_head + middle + span_times + tail``."""
+        middle = []
         if trace_state:
-            parts.append(_field(_TRACE_STATE, ",".join(f"{key}={value}" for key, value in trace_state.items()).encode()))
+            middle.append(_field(_TRACE_STATE, ",".join(f"{key}={value}" for key, value in trace_state.items()).encode()))
         if parent:
-            parts.append(_PARENT.pack(b"\x22\x08", parent.span_id))
+            middle.append(_PARENT.pack(b"\x22\x08", parent.span_id))
         encoded_name = self._names.get(name)
         if encoded_name is None:
             if len(self._names) >= 1024:
                 self._names.clear()
             encoded_name = self._names[name] = _field(_NAME, name.encode()) if name else b""
-        parts.append(encoded_name)
-        parts.append(bytes((_KIND, kind + 1)))
-        parts.append(_TIMES.pack(0x39, start_ns, 0x41, end_ns))
+        middle.append(encoded_name)
+        middle.append(bytes((_KIND, kind + 1)))
+        parts = []
         if attributes:
             parts.append(self._attributes_bytes(attributes, _ATTRIBUTE))
         if dropped_attributes:
@@ -252,7 +274,7 @@ class SpanEncoder:
             else:
                 parts.append(_EMPTY_STATUS)
         parts.append(_REMOTE_PARENT_FLAGS if parent and parent.is_remote else _LOCAL_FLAGS)
-        return b"".join(parts)
+        return b"".join(middle), b"".join(parts)
 
     def _link(self, link: Link) -> bytes:
         context = link.context
@@ -295,6 +317,16 @@ class SpanEncoder:
 
 
 _DOUBLE = struct.Struct("<Bd")
+
+
+def span_head(trace_id: int, span_id: int) -> bytes:
+    """A ``Span`` message's first fields: its trace id and span id."""
+    return _IDS.pack(b"\x0a\x10", trace_id >> 64, trace_id & 0xFFFFFFFFFFFFFFFF, b"\x12\x08", span_id)
+
+
+def span_times(start_ns: int, end_ns: int) -> bytes:
+    """A ``Span`` message's start and end times."""
+    return _TIMES.pack(0x39, start_ns, 0x41, end_ns)
 
 
 def _scalar(value: str | int | bool | float) -> bytes | None:

@@ -97,8 +97,8 @@ class LeafRecorder:
     was given): another processor's ``on_start`` would never be called."""
 
     __slots__ = (
-        "_default_sampler", "_emit", "_encoded", "_encoder", "_event", "_ids", "_processor", "_provider",
-        "_readable", "_resource", "_sampler", "_scope", "_scopes",
+        "_default_sampler", "_emit", "_encoded", "_encoder", "_event", "_head", "_ids", "_processor", "_provider",
+        "_readable", "_resource", "_sampler", "_scope", "_scopes", "_times",
     )  # fmt: skip
 
     def __init__(self, provider: TracerProvider, processor: SpanProcessor):
@@ -124,13 +124,16 @@ class LeafRecorder:
         self._emit: Callable[[Any], None] | None = None
         self._encoder: Any = None
         self._encoded: Any = None
+        self._head: Any = None
+        self._times: Any = None
         queue = getattr(processor, "_batch_processor", None)
         exporter = getattr(queue, "_exporter", None)
         if queue is not None and hasattr(queue, "emit"):
-            from rmqstore.common.otlp import EncodedSpan, EncodingExporter
+            from rmqstore.common.otlp import EncodedSpan, EncodingExporter, span_head, span_times
 
             if isinstance(exporter, EncodingExporter):
                 self._emit, self._encoder, self._encoded = queue.emit, exporter.encoder, EncodedSpan
+                self._head, self._times = span_head, span_times
 
     def active(self) -> bool:
         return trace.get_tracer_provider() is self._provider
@@ -204,6 +207,38 @@ class LeafRecorder:
             )  # fmt: skip
         )
 
+
+    def record_batch(
+        self,
+        scope: str,
+        name: str,
+        times: Iterable[tuple[int, int]],
+        attributes: dict[str, Any] | None = None,
+        kind: trace.SpanKind = trace.SpanKind.INTERNAL,
+        parent: context_api.Context | None = None,
+    ) -> bool:
+        """:meth:`record` of a span per ``(start_ns, end_ns)`` of ``times``: spans of one
+        name, kind and attributes, their status unset, children of ``parent``'s span,
+        differing only in ids and times (a send's batches). Where spans are written as
+        bytes under the default sampler, the parent's decision is each one's, and what
+        they share is written once; else (or with no parent span) nothing is recorded and
+        False is returned: each is for :meth:`record`."""
+        if self._emit is None or not self._default_sampler:
+            return False
+        parent_context = trace.get_current_span(parent).get_span_context()
+        if not parent_context.is_valid:
+            return False  # each a root span, of a trace of its own
+        if not parent_context.trace_flags.sampled:
+            return True
+        instrumentation = self._scopes.get(scope)
+        if instrumentation is None:
+            instrumentation = self._scopes[scope] = self._scope(scope)
+        middle, tail = self._encoder.span_parts(parent_context.trace_state, parent_context, name, kind.value, attributes, (), _UNSET)
+        trace_id, new_id, head, span_times = parent_context.trace_id, self._ids.generate_span_id, self._head, self._times
+        emit, encoded, resource = self._emit, self._encoded, self._resource
+        for start_ns, end_ns in times:
+            emit(encoded(b"".join((head(trace_id, new_id()), middle, span_times(start_ns, end_ns), tail)), resource, instrumentation))
+        return True
 
     def force_flush(self, slow_s: float) -> bool:
         """Export what the processor holds and wait for it; False when that took

@@ -231,6 +231,13 @@ def _record_all(recorder: LeafRecorder) -> None:
     recorder.record("rmqstore.writer", "rmqstore.flush", 10, 20, {"rmqstore.flush.bytes": 4096}, parent=Context())
     recorder.record("rmqstore.writer", "rmqstore.append", 30, 40, {"messaging.system": "rocketmq"}, parent=unsampled)
     recorder.record("rmqstore.writer", "rmqstore.append", 50, 60, None, error=ValueError("bad batch"), parent=in_server)
+    # A send's batches: spans of one shape, written once where the recorder can, else one by one.
+    batch = {"messaging.system": "rocketmq", "messaging.destination.name": "T", "messaging.batch.message_count": 2}
+    for parent in (in_local, in_server, unsampled, Context()):
+        times = [(100, 200), (150, 300), (400, 401)]
+        if not recorder.record_batch("rmqstore.client", "send T", times, batch, SpanKind.CLIENT, parent):
+            for start, end in times:
+                recorder.record("rmqstore.client", "send T", start, end, batch, kind=SpanKind.CLIENT, parent=parent)
 
 
 @pytest.mark.parametrize("sampler", [None, ParentBased(TraceIdRatioBased(1.0)), ParentBased(ALWAYS_ON)], ids=["default", "ratio", "parentbased"])
@@ -250,10 +257,12 @@ def test_recorded_spans_reach_a_receiver_as_the_sdk_would_send_them(receiver: _R
     _record_all(recorder)
     _record_all(compared)
     queued = list(processor._batch_processor._queue)
-    assert [type(each) for each in queued].count(EncodedSpan) == 5  # the failed span is an SDK span (its event)
+    # Every span written as bytes but the failed one (its event: an SDK span).
+    assert [type(each) for each in queued].count(EncodedSpan) == 5 + 9
     assert processor.force_flush(int(EXPORT_TIMEOUT_S * 1000))
     readable = list(memory.get_finished_spans())
-    assert [span.name for span in readable] == ["rmqstore.append", "rmqstore.dispatch", "rmqstore.append", "send T", "rmqstore.flush", "rmqstore.append"]
+    assert [span.name for span in readable] == ["rmqstore.append", "rmqstore.dispatch", "rmqstore.append", "send T", "rmqstore.flush", "rmqstore.append"] + ["send T"] * 9
+    assert [span.parent is None for span in readable[-3:]] == [True] * 3
     with receiver.lock:
         [request] = receiver.requests
     assert request.SerializeToString(deterministic=True) == encode_spans(readable).SerializeToString(deterministic=True)

@@ -363,25 +363,30 @@ class DeferredExporter(SDKSpanExporter, EncodingExporter):
     def __init__(self, make: Callable[[SpanEncoder], SDKSpanExporter]):
         self.encoder = SpanEncoder()
         self._made: SDKSpanExporter | None = None
-        self._error: BaseException | None = None
+        self._error: Exception | None = None
+        self._told = False
         self._thread = threading.Thread(target=self._make, args=(make,), name="otlp-exporter", daemon=True)
         self._thread.start()
 
     def _make(self, make: Callable[[SpanEncoder], SDKSpanExporter]) -> None:
         try:
             self._made = make(self.encoder)
-        except BaseException as error:  # raised to the first export, which logs it
+        except Exception as error:  # an OTEL_EXPORTER_OTLP_* setting it refuses: told at the first export
             self._error = error
 
-    def exporter(self) -> SDKSpanExporter:
+    def exporter(self) -> SDKSpanExporter | None:
+        """The exporter, once made; None when it could not be (said once, in one line)."""
         self._thread.join()
         if self._error is not None:
-            raise self._error
-        assert self._made is not None
+            if not self._told:
+                self._told = True
+                _logger.error("spans are not exported: the OTLP exporter could not be set up: %s", self._error)
+            return None
         return self._made
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-        return self.exporter().export(spans)
+        made = self.exporter()
+        return SpanExportResult.FAILURE if made is None else made.export(spans)
 
     def shutdown(self) -> None:
         self._thread.join()

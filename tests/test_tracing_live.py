@@ -565,6 +565,25 @@ def test_a_command_exits_soon_when_the_collector_is_unreachable(tmp_path: Path, 
     assert elapsed_s < 6.0, elapsed_s  # about 2.5 s; the SDK's default retries took 7
 
 
+def test_a_command_with_an_otlp_setting_the_exporter_refuses_sends_and_says_so_in_one_line(
+    tmp_path: Path, receiver: Receiver, started: list[Node]
+) -> None:
+    """The command line makes its OTLP exporter on a thread while it sends: a setting the
+    exporter refuses (a compression it does not know) costs the spans, said in one line
+    at the exit, not the send, and no traceback."""
+    writer = Node("writer", tmp_path / "store", quiet(receiver.env()), tmp_path / "writer.log")
+    started.append(writer)
+    odd = {**receiver.env(), "OTEL_EXPORTER_OTLP_COMPRESSION": "zstd"}
+    sent = rmqstore(odd, "send", "--endpoint", writer.endpoint, "-t", "Odd", "--body", "x")
+    assert json.loads(sent.stdout)["topic"] == "Odd"
+    lines = [line for line in sent.stderr.splitlines() if line.strip()]
+    assert lines == [
+        "spans are not exported: the OTLP exporter could not be set up: "
+        'Invalid value "zstd" for compression envvar OTEL_EXPORTER_OTLP_COMPRESSION'
+    ], sent.stderr
+    assert not [s for s in receiver.snapshot() if s.service == "rmqstore-client"]
+
+
 def test_a_refusal_the_operator_acts_on_is_logged_in_the_requests_trace(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A real writer refusing writes (its disk use is above a full ratio of 0.1 %): the
     RESOURCE_EXHAUSTED answer is logged as a JSON line carrying the caller's trace."""

@@ -367,6 +367,17 @@ class DeferredExporter(SDKSpanExporter, EncodingExporter):
         self._told = False
         self._thread = threading.Thread(target=self._make, args=(make,), name="otlp-exporter", daemon=True)
         self._thread.start()
+        # A command can end before the exporter is made (a quick lookup). Its making
+        # needs a thread pool (the SDK's resource detection, as its modules load), which
+        # refuses work once the interpreter's exit has begun: the exit waits for it first.
+        # Exit hooks run last registered first; the thread pool's own hook (which stops
+        # it) is registered as its module loads, so that module is loaded before this one
+        # is registered.
+        import concurrent.futures.thread  # noqa: F401
+
+        register = getattr(threading, "_register_atexit", None)
+        if register is not None:
+            register(self._thread.join)
 
     def _make(self, make: Callable[[SpanEncoder], SDKSpanExporter]) -> None:
         try:

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import itertools
 import math
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from concurrent import futures
@@ -328,3 +330,30 @@ def test_a_deferred_exporter_exports_once_made(receiver: _Receiver) -> None:
         [request] = receiver.requests
     assert request == encode_spans([span])
     deferred.shutdown()
+
+
+def test_a_process_that_ends_before_its_exporter_is_made_still_exports(receiver: _Receiver) -> None:
+    """A quick command can end before its deferred exporter is made (the exporter module
+    is slow to load): the exit waits for it, and the spans are exported as it exits (made
+    at interpreter shutdown, the exporter could not start the threads it needs)."""
+    program = f"""
+import time
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor
+from rmqstore.common.otlp import DeferredExporter
+
+def make(encoder):
+    time.sleep(0.5)  # slower than the rest of this process
+    from rmqstore.common.otlp_exporter import SpanExporter
+    return SpanExporter(encoder, endpoint="127.0.0.1:{receiver.port}", insecure=True, timeout=5)
+
+provider = TracerProvider()
+provider.add_span_processor(BatchSpanProcessor(DeferredExporter(make)))
+provider.get_tracer("quick").start_span("quick").end()
+"""
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+    with receiver.lock:
+        names = [s.name for r in receiver.requests for rs in r.resource_spans for ss in rs.scope_spans for s in ss.spans]
+    assert names == ["quick"]

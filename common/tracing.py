@@ -305,10 +305,11 @@ def leaf_span(
     """:func:`span` for a span with no child spans, its attributes given up front (the
     SDK checks each attribute value it is given: the fewer, the cheaper); recorded when
     its block ends where this process set up tracing (:class:`LeafRecorder`)."""
-    if isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
+    provider = trace.get_tracer_provider()
+    if isinstance(provider, trace.ProxyTracerProvider):
         return nullcontext(trace.INVALID_SPAN)
-    recorder = leaf_recorder()
-    if recorder is not None:
+    recorder = _recorder
+    if recorder is not None and recorder._provider is provider:  # leaf_recorder(), the provider read once
         return _RecordedLeaf(recorder, _scope_name(tracer), name, attributes, links)
     return _LeafSpan(tracer.start_span(name, attributes=attributes, links=links))
 

@@ -102,6 +102,16 @@ def _varint(value: int) -> bytes:
     return bytes(out)
 
 
+def _kept(cache: dict[Any, bytes], key: Any, most: int, make: Callable[[], bytes]) -> bytes:
+    """``cache[key]``, made and kept if missing (the cache emptied once it holds ``most``)."""
+    found = cache.get(key)
+    if found is None:
+        if len(cache) >= most:
+            cache.clear()
+        found = cache[key] = make()
+    return found
+
+
 def _field(tag: bytes, payload: bytes) -> bytes:
     """A length-delimited field: its tag, its length, its bytes."""
     size = len(payload)
@@ -165,20 +175,10 @@ class SpanEncoder:
         return b"".join(out)
 
     def _resource(self, resource: Any) -> bytes:
-        found = self._resources.get(resource)
-        if found is None:
-            if len(self._resources) >= 64:
-                self._resources.clear()
-            found = self._resources[resource] = _field(_RESOURCE, _encode_resource(resource).SerializeToString())
-        return found
+        return _kept(self._resources, resource, 64, lambda: _field(_RESOURCE, _encode_resource(resource).SerializeToString()))
 
     def _scope(self, scope: Any) -> bytes:
-        found = self._scopes.get(scope)
-        if found is None:
-            if len(self._scopes) >= 256:
-                self._scopes.clear()
-            found = self._scopes[scope] = _field(_SCOPE, _encode_instrumentation_scope(scope).SerializeToString())
-        return found
+        return _kept(self._scopes, scope, 256, lambda: _field(_SCOPE, _encode_instrumentation_scope(scope).SerializeToString()))
 
     def readable_bytes(self, span: ReadableSpan) -> bytes:
         """An SDK span's ``Span`` message (by the SDK's own encoder if this one fails on it)."""

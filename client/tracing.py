@@ -285,8 +285,9 @@ class BatchSpans:
                 name, attributes, _, _, status = chunk[index]
                 # A run of batches with one name and attributes, acknowledged: written once.
                 end = index + 1
-                while end < len(chunk) and chunk[end][0] == name and chunk[end][1] is attributes and status is None and chunk[end][4] is None:
-                    end += 1
+                if status is None:
+                    while end < len(chunk) and chunk[end][0] == name and chunk[end][1] is attributes and chunk[end][4] is None:
+                        end += 1
                 run = chunk[index:end]
                 if status is not None or not recorder.record_batch(
                     TRACER_NAME, name, [(each[2], each[3]) for each in run], attributes, trace.SpanKind.CLIENT, self._context

@@ -10,9 +10,8 @@ its GIL. At one message a request the writer exports two spans a message and the
 one, and this encoding was the larger part of what tracing cost them. Here each span's
 fields are written in protobuf's wire format directly, its attributes from a cache of
 each (key, value) pair's encoded bytes (a process's spans repeat the same few names and
-values), and the request is parsed once by protobuf's C parser into the message the
-exporter sends: the same message the SDK's encoder makes, field for field (tests hold
-the two equal on spans of every shape). A span's events (an exception recorded) are
+values), and the request goes to the channel as those bytes: the same request the SDK's
+encoder makes, field for field (tests hold the two equal on spans of every shape). A span's events (an exception recorded) are
 encoded by the SDK's encoder, and so is a span this encoding fails on.
 
 Spans recorded by :class:`~rmqstore.common.tracing.LeafRecorder` skip the SDK's span
@@ -48,14 +47,13 @@ _logger = logging.getLogger(__name__)
 
 # Field tags (field number << 3 | wire type) of the messages written here, from
 # opentelemetry-proto's trace.proto and trace_service.proto.
-_LEN = 2  # wire type of bytes, strings and messages
 _REQUEST_RESOURCE_SPANS = b"\x0a"  # ExportTraceServiceRequest.resource_spans = 1
 _RESOURCE = b"\x0a"  # ResourceSpans.resource = 1
 _SCOPE_SPANS = b"\x12"  # ResourceSpans.scope_spans = 2
 _SCHEMA_URL = b"\x1a"  # ResourceSpans.schema_url = 3, ScopeSpans.schema_url = 3
 _SCOPE = b"\x0a"  # ScopeSpans.scope = 1
 _SPANS = b"\x12"  # ScopeSpans.spans = 2
-# Span: trace_id = 1 (16 bytes), span_id = 2 (8 bytes), the fixed head of every span.
+# Span and Link: trace_id = 1 (16 bytes), span_id = 2 (8 bytes), the head of each.
 _IDS = struct.Struct(">2s QQ 2s Q")
 _TRACE_STATE = b"\x1a"  # Span.trace_state = 3
 _PARENT = struct.Struct(">2s Q")  # Span.parent_span_id = 4 (8 bytes)
@@ -69,8 +67,8 @@ _DROPPED_EVENTS = 0x60  # Span.dropped_events_count = 12
 _LINK = b"\x6a"  # Span.links = 13
 _DROPPED_LINKS = 0x70  # Span.dropped_links_count = 14
 _STATUS = b"\x7a"  # Span.status = 15
-# Link: trace_id = 1, span_id = 2, attributes = 4, dropped_attributes_count = 5, flags = 6 (fixed32).
-_LINK_IDS = struct.Struct(">2s QQ 2s Q")
+# Link: trace_id = 1, span_id = 2 (as a span's), attributes = 4, dropped_attributes_count = 5,
+# flags = 6 (fixed32).
 _LINK_ATTRIBUTE = b"\x22"
 _LINK_DROPPED_ATTRIBUTES = 0x28
 _LINK_FLAGS = struct.Struct("<BI")
@@ -122,7 +120,7 @@ class EncodedSpan:
     """A finished span already written as an OTLP ``Span`` message (``data``), with the
     resource and instrumentation scope it is exported under: what
     :class:`~rmqstore.common.tracing.LeafRecorder` hands the batch span processor when
-    the processor's exporter is a :class:`SpanExporter` (no SDK span object is made)."""
+    the processor's exporter is an :class:`EncodingExporter` (no SDK span object is made)."""
 
     __slots__ = ("data", "instrumentation_scope", "resource")
 
@@ -243,12 +241,7 @@ class SpanEncoder:
             middle.append(_field(_TRACE_STATE, ",".join(f"{key}={value}" for key, value in trace_state.items()).encode()))
         if parent:
             middle.append(_PARENT.pack(b"\x22\x08", parent.span_id))
-        encoded_name = self._names.get(name)
-        if encoded_name is None:
-            if len(self._names) >= 1024:
-                self._names.clear()
-            encoded_name = self._names[name] = _field(_NAME, name.encode()) if name else b""
-        middle.append(encoded_name)
+        middle.append(_kept(self._names, name, 1024, lambda: _field(_NAME, name.encode()) if name else b""))
         middle.append(bytes((_KIND, kind + 1)))
         parts = []
         if attributes:
@@ -278,7 +271,7 @@ class SpanEncoder:
 
     def _link(self, link: Link) -> bytes:
         context = link.context
-        parts = [_LINK_IDS.pack(b"\x0a\x10", context.trace_id >> 64, context.trace_id & 0xFFFFFFFFFFFFFFFF, b"\x12\x08", context.span_id)]
+        parts = [span_head(context.trace_id, context.span_id)]
         if link.attributes:
             parts.append(self._attributes_bytes(link.attributes, _LINK_ATTRIBUTE))
         if link.dropped_attributes:
@@ -320,7 +313,7 @@ _DOUBLE = struct.Struct("<Bd")
 
 
 def span_head(trace_id: int, span_id: int) -> bytes:
-    """A ``Span`` message's first fields: its trace id and span id."""
+    """A ``Span`` (or ``Link``) message's first fields: its trace id and span id."""
     return _IDS.pack(b"\x0a\x10", trace_id >> 64, trace_id & 0xFFFFFFFFFFFFFFFF, b"\x12\x08", span_id)
 
 

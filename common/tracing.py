@@ -97,8 +97,8 @@ class LeafRecorder:
     was given): another processor's ``on_start`` would never be called."""
 
     __slots__ = (
-        "_default_sampler", "_emit", "_encoded", "_encoder", "_event", "_head", "_ids", "_processor", "_provider",
-        "_readable", "_resource", "_sampler", "_scope", "_scopes", "_times",
+        "_default_sampler", "_emit", "_encoded", "_encoder", "_event", "_ids", "_processor", "_provider",
+        "_readable", "_resource", "_sampler", "_scope", "_scopes",
     )  # fmt: skip
 
     def __init__(self, provider: TracerProvider, processor: SpanProcessor):
@@ -124,19 +124,23 @@ class LeafRecorder:
         self._emit: Callable[[Any], None] | None = None
         self._encoder: Any = None
         self._encoded: Any = None
-        self._head: Any = None
-        self._times: Any = None
         queue = getattr(processor, "_batch_processor", None)
         exporter = getattr(queue, "_exporter", None)
         if queue is not None and hasattr(queue, "emit"):
-            from rmqstore.common.otlp import EncodedSpan, EncodingExporter, span_head, span_times
+            from rmqstore.common.otlp import EncodedSpan, EncodingExporter
 
             if isinstance(exporter, EncodingExporter):
                 self._emit, self._encoder, self._encoded = queue.emit, exporter.encoder, EncodedSpan
-                self._head, self._times = span_head, span_times
 
     def active(self) -> bool:
         return trace.get_tracer_provider() is self._provider
+
+    def _instrumentation(self, scope: str) -> Any:
+        """The instrumentation scope named ``scope``, made once."""
+        found = self._scopes.get(scope)
+        if found is None:
+            found = self._scopes[scope] = self._scope(scope)
+        return found
 
     def record(
         self,
@@ -169,9 +173,7 @@ class LeafRecorder:
             if sampled.attributes:
                 attributes = {**(attributes or {}), **sampled.attributes}
             trace_state = sampled.trace_state
-        instrumentation = self._scopes.get(scope)
-        if instrumentation is None:
-            instrumentation = self._scopes[scope] = self._scope(scope)
+        instrumentation = self._instrumentation(scope)
         if status is None:
             status = _UNSET if error is None else trace.Status(trace.StatusCode.ERROR, f"{type(error).__name__}: {error}")
         if self._emit is not None and error is None:
@@ -230,14 +232,14 @@ class LeafRecorder:
             return False  # each a root span, of a trace of its own
         if not parent_context.trace_flags.sampled:
             return True
-        instrumentation = self._scopes.get(scope)
-        if instrumentation is None:
-            instrumentation = self._scopes[scope] = self._scope(scope)
+        instrumentation = self._instrumentation(scope)
+        from rmqstore.common.otlp import span_head, span_times
+
         middle, tail = self._encoder.span_parts(parent_context.trace_state, parent_context, name, kind.value, attributes, (), _UNSET)
-        trace_id, new_id, head, span_times = parent_context.trace_id, self._ids.generate_span_id, self._head, self._times
+        trace_id, new_id = parent_context.trace_id, self._ids.generate_span_id
         emit, encoded, resource = self._emit, self._encoded, self._resource
         for start_ns, end_ns in times:
-            emit(encoded(b"".join((head(trace_id, new_id()), middle, span_times(start_ns, end_ns), tail)), resource, instrumentation))
+            emit(encoded(b"".join((span_head(trace_id, new_id()), middle, span_times(start_ns, end_ns), tail)), resource, instrumentation))
         return True
 
     def force_flush(self, slow_s: float) -> bool:

@@ -64,8 +64,8 @@ def _decide() -> bool:
     if tracing_requested() is None:
         return False
     try:
-        # A command exports as it exits: the OTLP exporter is loaded meanwhile.
-        return configure_tracing(SERVICE_NAME, EXPORT_TIMEOUT_S, deferred_export=True)
+        # A command's spans are not its work: an OTLP setting the exporter refuses costs them, not the command.
+        return configure_tracing(SERVICE_NAME, EXPORT_TIMEOUT_S, lenient_export=True)
     except ValueError as error:
         raise InvalidArgument(str(error)) from None
 

@@ -1,7 +1,6 @@
 """The encoding of the OTLP/gRPC span exporter the nodes and the client install
-(:mod:`rmqstore.common.otlp_exporter`: the SDK's own ``OTLPSpanExporter``, its channel,
-retries, timeouts, headers and compression), done from bytes rather than through a
-protobuf object per field.
+(:mod:`rmqstore.common.otlp_exporter`), done from bytes rather than through a protobuf
+object per field.
 
 The SDK's encoder builds a ``Span`` message per span, a ``KeyValue`` and an ``AnyValue``
 per attribute and a ``Status`` and ``Link`` per status and link, each through protobuf's
@@ -22,7 +21,6 @@ from __future__ import annotations
 
 import logging
 import struct
-import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -36,8 +34,6 @@ from opentelemetry.exporter.otlp.proto.common._internal.trace_encoder import (
     _encode_span,
 )
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
-from opentelemetry.sdk.trace.export import SpanExporter as SDKSpanExporter
-from opentelemetry.sdk.trace.export import SpanExportResult
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import ReadableSpan
@@ -345,58 +341,3 @@ class EncodingExporter:
     ``encoder`` (what the leaf recorder looks for on the batch span processor)."""
 
     encoder: SpanEncoder
-
-
-class DeferredExporter(SDKSpanExporter, EncodingExporter):
-    """An exporter made on a thread of its own and waited for at the first export: the
-    SDK's OTLP/gRPC exporter module also loads the SDK's metrics and logs (about 45 ms),
-    which a command that exports only as it exits need not wait for before its work
-    starts. ``make`` builds the exporter with the encoder given."""
-
-    def __init__(self, make: Callable[[SpanEncoder], SDKSpanExporter]):
-        self.encoder = SpanEncoder()
-        self._made: SDKSpanExporter | None = None
-        self._error: Exception | None = None
-        self._told = False
-        self._thread = threading.Thread(target=self._make, args=(make,), name="otlp-exporter", daemon=True)
-        self._thread.start()
-        # A command can end before the exporter is made (a quick lookup). Its making
-        # needs a thread pool (the SDK's resource detection, as its modules load), which
-        # refuses work once the interpreter's exit has begun: the exit waits for it first.
-        # Exit hooks run last registered first; the thread pool's own hook (which stops
-        # it) is registered as its module loads, so that module is loaded before this one
-        # is registered.
-        import concurrent.futures.thread  # noqa: F401
-
-        register = getattr(threading, "_register_atexit", None)
-        if register is not None:
-            register(self._thread.join)
-
-    def _make(self, make: Callable[[SpanEncoder], SDKSpanExporter]) -> None:
-        try:
-            self._made = make(self.encoder)
-        except Exception as error:  # an OTEL_EXPORTER_OTLP_* setting it refuses: told at the first export
-            self._error = error
-
-    def exporter(self) -> SDKSpanExporter | None:
-        """The exporter, once made; None when it could not be (said once, in one line)."""
-        self._thread.join()
-        if self._error is not None:
-            if not self._told:
-                self._told = True
-                _logger.error("spans are not exported: the OTLP exporter could not be set up: %s", self._error)
-            return None
-        return self._made
-
-    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-        made = self.exporter()
-        return SpanExportResult.FAILURE if made is None else made.export(spans)
-
-    def shutdown(self) -> None:
-        self._thread.join()
-        if self._made is not None:
-            self._made.shutdown()
-
-    def force_flush(self, timeout_millis: int = 30_000) -> bool:
-        self._thread.join()
-        return self._made.force_flush(timeout_millis) if self._made is not None else True

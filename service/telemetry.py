@@ -8,15 +8,13 @@ exporter itself reads the other ``OTEL_EXPORTER_OTLP_*`` settings.
 
 from __future__ import annotations
 
+import logging
 import os
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from opentelemetry import trace
     from opentelemetry.sdk.resources import Resource
-    from opentelemetry.sdk.trace.export import SpanExporter
-
-    from rmqstore.common.otlp import SpanEncoder
 
 # The API is imported only once tracing is asked for: the command-line client reads the
 # variables here on every run.
@@ -45,12 +43,13 @@ def tracing_requested(environ: dict[str, str] | None = None) -> str | None:
     return exporter_requested("TRACES", environ)
 
 
-def configure_tracing(service_name: str, export_timeout_s: float | None = None, *, deferred_export: bool = False) -> bool:
+def configure_tracing(service_name: str, export_timeout_s: float | None = None, *, lenient_export: bool = False) -> bool:
     """Install an SDK tracer provider if the environment asks for one. Returns whether
     tracing is on. Safe to call more than once. ``export_timeout_s`` bounds each OTLP
     export (retries included) unless ``OTEL_EXPORTER_OTLP_(TRACES_)TIMEOUT`` says otherwise.
-    With ``deferred_export`` the OTLP exporter is made on a thread while the caller goes
-    on, and waited for at the first export (a command that exports as it exits)."""
+    An OTLP setting the exporter refuses (an unknown compression) raises ``ValueError``;
+    with ``lenient_export`` (a command, whose spans are not its work) it is said in one
+    line and tracing stays off."""
     global _configured
     exporter_name = tracing_requested()
     if exporter_name is None or _configured:
@@ -66,28 +65,25 @@ def configure_tracing(service_name: str, export_timeout_s: float | None = None, 
 
     from rmqstore.common.tracing import record_leaf_spans
 
-    created = Resource.create({"service.name": os.environ.get("OTEL_SERVICE_NAME", service_name)})
-    provider = TracerProvider(resource=_hash_kept(created))
     processor: SpanProcessor
     if exporter_name == "console":
         processor = SimpleSpanProcessor(ConsoleSpanExporter())
     elif exporter_name == "otlp":
+        from rmqstore.common.otlp_exporter import span_exporter
+
         timeout_set = os.environ.get("OTEL_EXPORTER_OTLP_TIMEOUT") or os.environ.get("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT")
-        timeout = export_timeout_s if export_timeout_s is not None and not timeout_set else None
-
-        def otlp(encoder: SpanEncoder | None = None) -> SpanExporter:
-            from rmqstore.common.otlp_exporter import SpanExporter
-
-            return SpanExporter(encoder, timeout=timeout)
-
-        if deferred_export:
-            from rmqstore.common.otlp import DeferredExporter
-
-            processor = BatchSpanProcessor(DeferredExporter(otlp))
-        else:
-            processor = BatchSpanProcessor(otlp())
+        try:
+            exporter = span_exporter(timeout=export_timeout_s if not timeout_set else None)
+        except ValueError as error:
+            if not lenient_export:
+                raise
+            logging.getLogger("rmqstore.common.otlp").error("spans are not exported: the OTLP exporter could not be set up: %s", error)
+            return False
+        processor = BatchSpanProcessor(exporter)
     else:
         raise ValueError(f"OTEL_TRACES_EXPORTER={exporter_name!r}: rmqstore supports otlp, console or none")
+    created = Resource.create({"service.name": os.environ.get("OTEL_SERVICE_NAME", service_name)})
+    provider = TracerProvider(resource=_hash_kept(created))
     provider.add_span_processor(processor)
     trace.set_tracer_provider(provider)
     # The provider's only processor is known: leaf spans can go to it straight.

@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import itertools
 import math
-import subprocess
-import sys
 import threading
 from collections.abc import Iterator
 from concurrent import futures
@@ -24,7 +22,7 @@ from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import Event, ReadableSpan, TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor, SpanExportResult
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.sdk.trace.id_generator import IdGenerator
 from opentelemetry.sdk.trace.sampling import ALWAYS_ON, ParentBased, TraceIdRatioBased
@@ -42,7 +40,7 @@ from opentelemetry.trace import (
 from opentelemetry.util.types import Attributes
 
 from rmqstore.common import otlp
-from rmqstore.common.otlp import DeferredExporter, EncodedSpan, SpanEncoder
+from rmqstore.common.otlp import EncodedSpan, SpanEncoder
 from rmqstore.common.otlp_exporter import SpanExporter
 from rmqstore.common.tracing import LeafRecorder
 
@@ -292,68 +290,3 @@ def test_attribute_cache_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
     _same_request(encoder, [span])
     assert len(encoder._attributes) <= 8
     _same_request(encoder, [span])
-
-
-def test_an_exporter_that_cannot_be_made_fails_its_exports_and_says_so_once(caplog: pytest.LogCaptureFixture) -> None:
-    """The deferred exporter is made on a thread; when making it fails (a setting it
-    refuses) every export fails without raising, the reason logged once."""
-
-    def refused(encoder: SpanEncoder) -> Any:
-        raise ValueError("OTEL_EXPORTER_OTLP_COMPRESSION: not a compression")
-
-    deferred = DeferredExporter(refused)
-    span = ReadableSpan("s", SpanContext(1, 2, is_remote=False), status=Status(StatusCode.UNSET))
-    with caplog.at_level("ERROR", logger="rmqstore.common.otlp"):
-        assert deferred.export([span]) == SpanExportResult.FAILURE
-        assert deferred.export([span]) == SpanExportResult.FAILURE
-    assert [r.getMessage() for r in caplog.records] == [
-        "spans are not exported: the OTLP exporter could not be set up: OTEL_EXPORTER_OTLP_COMPRESSION: not a compression"
-    ]
-    assert deferred.force_flush() is True
-    deferred.shutdown()
-
-
-def test_a_deferred_exporter_exports_once_made(receiver: _Receiver) -> None:
-    """Made on its thread with the encoder it is given, then waited for: the spans reach
-    the receiver."""
-    made: list[SpanEncoder] = []
-
-    def make(encoder: SpanEncoder) -> SpanExporter:
-        made.append(encoder)
-        return SpanExporter(encoder, endpoint=f"127.0.0.1:{receiver.port}", insecure=True, timeout=EXPORT_TIMEOUT_S)
-
-    deferred = DeferredExporter(make)
-    span = ReadableSpan("s", SpanContext(1, 2, is_remote=False), attributes={"k": "v"}, status=Status(StatusCode.UNSET))
-    assert deferred.export([span]) == SpanExportResult.SUCCESS
-    assert made == [deferred.encoder]
-    with receiver.lock:
-        [request] = receiver.requests
-    assert request == encode_spans([span])
-    deferred.shutdown()
-
-
-def test_a_process_that_ends_before_its_exporter_is_made_still_exports(receiver: _Receiver) -> None:
-    """A quick command can end before its deferred exporter is made (the exporter module
-    is slow to load): the exit waits for it, and the spans are exported as it exits (made
-    at interpreter shutdown, the exporter could not start the threads it needs)."""
-    program = f"""
-import time
-from opentelemetry import trace
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor
-from rmqstore.common.otlp import DeferredExporter
-
-def make(encoder):
-    time.sleep(0.5)  # slower than the rest of this process
-    from rmqstore.common.otlp_exporter import SpanExporter
-    return SpanExporter(encoder, endpoint="127.0.0.1:{receiver.port}", insecure=True, timeout=5)
-
-provider = TracerProvider()
-provider.add_span_processor(BatchSpanProcessor(DeferredExporter(make)))
-provider.get_tracer("quick").start_span("quick").end()
-"""
-    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0 and done.stderr == "", done.stderr
-    with receiver.lock:
-        names = [s.name for r in receiver.requests for rs in r.resource_spans for ss in rs.scope_spans for s in ss.spans]
-    assert names == ["quick"]

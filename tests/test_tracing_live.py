@@ -568,9 +568,8 @@ def test_a_command_exits_soon_when_the_collector_is_unreachable(tmp_path: Path, 
 def test_a_command_with_an_otlp_setting_the_exporter_refuses_sends_and_says_so_in_one_line(
     tmp_path: Path, receiver: Receiver, started: list[Node]
 ) -> None:
-    """The command line makes its OTLP exporter on a thread while it sends: a setting the
-    exporter refuses (a compression it does not know) costs the spans, said in one line
-    at the exit, not the send, and no traceback."""
+    """A setting the command's OTLP exporter refuses (a compression it does not know)
+    costs the spans, said in one line, not the send, and no traceback."""
     writer = Node("writer", tmp_path / "store", quiet(receiver.env()), tmp_path / "writer.log")
     started.append(writer)
     odd = {**receiver.env(), "OTEL_EXPORTER_OTLP_COMPRESSION": "zstd"}

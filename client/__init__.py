@@ -87,7 +87,7 @@ def connect(endpoint: str, tls: Tls | None = None, credentials: Credentials | No
         from rmqstore.service.acl import signing_channel
 
         channel = signing_channel(channel, credentials.access_key, credentials.secret_key)
-    if tracing.enabled():
+    if tracing.requested():
         channel = grpc.intercept_channel(channel, tracing.ClientSpans(endpoint))
     return channel
 

@@ -14,13 +14,18 @@ Nothing here imports OpenTelemetry until :func:`enabled` finds tracing asked for
 from __future__ import annotations
 
 import contextlib
+import os
+import random
 import sys
+import threading
 import time
-from collections.abc import Iterator, MutableMapping, Sequence
+from collections.abc import Iterator, Mapping, MutableMapping, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import grpc
 
+from rmqstore.common import conventions
+from rmqstore.common.conventions import TRACEPARENT
 from rmqstore.common.errors import InvalidArgument
 
 if TYPE_CHECKING:
@@ -28,7 +33,6 @@ if TYPE_CHECKING:
 
 SERVICE_NAME = "rmqstore-client"
 TRACER_NAME = "rmqstore.client"
-TRACEPARENT = "traceparent"  # rmqstore.common.tracing.TRACEPARENT, without importing the API
 
 # The writer's calls that store messages: traced as PRODUCER spans by the calls themselves.
 SEND_METHODS = frozenset(f"/rmqstore.v1.WriterService/{name}" for name in ("Send", "SendBatch", "SendStream"))
@@ -42,6 +46,7 @@ EXPORT_TIMEOUT_S = 2.0
 SPANS_PER_EXPORT = 512
 
 _enabled: bool | None = None
+_deciding = threading.Lock()
 
 
 def enabled() -> bool:
@@ -49,8 +54,25 @@ def enabled() -> bool:
     the environment asks for one (installed here, once)."""
     global _enabled
     if _enabled is None:
-        _enabled = _decide()
+        with _deciding:  # a late span's thread may be deciding meanwhile
+            if _enabled is None:
+                _enabled = _decide()
     return _enabled
+
+
+def requested() -> bool:
+    """Whether calls may be traced, decided without loading OpenTelemetry: the program
+    installed an SDK tracer provider, or the environment asks for tracing."""
+    if _enabled is not None:
+        return _enabled
+    if "opentelemetry.trace" in sys.modules:
+        from rmqstore.common.tracing import tracing_on
+
+        if tracing_on():
+            return True
+    from rmqstore.service.telemetry import tracing_requested
+
+    return tracing_requested() is not None
 
 
 def _decide() -> bool:
@@ -89,8 +111,6 @@ def _server_attributes(endpoint: str, method_path: str) -> dict[str, Any]:
 
 
 def _messaging_attributes(topics: Sequence[str]) -> dict[str, Any]:
-    from rmqstore.common import tracing as conventions
-
     attributes: dict[str, Any] = {
         conventions.MESSAGING_SYSTEM: conventions.ROCKETMQ,
         conventions.MESSAGING_OPERATION_TYPE: "send",
@@ -104,7 +124,7 @@ def _messaging_attributes(topics: Sequence[str]) -> dict[str, Any]:
     return attributes
 
 
-def describe_file(span: trace.Span, topics: Sequence[str]) -> None:
+def describe_file(span: trace.Span | LateSpan, topics: Sequence[str]) -> None:
     """The messaging attributes and name of ``send --file``'s span, once the file is read."""
     span.set_attributes(_messaging_attributes(topics))
     span.update_name(_span_name(topics))
@@ -117,59 +137,210 @@ def _span_name(topics: Sequence[str]) -> str:
 @contextlib.contextmanager
 def producer_span(
     endpoint: str, method: str, topics: Sequence[str], keys: Sequence[str] = (), tag: str = ""
-) -> Iterator[trace.Span | None]:
+) -> Iterator[trace.Span | LateSpan | None]:
     """A PRODUCER span ``send <topic>`` around a send of ``topics``' messages (with a
-    single message's ``keys`` and ``tag``), current while the block runs; None (and no
-    cost) when tracing is off."""
-    if not enabled():
+    single message's ``keys`` and ``tag``); None (and no cost) when tracing is off. Where
+    this process sets tracing up from the variables with the SDK's default sampler, ids
+    and propagators, a :class:`LateSpan` (its context goes out before the SDK is loaded);
+    else an SDK span, current while the block runs."""
+    late = _late_possible()
+    if not late and not enabled():
         yield None
         return
-    from opentelemetry import trace
-
-    from rmqstore.common import tracing as conventions
-
     attributes = _messaging_attributes(topics)
     if keys:
         attributes[conventions.MESSAGING_ROCKETMQ_KEYS] = list(keys)
     if tag:
         attributes[conventions.MESSAGING_ROCKETMQ_TAG] = tag
     attributes.update(_server_attributes(endpoint, f"/rmqstore.v1.WriterService/{method}"))
-    with _tracer().start_as_current_span(_span_name(topics), kind=trace.SpanKind.PRODUCER, attributes=attributes) as span:
+    if late:
+        span = LateSpan(_span_name(topics), attributes)
         try:
             yield span
         except grpc.RpcError as error:
             failed(span, error)
+            span.end(error)
+            raise
+        except BaseException as error:
+            span.end(error)
+            raise
+        span.end()
+        return
+    from opentelemetry import trace
+
+    with _tracer().start_as_current_span(_span_name(topics), kind=trace.SpanKind.PRODUCER, attributes=attributes) as made:
+        try:
+            yield made
+        except grpc.RpcError as error:
+            failed(made, error)
             raise
 
 
-def succeeded(span: trace.Span) -> None:
+# The variables' values under which the SDK would sample, draw ids and propagate a root
+# span as a LateSpan does (unset is the default).
+_DEFAULT_SAMPLERS = ("", "parentbased_always_on")
+_DEFAULT_ID_GENERATORS = ("", "random")
+_DEFAULT_PROPAGATORS = ("", "tracecontext,baggage")
+
+
+def _late_possible() -> bool:
+    """Whether a send's span can be a :class:`LateSpan`: tracing is not decided yet, the
+    program has not loaded OpenTelemetry (its own provider would be used), and the
+    variables ask for OTLP with the SDK's defaults (:func:`sdk_defaults`)."""
+    if _enabled is not None or "opentelemetry.trace" in sys.modules:
+        return False
+    from rmqstore.service.telemetry import tracing_requested
+
+    return tracing_requested() == "otlp" and sdk_defaults(os.environ)
+
+
+def sdk_defaults(environ: Mapping[str, str]) -> bool:
+    """Whether ``environ`` leaves the SDK's sampler, id generator and propagators at their
+    defaults, under which a root span is sampled, has random ids and travels as its
+    ``traceparent`` alone."""
+    propagators = ",".join(p.strip().lower() for p in environ.get("OTEL_PROPAGATORS", "").split(",") if p.strip())
+    return (
+        environ.get("OTEL_TRACES_SAMPLER", "").strip().lower() in _DEFAULT_SAMPLERS
+        and environ.get("OTEL_PYTHON_ID_GENERATOR", "").strip().lower() in _DEFAULT_ID_GENERATORS
+        and propagators in _DEFAULT_PROPAGATORS
+    )
+
+
+def _random_id(bits: int) -> int:
+    """A random trace (128 bits) or span (64) id, as the SDK's random id generator draws it."""
+    drawn = random.getrandbits(bits)
+    while drawn == 0:
+        drawn = random.getrandbits(bits)
+    return drawn
+
+
+class LateSpan:
+    """A send's PRODUCER span whose context goes out before OpenTelemetry's SDK is loaded.
+
+    Loading the SDK and setting tracing up takes a command about 25 ms, and a send needs
+    its span's context before its first message is stamped with it. This span draws its
+    ids as the SDK's id generator would (the SDK's default sampler samples a root span,
+    so its context is known: ``00-<trace id>-<span id>-01``); :func:`metadata` hands the
+    context to the call and starts setting tracing up on a thread, while the messages
+    are on their way; and the span is recorded (:class:`~rmqstore.common.tracing.LeafRecorder`,
+    with these ids) when the send is over. It is never current: nothing in a send makes
+    a span under it but its batch spans, which name it as their parent."""
+
+    def __init__(self, name: str, attributes: dict[str, Any]):
+        self.name = name
+        self.attributes = attributes
+        self.trace_id = _random_id(128)
+        self.span_id = _random_id(64)
+        self.start_ns = time.time_ns()
+        self.failure: str | None = None  # an ERROR status's description
+        self._loader: threading.Thread | None = None
+        self._refused: InvalidArgument | None = None
+        self._on = False
+        self._ended = False
+
+    @property
+    def traceparent(self) -> str:
+        return f"00-{self.trace_id:032x}-{self.span_id:016x}-01"
+
+    def set_attribute(self, key: str, value: Any) -> None:
+        self.attributes[key] = value
+
+    def set_attributes(self, attributes: dict[str, Any]) -> None:
+        self.attributes.update(attributes)
+
+    def update_name(self, name: str) -> None:
+        self.name = name
+
+    def load(self) -> None:
+        """Set tracing up on a thread of its own (once)."""
+        if self._loader is None:
+            self._loader = threading.Thread(target=self._load, name="tracing-set-up", daemon=True)
+            self._loader.start()
+
+    def _load(self) -> None:
+        try:
+            self._on = enabled()
+        except InvalidArgument as error:
+            self._refused = error
+
+    def loaded(self) -> bool:
+        """Wait for tracing to be set up; whether this span and its children are recorded."""
+        self.load()
+        assert self._loader is not None
+        self._loader.join()
+        if self._refused is not None:
+            raise self._refused
+        return self._on
+
+    def parent(self) -> Any:
+        """A context whose span is this one (for its children), once loaded."""
+        from opentelemetry import trace
+
+        context = trace.SpanContext(self.trace_id, self.span_id, is_remote=False, trace_flags=trace.TraceFlags(trace.TraceFlags.SAMPLED))
+        return trace.set_span_in_context(trace.NonRecordingSpan(context))
+
+    def end(self, error: BaseException | None = None) -> None:
+        """Record the span, ended now; ``error`` escaped its block."""
+        if self._ended:
+            return
+        self._ended = True
+        end_ns = time.time_ns()
+        if not self.loaded():
+            return
+        from opentelemetry import trace
+
+        from rmqstore.common.tracing import leaf_recorder
+
+        recorder = leaf_recorder()
+        if recorder is None:
+            return  # the provider set up here was replaced meanwhile
+        status = None if self.failure is None else trace.Status(trace.StatusCode.ERROR, self.failure)
+        recorder.record(
+            TRACER_NAME, self.name, self.start_ns, end_ns, self.attributes, kind=trace.SpanKind.PRODUCER,
+            error=error, status=status, ids=(self.trace_id, self.span_id),
+        )  # fmt: skip
+
+
+def succeeded(span: trace.Span | LateSpan) -> None:
     span.set_attribute("rpc.grpc.status_code", grpc.StatusCode.OK.value[0])
 
 
-def failed(span: trace.Span, error: grpc.RpcError) -> None:
+def failed(span: trace.Span | LateSpan, error: grpc.RpcError) -> None:
     attributes: dict[str, Any] = {}
-    status = _failure(attributes, error)
+    description = _failure_description(attributes, error)
     span.set_attributes(attributes)
-    span.set_status(status)
+    if isinstance(span, LateSpan):
+        span.failure = description
+    else:
+        from opentelemetry.trace import Status, StatusCode
+
+        span.set_status(Status(StatusCode.ERROR, description))
+
+
+def _failure_description(attributes: dict[str, Any], error: grpc.RpcError) -> str:
+    """A failed call's ERROR status description, its code and name added to ``attributes``."""
+    code = error.code() if isinstance(error, grpc.Call) else grpc.StatusCode.UNKNOWN
+    attributes["rpc.grpc.status_code"] = code.value[0]
+    attributes["error.type"] = code.name
+    return f"{code.name}: {error.details() if isinstance(error, grpc.Call) else error}"
 
 
 def _failure(attributes: dict[str, Any], error: grpc.RpcError) -> trace.Status:
     """A failed call's status, its code and name added to ``attributes``."""
     from opentelemetry.trace import Status, StatusCode
 
-    code = error.code() if isinstance(error, grpc.Call) else grpc.StatusCode.UNKNOWN
-    attributes["rpc.grpc.status_code"] = code.value[0]
-    attributes["error.type"] = code.name
-    return Status(StatusCode.ERROR, f"{code.name}: {error.details() if isinstance(error, grpc.Call) else error}")
+    return Status(StatusCode.ERROR, _failure_description(attributes, error))
 
 
-def traceparent(span: trace.Span) -> str:
+def traceparent(span: trace.Span | LateSpan) -> str:
+    if isinstance(span, LateSpan):
+        return span.traceparent
     from rmqstore.common.tracing import traceparent_of
 
     return traceparent_of(span.get_span_context())
 
 
-def stamp(messages: Any, span: trace.Span) -> None:
+def stamp(messages: Any, span: trace.Span | LateSpan) -> None:
     """Give each message that has none a ``traceparent`` property naming ``span``."""
     value = traceparent(span)
     for message in messages:
@@ -184,11 +355,16 @@ def stamped(properties: list[dict[str, str] | None], value: str) -> list[dict[st
     return [shared if not each else (each if TRACEPARENT in each else {**each, TRACEPARENT: value}) for each in properties]
 
 
-def metadata(span: trace.Span | None) -> tuple[tuple[str, str], ...] | None:
+def metadata(span: trace.Span | LateSpan | None) -> tuple[tuple[str, str], ...] | None:
     """The call metadata carrying the current context (``traceparent``, and whatever else
-    the configured propagators add), or None without a span."""
+    the configured propagators add), or None without a span. A late span's context is
+    its ``traceparent`` (the default propagators add nothing else to a context with no
+    baggage), and its call is under way: tracing is set up meanwhile."""
     if span is None:
         return None
+    if isinstance(span, LateSpan):
+        span.load()
+        return ((TRACEPARENT, span.traceparent),)
     from opentelemetry import propagate
 
     carrier: dict[str, str] = {}
@@ -196,10 +372,8 @@ def metadata(span: trace.Span | None) -> tuple[tuple[str, str], ...] | None:
     return tuple(carrier.items())
 
 
-def acknowledged(span: trace.Span, uniq_key: str) -> None:
-    from rmqstore.common.tracing import MESSAGING_MESSAGE_ID
-
-    span.set_attribute(MESSAGING_MESSAGE_ID, uniq_key)
+def acknowledged(span: trace.Span | LateSpan, uniq_key: str) -> None:
+    span.set_attribute(conventions.MESSAGING_MESSAGE_ID, uniq_key)
 
 
 class BatchSpans:
@@ -215,10 +389,8 @@ class BatchSpans:
     (the collector does not answer) the rest are dropped rather than delay the command's
     exit further."""
 
-    def __init__(self, parent: trace.Span):
-        from opentelemetry import trace
-
-        self._context = trace.set_span_in_context(parent)
+    def __init__(self, parent: trace.Span | LateSpan):
+        self._parent = parent
         self._started_ns: list[int] = []
         self._ended_ns: list[int] = []
         self._topics: Sequence[str] = ()
@@ -243,11 +415,15 @@ class BatchSpans:
         if self._closed:
             return
         self._closed = True
+        now = time.time_ns()
+        parent = self._parent
+        if isinstance(parent, LateSpan) and not parent.loaded():
+            return
         from opentelemetry import trace
 
         from rmqstore.common.tracing import leaf_recorder
 
-        now = time.time_ns()
+        context = parent.parent() if isinstance(parent, LateSpan) else trace.set_span_in_context(parent)
         recorder = leaf_recorder()
         tracer = _tracer()
         # A file's batches mostly have one topic and the same size: their name and
@@ -273,7 +449,7 @@ class BatchSpans:
             spans.append((name, attributes, started, self._ended_ns[number] if acked else now, status))
         if recorder is None:
             for name, attributes, started, ended, status in spans:
-                span = tracer.start_span(name, self._context, trace.SpanKind.CLIENT, attributes, start_time=started)
+                span = tracer.start_span(name, context, trace.SpanKind.CLIENT, attributes, start_time=started)
                 if status is not None:
                     span.set_status(status)
                 span.end(end_time=ended)
@@ -290,12 +466,12 @@ class BatchSpans:
                         end += 1
                 run = chunk[index:end]
                 if status is not None or not recorder.record_batch(
-                    TRACER_NAME, name, [(each[2], each[3]) for each in run], attributes, trace.SpanKind.CLIENT, self._context
+                    TRACER_NAME, name, [(each[2], each[3]) for each in run], attributes, trace.SpanKind.CLIENT, context
                 ):
                     for name, attributes, started, ended, status in run:
                         recorder.record(
                             TRACER_NAME, name, started, ended, attributes, kind=trace.SpanKind.CLIENT,
-                            parent=self._context, status=status,
+                            parent=context, status=status,
                         )  # fmt: skip
                 index = end
             if len(chunk) == SPANS_PER_EXPORT and not recorder.force_flush(EXPORT_TIMEOUT_S / 2):
@@ -313,18 +489,17 @@ class _Details(NamedTuple):
 
 class ClientSpans(grpc.UnaryUnaryClientInterceptor):  # type: ignore[misc]
     """A CLIENT span around each unary call but the sends (their PRODUCER spans are the
-    calls' own), its context injected into the call's metadata."""
+    calls' own), its context injected into the call's metadata. Tracing is set up at the
+    first such call (a channel that only sends never loads the SDK for it)."""
 
     def __init__(self, endpoint: str):
         self.endpoint = endpoint
 
     def intercept_unary_unary(self, continuation: Any, client_call_details: Any, request: Any) -> Any:
         method = client_call_details.method
-        if method in SEND_METHODS:
+        if method in SEND_METHODS or not enabled():
             return continuation(client_call_details, request)
         from opentelemetry import trace
-
-        from rmqstore.common import tracing as conventions
 
         attributes = _server_attributes(self.endpoint, method)
         topic = getattr(request, "topic", "")

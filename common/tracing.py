@@ -13,27 +13,11 @@ from typing import TYPE_CHECKING, Any, Protocol
 from opentelemetry import context as context_api
 from opentelemetry import trace
 
+from rmqstore.common.conventions import TRACEPARENT
+
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
     from opentelemetry.util.types import AttributeValue
-
-# The property holding the W3C trace context of the producer that sent a message
-# ("00-<trace id>-<span id>-<flags>"). rmqstore's client sets it; the RocketMQ 5 gateway
-# stores the trace context the official clients send in their system properties under it.
-TRACEPARENT = "traceparent"
-
-# OpenTelemetry's messaging semantic conventions (the stable names).
-MESSAGING_SYSTEM = "messaging.system"
-MESSAGING_OPERATION_TYPE = "messaging.operation.type"
-MESSAGING_OPERATION_NAME = "messaging.operation.name"
-MESSAGING_DESTINATION_NAME = "messaging.destination.name"
-MESSAGING_MESSAGE_ID = "messaging.message.id"
-MESSAGING_BATCH_MESSAGE_COUNT = "messaging.batch.message_count"
-MESSAGING_CONSUMER_GROUP_NAME = "messaging.consumer.group.name"
-MESSAGING_ROCKETMQ_KEYS = "messaging.rocketmq.message.keys"
-MESSAGING_ROCKETMQ_TAG = "messaging.rocketmq.message.tag"
-MESSAGING_ROCKETMQ_GROUP = "messaging.rocketmq.message.group"
-ROCKETMQ = "rocketmq"
 
 # At most this many messages' contexts link one span: the SDK keeps 128 links a span by
 # default, and a batch of 1,000 messages from one producer span carries one distinct context.
@@ -154,13 +138,21 @@ class LeafRecorder:
         error: BaseException | None = None,
         parent: context_api.Context | None = None,
         status: trace.Status | None = None,
+        ids: tuple[int, int] | None = None,
     ) -> None:
         """Record the span ``name`` of the instrumentation scope ``scope`` that ran from
         ``start_ns`` to ``end_ns`` (``time.time_ns()``), a child of the current span (or
-        of ``parent``'s), failed with ``error`` if given (or ended with ``status``)."""
+        of ``parent``'s), failed with ``error`` if given (or ended with ``status``).
+        ``ids`` are a root span's trace and span ids, drawn before this recorder existed
+        (a send whose context went out before the SDK was loaded), else they are drawn
+        here by the provider's id generator."""
         parent_context = trace.get_current_span(parent).get_span_context()
-        parent_span = parent_context if parent_context.is_valid else None
-        trace_id = parent_context.trace_id if parent_span is not None else self._ids.generate_trace_id()
+        parent_span = parent_context if parent_context.is_valid and ids is None else None
+        if ids is not None:
+            trace_id, span_id = ids
+        else:
+            trace_id = parent_context.trace_id if parent_span is not None else self._ids.generate_trace_id()
+            span_id = 0  # drawn once the span is sampled, as the SDK draws it
         if self._default_sampler:
             if parent_span is not None and not parent_context.trace_flags.sampled:
                 return
@@ -174,20 +166,20 @@ class LeafRecorder:
                 attributes = {**(attributes or {}), **sampled.attributes}
             trace_state = sampled.trace_state
         instrumentation = self._instrumentation(scope)
+        if not span_id:
+            span_id = self._ids.generate_span_id()
         if status is None:
             status = _UNSET if error is None else trace.Status(trace.StatusCode.ERROR, f"{type(error).__name__}: {error}")
         if self._emit is not None and error is None:
             data = self._encoder.span_bytes(
-                trace_id, self._ids.generate_span_id(), trace_state, parent_span, name, kind.value, start_ns, end_ns,
+                trace_id, span_id, trace_state, parent_span, name, kind.value, start_ns, end_ns,
                 attributes, links, status,
             )  # fmt: skip
             self._emit(self._encoded(data, self._resource, instrumentation))
             return
         # The sampled flag, and the parent's other flags (the random trace id flag).
         flags = trace.TraceFlags((int(parent_span.trace_flags) if parent_span is not None else 0) | trace.TraceFlags.SAMPLED)
-        span_context = trace.SpanContext(
-            trace_id, self._ids.generate_span_id(), is_remote=False, trace_flags=flags, trace_state=trace_state
-        )
+        span_context = trace.SpanContext(trace_id, span_id, is_remote=False, trace_flags=flags, trace_state=trace_state)
         events: tuple[Any, ...] = ()
         if error is not None:
             events = (

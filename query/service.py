@@ -17,9 +17,10 @@ from rmqstore.common.codec.hosts import SocketAddress
 from rmqstore.common.codec.msgid import offset_msg_id
 from rmqstore.common.codec.properties import split_keys
 from rmqstore.common.codec.record import Record
+from rmqstore.common.conventions import MESSAGING_DESTINATION_NAME, MESSAGING_SYSTEM, ROCKETMQ
 from rmqstore.common.errors import InvalidArgument, StoreError
 from rmqstore.common.files.consumequeue import Boundary
-from rmqstore.common.tracing import MESSAGING_DESTINATION_NAME, MESSAGING_SYSTEM, ROCKETMQ, span
+from rmqstore.common.tracing import span
 from rmqstore.query.groups import (
     BROKER_NAME_DEFAULT,
     GroupOffsets,

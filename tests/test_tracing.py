@@ -492,3 +492,16 @@ def test_send_files_batch_spans_end_acknowledged_or_failed_once_the_stream_is_ov
     for span in spans:
         assert span.start_time is not None and span.end_time is not None and span.start_time <= span.end_time
     assert first.end_time is not None and second.start_time is not None and first.start_time <= second.start_time
+
+
+def test_a_send_span_is_late_only_under_the_sdks_defaults() -> None:
+    from rmqstore.client.tracing import sdk_defaults
+
+    assert sdk_defaults({})
+    assert sdk_defaults({"OTEL_TRACES_SAMPLER": "parentbased_always_on", "OTEL_PYTHON_ID_GENERATOR": "random"})
+    assert sdk_defaults({"OTEL_TRACES_SAMPLER": "ParentBased_Always_On", "OTEL_PROPAGATORS": " tracecontext , baggage "})
+    assert not sdk_defaults({"OTEL_TRACES_SAMPLER": "always_off"})
+    assert not sdk_defaults({"OTEL_TRACES_SAMPLER": "parentbased_traceidratio"})
+    assert not sdk_defaults({"OTEL_PYTHON_ID_GENERATOR": "xray"})
+    assert not sdk_defaults({"OTEL_PROPAGATORS": "b3"})
+    assert not sdk_defaults({"OTEL_PROPAGATORS": "tracecontext"})

@@ -614,3 +614,78 @@ def test_a_refusal_the_operator_acts_on_is_logged_in_the_requests_trace(tmp_path
     assert (line["level"], line["logger"], line["trace_id"]) == ("WARNING", "rmqstore.service", f"{TRACE_ID + 9:032x}")
     assert line["message"] == f"answered RESOURCE_EXHAUSTED (StoreFull): {refused.value.details()}"
     assert len(line["span_id"]) == 16 and line["span_id"] != f"{PARENT_SPAN_ID:016x}"  # the server span's
+
+
+def test_a_send_that_fails_is_an_error_span(receiver: Receiver) -> None:
+    """A send to a port nothing listens on: the command exits with the call's failure,
+    and its span (made before the SDK was loaded, recorded at the end) says so."""
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = receiver.env()
+    done = subprocess.run(
+        [sys.executable, "-m", "rmqstore.cli.main", "send", "--endpoint", f"127.0.0.1:{port}", "-t", "Nowhere", "--body", "x"],
+        env=env, capture_output=True, text=True, timeout=CLI_TIMEOUT_S,
+    )  # fmt: skip
+    assert done.returncode != 0 and "UNAVAILABLE" in done.stderr, done.stderr
+    [client] = receiver.wait_for({"send Nowhere"})
+    assert client.service == "rmqstore-client" and client.span.kind == PRODUCER and client.parent_id == b""
+    assert client.span.status.code == trace_pb2.Status.STATUS_CODE_ERROR
+    assert client.span.status.message.startswith("UNAVAILABLE: ")
+    assert client.attributes["rpc.grpc.status_code"] == grpc.StatusCode.UNAVAILABLE.value[0]
+    assert client.attributes["error.type"] == "UNAVAILABLE"
+    assert client.span.start_time_unix_nano < client.span.end_time_unix_nano
+
+
+def test_a_sends_context_goes_out_before_the_sdk_is_loaded(receiver: Receiver) -> None:
+    """The client's send span in a process that sets tracing up from the variables: its
+    context is there before OpenTelemetry's SDK is loaded; the SDK loads once the call is
+    under way, and the span recorded at the end has that context's ids."""
+    program = """
+import json, sys
+from rmqstore.client import tracing
+with tracing.producer_span("127.0.0.1:1", "SendBatch", ["Early"], ["k1"], "TagE") as span:
+    loaded_first = "opentelemetry.sdk.trace" in sys.modules
+    metadata = tracing.metadata(span)
+    tracing.acknowledged(span, "UNIQ1")
+    tracing.succeeded(span)
+print(json.dumps({"kind": type(span).__name__, "loaded_first": loaded_first, "metadata": metadata,
+                  "traceparent": tracing.traceparent(span)}))
+"""
+    done = subprocess.run([sys.executable, "-c", program], env=receiver.env(), capture_output=True, text=True, timeout=CLI_TIMEOUT_S)
+    assert done.returncode == 0, done.stderr
+    told = json.loads(done.stdout)
+    assert told["kind"] == "LateSpan" and told["loaded_first"] is False
+    assert told["metadata"] == [["traceparent", told["traceparent"]]]
+    [span] = receiver.wait_for({"send Early"})
+    assert names(span, told["traceparent"]) and span.parent_id == b"" and span.span.kind == PRODUCER
+    assert span.attributes == {
+        "messaging.system": "rocketmq",
+        "messaging.operation.type": "send",
+        "messaging.operation.name": "send",
+        "messaging.destination.name": "Early",
+        "messaging.rocketmq.message.keys": ["k1"],
+        "messaging.rocketmq.message.tag": "TagE",
+        "messaging.message.id": "UNIQ1",
+        "rpc.system": "grpc",
+        "rpc.service": "rmqstore.v1.WriterService",
+        "rpc.method": "SendBatch",
+        "rpc.grpc.status_code": 0,
+        "server.address": "127.0.0.1",
+        "server.port": 1,
+    }
+    assert span.span.status.code == trace_pb2.Status.STATUS_CODE_UNSET
+
+
+def test_a_sampler_other_than_the_default_makes_the_send_span_with_the_sdk(receiver: Receiver, tmp_path: Path, started: list[Node]) -> None:
+    """With ``always_off`` the SDK's own sampler decides (no late span): nothing of the
+    command is exported, and the send still happens."""
+    writer = Node("writer", tmp_path / "store", quiet(receiver.env()), tmp_path / "writer.log")
+    started.append(writer)
+    off = {**receiver.env(), "OTEL_TRACES_SAMPLER": "always_off"}
+    sent = rmqstore(off, "send", "--endpoint", writer.endpoint, "-t", "Unsampled", "--body", "x")
+    assert json.loads(sent.stdout)["topic"] == "Unsampled"
+    time.sleep(1.0)  # several export intervals
+    assert not [s for s in receiver.snapshot() if s.service == "rmqstore-client"]

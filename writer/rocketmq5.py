@@ -33,9 +33,7 @@ from rmqstore.common.codec.hosts import SocketAddress
 from rmqstore.common.codec.msgid import offset_msg_id
 from rmqstore.common.codec.record import PROPERTIES_LENGTH_MAX, Record
 from rmqstore.common.codec.topic import NOT_ALLOWED_SEND_TOPICS, topic_problem
-from rmqstore.common.errors import InvalidArgument, NotFound, StoreError, StoreFull
-from rmqstore.common.files.consumequeue import Boundary
-from rmqstore.common.tracing import (
+from rmqstore.common.conventions import (
     MESSAGING_BATCH_MESSAGE_COUNT,
     MESSAGING_CONSUMER_GROUP_NAME,
     MESSAGING_DESTINATION_NAME,
@@ -43,10 +41,10 @@ from rmqstore.common.tracing import (
     MESSAGING_SYSTEM,
     ROCKETMQ,
     TRACEPARENT,
-    leaf_span,
-    links_from_messages,
-    tracing_on,
 )
+from rmqstore.common.errors import InvalidArgument, NotFound, StoreError, StoreFull
+from rmqstore.common.files.consumequeue import Boundary
+from rmqstore.common.tracing import leaf_span, links_from_messages, tracing_on
 from rmqstore.rocketmq_v2 import definition_pb2 as v2
 from rmqstore.rocketmq_v2 import service_pb2 as v2s
 from rmqstore.rocketmq_v2 import service_pb2_grpc

@@ -28,6 +28,13 @@ from rmqstore.common.codec.dispatch import DispatchBatch
 from rmqstore.common.codec.hosts import SocketAddress
 from rmqstore.common.codec.msgid import offset_msg_id, offset_msg_ids
 from rmqstore.common.codec.record import encode_records, set_physical_offsets
+from rmqstore.common.conventions import (
+    MESSAGING_BATCH_MESSAGE_COUNT,
+    MESSAGING_DESTINATION_NAME,
+    MESSAGING_MESSAGE_ID,
+    MESSAGING_SYSTEM,
+    ROCKETMQ,
+)
 from rmqstore.common.errors import (
     Corruption,
     InvalidArgument,
@@ -48,17 +55,7 @@ from rmqstore.common.files.mapped import fsync_directory, makedirs_durable
 from rmqstore.common.files.progress import ProgressPublisher
 from rmqstore.common.files.scan import ColumnScan
 from rmqstore.common.files.store import Dispatcher, StorePaths, geometry_of
-from rmqstore.common.tracing import (
-    MESSAGING_BATCH_MESSAGE_COUNT,
-    MESSAGING_DESTINATION_NAME,
-    MESSAGING_MESSAGE_ID,
-    MESSAGING_SYSTEM,
-    ROCKETMQ,
-    leaf_span,
-    links_from_messages,
-    span,
-    tracing_on,
-)
+from rmqstore.common.tracing import leaf_span, links_from_messages, span, tracing_on
 from rmqstore.writer.background import PeriodicTask
 from rmqstore.writer.config import FlushPolicy, WriterConfig
 from rmqstore.writer.ids import UniqKeyGenerator

@@ -555,11 +555,8 @@ def _send(args: argparse.Namespace, message: messages_pb2.Message | None, span: 
         prepared = bulk_send.prepare(args.file, client_limits(), args.batch_size, stamp)
     else:
         queue_id = message.queue_id if message.HasField("queue_id") else None
-        columns = bulk_send.Columns(
-            [message.topic], [queue_id], [message.body], [list(message.keys)], [message.tags], [""],
-            [None if stamp is None else {tracing.TRACEPARENT: stamp}],
-        )  # fmt: skip
-        prepared = bulk_send.Prepared(bulk_send.encode_batches(columns, 1), columns.topics, [1])
+        columns = bulk_send.Columns([message.topic], [queue_id], [message.body], [list(message.keys)], [message.tags], [""], [None])
+        prepared = bulk_send.Prepared(bulk_send.encode_batches(columns, 1, bulk_send.context_field(stamp)), columns.topics, [1])
     requests, topics, batch_sizes, total = prepared.requests, prepared.topics, prepared.batch_sizes, len(prepared.topics)
     del prepared
     batches: tracing.BatchSpans | None = None

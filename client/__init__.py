@@ -16,6 +16,7 @@ from typing import Any
 import grpc
 
 from rmqstore.client import tracing
+from rmqstore.common.conventions import TRACEPARENT
 from rmqstore.v1 import messages_pb2, query_pb2_grpc, writer_pb2
 
 __all__ = ["Credentials", "QueryClient", "Tls", "WriterClient", "connect"]
@@ -113,7 +114,7 @@ class WriterClient:
         keys, tag = (list(one.keys), one.tags) if one is not None else ((), "")
         with tracing.producer_span(self.endpoint, "SendBatch", [m.topic for m in messages], keys, tag) as span:
             if span is not None:
-                tracing.stamp(request.messages, span)
+                request.shared_properties[TRACEPARENT] = tracing.traceparent(span)
             call = self.channel.unary_unary(
                 f"/{WRITER_SERVICE}/SendBatch",
                 request_serializer=writer_pb2.SendBatchRequest.SerializeToString,

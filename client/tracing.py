@@ -340,21 +340,6 @@ def traceparent(span: trace.Span | LateSpan) -> str:
     return traceparent_of(span.get_span_context())
 
 
-def stamp(messages: Any, span: trace.Span | LateSpan) -> None:
-    """Give each message that has none a ``traceparent`` property naming ``span``."""
-    value = traceparent(span)
-    for message in messages:
-        if TRACEPARENT not in message.properties:
-            message.properties[TRACEPARENT] = value
-
-
-def stamped(properties: list[dict[str, str] | None], value: str) -> list[dict[str, str] | None]:
-    """``send --file``'s properties column with a ``traceparent`` in each message that has
-    none (a message's own is kept): the messages without properties share one dict."""
-    shared = {TRACEPARENT: value}
-    return [shared if not each else (each if TRACEPARENT in each else {**each, TRACEPARENT: value}) for each in properties]
-
-
 def metadata(span: trace.Span | LateSpan | None) -> tuple[tuple[str, str], ...] | None:
     """The call metadata carrying the current context (``traceparent``, and whatever else
     the configured propagators add), or None without a span. A late span's context is

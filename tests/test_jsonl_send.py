@@ -30,17 +30,13 @@ def by_columns(data: bytes, batch_size: int, traceparent: str | None) -> bulk_se
     columns = bulk_send._fast(data, LIMITS)
     if columns is None:
         return None
-    if traceparent is not None:
-        from rmqstore.client.tracing import stamped
-
-        columns.properties = stamped(columns.properties, traceparent)
-    requests = bulk_send.encode_batches(columns, batch_size)
+    requests = bulk_send.encode_batches(columns, batch_size, bulk_send.context_field(traceparent))
     whole, rest = divmod(len(columns), batch_size)
     return bulk_send.Prepared(requests, columns.topics, [batch_size] * whole + ([rest] if rest else []))
 
 
 def compiled(data: bytes, batch_size: int = 3, traceparent: str | None = None) -> bulk_send.Prepared | None:
-    return bulk_send._compiled(data, LIMITS, batch_size, traceparent)
+    return bulk_send._compiled(data, LIMITS, batch_size, traceparent, bulk_send.context_field(traceparent))
 
 
 def lines(*documents: Any) -> bytes:
@@ -67,7 +63,9 @@ def test_plain_lines_give_the_column_paths_requests_byte_for_byte() -> None:
     first = writer_pb2.SendBatchRequest.FromString(got.requests[0])
     assert first.compact_results and [m.topic for m in first.messages] == ["Orders", "U", "Orders"]
     assert first.messages[0].body == 'héllo "quoted" \\ / \t'.encode()
-    assert dict(first.messages[1].properties) == {"traceparent": TRACEPARENT}
+    # The trace context is the request's, once, not each message's.
+    assert dict(first.shared_properties) == {"traceparent": TRACEPARENT}
+    assert all(not m.properties for m in first.messages)
     assert not first.messages[2].HasField("queue_id") and first.messages[0].queue_id == 2
     last = writer_pb2.SendBatchRequest.FromString(got.requests[1]).messages[0]
     assert last.body == "\U0001f600 emoji, \u0000 nul, \u2028".encode() and last.queue_id == 2147483647

@@ -1177,6 +1177,7 @@ def test_no_call_leaks_what_it_builds(tmp_path: Path) -> None:
             messages_pb2.Message(topic="T", uniq_key="AB", flag=3, born_timestamp_ms=9),
         ]
     ).SerializeToString()
+    shared_bytes = writer_pb2.SendBatchRequest(shared_properties={"traceparent": "t", "a": "shared"}).SerializeToString()
 
     def refused(call, *args):  # type: ignore[no-untyped-def]
         try:
@@ -1219,6 +1220,8 @@ def test_no_call_leaks_what_it_builds(tmp_path: Path) -> None:
         lambda: refused(_speedups.jsonl_send_batches, b"{}", 0, 100, 4, 10, 10, 10, b""),
         lambda: _speedups.send_batch_columns(request_bytes, validate.EMPTY_PROPERTIES),
         lambda: _speedups.send_batch_columns(request_bytes[:-1], validate.EMPTY_PROPERTIES),  # cut short: None
+        lambda: _speedups.send_batch_columns(request_bytes + shared_bytes, validate.EMPTY_PROPERTIES),  # merged
+        lambda: _speedups.send_batch_columns(request_bytes + shared_bytes[:-1], validate.EMPTY_PROPERTIES),  # cut: None
         lambda: _speedups.send_batch_columns(b"\x0a\x05\x0a\x01T\x3a\x80", validate.EMPTY_PROPERTIES),  # 0x80: None
         lambda: refused(_speedups.send_batch_columns, "not bytes", validate.EMPTY_PROPERTIES),
         lambda: _speedups.queue_unit_blocks(["A", "B", "A"], [0, 1, 0], [4, 0, 5], [1, 2, 3], [1, 2, 3], [1, 2, 3]),
@@ -1310,30 +1313,39 @@ def _compiled_and_python_columns(request_bytes: bytes):  # type: ignore[no-untyp
     from google.protobuf.message import DecodeError
 
     from rmqstore.v1 import writer_pb2
-    from rmqstore.writer.service import to_batch
+    from rmqstore.writer.service import to_batch, with_shared_properties
 
     compiled = _speedups.send_batch_columns(request_bytes, validate.EMPTY_PROPERTIES)
     try:
         parsed = writer_pb2.SendBatchRequest.FromString(request_bytes)
     except DecodeError:
         return compiled, None
-    return compiled, tuple(to_batch(parsed.messages))
+    messages = with_shared_properties(parsed.messages, parsed.shared_properties) if parsed.shared_properties else parsed.messages
+    return compiled, tuple(to_batch(messages))
 
 
-@settings(max_examples=300, deadline=None)
-@given(_WIRE_MESSAGES, st.booleans())
-@example([{"topic": "T", "queue_id": -1, "flag": -(2**31), "born_timestamp_ms": -1}], True)
-@example([{"topic": "T", "properties": {"": "", "a": "b"}}, {"topic": "T"}], False)
-def test_request_columns_are_what_the_python_reading_gives(messages, compact: bool) -> None:  # type: ignore[no-untyped-def]
-    """Every field of every message, defaults and negatives included: the columns read
-    off the bytes equal to_batch's of the parsed request, the empty properties being the
-    one shared empty mapping as there."""
+@settings(max_examples=400, deadline=None)
+@given(_WIRE_MESSAGES, st.booleans(), st.dictionaries(_WIRE_TEXT, _WIRE_TEXT, max_size=2))
+@example([{"topic": "T", "queue_id": -1, "flag": -(2**31), "born_timestamp_ms": -1}], True, {})
+@example([{"topic": "T", "properties": {"": "", "a": "b"}}, {"topic": "T"}], False, {})
+@example([{"topic": "T", "properties": {"traceparent": "own", "a": "b"}}, {"topic": "T"}] * 2, True, {"traceparent": "shared"})
+def test_request_columns_are_what_the_python_reading_gives(messages, compact: bool, shared: dict[str, str]) -> None:  # type: ignore[no-untyped-def]
+    """Every field of every message, defaults and negatives included, and the request's
+    shared properties: the columns read off the bytes equal to_batch's of the parsed
+    request (each message given the shared properties it does not set), the empty
+    properties being the one shared empty mapping as there."""
     from rmqstore.v1 import messages_pb2, writer_pb2
 
-    request = writer_pb2.SendBatchRequest(messages=[messages_pb2.Message(**m) for m in messages], compact_results=compact)
+    request = writer_pb2.SendBatchRequest(
+        messages=[messages_pb2.Message(**m) for m in messages], compact_results=compact, shared_properties=shared
+    )
     compiled, python = _compiled_and_python_columns(request.SerializeToString())
     assert compiled is not None and python is not None
     assert compiled == python
+    if shared:
+        # A run of messages with equal properties of their own shares one merged mapping.
+        runs = [i for i in range(1, len(messages)) if messages[i].get("properties") and messages[i] .get("properties") == messages[i - 1].get("properties")]
+        assert all(compiled[4][i] is compiled[4][i - 1] for i in runs)
     for mine, theirs in zip(compiled[4], python[4]):
         assert (mine is validate.EMPTY_PROPERTIES) == (theirs is validate.EMPTY_PROPERTIES)
         assert type(mine) is type(theirs) or theirs is validate.EMPTY_PROPERTIES

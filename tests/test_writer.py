@@ -885,3 +885,22 @@ def test_a_full_disk_mid_write_stores_nothing_of_the_batch(tmp_path: Path, monke
     log = CommitLog(str(store / "commitlog"), SMALL.commitlog_file_size_bytes)
     assert [r.body for r in log.records()] == [m.body for m in batch]
     log.close()
+
+
+def test_a_requests_shared_properties_are_each_messages_unless_it_sets_its_own(node: Node, tmp_path: Path) -> None:
+    """SendBatchRequest.shared_properties: stored in every record as if each message had
+    sent them, a message's own value of a name kept; the same whether the request is read
+    by the compiled pass or (a born host given) by the Python reading."""
+    shared = {"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", "tenant": "blue"}
+    own = [{}, {"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}, {"seq": "3"}, {"seq": "3"}]
+    for born_host in ("", "192.0.2.9:5000"):
+        request = writer_pb2.SendBatchRequest(
+            messages=[message("Shared", body=b"m", properties=p, born_host=born_host) for p in own], shared_properties=shared
+        )
+        node.stub.SendBatch(request)
+    node.writer.flush_thoroughly()
+    records = dump(tmp_path / "store")
+    user = [{k: v for k, v in r.properties.items() if k not in ("UNIQ_KEY", "KEYS", "TAGS")} for r in records]
+    expected = [{**shared, **p} for p in own]
+    assert user == expected + expected
+    assert user[1]["traceparent"] == own[1]["traceparent"]

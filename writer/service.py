@@ -124,6 +124,10 @@ class ReceivedBatch:
     def compact_results(self) -> bool:
         return self.request.compact_results
 
+    @property
+    def shared_properties(self) -> Mapping[str, str]:
+        return self.request.shared_properties
+
 
 BatchRequest = writer_pb2.SendBatchRequest | ReceivedBatch
 _RECEIVED_AS_BYTES = ("SendBatch", "SendStream")
@@ -471,19 +475,39 @@ def _group_batch(group: list[_Pending]) -> tuple[MessageBatch, list[InvalidArgum
             return (batches[0] if len(batches) == 1 else MessageBatch.concat(batches)), [None] * len(group)
     if all(pending.batch is None for pending in group):
         try:
-            return to_batch([m for pending in group for m in pending.messages]), [None] * len(group)
+            return to_batch([m for pending in group for m in _messages(pending)]), [None] * len(group)
         except InvalidArgument:
             pass
     batches = []
     refused: list[InvalidArgument | None] = []
     for pending in group:
         try:
-            batches.append(pending.batch if pending.batch is not None else to_batch(pending.messages))
+            batches.append(pending.batch if pending.batch is not None else to_batch(_messages(pending)))
         except InvalidArgument as error:
             refused.append(error)
         else:
             refused.append(None)
     return MessageBatch.concat(batches) if batches else to_batch([]), refused
+
+
+def _messages(pending: _Pending) -> Sequence[messages_pb2.Message]:
+    """A pending request's proto messages, with its shared properties."""
+    shared = pending.request.shared_properties if pending.request is not None else None
+    return with_shared_properties(pending.messages, shared) if shared else pending.messages
+
+
+def with_shared_properties(messages: Sequence[messages_pb2.Message], shared: Mapping[str, str]) -> list[messages_pb2.Message]:
+    """Copies of ``messages``, each with the ``shared`` properties it does not set itself
+    (what the compiled pass, :func:`request_columns`, gives each message)."""
+    given = []
+    for message in messages:
+        copy = messages_pb2.Message()
+        copy.CopyFrom(message)
+        for name, value in shared.items():
+            if name not in copy.properties:
+                copy.properties[name] = value
+        given.append(copy)
+    return given
 
 
 class WriterServicer(writer_pb2_grpc.WriterServiceServicer):

@@ -2783,6 +2783,39 @@ done:
     return outcome;
 }
 
+/* The request's shared properties given to each message of the properties column: a
+ * message with none gets the shared mapping itself; one with its own gets them merged, its
+ * own names kept. A run of messages sharing one mapping shares the merged one, as a run of
+ * equal properties shares one mapping (wire_message). -1 on an error. */
+static int share_properties(PyObject *column, PyObject *empty_properties, PyObject *shared) {
+    PyObject *last_own = NULL, *last_merged = NULL; /* borrowed: the column holds them */
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(column); i++) {
+        PyObject *own = PyList_GET_ITEM(column, i);
+        PyObject *given;
+        if (own == empty_properties) {
+            given = shared;
+            Py_INCREF(given);
+        } else if (own == last_own) {
+            given = last_merged;
+            Py_INCREF(given);
+        } else {
+            given = PyDict_Copy(shared);
+            if (given == NULL || PyDict_Update(given, own) < 0) {
+                Py_XDECREF(given);
+                return -1;
+            }
+            last_own = own;
+            last_merged = given;
+        }
+        /* The column's reference to its old item is dropped. last_own may be freed by it
+         * once no later item holds it, and is then only compared with items that were
+         * alive with it (so never equal to it), never read. */
+        PyList_SET_ITEM(column, i, given);
+        Py_DECREF(own);
+    }
+    return 0;
+}
+
 static PyObject *send_batch_columns(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 2) {
         PyErr_SetString(PyExc_TypeError, "send_batch_columns takes (serialized SendBatchRequest, empty_properties)");
@@ -2794,6 +2827,7 @@ static PyObject *send_batch_columns(PyObject *module, PyObject *const *args, Py_
     PyObject *result = NULL;
     TextCache topic_texts = {{NULL}, 0}, tags_texts = {{NULL}, 0};
     PyObject *previous_properties = NULL; /* the last message's with any, held by the column */
+    PyObject *shared = NULL;              /* the request's shared_properties, if any */
     for (int k = 0; k < COLUMNS; k++)
         if ((columns[k] = PyList_New(0)) == NULL) goto done;
     Wire w = {view.buf, (const unsigned char *)view.buf + view.len};
@@ -2809,10 +2843,17 @@ static PyObject *send_batch_columns(PyObject *module, PyObject *const *args, Py_
             if (read == 0) goto plain_none;
         } else if (tag == 0x10) { /* compact_results: the caller reads it off the request */
             if (!get_varint(&w, &ignored)) goto plain_none;
+        } else if (tag == 0x1A) { /* shared_properties: map entries */
+            if (!get_delimited(&w, &message, &length)) goto plain_none;
+            if (shared == NULL && (shared = PyDict_New()) == NULL) goto done;
+            int read = wire_property(message, length, shared);
+            if (read < 0) goto done;
+            if (read == 0) goto plain_none;
         } else {
             goto plain_none;
         }
     }
+    if (shared != NULL && PyDict_GET_SIZE(shared) && share_properties(columns[COL_PROPERTIES], args[1], shared) < 0) goto done;
     result = PyTuple_New(COLUMNS);
     if (result == NULL) goto done;
     for (int k = 0; k < COLUMNS; k++) {
@@ -2827,6 +2868,7 @@ plain_none:
     }
 done:
     for (int k = 0; k < COLUMNS; k++) Py_XDECREF(columns[k]);
+    Py_XDECREF(shared);
     text_cache_clear(&topic_texts);
     text_cache_clear(&tags_texts);
     PyBuffer_Release(&view);

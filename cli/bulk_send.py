@@ -162,16 +162,14 @@ def _compiled(data: bytes | mmap.mmap, limits: Any, batch_size: int, traceparent
     if properties_bytes is None:
         return None
     # The messages have no properties of their own here: the trace context, stored with
-    # each (and so counted against each one's room above), is the request's.
+    # each (and so counted against each one's room above), ends each request.
     found = _speedups.jsonl_send_batches(
         data, batch_size, limits.max_body_bytes, limits.max_keys, limits.max_key_length,
-        tags_room(limits, properties_bytes), UNIQ_KEY_LENGTH_MAX, b"",
+        tags_room(limits, properties_bytes), UNIQ_KEY_LENGTH_MAX, context,
     )  # fmt: skip
     if found is None:
         return None
     requests, topics, distinct = found
-    if context:
-        requests = [request + context for request in requests]
     if not all(map(_sendable_topic, distinct)):
         return None
     whole, rest = divmod(len(topics), batch_size)

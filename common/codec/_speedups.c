@@ -3331,10 +3331,9 @@ static inline Py_ssize_t text_field_size(const Text *text) {
 }
 
 /* The message's fields as message_fields writes them: topic, queue id, body, keys, tags,
- * properties (the one shared entry, already encoded), uniq key; empty ones left out. */
-static int put_json_message(Buffer *out, const JsonMessage *m, const Buffer *scratch, const char *entry,
-                            Py_ssize_t entry_size) {
-    Py_ssize_t size = text_field_size(&m->topic) + entry_size;
+ * uniq key; empty ones left out (such a line has no properties). */
+static int put_json_message(Buffer *out, const JsonMessage *m, const Buffer *scratch) {
+    Py_ssize_t size = text_field_size(&m->topic);
     uint64_t queue_id = (uint64_t)m->queue_id;
     if (m->queue_id >= 0) size += 1 + varint_size(queue_id);
     if (m->body.length) size += text_field_size(&m->body);
@@ -3353,8 +3352,6 @@ static int put_json_message(Buffer *out, const JsonMessage *m, const Buffer *scr
     if (m->body.length) p = put_text(p, 0x1A, &m->body, scratch);
     for (Py_ssize_t k = 0; k < m->key_count; k++) p = put_text(p, 0x22, &m->keys[k], scratch);
     if (m->tags.length) p = put_text(p, 0x2A, &m->tags, scratch);
-    memcpy(p, entry, (size_t)entry_size);
-    p += entry_size;
     if (m->uniq_key.length) p = put_text(p, 0x3A, &m->uniq_key, scratch);
     out->length = p - out->bytes;
     return 0;
@@ -3391,7 +3388,7 @@ static PyObject *topic_text(PyObject *topics, const Text *topic, const Buffer *s
 static PyObject *jsonl_send_batches(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 8) {
         PyErr_SetString(PyExc_TypeError, "jsonl_send_batches takes (data, batch_size, max_body, max_keys, "
-                                         "max_key_length, max_tags_length, max_uniq_key_length, property_entry)");
+                                         "max_key_length, max_tags_length, max_uniq_key_length, request_tail)");
         return NULL;
     }
     Py_buffer view;
@@ -3413,11 +3410,13 @@ static PyObject *jsonl_send_batches(PyObject *module, PyObject *const *args, Py_
         goto done;
     }
     if (!PyBytes_Check(args[7])) {
-        PyErr_SetString(PyExc_TypeError, "property_entry must be bytes");
+        PyErr_SetString(PyExc_TypeError, "request_tail must be bytes");
         goto done;
     }
-    const char *entry = PyBytes_AS_STRING(args[7]);
-    Py_ssize_t entry_size = PyBytes_GET_SIZE(args[7]);
+    /* Fields written after compact_results in every request (the request's shared
+     * properties, serialized). */
+    const char *tail = PyBytes_AS_STRING(args[7]);
+    Py_ssize_t tail_size = PyBytes_GET_SIZE(args[7]);
     message.keys = PyMem_Malloc(sizeof(Text) * (size_t)(screen.max_keys + 1));
     requests = PyList_New(0);
     message_topics = PyList_New(0);
@@ -3437,11 +3436,13 @@ static PyObject *jsonl_send_batches(PyObject *module, PyObject *const *args, Py_
             if (found == 0) goto not_plain;
             PyObject *topic = topic_text(topics, &message.topic, &scratch, &last_key, &last_text);
             if (topic == NULL || PyList_Append(message_topics, topic) < 0) goto failed;
-            if (put_json_message(&batch, &message, &scratch, entry, entry_size) < 0) goto failed;
+            if (put_json_message(&batch, &message, &scratch) < 0) goto failed;
             if (++in_batch == batch_size) {
-                if (buffer_reserve(&batch, 2) < 0) goto failed;
+                if (buffer_reserve(&batch, 2 + tail_size) < 0) goto failed;
                 batch.bytes[batch.length++] = 0x10; /* compact_results = true */
                 batch.bytes[batch.length++] = 0x01;
+                memcpy(batch.bytes + batch.length, tail, (size_t)tail_size);
+                batch.length += tail_size;
                 PyObject *request = PyBytes_FromStringAndSize(batch.bytes, batch.length);
                 if (request == NULL || PyList_Append(requests, request) < 0) {
                     Py_XDECREF(request);
@@ -3456,9 +3457,11 @@ static PyObject *jsonl_send_batches(PyObject *module, PyObject *const *args, Py_
         p = line_end + 1;
     }
     if (in_batch) {
-        if (buffer_reserve(&batch, 2) < 0) goto failed;
+        if (buffer_reserve(&batch, 2 + tail_size) < 0) goto failed;
         batch.bytes[batch.length++] = 0x10;
         batch.bytes[batch.length++] = 0x01;
+        memcpy(batch.bytes + batch.length, tail, (size_t)tail_size);
+        batch.length += tail_size;
         PyObject *request = PyBytes_FromStringAndSize(batch.bytes, batch.length);
         if (request == NULL || PyList_Append(requests, request) < 0) {
             Py_XDECREF(request);
@@ -3625,7 +3628,7 @@ static PyMethodDef methods[] = {
      " serialized SendBatchRequests asking for compact results."},
     {"jsonl_send_batches", (PyCFunction)(void (*)(void))jsonl_send_batches, METH_FASTCALL,
      "jsonl_send_batches(data, batch_size, max_body, max_keys, max_key_length, max_tags_length, max_uniq_key_length,"
-     " property_entry) -> (requests, topics, distinct_topics) | None: send --file's requests straight from the file."},
+     " request_tail) -> (requests, topics, distinct_topics) | None: send --file's requests straight from the file."},
     {"ack_lines", (PyCFunction)(void (*)(void))ack_lines, METH_FASTCALL,
      "ack_lines(prefix, topics, uniq_keys, queue_ids, queue_offsets, commitlog_offsets, store_timestamp_ms) -> str"
      " | None: send --file's ack lines, None where one needs Python's formatting."},

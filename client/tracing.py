@@ -410,7 +410,6 @@ class BatchSpans:
 
         context = parent.parent() if isinstance(parent, LateSpan) else trace.set_span_in_context(parent)
         recorder = leaf_recorder()
-        tracer = _tracer()
         # A file's batches mostly have one topic and the same size: their name and
         # attributes are worked out once (a finished span's attributes are only read).
         described: dict[tuple[str, int], tuple[str, dict[str, Any]]] = {}
@@ -433,6 +432,7 @@ class BatchSpans:
                 status = _failure(attributes, error)
             spans.append((name, attributes, started, self._ended_ns[number] if acked else now, status))
         if recorder is None:
+            tracer = _tracer()
             for name, attributes, started, ended, status in spans:
                 span = tracer.start_span(name, context, trace.SpanKind.CLIENT, attributes, start_time=started)
                 if status is not None:

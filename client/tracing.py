@@ -3,13 +3,17 @@ variables ask for tracing (as the nodes read them, :mod:`rmqstore.service.teleme
 when the program using the client installed an SDK tracer provider of its own.
 
 * A send is a PRODUCER span ``send <topic>`` with the messaging and RPC attributes; its
-  context travels in the call's metadata (the node's server span is its child) and in each
-  message's ``traceparent`` property (the writer's dispatch span, and a consumer, link to
-  it). ``send --file`` is one such span for the file and a CLIENT span per batch.
+  context travels in the call's metadata (the node's server span is its child) and in
+  each message's ``traceparent`` property (the writer's dispatch span, and a consumer,
+  link to it), sent once a request in ``SendBatchRequest.shared_properties``. ``send
+  --file`` is one such span for the file and a CLIENT span per batch. Where this process
+  sets tracing up itself, the send's span is a :class:`LateSpan`: its context goes out
+  before the SDK is loaded.
 * Every other call (the lookups, topic and flush calls) is a CLIENT span named by its
   method, with the lookup's topic and result count.
 
-Nothing here imports OpenTelemetry until :func:`enabled` finds tracing asked for."""
+Nothing here imports OpenTelemetry until a span is made (a late span's, only once its
+call is under way)."""
 
 from __future__ import annotations
 

@@ -137,7 +137,7 @@ def context_field(traceparent: str | None) -> bytes:
     the stream about 70 bytes a message, and the writer reading them."""
     if traceparent is None:
         return b""
-    from rmqstore.client.tracing import TRACEPARENT
+    from rmqstore.common.conventions import TRACEPARENT
 
     return writer_pb2.SendBatchRequest(shared_properties={TRACEPARENT: traceparent}).SerializeToString()
 
@@ -149,7 +149,7 @@ def _compiled(data: bytes | mmap.mmap, limits: Any, batch_size: int, traceparent
     and the few distinct topics (and the trace context's property) are checked here."""
     if _speedups is None:
         return None
-    from rmqstore.client.tracing import TRACEPARENT
+    from rmqstore.common.conventions import TRACEPARENT
     from rmqstore.writer.validate import (
         UNIQ_KEY_LENGTH_MAX,
         _plain_properties_bytes,

@@ -69,22 +69,25 @@ def requested() -> bool:
     installed an SDK tracer provider, or the environment asks for tracing."""
     if _enabled is not None:
         return _enabled
-    if "opentelemetry.trace" in sys.modules:
-        from rmqstore.common.tracing import tracing_on
-
-        if tracing_on():
-            return True
+    if _program_provider():
+        return True
     from rmqstore.service.telemetry import tracing_requested
 
     return tracing_requested() is not None
 
 
-def _decide() -> bool:
-    if "opentelemetry.trace" in sys.modules:
-        from rmqstore.common.tracing import tracing_on
+def _program_provider() -> bool:
+    """Whether the program installed an SDK tracer provider (it has then loaded the API)."""
+    if "opentelemetry.trace" not in sys.modules:
+        return False
+    from rmqstore.common.tracing import tracing_on
 
-        if tracing_on():
-            return True
+    return tracing_on()
+
+
+def _decide() -> bool:
+    if _program_provider():
+        return True
     from rmqstore.service.telemetry import configure_tracing, tracing_requested
 
     if tracing_requested() is None:
@@ -311,14 +314,11 @@ def succeeded(span: trace.Span | LateSpan) -> None:
 
 def failed(span: trace.Span | LateSpan, error: grpc.RpcError) -> None:
     attributes: dict[str, Any] = {}
-    description = _failure_description(attributes, error)
-    span.set_attributes(attributes)
     if isinstance(span, LateSpan):
-        span.failure = description
+        span.failure = _failure_description(attributes, error)
     else:
-        from opentelemetry.trace import Status, StatusCode
-
-        span.set_status(Status(StatusCode.ERROR, description))
+        span.set_status(_failure(attributes, error))
+    span.set_attributes(attributes)
 
 
 def _failure_description(attributes: dict[str, Any], error: grpc.RpcError) -> str:

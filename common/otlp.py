@@ -10,8 +10,9 @@ one, and this encoding was the larger part of what tracing cost them. Here each 
 fields are written in protobuf's wire format directly, its attributes from a cache of
 each (key, value) pair's encoded bytes (a process's spans repeat the same few names and
 values), and the request goes to the channel as those bytes: the same request the SDK's
-encoder makes, field for field (tests hold the two equal on spans of every shape). A span's events (an exception recorded) are
-encoded by the SDK's encoder, and so is a span this encoding fails on.
+encoder makes, field for field (tests hold the two equal on spans of every shape). A
+span's events (an exception recorded) are encoded by the SDK's encoder, and so is a span
+this encoding fails on.
 
 Spans recorded by :class:`~rmqstore.common.tracing.LeafRecorder` skip the SDK's span
 objects altogether: they are written in this format as they are recorded

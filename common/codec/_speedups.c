@@ -3385,6 +3385,21 @@ static PyObject *topic_text(PyObject *topics, const Text *topic, const Buffer *s
     return text;
 }
 
+/* The request in `batch` ended (compact_results = true, then `tail`) and appended to
+ * `requests` as bytes; `batch` emptied for the next. -1 on an error. */
+static int end_request(Buffer *batch, const char *tail, Py_ssize_t tail_size, PyObject *requests) {
+    if (buffer_reserve(batch, 2 + tail_size) < 0) return -1;
+    batch->bytes[batch->length++] = 0x10; /* compact_results = true */
+    batch->bytes[batch->length++] = 0x01;
+    memcpy(batch->bytes + batch->length, tail, (size_t)tail_size);
+    batch->length += tail_size;
+    PyObject *request = PyBytes_FromStringAndSize(batch->bytes, batch->length);
+    int appended = request == NULL ? -1 : PyList_Append(requests, request);
+    Py_XDECREF(request);
+    batch->length = 0;
+    return appended;
+}
+
 static PyObject *jsonl_send_batches(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 8) {
         PyErr_SetString(PyExc_TypeError, "jsonl_send_batches takes (data, batch_size, max_body, max_keys, "
@@ -3438,37 +3453,14 @@ static PyObject *jsonl_send_batches(PyObject *module, PyObject *const *args, Py_
             if (topic == NULL || PyList_Append(message_topics, topic) < 0) goto failed;
             if (put_json_message(&batch, &message, &scratch) < 0) goto failed;
             if (++in_batch == batch_size) {
-                if (buffer_reserve(&batch, 2 + tail_size) < 0) goto failed;
-                batch.bytes[batch.length++] = 0x10; /* compact_results = true */
-                batch.bytes[batch.length++] = 0x01;
-                memcpy(batch.bytes + batch.length, tail, (size_t)tail_size);
-                batch.length += tail_size;
-                PyObject *request = PyBytes_FromStringAndSize(batch.bytes, batch.length);
-                if (request == NULL || PyList_Append(requests, request) < 0) {
-                    Py_XDECREF(request);
-                    goto failed;
-                }
-                Py_DECREF(request);
-                batch.length = 0;
+                if (end_request(&batch, tail, tail_size, requests) < 0) goto failed;
                 in_batch = 0;
             }
         }
         if (line_end == end) break;
         p = line_end + 1;
     }
-    if (in_batch) {
-        if (buffer_reserve(&batch, 2 + tail_size) < 0) goto failed;
-        batch.bytes[batch.length++] = 0x10;
-        batch.bytes[batch.length++] = 0x01;
-        memcpy(batch.bytes + batch.length, tail, (size_t)tail_size);
-        batch.length += tail_size;
-        PyObject *request = PyBytes_FromStringAndSize(batch.bytes, batch.length);
-        if (request == NULL || PyList_Append(requests, request) < 0) {
-            Py_XDECREF(request);
-            goto failed;
-        }
-        Py_DECREF(request);
-    }
+    if (in_batch && end_request(&batch, tail, tail_size, requests) < 0) goto failed;
     if (PyList_GET_SIZE(message_topics) == 0) goto not_plain; /* no message: the slow path words it */
     PyObject *distinct = PyDict_Values(topics);
     if (distinct == NULL) goto failed;

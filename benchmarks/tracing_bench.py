@@ -3,11 +3,20 @@ off (no ``OTEL_*`` variable) and on (both the command and the writer exporting o
 to a receiver in this process, on 127.0.0.1, the default sampler), alternating, ROUNDS
 times, at one message a request (``--batch-size 1``) and at 1,000.
 
-The figures are ratios of medians measured in the same run: the command's wall time from
-its start to its exit, traced over untraced (targets: at most 1.15 at one message a
-request, 1.05 at 1,000), and the writer's CPU time (user + system) for the same sends.
+The figures are measured in the same run: the command's wall time from its start to its
+exit, traced over untraced (targets: at most 1.15 at one message a request, 1.05 at
+1,000), and the writer's CPU time (user + system) for the same sends. Each round is a
+pair, untraced then traced; the figure judged against the target is the median of the
+pairs' ratios (a pair's two runs are seconds apart, so a shared machine's slow minutes
+fall on both), with its interquartile range; the ratio of the medians is given too.
 
-    python benchmarks/tracing_bench.py [--messages N] [--rounds R] [--out benchmarks/TRACING.md]
+A run at 1,000 messages a request takes well under a second, and other tenants' load
+moves one such run by tens of percent: R rounds would not tell 1.05 from 1.15. So a
+batch size is run for at least R rounds and until its untraced runs add up to
+MIN_SECONDS (at most MAX_ROUNDS rounds).
+
+    python benchmarks/tracing_bench.py [--messages N] [--rounds R] [--min-seconds S]
+                                       [--max-rounds M] [--out benchmarks/TRACING.md]
 """
 
 from __future__ import annotations
@@ -130,13 +139,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--messages", type=int, default=100_000)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--min-seconds", type=float, default=30.0)
+    parser.add_argument("--max-rounds", type=int, default=40)
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 1000])
     parser.add_argument("--out", type=Path, default=HERE / "TRACING.md")
     args = parser.parse_args()
     command = "python benchmarks/tracing_bench.py " + " ".join(sys.argv[1:])
     compileall.compile_dir(REPO, quiet=1, rx=re.compile(r"/(\.venv[^/]*|node_modules|\.git)/"))
     receiver = Receiver()
-    results: dict[str, Any] = {"command": command.strip(), "messages": args.messages, "rounds": args.rounds, "batches": {}}
+    results: dict[str, Any] = {"command": command.strip(), "messages": args.messages, "rounds": args.rounds,
+                               "min_seconds": args.min_seconds, "max_rounds": args.max_rounds, "batches": {}}
     try:
         with tempfile.TemporaryDirectory(prefix="tracing-bench-") as temp:
             work = Path(temp)
@@ -144,16 +156,22 @@ def main() -> None:
             write_messages(jsonl, args.messages)
             for batch in args.batches:
                 runs: dict[str, list[dict[str, float]]] = {"off": [], "on": []}
-                for _ in range(args.rounds):
+                while len(runs["off"]) < args.rounds or (
+                    sum(r["seconds"] for r in runs["off"]) < args.min_seconds and len(runs["off"]) < args.max_rounds
+                ):
                     runs["off"].append(one_run(work, jsonl, batch, quiet_env()))
                     runs["on"].append(one_run(work, jsonl, batch, receiver.env()))
                 measures = ("seconds", "writer_cpu_s", "command_cpu_s")
                 off = {k: statistics.median(r[k] for r in runs["off"]) for k in measures}
                 on = {k: statistics.median(r[k] for r in runs["on"]) for k in measures}
-                wall = on["seconds"] / off["seconds"]
+                paired = [b["seconds"] / a["seconds"] for a, b in zip(runs["off"], runs["on"])]
+                wall = statistics.median(paired)
+                quartiles = statistics.quantiles(paired, n=4, method="inclusive") if len(paired) > 1 else [wall, wall, wall]
                 results["batches"][str(batch)] = {
-                    "off": off, "on": on, "runs": runs,
-                    "wall_ratio": round(wall, 3),
+                    "off": off, "on": on, "runs": runs, "rounds": len(paired),
+                    "paired_wall_ratio": round(wall, 3),
+                    "paired_wall_ratio_iqr": [round(quartiles[0], 3), round(quartiles[2], 3)],
+                    "wall_ratio": round(on["seconds"] / off["seconds"], 3),
                     "writer_cpu_ratio": round(on["writer_cpu_s"] / off["writer_cpu_s"], 3) if off["writer_cpu_s"] else None,
                     "command_cpu_ratio": round(on["command_cpu_s"] / off["command_cpu_s"], 3) if off["command_cpu_s"] else None,
                     "target": TARGETS.get(batch),
@@ -174,21 +192,26 @@ def report(results: dict[str, Any]) -> str:
         "# What tracing costs",
         "",
         f"Measured by `{results['command']}`: {results['messages']:,} messages sent with `rmqstore send --file`",
-        f"to a fresh ASYNC writer, tracing off and on alternating, {results['rounds']} rounds each; medians.",
+        f"to a fresh ASYNC writer, tracing off and on alternating, at least {results['rounds']} rounds and until the",
+        f"untraced runs add up to {results['min_seconds']:g} s (at most {results['max_rounds']} rounds); medians. A round is a",
+        "pair, untraced then traced: the figure judged against the target is the median of the pairs'",
+        "ratios, with its interquartile range (a shared machine's slow minutes fall on both runs of a pair).",
         "Traced means the command and the writer both export over OTLP (default sampler) to a receiver",
         "on 127.0.0.1. Wall time is the command's, from its start to its exit; CPU time (user +",
         "system) is the writer's during the command, and the command's own. The command runs from",
         "compiled modules (the package is byte-compiled first), as an installed package does.",
         "",
-        "| messages a request | wall off (s) | wall on (s) | wall on/off | target | met | writer CPU on/off | command CPU on/off |",
-        "|---:|---:|---:|---:|---:|:---:|---:|---:|",
+        "| messages a request | rounds | wall off (s) | wall on (s) | wall on/off, paired (IQR) | target | met | "
+        "ratio of medians | writer CPU on/off | command CPU on/off |",
+        "|---:|---:|---:|---:|---:|---:|:---:|---:|---:|---:|",
     ]
     for batch, figures in results["batches"].items():
         target = figures["target"]
         lines.append(
-            f"| {int(batch):,} | {figures['off']['seconds']:.3f} | {figures['on']['seconds']:.3f} | {figures['wall_ratio']:.3f} | "
+            f"| {int(batch):,} | {figures['rounds']} | {figures['off']['seconds']:.3f} | {figures['on']['seconds']:.3f} | "
+            f"{figures['paired_wall_ratio']:.3f} ({figures['paired_wall_ratio_iqr'][0]:.3f}-{figures['paired_wall_ratio_iqr'][1]:.3f}) | "
             f"{'' if target is None else f'≤ {target}'} | {'' if figures['met'] is None else ('yes' if figures['met'] else 'no')} | "
-            f"{figures['writer_cpu_ratio']} | {figures['command_cpu_ratio']} |"
+            f"{figures['wall_ratio']:.3f} | {figures['writer_cpu_ratio']} | {figures['command_cpu_ratio']} |"
         )
     lines += ["", f"Spans received: {results['spans_received']:,}. Load average at the end: {results['load_average']}.", ""]
     return "\n".join(lines)

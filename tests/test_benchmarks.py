@@ -336,9 +336,11 @@ def test_the_consumer_benchmark_measures_both_queues(tmp_path: Path) -> None:
 
 def test_the_tracing_benchmark_measures_both_ways(tmp_path: Path) -> None:
     """benchmarks/tracing_bench.py at a smoke size: each batch size timed traced and not,
-    the traced runs' spans received, the report naming the command and the targets."""
+    past its one round until the untraced runs add up to --min-seconds (never here) or
+    --max-rounds; the traced runs' spans received, the report naming the command and the
+    targets."""
     out = tmp_path / "TRACING.md"
-    args = ["--messages", "200", "--rounds", "1", "--out", str(out)]
+    args = ["--messages", "200", "--rounds", "1", "--min-seconds", "1e9", "--max-rounds", "2", "--out", str(out)]
     done = subprocess.run(
         [sys.executable, str(REPO / "benchmarks" / "tracing_bench.py"), *args],
         cwd=REPO, capture_output=True, text=True, timeout=TIMEOUT_S, check=False,
@@ -348,16 +350,23 @@ def test_the_tracing_benchmark_measures_both_ways(tmp_path: Path) -> None:
     assert result["command"] == "python benchmarks/tracing_bench.py " + " ".join(args)
     assert set(result["batches"]) == {"1", "1000"}
     for batch, figures in result["batches"].items():
-        assert len(figures["runs"]["off"]) == len(figures["runs"]["on"]) == 1, batch
+        assert len(figures["runs"]["off"]) == len(figures["runs"]["on"]) == figures["rounds"] == 2, batch
         assert _positive(figures["wall_ratio"]) and figures["target"] == {"1": 1.15, "1000": 1.05}[batch]
+        # Two pairs: the paired figure is the mean of their ratios, its quartiles a
+        # quarter of the way in from each (interpolated within the pairs' ratios).
+        ratios = sorted(on["seconds"] / off["seconds"] for off, on in zip(figures["runs"]["off"], figures["runs"]["on"]))
+        assert figures["paired_wall_ratio"] == round(sum(ratios) / 2, 3), batch
+        low, high = (ratios[0] * 3 + ratios[1]) / 4, (ratios[0] + ratios[1] * 3) / 4
+        assert figures["paired_wall_ratio_iqr"] == [round(low, 3), round(high, 3)], batch
+        assert figures["met"] == (sum(ratios) / 2 <= figures["target"]), batch
         # The command's CPU time: it loads Python and gRPC whether traced or not.
         assert figures["off"]["command_cpu_s"] > 0 and _positive(figures["command_cpu_ratio"]), batch
     # batch 1: a span per request on the client, append and dispatch per group on the
     # writer, and the stream's spans; batch 1,000: one request.
-    assert result["spans_received"] >= 200 + 2 + 3
+    assert result["spans_received"] >= 2 * (200 + 2 + 3)
     report = out.read_text(encoding="utf-8")
     assert "python benchmarks/tracing_bench.py --messages 200" in report and "≤ 1.15" in report and "≤ 1.05" in report
-    assert "| command CPU on/off |" in report
+    assert "| command CPU on/off |" in report and "| wall on/off, paired (IQR) |" in report
 
 
 def test_the_intake_probe_measures_the_writers_cpu_per_message() -> None:

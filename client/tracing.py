@@ -445,24 +445,28 @@ class BatchSpans:
             return
         for first in range(0, len(spans), SPANS_PER_EXPORT):
             chunk = spans[first : first + SPANS_PER_EXPORT]
-            index = 0
-            while index < len(chunk):
-                name, attributes, _, _, status = chunk[index]
-                # A run of batches with one name and attributes, acknowledged: written once.
-                end = index + 1
-                if status is None:
-                    while end < len(chunk) and chunk[end][0] == name and chunk[end][1] is attributes and chunk[end][4] is None:
-                        end += 1
-                run = chunk[index:end]
-                if status is not None or not recorder.record_batch(
-                    TRACER_NAME, name, [(each[2], each[3]) for each in run], attributes, trace.SpanKind.CLIENT, context
-                ):
-                    for name, attributes, started, ended, status in run:
-                        recorder.record(
-                            TRACER_NAME, name, started, ended, attributes, kind=trace.SpanKind.CLIENT,
-                            parent=context, status=status,
-                        )  # fmt: skip
-                index = end
+            # The chunk's acknowledged batches of one name and attributes, each such set
+            # written as one run however they interleave (a file's topics may take turns
+            # batch by batch); then the failed ones, each on its own.
+            runs: dict[tuple[str, int], tuple[str, dict[str, Any], list[tuple[int, int]]]] = {}
+            failed = []
+            for each in chunk:
+                name, attributes, started, ended, status = each
+                if status is not None:
+                    failed.append(each)
+                    continue
+                run = runs.get((name, id(attributes)))
+                if run is None:
+                    run = runs[(name, id(attributes))] = (name, attributes, [])
+                run[2].append((started, ended))
+            singles: list[tuple[str, dict[str, Any], int, int, trace.Status | None]] = []
+            for name, attributes, times in runs.values():
+                if not recorder.record_batch(TRACER_NAME, name, times, attributes, trace.SpanKind.CLIENT, context):
+                    singles.extend((name, attributes, started, ended, None) for started, ended in times)
+            for name, attributes, started, ended, status in singles + failed:
+                recorder.record(
+                    TRACER_NAME, name, started, ended, attributes, kind=trace.SpanKind.CLIENT, parent=context, status=status,
+                )  # fmt: skip
             if len(chunk) == SPANS_PER_EXPORT and not recorder.force_flush(EXPORT_TIMEOUT_S / 2):
                 break
 

@@ -20,6 +20,7 @@ from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
+from opentelemetry.proto.trace.v1 import trace_pb2
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import Event, ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
@@ -266,6 +267,50 @@ def test_recorded_spans_reach_a_receiver_as_the_sdk_would_send_them(receiver: _R
     with receiver.lock:
         [request] = receiver.requests
     assert request.SerializeToString(deterministic=True) == encode_spans(readable).SerializeToString(deterministic=True)
+    processor.shutdown()
+
+
+def test_a_files_batch_spans_reach_a_receiver_when_its_topics_take_turns(receiver: _Receiver, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``send --file``'s batch spans written as bytes: batches of topics A and B taking
+    turns, one message each, are written as a run per topic, and every span reaches the
+    receiver with its own name, its batch's attributes, and its times in the order the
+    batches went, each a child of the file's span."""
+    from rmqstore.client import tracing as client_tracing
+    from rmqstore.common import tracing
+
+    if not isinstance(trace.get_tracer_provider(), TracerProvider):
+        trace.set_tracer_provider(TracerProvider())
+    provider = trace.get_tracer_provider()
+    assert isinstance(provider, TracerProvider)
+    processor = BatchSpanProcessor(SpanExporter(endpoint=f"127.0.0.1:{receiver.port}", insecure=True, timeout=EXPORT_TIMEOUT_S))
+    recorder = LeafRecorder(provider, processor)
+    monkeypatch.setattr(tracing, "_recorder", recorder)
+    written: list[int] = []
+    record_batch = recorder.record_batch
+    monkeypatch.setattr(LeafRecorder, "record_batch", lambda self, *args: written.append(len(args[2])) or record_batch(*args))
+    file_span = trace.NonRecordingSpan(SpanContext(0x7BF92F3577B34DA6A3CE929D0E0E4736, 0x30F067AA0BA902B7, is_remote=False,
+                                                   trace_flags=TraceFlags(1)))  # fmt: skip
+    batches = client_tracing.BatchSpans(file_span)
+    topics = ["A", "B", "A", "B", "A"]
+    for _ in batches.requests([b"1", b"2", b"3", b"4", b"5"], topics, [1] * 5):
+        batches.acked()
+    batches.close()
+    assert written == [3, 2]  # a run per topic, not one per batch
+    assert processor.force_flush(int(EXPORT_TIMEOUT_S * 1000))
+    with receiver.lock:
+        spans = [span for request in receiver.requests for rs in request.resource_spans for ss in rs.scope_spans for span in ss.spans]
+    spans.sort(key=lambda span: span.start_time_unix_nano)
+    assert [span.name for span in spans] == [f"send {topic}" for topic in topics]
+    for span, topic in zip(spans, topics):
+        attributes = {kv.key: kv.value for kv in span.attributes}
+        assert attributes["messaging.destination.name"].string_value == topic
+        assert span.parent_span_id == (0x30F067AA0BA902B7).to_bytes(8, "big")
+        assert span.trace_id == (0x7BF92F3577B34DA6A3CE929D0E0E4736).to_bytes(16, "big")
+        assert span.kind == trace_pb2.Span.SpanKind.SPAN_KIND_CLIENT
+        assert span.start_time_unix_nano <= span.end_time_unix_nano
+    assert len({span.span_id for span in spans}) == 5
+    # Acknowledged in order: each batch ends before the next one's span ends.
+    assert [span.end_time_unix_nano for span in spans] == sorted(span.end_time_unix_nano for span in spans)
     processor.shutdown()
 
 

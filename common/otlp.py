@@ -86,6 +86,8 @@ _EMPTY_STATUS = _STATUS + b"\x00"
 # Each attribute's encoded field, by (key, type of value, value, field tag): at most this
 # many kept.
 _ATTRIBUTES_KEPT = 4096
+# Each span's middle and tail kept (SpanEncoder.span_parts): at most this many of each.
+_PARTS_KEPT = 1024
 
 
 def _varint(value: int) -> bytes:
@@ -135,6 +137,8 @@ class SpanEncoder:
     def __init__(self) -> None:
         self._attributes: dict[tuple[str, type, Any, bytes], bytes] = {}
         self._names: dict[str, bytes] = {}
+        self._middles: dict[tuple[str, int, int | None], bytes] = {}
+        self._tails: dict[tuple[bool, bool, tuple[tuple[int, int, bool], ...]], bytes] = {}
         self._resources: dict[Any, bytes] = {}
         self._scopes: dict[Any, bytes] = {}
 
@@ -232,7 +236,31 @@ class SpanEncoder:
     ) -> tuple[bytes, bytes]:
         """What :meth:`span_bytes` writes between a span's ids and its times, and after
         its times: spans that differ only in ids and times (a send's batches) share them,
-        each span then ``span_head + middle + span_times + tail``."""
+        each span then ``span_head + middle + span_times + tail``.
+
+        Both parts are kept where they repeat: the middle (name, kind, parent) of spans
+        with no trace state, and the tail of spans with no attributes, events or dropped
+        counts and an unset status (a writer's dispatch span, linked to the producer
+        contexts it saw last)."""
+        if trace_state:
+            middle = self._middle(trace_state, parent, name, kind)
+        else:
+            key = (name, kind, parent.span_id if parent else None)
+            middle = self._middles.get(key) or _kept(self._middles, key, _PARTS_KEPT, lambda: self._middle(None, parent, name, kind))
+        remote = bool(parent and parent.is_remote)
+        if attributes or events or dropped_attributes or dropped_events or dropped_links or not (status is None or status.is_unset):
+            return middle, self._tail(remote, attributes, links, status, events, dropped_attributes, dropped_events, dropped_links)
+        link_keys = []
+        for link in links:
+            if link.attributes or link.dropped_attributes:
+                return middle, self._tail(remote, attributes, links, status, events)
+            context = link.context
+            link_keys.append((context.trace_id, context.span_id, context.is_remote))
+        tail_key = (remote, status is None, tuple(link_keys))
+        tail = self._tails.get(tail_key) or _kept(self._tails, tail_key, _PARTS_KEPT, lambda: self._tail(remote, None, links, status, b""))
+        return middle, tail
+
+    def _middle(self, trace_state: TraceState | None, parent: SpanContext | None, name: str, kind: int) -> bytes:
         middle = []
         if trace_state:
             middle.append(_field(_TRACE_STATE, ",".join(f"{key}={value}" for key, value in trace_state.items()).encode()))
@@ -240,6 +268,19 @@ class SpanEncoder:
             middle.append(_PARENT.pack(b"\x22\x08", parent.span_id))
         middle.append(_kept(self._names, name, 1024, lambda: _field(_NAME, name.encode()) if name else b""))
         middle.append(bytes((_KIND, kind + 1)))
+        return b"".join(middle)
+
+    def _tail(
+        self,
+        remote: bool,
+        attributes: Mapping[str, Any] | None,
+        links: Sequence[Link],
+        status: Status | None,
+        events: bytes,
+        dropped_attributes: int = 0,
+        dropped_events: int = 0,
+        dropped_links: int = 0,
+    ) -> bytes:
         parts = []
         if attributes:
             parts.append(self._attributes_bytes(attributes, _ATTRIBUTE))
@@ -263,8 +304,8 @@ class SpanEncoder:
                 parts.append(_field(_STATUS, b"".join(status_parts)))
             else:
                 parts.append(_EMPTY_STATUS)
-        parts.append(_REMOTE_PARENT_FLAGS if parent and parent.is_remote else _LOCAL_FLAGS)
-        return b"".join(middle), b"".join(parts)
+        parts.append(_REMOTE_PARENT_FLAGS if remote else _LOCAL_FLAGS)
+        return b"".join(parts)
 
     def _link(self, link: Link) -> bytes:
         context = link.context

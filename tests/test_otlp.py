@@ -135,6 +135,49 @@ def test_the_encoder_writes_the_request_the_sdks_encoder_writes(batch: list[Read
     _same_request(encoder, batch)
 
 
+_ENCODER_OF_EVERY_EXAMPLE = SpanEncoder()
+# Contexts that differ in one thing only: remote or not, trace state or not, the id.
+_POOLED_CONTEXTS = [
+    SpanContext(2**100 + 3, span_id, is_remote=remote, trace_flags=TraceFlags(1), trace_state=state)
+    for span_id in (7, 8)
+    for remote in (False, True)
+    for state in (None, TraceState([("rojo", "00f067aa0ba902b7")]))
+]
+
+
+@st.composite
+def pooled_spans(draw: Any) -> ReadableSpan:
+    """Spans drawn from a few names, parents and links, so that one encoder sees the same
+    name and parent, or the same links, with everything else different."""
+    links = draw(st.lists(st.builds(Link, st.sampled_from(_POOLED_CONTEXTS), st.one_of(st.none(), st.just({"k": 1}))), max_size=2))
+    status = draw(st.sampled_from([Status(StatusCode.UNSET), Status(StatusCode.ERROR, "UNAVAILABLE: gone"), Status(StatusCode.OK), None]))
+    own = draw(st.sampled_from(_POOLED_CONTEXTS))
+    return ReadableSpan(
+        name=draw(st.sampled_from(["", "rmqstore.dispatch", "é"])),
+        context=SpanContext(own.trace_id, draw(st.sampled_from([5, 6])), is_remote=False, trace_state=own.trace_state),
+        parent=draw(st.one_of(st.none(), st.sampled_from(_POOLED_CONTEXTS))),
+        resource=RESOURCES[0],
+        attributes=draw(st.one_of(st.just({}), attributes)),
+        events=draw(st.lists(st.builds(Event, st.just("exception"), st.just({"k": 1}), st.just(5)), max_size=1)),
+        links=links,
+        kind=draw(st.sampled_from(list(SpanKind))),
+        status=status,  # type: ignore[arg-type]
+        start_time=draw(st.sampled_from([None, 1, 2**40])),
+        end_time=draw(st.sampled_from([None, 2, 2**41])),
+        instrumentation_scope=SCOPES[0],
+    )
+
+
+@settings(max_examples=300)
+@given(st.lists(st.one_of(pooled_spans(), spans()), min_size=1, max_size=6))
+def test_one_encoder_keeps_nothing_that_one_span_gives_another(batch: list[ReadableSpan]) -> None:
+    """One encoder through every example: the parts it keeps (a span's name, kind and
+    parent; the links and status of a span with no attributes) are keyed by all they
+    hold, so a span with the same name or links as one before is still written as
+    itself."""
+    _same_request(_ENCODER_OF_EVERY_EXAMPLE, batch)
+
+
 def test_equal_resources_and_scopes_group_as_the_sdk_groups_them() -> None:
     """Resources and scopes are grouped by equality in the order first seen, not by
     identity: equal copies interleaved with others land in one group."""

@@ -237,11 +237,31 @@ def _plain_properties_bytes(properties: Sequence[Mapping[str, str]]) -> int | No
     as cheaply as one without properties."""
     largest = 0
     for mapping in {id(each): each for each in properties if each}.values():
-        for name, value in mapping.items():
-            if not name or not value or name in RESERVED_PROPERTIES or not _plain_text(name) or not _plain_text(value):
-                return None
-        largest = max(largest, len(props.encode_properties(dict(mapping))))
+        items = tuple(mapping.items())
+        size = _screened.get(items, -1)
+        if size == -1:
+            size = _screen_properties(items)
+            if len(_screened) >= _SCREENED_KEPT:
+                _screened.clear()
+            _screened[items] = size
+        if size is None:
+            return None
+        largest = max(largest, size)
     return largest
+
+
+# Properties screened lately, by their items: their encoded size, or None where some
+# property breaks a rule. A producer's requests each bring their own mapping with the same
+# trace context in it (``SendBatchRequest.shared_properties``): screened once.
+_SCREENED_KEPT = 256
+_screened: dict[tuple[tuple[str, str], ...], int | None] = {}
+
+
+def _screen_properties(items: tuple[tuple[str, str], ...]) -> int | None:
+    for name, value in items:
+        if not name or not value or name in RESERVED_PROPERTIES or not _plain_text(name) or not _plain_text(value):
+            return None
+    return len(props.encode_properties(dict(items)))
 
 
 def _plain_text(text: str) -> bool:

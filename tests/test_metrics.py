@@ -6,7 +6,10 @@ settings stop a node with one clear error."""
 
 from __future__ import annotations
 
+import json
 import signal
+import subprocess
+import sys
 import threading
 import time
 import urllib.request
@@ -475,3 +478,34 @@ class socket_taken:
     def __exit__(self, *exc: object) -> None:
         self._socket.close()
 
+
+
+def test_a_node_without_metrics_never_loads_the_sdks_metrics(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A writer with no metrics asked for serves requests without loading the SDK's metrics
+    module (about 15 ms, once paid by its first request): its instruments are the API's
+    no-ops, and asking whether metrics are on imports nothing."""
+    for name in ("OTEL_METRICS_EXPORTER", "OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT"):
+        monkeypatch.delenv(name, raising=False)
+    imports = tmp_path / "imports.txt"
+    with open(imports, "wb") as stderr:
+        process = subprocess.Popen(
+            [sys.executable, "-X", "importtime", *rmqstore("writer", "serve", "--store", str(tmp_path / "store"), "--port", "0", *SIZE_ARGS)[1:]],
+            stdout=subprocess.PIPE, stderr=stderr, text=True,
+        )  # fmt: skip
+        try:
+            assert process.stdout is not None
+            port = json.loads(process.stdout.readline())["port"]
+            with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+                stub = writer_pb2_grpc.WriterServiceStub(channel)
+                next_offset = 0
+                for n in range(3):
+                    sent = stub.Send(writer_pb2.SendRequest(message=messages_pb2.Message(topic=TOPIC, body=b"m%d" % n)), timeout=WAIT_S)
+                    assert sent.result.commitlog_offset == next_offset
+                    next_offset += sent.result.size
+        finally:
+            process.send_signal(signal.SIGTERM)
+            assert process.wait(timeout=WAIT_S) == 0
+            process.stdout.close()  # type: ignore[union-attr]
+    loaded = [line.rsplit("|", 1)[1].strip() for line in imports.read_text().splitlines() if line.startswith("import time:")]
+    assert "rmqstore.service.metrics" in loaded  # the record is read whole: the node's own modules are in it
+    assert [name for name in loaded if name.startswith("opentelemetry.sdk.metrics")] == []

@@ -26,6 +26,8 @@ EXIT_DISAGREE = 1
 EXIT_USAGE = 2
 # An unknown topic, queue or id, or no message at an offset.
 EXIT_NOT_FOUND = 3
+# A node whose stop did not finish in time (every thread's stack written to stderr).
+EXIT_STOP_STALLED = 4
 # Ctrl-C: the code shells give a process that SIGINT ended (128 + 2).
 EXIT_INTERRUPTED = 130
 

@@ -32,6 +32,7 @@ from rmqstore.cli.writer_tools import (
     server_credentials_from,
     serving_tls_fields,
     stop_requested,
+    stop_watchdog,
     wait_for_stop,
 )
 from rmqstore.common.errors import InvalidArgument, NotFound
@@ -45,6 +46,8 @@ from rmqstore.v1 import (
 )
 
 SHUTDOWN_GRACE_S = 5.0
+# The whole stop within this, else stop_watchdog ends the process.
+STOP_WITHIN_S = 30.0
 
 
 def broker_name(text: str) -> str:
@@ -533,6 +536,7 @@ def cmd_query_serve(args: argparse.Namespace) -> int:
         flush=True,
     )
     wait_for_stop(stopping)
+    stop_watchdog("query node", STOP_WITHIN_S)
     serving.stop(SHUTDOWN_GRACE_S)
     view.close()
     print(json.dumps({"event": "stopped", "service": "query"}), flush=True)

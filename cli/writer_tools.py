@@ -5,9 +5,11 @@ from __future__ import annotations
 import argparse
 import base64
 import contextlib
+import faulthandler
 import gc
 import ipaddress
 import json
+import logging
 import os
 import signal
 import socket
@@ -30,6 +32,9 @@ if TYPE_CHECKING:
     from rmqstore.service.metrics import MetricsEndpoint
 
 SHUTDOWN_GRACE_S = 10.0
+# The whole stop, the final flush and checkpoint included, within this (else
+# stop_watchdog ends the process): within the chart's default termination grace, 60 s.
+STOP_WITHIN_S = 50.0
 
 
 # Stopping on SIGTERM or SIGINT, shared with query_tools.
@@ -53,6 +58,30 @@ def wait_for_stop(stopping: threading.Event) -> None:
     """Block until ``stopping`` is set, running due signal handlers meanwhile."""
     while not stopping.wait(STOP_POLL_S):
         pass
+
+
+def stop_watchdog(service: str, within_s: float) -> threading.Timer:
+    """Armed once a node is told to stop: if the process is still running ``within_s``
+    later, its stop has stalled somewhere (a thread that never returns). Then it says so
+    in a log line, writes every thread's stack to stderr (where it stalled, for the
+    report) and ends the process with :data:`~rmqstore.cli.exits.EXIT_STOP_STALLED`,
+    rather than wait for the orchestrator's SIGKILL. A writer ended this way loses
+    nothing acknowledged (docs/writer.md); its next start runs a longer recovery."""
+
+    def stalled() -> None:
+        logging.getLogger("rmqstore.stop").error(
+            "the %s did not stop within %g s of being told to: every thread's stack follows; exiting with %d",
+            service, within_s, exits.EXIT_STOP_STALLED,
+        )  # fmt: skip
+        faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+        sys.stderr.flush()
+        os._exit(exits.EXIT_STOP_STALLED)
+
+    timer = threading.Timer(within_s, stalled)
+    timer.name = "stop-watchdog"
+    timer.daemon = True
+    timer.start()
+    return timer
 
 
 # TLS and listener options, shared with query_tools.
@@ -364,6 +393,7 @@ def cmd_writer_serve(args: argparse.Namespace) -> int:
         flush=True,
     )
     wait_for_stop(stopping)
+    stop_watchdog("writer", STOP_WITHIN_S)
     serving.call(messaging.end_streams())
     serving.stop(SHUTDOWN_GRACE_S)
     servicer.close()

@@ -190,6 +190,30 @@ def test_exit_3_unknown_ids(cluster: Cluster, capsys: pytest.CaptureFixture[str]
     assert (code, out) == (3, "") and err.startswith("rmqstore: error: NOT_FOUND: no message with msgId ") and err.count("\n") == 1
 
 
+def test_exit_4_a_stop_that_stalls_ends_with_every_threads_stack() -> None:
+    """The watchdog a node arms when told to stop: a stop still running when it fires
+    (here a thread that never returns) ends the process with exit 4, after one log line
+    and the stack of every thread, the stalled one included."""
+    program = (
+        "import threading, time\n"
+        "from rmqstore.service.logs import configure_logging\n"
+        "from rmqstore.cli.writer_tools import stop_watchdog\n"
+        "configure_logging('rmqstore-writer')\n"
+        "def a_close_that_never_returns():\n"
+        "    threading.Event().wait()\n"
+        "stop_watchdog('writer', 0.5)\n"
+        "a_close_that_never_returns()\n"
+    )
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 4 and time.monotonic() - started < 30
+    [said] = [json.loads(line) for line in done.stderr.splitlines() if line.startswith("{")]
+    assert said["message"] == "the writer did not stop within 0.5 s of being told to: every thread's stack follows; exiting with 4"
+    assert said["level"] == "ERROR" and said["logger"] == "rmqstore.stop"
+    assert 'line 6 in a_close_that_never_returns' in done.stderr and "Current thread" in done.stderr
+    assert done.stdout == ""
+
+
 def test_an_empty_answer_in_a_known_topic_is_success(cluster: Cluster, capsys: pytest.CaptureFixture[str]) -> None:
     code, out, err = both(cluster, capsys, "queryMsgByKey", "-t", TOPIC, "-k", "no-such-key")
     assert (code, err) == (0, "") and out.split() == ["#Message", "ID", "#QID", "#Offset"]

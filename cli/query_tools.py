@@ -536,9 +536,10 @@ def cmd_query_serve(args: argparse.Namespace) -> int:
         flush=True,
     )
     wait_for_stop(stopping)
-    stop_watchdog("query node", STOP_WITHIN_S)
+    watchdog = stop_watchdog("query node", STOP_WITHIN_S)
     serving.stop(SHUTDOWN_GRACE_S)
     view.close()
+    watchdog.cancel()
     print(json.dumps({"event": "stopped", "service": "query"}), flush=True)
     return EXIT_OK
 

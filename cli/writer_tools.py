@@ -66,7 +66,9 @@ def stop_watchdog(service: str, within_s: float) -> threading.Timer:
     in a log line, writes every thread's stack to stderr (where it stalled, for the
     report) and ends the process with :data:`~rmqstore.cli.exits.EXIT_STOP_STALLED`,
     rather than wait for the orchestrator's SIGKILL. A writer ended this way loses
-    nothing acknowledged (docs/writer.md); its next start runs a longer recovery."""
+    nothing acknowledged (docs/writer.md); its next start runs a longer recovery. The
+    caller cancels it once its stop has finished (the command may run in a process
+    that goes on)."""
 
     def stalled() -> None:
         logging.getLogger("rmqstore.stop").error(
@@ -393,12 +395,13 @@ def cmd_writer_serve(args: argparse.Namespace) -> int:
         flush=True,
     )
     wait_for_stop(stopping)
-    stop_watchdog("writer", STOP_WITHIN_S)
+    watchdog = stop_watchdog("writer", STOP_WITHIN_S)
     serving.call(messaging.end_streams())
     serving.stop(SHUTDOWN_GRACE_S)
     servicer.close()
     groups.flush()  # no handler runs now: the groups' progress as it stands
     writer.close()
+    watchdog.cancel()
     print(json.dumps({"event": "stopped", "service": "writer"}), flush=True)
     return EXIT_OK
 

@@ -8,7 +8,8 @@ when the program using the client installed an SDK tracer provider of its own.
   link to it), sent once a request in ``SendBatchRequest.shared_properties``. ``send
   --file`` is one such span for the file and a CLIENT span per batch. Where this process
   sets tracing up itself, the send's span is a :class:`LateSpan`: its context goes out
-  before the SDK is loaded.
+  before the SDK is loaded, and a command's (``one_shot``) is written and exported
+  without the SDK where it can be (:mod:`rmqstore.client.late_export`).
 * Every other call (the lookups, topic and flush calls) is a CLIENT span named by its
   method, with the lookup's topic and result count.
 
@@ -18,6 +19,7 @@ call is under way)."""
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import random
 import sys
@@ -34,6 +36,8 @@ from rmqstore.common.errors import InvalidArgument
 
 if TYPE_CHECKING:
     from opentelemetry import trace
+
+    from rmqstore.client.late_export import LateExport
 
 SERVICE_NAME = "rmqstore-client"
 TRACER_NAME = "rmqstore.client"
@@ -118,38 +122,60 @@ def _server_attributes(endpoint: str, method_path: str) -> dict[str, Any]:
 
 
 def _messaging_attributes(topics: Sequence[str]) -> dict[str, Any]:
+    return _send_attributes(_one_topic(topics), len(topics))
+
+
+def _send_attributes(topic: str | None, count: int) -> dict[str, Any]:
+    """The messaging attributes of a send of ``count`` messages, all to ``topic`` (None:
+    to several topics)."""
     attributes: dict[str, Any] = {
         conventions.MESSAGING_SYSTEM: conventions.ROCKETMQ,
         conventions.MESSAGING_OPERATION_TYPE: "send",
         conventions.MESSAGING_OPERATION_NAME: "send",
     }
-    distinct = set(topics)
-    if len(distinct) == 1:
-        attributes[conventions.MESSAGING_DESTINATION_NAME] = topics[0]
-    if len(topics) != 1:
-        attributes[conventions.MESSAGING_BATCH_MESSAGE_COUNT] = len(topics)
+    if topic is not None:
+        attributes[conventions.MESSAGING_DESTINATION_NAME] = topic
+    if count != 1:
+        attributes[conventions.MESSAGING_BATCH_MESSAGE_COUNT] = count
     return attributes
+
+
+def _one_topic(topics: Sequence[str]) -> str | None:
+    """The topic of every one of ``topics``, or None when they are several (a list's
+    ``count`` is one pass in C, with no set made)."""
+    if not topics:
+        return None
+    first = topics[0]
+    if isinstance(topics, list) and topics.count(first) == len(topics):
+        return first
+    return first if len(set(topics)) == 1 else None
 
 
 def describe_file(span: trace.Span | LateSpan, topics: Sequence[str]) -> None:
     """The messaging attributes and name of ``send --file``'s span, once the file is read."""
-    span.set_attributes(_messaging_attributes(topics))
-    span.update_name(_span_name(topics))
+    topic = _one_topic(topics)
+    span.set_attributes(_send_attributes(topic, len(topics)))
+    span.update_name(_name_of(topic))
 
 
 def _span_name(topics: Sequence[str]) -> str:
-    return f"send {topics[0]}" if len(set(topics)) == 1 else "send"
+    return _name_of(_one_topic(topics))
+
+
+def _name_of(topic: str | None) -> str:
+    return "send" if topic is None else f"send {topic}"
 
 
 @contextlib.contextmanager
 def producer_span(
-    endpoint: str, method: str, topics: Sequence[str], keys: Sequence[str] = (), tag: str = ""
+    endpoint: str, method: str, topics: Sequence[str], keys: Sequence[str] = (), tag: str = "", *, one_shot: bool = False
 ) -> Iterator[trace.Span | LateSpan | None]:
     """A PRODUCER span ``send <topic>`` around a send of ``topics``' messages (with a
     single message's ``keys`` and ``tag``); None (and no cost) when tracing is off. Where
     this process sets tracing up from the variables with the SDK's default sampler, ids
     and propagators, a :class:`LateSpan` (its context goes out before the SDK is loaded);
-    else an SDK span, current while the block runs."""
+    else an SDK span, current while the block runs. ``one_shot``: the process exits after
+    this send (a command), and its spans may be exported without the SDK."""
     late = _late_possible()
     if not late and not enabled():
         yield None
@@ -161,7 +187,7 @@ def producer_span(
         attributes[conventions.MESSAGING_ROCKETMQ_TAG] = tag
     attributes.update(_server_attributes(endpoint, f"/rmqstore.v1.WriterService/{method}"))
     if late:
-        span = LateSpan(_span_name(topics), attributes)
+        span = LateSpan(_span_name(topics), attributes, one_shot)
         try:
             yield span
         except grpc.RpcError as error:
@@ -193,12 +219,13 @@ _DEFAULT_PROPAGATORS = ("", "tracecontext,baggage")
 def _late_possible() -> bool:
     """Whether a send's span can be a :class:`LateSpan`: tracing is not decided yet, the
     program has not loaded OpenTelemetry (its own provider would be used), and the
-    variables ask for OTLP with the SDK's defaults (:func:`sdk_defaults`)."""
+    variables ask for OTLP with the SDK's defaults (:func:`sdk_defaults`) and no span
+    limits (the span is recorded whole, by ids drawn here)."""
     if _enabled is not None or "opentelemetry.trace" in sys.modules:
         return False
-    from rmqstore.service.telemetry import tracing_requested
+    from rmqstore.service.telemetry import span_limits_set, tracing_requested
 
-    return tracing_requested() == "otlp" and sdk_defaults(os.environ)
+    return tracing_requested() == "otlp" and sdk_defaults(os.environ) and not span_limits_set(os.environ)
 
 
 def sdk_defaults(environ: Mapping[str, str]) -> bool:
@@ -213,7 +240,7 @@ def sdk_defaults(environ: Mapping[str, str]) -> bool:
     )
 
 
-def _random_id(bits: int) -> int:
+def random_id(bits: int) -> int:
     """A random trace (128 bits) or span (64) id, as the SDK's random id generator draws it."""
     drawn = random.getrandbits(bits)
     while drawn == 0:
@@ -231,15 +258,22 @@ class LateSpan:
     context to the call and starts setting tracing up on a thread, while the messages
     are on their way; and the span is recorded (:class:`~rmqstore.common.tracing.LeafRecorder`,
     with these ids) when the send is over. It is never current: nothing in a send makes
-    a span under it but its batch spans, which name it as their parent."""
+    a span under it but its batch spans, which name it as their parent.
 
-    def __init__(self, name: str, attributes: dict[str, Any]):
+    A ``one_shot`` span (a command's send, after which the process exits) is written and
+    exported with its batch spans by a :class:`~rmqstore.client.late_export.LateExport`,
+    the SDK never loaded, where the variables allow
+    (:func:`rmqstore.client.late_export.possible`)."""
+
+    def __init__(self, name: str, attributes: dict[str, Any], one_shot: bool = False):
         self.name = name
         self.attributes = attributes
-        self.trace_id = _random_id(128)
-        self.span_id = _random_id(64)
+        self.trace_id = random_id(128)
+        self.span_id = random_id(64)
         self.start_ns = time.time_ns()
         self.failure: str | None = None  # an ERROR status's description
+        self.late: LateExport | None = None  # set up instead of the SDK
+        self._one_shot = one_shot
         self._loader: threading.Thread | None = None
         self._refused: InvalidArgument | None = None
         self._on = False
@@ -266,9 +300,28 @@ class LateSpan:
 
     def _load(self) -> None:
         try:
-            self._on = enabled()
+            self._on = self._load_late() or enabled()
         except InvalidArgument as error:
             self._refused = error
+
+    def _load_late(self) -> bool:
+        """Set a :class:`~rmqstore.client.late_export.LateExport` up, where this span may
+        have one; whether it did. An exporter setting it refuses is said in one line, as
+        the SDK path says it, and leaves tracing off."""
+        if not self._one_shot:
+            return False
+        from rmqstore.client import late_export
+
+        if not late_export.possible(os.environ):
+            return False
+        try:
+            self.late = late_export.LateExport(SERVICE_NAME, TRACER_NAME, EXPORT_TIMEOUT_S)
+        except ValueError as error:
+            global _enabled
+            logging.getLogger("rmqstore.common.otlp").error("spans are not exported: the OTLP exporter could not be set up: %s", error)
+            _enabled = False
+            return False
+        return True
 
     def loaded(self) -> bool:
         """Wait for tracing to be set up; whether this span and its children are recorded."""
@@ -294,6 +347,18 @@ class LateSpan:
         end_ns = time.time_ns()
         if not self.loaded():
             return
+        late = self.late
+        if late is not None:
+            if error is None:
+                from rmqstore.client.late_export import PRODUCER
+
+                late.add(self.trace_id, self.span_id, None, self.name, PRODUCER, self.start_ns, end_ns, self.attributes, self.failure)
+                late.export()
+                return
+            # An exception escaped the send: it is recorded on the span by the SDK.
+            late.export()
+            if not enabled():
+                return
         from opentelemetry import trace
 
         from rmqstore.common.tracing import leaf_recorder
@@ -408,39 +473,47 @@ class BatchSpans:
         parent = self._parent
         if isinstance(parent, LateSpan) and not parent.loaded():
             return
-        from opentelemetry import trace
-
-        from rmqstore.common.tracing import leaf_recorder
-
-        context = parent.parent() if isinstance(parent, LateSpan) else trace.set_span_in_context(parent)
-        recorder = leaf_recorder()
         # A file's batches mostly have one topic and the same size: their name and
         # attributes are worked out once (a finished span's attributes are only read).
-        described: dict[tuple[str, int], tuple[str, dict[str, Any]]] = {}
-        spans: list[tuple[str, dict[str, Any], int, int, trace.Status | None]] = []
+        described: dict[tuple[str | None, int], tuple[str, dict[str, Any]]] = {}
+        spans: list[tuple[str, dict[str, Any], int, int, str | None]] = []  # the last: an ERROR status's description
         start = 0
         for number, (started, size) in enumerate(zip(self._started_ns, self._batch_sizes)):
             batch = self._topics[start : start + size]
             start += size
-            key = (batch[0], size) if batch and batch.count(batch[0]) == size else None
-            if key is not None and key in described:
+            key = (_one_topic(batch), size)
+            if key in described:
                 name, attributes = described[key]
             else:
-                name, attributes = _span_name(batch), _messaging_attributes(batch)
-                if key is not None:
-                    described[key] = (name, attributes)
+                name, attributes = described[key] = (_name_of(key[0]), _send_attributes(*key))
             acked = number < len(self._ended_ns)
-            status = None
+            failure = None
             if not acked and isinstance(error, grpc.RpcError):
                 attributes = dict(attributes)
-                status = _failure(attributes, error)
-            spans.append((name, attributes, started, self._ended_ns[number] if acked else now, status))
+                failure = _failure_description(attributes, error)
+            spans.append((name, attributes, started, self._ended_ns[number] if acked else now, failure))
+        if isinstance(parent, LateSpan) and parent.late is not None:
+            from rmqstore.client.late_export import CLIENT
+
+            parent.late.add_batches(parent.trace_id, parent.span_id, CLIENT, spans)
+            return
+        self._record(spans)
+
+    def _record(self, spans: Sequence[tuple[str, dict[str, Any], int, int, str | None]]) -> None:
+        """The batches' spans, through the SDK's tracer provider."""
+        from opentelemetry import trace
+
+        from rmqstore.common.tracing import leaf_recorder
+
+        parent = self._parent
+        context = parent.parent() if isinstance(parent, LateSpan) else trace.set_span_in_context(parent)
+        recorder = leaf_recorder()
         if recorder is None:
             tracer = _tracer()
-            for name, attributes, started, ended, status in spans:
+            for name, attributes, started, ended, failure in spans:
                 span = tracer.start_span(name, context, trace.SpanKind.CLIENT, attributes, start_time=started)
-                if status is not None:
-                    span.set_status(status)
+                if failure is not None:
+                    span.set_status(trace.Status(trace.StatusCode.ERROR, failure))
                 span.end(end_time=ended)
             return
         for first in range(0, len(spans), SPANS_PER_EXPORT):
@@ -451,19 +524,20 @@ class BatchSpans:
             runs: dict[tuple[str, int], tuple[str, dict[str, Any], list[tuple[int, int]]]] = {}
             failed = []
             for each in chunk:
-                name, attributes, started, ended, status = each
-                if status is not None:
+                name, attributes, started, ended, failure = each
+                if failure is not None:
                     failed.append(each)
                     continue
                 run = runs.get((name, id(attributes)))
                 if run is None:
                     run = runs[(name, id(attributes))] = (name, attributes, [])
                 run[2].append((started, ended))
-            singles: list[tuple[str, dict[str, Any], int, int, trace.Status | None]] = []
+            singles: list[tuple[str, dict[str, Any], int, int, str | None]] = []
             for name, attributes, times in runs.values():
                 if not recorder.record_batch(TRACER_NAME, name, times, attributes, trace.SpanKind.CLIENT, context):
                     singles.extend((name, attributes, started, ended, None) for started, ended in times)
-            for name, attributes, started, ended, status in singles + failed:
+            for name, attributes, started, ended, failure in singles + failed:
+                status = None if failure is None else trace.Status(trace.StatusCode.ERROR, failure)
                 recorder.record(
                     TRACER_NAME, name, started, ended, attributes, kind=trace.SpanKind.CLIENT, parent=context, status=status,
                 )  # fmt: skip

@@ -16,29 +16,22 @@ this encoding fails on.
 
 Spans recorded by :class:`~rmqstore.common.tracing.LeafRecorder` skip the SDK's span
 objects altogether: they are written in this format as they are recorded
-(:class:`EncodedSpan`) and queued as bytes."""
+(:class:`EncodedSpan`) and queued as bytes. Importing this module loads no OpenTelemetry
+module: the SDK's encoder is loaded by the first span that needs it (an SDK span, an
+attribute value of a type not written here), so a command that writes its spans here
+(:mod:`rmqstore.client.late_export`) never loads it."""
 
 from __future__ import annotations
 
 import logging
 import struct
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
-
-from opentelemetry.exporter.otlp.proto.common._internal import (
-    _encode_attributes,
-    _encode_instrumentation_scope,
-    _encode_resource,
-)
-from opentelemetry.exporter.otlp.proto.common._internal.trace_encoder import (
-    _encode_events,
-    _encode_span,
-)
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 if TYPE_CHECKING:
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
     from opentelemetry.sdk.trace import ReadableSpan
-    from opentelemetry.trace import Link, SpanContext, Status, TraceState
+    from opentelemetry.trace import Link, TraceState
 
 _logger = logging.getLogger(__name__)
 
@@ -82,6 +75,63 @@ _IS_REMOTE = 0x200
 _LOCAL_FLAGS = struct.pack("<2sI", b"\x85\x01", _HAS_IS_REMOTE)
 _REMOTE_PARENT_FLAGS = struct.pack("<2sI", b"\x85\x01", _HAS_IS_REMOTE | _IS_REMOTE)
 _EMPTY_STATUS = _STATUS + b"\x00"
+# Resource: attributes = 1. InstrumentationScope: name = 1.
+_RESOURCE_ATTRIBUTE = b"\x0a"
+_SCOPE_NAME = b"\x0a"
+# AnyValue.array_value = 5; ArrayValue.values = 1.
+_ARRAY_VALUE = b"\x2a"
+_ARRAY_ITEM = b"\x0a"
+
+
+class StatusLike(Protocol):
+    """What the encoder reads of a span's status: the API's ``Status``, or :data:`UNSET`."""
+
+    @property
+    def is_unset(self) -> bool: ...
+
+    @property
+    def description(self) -> str | None: ...
+
+    @property
+    def status_code(self) -> Any: ...
+
+
+class ParentLike(Protocol):
+    """What the encoder reads of a span's parent: the API's ``SpanContext``, or a :class:`Parent`."""
+
+    @property
+    def span_id(self) -> int: ...
+
+    @property
+    def is_remote(self) -> bool: ...
+
+
+class _Code(NamedTuple):
+    value: int
+
+
+class _Status(NamedTuple):
+    is_unset: bool
+    description: str | None
+    status_code: _Code
+
+
+# An unset status (every span's until set) for spans written with no OpenTelemetry module
+# loaded: encoded as the SDK encodes its ``Status(StatusCode.UNSET)``.
+UNSET: StatusLike = _Status(True, None, _Code(0))
+
+
+def error_status(description: str) -> StatusLike:
+    """``Status(StatusCode.ERROR, description)``, for spans written with no OpenTelemetry
+    module loaded."""
+    return _Status(False, description, _Code(2))
+
+
+class Parent(NamedTuple):
+    """A span's parent, by its span id, for spans written with no OpenTelemetry module loaded."""
+
+    span_id: int
+    is_remote: bool = False
 
 # Each attribute's encoded field, by (key, type of value, value, field tag): at most this
 # many kept.
@@ -143,6 +193,10 @@ class SpanEncoder:
         self._scopes: dict[Any, bytes] = {}
 
     def encode(self, spans: Sequence[ReadableSpan | EncodedSpan]) -> ExportTraceServiceRequest:
+        from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+            ExportTraceServiceRequest,
+        )
+
         return ExportTraceServiceRequest.FromString(self.encode_bytes(spans))
 
     def encode_bytes(self, spans: Sequence[ReadableSpan | EncodedSpan]) -> bytes:
@@ -174,13 +228,48 @@ class SpanEncoder:
         return b"".join(out)
 
     def _resource(self, resource: Any) -> bytes:
-        return _kept(self._resources, resource, 64, lambda: _field(_RESOURCE, _encode_resource(resource).SerializeToString()))
+        def encode() -> bytes:
+            from opentelemetry.exporter.otlp.proto.common._internal import _encode_resource
+
+            return _field(_RESOURCE, _encode_resource(resource).SerializeToString())
+
+        return _kept(self._resources, resource, 64, encode)
 
     def _scope(self, scope: Any) -> bytes:
-        return _kept(self._scopes, scope, 256, lambda: _field(_SCOPE, _encode_instrumentation_scope(scope).SerializeToString()))
+        def encode() -> bytes:
+            from opentelemetry.exporter.otlp.proto.common._internal import (
+                _encode_instrumentation_scope,
+            )
+
+            return _field(_SCOPE, _encode_instrumentation_scope(scope).SerializeToString())
+
+        return _kept(self._scopes, scope, 256, encode)
+
+    def resource_field(self, attributes: Mapping[str, str | int | bool | float]) -> bytes:
+        """A ``ResourceSpans.resource`` field: a resource of these attributes (scalars)
+        and no schema, as the SDK's encoder writes it."""
+        return _field(_RESOURCE, self._attributes_bytes(attributes, _RESOURCE_ATTRIBUTE))
+
+    @staticmethod
+    def scope_field(name: str) -> bytes:
+        """A ``ScopeSpans.scope`` field: the instrumentation scope ``name`` (no version,
+        attributes or schema), as the SDK's encoder writes a tracer's scope."""
+        return _field(_SCOPE, _field(_SCOPE_NAME, name.encode()) if name else b"")
+
+    @staticmethod
+    def request_bytes(resource_field: bytes, scope_field: bytes, spans: Sequence[bytes]) -> bytes:
+        """An ``ExportTraceServiceRequest`` of ``spans`` (each a ``Span`` message) under
+        one resource and one scope (from :meth:`resource_field` and :meth:`scope_field`)."""
+        scope_spans = _field(_SCOPE_SPANS, b"".join((scope_field, *(_field(_SPANS, span) for span in spans))))
+        return _field(_REQUEST_RESOURCE_SPANS, resource_field + scope_spans)
 
     def readable_bytes(self, span: ReadableSpan) -> bytes:
         """An SDK span's ``Span`` message (by the SDK's own encoder if this one fails on it)."""
+        from opentelemetry.exporter.otlp.proto.common._internal.trace_encoder import (
+            _encode_events,
+            _encode_span,
+        )
+
         try:
             context = span.context
             assert context is not None
@@ -199,14 +288,14 @@ class SpanEncoder:
         trace_id: int,
         span_id: int,
         trace_state: TraceState | None,
-        parent: SpanContext | None,
+        parent: ParentLike | None,
         name: str,
         kind: int,
         start_ns: int,
         end_ns: int,
         attributes: Mapping[str, Any] | None,
         links: Sequence[Link],
-        status: Status | None,
+        status: StatusLike | None,
         events: bytes = b"",
         dropped_attributes: int = 0,
         dropped_events: int = 0,
@@ -223,12 +312,12 @@ class SpanEncoder:
     def span_parts(
         self,
         trace_state: TraceState | None,
-        parent: SpanContext | None,
+        parent: ParentLike | None,
         name: str,
         kind: int,
         attributes: Mapping[str, Any] | None,
         links: Sequence[Link],
-        status: Status | None,
+        status: StatusLike | None,
         events: bytes = b"",
         dropped_attributes: int = 0,
         dropped_events: int = 0,
@@ -260,7 +349,7 @@ class SpanEncoder:
         tail = self._tails.get(tail_key) or _kept(self._tails, tail_key, _PARTS_KEPT, lambda: self._tail(remote, None, links, status, b""))
         return middle, tail
 
-    def _middle(self, trace_state: TraceState | None, parent: SpanContext | None, name: str, kind: int) -> bytes:
+    def _middle(self, trace_state: TraceState | None, parent: ParentLike | None, name: str, kind: int) -> bytes:
         middle = []
         if trace_state:
             middle.append(_field(_TRACE_STATE, ",".join(f"{key}={value}" for key, value in trace_state.items()).encode()))
@@ -275,7 +364,7 @@ class SpanEncoder:
         remote: bool,
         attributes: Mapping[str, Any] | None,
         links: Sequence[Link],
-        status: Status | None,
+        status: StatusLike | None,
         events: bytes,
         dropped_attributes: int = 0,
         dropped_events: int = 0,
@@ -334,7 +423,7 @@ class SpanEncoder:
                         except UnicodeEncodeError:
                             scalar = None
                     if scalar is None:
-                        cached = b"".join(_field(tag, each.SerializeToString()) for each in _encode_attributes({key: value}))
+                        cached = _sdk_attribute(key, value, tag)
                     else:
                         cached = _field(tag, name + _field(b"\x12", scalar))
                     if cached:
@@ -343,8 +432,37 @@ class SpanEncoder:
                         cache[(key, kind, value, tag)] = cached
                 out.append(cached)
             else:
-                out.extend(_field(tag, each.SerializeToString()) for each in _encode_attributes({key: value}))
+                array = _strings(value) if kind is tuple or kind is list else None
+                if array is not None and key:
+                    try:
+                        out.append(_field(tag, _field(b"\x0a", key.encode()) + _field(b"\x12", array)))
+                        continue
+                    except UnicodeEncodeError:
+                        pass
+                out.append(_sdk_attribute(key, value, tag))
         return b"".join(out)
+
+
+def _sdk_attribute(key: str, value: Any, tag: bytes) -> bytes:
+    """An attribute's field as the SDK's encoder writes it (nothing, said in its log, where
+    it cannot)."""
+    from opentelemetry.exporter.otlp.proto.common._internal import _encode_attributes
+
+    return b"".join(_field(tag, each.SerializeToString()) for each in _encode_attributes({key: value}))
+
+
+def _strings(values: Sequence[Any]) -> bytes | None:
+    """An ``AnyValue`` holding an array of strings (a message's keys), as protobuf writes
+    it; None for any other sequence."""
+    items = []
+    for value in values:
+        if type(value) is not str:
+            return None
+        scalar = _scalar(value)
+        if scalar is None:
+            return None
+        items.append(_field(_ARRAY_ITEM, scalar))
+    return _field(_ARRAY_VALUE, b"".join(items))
 
 
 _DOUBLE = struct.Struct("<Bd")

@@ -23,7 +23,12 @@ The SDK's own extensions of those settings (a credential provider named by
 ``OTEL_PYTHON_EXPORTER_OTLP_GRPC_(TRACES_)CREDENTIAL_PROVIDER``, the exporter's internal
 metrics by ``OTEL_PYTHON_SDK_INTERNAL_METRICS_ENABLED``) are the SDK exporter's alone:
 when one is set, :func:`span_exporter` gives that exporter, encoding with the same
-encoder (:mod:`rmqstore.common.otlp_sdk_exporter`)."""
+encoder (:mod:`rmqstore.common.otlp_sdk_exporter`).
+
+This module loads none of OpenTelemetry's SDK: :class:`TraceChannel` sends requests
+already written as bytes, which is all a command that writes its spans itself needs
+(:mod:`rmqstore.client.late_export`); the SDK's exporter interface over it is
+:class:`rmqstore.common.otlp_span_exporter.SpanExporter`."""
 
 from __future__ import annotations
 
@@ -32,20 +37,17 @@ import os
 import random
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
 import grpc
-from opentelemetry.sdk.trace.export import SpanExporter as SDKSpanExporter
-from opentelemetry.sdk.trace.export import SpanExportResult
-from opentelemetry.util.re import parse_env_headers
-
-from rmqstore.common.otlp import EncodedSpan, EncodingExporter, SpanEncoder
 
 if TYPE_CHECKING:
-    from opentelemetry.sdk.trace import ReadableSpan
+    from opentelemetry.sdk.trace.export import SpanExporter as SDKSpanExporter
+
+    from rmqstore.common.otlp import SpanEncoder
 
 _logger = logging.getLogger(__name__)
 
@@ -155,7 +157,7 @@ def export_settings(
         shared_insecure = env.get(f"{shared}INSECURE")
         insecure = shared_insecure.lower() == "true" if shared_insecure is not None else parsed.scheme == "http"
     headers_set = env.get(f"{traces}HEADERS") or env.get(f"{shared}HEADERS")
-    headers = tuple(parse_env_headers(headers_set, liberal=True).items()) if headers_set else ()
+    headers = _headers(headers_set) if headers_set else ()
     if compression is None:
         compression = _compression(env, f"{shared}COMPRESSION")
     codes = env.get(RETRYABLE_CODES_VARIABLE)
@@ -171,6 +173,12 @@ def export_settings(
         compression=compression or grpc.Compression.NoCompression,
         retryable=retryable,
     )
+
+
+def _headers(value: str) -> tuple[tuple[str, str], ...]:
+    from opentelemetry.util.re import parse_env_headers
+
+    return tuple(parse_env_headers(value, liberal=True).items())
 
 
 def _read(path: str | None) -> bytes | None:
@@ -200,23 +208,13 @@ def _retry_delay_s(retry_info: bytes) -> float:
     return float(delay.seconds + delay.nanos / 1e9)
 
 
-class SpanExporter(SDKSpanExporter, EncodingExporter):
-    """Exports spans (SDK spans and :class:`~rmqstore.common.otlp.EncodedSpan` bytes) to an
-    OTLP/gRPC receiver, encoding with ``encoder`` (a new one if none is given). The
-    settings are the variables', or ``endpoint``, ``insecure`` and ``timeout`` (seconds)
-    where given."""
+class TraceChannel:
+    """Sends ``ExportTraceServiceRequest`` bytes to an OTLP/gRPC receiver, with the
+    settings the variables give (or ``settings``), retrying as the SDK's exporter does
+    (module doc)."""
 
-    def __init__(
-        self,
-        encoder: SpanEncoder | None = None,
-        *,
-        endpoint: str | None = None,
-        insecure: bool | None = None,
-        timeout: float | None = None,
-        environ: Mapping[str, str] | None = None,
-    ) -> None:
-        self.encoder = encoder if encoder is not None else SpanEncoder()
-        self.settings = export_settings(environ, endpoint=endpoint, insecure=insecure, timeout_s=timeout)
+    def __init__(self, settings: ExportSettings | None = None) -> None:
+        self.settings = settings if settings is not None else export_settings()
         self._credentials = _credentials(self.settings.tls) if self.settings.tls is not None else None
         self._stopping = threading.Event()
         self._stopped = False
@@ -232,17 +230,19 @@ class SpanExporter(SDKSpanExporter, EncodingExporter):
         # Bytes in (the encoder's request), bytes out (the response is not read).
         return channel, channel.unary_unary(EXPORT_METHOD)
 
-    def export(self, spans: Sequence[ReadableSpan | EncodedSpan]) -> SpanExportResult:
-        if self._stopped:
-            _logger.warning("the OTLP exporter is shut down: %d spans are dropped", len(spans))
-            return SpanExportResult.FAILURE
-        request = self.encoder.encode_bytes(spans)
+    @property
+    def stopped(self) -> bool:
+        return self._stopped
+
+    def export(self, request: bytes, timeout_s: float | None = None) -> bool:
+        """Send ``request``, retried within ``timeout_s`` (the settings' timeout by
+        default); whether it was received. A failure is logged as the SDK logs it."""
         settings = self.settings
-        deadline = time.monotonic() + settings.timeout_s
+        deadline = time.monotonic() + (settings.timeout_s if timeout_s is None else timeout_s)
         for attempt in range(MAX_ATTEMPTS):
             try:
-                self._export(request, metadata=settings.headers, timeout=deadline - time.monotonic())
-                return SpanExportResult.SUCCESS
+                self._export(request, metadata=settings.headers, timeout=max(deadline - time.monotonic(), 0.0))
+                return True
             except grpc.RpcError as error:
                 code = error.code() if isinstance(error, grpc.Call) else grpc.StatusCode.UNKNOWN
                 details = error.details() if isinstance(error, grpc.Call) else str(error)
@@ -262,7 +262,7 @@ class SpanExporter(SDKSpanExporter, EncodingExporter):
                     _logger.error(
                         "Failed to export traces to %s, error code: %s, error details: %s", settings.target, code, details
                     )
-                    return SpanExportResult.FAILURE
+                    return False
                 _logger.warning(
                     "Transient error %s encountered while exporting traces to %s, retrying in %.2fs. Error details: %s",
                     code, settings.target, delay_s, details,
@@ -270,10 +270,7 @@ class SpanExporter(SDKSpanExporter, EncodingExporter):
             if self._stopping.wait(delay_s):
                 _logger.warning("the OTLP exporter is shutting down: the export is not retried")
                 break
-        return SpanExportResult.FAILURE
-
-    def force_flush(self, timeout_millis: int = 30_000) -> bool:
-        return True  # nothing is held here
+        return False
 
     def shutdown(self) -> None:
         if self._stopped:
@@ -292,4 +289,6 @@ def span_exporter(encoder: SpanEncoder | None = None, timeout: float | None = No
         from rmqstore.common.otlp_sdk_exporter import SDKEncodingExporter
 
         return SDKEncodingExporter(encoder, timeout=timeout)
+    from rmqstore.common.otlp_span_exporter import SpanExporter
+
     return SpanExporter(encoder, timeout=timeout)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -36,6 +37,12 @@ def exporter_requested(signal: str, environ: dict[str, str] | None = None) -> st
     if env.get("OTEL_EXPORTER_OTLP_ENDPOINT") or env.get(f"OTEL_EXPORTER_OTLP_{signal}_ENDPOINT"):
         return "otlp"
     return None
+
+
+def span_limits_set(environ: Mapping[str, str]) -> bool:
+    """Whether ``environ`` sets a span, event, link or attribute limit (``OTEL_*_LIMIT``):
+    the SDK's spans then keep less than rmqstore's own recording would."""
+    return any(name.startswith("OTEL_") and name.endswith("_LIMIT") and value for name, value in environ.items())
 
 
 def tracing_requested(environ: dict[str, str] | None = None) -> str | None:
@@ -86,8 +93,10 @@ def configure_tracing(service_name: str, export_timeout_s: float | None = None, 
     provider = TracerProvider(resource=_hash_kept(created))
     provider.add_span_processor(processor)
     trace.set_tracer_provider(provider)
-    # The provider's only processor is known: leaf spans can go to it straight.
-    record_leaf_spans(provider, processor)
+    # The provider's only processor is known: leaf spans can go to it straight, unless
+    # limits ask the SDK to cut spans down (the recorder writes them whole).
+    if not span_limits_set(os.environ):
+        record_leaf_spans(provider, processor)
     _configured = True
     return True
 

@@ -42,7 +42,7 @@ from opentelemetry.util.types import Attributes
 
 from rmqstore.common import otlp
 from rmqstore.common.otlp import EncodedSpan, SpanEncoder
-from rmqstore.common.otlp_exporter import SpanExporter
+from rmqstore.common.otlp_span_exporter import SpanExporter
 from rmqstore.common.tracing import LeafRecorder
 
 EXPORT_TIMEOUT_S = 10.0

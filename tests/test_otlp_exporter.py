@@ -34,12 +34,12 @@ from test_tls import Pki, pki  # noqa: F401 (pki is a fixture)
 from rmqstore.common import otlp_exporter
 from rmqstore.common.otlp_exporter import (
     CompressionRefused,
-    SpanExporter,
     TlsFiles,
     export_settings,
     span_exporter,
 )
 from rmqstore.common.otlp_sdk_exporter import SDKEncodingExporter
+from rmqstore.common.otlp_span_exporter import SpanExporter
 from rmqstore.service.channels import load_server_credentials
 
 TIMEOUT_S = 10.0

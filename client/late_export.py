@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import os
+import random
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -30,11 +31,14 @@ from urllib.parse import unquote
 
 from rmqstore.client.tracing import random_id
 from rmqstore.common.otlp import (
+    SPAN_IDS_BYTES,
+    SPAN_TIMES_BYTES,
     UNSET,
     Parent,
     SpanEncoder,
     StatusLike,
     error_status,
+    span_field_head,
     span_head,
     span_times,
 )
@@ -51,6 +55,8 @@ _logger = logging.getLogger("rmqstore.common.otlp_exporter")
 # The API's SpanKind values (opentelemetry.trace.SpanKind).
 CLIENT = 2
 PRODUCER = 3
+
+_ZERO_ID = bytes(8)
 
 # A request holds at most this many bytes of spans (a receiver takes 4 MiB by default).
 REQUEST_BYTES = 1 << 20
@@ -162,21 +168,8 @@ class LateExport:
         """A span, ended with an ERROR status of ``failure`` if given (else unset)."""
         parent = Parent(parent_id) if parent_id is not None else None
         status = UNSET if failure is None else error_status(failure)
-        self._spans.append(
-            self.encoder.span_bytes(
-                trace_id,
-                span_id,
-                None,
-                parent,
-                name,
-                kind,
-                start_ns,
-                end_ns,
-                attributes,
-                (),
-                status,
-            )
-        )
+        span = self.encoder.span_bytes(trace_id, span_id, None, parent, name, kind, start_ns, end_ns, attributes, (), status)
+        self._spans.append(span_field_head(len(span)) + span)
 
     def add_batches(
         self,
@@ -187,24 +180,29 @@ class LateExport:
     ) -> None:
         """Children of ``parent_id`` in trace ``trace_id``, each ``(name, attributes,
         start_ns, end_ns, failure)``: the spans of one name and attributes (the same
-        mapping) written from one middle and tail, each with its own id and times."""
+        mapping) written from one middle and tail, each with its own id and times.
+
+        A span id is 8 random bytes, not zero (as the SDK's id generator draws it): drawn
+        for all the spans at once, and written as drawn."""
         parent = Parent(parent_id)
-        parts: dict[tuple[str, int, str | None], tuple[bytes, bytes]] = {}
+        # The span's trace id, up to its span id's bytes.
+        head = span_head(trace_id, 0)[:-8]
+        drawn = random.randbytes(8 * len(spans))
+        parts: dict[tuple[str, int, str | None], tuple[bytes, bytes, bytes]] = {}
         out = self._spans
-        for name, attributes, start_ns, end_ns, failure in spans:
+        for number, (name, attributes, start_ns, end_ns, failure) in enumerate(spans):
             key = (name, id(attributes), failure)
             shared = parts.get(key)
             if shared is None:
                 status: StatusLike = UNSET if failure is None else error_status(failure)
-                shared = parts[key] = self.encoder.span_parts(
-                    None, parent, name, kind, attributes, (), status
-                )
-            middle, tail = shared
-            out.append(
-                b"".join(
-                    (span_head(trace_id, random_id(64)), middle, span_times(start_ns, end_ns), tail)
-                )
-            )
+                middle, tail = self.encoder.span_parts(None, parent, name, kind, attributes, (), status)
+                size = SPAN_IDS_BYTES + len(middle) + SPAN_TIMES_BYTES + len(tail)
+                shared = parts[key] = (span_field_head(size) + head, middle, tail)
+            field_head, middle, tail = shared
+            span_id = drawn[8 * number : 8 * number + 8]
+            if span_id == _ZERO_ID:
+                span_id = random_id(64).to_bytes(8, "big")
+            out.append(b"".join((field_head, span_id, middle, span_times(start_ns, end_ns), tail)))
 
     def export(self) -> None:
         """Send the spans added, a request per :data:`REQUEST_BYTES`, within the exporter's
@@ -217,11 +215,8 @@ class LateExport:
         try:
             while sent < len(spans):
                 first, size = sent, 0
-                # Each span's field adds its tag and length (4 bytes at most, for a span under 2 MiB).
-                while sent < len(spans) and (
-                    sent == first or size + len(spans[sent]) + 4 <= REQUEST_BYTES
-                ):
-                    size += len(spans[sent]) + 4
+                while sent < len(spans) and (sent == first or size + len(spans[sent]) <= REQUEST_BYTES):
+                    size += len(spans[sent])
                     sent += 1
                 request = self.encoder.request_bytes(self._resource, self._scope, spans[first:sent])
                 if not self.channel.export(request, max(deadline - time.monotonic(), 0.0)):

@@ -478,10 +478,10 @@ class BatchSpans:
         described: dict[tuple[str | None, int], tuple[str, dict[str, Any]]] = {}
         spans: list[tuple[str, dict[str, Any], int, int, str | None]] = []  # the last: an ERROR status's description
         start = 0
+        topics = self._topics
         for number, (started, size) in enumerate(zip(self._started_ns, self._batch_sizes)):
-            batch = self._topics[start : start + size]
+            key = (topics[start], 1) if size == 1 else (_one_topic(topics[start : start + size]), size)
             start += size
-            key = (_one_topic(batch), size)
             if key in described:
                 name, attributes = described[key]
             else:

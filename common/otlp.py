@@ -28,6 +28,8 @@ import struct
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
+from rmqstore.common.conventions import MESSAGING_MESSAGE_ID
+
 if TYPE_CHECKING:
     from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
     from opentelemetry.sdk.trace import ReadableSpan
@@ -136,6 +138,9 @@ class Parent(NamedTuple):
 # Each attribute's encoded field, by (key, type of value, value, field tag): at most this
 # many kept.
 _ATTRIBUTES_KEPT = 4096
+# Attributes whose value is new on each span (a message's id): written each time, never
+# kept (they would only push the values that repeat out of the cache).
+_NEW_EACH_SPAN = frozenset({MESSAGING_MESSAGE_ID})
 # Each span's middle and tail kept (SpanEncoder.span_parts): at most this many of each.
 _PARTS_KEPT = 1024
 
@@ -189,6 +194,7 @@ class SpanEncoder:
         self._names: dict[str, bytes] = {}
         self._middles: dict[tuple[str, int, int | None], bytes] = {}
         self._tails: dict[tuple[bool, bool, tuple[tuple[int, int, bool], ...]], bytes] = {}
+        self._tails_seen: dict[tuple[Any, ...], bytes] = {}
         self._resources: dict[Any, bytes] = {}
         self._scopes: dict[Any, bytes] = {}
 
@@ -257,10 +263,11 @@ class SpanEncoder:
         return _field(_SCOPE, _field(_SCOPE_NAME, name.encode()) if name else b"")
 
     @staticmethod
-    def request_bytes(resource_field: bytes, scope_field: bytes, spans: Sequence[bytes]) -> bytes:
-        """An ``ExportTraceServiceRequest`` of ``spans`` (each a ``Span`` message) under
-        one resource and one scope (from :meth:`resource_field` and :meth:`scope_field`)."""
-        scope_spans = _field(_SCOPE_SPANS, b"".join((scope_field, *(_field(_SPANS, span) for span in spans))))
+    def request_bytes(resource_field: bytes, scope_field: bytes, span_fields: Sequence[bytes]) -> bytes:
+        """An ``ExportTraceServiceRequest`` of spans (each a ``ScopeSpans.spans`` field, from
+        :func:`span_field_head`) under one resource and one scope (from
+        :meth:`resource_field` and :meth:`scope_field`)."""
+        scope_spans = _field(_SCOPE_SPANS, b"".join((scope_field, *span_fields)))
         return _field(_REQUEST_RESOURCE_SPANS, resource_field + scope_spans)
 
     def readable_bytes(self, span: ReadableSpan) -> bytes:
@@ -339,6 +346,12 @@ class SpanEncoder:
         remote = bool(parent and parent.is_remote)
         if attributes or events or dropped_attributes or dropped_events or dropped_links or not (status is None or status.is_unset):
             return middle, self._tail(remote, attributes, links, status, events, dropped_attributes, dropped_events, dropped_links)
+        # The same link objects (a writer keeps the links of the contexts it saw last)
+        # give the same tail: looked up by the objects first, read only on a miss.
+        seen_key = (remote, status is None, *links)
+        tail = self._tails_seen.get(seen_key)
+        if tail is not None:
+            return middle, tail
         link_keys = []
         for link in links:
             if link.attributes or link.dropped_attributes:
@@ -347,6 +360,8 @@ class SpanEncoder:
             link_keys.append((context.trace_id, context.span_id, context.is_remote))
         tail_key = (remote, status is None, tuple(link_keys))
         tail = self._tails.get(tail_key) or _kept(self._tails, tail_key, _PARTS_KEPT, lambda: self._tail(remote, None, links, status, b""))
+        if all(type(link).__hash__ is object.__hash__ for link in links):  # kept by identity only
+            _kept(self._tails_seen, seen_key, _PARTS_KEPT, lambda: tail)
         return middle, tail
 
     def _middle(self, trace_state: TraceState | None, parent: ParentLike | None, name: str, kind: int) -> bytes:
@@ -426,7 +441,7 @@ class SpanEncoder:
                         cached = _sdk_attribute(key, value, tag)
                     else:
                         cached = _field(tag, name + _field(b"\x12", scalar))
-                    if cached:
+                    if cached and key not in _NEW_EACH_SPAN:
                         if len(cache) >= _ATTRIBUTES_KEPT:
                             cache.clear()
                         cache[(key, kind, value, tag)] = cached
@@ -471,6 +486,17 @@ _DOUBLE = struct.Struct("<Bd")
 def span_head(trace_id: int, span_id: int) -> bytes:
     """A ``Span`` (or ``Link``) message's first fields: its trace id and span id."""
     return _IDS.pack(b"\x0a\x10", trace_id >> 64, trace_id & 0xFFFFFFFFFFFFFFFF, b"\x12\x08", span_id)
+
+
+# A Span's ids and times, head and times fields included (span_head, span_times).
+SPAN_IDS_BYTES = _IDS.size
+SPAN_TIMES_BYTES = _TIMES.size
+
+
+def span_field_head(size: int) -> bytes:
+    """What a ``ScopeSpans.spans`` field holding a ``Span`` message of ``size`` bytes
+    starts with (its tag and length)."""
+    return _SPANS + _varint(size)
 
 
 def span_times(start_ns: int, end_ns: int) -> bytes:

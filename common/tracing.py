@@ -4,6 +4,7 @@ properties."""
 
 from __future__ import annotations
 
+import random
 import time
 import traceback
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -81,12 +82,26 @@ class LeafRecorder:
     was given): another processor's ``on_start`` would never be called."""
 
     __slots__ = (
-        "_default_sampler", "_emit", "_encoded", "_encoder", "_event", "_ids", "_processor", "_provider",
-        "_readable", "_resource", "_sampler", "_scope", "_scopes",
+        "_default_sampler",
+        "_emit",
+        "_encoded",
+        "_encoder",
+        "_event",
+        "_ids",
+        "_new_span_id",
+        "_plain",
+        "_processor",
+        "_provider",
+        "_readable",
+        "_resource",
+        "_sampler",
+        "_scope",
+        "_scopes",
     )  # fmt: skip
 
     def __init__(self, provider: TracerProvider, processor: SpanProcessor):
         from opentelemetry.sdk.trace import Event, ReadableSpan
+        from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
         from opentelemetry.sdk.trace.sampling import DEFAULT_ON
         from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
@@ -115,6 +130,13 @@ class LeafRecorder:
 
             if isinstance(exporter, EncodingExporter):
                 self._emit, self._encoder, self._encoded = queue.emit, exporter.encoder, EncodedSpan
+        # Spans written as bytes under the default sampler take the short path in record().
+        self._plain = self._emit is not None and self._default_sampler
+        # The SDK's random id generator draws a span id as random.getrandbits(64), drawn
+        # again while zero: drawn here as it draws it, without its method call.
+        self._new_span_id: Callable[[], int] = (
+            _random_span_id if type(self._ids) is RandomIdGenerator else self._ids.generate_span_id
+        )
 
     def active(self) -> bool:
         return trace.get_tracer_provider() is self._provider
@@ -146,6 +168,20 @@ class LeafRecorder:
         ``ids`` are a root span's trace and span ids, drawn before this recorder existed
         (a send whose context went out before the SDK was loaded), else they are drawn
         here by the provider's id generator."""
+        if self._plain and ids is None and error is None and status is None:
+            # The usual span (written as bytes under the default sampler, its parent the
+            # current span): what the general path below does, with none of its choices.
+            context = trace.get_current_span(parent).get_span_context()
+            if context.span_id and context.trace_id:
+                if context.trace_flags & 1:  # sampled
+                    span_id = self._new_span_id()
+                    data = self._encoder.span_bytes(
+                        context.trace_id, span_id, context.trace_state, context, name, kind.value, start_ns, end_ns,
+                        attributes, links, _UNSET,
+                    )  # fmt: skip
+                    instrumentation = self._scopes.get(scope) or self._instrumentation(scope)
+                    self._emit(self._encoded(data, self._resource, instrumentation))  # type: ignore[misc]
+                return
         parent_context = trace.get_current_span(parent).get_span_context()
         parent_span = parent_context if parent_context.is_valid and ids is None else None
         if ids is not None:
@@ -242,6 +278,13 @@ class LeafRecorder:
         return time.monotonic() - began < slow_s
 
 
+def _random_span_id() -> int:
+    drawn = random.getrandbits(64)
+    while not drawn:
+        drawn = random.getrandbits(64)
+    return drawn
+
+
 def _exception_type(error: BaseException) -> str:
     """An exception's type as the SDK's ``record_exception`` names it."""
     module, name = type(error).__module__, type(error).__qualname__
@@ -300,12 +343,17 @@ def leaf_span(
     SDK checks each attribute value it is given: the fewer, the cheaper); recorded when
     its block ends where this process set up tracing (:class:`LeafRecorder`)."""
     provider = trace.get_tracer_provider()
-    if isinstance(provider, trace.ProxyTracerProvider):
-        return nullcontext(trace.INVALID_SPAN)
     recorder = _recorder
     if recorder is not None and recorder._provider is provider:  # leaf_recorder(), the provider read once
-        return _RecordedLeaf(recorder, _scope_name(tracer), name, attributes, links)
+        scope = _scope_names.get(tracer)
+        return _RecordedLeaf(recorder, scope if scope is not None else _scope_name(tracer), name, attributes, links)
+    if isinstance(provider, trace.ProxyTracerProvider):
+        return nullcontext(trace.INVALID_SPAN)
     return _LeafSpan(tracer.start_span(name, attributes=attributes, links=links))
+
+
+# Each tracer's scope name, read once (a node's layers each keep one tracer).
+_scope_names: dict[trace.Tracer, str] = {}
 
 
 def _scope_name(tracer: trace.Tracer) -> str:
@@ -315,7 +363,10 @@ def _scope_name(tracer: trace.Tracer) -> str:
     name = getattr(tracer, "_instrumenting_module_name", None)
     if name is None:
         name = getattr(getattr(tracer, "instrumentation_info", None), "name", None)
-    return str(name or "rmqstore")
+    scope = str(name or "rmqstore")
+    if len(_scope_names) < 64:
+        _scope_names[tracer] = scope
+    return scope
 
 
 def context_from_traceparent(value: str) -> trace.SpanContext | None:

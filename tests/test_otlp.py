@@ -269,6 +269,9 @@ def _record_all(recorder: LeafRecorder) -> None:
     unsampled = trace.set_span_in_context(trace.NonRecordingSpan(SpanContext(7, 8, is_remote=True, trace_flags=TraceFlags(0))))
     recorder.record("rmqstore.writer", "rmqstore.append", 1_000, 2_000, {"messaging.system": "rocketmq", "messaging.destination.name": "T"}, parent=in_server)
     recorder.record("rmqstore.writer", "rmqstore.dispatch", 2_000, 2_500, None, [producer, producer], parent=in_server)
+    # The same link objects again, under a local parent: the encoder's tail kept by them
+    # is kept by the parent's remoteness too.
+    recorder.record("rmqstore.writer", "rmqstore.dispatch", 2_600, 2_700, None, [producer, producer], parent=in_local)
     recorder.record("rmqstore.writer", "rmqstore.append", 3_000, 4_000, {"messaging.batch.message_count": 1000, "ok": True}, parent=in_local)
     recorder.record("rmqstore.client", "send T", 5, 9, {"messaging.rocketmq.message.keys": ["a", "b"]}, kind=SpanKind.CLIENT,
                     parent=in_local, status=Status(StatusCode.ERROR, "UNAVAILABLE: the writer went away"))  # fmt: skip
@@ -302,10 +305,10 @@ def test_recorded_spans_reach_a_receiver_as_the_sdk_would_send_them(receiver: _R
     _record_all(compared)
     queued = list(processor._batch_processor._queue)
     # Every span written as bytes but the failed one (its event: an SDK span).
-    assert [type(each) for each in queued].count(EncodedSpan) == 5 + 9
+    assert [type(each) for each in queued].count(EncodedSpan) == 6 + 9
     assert processor.force_flush(int(EXPORT_TIMEOUT_S * 1000))
     readable = list(memory.get_finished_spans())
-    assert [span.name for span in readable] == ["rmqstore.append", "rmqstore.dispatch", "rmqstore.append", "send T", "rmqstore.flush", "rmqstore.append"] + ["send T"] * 9
+    assert [span.name for span in readable] == ["rmqstore.append", "rmqstore.dispatch", "rmqstore.dispatch", "rmqstore.append", "send T", "rmqstore.flush", "rmqstore.append"] + ["send T"] * 9
     assert [span.parent is None for span in readable[-3:]] == [True] * 3
     with receiver.lock:
         [request] = receiver.requests

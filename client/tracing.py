@@ -146,8 +146,8 @@ def _one_topic(topics: Sequence[str]) -> str | None:
     if not topics:
         return None
     first = topics[0]
-    if isinstance(topics, list) and topics.count(first) == len(topics):
-        return first
+    if isinstance(topics, list):
+        return first if topics.count(first) == len(topics) else None
     return first if len(set(topics)) == 1 else None
 
 

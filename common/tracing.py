@@ -422,6 +422,10 @@ def _link_of(value: str) -> trace.Link | None:
 def links_from_messages(properties: Iterable[Mapping[str, str]]) -> list[trace.Link]:
     """One Link per distinct producer context among messages' properties, in the order
     first seen, at most :data:`LINKS_MAX`."""
+    if isinstance(properties, list) and properties and properties.count(properties[0]) == len(properties):
+        # One mapping for every message (a request's shared trace context), or equal
+        # ones: counted in C (by identity first), read once.
+        properties = properties[:1]
     seen: dict[str, trace.Link] = {}
     last: Mapping[str, str] | None = None
     for each in properties:

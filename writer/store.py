@@ -268,7 +268,7 @@ def _messaging_attributes(batch: MessageBatch) -> dict[str, Any]:
     tag)."""
     attributes: dict[str, Any] = {MESSAGING_SYSTEM: ROCKETMQ}
     topics = batch.topics
-    if len(topics) == 1 or len(set(topics)) == 1:
+    if len(topics) == 1 or topics.count(topics[0]) == len(topics):
         attributes[MESSAGING_DESTINATION_NAME] = topics[0]
     if batch.message_count != 1:
         attributes[MESSAGING_BATCH_MESSAGE_COUNT] = batch.message_count

@@ -250,8 +250,9 @@ def add_client_tls_options(parser: argparse.ArgumentParser) -> None:
     signing.add_argument("--secret-key", metavar="SECRET", help=f"the user's secret key (default: ${SECRET_KEY_ENV}; prefer it: arguments are visible to other local users)")
 
 
-def channel_from(args: argparse.Namespace, endpoint: str) -> grpc.Channel:
-    """rmqstore.client's channel, from the command's TLS and credentials options."""
+def channel_from(args: argparse.Namespace, endpoint: str, *, unary_spans: bool = True) -> grpc.Channel:
+    """rmqstore.client's channel, from the command's TLS and credentials options
+    (``unary_spans``: as :func:`rmqstore.client.connect` takes it)."""
     from rmqstore.client import Credentials, Tls, connect
 
     access_key = args.access_key or os.environ.get(ACCESS_KEY_ENV) or None
@@ -260,7 +261,7 @@ def channel_from(args: argparse.Namespace, endpoint: str) -> grpc.Channel:
         raise InvalidArgument(f"give an access key and a secret key together (--access-key/--secret-key or {ACCESS_KEY_ENV}/{SECRET_KEY_ENV})")
     tls = Tls(ca=args.tls_ca, client_cert=args.tls_client_cert, client_key=args.tls_client_key, server_name=args.tls_server_name)
     credentials = None if access_key is None or secret_key is None else Credentials(access_key, secret_key)
-    return connect(endpoint, tls, credentials)
+    return connect(endpoint, tls, credentials, unary_spans=unary_spans)
 
 
 def retry_delays(text: str) -> tuple[int, ...]:
@@ -603,7 +604,8 @@ def _send(args: argparse.Namespace, message: messages_pb2.Message | None, span: 
     out = sys.stdout
     sent = 0
     try:
-        with WriterClient(channel_from(args, args.endpoint), args.endpoint) as client:
+        # The stream only: its spans are the send's own (no unary call's span wrapper).
+        with WriterClient(channel_from(args, args.endpoint, unary_spans=False), args.endpoint) as client:
             for response in client.send_stream(sending, args.timeout, tracing.metadata(span)):
                 count = bulk_send.acked(response)
                 if batches is not None:

@@ -70,9 +70,13 @@ class Credentials:
     secret_key: str
 
 
-def connect(endpoint: str, tls: Tls | None = None, credentials: Credentials | None = None) -> grpc.Channel:
+def connect(
+    endpoint: str, tls: Tls | None = None, credentials: Credentials | None = None, *, unary_spans: bool = True
+) -> grpc.Channel:
     """A channel to ``endpoint`` (``HOST:PORT``): plaintext unless ``tls`` gives a file,
-    signed when ``credentials`` are given, traced when the environment asks for it."""
+    signed when ``credentials`` are given, its unary calls traced when the environment
+    asks for it (``unary_spans=False``: a channel that only streams sends, whose spans
+    are the sender's own, is not wrapped for them)."""
     from rmqstore.service.channels import open_channel
 
     tls = tls or Tls()
@@ -88,7 +92,7 @@ def connect(endpoint: str, tls: Tls | None = None, credentials: Credentials | No
         from rmqstore.service.acl import signing_channel
 
         channel = signing_channel(channel, credentials.access_key, credentials.secret_key)
-    if tracing.requested():
+    if unary_spans and tracing.requested():
         channel = grpc.intercept_channel(channel, tracing.ClientSpans(endpoint))
     return channel
 

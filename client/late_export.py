@@ -61,9 +61,10 @@ _ZERO_ID = bytes(8)
 # A request holds at most this many bytes of spans (a receiver takes 4 MiB by default).
 REQUEST_BYTES = 1 << 20
 
-# The SDK versions whose default resource :func:`resource_attributes` writes: from 1.45 on
-# ``Resource.create`` adds a ``service.instance.id`` (the default ``service_instance``
-# detector), and the tests hold the two equal on the installed version.
+# The SDK versions whose default resource :func:`resource_attributes` writes: checked from
+# 1.45 (the release current when this was written, whose ``Resource.create`` adds a
+# ``service.instance.id`` by its default ``service_instance`` detector); the tests hold the
+# two equal on the installed version, and an earlier SDK takes the SDK's path.
 SDK_CHECKED_FROM = (1, 45)
 
 # Variables under which the SDK would make spans or requests this module does not: span

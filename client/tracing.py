@@ -33,6 +33,7 @@ import grpc
 from rmqstore.common import conventions
 from rmqstore.common.conventions import TRACEPARENT
 from rmqstore.common.errors import InvalidArgument
+from rmqstore.common.sequences import all_equal
 
 if TYPE_CHECKING:
     from opentelemetry import trace
@@ -143,12 +144,7 @@ def _send_attributes(topic: str | None, count: int) -> dict[str, Any]:
 def _one_topic(topics: Sequence[str]) -> str | None:
     """The topic of every one of ``topics``, or None when they are several (a list's
     ``count`` is one pass in C, with no set made)."""
-    if not topics:
-        return None
-    first = topics[0]
-    if isinstance(topics, list):
-        return first if topics.count(first) == len(topics) else None
-    return first if len(set(topics)) == 1 else None
+    return topics[0] if all_equal(topics) else None
 
 
 def describe_file(span: trace.Span | LateSpan, topics: Sequence[str]) -> None:

@@ -15,6 +15,7 @@ from opentelemetry import context as context_api
 from opentelemetry import trace
 
 from rmqstore.common.conventions import TRACEPARENT
+from rmqstore.common.sequences import all_equal
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
@@ -422,7 +423,7 @@ def _link_of(value: str) -> trace.Link | None:
 def links_from_messages(properties: Iterable[Mapping[str, str]]) -> list[trace.Link]:
     """One Link per distinct producer context among messages' properties, in the order
     first seen, at most :data:`LINKS_MAX`."""
-    if isinstance(properties, list) and properties and properties.count(properties[0]) == len(properties):
+    if isinstance(properties, list) and all_equal(properties):
         # One mapping for every message (a request's shared trace context), or equal
         # ones: counted in C (by identity first), read once.
         properties = properties[:1]

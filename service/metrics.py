@@ -32,6 +32,7 @@ from opentelemetry.metrics import CallbackOptions, Observation
 
 from rmqstore.common.errors import InvalidArgument
 from rmqstore.common.files.progress import read_progress
+from rmqstore.common.sequences import all_equal
 from rmqstore.service.telemetry import exporter_requested
 
 if TYPE_CHECKING:
@@ -237,7 +238,7 @@ class WriterMetrics:
         topics = results.topics
         if not topics:
             return
-        if topics.count(topics[0]) == len(topics):  # one topic, the usual batch: counted in C
+        if all_equal(topics):  # one topic, the usual batch
             per_topic = {topics[0]: (len(topics), results.size_bytes)}
         else:
             counts: dict[str, list[int]] = {}

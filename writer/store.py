@@ -55,6 +55,7 @@ from rmqstore.common.files.mapped import fsync_directory, makedirs_durable
 from rmqstore.common.files.progress import ProgressPublisher
 from rmqstore.common.files.scan import ColumnScan
 from rmqstore.common.files.store import Dispatcher, StorePaths, geometry_of
+from rmqstore.common.sequences import all_equal
 from rmqstore.common.tracing import leaf_span, links_from_messages, span, tracing_on
 from rmqstore.writer.background import PeriodicTask
 from rmqstore.writer.config import FlushPolicy, WriterConfig
@@ -268,7 +269,7 @@ def _messaging_attributes(batch: MessageBatch) -> dict[str, Any]:
     tag)."""
     attributes: dict[str, Any] = {MESSAGING_SYSTEM: ROCKETMQ}
     topics = batch.topics
-    if len(topics) == 1 or topics.count(topics[0]) == len(topics):
+    if all_equal(topics):
         attributes[MESSAGING_DESTINATION_NAME] = topics[0]
     if batch.message_count != 1:
         attributes[MESSAGING_BATCH_MESSAGE_COUNT] = batch.message_count

@@ -16,6 +16,7 @@ from rmqstore.common.codec.record import PROPERTIES_LENGTH_MAX
 from rmqstore.common.codec.speedups import _speedups
 from rmqstore.common.codec.topic import NOT_ALLOWED_SEND_TOPICS, topic_problem
 from rmqstore.common.errors import InvalidArgument
+from rmqstore.common.sequences import all_equal
 
 # Properties the writer sets itself, or whose meaning the store would have to act on
 # (delays, transactions, re-delivery) — rmqstore does not, so it refuses them.
@@ -236,7 +237,7 @@ def _plain_properties_bytes(properties: Sequence[Mapping[str, str]]) -> int | No
     rmqstore's client does) hands over one shared mapping, and a batch of them is screened
     as cheaply as one without properties."""
     largest = 0
-    if isinstance(properties, list) and properties and properties.count(properties[0]) == len(properties):
+    if all_equal(properties):
         # One mapping for every message (a request's shared properties), or equal ones:
         # counted in C (by identity first), screened once.
         distinct: Iterable[Mapping[str, str]] = (properties[0],) if properties[0] else ()

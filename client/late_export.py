@@ -29,7 +29,6 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 from urllib.parse import unquote
 
-from rmqstore.client.tracing import random_id
 from rmqstore.common.otlp import (
     SPAN_IDS_BYTES,
     SPAN_TIMES_BYTES,
@@ -38,6 +37,7 @@ from rmqstore.common.otlp import (
     SpanEncoder,
     StatusLike,
     error_status,
+    random_id,
     span_field_head,
     span_head,
     span_times,

@@ -21,7 +21,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import random
 import sys
 import threading
 import time
@@ -236,14 +235,6 @@ def sdk_defaults(environ: Mapping[str, str]) -> bool:
     )
 
 
-def random_id(bits: int) -> int:
-    """A random trace (128 bits) or span (64) id, as the SDK's random id generator draws it."""
-    drawn = random.getrandbits(bits)
-    while drawn == 0:
-        drawn = random.getrandbits(bits)
-    return drawn
-
-
 class LateSpan:
     """A send's PRODUCER span whose context goes out before OpenTelemetry's SDK is loaded.
 
@@ -264,6 +255,8 @@ class LateSpan:
     def __init__(self, name: str, attributes: dict[str, Any], one_shot: bool = False):
         self.name = name
         self.attributes = attributes
+        from rmqstore.common.otlp import random_id
+
         self.trace_id = random_id(128)
         self.span_id = random_id(64)
         self.start_ns = time.time_ns()

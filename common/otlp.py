@@ -24,6 +24,7 @@ attribute value of a type not written here), so a command that writes its spans 
 from __future__ import annotations
 
 import logging
+import random
 import struct
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
@@ -481,6 +482,14 @@ def _strings(values: Sequence[Any]) -> bytes | None:
 
 
 _DOUBLE = struct.Struct("<Bd")
+
+
+def random_id(bits: int) -> int:
+    """A random trace (128 bits) or span (64) id, as the SDK's random id generator draws it."""
+    drawn = random.getrandbits(bits)
+    while drawn == 0:
+        drawn = random.getrandbits(bits)
+    return drawn
 
 
 def span_head(trace_id: int, span_id: int) -> bytes:

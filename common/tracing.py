@@ -4,7 +4,7 @@ properties."""
 
 from __future__ import annotations
 
-import random
+import functools
 import time
 import traceback
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -15,6 +15,7 @@ from opentelemetry import context as context_api
 from opentelemetry import trace
 
 from rmqstore.common.conventions import TRACEPARENT
+from rmqstore.common.otlp import random_id
 from rmqstore.common.sequences import all_equal
 
 if TYPE_CHECKING:
@@ -134,9 +135,9 @@ class LeafRecorder:
         # Spans written as bytes under the default sampler take the short path in record().
         self._plain = self._emit is not None and self._default_sampler
         # The SDK's random id generator draws a span id as random.getrandbits(64), drawn
-        # again while zero: drawn here as it draws it, without its method call.
+        # again while zero: drawn here as it draws it (random_id), without its method call.
         self._new_span_id: Callable[[], int] = (
-            _random_span_id if type(self._ids) is RandomIdGenerator else self._ids.generate_span_id
+            functools.partial(random_id, 64) if type(self._ids) is RandomIdGenerator else self._ids.generate_span_id
         )
 
     def active(self) -> bool:
@@ -277,13 +278,6 @@ class LeafRecorder:
         began = time.monotonic()
         self._processor.force_flush()
         return time.monotonic() - began < slow_s
-
-
-def _random_span_id() -> int:
-    drawn = random.getrandbits(64)
-    while not drawn:
-        drawn = random.getrandbits(64)
-    return drawn
 
 
 def _exception_type(error: BaseException) -> str:

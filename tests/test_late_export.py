@@ -29,7 +29,7 @@ from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, Trace
 from test_tracing_live import Node
 
 from rmqstore.client import late_export, tracing
-from rmqstore.common.otlp import SpanEncoder
+from rmqstore.common.otlp import SpanEncoder, random_id
 
 SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 TIMEOUT_S = 10.0
@@ -141,7 +141,7 @@ def _send_spans(
 ) -> None:
     """A file's send as the command records it: a batch span per request (two topics'
     batches taking turns, one batch failed), then the file's span."""
-    trace_id, span_id = tracing.random_id(128), tracing.random_id(64)
+    trace_id, span_id = random_id(128), random_id(64)
     one = tracing._send_attributes("TopicA", 1000)
     other = tracing._send_attributes(None, 1000)
     failed = {**one, "rpc.grpc.status_code": 14, "error.type": "UNAVAILABLE"}

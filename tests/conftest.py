@@ -72,6 +72,15 @@ def _node_logging_undone() -> Iterator[None]:
 
 
 @pytest.fixture
+def started() -> Iterator[list[Any]]:
+    """The node processes a test starts (test_tracing_live.Node), killed after it."""
+    running: list[Any] = []
+    yield running
+    for node in running:
+        node.kill()
+
+
+@pytest.fixture
 def nodes(tmp_path: Path) -> Iterator[Any]:
     """Writer and query node processes (test_query_live.Nodes) with their logs under
     tmp_path, all stopped after the test."""

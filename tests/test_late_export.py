@@ -62,14 +62,6 @@ class RawReceiver:
 
 
 @pytest.fixture
-def nodes() -> Iterator[list[Node]]:
-    running: list[Node] = []
-    yield running
-    for node in running:
-        node.kill()
-
-
-@pytest.fixture
 def receiver() -> Iterator[RawReceiver]:
     started = RawReceiver()
     yield started
@@ -354,7 +346,7 @@ def _modules_loaded(
 
 
 def test_a_traced_send_loads_no_sdk_and_a_limit_brings_it_back(
-    tmp_path: Path, receiver: RawReceiver, nodes: list[Node]
+    tmp_path: Path, receiver: RawReceiver, started: list[Node]
 ) -> None:
     """A real writer and ``rmqstore send`` traced with the defaults: the command loads
     nothing of the SDK but its version (nor gRPC's interceptors: its channel only streams
@@ -366,7 +358,7 @@ def test_a_traced_send_loads_no_sdk_and_a_limit_brings_it_back(
         _send_env(receiver.port, OTEL_SDK_DISABLED="true"),
         tmp_path / "writer.log",
     )
-    nodes.append(writer)
+    started.append(writer)
     sdk, done = _modules_loaded(_send_env(receiver.port), tmp_path, writer.endpoint)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout.splitlines()[-1])["acked"] == 30

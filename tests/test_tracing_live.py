@@ -196,14 +196,6 @@ class Node:
         self.stderr.close()
 
 
-@pytest.fixture
-def started() -> Iterator[list[Node]]:
-    nodes: list[Node] = []
-    yield nodes
-    for node in nodes:
-        node.kill()
-
-
 def rmqstore(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
     done = subprocess.run(
         [sys.executable, "-m", "rmqstore.cli.main", *args], env=env, capture_output=True, text=True, timeout=CLI_TIMEOUT_S

@@ -301,6 +301,14 @@ def _messages_topics(messages: Iterable[Any]) -> list[str]:
     return sorted({message.topic for message in messages})
 
 
+def _batch_topics(request: Any) -> list[str]:
+    """A SendBatchRequest's topics, sent as ``messages`` or as ``columns`` (where an
+    empty topics column gives every message the empty topic, as an unset field does)."""
+    columns = request.columns
+    topics = set(columns.topics) or ({""} if columns.bodies else set())
+    return sorted(topics.union(message.topic for message in request.messages))
+
+
 # What each method asks for, from its request: (action, resource) pairs, every one needed.
 # An action may be a tuple of alternatives, any one of which will do (RocketMQ 5 lets a
 # route be read by a user who may publish or subscribe).
@@ -329,8 +337,8 @@ def _cluster(action: str) -> Need:
 
 NEEDS: dict[str, Need] = {
     "/rmqstore.v1.WriterService/Send": lambda r: [("Pub", f"Topic:{r.message.topic}")],
-    "/rmqstore.v1.WriterService/SendBatch": lambda r: [("Pub", f"Topic:{t}") for t in _messages_topics(r.messages)],
-    "/rmqstore.v1.WriterService/SendStream": lambda r: [("Pub", f"Topic:{t}") for t in _messages_topics(r.messages)],
+    "/rmqstore.v1.WriterService/SendBatch": lambda r: [("Pub", f"Topic:{t}") for t in _batch_topics(r)],
+    "/rmqstore.v1.WriterService/SendStream": lambda r: [("Pub", f"Topic:{t}") for t in _batch_topics(r)],
     "/rmqstore.v1.WriterService/CreateTopic": lambda r: [("Create", f"Topic:{r.name}")],
     "/rmqstore.v1.WriterService/ListTopics": _cluster("List"),
     "/rmqstore.v1.WriterService/Flush": _cluster("Update"),

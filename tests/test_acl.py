@@ -216,6 +216,10 @@ def test_each_action_allowed_and_denied_by_pattern(guarded: Guarded) -> None:
     assert status_of(lambda: reader.Send(send("orders-eu"), timeout=RPC_TIMEOUT_S)) == denied("User:reader", "Pub", "Topic:orders-eu")
     batch = writer_pb2.SendBatchRequest(messages=[messages_pb2.Message(topic="orders-eu"), messages_pb2.Message(topic="audit")])
     assert status_of(lambda: orders.SendBatch(batch, timeout=RPC_TIMEOUT_S)) == denied("User:orders", "Pub", "Topic:audit")
+    columns = writer_pb2.SendBatchRequest(columns=writer_pb2.MessageColumns(bodies=[b"a", b"b"], topics=["orders-eu", "audit"]))
+    assert status_of(lambda: orders.SendBatch(columns, timeout=RPC_TIMEOUT_S)) == denied("User:orders", "Pub", "Topic:audit")
+    untitled = writer_pb2.SendBatchRequest(columns=writer_pb2.MessageColumns(bodies=[b"a"]))
+    assert status_of(lambda: orders.SendBatch(untitled, timeout=RPC_TIMEOUT_S)) == denied("User:orders", "Pub", "Topic:")
     # Deny over Allow: orders-secret matches both Topic:orders-* (Allow) and the Deny.
     assert status_of(lambda: orders.Send(send("orders-secret"), timeout=RPC_TIMEOUT_S)) == denied("User:orders", "Pub", "Topic:orders-secret")
     # Create
@@ -250,7 +254,7 @@ def test_each_action_allowed_and_denied_by_pattern(guarded: Guarded) -> None:
     msg_id = query_pb2.QueryByMsgIdRequest(msg_id="0" * 32)
     assert status_of(lambda: q_orders.QueryByMsgId(msg_id, timeout=RPC_TIMEOUT_S)) == denied("User:orders", "Sub", "Cluster")
     assert status_of(lambda: q_reader.QueryByMsgId(msg_id, timeout=RPC_TIMEOUT_S))[0] == grpc.StatusCode.NOT_FOUND
-    assert guarded.writer_serving.acl_interceptor.denials.counts == {("PERMISSION_DENIED", "Denied"): 9}
+    assert guarded.writer_serving.acl_interceptor.denials.counts == {("PERMISSION_DENIED", "Denied"): 11}
     assert guarded.query_serving.acl_interceptor.denials.counts == {("PERMISSION_DENIED", "Denied"): 4}
 
 
@@ -260,14 +264,21 @@ def test_source_cidrs_limit_where_an_entry_applies(guarded: Guarded) -> None:
     assert status_of(lambda: guarded.query_as("local").QueueBounds(bounds, timeout=RPC_TIMEOUT_S))[0] == grpc.StatusCode.NOT_FOUND
 
 
-def test_a_stream_is_checked_message_by_message(guarded: Guarded) -> None:
+@pytest.mark.parametrize("as_columns", [False, True])
+def test_a_stream_is_checked_message_by_message(guarded: Guarded, as_columns: bool) -> None:
     """A SendStream's allowed request is stored and acknowledged; its next, to a topic
-    the user may not write, ends the stream with PERMISSION_DENIED and is not stored."""
+    the user may not write, ends the stream with PERMISSION_DENIED and is not stored
+    (its messages sent as ``messages`` or as ``columns``)."""
     stub = guarded.writer_as("orders")
     requests = [
         writer_pb2.SendBatchRequest(messages=[messages_pb2.Message(topic="orders-eu", body=b"ok")]),
         writer_pb2.SendBatchRequest(messages=[messages_pb2.Message(topic="payments", body=b"no")]),
     ]
+    if as_columns:
+        requests = [
+            writer_pb2.SendBatchRequest(columns=writer_pb2.MessageColumns(bodies=[b"ok"], topics=["orders-eu"])),
+            writer_pb2.SendBatchRequest(columns=writer_pb2.MessageColumns(bodies=[b"no"], topics=["payments"])),
+        ]
     acks = []
 
     def run() -> None:

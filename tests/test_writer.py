@@ -904,3 +904,193 @@ def test_a_requests_shared_properties_are_each_messages_unless_it_sets_its_own(n
     expected = [{**shared, **p} for p in own]
     assert user == expected + expected
     assert user[1]["traceparent"] == own[1]["traceparent"]
+
+
+def as_columns(messages: list[messages_pb2.Message]) -> writer_pb2.MessageColumns:
+    """``messages`` as a columnar request's columns (MessageColumns' contract)."""
+    properties = [list(m.properties.items()) for m in messages]
+    return writer_pb2.MessageColumns(
+        bodies=[m.body for m in messages],
+        topics=[m.topic for m in messages],
+        queue_ids=[m.queue_id if m.HasField("queue_id") else -1 for m in messages],
+        keys=[" ".join(m.keys) for m in messages],
+        tags=[m.tags for m in messages],
+        uniq_keys=[m.uniq_key for m in messages],
+        flags=[m.flag for m in messages],
+        born_timestamps_ms=[m.born_timestamp_ms for m in messages],
+        born_hosts=[m.born_host for m in messages],
+        property_counts=[len(p) for p in properties],
+        property_names=[name for p in properties for name, _ in p],
+        property_values=[value for p in properties for _, value in p],
+    )
+
+
+def records_without_store_time(store: Path) -> list[bytes]:
+    """Each record's bytes, its STORETIMESTAMP (the writer's clock) zeroed."""
+    log = CommitLog(str(store / "commitlog"), SMALL.commitlog_file_size_bytes)
+    try:
+        records = list(log.records())
+    finally:
+        log.close()
+    data = b"".join(path.read_bytes() for path in sorted((store / "commitlog").iterdir()))
+    stripped = []
+    for record in records:
+        raw = bytearray(data[record.commitlog_offset : record.commitlog_offset + record.size])
+        at = 48 + (20 if record.sys_flag & 0x10 else 8)  # BORNHOST (v6 when sysflag says so), then STORETIMESTAMP
+        raw[at : at + 8] = bytes(8)
+        stripped.append(bytes(raw))
+    return stripped
+
+
+def varied_messages(count: int) -> list[messages_pb2.Message]:
+    sent = []
+    for n in range(count):
+        msg = message(
+            ["TopicA", "Pay_Events-2"][n % 2],
+            body=b"" if n % 7 == 0 else bytes(range(256))[: n * 5 % 256],
+            keys=[] if n % 4 == 0 else [f"k-{n}", "订单-Ü"][: 1 + n % 2],
+            tags="" if n % 3 == 0 else f"tag{n % 3}",
+            properties={} if n % 5 else {"seq": str(n), "traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"},
+            uniq_key=f"{n:032X}",
+            flag=n % 3,
+            born_timestamp_ms=1_700_000_000_000 + n,  # 0 would take each writer's clock
+            born_host="[2001:db8::5]:4000" if n % 2 else f"192.0.2.9:{5000 + n}",  # "" would take each client's port
+        )
+        if n % 4 == 1:
+            msg.queue_id = n % 3
+        sent.append(msg)
+    return sent
+
+
+def test_a_columnar_request_stores_the_bytes_its_messages_store(tmp_path: Path) -> None:
+    """The same messages sent as ``messages`` to one writer and as ``columns`` to another
+    (SendBatch, then SendStream; with shared properties; SendResults and compact acks):
+    every record is the same bytes but for the store time, and every ack the same."""
+    sent = varied_messages(60)
+    shared = {"tenant": "blue", "seq": "shared"}  # a message's own seq is kept
+    by_messages, by_columns = start_node(tmp_path / "messages"), start_node(tmp_path / "columns")
+    try:
+        acks = {}
+        for node, form in ((by_messages, "messages"), (by_columns, "columns")):
+            def request(part: list[messages_pb2.Message], compact: bool = False, form: str = form) -> writer_pb2.SendBatchRequest:
+                if form == "messages":
+                    return writer_pb2.SendBatchRequest(messages=part, shared_properties=shared, compact_results=compact)
+                return writer_pb2.SendBatchRequest(columns=as_columns(part), shared_properties=shared, compact_results=compact)
+
+            single = node.stub.SendBatch(request(sent[:1]))
+            whole = node.stub.SendBatch(request(sent[1:30]))
+            streamed = list(node.stub.SendStream(iter([request(sent[30:45]), request(sent[45:], compact=True)])))
+            acks[form] = [single, whole, *streamed]
+            node.writer.flush_thoroughly()
+        for stored in acks.values():
+            for response in stored:
+                for result in response.results:
+                    result.store_timestamp_ms = 0
+                response.compact.store_timestamp_ms = 0
+        assert acks["messages"] == acks["columns"]
+        assert sum(len(r.results) + len(r.compact.uniq_keys) for r in acks["columns"]) == 60
+        records = records_without_store_time(tmp_path / "columns")
+        assert len(records) == 60 and records == records_without_store_time(tmp_path / "messages")
+    finally:
+        by_messages.close()
+        by_columns.close()
+
+
+def test_a_columnar_request_takes_the_defaults_of_empty_columns_and_one_topic_for_all(node: Node) -> None:
+    """Columns left empty give each message the unset field's value (queue round-robin,
+    a generated uniq key, the writer's clock, the peer's address); one topic serves
+    every message."""
+    columns = writer_pb2.MessageColumns(bodies=[b"a", b"b", b"c"], topics=["OneForAll"])
+    results = node.stub.SendBatch(writer_pb2.SendBatchRequest(columns=columns)).results
+    stored = [node.writer.log.read(result.commitlog_offset) for result in results]
+    assert [r.topic for r in stored] == ["OneForAll"] * 3 and [r.body for r in stored] == [b"a", b"b", b"c"]
+    assert [r.queue_id for r in stored] == [0, 1, 2]
+    assert all(len(r.uniq_key) == 32 for r in stored) and len({r.uniq_key for r in stored}) == 3
+    assert all(r.born_timestamp_ms == r.store_timestamp_ms and r.keys is None and r.tags is None for r in stored)
+    assert {r.born_host.ip for r in stored} == {bytes([127, 0, 0, 1])} and all(r.born_host.port for r in stored)
+
+
+COLUMN_PROBLEMS = {
+    "both messages and columns": (
+        writer_pb2.SendBatchRequest(messages=[message(body=b"x")], columns=writer_pb2.MessageColumns(bodies=[b"y"])),
+        "the request sets both messages and columns",
+    ),
+    "a column of another length": (
+        writer_pb2.SendBatchRequest(columns=writer_pb2.MessageColumns(bodies=[b"x", b"y"], topics=["T"], keys=["a", "b", "c"])),
+        "columns.keys has 3 entries for 2 messages",
+    ),
+    "two topics for three messages": (
+        writer_pb2.SendBatchRequest(columns=writer_pb2.MessageColumns(bodies=[b"x", b"y", b"z"], topics=["T", "U"])),
+        "columns.topics has 2 entries for 3 messages",
+    ),
+    "a value short": (
+        writer_pb2.SendBatchRequest(
+            columns=writer_pb2.MessageColumns(
+                bodies=[b"x"], topics=["T"], property_counts=[1], property_names=["a"], property_values=[]
+            )
+        ),
+        "columns.property_values has 0 entries for 1 columns.property_names",
+    ),
+    "counts that do not add up": (
+        writer_pb2.SendBatchRequest(
+            columns=writer_pb2.MessageColumns(
+                bodies=[b"x", b"y"], topics=["T"], property_counts=[1, 1], property_names=["a"], property_values=["1"]
+            )
+        ),
+        "columns.property_counts add up to 2",
+    ),
+    "properties without counts": (
+        writer_pb2.SendBatchRequest(
+            columns=writer_pb2.MessageColumns(bodies=[b"x"], topics=["T"], property_names=["a"], property_values=["1"])
+        ),
+        "columns.property_counts add up to 0",
+    ),
+    "a name given twice": (
+        writer_pb2.SendBatchRequest(
+            columns=writer_pb2.MessageColumns(
+                bodies=[b"x", b"y"], topics=["T"], property_counts=[0, 2], property_names=["a", "a"], property_values=["1", "2"]
+            )
+        ),
+        "message 2: a property name is given more than once",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(COLUMN_PROBLEMS))
+def test_a_columnar_request_that_does_not_line_up_is_refused_naming_why(strict_node: tuple[Node, Path], case: str) -> None:
+    node, store = strict_node
+    request, text = COLUMN_PROBLEMS[case]
+    before = snapshot(store)
+    for call in (node.stub.SendBatch, lambda r: list(node.stub.SendStream(iter([r])))):
+        with pytest.raises(grpc.RpcError) as caught:
+            call(request)
+        assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert text in caught.value.details()
+    assert snapshot(store) == before
+
+
+# What a columnar request cannot say (a key holding a space is two keys there; [""] is
+# no keys), or says otherwise (-1 asks for round-robin): the same rules, as it says them.
+COLUMNAR_BAD_INPUTS = {
+    **{case: bad for case, (bad, _, _) in BAD_INPUTS.items() if case not in ("key with a space", "empty key", "negative queue id")},
+    "empty key": message(keys=["a", "", "b"]),
+    "negative queue id": message("Known", queue_id=-2),
+}
+
+
+@pytest.mark.parametrize("case", sorted(COLUMNAR_BAD_INPUTS))
+def test_a_columnar_request_is_refused_as_its_messages_are(strict_node: tuple[Node, Path], case: str) -> None:
+    """Every per-message rule, as columns: the same code and words as the same messages
+    sent as ``messages`` (the bad one second, or alone), and nothing is written."""
+    node, store = strict_node
+    bad = COLUMNAR_BAD_INPUTS[case]
+    before = snapshot(store)
+    for batch in ([message("Known", body=b"ok"), bad, message("Known", body=b"after")], [bad]):
+        refusals = []
+        for request in (writer_pb2.SendBatchRequest(messages=batch), writer_pb2.SendBatchRequest(columns=as_columns(batch))):
+            with pytest.raises(grpc.RpcError) as caught:
+                node.stub.SendBatch(request)
+            refusals.append((caught.value.code(), caught.value.details()))
+        assert refusals[0] == refusals[1]
+        assert refusals[0][1].startswith("message 2: ") == (len(batch) > 1), refusals[0]
+    assert snapshot(store) == before

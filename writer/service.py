@@ -97,6 +97,93 @@ def to_batch(messages: Sequence[messages_pb2.Message]) -> MessageBatch:
     )
 
 
+def columns_batch(columns: writer_pb2.MessageColumns, shared: Mapping[str, str] = EMPTY_PROPERTIES) -> MessageBatch:
+    """A columnar request's messages (``SendBatchRequest.columns``) as the writer's
+    columns, each message given the ``shared`` properties it does not set itself. Raises
+    InvalidArgument for columns that do not line up (naming the column) or a born host
+    that is no address; every other rule is the batch check's, as for ``messages``."""
+    bodies = list(columns.bodies)
+    count = len(bodies)
+    numbered = count > 1
+    topics = list(columns.topics)
+    if len(topics) == 1:
+        topics *= count
+    queue_ids: list[int | None] = list(columns.queue_ids) or [None] * count
+    if -1 in queue_ids:
+        queue_ids = [None if queue_id == -1 else queue_id for queue_id in queue_ids]
+    born_hosts = [
+        _born_host(host, i if numbered else 0) if host else None for i, host in enumerate(columns.born_hosts, 1)
+    ]
+    batch = MessageBatch(
+        _column("topics", topics, count, ""),
+        bodies,
+        [key.split(" ") if key else [] for key in _column("keys", columns.keys, count, "")],
+        _column("tags", columns.tags, count, ""),
+        _columns_properties(columns, count, shared),
+        _column("queue_ids", queue_ids, count, None),
+        _column("uniq_keys", columns.uniq_keys, count, ""),
+        _column("flags", columns.flags, count, 0),
+        _column("born_timestamps_ms", columns.born_timestamps_ms, count, 0),
+        _column("born_hosts", born_hosts, count, None),
+    )
+    return batch
+
+
+def _column(name: str, values: Sequence[T], count: int, default: T) -> list[T]:
+    """A column of one entry a message, or ``default`` for each message when it is empty."""
+    if not values:
+        return [default] * count
+    if len(values) != count:
+        raise InvalidArgument(
+            f"columns.{name} has {len(values)} entries for {count} messages (columns.bodies): one a message, or none"
+        )
+    return list(values)
+
+
+def _columns_properties(
+    columns: writer_pb2.MessageColumns, count: int, shared: Mapping[str, str]
+) -> list[Mapping[str, str]]:
+    """Each message's properties out of the property columns, with the shared ones."""
+    names, values = columns.property_names, columns.property_values
+    if len(names) != len(values):
+        raise InvalidArgument(
+            f"columns.property_values has {len(values)} entries for {len(names)} columns.property_names"
+        )
+    counts = _column("property_counts", columns.property_counts, count, 0)
+    if sum(counts) != len(names) or min(counts, default=0) < 0:
+        raise InvalidArgument(
+            f"columns.property_counts add up to {sum(counts)} (each at least 0) "
+            f"for {len(names)} columns.property_names"
+        )
+    shared = dict(shared) if shared else EMPTY_PROPERTIES
+    if not names:
+        return [shared] * count
+    column: list[Mapping[str, str]] = []
+    previous: Mapping[str, str] = EMPTY_PROPERTIES
+    start = 0
+    for position, given in enumerate(counts, 1):
+        if not given:
+            column.append(shared)
+            continue
+        own = dict(zip(names[start : start + given], values[start : start + given]))
+        if len(own) != given:
+            where = f"message {position}: " if count > 1 else ""
+            raise InvalidArgument(f"{where}a property name is given more than once")
+        start += given
+        properties = {**shared, **own} if shared else own
+        if properties != previous:  # a run of equal mappings shares one, as _properties_column's do
+            previous = properties
+        column.append(previous)
+    return column
+
+
+def request_problem(request: writer_pb2.SendBatchRequest) -> str | None:
+    """What makes a SendBatchRequest no batch at all, or None."""
+    if request.messages and request.HasField("columns"):
+        return "the request sets both messages and columns; a batch sends its messages one way or the other"
+    return None
+
+
 class ReceivedBatch:
     """A SendBatchRequest as the writer receives it: parsed, as every handler, the guard
     and the ACL read it, and with the bytes it came in, which :func:`request_columns`
@@ -119,6 +206,10 @@ class ReceivedBatch:
     @property
     def messages(self) -> Sequence[messages_pb2.Message]:
         return self.request.messages
+
+    @property
+    def columns(self) -> writer_pb2.MessageColumns:
+        return self.request.columns
 
     @property
     def compact_results(self) -> bool:
@@ -528,6 +619,17 @@ class WriterServicer(writer_pb2_grpc.WriterServiceServicer):
         # In the caller's context: the call's spans (a Flush's fsync) stay in its trace.
         return await asyncio.get_running_loop().run_in_executor(None, contextvars.copy_context().run, call)
 
+    def _append(self, request: BatchRequest, peer: SocketAddress | None) -> asyncio.Future[Any]:
+        """Queue a SendBatchRequest's messages, sent as ``messages`` or as ``columns``."""
+        proto = request.request if isinstance(request, ReceivedBatch) else request
+        problem = request_problem(proto)
+        if problem is not None:
+            raise InvalidArgument(problem)
+        if proto.HasField("columns"):
+            batch = columns_batch(proto.columns, proto.shared_properties)
+            return self.appender.append_batch(batch, peer, _respond_for(request))
+        return self.appender.append_request(request, peer, _respond_for(request))
+
     @mapped_async
     async def Send(self, request: writer_pb2.SendRequest, context: grpc.aio.ServicerContext) -> writer_pb2.SendResponse:
         if not request.HasField("message"):
@@ -538,7 +640,7 @@ class WriterServicer(writer_pb2_grpc.WriterServiceServicer):
     async def SendBatch(
         self, request: BatchRequest, context: grpc.aio.ServicerContext
     ) -> writer_pb2.SendBatchResponse | bytes:
-        return await self.appender.append_request(request, peer_address(context), _respond_for(request))  # type: ignore[no-any-return]
+        return await self._append(request, peer_address(context))  # type: ignore[no-any-return]
 
     async def SendStream(
         self, request_iterator: AsyncIterator[BatchRequest], context: grpc.aio.ServicerContext
@@ -546,7 +648,7 @@ class WriterServicer(writer_pb2_grpc.WriterServiceServicer):
         peer = peer_address(context)
         async for request in request_iterator:
             try:
-                response = await self.appender.append_request(request, peer, _respond_for(request))
+                response = await self._append(request, peer)
             except StoreError as error:
                 await abort_with_async(context, error)
                 return

@@ -27,7 +27,7 @@ COPY pipeline pipeline
 COPY console console
 # setup.py compiles protos/ with grpcio-tools, a build requirement that pip installs in an
 # isolated build environment: it never reaches the virtualenv. It also builds the codecs'
-# C extension (common/codec/_speedups.c), which needs a C compiler in this stage only;
+# C extension (common/codec/speedups_c/), which needs a C compiler in this stage only;
 # every runtime dependency ships binary wheels. pip and setuptools leave the virtualenv
 # once it is complete.
 RUN apt-get update \

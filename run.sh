@@ -12,7 +12,7 @@ fi
 # builds (dependencies, the compiled protobuf stubs, the C codecs) goes stale. A stamp of
 # those inputs, written after a successful install, lets a later run skip pip.
 STAMP="$VENV/rmqstore-install.sha256"
-current="$(find pyproject.toml setup.py protos/rmqstore common/codec/_speedups.c -type f \( -name '*.proto' -o -name '*.c' -o -name '*.toml' -o -name '*.py' \) -print0 | sort -z | xargs -0 sha256sum | sha256sum | cut -d' ' -f1)"
+current="$(find pyproject.toml setup.py protos/rmqstore common/codec/speedups_c -type f \( -name '*.proto' -o -name '*.c' -o -name '*.h' -o -name '*.toml' -o -name '*.py' \) -print0 | sort -z | xargs -0 sha256sum | sha256sum | cut -d' ' -f1)"
 # What the install builds must still be there too (a `git clean` removes it).
 built() { [ -d protos/gen/rmqstore/v1 ] && compgen -G 'common/codec/_speedups*.so' > /dev/null; }
 if [ ! -x "$VENV/bin/rmqstore" ] || [ "$(cat "$STAMP" 2>/dev/null)" != "$current" ] || ! built; then

@@ -1,5 +1,6 @@
 """Build hook: generate the gRPC/protobuf stubs from protos/ at install time, and build
-the codecs' compiled fast paths (common/codec/_speedups.c, plain C on the Python API).
+the codecs' compiled fast paths (common/codec/speedups_c/*.c, plain C on the Python API, one
+extension module: rmqstore.common.codec._speedups).
 
 Every install (regular or editable) compiles protos/rmqstore/v1/*.proto with grpcio-tools
 (a build requirement) into protos/gen/, which is not committed and is installed as the
@@ -24,6 +25,7 @@ from setuptools import Extension, setup
 ROOT = Path(__file__).resolve().parent
 PROTOS = ROOT / "protos"
 GENERATED = PROTOS / "gen"
+SPEEDUPS = Path("common") / "codec" / "speedups_c"
 
 
 def generate_stubs() -> None:
@@ -66,8 +68,11 @@ setup(
     ext_modules=[
         Extension(
             "rmqstore.common.codec._speedups",
-            ["common/codec/_speedups.c"],
-            extra_compile_args=["-O2", "-Wall", "-Werror=implicit-function-declaration"],
+            sorted(str(source.relative_to(ROOT)) for source in (ROOT / SPEEDUPS).glob("*.c")),
+            depends=[str(SPEEDUPS / "speedups.h")],
+            # The files share their helpers through speedups.h: hidden, so that none of
+            # them can bind to (or be taken for) a symbol of the interpreter's.
+            extra_compile_args=["-O2", "-Wall", "-Werror=implicit-function-declaration", "-fvisibility=hidden"],
         )
     ]
 )

@@ -607,12 +607,15 @@ def command_line(argv: list[str]) -> str:
 
 
 _BUILD_SPEEDUPS = """
+from pathlib import Path
+
 from setuptools import Extension, setup
 setup(
     name="rmqstore-snapshot",
     script_args=["build_ext", "--inplace", "--quiet"],
-    ext_modules=[Extension("rmqstore.common.codec._speedups", ["rmqstore/common/codec/_speedups.c"],
-                           extra_compile_args=["-O2"])],
+    ext_modules=[Extension("rmqstore.common.codec._speedups",
+                           sorted(str(p) for p in Path("rmqstore/common/codec/speedups_c").glob("*.c")),
+                           extra_compile_args=["-O2", "-fvisibility=hidden"])],
 )
 """
 

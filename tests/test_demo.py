@@ -162,8 +162,7 @@ def test_run_sh_installs_only_when_its_inputs_changed(tmp_path: Path) -> None:
     for name in ("run.sh", "pyproject.toml", "setup.py"):
         shutil.copy(repo / name, work / name)
     shutil.copytree(repo / "protos" / "rmqstore", work / "protos" / "rmqstore")
-    (work / "common" / "codec").mkdir(parents=True)
-    shutil.copy(repo / "common" / "codec" / "_speedups.c", work / "common" / "codec" / "_speedups.c")
+    shutil.copytree(repo / "common" / "codec" / "speedups_c", work / "common" / "codec" / "speedups_c")
     venv = tmp_path / "venv"
     (venv / "bin").mkdir(parents=True)
     os.symlink(sys.executable, venv / "bin" / "python")

@@ -1,4 +1,4 @@
-"""The compiled fast paths (common/codec/_speedups.c) against the Python definitions.
+"""The compiled fast paths (common/codec/speedups_c/) against the Python definitions.
 
 Each fast path either gives exactly what its Python function gives, or hands the bytes
 back (None) so that the Python function decides; it never gives anything else. These

@@ -1,4 +1,4 @@
-"""The compiled fast paths (``_speedups.c``), or None where the extension is missing.
+"""The compiled fast paths (``speedups_c/``), or None where the extension is missing.
 
 Every install of the project builds the extension. Without it (a source tree that was
 never installed, or ``RMQSTORE_PURE_PYTHON=1`` for a comparison) the codecs run their

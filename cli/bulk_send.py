@@ -150,15 +150,15 @@ def _compiled(data: bytes | mmap.mmap, limits: Any, batch_size: int, traceparent
     if _speedups is None:
         return None
     from rmqstore.common.conventions import TRACEPARENT
-    from rmqstore.writer.validate import (
+    from rmqstore.common.message_rules import (
         UNIQ_KEY_LENGTH_MAX,
-        _plain_properties_bytes,
-        _sendable_topic,
+        plain_properties_bytes,
+        sendable_topic,
         tags_room,
     )
 
     stamp = {} if traceparent is None else {TRACEPARENT: traceparent}
-    properties_bytes = _plain_properties_bytes([stamp])
+    properties_bytes = plain_properties_bytes([stamp])
     if properties_bytes is None:
         return None
     # The messages have no properties of their own here: the trace context, stored with
@@ -170,7 +170,7 @@ def _compiled(data: bytes | mmap.mmap, limits: Any, batch_size: int, traceparent
     if found is None:
         return None
     requests, topics, distinct = found
-    if not all(map(_sendable_topic, distinct)):
+    if not all(map(sendable_topic, distinct)):
         return None
     whole, rest = divmod(len(topics), batch_size)
     gc.freeze()  # what is kept is out of the cyclic collector's later passes (as below)
@@ -236,11 +236,11 @@ def _screened(
     uniq_keys: list[str], limits: Any,
 ) -> Columns | None:  # fmt: skip
     """The columns if the writer's batch screen passes every message, else None."""
-    from rmqstore.writer.validate import MessageBatch, _plainly_valid
+    from rmqstore.common.message_rules import MessageBatch, plainly_valid
 
     count = len(topics)
     batch = MessageBatch(topics, bodies, keys, tags, [{}] * count, queue_ids, uniq_keys, [0] * count, [0] * count, [None] * count)  # type: ignore[arg-type]
-    if not _plainly_valid(batch, limits):
+    if not plainly_valid(batch, limits):
         return None
     return Columns(topics, queue_ids, bodies, keys, tags, uniq_keys, [None] * count)
 

@@ -467,7 +467,7 @@ JSONL_FIELDS_HELP = (
 
 
 def client_limits() -> Any:
-    from rmqstore.writer.validate import DEFAULT_LIMITS
+    from rmqstore.common.message_rules import DEFAULT_LIMITS
 
     return DEFAULT_LIMITS
 
@@ -475,7 +475,7 @@ def client_limits() -> Any:
 def check_message(message: messages_pb2.Message, limits: Any, where: str) -> None:
     """The writer's rules for one message, checked here so that an error names the line
     (the writer names a message by its place in its batch); the writer checks again."""
-    from rmqstore.writer.validate import MessageInput, validate_message
+    from rmqstore.common.message_rules import MessageInput, validate_message
 
     candidate = MessageInput(
         topic=message.topic,

@@ -882,15 +882,15 @@ def test_the_properties_screen_reads_one_shared_mapping_as_its_copies() -> None:
     """The batch screen's properties pass: a request's one shared mapping (counted in one
     C pass), equal copies, and a mix with messages without properties give the same
     size; a shared mapping that breaks a rule fails the screen however it is shared."""
-    from rmqstore.writer.validate import _plain_properties_bytes
+    from rmqstore.common.message_rules import plain_properties_bytes
 
     context = {"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}
     size = len(props.encode_properties(context))
-    assert _plain_properties_bytes([context] * 1000) == size
-    assert _plain_properties_bytes([dict(context) for _ in range(1000)]) == size
-    assert _plain_properties_bytes([context, {}] * 500) == size
-    assert _plain_properties_bytes([{"a": "1"}, {"bb": "22"}]) == len(props.encode_properties({"bb": "22"}))
-    assert _plain_properties_bytes([{}] * 3) == 0
+    assert plain_properties_bytes([context] * 1000) == size
+    assert plain_properties_bytes([dict(context) for _ in range(1000)]) == size
+    assert plain_properties_bytes([context, {}] * 500) == size
+    assert plain_properties_bytes([{"a": "1"}, {"bb": "22"}]) == len(props.encode_properties({"bb": "22"}))
+    assert plain_properties_bytes([{}] * 3) == 0
     bad = {"traceparent": "00-\x01"}
-    assert _plain_properties_bytes([bad] * 1000) is None
-    assert _plain_properties_bytes([context] * 999 + [bad]) is None
+    assert plain_properties_bytes([bad] * 1000) is None
+    assert plain_properties_bytes([context] * 999 + [bad]) is None

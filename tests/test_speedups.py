@@ -21,6 +21,7 @@ from conftest import CLEAN, CRASHED, FIXTURE_SIZES, read_jsonl
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from rmqstore.common import message_rules as validate
 from rmqstore.common.codec import columnar, javahash, record
 from rmqstore.common.codec import index as ix
 from rmqstore.common.codec import properties as props
@@ -29,7 +30,6 @@ from rmqstore.common.codec.record import Blank, Record, decode_record, encode_re
 from rmqstore.common.codec.speedups import _speedups
 from rmqstore.common.errors import Corruption, CrcMismatch, InvalidArgument
 from rmqstore.common.files.index import IndexFile
-from rmqstore.writer import validate
 
 # Skipped only when the Python paths are asked for: an install that failed to build the
 # extension fails here instead of passing as the (slower) Python paths.
@@ -733,10 +733,10 @@ _SCREEN_TEXT = st.text(alphabet=["a", "Z", "0", " ", "\x01", "\x02", "-", "é", 
 
 
 def _screens(batch: validate.MessageBatch, limits: validate.Limits) -> tuple[bool, bool]:
-    compiled = validate._plainly_valid(batch, limits)
+    compiled = validate.plainly_valid(batch, limits)
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(validate, "_speedups", None)
-        return compiled, validate._plainly_valid(batch, limits)
+        return compiled, validate.plainly_valid(batch, limits)
 
 
 @settings(max_examples=400, deadline=None)

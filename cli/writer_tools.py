@@ -574,7 +574,7 @@ def cmd_send(args: argparse.Namespace) -> int:
     # With tracing asked for, the send is a span (the file's, or the message's) that each
     # message names in its traceparent property; it starts before the file is read.
     keys, tag = (list(message.keys), message.tags) if message is not None else ((), "")
-    with tracing.producer_span(args.endpoint, "SendStream", topics, keys, tag, one_shot=True) as span:
+    with tracing.producer_span(args.endpoint, "SendStream", topics, keys, tag) as span:
         return _send(args, message, span)
 
 

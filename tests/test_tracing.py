@@ -8,14 +8,11 @@ from types import SimpleNamespace
 import grpc
 import pytest
 from opentelemetry import trace
-from opentelemetry.context import Context
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from test_writer import start_node
 
-from rmqstore.common.errors import InvalidArgument
-from rmqstore.common.tracing import LeafRecorder
 from rmqstore.service.telemetry import tracing_requested
 from rmqstore.v1 import messages_pb2, writer_pb2
 from rmqstore.writer.config import FlushPolicy
@@ -54,13 +51,16 @@ def test_spans_continue_the_callers_trace(tmp_path: Path) -> None:
     assert server.kind == trace.SpanKind.SERVER
     assert server.context.trace_id == TRACE_ID
     assert server.parent is not None and server.parent.span_id == PARENT_SPAN_ID
-    for name in ("rmqstore.append", "rmqstore.dispatch", "rmqstore.flush"):
+    for name in ("rmqstore.append", "rmqstore.flush"):
         span = spans[name]
         assert span.context.trace_id == TRACE_ID, name
         assert span.parent is not None and span.parent.span_id == server.context.span_id, name
     append = spans["rmqstore.append"].attributes
     assert append["messaging.system"] == "rocketmq" and append["messaging.destination.name"] == "Traced"
     assert len(append["messaging.message.id"]) == 32
+    # The dispatch is a moment of the append span, not a span of its own.
+    assert "rmqstore.dispatch" not in spans
+    assert [event.name for event in spans["rmqstore.append"].events] == ["rmqstore.dispatch"]
     assert spans["rmqstore.flush"].attributes["rmqstore.flush.bytes"] == node.writer.log.write_offset
     assert server.status.status_code != trace.StatusCode.ERROR
 
@@ -322,113 +322,30 @@ def test_a_flush_call_fsyncs_in_its_own_trace(tmp_path: Path) -> None:
     assert flush.attributes["rmqstore.flush.bytes"] == written
 
 
-def _recorder_on(exporter: InMemorySpanExporter) -> tuple[TracerProvider, LeafRecorder]:
-    """A recorder on a provider of its own (not the process's), its spans kept by ``exporter``."""
-    provider = TracerProvider()
-    processor = SimpleSpanProcessor(exporter)
-    provider.add_span_processor(processor)
-    return provider, LeafRecorder(provider, processor)
-
-
-def _parent(flags: int) -> Context:
-    return trace.set_span_in_context(
-        trace.NonRecordingSpan(trace.SpanContext(TRACE_ID, PARENT_SPAN_ID, is_remote=True, trace_flags=trace.TraceFlags(flags)))
-    )
-
-
-def test_a_recorded_leaf_span_is_the_span_the_sdk_would_export() -> None:
-    exporter = InMemorySpanExporter()
-    provider, recorder = _recorder_on(exporter)
-    link = trace.Link(trace.SpanContext(TRACE_ID + 1, 7, is_remote=True, trace_flags=trace.TraceFlags(1)))
-    recorder.record(
-        "rmqstore.writer", "rmqstore.dispatch", 1_000, 2_500, {"messaging.system": "rocketmq"}, [link], parent=_parent(1)
-    )
-    [span] = exporter.get_finished_spans()
-    assert (span.name, span.kind, span.start_time, span.end_time) == ("rmqstore.dispatch", trace.SpanKind.INTERNAL, 1_000, 2_500)
-    assert span.context.trace_id == TRACE_ID and span.context.span_id not in (0, PARENT_SPAN_ID)
-    assert span.context.trace_flags.sampled and not span.context.is_remote
-    assert span.parent is not None and (span.parent.trace_id, span.parent.span_id) == (TRACE_ID, PARENT_SPAN_ID)
-    assert dict(span.attributes or {}) == {"messaging.system": "rocketmq"}
-    assert [(lk.context.trace_id, lk.context.span_id) for lk in span.links] == [(TRACE_ID + 1, 7)]
-    assert span.status.status_code == trace.StatusCode.UNSET and span.events == ()
-    assert span.resource is provider.resource and span.instrumentation_scope is not None
-    assert span.instrumentation_scope.name == "rmqstore.writer"
-
-
-def test_a_recorded_leaf_span_follows_the_sampler_and_records_its_failure() -> None:
-    exporter = InMemorySpanExporter()
-    _, recorder = _recorder_on(exporter)
-    # The default sampler follows the parent: an unsampled caller's leaf spans are not kept.
-    recorder.record("rmqstore.writer", "rmqstore.append", 1, 2, parent=_parent(0))
-    assert exporter.get_finished_spans() == ()
-    # No parent: a trace of its own.
-    recorder.record("rmqstore.writer", "rmqstore.append", 1, 2, parent=Context())
-    [root] = exporter.get_finished_spans()
-    assert root.parent is None and root.context.trace_id not in (0, TRACE_ID)
-    exporter.clear()
-    recorder.record("rmqstore.writer", "rmqstore.append", 1, 2, error=ValueError("bad batch"), parent=_parent(1))
-    [failed] = exporter.get_finished_spans()
-    assert (failed.status.status_code, failed.status.description) == (trace.StatusCode.ERROR, "ValueError: bad batch")
-    [event] = failed.events
-    assert event.name == "exception" and event.timestamp == 2
-    assert event.attributes is not None and (event.attributes["exception.type"], event.attributes["exception.message"]) == ("ValueError", "bad batch")
-    exporter.clear()
-    # Named as the SDK's record_exception names it: module and qualified name.
-    recorder.record("rmqstore.writer", "rmqstore.append", 1, 2, error=InvalidArgument("refused"), parent=_parent(1))
-    [typed] = exporter.get_finished_spans()
-    assert typed.events[0].attributes is not None
-    assert typed.events[0].attributes["exception.type"] == "rmqstore.common.errors.InvalidArgument"
-    exporter.clear()
-    given = trace.Status(trace.StatusCode.ERROR, "UNAVAILABLE: gone")
-    recorder.record("rmqstore.client", "send T", 1, 2, kind=trace.SpanKind.CLIENT, parent=_parent(1), status=given)
-    [client] = exporter.get_finished_spans()
-    assert (client.kind, client.status.description, client.events) == (trace.SpanKind.CLIENT, "UNAVAILABLE: gone", ())
-    assert recorder.force_flush(slow_s=5.0)
-
-
-def test_leaf_spans_go_to_the_recorder_of_the_installed_provider(monkeypatch: pytest.MonkeyPatch) -> None:
-    """leaf_span records through the recorder only while its provider is the installed
-    one: as a child of the current span, its attributes set in the block, an escaping
-    error recorded; a recorder for another provider is not used."""
+def test_leaf_spans_are_children_of_the_current_span_never_current() -> None:
+    """leaf_span: a child of the current span, its attributes set in the block, an
+    escaping error recorded on it; never made current (a span started in its block is
+    the outer span's child, not its)."""
     from rmqstore.common import tracing
 
-    sdk_exporter()
-    provider = trace.get_tracer_provider()
-    assert isinstance(provider, TracerProvider)
-    exporter = InMemorySpanExporter()
-    recorder = LeafRecorder(provider, SimpleSpanProcessor(exporter))
-    monkeypatch.setattr(tracing, "_recorder", recorder)
+    exporter = sdk_exporter()
     tracer = trace.get_tracer("rmqstore.writer")
     with tracer.start_as_current_span("server") as server:
         with tracing.leaf_span(tracer, "rmqstore.append", {"messaging.system": "rocketmq"}) as current:
             current.set_attribute("messaging.message.id", "ABC")
-        with pytest.raises(KeyError), tracing.leaf_span(tracer, "rmqstore.dispatch"):
+            current.add_event("rmqstore.dispatch")
+            assert trace.get_current_span() is server
+        with pytest.raises(KeyError), tracing.leaf_span(tracer, "rmqstore.append"):
             raise KeyError("queue")
-    append, dispatch = exporter.get_finished_spans()
+    append, failed = [s for s in exporter.get_finished_spans() if s.name == "rmqstore.append"]
     assert dict(append.attributes or {}) == {"messaging.system": "rocketmq", "messaging.message.id": "ABC"}
-    for span in (append, dispatch):
+    assert [event.name for event in append.events] == ["rmqstore.dispatch"]
+    for span in (append, failed):
         assert span.parent is not None and span.parent.span_id == server.get_span_context().span_id
         assert span.instrumentation_scope is not None and span.instrumentation_scope.name == "rmqstore.writer"
         assert span.start_time is not None and span.end_time is not None and span.start_time <= span.end_time
-    assert dispatch.status.description == "KeyError: 'queue'"
-    monkeypatch.setattr(tracing, "_recorder", LeafRecorder(TracerProvider(), SimpleSpanProcessor(exporter)))
-    assert tracing.leaf_recorder() is None
-
-
-def test_the_resource_keeps_the_sdks_hash_and_equality() -> None:
-    """The processes' resource hashes once (the OTLP encoder groups every span by it):
-    the same hash, attributes and equality as the SDK's own resource."""
-    from opentelemetry.sdk.resources import Resource
-
-    from rmqstore.service.telemetry import _hash_kept
-
-    created = Resource.create({"service.name": "rmqstore-writer"})
-    kept = _hash_kept(created)
-    assert kept is not created and kept == created and created == kept
-    assert hash(kept) == hash(created) and dict(kept.attributes) == dict(created.attributes)
-    assert kept.schema_url == created.schema_url
-    assert kept != Resource.create({"service.name": "rmqstore-query"})
-    assert {kept: 1}[created] == 1
+    assert failed.status.description == "KeyError: 'queue'"
+    assert [event.name for event in failed.events] == ["exception"]
 
 
 class _Refused(grpc.RpcError, grpc.Call):  # type: ignore[misc]
@@ -453,18 +370,13 @@ class _Refused(grpc.RpcError, grpc.Call):  # type: ignore[misc]
         return False
 
 
-def test_send_files_batch_spans_end_acknowledged_or_failed_once_the_stream_is_over(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_send_files_batch_spans_end_acknowledged_or_failed_once_the_stream_is_over() -> None:
     """Three batches handed to gRPC, two acknowledged, then the stream fails: the first
     two spans end at their acks, the third fails with the stream's code; a batch never
     handed over has no span. Made by close(), not before."""
     from rmqstore.client import tracing as client_tracing
-    from rmqstore.common import tracing
 
-    sdk_exporter()
-    provider = trace.get_tracer_provider()
-    assert isinstance(provider, TracerProvider)
-    exporter = InMemorySpanExporter()
-    monkeypatch.setattr(tracing, "_recorder", LeafRecorder(provider, SimpleSpanProcessor(exporter)))
+    exporter = sdk_exporter()
     with trace.get_tracer("test").start_as_current_span("send") as file_span:
         batches = client_tracing.BatchSpans(file_span)
         sending = batches.requests([b"1", b"2", b"3", b"4"], ["A", "A", "A", "B", "B", "C"], [2, 2, 1, 1])
@@ -492,16 +404,3 @@ def test_send_files_batch_spans_end_acknowledged_or_failed_once_the_stream_is_ov
     for span in spans:
         assert span.start_time is not None and span.end_time is not None and span.start_time <= span.end_time
     assert first.end_time is not None and second.start_time is not None and first.start_time <= second.start_time
-
-
-def test_a_send_span_is_late_only_under_the_sdks_defaults() -> None:
-    from rmqstore.client.tracing import sdk_defaults
-
-    assert sdk_defaults({})
-    assert sdk_defaults({"OTEL_TRACES_SAMPLER": "parentbased_always_on", "OTEL_PYTHON_ID_GENERATOR": "random"})
-    assert sdk_defaults({"OTEL_TRACES_SAMPLER": "ParentBased_Always_On", "OTEL_PROPAGATORS": " tracecontext , baggage "})
-    assert not sdk_defaults({"OTEL_TRACES_SAMPLER": "always_off"})
-    assert not sdk_defaults({"OTEL_TRACES_SAMPLER": "parentbased_traceidratio"})
-    assert not sdk_defaults({"OTEL_PYTHON_ID_GENERATOR": "xray"})
-    assert not sdk_defaults({"OTEL_PROPAGATORS": "b3"})
-    assert not sdk_defaults({"OTEL_PROPAGATORS": "tracecontext"})

@@ -2,13 +2,15 @@
 (OpenTelemetry's collector services on 127.0.0.1, port 0), real writer and query processes
 and ``rmqstore`` commands run as processes with only ``OTEL_*`` variables set.
 
-* ``rmqstore send`` → the writer: one trace, CLI PRODUCER span → server span → append,
-  dispatch and (SYNC) flush, with the messaging attributes; the dispatch span links to
-  the context the message carries in its ``traceparent`` property;
+* ``rmqstore send`` → the writer: one trace, CLI PRODUCER span → server span → append
+  (with its dispatch as an event) and (SYNC) flush, with the messaging attributes; the
+  append span links to the context the message carries in its ``traceparent`` property;
 * ``rmqstore queryMsgByKey`` → a query node: CLI span → server span → lookup span with
   topic and result count;
 * a message whose own ``traceparent`` property names another trace: kept as it is, and
-  the dispatch span links to that trace;
+  the append span links to that trace;
+* the sampler the variables name (``OTEL_TRACES_SAMPLER``, ``_ARG``) decides in the
+  command and in the writer;
 * an idle writer under ASYNC exports no span in 10 s; its first periodic flush with bytes
   is a root span of its own with byte count and fsync time.
 
@@ -227,7 +229,7 @@ def test_send_and_lookup_are_one_trace_each(tmp_path: Path, receiver: Receiver, 
 
     sent = rmqstore(env, "send", "--endpoint", writer.endpoint, "-t", "Traced", "-k", "order-1 order-2", "--tags", "TagA", "--body", "hello")
     [ack] = [json.loads(line) for line in sent.stdout.splitlines()]
-    spans = receiver.wait_for({"send Traced", "/rmqstore.v1.WriterService/SendStream", "rmqstore.append", "rmqstore.dispatch", "rmqstore.flush"})
+    spans = receiver.wait_for({"send Traced", "/rmqstore.v1.WriterService/SendStream", "rmqstore.append", "rmqstore.flush"})
     client = one(spans, "send Traced")
     assert client.service == "rmqstore-client" and client.span.kind == PRODUCER
     assert client.parent_id == b""  # the trace starts at the command
@@ -249,14 +251,18 @@ def test_send_and_lookup_are_one_trace_each(tmp_path: Path, receiver: Receiver, 
     server = one(spans, "/rmqstore.v1.WriterService/SendStream")
     assert server.service == "rmqstore-writer" and server.span.kind == SERVER
     assert (server.trace_id, server.parent_id) == (client.trace_id, client.span_id)
-    for name in ("rmqstore.append", "rmqstore.dispatch", "rmqstore.flush"):
+    for name in ("rmqstore.append", "rmqstore.flush"):
         child = one(spans, name, trace_id=client.trace_id)
         assert child.parent_id == server.span_id, name
-    append = one(spans, "rmqstore.append").attributes
-    assert append == {"messaging.system": "rocketmq", "messaging.destination.name": "Traced", "messaging.message.id": ack["uniqKey"]}
-    dispatch = one(spans, "rmqstore.dispatch")
-    assert [(link.trace_id, link.span_id) for link in dispatch.span.links] == [(client.trace_id, client.span_id)]
-    assert dispatch.attributes == {}
+    # The append span covers the dispatch too: an event marks where it begins, and the
+    # span links to the producer of each message.
+    assert not any(s.name == "rmqstore.dispatch" for s in spans)
+    append = one(spans, "rmqstore.append")
+    assert append.attributes == {"messaging.system": "rocketmq", "messaging.destination.name": "Traced", "messaging.message.id": ack["uniqKey"]}
+    assert [(link.trace_id, link.span_id) for link in append.span.links] == [(client.trace_id, client.span_id)]
+    [dispatched] = append.span.events
+    assert dispatched.name == "rmqstore.dispatch"
+    assert append.span.start_time_unix_nano <= dispatched.time_unix_nano <= append.span.end_time_unix_nano
     flush = one(spans, "rmqstore.flush").attributes
     assert ack["commitLogOffset"] == 0 and flush["rmqstore.flush.fsync_ms"] >= 0
     flushed_bytes = flush["rmqstore.flush.bytes"]
@@ -313,17 +319,17 @@ def test_send_file_has_a_span_per_batch_and_keeps_a_messages_own_traceparent(
     messages.write_text("".join(json.dumps(line) + "\n" for line in lines))
     sent = rmqstore(env, "send", "--endpoint", writer.endpoint, "--file", str(messages), "--batch-size", "2")
     assert len(sent.stdout.splitlines()) == 3
-    spans = receiver.wait_for({"send Filed", "/rmqstore.v1.WriterService/SendStream", "rmqstore.dispatch"})
+    spans = receiver.wait_for({"send Filed", "/rmqstore.v1.WriterService/SendStream", "rmqstore.append"})
     file_span = one(spans, "send Filed", parent_id=b"")
     assert file_span.span.kind == PRODUCER and file_span.attributes["messaging.batch.message_count"] == 3
     batches = sorted((s for s in spans if s.name == "send Filed" and s.parent_id == file_span.span_id), key=lambda s: s.span.start_time_unix_nano)
     assert [(b.span.kind, b.attributes.get("messaging.batch.message_count")) for b in batches] == [(CLIENT, 2), (CLIENT, None)]
     server = one(spans, "/rmqstore.v1.WriterService/SendStream")
     assert (server.trace_id, server.parent_id) == (file_span.trace_id, file_span.span_id)
-    # Each dispatch links to the contexts its messages carry: the producer's own for the
+    # Each append links to the contexts its messages carry: the producer's own for the
     # first message, the file's span for the others.
-    receiver.wait_for({"rmqstore.dispatch"})
-    linked = {(link.trace_id.hex(), link.span_id.hex()) for s in receiver.snapshot() if s.name == "rmqstore.dispatch" for link in s.span.links}
+    receiver.wait_for({"rmqstore.append"})
+    linked = {(link.trace_id.hex(), link.span_id.hex()) for s in receiver.snapshot() if s.name == "rmqstore.append" for link in s.span.links}
     assert linked == {(USER_TRACE, USER_SPAN), (file_span.trace_id.hex(), file_span.span_id.hex())}
     writer.stop()
     records = [json.loads(line) for line in rmqstore(env, "dump", "commitlog", str(store)).stdout.splitlines()]
@@ -395,7 +401,7 @@ def quiet(env: dict[str, str]) -> dict[str, str]:
     return {k: v for k, v in env.items() if not k.startswith("OTEL_")} | {"OTEL_SDK_DISABLED": "true"}
 
 
-def test_a_message_with_a_traceparent_links_the_dispatch_without_a_traced_client(
+def test_a_message_with_a_traceparent_links_the_append_without_a_traced_client(
     tmp_path: Path, receiver: Receiver, started: list[Node]
 ) -> None:
     env = receiver.env()
@@ -404,10 +410,10 @@ def test_a_message_with_a_traceparent_links_the_dispatch_without_a_traced_client
     messages = tmp_path / "messages.jsonl"
     messages.write_text(json.dumps({"topic": "Linked", "body": "x", "properties": {"traceparent": f"00-{USER_TRACE}-{USER_SPAN}-01"}}) + "\n")
     rmqstore(quiet(env), "send", "--endpoint", writer.endpoint, "--file", str(messages))
-    spans = receiver.wait_for({"rmqstore.dispatch"})
-    dispatch = one(spans, "rmqstore.dispatch")
-    assert [(link.trace_id.hex(), link.span_id.hex()) for link in dispatch.span.links] == [(USER_TRACE, USER_SPAN)]
-    assert dispatch.trace_id.hex() != USER_TRACE  # linked, not continued: the call had no context
+    spans = receiver.wait_for({"rmqstore.append"})
+    append = one(spans, "rmqstore.append")
+    assert [(link.trace_id.hex(), link.span_id.hex()) for link in append.span.links] == [(USER_TRACE, USER_SPAN)]
+    assert append.trace_id.hex() != USER_TRACE  # linked, not continued: the call had no context
     assert not any(s.service == "rmqstore-client" for s in spans)
 
 
@@ -470,14 +476,14 @@ def test_an_idle_async_writer_exports_no_span(tmp_path: Path, receiver: Receiver
     # The receiver does get the spans of a write: the first periodic flush with bytes is a
     # short root span of its own.
     rmqstore(quiet(env), "send", "--endpoint", writer.endpoint, "-t", "Idle", "--body", "wake")
-    spans = receiver.wait_for({"/rmqstore.v1.WriterService/SendStream", "rmqstore.append", "rmqstore.dispatch", "rmqstore.flush"})
+    spans = receiver.wait_for({"/rmqstore.v1.WriterService/SendStream", "rmqstore.append", "rmqstore.flush"})
     flush = one(spans, "rmqstore.flush")
     assert flush.parent_id == b"" and flush.trace_id != one(spans, "rmqstore.append").trace_id
     writer.stop()
     [record] = [json.loads(line) for line in rmqstore(quiet(env), "dump", "commitlog", str(store)).stdout.splitlines()]
     assert flush.attributes["rmqstore.flush.bytes"] == record["size"] and flush.attributes["rmqstore.flush.fsync_ms"] >= 0
     assert sorted(s.name for s in receiver.snapshot()) == sorted(
-        ["/rmqstore.v1.WriterService/SendStream", "rmqstore.append", "rmqstore.dispatch", "rmqstore.flush"]
+        ["/rmqstore.v1.WriterService/SendStream", "rmqstore.append", "rmqstore.flush"]
     )
 
 
@@ -610,7 +616,7 @@ def test_a_refusal_the_operator_acts_on_is_logged_in_the_requests_trace(tmp_path
 
 def test_a_send_that_fails_is_an_error_span(receiver: Receiver) -> None:
     """A send to a port nothing listens on: the command exits with the call's failure,
-    and its span (made before the SDK was loaded, recorded at the end) says so."""
+    and its span says so."""
     import socket
 
     with socket.socket() as probe:
@@ -631,26 +637,23 @@ def test_a_send_that_fails_is_an_error_span(receiver: Receiver) -> None:
     assert client.span.start_time_unix_nano < client.span.end_time_unix_nano
 
 
-def test_a_sends_context_goes_out_before_the_sdk_is_loaded(receiver: Receiver) -> None:
-    """The client's send span in a process that sets tracing up from the variables: its
-    context is there before OpenTelemetry's SDK is loaded; the SDK loads once the call is
-    under way, and the span recorded at the end has that context's ids."""
+def test_the_client_library_sends_its_spans_context_in_the_call(receiver: Receiver) -> None:
+    """The client's send span in a process that sets tracing up from the variables: the
+    call's metadata carries its context, and the exported span has that context's ids
+    and the send's attributes."""
     program = """
 import json, sys
 from rmqstore.client import tracing
 with tracing.producer_span("127.0.0.1:1", "SendBatch", ["Early"], ["k1"], "TagE") as span:
-    loaded_first = "opentelemetry.sdk.trace" in sys.modules
     metadata = tracing.metadata(span)
     tracing.acknowledged(span, "UNIQ1")
     tracing.succeeded(span)
-print(json.dumps({"kind": type(span).__name__, "loaded_first": loaded_first, "metadata": metadata,
-                  "traceparent": tracing.traceparent(span)}))
+print(json.dumps({"metadata": metadata, "traceparent": tracing.traceparent(span)}))
 """
     done = subprocess.run([sys.executable, "-c", program], env=receiver.env(), capture_output=True, text=True, timeout=CLI_TIMEOUT_S)
     assert done.returncode == 0, done.stderr
     told = json.loads(done.stdout)
-    assert told["kind"] == "LateSpan" and told["loaded_first"] is False
-    assert told["metadata"] == [["traceparent", told["traceparent"]]]
+    assert ["traceparent", told["traceparent"]] in told["metadata"]
     [span] = receiver.wait_for({"send Early"})
     assert names(span, told["traceparent"]) and span.parent_id == b"" and span.span.kind == PRODUCER
     assert span.attributes == {
@@ -671,9 +674,8 @@ print(json.dumps({"kind": type(span).__name__, "loaded_first": loaded_first, "me
     assert span.span.status.code == trace_pb2.Status.STATUS_CODE_UNSET
 
 
-def test_a_sampler_other_than_the_default_makes_the_send_span_with_the_sdk(receiver: Receiver, tmp_path: Path, started: list[Node]) -> None:
-    """With ``always_off`` the SDK's own sampler decides (no late span): nothing of the
-    command is exported, and the send still happens."""
+def test_the_commands_sampler_decides_its_spans(receiver: Receiver, tmp_path: Path, started: list[Node]) -> None:
+    """With ``always_off`` nothing of the command is exported, and the send still happens."""
     writer = Node("writer", tmp_path / "store", quiet(receiver.env()), tmp_path / "writer.log")
     started.append(writer)
     off = {**receiver.env(), "OTEL_TRACES_SAMPLER": "always_off"}
@@ -681,3 +683,23 @@ def test_a_sampler_other_than_the_default_makes_the_send_span_with_the_sdk(recei
     assert json.loads(sent.stdout)["topic"] == "Unsampled"
     time.sleep(1.0)  # several export intervals
     assert not [s for s in receiver.snapshot() if s.service == "rmqstore-client"]
+
+
+def test_the_configured_sampler_decides_in_the_writer_and_the_command(receiver: Receiver, tmp_path: Path, started: list[Node]) -> None:
+    """``OTEL_TRACES_SAMPLER`` and ``OTEL_TRACES_SAMPLER_ARG`` as the SDK reads them: a
+    writer under ``always_off`` exports no span of a traced send (the command's span
+    arrives); a command under ``parentbased_traceidratio`` at ratio 0 samples its root
+    span out, and the writer under the default (parent-based) sampler follows it."""
+    off = Node("writer", tmp_path / "off", {**receiver.env(), "OTEL_TRACES_SAMPLER": "always_off"}, tmp_path / "off.log")
+    started.append(off)
+    rmqstore(receiver.env(), "send", "--endpoint", off.endpoint, "-t", "SampledOut", "--body", "x")
+    receiver.wait_for({"send SampledOut"})
+    off.stop()  # a clean exit exports what the writer holds
+    assert not [s for s in receiver.snapshot() if s.service == "rmqstore-writer"]
+    writer = Node("writer", tmp_path / "ratio", receiver.env(), tmp_path / "ratio.log")
+    started.append(writer)
+    ratio = {**receiver.env(), "OTEL_TRACES_SAMPLER": "parentbased_traceidratio", "OTEL_TRACES_SAMPLER_ARG": "0"}
+    sent = rmqstore(ratio, "send", "--endpoint", writer.endpoint, "-t", "RatioZero", "--body", "x")
+    assert json.loads(sent.stdout)["topic"] == "RatioZero"
+    writer.stop()
+    assert not [s for s in receiver.snapshot() if s.name in ("send RatioZero", "/rmqstore.v1.WriterService/SendStream")]

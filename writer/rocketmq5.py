@@ -303,7 +303,7 @@ class MessageReader:
             properties[SHARDING_KEY] = group
         if system.trace_context and not _has_separator(system.trace_context):
             # The producer's trace context, kept as an ordinary property: the writer's
-            # dispatch span links to it, and so can a consumer's receive span.
+            # append span links to it, and so can a consumer's receive span.
             properties.setdefault(TRACEPARENT, system.trace_context)
         if _properties_may_overflow(properties, keys, tag) and _properties_size(properties, keys, tag) > PROPERTIES_LENGTH_MAX:
             raise V2Refusal(

@@ -18,7 +18,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple, TypedDict, overload
+from typing import NamedTuple, TypedDict, overload
 
 from opentelemetry import trace
 
@@ -28,13 +28,6 @@ from rmqstore.common.codec.dispatch import DispatchBatch
 from rmqstore.common.codec.hosts import SocketAddress
 from rmqstore.common.codec.msgid import offset_msg_id, offset_msg_ids
 from rmqstore.common.codec.record import encode_records, set_physical_offsets
-from rmqstore.common.conventions import (
-    MESSAGING_BATCH_MESSAGE_COUNT,
-    MESSAGING_DESTINATION_NAME,
-    MESSAGING_MESSAGE_ID,
-    MESSAGING_SYSTEM,
-    ROCKETMQ,
-)
 from rmqstore.common.errors import (
     Corruption,
     InvalidArgument,
@@ -55,12 +48,12 @@ from rmqstore.common.files.mapped import fsync_directory, makedirs_durable
 from rmqstore.common.files.progress import ProgressPublisher
 from rmqstore.common.files.scan import ColumnScan
 from rmqstore.common.files.store import Dispatcher, StorePaths, geometry_of
-from rmqstore.common.sequences import all_equal
-from rmqstore.common.tracing import leaf_span, links_from_messages, span, tracing_on
+from rmqstore.common.tracing import span, tracing_on
 from rmqstore.writer.background import PeriodicTask
 from rmqstore.writer.config import FlushPolicy, WriterConfig
 from rmqstore.writer.ids import UniqKeyGenerator
 from rmqstore.writer.lock import StoreLock
+from rmqstore.writer.spans import append_span, dispatching
 from rmqstore.writer.topics import TopicTable
 from rmqstore.writer.validate import (
     Limits,
@@ -260,20 +253,6 @@ def _abort_boot_id(path: str) -> str:
             return handle.read(64).decode("ascii", "replace").strip()
     except OSError:
         return ""
-
-
-def _messaging_attributes(batch: MessageBatch) -> dict[str, Any]:
-    """The append span's messaging attributes: the topic when the batch has one, the count
-    when it has more than one message. Few on purpose: the SDK checks every attribute
-    value, a cost paid per group of requests (the client's span has a message's keys and
-    tag)."""
-    attributes: dict[str, Any] = {MESSAGING_SYSTEM: ROCKETMQ}
-    topics = batch.topics
-    if all_equal(topics):
-        attributes[MESSAGING_DESTINATION_NAME] = topics[0]
-    if batch.message_count != 1:
-        attributes[MESSAGING_BATCH_MESSAGE_COUNT] = batch.message_count
-    return attributes
 
 
 def _describe(error: BaseException) -> str:
@@ -631,28 +610,22 @@ class Writer:
             _default_born_hosts(combined.born_hosts, requests, self.store_host)
             batch, peer = combined, None
         assert batch is not None
-        traced = tracing_on()
-        with leaf_span(_TRACER, "rmqstore.append", _messaging_attributes(batch) if traced else None) as current:
+        with append_span(batch) as current:
             plans, results = self._append_batch(batch, peer)
-            if traced and batch.message_count == 1:
-                current.set_attribute(MESSAGING_MESSAGE_ID, results.uniq_keys[0])
-        try:
-            # Linked to each message's producer (its traceparent property): a batch holds
-            # the messages of many producers, none of them this span's parent. No
-            # attributes: the append span beside it has them.
-            with leaf_span(_TRACER, "rmqstore.dispatch", links=links_from_messages(batch.properties) if traced else None):
+            dispatching(current, results.uniq_keys)
+            try:
                 self.dispatcher.dispatch_batch(plans)
-        except Exception as error:
-            # The commit log is the truth: the records stay, and their dispatch is
-            # completed once the resource returns. Until then nothing past them is
-            # published (query nodes see none of them) and writes are refused.
-            first, last = results.commitlog_offsets[0], results.commitlog_offsets[-1] + results.sizes[-1]
-            self.dispatch_pending = f"dispatch of commit log [{first}, {last}) failed: {_describe(error)}"
-            raise Unavailable(
-                f"the batch is in the commit log at offsets [{first}, {last}) but its dispatch failed "
-                f"({_describe(error)}); its messages become visible once the dispatch completes, "
-                "and the writer refuses writes until then"
-            ) from error
+            except Exception as error:
+                # The commit log is the truth: the records stay, and their dispatch is
+                # completed once the resource returns. Until then nothing past them is
+                # published (query nodes see none of them) and writes are refused.
+                first, last = results.commitlog_offsets[0], results.commitlog_offsets[-1] + results.sizes[-1]
+                self.dispatch_pending = f"dispatch of commit log [{first}, {last}) failed: {_describe(error)}"
+                raise Unavailable(
+                    f"the batch is in the commit log at offsets [{first}, {last}) but its dispatch failed "
+                    f"({_describe(error)}); its messages become visible once the dispatch completes, "
+                    "and the writer refuses writes until then"
+                ) from error
         self._publish_dispatched()
         start = 0
         for request in requests:

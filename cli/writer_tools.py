@@ -579,44 +579,54 @@ def cmd_send(args: argparse.Namespace) -> int:
 
 
 def _send(args: argparse.Namespace, message: messages_pb2.Message | None, span: Any) -> int:
-    from rmqstore.cli import bulk_send
-    from rmqstore.client import WriterClient, tracing
+    from rmqstore.client import WriterClient, send_file, tracing
+    from rmqstore.common.conventions import TRACEPARENT
 
-    stamp = None if span is None else tracing.traceparent(span)
+    # The send's trace context is stored with each message that has none of its own,
+    # sent once a request (SendBatchRequest.shared_properties).
+    shared = {} if span is None else {TRACEPARENT: tracing.traceparent(span)}
     if message is None:
-        # The whole file is read, checked and encoded before anything is sent, so a bad
-        # line costs nothing.
-        prepared = bulk_send.prepare(args.file, client_limits(), args.batch_size, stamp)
+        # The whole file is read and checked before anything is sent, so a bad line costs
+        # nothing. Parsing makes a dict a line and no reference cycles: the cyclic
+        # collector would only walk the growing heap again and again, so it is off
+        # meanwhile, and what is kept is then moved out of its later passes.
+        gc.disable()
+        try:
+            columns = send_file.read_file(args.file, client_limits(), shared)
+        finally:
+            gc.freeze()
+            gc.enable()
+        batch_size = args.batch_size
     else:
-        queue_id = message.queue_id if message.HasField("queue_id") else None
-        columns = bulk_send.Columns([message.topic], [queue_id], [message.body], [list(message.keys)], [message.tags], [""], [None])
-        prepared = bulk_send.Prepared(bulk_send.encode_batches(columns, 1, bulk_send.context_field(stamp)), columns.topics, [1])
-    requests, topics, batch_sizes, total = prepared.requests, prepared.topics, prepared.batch_sizes, len(prepared.topics)
-    del prepared
+        columns, batch_size = send_file.one_message(message), 1
+    topics, total = columns.topics, len(columns)
+    sending: Iterator[bytes] = send_file.requests(columns, batch_size, shared)
     batches: tracing.BatchSpans | None = None
-    sending: Iterator[bytes] | list[bytes] = requests
     if span is not None and message is None:
         tracing.describe_file(span, topics)
         batches = tracing.BatchSpans(span)
-        sending = batches.requests(requests, topics, batch_sizes)
+        sending = batches.requests(sending, topics, send_file.batch_sizes(total, batch_size))
     on_terminal = args.file is not None and sys.stderr.isatty()
     progress = _Progress(total, shown=on_terminal, live=not (args.acks == "all" and sys.stdout.isatty()))
-    out = sys.stdout
+    sys.stdout.flush()
+    out = sys.stdout.buffer
     sent = 0
     try:
         # The stream only: its spans are the send's own (no unary call's span wrapper).
         with WriterClient(channel_from(args, args.endpoint, unary_spans=False), args.endpoint) as client:
             for response in client.send_stream(sending, args.timeout, tracing.metadata(span)):
-                count = bulk_send.acked(response)
+                compact = response.compact
+                count = len(compact.commitlog_offsets)
                 if batches is not None:
                     batches.acked()
-                elif span is not None and response.compact.uniq_keys:
-                    tracing.acknowledged(span, response.compact.uniq_keys[0])
+                elif span is not None and compact.uniq_keys:
+                    tracing.acknowledged(span, compact.uniq_keys[0])
                 if args.acks == "all":
-                    out.write(bulk_send.ack_text(response, topics[sent : sent + count]))
+                    out.write(send_file.ack_lines(compact, topics[sent : sent + count]))
                 sent += count
                 progress.advance(count)
     except KeyboardInterrupt:
+        out.flush()
         progress.finish()
         if batches is not None:
             batches.close()
@@ -628,6 +638,7 @@ def _send(args: argparse.Namespace, message: messages_pb2.Message | None, span: 
         )
         return exits.EXIT_INTERRUPTED
     except grpc.RpcError as error:
+        out.flush()
         progress.finish()
         if batches is not None:
             batches.close(error)
@@ -635,13 +646,14 @@ def _send(args: argparse.Namespace, message: messages_pb2.Message | None, span: 
             tracing.failed(span, error)
         note = f" ({progress.acked} of {progress.total} messages were acknowledged before it)" if progress.acked else ""
         return exits.status_exit(error, note)
+    out.flush()
     progress.finish()
     if batches is not None:
         batches.close()
     if span is not None:
         tracing.succeeded(span)
     if args.acks == "summary":
-        out.write(json.dumps(progress.summary()) + "\n")
+        sys.stdout.write(json.dumps(progress.summary()) + "\n")
     return EXIT_OK
 
 

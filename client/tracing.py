@@ -20,7 +20,7 @@ import contextlib
 import sys
 import threading
 import time
-from collections.abc import Iterator, MutableMapping, Sequence
+from collections.abc import Iterable, Iterator, MutableMapping, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import grpc
@@ -249,7 +249,7 @@ class BatchSpans:
         self._batch_sizes: Sequence[int] = ()
         self._closed = False
 
-    def requests(self, requests: Sequence[bytes], topics: Sequence[str], batch_sizes: Sequence[int]) -> Iterator[bytes]:
+    def requests(self, requests: Iterable[bytes], topics: Sequence[str], batch_sizes: Sequence[int]) -> Iterator[bytes]:
         """``requests`` as gRPC takes them, each starting its batch's span; ``topics`` has
         each message's topic, ``batch_sizes`` each request's message count."""
         self._topics, self._batch_sizes = topics, batch_sizes

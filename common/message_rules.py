@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import operator
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -186,10 +187,17 @@ def plainly_valid(batch: MessageBatch, limits: Limits) -> bool:
     extension is built): True means every message passes :func:`validate_message`;
     False means some message may not (it is then checked one by one, which finds the
     first problem and words it)."""
-    if not all(map(sendable_topic, set(batch.topics))):
-        return False
     properties_bytes = plain_properties_bytes(batch.properties) if any(batch.properties) else 0
     if properties_bytes is None:
+        return False
+    return plainly_valid_beside(batch, limits, properties_bytes)
+
+
+def plainly_valid_beside(batch: MessageBatch, limits: Limits, properties_bytes: int) -> bool:
+    """:func:`plainly_valid` for messages whose properties are screened already (their
+    column is not read): each passes the property rules and encodes to at most
+    ``properties_bytes`` (:func:`plain_property_columns`)."""
+    if not all(map(sendable_topic, set(batch.topics))):
         return False
     room = tags_room(limits, properties_bytes)
     if _speedups is not None:
@@ -258,6 +266,28 @@ def plain_properties_bytes(properties: Sequence[Mapping[str, str]]) -> int | Non
             return None
         largest = max(largest, size)
     return largest
+
+
+def plain_property_columns(counts: Sequence[int], names: Sequence[str], values: Sequence[str]) -> int | None:
+    """The properties of many messages as columns (message i has ``counts[i]`` pairs,
+    taken in order from ``names`` and ``values``, its names distinct): at least the
+    encoded size of the largest message's when every pair passes
+    :func:`validate_message`'s property rules, else None. Whole-column passes, for
+    messages that each bring properties of their own (a file of exported messages),
+    where screening each mapping on its own would cost a Python step a message."""
+    if not names:
+        return 0
+    if "" in names or "" in values or not RESERVED_PROPERTIES.isdisjoint(names):
+        return None
+    if not _plain_text("".join(names)) or not _plain_text("".join(values)):
+        return None
+    # A pair is encoded as name 0x01 value 0x02: its UTF-8 lengths and two bytes.
+    name_bytes = map(len, map(str.encode, names))
+    value_bytes = map(len, map(str.encode, values))
+    ends: list[int] = list(itertools.accumulate(map(operator.add, name_bytes, value_bytes), initial=0))
+    bounds = list(itertools.accumulate(counts, initial=0))
+    largest: int = max(map(operator.sub, map(ends.__getitem__, bounds[1:]), map(ends.__getitem__, bounds)))
+    return largest + 2 * max(counts)
 
 
 # Properties screened lately, by their items: their encoded size, or None where some

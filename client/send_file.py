@@ -25,6 +25,7 @@ from typing import Any
 
 import orjson
 
+from rmqstore.client.jsonl import QUEUE_ID_MAX, message_from_json
 from rmqstore.common.errors import InvalidArgument, invariant
 from rmqstore.common.message_rules import (
     Limits,
@@ -39,8 +40,7 @@ from rmqstore.common.sequences import all_equal
 from rmqstore.v1 import messages_pb2, writer_pb2
 
 KNOWN_FIELDS = frozenset({"topic", "body", "bodyBase64", "keys", "tags", "queueId", "properties", "uniqKey"})
-# A queue id is a Java int; the columns' -1 asks the writer to pick one.
-QUEUE_ID_MAX = 2**31 - 1
+# The columns' queue id that asks the writer to pick one.
 PICKED_BY_WRITER = -1
 
 # Shared, never changed: the default of a message without keys or properties.
@@ -227,8 +227,6 @@ def first_problem(path: str, lines: Sequence[bytes], limits: Limits, shared_prop
     """Check the lines one by one, in order, by every rule (UTF-8, JSON, the format's
     fields, the writer's rules for the message stored with ``shared_properties``); raise
     InvalidArgument for the first bad one, naming it. Returns when every line passes."""
-    from rmqstore.cli.writer_tools import message_from_json
-
     at = 0  # the line's first byte in the file
     for number, line in enumerate(lines, start=1):
         start, at = at, at + len(line) + 1

@@ -37,6 +37,7 @@ from rmqstore.common.files.store import Dispatcher, StoreSizes
 from rmqstore.writer.config import WriterConfig
 from rmqstore.writer.store import AppendResult, Writer
 from rmqstore.writer.validate import (
+    DEFAULT_LIMITS,
     EMPTY_PROPERTIES,
     Limits,
     MessageBatch,
@@ -894,3 +895,25 @@ def test_the_properties_screen_reads_one_shared_mapping_as_its_copies() -> None:
     bad = {"traceparent": "00-\x01"}
     assert plain_properties_bytes([bad] * 1000) is None
     assert plain_properties_bytes([context] * 999 + [bad]) is None
+
+
+_PROPERTY_TEXT = st.text(alphabet=["a", "Z", "0", "é", "\x01", "\x02", " "], max_size=5)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.dictionaries(st.one_of(_PROPERTY_TEXT, st.sampled_from(["KEYS", "TAGS", "p"])), _PROPERTY_TEXT, max_size=4), min_size=1, max_size=6))
+def test_the_property_columns_screen_passes_only_what_the_rules_pass(messages: list[dict[str, str]]) -> None:
+    """Messages' properties as columns (send --file's): the screen passes them only when
+    every message's pass validate_message, and its size is at least each one's encoded
+    size."""
+    from rmqstore.common.message_rules import plain_property_columns
+
+    counts = [len(m) for m in messages]
+    names = [name for m in messages for name in m]
+    values = [value for m in messages for value in m.values()]
+    size = plain_property_columns(counts, names, values)
+    if size is None:
+        return
+    for properties in messages:
+        validate_message(MessageInput("T", properties=properties), DEFAULT_LIMITS)
+        assert len(props.encode_properties(properties)) <= size

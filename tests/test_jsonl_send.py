@@ -18,8 +18,8 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from rmqstore.cli.writer_tools import message_from_json
 from rmqstore.client import send_file
+from rmqstore.client.jsonl import message_from_json
 from rmqstore.common.errors import InvalidArgument
 from rmqstore.common.message_rules import DEFAULT_LIMITS, MessageBatch
 from rmqstore.v1 import writer_pb2

@@ -307,7 +307,6 @@ def requests(columns: Columns, batch_size: int, shared_properties: Mapping[str, 
 
 # An ack line's fields, in this order (the ``--acks all`` output's interface).
 ACK_FIELDS = ("offsetMsgId", "uniqKey", "topic", "queueId", "queueOffset", "commitLogOffset", "storeTimestamp")
-_ack_line = functools.partial(orjson.dumps, option=orjson.OPT_APPEND_NEWLINE)
 
 
 def ack_lines(compact: writer_pb2.CompactResults, topics: Sequence[str]) -> bytes:
@@ -315,13 +314,17 @@ def ack_lines(compact: writer_pb2.CompactResults, topics: Sequence[str]) -> byte
     compact results (``topics``: its messages', in order). A message's offsetMsgId is
     the batch's prefix and its commit log offset in 16 uppercase hex digits."""
     offsets = compact.commitlog_offsets
+    if not offsets:
+        return b""
     ids = map((compact.offset_msg_id_prefix + "%016X").__mod__, offsets)
     stored = compact.store_timestamp_ms
-    return b"".join(
-        map(_ack_line, [
-            {"offsetMsgId": msg_id, "uniqKey": uniq_key, "topic": topic, "queueId": queue_id,
-             "queueOffset": queue_offset, "commitLogOffset": offset, "storeTimestamp": stored}
-            for msg_id, uniq_key, topic, queue_id, queue_offset, offset
-            in zip(ids, compact.uniq_keys, topics, compact.queue_ids, compact.queue_offsets, offsets)
-        ])
-    )  # fmt: skip
+    acks = orjson.dumps([
+        {"offsetMsgId": msg_id, "uniqKey": uniq_key, "topic": topic, "queueId": queue_id,
+         "queueOffset": queue_offset, "commitLogOffset": offset, "storeTimestamp": stored}
+        for msg_id, uniq_key, topic, queue_id, queue_offset, offset
+        in zip(ids, compact.uniq_keys, topics, compact.queue_ids, compact.queue_offsets, offsets)
+    ])  # fmt: skip
+    # One array written at once, then cut into lines between its objects: no value holds
+    # "},{" (numbers, hex ids, uniq keys of ASCII letters and digits, topics of
+    # [%|a-zA-Z0-9_-]), so each "},{" is a boundary.
+    return acks[1:-1].replace(b"},{", b"}\n{") + b"\n"

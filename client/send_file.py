@@ -172,9 +172,16 @@ def _columns(
             return None
     return Columns(
         topics, bodies, list(map(" ".join, key_lists)), tags,
-        [PICKED_BY_WRITER if queue_id is None else queue_id for queue_id in queue_ids] if chosen else [],
+        _queue_id_column(queue_ids, kinds) if chosen else [],
         uniq_keys, counts, names, values, given,
     )  # fmt: skip
+
+
+def _queue_id_column(queue_ids: list[Any], kinds: set[type]) -> list[int]:
+    """The queue ids as the columns give them: -1 where the writer picks."""
+    if _NONE_TYPE not in kinds:
+        return queue_ids
+    return [PICKED_BY_WRITER if queue_id is None else queue_id for queue_id in queue_ids]
 
 
 def _bodies(documents: list[Any], given: frozenset[str], count: int) -> list[bytes] | None:

@@ -241,9 +241,15 @@ def tags_room(limits: Limits, properties_bytes: int) -> int:
     )
 
 
+# More distinct mappings than this in a batch are screened as columns
+# (:func:`plain_property_columns`), not one by one.
+DISTINCT_SCREENED_ALONE_MAX = 16
+
+
 def plain_properties_bytes(properties: Sequence[Mapping[str, str]]) -> int | None:
-    """The encoded size of the largest user properties of a batch when every message's
-    pass :func:`validate_message`'s property rules, else None. Each distinct mapping is
+    """The encoded size of the largest user properties of a batch (at least that size,
+    where many messages bring properties of their own) when every message's pass
+    :func:`validate_message`'s property rules, else None. Each distinct mapping is
     checked once: a producer that stamps every message with the same trace context (as
     rmqstore's client does) hands over one shared mapping, and a batch of them is screened
     as cheaply as one without properties."""
@@ -254,6 +260,12 @@ def plain_properties_bytes(properties: Sequence[Mapping[str, str]]) -> int | Non
         distinct: Iterable[Mapping[str, str]] = (properties[0],) if properties[0] else ()
     else:
         distinct = {id(each): each for each in properties if each}.values()
+        if len(distinct) > DISTINCT_SCREENED_ALONE_MAX:  # exported messages, each with its own
+            return plain_property_columns(
+                list(map(len, distinct)),
+                list(itertools.chain.from_iterable(distinct)),
+                list(itertools.chain.from_iterable(map(operator.methodcaller("values"), distinct))),
+            )
     for mapping in distinct:
         items = tuple(mapping.items())
         size = _screened.get(items, -1)

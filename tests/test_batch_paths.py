@@ -917,3 +917,19 @@ def test_the_property_columns_screen_passes_only_what_the_rules_pass(messages: l
     for properties in messages:
         validate_message(MessageInput("T", properties=properties), DEFAULT_LIMITS)
         assert len(props.encode_properties(properties)) <= size
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.dictionaries(st.one_of(_PROPERTY_TEXT, st.sampled_from(["KEYS", "p"])), _PROPERTY_TEXT, min_size=1, max_size=3), min_size=17, max_size=40))
+def test_many_distinct_mappings_are_screened_as_the_rules_judge_each(messages: list[dict[str, str]]) -> None:
+    """Past a few distinct mappings the screen reads them as columns: it passes them only
+    when each passes the rules alone, at a size no smaller than each one's."""
+    from rmqstore.common.message_rules import DISTINCT_SCREENED_ALONE_MAX, plain_properties_bytes
+
+    assert len(messages) > DISTINCT_SCREENED_ALONE_MAX
+    size = plain_properties_bytes(messages)
+    alone = [plain_properties_bytes([m]) for m in messages]
+    if None in alone:
+        assert size is None
+    else:
+        assert size is not None and size >= max(a for a in alone if a is not None)

@@ -25,19 +25,24 @@ COPY query query
 COPY service service
 COPY pipeline pipeline
 COPY console console
+# The smoke check (.ci/smoke.py, the standard library only), run below against the
+# virtualenv; it stays in this stage.
+COPY .ci/smoke.py .ci/smoke.py
 # setup.py compiles protos/ with grpcio-tools, a build requirement that pip installs in an
 # isolated build environment: it never reaches the virtualenv. It also builds the codecs'
 # C extension (common/codec/speedups_c/), which needs a C compiler in this stage only;
 # every runtime dependency ships binary wheels. pip and setuptools leave the virtualenv
-# once it is complete.
+# once it is complete. Then the image's virtualenv must work as installed: the C extension
+# loads, and CI's smoke check passes with it (a writer, a query node and the console on
+# 127.0.0.1 in a temporary directory, a message sent and found byte for byte).
 RUN apt-get update \
  && apt-get install --yes --no-install-recommends gcc libc6-dev \
  && rm -rf /var/lib/apt/lists/*
 RUN python -m venv /opt/venv \
  && /opt/venv/bin/pip install /src \
  && /opt/venv/bin/python -m pip uninstall --yes pip setuptools \
- && /opt/venv/bin/rmqstore --help > /dev/null \
- && /opt/venv/bin/python -c "from rmqstore.common.codec.speedups import _speedups; assert _speedups"
+ && /opt/venv/bin/python -c "from rmqstore.common.codec.speedups import _speedups; assert _speedups" \
+ && /opt/venv/bin/python /src/.ci/smoke.py /opt/venv/bin/rmqstore
 
 # ---- runtime: the virtualenv, a non-root user, nothing else ----
 FROM ${PYTHON_IMAGE}

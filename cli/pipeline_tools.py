@@ -45,6 +45,20 @@ def _with_spark(args: argparse.Namespace, name: str, job: Callable[[Any, Any], i
             spark.stop()
 
 
+def _needs_extra(command: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    """``command``, run only once the ``pipeline`` extra is known to be installed: a job's
+    modules import PySpark and pyarrow, which a plain install lacks (one error line naming
+    the extra, exit 2)."""
+
+    def run(args: argparse.Namespace) -> int:
+        from rmqstore.pipeline import session
+
+        session.require_extra()
+        return command(args)
+
+    return run
+
+
 def _add_store(parser: argparse.ArgumentParser) -> None:
     """The store, positional as the jobs have always taken it, or ``--store`` as the
     servers and lookups take it."""
@@ -70,6 +84,7 @@ def _store_root(args: argparse.Namespace) -> None:
         raise InvalidArgument(str(error)) from None
 
 
+@_needs_extra
 def cmd_reindex(args: argparse.Namespace) -> int:
     from rmqstore.common.files.commitlog import StopReason
     from rmqstore.pipeline import reindex
@@ -98,6 +113,7 @@ def cmd_reindex(args: argparse.Namespace) -> int:
     return _with_spark(args, "reindex", job)
 
 
+@_needs_extra
 def cmd_export(args: argparse.Namespace) -> int:
     import os
 
@@ -131,6 +147,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     return _with_spark(args, "export", job)
 
 
+@_needs_extra
 def cmd_load(args: argparse.Namespace) -> int:
     import os
 
@@ -171,6 +188,7 @@ def cmd_load(args: argparse.Namespace) -> int:
     return _with_spark(args, "load", job)
 
 
+@_needs_extra
 def cmd_stats(args: argparse.Namespace) -> int:
     from rmqstore.pipeline import stats
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import hashlib
+import importlib.util
 import os
 import re
 import shutil
@@ -54,6 +55,18 @@ class SparkUnavailable(StoreError):
 
 class JobFailed(StoreError):
     """A Spark job failed for a reason that is not one of the store's own errors."""
+
+
+# The `pipeline` extra: the modules a job imports (pandas is PySpark's, for Arrow batches).
+EXTRA_MODULES = ("pyspark", "pyarrow", "pandas")
+
+
+def require_extra() -> None:
+    """Raise SparkUnavailable, naming the extra to install, when a module of the
+    ``pipeline`` extra is missing: a plain ``pip install rmqstore`` has none of them."""
+    missing = [name for name in EXTRA_MODULES if importlib.util.find_spec(name) is None]
+    if missing:
+        raise SparkUnavailable(f"the pipeline needs {', '.join(missing)}, not installed: pip install 'rmqstore[pipeline]'")
 
 
 def under_spark_submit() -> bool:
@@ -123,11 +136,10 @@ def start(master: str | None = None, *, app_name: str = "rmqstore-pipeline", ver
     Unless ``verbose``, the JVM's own output goes to a file removed at exit: failures
     reach the user through :func:`explain`, one line each.
     """
-    try:
-        from pyspark import SparkConf, SparkContext
-        from pyspark.sql import SparkSession
-    except ImportError:
-        raise SparkUnavailable("PySpark is not installed: pip install 'rmqstore[pipeline]'") from None
+    require_extra()
+    from pyspark import SparkConf, SparkContext
+    from pyspark.sql import SparkSession
+
     from rmqstore.pipeline.source import register
 
     if under_spark_submit():

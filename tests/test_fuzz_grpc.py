@@ -27,10 +27,9 @@ from rmqstore.service.channels import open_channel
 from rmqstore.service.server import AsyncServing
 from rmqstore.v1 import messages_pb2, query_pb2, query_pb2_grpc, writer_pb2
 
-# Per method: 1,000 by default (a minute or two for the 36 methods: the writer's, the query
-# node's and the writer's RocketMQ 5 gateway's); CI runs the full count, 10,000 a method
-# (.ci/run sets FUZZ_EXAMPLES). 180,000 requests to the first 18 took 11 min 43 s on two
-# shared cores (2026-11-25, every method passing).
+# Requests a method (the writer's, the query node's and the writer's RocketMQ 5 gateway's):
+# 1,000 unless FUZZ_EXAMPLES says otherwise; a release runs 10,000 (README.md, "Set-up").
+# What each count costs: benchmarks/CI.md.
 EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "1000"))
 RPC_TIMEOUT_S = 10.0
 DOCUMENTED = {

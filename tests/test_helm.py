@@ -860,6 +860,18 @@ def test_dockerfile_copies_every_package_and_dockerignore_admits_only_that() -> 
     assert not admitted & {".git", ".venv", "tests", "demo-store", "helm", ".ci"}
 
 
+def test_dockerfile_build_stage_runs_the_smoke_check_on_the_installed_virtualenv() -> None:
+    """The image's smoke step is CI's (.ci/smoke.py: nodes started, a message sent and
+    found), run with the virtualenv that the runtime stage copies, once it is complete."""
+    build = dockerfile_stages()[1]
+    commands = [command.strip() for i in build if i.keyword == "RUN" for command in i.arguments.split("&&")]
+    install = commands.index("/opt/venv/bin/pip install /src")
+    smoke = commands.index("/opt/venv/bin/python /src/.ci/smoke.py /opt/venv/bin/rmqstore")
+    assert install < commands.index("/opt/venv/bin/python -m pip uninstall --yes pip setuptools") < smoke
+    assert "COPY .ci/smoke.py .ci/smoke.py" in [f"{i.keyword} {i.arguments}" for i in build]
+    assert (ROOT / ".ci" / "smoke.py").is_file()
+
+
 # Chart metadata
 
 

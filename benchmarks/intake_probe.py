@@ -10,11 +10,15 @@ trust; wall time moves with the neighbours.
 
 ``--python`` names the interpreter that runs the writer (its installed rmqstore is the
 code measured); given more than once, the rounds alternate between them, so an old and a
-new tree are compared in the same run under the same load. Prints one JSON line: every
-round's figures, the median per interpreter, and the ratio of each one's median CPU per
-message to the first's.
+new tree are compared in the same run under the same load. ``--shape`` (once per
+``--python``, in the same order; ``messages`` where not given) is how that writer's
+requests carry their messages: one Message each (``messages``) or as
+``SendBatchRequest.columns`` (``columns``). Prints one JSON line: every round's figures,
+the median per interpreter (and shape, where shapes are given), and the ratio of each
+one's median CPU per message to the first's.
 
     python benchmarks/intake_probe.py [--batches 200] [--rounds 3] [--python OLD --python NEW]
+        [--shape messages --shape columns]
 """
 
 from __future__ import annotations
@@ -56,15 +60,32 @@ def process_cpu_s(pid: int) -> float:
     return (utime + stime) / _CLOCK_TICKS_S
 
 
-def encoded_batches(batches: int, body_bytes: int) -> list[bytes]:
+def encoded_batches(batches: int, body_bytes: int, shape: str = "messages") -> list[bytes]:
     workload = Workload(WorkloadSpec(batches * BATCH_MESSAGES, body_bytes))
-    return [
-        writer_pb2.SendBatchRequest(messages=workload.proto_messages(indexes), compact_results=True).SerializeToString()
-        for indexes in workload.batches(BATCH_MESSAGES)
-    ]
+    requests = []
+    for indexes in workload.batches(BATCH_MESSAGES):
+        messages = workload.proto_messages(indexes)
+        if shape == "columns":
+            request = writer_pb2.SendBatchRequest(columns=as_columns(messages), compact_results=True)
+        else:
+            request = writer_pb2.SendBatchRequest(messages=messages, compact_results=True)
+        requests.append(request.SerializeToString())
+    return requests
 
 
-def one_round(python: str, payloads: list[bytes], work: Path) -> dict[str, Any]:
+def as_columns(messages: list[Any]) -> writer_pb2.MessageColumns:
+    """Proto messages (no properties, no born host: the workload's) as MessageColumns."""
+    return writer_pb2.MessageColumns(
+        bodies=[m.body for m in messages],
+        topics=[m.topic for m in messages],
+        queue_ids=[m.queue_id if m.HasField("queue_id") else -1 for m in messages],
+        keys=[" ".join(m.keys) for m in messages],
+        tags=[m.tags for m in messages],
+        uniq_keys=[m.uniq_key for m in messages],
+    )
+
+
+def one_round(python: str, payloads: list[bytes], work: Path, label: str) -> dict[str, Any]:
     """A fresh store and writer run by ``python``; the payloads sent on one SendStream."""
     store = work / "store"
     shutil.rmtree(store, ignore_errors=True)
@@ -87,7 +108,7 @@ def one_round(python: str, payloads: list[bytes], work: Path) -> dict[str, Any]:
     if acked != messages:
         raise RuntimeError(f"the writer acknowledged {acked} of {messages} messages")
     return {
-        "python": python,
+        "python": label,
         "messages": messages,
         "writer_cpu_s": round(cpu_s, 3),
         "writer_cpu_us_per_msg": round(cpu_s / messages * 1e6, 3),
@@ -102,15 +123,22 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--rounds", type=int, default=3, help="rounds per interpreter")
     parser.add_argument("--body-bytes", type=int, default=256)
     parser.add_argument("--python", action="append", help="the writer's interpreter (repeat to alternate)")
+    parser.add_argument(
+        "--shape", action="append", choices=("messages", "columns"), help="each --python's request shape, in order"
+    )
     parser.add_argument("--work", help="scratch directory (default: a temporary one, removed)")
     args = parser.parse_args(argv)
-    pythons = args.python or [sys.executable]
-    payloads = encoded_batches(args.batches, args.body_bytes)
+    interpreters = args.python or [sys.executable]
+    shapes = (args.shape or []) + ["messages"] * (len(interpreters) - len(args.shape or []))
+    # Each writer's label: its interpreter, and with --shape its requests' shape.
+    runs = [(python, shape, f"{python} {shape}" if args.shape else python) for python, shape in zip(interpreters, shapes)]
+    pythons = [label for _, _, label in runs]
+    payloads = {shape: encoded_batches(args.batches, args.body_bytes, shape) for shape in set(shapes)}
     rounds = []
     with tempfile.TemporaryDirectory(prefix="intake-probe-", dir=args.work) as scratch:
         for _ in range(args.rounds):
-            for python in pythons:
-                rounds.append(one_round(python, payloads, Path(scratch)))
+            for python, shape, label in runs:
+                rounds.append(one_round(python, payloads[shape], Path(scratch), label))
     medians = {
         python: {
             key: statistics.median(r[key] for r in rounds if r["python"] == python)

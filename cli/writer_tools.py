@@ -281,6 +281,7 @@ def cmd_writer_serve(args: argparse.Namespace) -> int:
     from rmqstore.service.metrics import configure_metrics
     from rmqstore.service.server import AsyncServing
     from rmqstore.service.telemetry import configure_tracing
+    from rmqstore.v1 import writer_pb2_grpc
     from rmqstore.writer.config import FlushPolicy, WriterConfig
     from rmqstore.writer.consumers import ConsumerGroups, check_group
     from rmqstore.writer.rocketmq5 import (
@@ -291,7 +292,7 @@ def cmd_writer_serve(args: argparse.Namespace) -> int:
         acl_rules,
     )
     from rmqstore.writer.rocketmq5 import SERVICE_NAME as MESSAGING_SERVICE_NAME
-    from rmqstore.writer.service import SERVICE_NAME, WriterServicer, add_writer_service
+    from rmqstore.writer.service import SERVICE_NAME, WriterServicer
     from rmqstore.writer.store import Writer
 
     # The store, TLS files and the ACL are checked before anything else: a bad one costs no recovery.
@@ -344,7 +345,7 @@ def cmd_writer_serve(args: argparse.Namespace) -> int:
     messaging = MessagingServicer(writer, servicer.appender, route, groups, policy)
 
     def register(server: grpc.aio.Server) -> None:
-        add_writer_service(servicer, server)
+        writer_pb2_grpc.add_WriterServiceServicer_to_server(servicer, server)
         messaging_pb2_grpc.add_MessagingServiceServicer_to_server(messaging, server)
 
     try:

@@ -34,7 +34,7 @@ from rmqstore.service.server import AsyncServing
 from rmqstore.v1 import messages_pb2, query_pb2, query_pb2_grpc, writer_pb2, writer_pb2_grpc
 from rmqstore.writer.config import WriterConfig
 from rmqstore.writer.service import SERVICE_NAME as WRITER_SERVICE
-from rmqstore.writer.service import WriterServicer, add_writer_service
+from rmqstore.writer.service import WriterServicer
 from rmqstore.writer.store import Writer
 
 RPC_TIMEOUT_S = 10.0
@@ -86,7 +86,7 @@ class Guarded:
         self.writer = Writer(WriterConfig(store=str(root), sizes=SMALL))
         self.servicer = WriterServicer(self.writer)
         self.writer_serving = AsyncServing(
-            lambda s: add_writer_service(self.servicer, s),
+            lambda s: writer_pb2_grpc.add_WriterServiceServicer_to_server(self.servicer, s),
             [WRITER_SERVICE], host="127.0.0.1", port=0, credentials=None, health_port=None, acl=acl,
         )  # fmt: skip
         self.view = StoreView(str(root), SMALL)

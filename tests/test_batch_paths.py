@@ -118,20 +118,23 @@ def test_messages_sharing_one_mapping_encode_as_each_alone(user: dict[str, str],
 
 
 def test_a_requests_equal_properties_are_read_into_one_shared_mapping() -> None:
-    from rmqstore.v1 import messages_pb2
-    from rmqstore.writer.service import to_batch
+    """As ``messages`` and as ``columns``, a run of messages with equal properties shares
+    one mapping (an empty one between them does not break the run)."""
+    from rmqstore.v1 import messages_pb2, writer_pb2
+    from rmqstore.writer.service import columns_batch, to_batch
 
     context = {"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}
     other = {"traceparent": "00-0af7651916cd43dd8448eb211c80319c-00f067aa0ba902b7-01", "origin": "x"}
-    from rmqstore.common.codec.speedups import _speedups
-    from rmqstore.v1 import writer_pb2
-
     shapes: list[dict[str, str]] = [context, context, {}, context, other, other, context]
     messages = [messages_pb2.Message(topic="T", body=b"b", properties=shape) for shape in shapes]
-    read_off_bytes = _speedups.send_batch_columns(
-        writer_pb2.SendBatchRequest(messages=messages).SerializeToString(), EMPTY_PROPERTIES
-    )[4]  # the compiled reading of the request's bytes, which the writer takes first
-    for properties in (to_batch(messages).properties, read_off_bytes):
+    columns = writer_pb2.MessageColumns(
+        bodies=[b"b"] * len(shapes),
+        topics=["T"],
+        property_counts=[len(shape) for shape in shapes],
+        property_names=[name for shape in shapes for name in shape],
+        property_values=[value for shape in shapes for value in shape.values()],
+    )
+    for properties in (to_batch(messages).properties, columns_batch(columns).properties):
         assert [dict(each) for each in properties] == shapes
         first, second, empty, after_gap, third, fourth, last = properties
         assert first is second and third is fourth and first is not third and last is not third

@@ -388,3 +388,20 @@ def test_the_intake_probe_measures_the_writers_cpu_per_message() -> None:
         assert row["writer_cpu_s"] >= 0 and row["msgs_per_s"] > 0
         assert row["writer_cpu_us_per_msg"] == round(row["writer_cpu_s"] / 3000 * 1e6, 3)
     assert list(result["medians"]) == [python]
+
+
+def test_the_intake_probe_sends_each_writer_its_own_request_shape() -> None:
+    """--shape: one writer takes the messages as Message objects, the other as
+    SendBatchRequest.columns; every message acked by each (the probe checks), each
+    labelled with its shape."""
+    python = sys.executable
+    done = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "intake_probe.py"), "--batches", "2", "--rounds", "1",
+         "--python", python, "--python", python, "--shape", "messages", "--shape", "columns"],
+        cwd=REPO, capture_output=True, text=True, timeout=TIMEOUT_S, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout)
+    assert [r["python"] for r in result["rounds"]] == [f"{python} messages", f"{python} columns"]
+    assert [r["messages"] for r in result["rounds"]] == [2000, 2000]
+    assert list(result["cpu_per_msg_vs_first"]) == [f"{python} messages", f"{python} columns"]

@@ -34,7 +34,7 @@ from rmqstore.service.server import AsyncServing, start_server
 from rmqstore.v1 import messages_pb2, query_pb2, query_pb2_grpc, writer_pb2, writer_pb2_grpc
 from rmqstore.writer.config import WriterConfig
 from rmqstore.writer.service import SERVICE_NAME as WRITER_SERVICE
-from rmqstore.writer.service import WriterServicer, add_writer_service
+from rmqstore.writer.service import WriterServicer
 from rmqstore.writer.store import Writer
 
 RPC_TIMEOUT_S = 10.0
@@ -666,7 +666,7 @@ def test_a_producer_that_reads_no_acks_is_held_then_closed(tmp_path: Path) -> No
     store = Writer(config)
     servicer = WriterServicer(store, stalled_write_s=1.0)
     serving = AsyncServing(
-        lambda s: add_writer_service(servicer, s),
+        lambda s: writer_pb2_grpc.add_WriterServiceServicer_to_server(servicer, s),
         [WRITER_SERVICE],
         host="127.0.0.1",
         port=0,

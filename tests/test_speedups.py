@@ -1169,16 +1169,6 @@ def test_no_call_leaks_what_it_builds(tmp_path: Path) -> None:
     logged = _sample_record(commitlog_offset=0)
     (tmp_path / "log").write_bytes(logged * 3)  # one record read, two handed back
     descriptor = os.open(tmp_path / "log", os.O_RDONLY)
-    from rmqstore.v1 import messages_pb2, writer_pb2
-
-    request_bytes = writer_pb2.SendBatchRequest(
-        messages=[
-            messages_pb2.Message(topic="T", queue_id=1, body=b"b", keys=["k", "l"], tags="t", properties={"a": "é"}),
-            messages_pb2.Message(topic="T", uniq_key="AB", flag=3, born_timestamp_ms=9),
-        ]
-    ).SerializeToString()
-    shared_bytes = writer_pb2.SendBatchRequest(shared_properties={"traceparent": "t", "a": "shared"}).SerializeToString()
-
     def refused(call, *args):  # type: ignore[no-untyped-def]
         try:
             call(*args)
@@ -1218,19 +1208,10 @@ def test_no_call_leaks_what_it_builds(tmp_path: Path) -> None:
                                              2, 100, 4, 10, 10, 10, b""),  # fmt: skip
         lambda: _speedups.jsonl_send_batches(b'{"topic":"T"}\n{"topic":"T","x":1}\n', 2, 100, 4, 10, 10, 10, b"2"),
         lambda: refused(_speedups.jsonl_send_batches, b"{}", 0, 100, 4, 10, 10, 10, b""),
-        lambda: _speedups.send_batch_columns(request_bytes, validate.EMPTY_PROPERTIES),
-        lambda: _speedups.send_batch_columns(request_bytes[:-1], validate.EMPTY_PROPERTIES),  # cut short: None
-        lambda: _speedups.send_batch_columns(request_bytes + shared_bytes, validate.EMPTY_PROPERTIES),  # merged
-        lambda: _speedups.send_batch_columns(request_bytes + shared_bytes[:-1], validate.EMPTY_PROPERTIES),  # cut: None
-        lambda: _speedups.send_batch_columns(b"\x0a\x05\x0a\x01T\x3a\x80", validate.EMPTY_PROPERTIES),  # 0x80: None
-        lambda: refused(_speedups.send_batch_columns, "not bytes", validate.EMPTY_PROPERTIES),
         lambda: _speedups.queue_unit_blocks(["A", "B", "A"], [0, 1, 0], [4, 0, 5], [1, 2, 3], [1, 2, 3], [1, 2, 3]),
         lambda: _speedups.queue_unit_blocks(["A", "B", "A"], [0, 1, 0], [4, 0, 6], [1, 2, 3], [1, 2, 3], [1, 2, 3]),
         lambda: _speedups.queue_unit_blocks(["A", "B", "A"], [0, 1, 0], [4, 0, 5], [1, 2, 3], [1, 2**40, 3], [1, 2, 3]),
         lambda: refused(_speedups.queue_unit_blocks, ["A"], [0, 1], [0], [1], [1], [1]),
-        lambda: _speedups.compact_response_bytes("7F00000100002A9F", 5, ["AB", ""], [1, -1], [2, 3], [3, 4], [4, 5]),
-        lambda: _speedups.compact_response_bytes("7F00000100002A9F", 5, ["AB", ""], [1, -1], [2, 3], [3, 4], [4, 2**40]),
-        lambda: refused(_speedups.compact_response_bytes, "p", 1, 5, [], [], [], []),
     ]
     for call in calls:
         for _ in range(200):
@@ -1282,123 +1263,6 @@ def test_the_batch_screen_passes_properties_only_when_every_message_is_valid(  #
     # (The second limits leave TAGS no room beside any user property: never screened.)
     if limits is _SCREEN_LIMITS[0] and valid and plain and all(v in ("x", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01") for p in properties for v in p.values()):
         assert compiled  # small, plain properties take the screen's path
-
-
-# Reading a SendBatchRequest's bytes into columns (writer.service.request_columns)
-
-_INT32 = st.integers(-(2**31), 2**31 - 1)
-_WIRE_TEXT = st.one_of(st.sampled_from(["", "TopicA", "TagB", "é", "k 1"]), st.text(max_size=8))
-_WIRE_MESSAGES = st.lists(
-    st.fixed_dictionaries(
-        {},
-        optional={
-            "topic": _WIRE_TEXT,
-            "queue_id": _INT32,
-            "body": st.binary(max_size=16),
-            "keys": st.lists(_WIRE_TEXT, max_size=3),
-            "tags": _WIRE_TEXT,
-            "properties": st.dictionaries(_WIRE_TEXT, _WIRE_TEXT, max_size=3),
-            "uniq_key": _WIRE_TEXT,
-            "flag": _INT32,
-            "born_timestamp_ms": st.integers(-(2**63), 2**63 - 1),
-        },
-    ),
-    max_size=6,
-)
-
-
-def _compiled_and_python_columns(request_bytes: bytes):  # type: ignore[no-untyped-def]
-    """The compiled columns of the bytes, and the Python definition's of what protobuf
-    parses them into (None when protobuf refuses them)."""
-    from google.protobuf.message import DecodeError
-
-    from rmqstore.v1 import writer_pb2
-    from rmqstore.writer.service import to_batch, with_shared_properties
-
-    compiled = _speedups.send_batch_columns(request_bytes, validate.EMPTY_PROPERTIES)
-    try:
-        parsed = writer_pb2.SendBatchRequest.FromString(request_bytes)
-    except DecodeError:
-        return compiled, None
-    messages = with_shared_properties(parsed.messages, parsed.shared_properties) if parsed.shared_properties else parsed.messages
-    return compiled, tuple(to_batch(messages))
-
-
-@settings(max_examples=400, deadline=None)
-@given(_WIRE_MESSAGES, st.booleans(), st.dictionaries(_WIRE_TEXT, _WIRE_TEXT, max_size=2))
-@example([{"topic": "T", "queue_id": -1, "flag": -(2**31), "born_timestamp_ms": -1}], True, {})
-@example([{"topic": "T", "properties": {"": "", "a": "b"}}, {"topic": "T"}], False, {})
-@example([{"topic": "T", "properties": {"traceparent": "own", "a": "b"}}, {"topic": "T"}] * 2, True, {"traceparent": "shared"})
-def test_request_columns_are_what_the_python_reading_gives(messages, compact: bool, shared: dict[str, str]) -> None:  # type: ignore[no-untyped-def]
-    """Every field of every message, defaults and negatives included, and the request's
-    shared properties: the columns read off the bytes equal to_batch's of the parsed
-    request (each message given the shared properties it does not set), the empty
-    properties being the one shared empty mapping as there."""
-    from rmqstore.v1 import messages_pb2, writer_pb2
-
-    request = writer_pb2.SendBatchRequest(
-        messages=[messages_pb2.Message(**m) for m in messages], compact_results=compact, shared_properties=shared
-    )
-    compiled, python = _compiled_and_python_columns(request.SerializeToString())
-    assert compiled is not None and python is not None
-    assert compiled == python
-    if shared:
-        # A run of messages with equal properties of their own shares one merged mapping.
-        runs = [i for i in range(1, len(messages)) if messages[i].get("properties") and messages[i] .get("properties") == messages[i - 1].get("properties")]
-        assert all(compiled[4][i] is compiled[4][i - 1] for i in runs)
-    for mine, theirs in zip(compiled[4], python[4]):
-        assert (mine is validate.EMPTY_PROPERTIES) == (theirs is validate.EMPTY_PROPERTIES)
-        assert type(mine) is type(theirs) or theirs is validate.EMPTY_PROPERTIES
-
-
-def test_request_columns_leave_born_hosts_unknown_fields_and_bad_bytes_to_the_python_reading() -> None:
-    """None, never other columns, wherever the Python reading must decide: a born host
-    (parsed, maybe refused with its message's number), a field this reader does not know,
-    bytes protobuf refuses (not UTF-8, cut short); through the service, the born host's
-    refusal keeps its exact words."""
-    from rmqstore.v1 import messages_pb2, writer_pb2
-    from rmqstore.writer.service import (
-        _group_batch,
-        _Pending,
-        batch_response,
-        request_columns,
-        to_batch,
-    )
-
-    good = messages_pb2.Message(topic="T", body=b"b", keys=["k"], uniq_key="AB")
-    hosted = writer_pb2.SendBatchRequest(messages=[good, messages_pb2.Message(topic="T", born_host="nowhere")])
-    assert request_columns(writer_pb2.SendBatchRequest(messages=[good])) is not None
-    assert request_columns(hosted) is None
-    assert _speedups.send_batch_columns(hosted.SerializeToString(), validate.EMPTY_PROPERTIES) is None
-    unknown_field = writer_pb2.SendBatchRequest(messages=[good]).SerializeToString() + b"\x18\x01"  # field 3
-    unknown_in_message = b"\x0a\x04\x0a\x01T\x58\x01"  # Message field 11
-    not_utf8 = b"\x0a\x03\x0a\x01\xff"  # a topic of byte 0xFF
-    cut = writer_pb2.SendBatchRequest(messages=[good]).SerializeToString()[:-1]
-    for data in (unknown_field, unknown_in_message, not_utf8, cut, b"\x0a\x7f", b"\x0a\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\x01"):
-        compiled, _ = _compiled_and_python_columns(data)
-        assert compiled is None, data
-    assert _compiled_and_python_columns(not_utf8)[1] is None  # protobuf refuses it too
-    with pytest.raises(TypeError, match="send_batch_columns takes"):
-        _speedups.send_batch_columns(b"")
-    with pytest.raises(TypeError):
-        _speedups.send_batch_columns("not bytes", validate.EMPTY_PROPERTIES)
-    assert _speedups.send_batch_columns(b"", validate.EMPTY_PROPERTIES) == tuple([] for _ in range(10))
-    # The group reads the hosted request message by message: its error is the Python one.
-    pending = _Pending(hosted.messages, None, batch_response, None, request=hosted)  # type: ignore[arg-type]
-    _, refused = _group_batch([pending])
-    with pytest.raises(InvalidArgument) as python_error:
-        to_batch(hosted.messages)
-    assert str(python_error.value).startswith("message 2: born_host: ")
-    assert [str(problem) for problem in refused] == [str(python_error.value)]
-
-
-@settings(max_examples=300, deadline=None)
-@given(st.binary(max_size=64))
-@example(b"\x0a\x02\x10\x01")
-@example(b"\x0a\x04\x32\x02\x0a\x00")
-def test_request_columns_of_any_bytes_are_the_python_readings_or_none(data: bytes) -> None:
-    compiled, python = _compiled_and_python_columns(data)
-    assert compiled is None or compiled == python
 
 
 # A dispatch batch's consume queue units grouped by queue (consumequeue.queue_unit_blocks)
@@ -1465,56 +1329,3 @@ def test_queue_unit_blocks_hand_values_of_other_types_back() -> None:
     with pytest.raises(TypeError, match="queue_unit_blocks takes"):
         _speedups.queue_unit_blocks(["A"])
     assert _speedups.queue_unit_blocks([], [], [], [], [], []) == cq.python_queue_unit_blocks([], [], [], [], [], []) == []
-
-
-# A compact SendBatchResponse serialized from the results' columns (writer.service.compact_response_bytes)
-
-
-@settings(max_examples=300, deadline=None)
-@given(
-    st.lists(
-        st.tuples(
-            st.one_of(st.sampled_from(["", "é"]), st.text(alphabet="0123456789ABCDEF", min_size=32, max_size=32)),
-            st.integers(-(2**31), 2**31 - 1),
-            st.integers(-(2**63), 2**63 - 1),
-            st.integers(0, 2**63 - 1),
-            st.integers(-(2**31), 2**31 - 1),
-        ),
-        max_size=20,
-    ),
-    st.integers(-(2**63), 2**63 - 1),
-    st.sampled_from(["127.0.0.1:10911", "[::1]:1"]),
-)
-@example([("AB", -1, -1, 0, 0)], 0, "127.0.0.1:10911")
-def test_compact_response_bytes_are_the_protos_serialization(rows, store_timestamp_ms: int, host: str) -> None:  # type: ignore[no-untyped-def]
-    """Byte for byte what protobuf serializes of compact_response's proto, negative int32s,
-    zero store times and empty strings included; parsed back, the same message."""
-    from rmqstore.v1 import writer_pb2
-    from rmqstore.writer.service import compact_response, compact_response_bytes
-    from rmqstore.writer.store import AppendResults
-
-    columns = [list(column) for column in zip(*rows)] if rows else [[] for _ in range(5)]
-    uniq_keys, queue_ids, queue_offsets, commitlog_offsets, sizes = columns
-    results = AppendResults(SocketAddress.parse(host), store_timestamp_ms, uniq_keys, ["T"] * len(rows), queue_ids,
-                            queue_offsets, commitlog_offsets, sizes)  # fmt: skip
-    expected = compact_response(results).SerializeToString()
-    assert compact_response_bytes(results) == expected
-    assert writer_pb2.SendBatchResponse.FromString(compact_response_bytes(results)) == compact_response(results)
-    if rows:
-        assert _speedups.compact_response_bytes(results[0].offset_msg_id[:-16], store_timestamp_ms, *columns) == expected
-
-
-def test_compact_response_bytes_hand_odd_values_back() -> None:
-    """None where a value is not what the results' columns hold (the proto is then built
-    and serialized, and refuses what it refuses)."""
-    good = ("7F00000100002A9F", 5, ["AB"], [1], [2], [3], [4])
-    assert _speedups.compact_response_bytes(*good) is not None
-    for position, odd in ((0, b"prefix"), (0, "\ud800"), (1, 2**63), (1, 1.5), (2, [b"AB"]), (2, ["\ud800"]), (3, [2**31]),
-                          (4, [2**63]), (5, [1.0]), (6, [-(2**31) - 1]), (3, [True])):  # fmt: skip
-        args = list(good)
-        args[position] = odd
-        assert _speedups.compact_response_bytes(*args) is None, (position, odd)
-    with pytest.raises(TypeError, match="compact_response_bytes takes"):
-        _speedups.compact_response_bytes("p", 1)
-    with pytest.raises(TypeError):
-        _speedups.compact_response_bytes("p", 1, 5, [], [], [], [])

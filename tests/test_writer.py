@@ -16,6 +16,8 @@ from pathlib import Path
 
 import grpc
 import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 
 from rmqstore.common.codec.hosts import SocketAddress
 from rmqstore.common.errors import InvalidArgument
@@ -25,14 +27,14 @@ from rmqstore.common.files.store import StoreSizes
 from rmqstore.service.metrics import WriterMetrics
 from rmqstore.service.server import AsyncServing
 from rmqstore.v1 import messages_pb2, writer_pb2, writer_pb2_grpc
-from rmqstore.writer import service as writer_service
 from rmqstore.writer.config import FlushPolicy, WriterConfig
 from rmqstore.writer.service import (
     SERVICE_NAME,
     GroupAppender,
     WriterServicer,
-    add_writer_service,
     batch_response,
+    columns_batch,
+    request_batch,
     to_batch,
 )
 from rmqstore.writer.store import Writer
@@ -65,7 +67,7 @@ def start_node(store: Path, **overrides: object) -> Node:
     servicer = WriterServicer(writer)
     try:
         serving = AsyncServing(
-            lambda s: add_writer_service(servicer, s),
+            lambda s: writer_pb2_grpc.add_WriterServiceServicer_to_server(servicer, s),
             [SERVICE_NAME],
             host="127.0.0.1",
             port=0,
@@ -167,22 +169,10 @@ def test_stream_acks_each_batch_in_order(node: Node) -> None:
     assert offsets == sorted(offsets) and len(set(offsets)) == 60
 
 
-def test_batches_are_read_off_the_bytes_they_came_in(node: Node, monkeypatch: pytest.MonkeyPatch) -> None:
-    """SendBatch and SendStream, registered by add_writer_service, hand the drain each
-    request with the bytes it arrived in (read into columns without serializing it
-    again); every message is stored as sent, and the Send call still reads its proto."""
-    seen: list[type] = []
-    read = writer_service.request_columns
-
-    def spying(request: object) -> object:
-        seen.append(type(request))
-        return read(request)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(writer_service, "request_columns", spying)
+def test_send_batch_send_stream_and_send_store_each_message_as_sent(node: Node) -> None:
     batch = writer_pb2.SendBatchRequest(messages=[message(keys=["k1", "k2"], body=b"one", tags="t"), message(body=b"two")])
     acked = list(node.stub.SendBatch(batch).results) + [r for response in node.stub.SendStream(iter([batch])) for r in response.results]
     acked.append(node.stub.Send(writer_pb2.SendRequest(message=message(body=b"three"))).result)
-    assert seen == [writer_service.ReceivedBatch] * 2
     stored = [node.writer.log.read(result.commitlog_offset) for result in acked]
     assert [record.body for record in stored] == [b"one", b"two", b"one", b"two", b"three"]
     assert [record.keys for record in stored] == ["k1 k2", None, "k1 k2", None, None]
@@ -572,114 +562,26 @@ def test_time_based_retention_at_the_delete_hour(tmp_path: Path) -> None:
     assert check_store(str(store), SMALL).ok
 
 
-def test_concurrent_appends_are_combined_and_each_keeps_its_own_outcome(tmp_path: Path) -> None:
-    """Callers queued behind an append go in as one group with one fsync; each batch
-    stays contiguous and in order, takes its own caller's address as born host, and a
-    bad batch in the group is refused alone with its own error."""
-    store = tmp_path / "store"
-    writer = Writer(WriterConfig(store=str(store), sizes=SMALL, flush=FlushPolicy.SYNC, auto_create_topics=False))
-    writer.topics.create("Orders", 4)
-    flushes = []
-    flush = writer.flush
-    writer.flush = lambda: flushes.append(flush()) or flushes[-1]  # type: ignore[method-assign]
-    callers = 12
-    too_large = f"bytes of records cannot fit in a commit log file of {SMALL.commitlog_file_size_bytes} bytes"
-    bad = {
-        4: "queue id 7 is out of range: topic Orders has 4 queues",
-        6: too_large,
-        9: "topic Nowhere does not exist and auto-create is off",
-    }
-    outcomes: dict[int, object] = {}
-
-    def batch_of(caller: int) -> list[MessageInput]:
-        if caller == 4:
-            return [MessageInput("Orders", b"bad", queue_id=7)]
-        if caller == 9:
-            return [MessageInput("Nowhere", b"bad")]
-        if caller == 6:  # valid, but larger than a commit log file: refused at layout
-            return [MessageInput("Orders", b"x" * SMALL.commitlog_file_size_bytes, queue_id=2)]
-        return [MessageInput("Orders", f"{caller}-{n}".encode(), keys=[f"c{caller}"], queue_id=caller % 4) for n in range(caller + 1)]
-
-    def append(caller: int) -> None:
-        try:
-            outcomes[caller] = writer.append(batch_of(caller), peer=SocketAddress.parse(f"10.0.0.{caller}:{5000 + caller}"))
-        except Exception as error:
-            outcomes[caller] = error
-
-    # Hold the append lock: caller 0 leads alone and waits on it, the others queue up
-    # behind it and go in as one group once it is done.
-    threads = [threading.Thread(target=append, args=(c,)) for c in range(callers)]
-    with writer._append_lock:
-        threads[0].start()
-        for _ in range(2000):
-            if writer._queue:
-                break
-            threading.Event().wait(0.005)
-        for thread in threads[1:]:
-            thread.start()
-        for _ in range(2000):
-            if len(writer._queue) == callers:
-                break
-            threading.Event().wait(0.005)
-        assert len(writer._queue) == callers
-    for thread in threads:
-        thread.join(timeout=60)
-    try:
-        assert len(flushes) == 2  # caller 0's, then one for the whole group
-        for caller, reason in bad.items():
-            assert str(outcomes[caller]) == reason if caller != 6 else str(outcomes[caller]).endswith(reason)
-        good = [c for c in range(callers) if c not in bad]
-        log = CommitLog(str(store / "commitlog"), SMALL.commitlog_file_size_bytes)
-        records = {r.commitlog_offset: r for r in log.records()}
-        log.close()
-        assert len(records) == sum(c + 1 for c in good)
-        expected_end = 0
-        for caller in good:
-            results = outcomes[caller]
-            assert [r.queue_offset for r in results] == list(range(results[0].queue_offset, results[0].queue_offset + caller + 1))  # type: ignore[union-attr]
-            for n, result in enumerate(results):  # type: ignore[arg-type]
-                record = records[result.commitlog_offset]
-                assert record.body == f"{caller}-{n}".encode()
-                assert record.born_host == SocketAddress.parse(f"10.0.0.{caller}:{5000 + caller}")
-                assert record.queue_id == caller % 4 and record.queue_offset == result.queue_offset
-                # Contiguous: each record starts where the one before it ended.
-                if n:
-                    assert result.commitlog_offset == expected_end
-                expected_end = result.commitlog_offset + result.size
-        # The others of the group went in together around the refused one, each in order.
-        grouped = [outcomes[c] for c in good if c]
-        assert [r[0].commitlog_offset for r in grouped] == sorted(r[0].commitlog_offset for r in grouped)  # type: ignore[index]
-        assert writer.flushed_offset == max(records) + records[max(records)].size
-    finally:
-        writer.close()
-    assert check_store(str(store), SMALL).ok
-
-
 def _appended_as_one_group(
-    writer: Writer,
-    requests: list[tuple[list[messages_pb2.Message], SocketAddress]],
-    as_columns: Collection[int] = (),
-    as_requests: bool = False,
+    writer: Writer, requests: list[tuple[list[messages_pb2.Message], SocketAddress]], as_columns: Collection[int] = ()
 ) -> list[object]:
-    """Each request's response or error, the requests queued on one event loop with no
-    await between them: the appender's first drain takes them all as one group. The
-    requests numbered in ``as_columns`` come already read into columns (append_batch, as
-    the RocketMQ 5 gateway sends), the others as protos: their messages, or with
-    ``as_requests`` their SendBatchRequests (append_request, as SendBatch and SendStream
-    hand them over)."""
+    """Each request's response or error, the requests handed to one event loop's group
+    commit as the service's handlers hand them (read into columns by request_batch),
+    with no await between them: the appender's first drain takes them all as one group.
+    The requests numbered in ``as_columns`` are sent as ``columns``, the others as
+    ``messages``."""
     appender = GroupAppender(writer, WriterMetrics(writer))
 
-    def append(messages: list[messages_pb2.Message], peer: SocketAddress) -> asyncio.Future[object]:
-        if as_requests:
-            return appender.append_request(writer_pb2.SendBatchRequest(messages=messages), peer, batch_response)
-        return appender.append(messages, peer, batch_response)
+    async def send(n: int, messages: list[messages_pb2.Message], peer: SocketAddress) -> object:
+        if n in as_columns:
+            request = writer_pb2.SendBatchRequest(columns=as_columns_of(messages))
+        else:
+            request = writer_pb2.SendBatchRequest(messages=messages)
+        return await appender.append(request_batch(request), peer, batch_response)
 
     async def send_all() -> list[object]:
-        futures = [
-            appender.append_batch(to_batch(messages), peer, batch_response) if n in as_columns else append(messages, peer)
-            for n, (messages, peer) in enumerate(requests)
-        ]
-        return await asyncio.gather(*futures, return_exceptions=True)
+        # Tasks made at once each run up to their append before the drain they schedule.
+        return await asyncio.gather(*(send(n, *each) for n, each in enumerate(requests)), return_exceptions=True)
 
     try:
         return asyncio.run(send_all())
@@ -690,29 +592,25 @@ def _appended_as_one_group(
 GROUP_CASES = {
     "all good": (),  # one batch throughout
     "refused at admission": (4,),  # checked as one, admitted request by request, stored as one
-    "refused at reading and admission": (2, 4, 8),  # checked and admitted request by request
+    "refused at reading and admission": (2, 4, 8),  # 2 refused as it is read; checked and admitted request by request
     "refused at layout too": (2, 4, 6, 8),  # the good ones then stored one by one
 }
 
 
-@pytest.mark.parametrize("way", ["messages", "requests", "requests, Python path"])
-@pytest.mark.parametrize("mixed", [False, True], ids=["protos", "protos and columns"])
+@pytest.mark.parametrize("shape", ["messages", "columns", "mixed"])
 @pytest.mark.parametrize("flush", [FlushPolicy.SYNC, FlushPolicy.ASYNC])
 @pytest.mark.parametrize("case", GROUP_CASES)
 def test_a_group_of_requests_is_stored_as_one_batch_and_each_keeps_its_own_outcome(
-    tmp_path: Path, flush: FlushPolicy, case: str, mixed: bool, way: str, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, flush: FlushPolicy, case: str, shape: str
 ) -> None:
-    """The asyncio service's group commit (GroupAppender → Writer.append_group): the
-    requests queued together are appended as one batch with one fsync under SYNC; each
-    good request stays contiguous and in order with its caller's address as born host,
-    and each bad one (a born host that is no address, a topic name the store refuses,
-    a queue id out of range, a record larger than a commit log file) is refused alone,
-    its messages numbered within its own request. Mixed: the odd callers' requests and
-    the bad ones that can be read (4, 8) come as columns, the others as protos, and the
-    outcomes are the same. The protos come as messages or as SendBatchRequests, read off
-    their bytes by the compiled pass, or (Python path) without it, message by message."""
-    if way == "requests, Python path":
-        monkeypatch.setattr(writer_service, "_speedups", None)
+    """The writer's group commit (GroupAppender → Writer.append_group): the requests
+    queued together are appended as one batch with one fsync under SYNC; each good
+    request stays contiguous and in order with its caller's address as born host, and
+    each bad one (a born host that is no address, a topic name the store refuses, a
+    queue id out of range, a record larger than a commit log file) is refused alone, its
+    messages numbered within its own request. The requests are sent as ``messages``, as
+    ``columns``, or mixed (the odd callers' and the bad ones 4 and 8 as columns), with
+    the same outcomes."""
     store = tmp_path / "store"
     writer = Writer(WriterConfig(store=str(store), sizes=SMALL, flush=flush, auto_create_topics=False))
     writer.topics.create("Orders", 4)
@@ -732,10 +630,8 @@ def test_a_group_of_requests_is_stored_as_one_batch_and_each_keeps_its_own_outco
     special = {caller: bad[caller] for caller in GROUP_CASES[case]}
     callers = range(10)
     peers = [SocketAddress.parse(f"10.0.0.{caller}:{5000 + caller}") for caller in callers]
-    as_columns = {c for c in callers if c % 2 or c in (4, 8)} if mixed else set()
-    outcomes = _appended_as_one_group(
-        writer, [(special.get(c) or good(c), peers[c]) for c in callers], as_columns, as_requests=way != "messages"
-    )
+    as_columns = {"messages": set(), "columns": set(callers), "mixed": {c for c in callers if c % 2 or c in (4, 8)}}[shape]
+    outcomes = _appended_as_one_group(writer, [(special.get(c) or good(c), peers[c]) for c in callers], as_columns)
     reasons = {
         2: lambda text: text.startswith("message 2: born_host: "),
         4: lambda text: text == "queue id 7 is out of range: topic Orders has 4 queues",
@@ -906,7 +802,7 @@ def test_a_requests_shared_properties_are_each_messages_unless_it_sets_its_own(n
     assert user[1]["traceparent"] == own[1]["traceparent"]
 
 
-def as_columns(messages: list[messages_pb2.Message]) -> writer_pb2.MessageColumns:
+def as_columns_of(messages: list[messages_pb2.Message]) -> writer_pb2.MessageColumns:
     """``messages`` as a columnar request's columns (MessageColumns' contract)."""
     properties = [list(m.properties.items()) for m in messages]
     return writer_pb2.MessageColumns(
@@ -975,7 +871,7 @@ def test_a_columnar_request_stores_the_bytes_its_messages_store(tmp_path: Path) 
             def request(part: list[messages_pb2.Message], compact: bool = False, form: str = form) -> writer_pb2.SendBatchRequest:
                 if form == "messages":
                     return writer_pb2.SendBatchRequest(messages=part, shared_properties=shared, compact_results=compact)
-                return writer_pb2.SendBatchRequest(columns=as_columns(part), shared_properties=shared, compact_results=compact)
+                return writer_pb2.SendBatchRequest(columns=as_columns_of(part), shared_properties=shared, compact_results=compact)
 
             single = node.stub.SendBatch(request(sent[:1]))
             whole = node.stub.SendBatch(request(sent[1:30]))
@@ -1087,10 +983,55 @@ def test_a_columnar_request_is_refused_as_its_messages_are(strict_node: tuple[No
     before = snapshot(store)
     for batch in ([message("Known", body=b"ok"), bad, message("Known", body=b"after")], [bad]):
         refusals = []
-        for request in (writer_pb2.SendBatchRequest(messages=batch), writer_pb2.SendBatchRequest(columns=as_columns(batch))):
+        for request in (writer_pb2.SendBatchRequest(messages=batch), writer_pb2.SendBatchRequest(columns=as_columns_of(batch))):
             with pytest.raises(grpc.RpcError) as caught:
                 node.stub.SendBatch(request)
             refusals.append((caught.value.code(), caught.value.details()))
         assert refusals[0] == refusals[1]
         assert refusals[0][1].startswith("message 2: ") == (len(batch) > 1), refusals[0]
     assert snapshot(store) == before
+
+
+_TEXT = st.text(st.characters(blacklist_categories=("Cs",)), max_size=6)
+_KEY = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters=" "), min_size=1, max_size=4)
+_MESSAGE = st.fixed_dictionaries(
+    {},
+    optional={
+        "topic": st.one_of(st.sampled_from(["", "TopicA"]), _TEXT),
+        "queue_id": st.integers(-(2**31), 2**31 - 1).filter(lambda q: q != -1),  # -1 asks for round-robin as a column
+        "body": st.binary(max_size=8),
+        "keys": st.lists(_KEY, max_size=3),
+        "tags": _TEXT,
+        "properties": st.dictionaries(_TEXT, _TEXT, max_size=3),
+        "uniq_key": st.sampled_from(["", "AB12", "bad key"]),
+        "flag": st.integers(-(2**31), 2**31 - 1),
+        "born_timestamp_ms": st.integers(-(2**63), 2**63 - 1),
+        "born_host": st.sampled_from(["", "192.0.2.1:5", "[2001:db8::1]:9", "nowhere", "1.2.3.4"]),
+    },
+)
+
+
+def _read(read: object, *args: object) -> object:
+    try:
+        return tuple(read(*args))  # type: ignore[operator]
+    except InvalidArgument as error:
+        return str(error)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(_MESSAGE, max_size=5), st.dictionaries(st.sampled_from(["traceparent", "a", ""]), _TEXT, max_size=2))
+@example([{"topic": "T", "properties": {"a": "own"}}, {"topic": "T"}], {"a": "shared", "traceparent": "t"})
+@example([{"topic": "T"}, {"topic": "T", "born_host": "nowhere"}], {})
+def test_a_requests_columns_are_read_as_its_messages_are(messages: list[dict[str, object]], shared: dict[str, str]) -> None:
+    """Any messages (negatives, defaults, odd text, shared properties): the writer's
+    columns of a request sent as ``columns`` equal those of the same request sent as
+    ``messages``, or both readings refuse it in the same words (a born host that is no
+    address)."""
+    protos = [messages_pb2.Message(**m) for m in messages]  # type: ignore[arg-type]
+    by_messages = _read(to_batch, protos, shared)
+    assert _read(columns_batch, as_columns_of(protos), shared) == by_messages
+    if messages and not isinstance(by_messages, str):
+        one_topic = as_columns_of(protos)
+        if len({m.topic for m in protos}) == 1:
+            del one_topic.topics[1:]  # a single topic for every message
+            assert _read(columns_batch, one_topic, shared) == by_messages

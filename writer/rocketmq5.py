@@ -612,7 +612,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             peer = peer_address(context)
             language = next((v for k, v in context.invocation_metadata() or () if k == LANGUAGE_HEADER), "")
             messages = self.reader.read(request.messages, peer, language not in LANGUAGES_WITHOUT_QUEUE_ID)
-            return await self.appender.append_batch(messages, peer, send_response)  # type: ignore[no-any-return]
+            return await self.appender.append(messages, peer, send_response)  # type: ignore[no-any-return]
         except Exception as error:  # every answer is a v2 status; a cancelled call is not an answer
             status = status_for(error)
             if status.code == v2.INTERNAL_SERVER_ERROR:
@@ -915,7 +915,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         if self.writer.topics.queue_count(dlq) is None:
             await self._blocking(lambda: self.writer.topics.create(dlq, 1))
         batch = MessageBatch.of([_dead_letter(record, dlq, attempt)])
-        await self.appender.append_batch(batch, peer, lambda results: results)
+        await self.appender.append(batch, peer, lambda results: results)
         self.consumers.ack(group, topic, handle)
         if group in self.consumers.fifo_groups:
             self.wakeup.notify()

@@ -1,5 +1,9 @@
-"""WriterService on grpc's asyncio server: validate the request, hand it to the store's
-group commit, map errors (service.errors)."""
+"""WriterService on grpc's asyncio server, one write path: a request (parsed by
+protobuf's runtime) → its messages as the store's batch columns (:func:`request_batch`)
+→ the group commit (:class:`GroupAppender`, Writer.append_group) → a response built by
+protobuf's runtime; errors mapped at the edge (service.errors). The RocketMQ 5 gateway
+(writer.rocketmq5) reads its own messages into the same columns and feeds the same
+group commit."""
 
 from __future__ import annotations
 
@@ -17,7 +21,6 @@ from opentelemetry import trace
 
 from rmqstore.common.codec.hosts import SocketAddress
 from rmqstore.common.codec.msgid import MSG_ID_OFFSET_DIGITS, offset_msg_ids
-from rmqstore.common.codec.speedups import _speedups
 from rmqstore.common.errors import InvalidArgument, StoreError, invariant
 from rmqstore.common.tracing import LINKS_MAX, tracing_on
 from rmqstore.service.acl import may_see_paths
@@ -61,26 +64,32 @@ def _born_host(text: str, position: int) -> SocketAddress | None:
         raise InvalidArgument(f"{where}born_host: {error}") from None
 
 
-def _properties_column(messages: Sequence[messages_pb2.Message]) -> list[Mapping[str, str]]:
-    """Each message's properties as a dict, a run of equal ones sharing one: a traced
-    producer stamps every message of a request with the same trace context, and the
-    batch screen and the record encoder do their work once per distinct mapping."""
+def _properties_column(
+    messages: Sequence[messages_pb2.Message], shared: Mapping[str, str]
+) -> list[Mapping[str, str]]:
+    """Each message's properties as a dict with the ``shared`` ones it does not set
+    itself, a run of equal ones sharing one: a traced producer stamps every message of a
+    request with the same trace context, and the batch screen and the record encoder do
+    their work once per distinct mapping."""
+    common = dict(shared) if shared else EMPTY_PROPERTIES
     column: list[Mapping[str, str]] = []
     previous: Mapping[str, str] = EMPTY_PROPERTIES
     for message in messages:
         if not message.properties:
-            column.append(EMPTY_PROPERTIES)
+            column.append(common)
             continue
-        properties = dict(message.properties)
+        properties = {**common, **message.properties} if common else dict(message.properties)
         if properties != previous:
             previous = properties
         column.append(previous)
     return column
 
 
-def to_batch(messages: Sequence[messages_pb2.Message]) -> MessageBatch:
-    """Proto messages as the writer's columns, one comprehension a field: this runs for
-    every message sent, and reading a proto field costs more than anything done with it."""
+def to_batch(messages: Sequence[messages_pb2.Message], shared: Mapping[str, str] = EMPTY_PROPERTIES) -> MessageBatch:
+    """A per-message request's messages as the writer's columns, each given the
+    ``shared`` properties it does not set itself; one comprehension a field: this runs
+    for every message sent this way, and reading a proto field costs more than anything
+    done with it. Raises InvalidArgument for a born host that is no address."""
     messages = list(messages)
     numbered = len(messages) > 1
     return MessageBatch(
@@ -88,7 +97,7 @@ def to_batch(messages: Sequence[messages_pb2.Message]) -> MessageBatch:
         [m.body for m in messages],
         [m.keys[:] for m in messages],  # plain lists; the proto's container is slow to iterate
         [m.tags for m in messages],
-        _properties_column(messages),
+        _properties_column(messages, shared),
         [m.queue_id if m.HasField("queue_id") else None for m in messages],
         [m.uniq_key for m in messages],
         [m.flag for m in messages],
@@ -177,99 +186,16 @@ def _columns_properties(
     return column
 
 
-def request_problem(request: writer_pb2.SendBatchRequest) -> str | None:
-    """What makes a SendBatchRequest no batch at all, or None."""
-    if request.messages and request.HasField("columns"):
-        return "the request sets both messages and columns; a batch sends its messages one way or the other"
-    return None
-
-
-class ReceivedBatch:
-    """A SendBatchRequest as the writer receives it: parsed, as every handler, the guard
-    and the ACL read it, and with the bytes it came in, which :func:`request_columns`
-    reads the messages off without serializing the request again. Made by the
-    deserializer :func:`add_writer_service` gives SendBatch and SendStream."""
-
-    __slots__ = ("data", "request")
-    # The request type's descriptor: the malformed-request guard names it in its error.
-    DESCRIPTOR = writer_pb2.SendBatchRequest.DESCRIPTOR
-
-    def __init__(self, request: writer_pb2.SendBatchRequest, data: bytes):
-        self.request = request
-        self.data = data
-
-    @classmethod
-    def FromString(cls, data: bytes) -> ReceivedBatch:  # named as protobuf names its deserializer
-        # Parsed all the same: bytes that are no SendBatchRequest are refused here, as ever.
-        return cls(writer_pb2.SendBatchRequest.FromString(data), data)
-
-    @property
-    def messages(self) -> Sequence[messages_pb2.Message]:
-        return self.request.messages
-
-    @property
-    def columns(self) -> writer_pb2.MessageColumns:
-        return self.request.columns
-
-    @property
-    def compact_results(self) -> bool:
-        return self.request.compact_results
-
-    @property
-    def shared_properties(self) -> Mapping[str, str]:
-        return self.request.shared_properties
-
-
-BatchRequest = writer_pb2.SendBatchRequest | ReceivedBatch
-_RECEIVED_AS_BYTES = ("SendBatch", "SendStream")
-
-
-def add_writer_service(servicer: writer_pb2_grpc.WriterServiceServicer, server: Any) -> None:
-    """Register the WriterService as the generated ``add_WriterServiceServicer_to_server``
-    does, SendBatch's and SendStream's requests deserialized as :class:`ReceivedBatch`."""
-
-    class Registering:
-        """Takes the generated registration's handlers instead of the server."""
-
-        handlers: tuple[str, dict[str, Any]] | None = None
-
-        def add_generic_rpc_handlers(self, generic: Any) -> None:
-            pass  # made again below, from the changed handlers
-
-        def add_registered_method_handlers(self, service: str, handlers: dict[str, Any]) -> None:
-            self.handlers = (service, handlers)
-
-    registering = Registering()
-    writer_pb2_grpc.add_WriterServiceServicer_to_server(servicer, registering)  # type: ignore[no-untyped-call]  # generated
-    assert registering.handlers is not None, "the generated registration names its handlers"
-    service, handlers = registering.handlers
-    changed = {
-        name: handler._replace(request_deserializer=ReceivedBatch.FromString, response_serializer=_serialized)
-        if name in _RECEIVED_AS_BYTES
-        else handler
-        for name, handler in handlers.items()
-    }
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, changed),))
-    server.add_registered_method_handlers(service, changed)
-
-
-def _serialized(response: writer_pb2.SendBatchResponse | bytes) -> bytes:
-    """A SendBatchResponse's bytes: made already (:func:`compact_response_bytes`), or now."""
-    return response if isinstance(response, bytes) else response.SerializeToString()
-
-
-def request_columns(request: BatchRequest) -> MessageBatch | None:
-    """A SendBatchRequest's messages as columns read off its bytes in one compiled pass
-    (``send_batch_columns``), or None where :func:`to_batch` must read them: the extension
-    is missing, or a message has what only that definition words or decides (a born
-    host). This pass costs a fraction of reading the fields one proto object at a time,
-    which was the larger part of a batch's intake; a request that did not come as bytes
-    (a handler registered by the generated function) is serialized again for it."""
-    if _speedups is None:
-        return None
-    data = request.data if isinstance(request, ReceivedBatch) else request.SerializeToString()
-    columns = _speedups.send_batch_columns(data, EMPTY_PROPERTIES)
-    return None if columns is None else MessageBatch(*columns)
+def request_batch(request: writer_pb2.SendBatchRequest) -> MessageBatch:
+    """A SendBatchRequest's messages, sent as ``messages`` or as ``columns``, as the
+    writer's columns: the one shape its group commit takes."""
+    if request.HasField("columns"):
+        if request.messages:
+            raise InvalidArgument(
+                "the request sets both messages and columns; a batch sends its messages one way or the other"
+            )
+        return columns_batch(request.columns, request.shared_properties)
+    return to_batch(request.messages, request.shared_properties)
 
 
 def to_compact(results: AppendResults) -> writer_pb2.CompactResults:
@@ -320,57 +246,30 @@ def compact_response(results: AppendResults) -> writer_pb2.SendBatchResponse:
     return writer_pb2.SendBatchResponse(compact=to_compact(results))
 
 
-def compact_response_bytes(results: AppendResults) -> bytes:
-    """:func:`compact_response` serialized, written straight from the results' columns in
-    one compiled pass where the extension is built (a response of a thousand acks costs a
-    tenth of building its proto, then serializing it). For a server that sends bytes as
-    they are: the one :func:`add_writer_service` registers."""
-    if _speedups is not None and len(results):
-        data: bytes | None = _speedups.compact_response_bytes(
-            results[0].offset_msg_id[:-MSG_ID_OFFSET_DIGITS], results.store_timestamp_ms, results.uniq_keys,
-            results.queue_ids, results.queue_offsets, results.commitlog_offsets, results.sizes,
-        )  # fmt: skip
-        if data is not None:
-            return data
-    return compact_response(results).SerializeToString()
-
-
-def _respond_for(request: BatchRequest) -> Respond:
+def respond_for(request: writer_pb2.SendBatchRequest) -> Respond:
     """How a batch request's results become its response: SendResults, or the compact
-    columns (as bytes when the request came as bytes: its server sends them as they are)."""
-    if not request.compact_results:
-        return batch_response
-    return compact_response_bytes if isinstance(request, ReceivedBatch) else compact_response
+    columns it asked for."""
+    return compact_response if request.compact_results else batch_response
 
 
 class _Pending:
-    """One request waiting for the group commit."""
+    """One request waiting for the group commit: its messages as columns."""
 
-    __slots__ = ("batch", "context", "count", "future", "messages", "peer", "request", "respond", "started")
+    __slots__ = ("batch", "context", "future", "peer", "respond", "started")
 
-    def __init__(
-        self,
-        messages: Sequence[messages_pb2.Message],
-        peer: SocketAddress | None,
-        respond: Respond,
-        future: asyncio.Future[Any],
-        batch: MessageBatch | None = None,
-        request: BatchRequest | None = None,
-    ):
-        # Proto messages, read into columns by the drain (off ``request``'s bytes when
-        # they come in one); or (``batch``) columns a handler has already read out of
-        # another protocol's messages.
-        self.messages = messages
-        self.request = request
+    def __init__(self, batch: MessageBatch, peer: SocketAddress | None, respond: Respond, future: asyncio.Future[Any]):
         self.batch = batch
-        self.count = batch.message_count if batch is not None else len(messages)
         self.peer = peer
         self.respond = respond
         self.future = future
         # The caller's context (its trace): a group's append and flush spans belong to
-        # the request at its front, as the leader's do in Writer.append.
+        # the request at its front.
         self.context = contextvars.copy_context()
         self.started = time.perf_counter()
+
+    @property
+    def count(self) -> int:
+        return self.batch.message_count
 
 
 def _request_links(waiting: list[tuple[_Pending, Any]]) -> list[trace.Link]:
@@ -394,20 +293,21 @@ class _Stored(NamedTuple):
 
 
 class GroupAppender:
-    """Appends for the handlers of one event loop, as RocketMQ's group commit takes them.
+    """The writer's group commit: appends for the handlers of one event loop, as
+    RocketMQ's group commit takes them.
 
-    A handler queues its request's messages and awaits a future. A drain, scheduled on
-    the loop when a request finds none pending, takes every request queued by then as
-    one group and appends it right there: the messages read out of their protos in one
-    pass (or brought already read into columns, as the RocketMQ 5 gateway's are), checked, appended and dispatched as one batch (Writer.append_group), and each
+    A handler reads its request's messages into columns (:func:`request_batch`), queues
+    them and awaits a future. A drain, scheduled on the loop when a request finds none
+    pending, takes every request queued by then as one group and appends it right
+    there: checked, appended and dispatched as one batch (Writer.append_group), and each
     request's response made. Under ASYNC the futures are settled at once; under SYNC the
     flusher thread fsyncs what has been appended, then settles every request the fsync
     covered, while the loop reads the next requests and appends them.
 
     The append runs on the loop rather than on a thread of its own because it holds the
     GIL wherever it runs: an appender thread only took turns with the loop, waiting for
-    the GIL after every burst of requests (0.37 ms a group, measured), and a SYNC
-    producer's round trip is the whole cost."""
+    the GIL after every burst of requests, and a SYNC producer's round trip is the whole
+    cost."""
 
     def __init__(self, writer: Writer, metrics: WriterMetrics):
         self.writer = writer
@@ -426,32 +326,16 @@ class GroupAppender:
             self._flusher = threading.Thread(target=self._flush_run, name="group-flush", daemon=True)
             self._flusher.start()
 
-    def append(
-        self, messages: Sequence[messages_pb2.Message], peer: SocketAddress | None, respond: Respond
-    ) -> asyncio.Future[Any]:
+    def append(self, batch: MessageBatch, peer: SocketAddress | None, respond: Respond) -> asyncio.Future[Any]:
         """Queue a request's messages (on the loop); the future holds
         ``respond(results)`` once they are stored, or the error that refused them."""
-        return self._enqueue(lambda future: _Pending(messages, peer, respond, future))
-
-    def append_request(self, request: BatchRequest, peer: SocketAddress | None, respond: Respond) -> asyncio.Future[Any]:
-        """:meth:`append` for a SendBatchRequest's messages: the drain reads them off the
-        request's bytes in one compiled pass where it can (:func:`request_columns`)."""
-        return self._enqueue(lambda future: _Pending(request.messages, peer, respond, future, request=request))
-
-    def append_batch(self, batch: MessageBatch, peer: SocketAddress | None, respond: Respond) -> asyncio.Future[Any]:
-        """:meth:`append` for messages a handler has already read into columns (the
-        RocketMQ 5 gateway reads its own protocol's messages): no proto is built only to
-        be read back."""
-        return self._enqueue(lambda future: _Pending((), peer, respond, future, batch))
-
-    def _enqueue(self, make: Callable[[asyncio.Future[Any]], _Pending]) -> asyncio.Future[Any]:
         if self._closed:
             raise InvalidArgument("the writer is closed")
         loop = asyncio.get_running_loop()
         if self._loop is None:
             self._loop = loop
         invariant(loop is self._loop, "a GroupAppender serves one event loop")
-        pending = make(loop.create_future())
+        pending = _Pending(batch, peer, respond, loop.create_future())
         self._queue.append(pending)
         if not self._drain_scheduled:
             # After the callbacks already due: the requests read meanwhile join the group.
@@ -484,13 +368,10 @@ class GroupAppender:
 
     def _store(self, group: list[_Pending]) -> list[_Stored | BaseException]:
         """Append the group; each request's response, or the error that refused it."""
-        batch, refused = _group_batch(group)
-        kept = [pending for pending, problem in zip(group, refused) if problem is None]
-        parts = [(pending.count, pending.peer) for pending in kept]
-        stored = iter(self.writer.append_group(batch, parts, flush=False) if kept else ())
+        batch = group[0].batch if len(group) == 1 else MessageBatch.concat([pending.batch for pending in group])
+        parts = [(pending.count, pending.peer) for pending in group]
         outcomes: list[_Stored | BaseException] = []
-        for pending, problem in zip(group, refused):
-            result = problem if problem is not None else next(stored)
+        for pending, result in zip(group, self.writer.append_group(batch, parts, flush=False)):
             outcome: _Stored | BaseException
             if isinstance(result, AppendResults):
                 try:
@@ -553,54 +434,6 @@ class GroupAppender:
             self._flusher.join()
 
 
-def _group_batch(group: list[_Pending]) -> tuple[MessageBatch, list[InvalidArgument | None]]:
-    """The group's messages as one batch, and each request's error in reading its own
-    (a born host that is no address) or None; only the good requests' messages are in
-    the batch. Read in one pass when every request brings protos, request by request
-    when some bring columns already read or when that pass fails (so an error is worded
-    for its own request)."""
-    if all(pending.request is not None for pending in group):
-        read = [request_columns(pending.request) for pending in group]  # type: ignore[arg-type]  # checked above
-        if all(batch is not None for batch in read):
-            batches: list[MessageBatch] = read  # type: ignore[assignment]  # None is ruled out
-            return (batches[0] if len(batches) == 1 else MessageBatch.concat(batches)), [None] * len(group)
-    if all(pending.batch is None for pending in group):
-        try:
-            return to_batch([m for pending in group for m in _messages(pending)]), [None] * len(group)
-        except InvalidArgument:
-            pass
-    batches = []
-    refused: list[InvalidArgument | None] = []
-    for pending in group:
-        try:
-            batches.append(pending.batch if pending.batch is not None else to_batch(_messages(pending)))
-        except InvalidArgument as error:
-            refused.append(error)
-        else:
-            refused.append(None)
-    return MessageBatch.concat(batches) if batches else to_batch([]), refused
-
-
-def _messages(pending: _Pending) -> Sequence[messages_pb2.Message]:
-    """A pending request's proto messages, with its shared properties."""
-    shared = pending.request.shared_properties if pending.request is not None else None
-    return with_shared_properties(pending.messages, shared) if shared else pending.messages
-
-
-def with_shared_properties(messages: Sequence[messages_pb2.Message], shared: Mapping[str, str]) -> list[messages_pb2.Message]:
-    """Copies of ``messages``, each with the ``shared`` properties it does not set itself
-    (what the compiled pass, :func:`request_columns`, gives each message)."""
-    given = []
-    for message in messages:
-        copy = messages_pb2.Message()
-        copy.CopyFrom(message)
-        for name, value in shared.items():
-            if name not in copy.properties:
-                copy.properties[name] = value
-        given.append(copy)
-    return given
-
-
 class WriterServicer(writer_pb2_grpc.WriterServiceServicer):
     """The service's handlers, all async (for :class:`service.server.AsyncServing`):
     appends await the group commit; the calls that block go to the loop's executor."""
@@ -619,31 +452,23 @@ class WriterServicer(writer_pb2_grpc.WriterServiceServicer):
         # In the caller's context: the call's spans (a Flush's fsync) stay in its trace.
         return await asyncio.get_running_loop().run_in_executor(None, contextvars.copy_context().run, call)
 
-    def _append(self, request: BatchRequest, peer: SocketAddress | None) -> asyncio.Future[Any]:
-        """Queue a SendBatchRequest's messages, sent as ``messages`` or as ``columns``."""
-        proto = request.request if isinstance(request, ReceivedBatch) else request
-        problem = request_problem(proto)
-        if problem is not None:
-            raise InvalidArgument(problem)
-        if proto.HasField("columns"):
-            batch = columns_batch(proto.columns, proto.shared_properties)
-            return self.appender.append_batch(batch, peer, _respond_for(request))
-        return self.appender.append_request(request, peer, _respond_for(request))
+    def _append(self, request: writer_pb2.SendBatchRequest, peer: SocketAddress | None) -> asyncio.Future[Any]:
+        return self.appender.append(request_batch(request), peer, respond_for(request))
 
     @mapped_async
     async def Send(self, request: writer_pb2.SendRequest, context: grpc.aio.ServicerContext) -> writer_pb2.SendResponse:
         if not request.HasField("message"):
             raise InvalidArgument("the request has no message")
-        return await self.appender.append([request.message], peer_address(context), send_response)  # type: ignore[no-any-return]
+        return await self.appender.append(to_batch([request.message]), peer_address(context), send_response)  # type: ignore[no-any-return]
 
     @mapped_async
     async def SendBatch(
-        self, request: BatchRequest, context: grpc.aio.ServicerContext
-    ) -> writer_pb2.SendBatchResponse | bytes:
+        self, request: writer_pb2.SendBatchRequest, context: grpc.aio.ServicerContext
+    ) -> writer_pb2.SendBatchResponse:
         return await self._append(request, peer_address(context))  # type: ignore[no-any-return]
 
     async def SendStream(
-        self, request_iterator: AsyncIterator[BatchRequest], context: grpc.aio.ServicerContext
+        self, request_iterator: AsyncIterator[writer_pb2.SendBatchRequest], context: grpc.aio.ServicerContext
     ) -> None:
         peer = peer_address(context)
         async for request in request_iterator:

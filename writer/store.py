@@ -8,7 +8,6 @@ the end, re-dispatch what the queues and index lack), then mark the run with ``a
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import errno
 import itertools
@@ -59,7 +58,6 @@ from rmqstore.writer.validate import (
     Limits,
     MessageBatch,
     MessageInput,
-    validate_batch,
     validate_parts,
 )
 
@@ -201,20 +199,16 @@ class WriterStatus(TypedDict):
 
 
 class _AppendRequest:
-    """One caller's batch waiting in the writer's queue."""
+    """One caller's batch in a group (Writer.append_group)."""
 
-    __slots__ = ("batch", "count", "done", "error", "peer", "results", "wake")
+    __slots__ = ("batch", "count", "error", "peer", "results")
 
-    def __init__(self, batch: MessageBatch | None, peer: SocketAddress | None, waits: bool = True, count: int = 0):
-        # No batch of its own: a part of a group given as one batch (Writer.append_group),
-        # sliced out only if the parts must be taken one by one.
+    def __init__(self, batch: MessageBatch | None, peer: SocketAddress | None, count: int = 0):
+        # No batch of its own: a part of a group given as one batch, sliced out only if
+        # the parts must be taken one by one.
         self.batch = batch
         self.count = batch.message_count if batch is not None else count
         self.peer = peer
-        self.wake = threading.Lock()
-        if waits:
-            self.wake.acquire()
-        self.done = False
         self.results: AppendResults | None = None
         self.error: BaseException | None = None
 
@@ -272,8 +266,6 @@ class Writer:
         makedirs_durable(config.store)
         self._lock_file = StoreLock(self.paths.lock)
         self._append_lock = threading.Lock()
-        self._queue_lock = threading.Lock()
-        self._queue: collections.deque[_AppendRequest] = collections.deque()
         self._flushed_lock = threading.Lock()
         self._closed = False
         # Told the bytes and seconds of every commit log fsync (the service's metrics).
@@ -463,72 +455,29 @@ class Writer:
     def append(
         self, messages: MessageBatch | Sequence[MessageInput], peer: SocketAddress | None = None
     ) -> AppendResults:
-        """Append messages in order and dispatch them; returns once the flush policy says
-        they are stored. Bad input raises before anything is written.
-
-        Concurrent appends are combined, as LevelDB combines its writers: callers queue,
-        the one at the front appends the batches queued behind it as one batch (one
-        layout, one write, one dispatch, one publish) and hands each caller its part.
-        Each batch keeps its messages contiguous and in order, and each is refused or
-        stored on its own. Under SYNC the leader also fsyncs before it wakes anyone, so
-        one fsync acknowledges the whole group, and the callers that arrive meanwhile
-        form the next group (group commit)."""
+        """Append one caller's messages in order and dispatch them; returns once the flush
+        policy says they are stored. Bad input raises before anything is written. Calls
+        are taken one at a time: concurrent requests are combined by the service's group
+        commit (writer.service.GroupAppender, through :meth:`append_group`)."""
         batch = messages if isinstance(messages, MessageBatch) else MessageBatch.of(messages)
-        validate_batch(batch, self.limits)
-        request = _AppendRequest(batch, peer)
-        with self._queue_lock:
-            self._queue.append(request)
-            leads = len(self._queue) == 1
-        if not leads:
-            # Released once: either a leader stored (or refused) this batch, or this
-            # request reached the front and leads the next group.
-            request.wake.acquire()
-        if not request.done:
-            self._lead()
-        if request.error is not None:
-            raise request.error
-        assert request.results is not None
-        return request.results
-
-    def _lead(self) -> None:
-        """Append the group at the front of the queue, then wake its callers and the
-        next leader."""
-        with self._queue_lock:
-            group = [self._queue[0]]
-            messages = group[0].count
-            for request in itertools.islice(self._queue, 1, None):
-                messages += request.count
-                if messages > GROUP_MAX_MESSAGES:
-                    break
-                group.append(request)
-        try:
-            self._commit(group)
-        finally:
-            with self._queue_lock:
-                for _ in group:
-                    self._queue.popleft()
-                leader = self._queue[0] if self._queue else None
-            for request in group:
-                request.done = True
-            for request in group[1:]:
-                request.wake.release()
-            if leader is not None:
-                leader.wake.release()
+        [outcome] = self.append_group(batch, [(batch.message_count, peer)])
+        if isinstance(outcome, BaseException):
+            raise outcome
+        return outcome
 
     def append_group(
         self, batch: MessageBatch, parts: Sequence[tuple[int, SocketAddress | None]], *, flush: bool = True
     ) -> list[AppendResults | BaseException]:
-        """Store several callers' batches as one group, as :meth:`append` stores the
-        callers queued behind its leader: ``batch`` holds their messages in order, and
-        ``parts`` each caller's message count and address. Returns each caller's results,
-        or the error that refused its batch. For a caller that queues the batches itself
-        (the writer's asyncio service): the group is checked, admitted and stored as one
-        batch, and only when some part is refused is each part taken on its own.
+        """Store several callers' batches as one group (the group commit): ``batch``
+        holds their messages in order, and ``parts`` each caller's message count and
+        address. Returns each caller's results, or the error that refused its batch. The
+        group is checked, admitted and stored as one batch, and only when some part is
+        refused is each part taken on its own.
 
         Under SYNC one fsync covers the group, unless ``flush`` is False: the caller then
         calls :meth:`flush` before it acknowledges any of them (the asyncio service does,
         on a thread of its own, while the next group is appended)."""
-        requests = [_AppendRequest(None, peer, waits=False, count=count) for count, peer in parts]
+        requests = [_AppendRequest(None, peer, count=count) for count, peer in parts]
         problems = validate_parts(batch, [count for count, _ in parts], self.limits)
         combined: MessageBatch | None = batch
         if any(problems):

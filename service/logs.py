@@ -71,7 +71,7 @@ class OtlpRecords(logging.Handler):
         self.provider.get_logger(record.name).emit(
             timestamp=int(record.created * 1e9),
             context=context.get_current(),
-            severity_number=_severity(record.levelno),
+            severity_number=severity_of(record.levelno),
             severity_text=record.levelname,
             body=record.getMessage(),
             attributes=attributes,
@@ -85,7 +85,7 @@ class OtlpRecords(logging.Handler):
         super().close()
 
 
-def _severity(levelno: int) -> Any:
+def severity_of(levelno: int) -> Any:
     """The OpenTelemetry severity of a ``logging`` level: each of Python's five levels to
     its range's first number (DEBUG 5, INFO 9, WARN 13, ERROR 17, FATAL 21), a level
     between them to the one below it (the log data model's mapping)."""

@@ -361,7 +361,7 @@ def test_the_tracing_benchmark_measures_both_ways(tmp_path: Path) -> None:
         assert figures["met"] == (sum(ratios) / 2 <= figures["target"]), batch
         # The command's CPU time: it loads Python and gRPC whether traced or not.
         assert figures["off"]["command_cpu_s"] > 0 and _positive(figures["command_cpu_ratio"]), batch
-    # batch 1: a span per request on the client, append and dispatch per group on the
+    # batch 1: a span per request on the client, an append span per group on the
     # writer, and the stream's spans; batch 1,000: one request.
     assert result["spans_received"] >= 2 * (200 + 2 + 3)
     report = out.read_text(encoding="utf-8")

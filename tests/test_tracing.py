@@ -404,3 +404,17 @@ def test_send_files_batch_spans_end_acknowledged_or_failed_once_the_stream_is_ov
     for span in spans:
         assert span.start_time is not None and span.end_time is not None and span.start_time <= span.end_time
     assert first.end_time is not None and second.start_time is not None and first.start_time <= second.start_time
+
+
+def test_log_levels_map_to_the_log_data_models_severities() -> None:
+    """Each of logging's levels to the first severity of its range; a level between two
+    to the one below it; below DEBUG unspecified."""
+    from opentelemetry._logs import SeverityNumber
+
+    from rmqstore.service.logs import severity_of
+
+    levels = (5, 10, 15, 20, 25, 30, 40, 50, 60)
+    assert [severity_of(level) for level in levels] == [
+        SeverityNumber.UNSPECIFIED, SeverityNumber.DEBUG, SeverityNumber.DEBUG, SeverityNumber.INFO, SeverityNumber.INFO,
+        SeverityNumber.WARN, SeverityNumber.ERROR, SeverityNumber.FATAL, SeverityNumber.FATAL,
+    ]  # fmt: skip

@@ -46,17 +46,15 @@ from rmqstore.pipeline.source import FORMAT_NAME
 
 DAY_MS = 86_400_000
 # Pieces per core for a job's reads (each at most maxPartitionBytes, so a large store is
-# cut finer). Every Spark task costs about 35 ms of wall time on a 2-core machine (an empty
-# job: 0.10 s with 2 tasks, 0.24 s with 6, 0.38 s with 12), and the planner cuts the data
-# into even pieces: one per core read 1M records 12-14 % faster than three per core, and
-# made the Spark reindex 1.26x the single process where three made it 0.98x
-# (benchmarks/PIPELINE.md).
+# cut finer). The planner cuts the data into even pieces, so more pieces per core balance
+# nothing and each adds a Spark task's fixed cost (benchmarks/PIPELINE.md, "Partitions per
+# core" and the reindex against the single process).
 PIECES_PER_CORE = 1
 
 
 def pieces_for(spark: Any) -> int:
     """How many pieces a job cuts its input into, at least (one wave of tasks)."""
-    return PIECES_PER_CORE * spark.sparkContext.defaultParallelism
+    return PIECES_PER_CORE * int(spark.sparkContext.defaultParallelism)
 
 
 @dataclass(frozen=True, slots=True)

@@ -87,10 +87,10 @@ def _grpc_error(error: Any, endpoint: str, what: str) -> StoreError:
     """A gRPC failure as the store error it stands for, in one line."""
     code = error.code() if hasattr(error, "code") else None
     details = error.details() if hasattr(error, "details") else str(error)
-    if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, None):
+    if code is None or code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
         name = code.name if code is not None else "ERROR"
         return NodeUnreachable(f"{what} at {endpoint} is unreachable ({name}: {details})")
-    kinds = {
+    kinds: dict[grpc.StatusCode, type[StoreError]] = {
         grpc.StatusCode.INVALID_ARGUMENT: InvalidArgument,
         grpc.StatusCode.NOT_FOUND: errors.NotFound,
         grpc.StatusCode.RESOURCE_EXHAUSTED: errors.StoreFull,
@@ -115,7 +115,7 @@ def _channel(endpoint: str, options: list[tuple[str, int]] | None = None) -> grp
 def writer_status(endpoint: str) -> Any:
     with _channel(endpoint) as channel:
         try:
-            return writer_pb2_grpc.WriterServiceStub(channel).Status(writer_pb2.StatusRequest(), timeout=STATUS_TIMEOUT_S)
+            return writer_pb2_grpc.WriterServiceStub(channel).Status(writer_pb2.StatusRequest(), timeout=STATUS_TIMEOUT_S)  # type: ignore[no-untyped-call]  # generated, untyped
         except grpc.RpcError as error:
             raise _grpc_error(error, endpoint, "the writer") from None
 
@@ -123,7 +123,7 @@ def writer_status(endpoint: str) -> Any:
 def _writer_call(endpoint: str, method: str, request: Any) -> Any:
     with _channel(endpoint) as channel:
         try:
-            return getattr(writer_pb2_grpc.WriterServiceStub(channel), method)(request, timeout=SEND_TIMEOUT_S)
+            return getattr(writer_pb2_grpc.WriterServiceStub(channel), method)(request, timeout=SEND_TIMEOUT_S)  # type: ignore[no-untyped-call]  # generated, untyped
         except grpc.RpcError as error:
             raise _grpc_error(error, endpoint, "the writer") from None
 
@@ -131,7 +131,7 @@ def _writer_call(endpoint: str, method: str, request: Any) -> Any:
 def _check_query_node(endpoint: str) -> None:
     with _channel(endpoint) as channel:
         try:
-            query_pb2_grpc.QueryServiceStub(channel).Stats(query_pb2.StatsRequest(), timeout=STATUS_TIMEOUT_S)
+            query_pb2_grpc.QueryServiceStub(channel).Stats(query_pb2.StatsRequest(), timeout=STATUS_TIMEOUT_S)  # type: ignore[no-untyped-call]  # generated, untyped
         except grpc.RpcError as error:
             raise _grpc_error(error, endpoint, "the query node") from None
 
@@ -270,7 +270,7 @@ class QueryChecker:
     def __init__(self, endpoint: str):
         self.endpoint = endpoint
         self.channel = _channel(endpoint)
-        self.stub = query_pb2_grpc.QueryServiceStub(self.channel)
+        self.stub = query_pb2_grpc.QueryServiceStub(self.channel)  # type: ignore[no-untyped-call]  # generated, untyped
 
     def stored(self, messages: list[Any]) -> list[bool]:
         calls = [
@@ -322,7 +322,7 @@ def send_rows(
 
     limits = [("grpc.max_send_message_length", GRPC_MESSAGE_BYTES_MAX), ("grpc.max_receive_message_length", GRPC_MESSAGE_BYTES_MAX)]
     with _channel(endpoint, options=limits) as channel:
-        stub = writer_pb2_grpc.WriterServiceStub(channel)
+        stub = writer_pb2_grpc.WriterServiceStub(channel)  # type: ignore[no-untyped-call]  # generated, untyped
         try:
             for response in stub.SendStream(batches(), timeout=SEND_TIMEOUT_S):
                 acked += len(response.results)

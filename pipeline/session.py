@@ -30,7 +30,8 @@ LOOPBACK = "127.0.0.1"
 LOCAL_DRIVER_MEMORY = "2g"
 # A local session's JVM reads the Python workers' Arrow batches without Arrow Java's bounds
 # and null checks (its own switches): they are pyarrow's, validated by the IPC reader, and
-# a scan's JVM time per row fell by a tenth to a quarter (benchmarks/PIPELINE.md).
+# the checks were a large part of a scan's JVM time (benchmarks/PIPELINE.md, "Arrow
+# Java's checks off").
 LOCAL_JAVA_OPTIONS = ("-Darrow.enable_unsafe_memory_access=true", "-Darrow.enable_null_check_for_get=false")
 # Environment the local session's Python workers inherit, unless already set: each task
 # runs on its own core, and OpenBLAS's own thread pool (numpy starts one per core at
@@ -155,7 +156,7 @@ def start(master: str | None = None, *, app_name: str = "rmqstore-pipeline", ver
     local = master.startswith("local")
     conf = SparkConf().setAppName(app_name).setMaster(master)
     conf.set("spark.ui.enabled", "false").set("spark.ui.showConsoleProgress", "false")
-    java_options = []
+    java_options: list[str] = []
     if local:
         os.environ["SPARK_LOCAL_IP"] = LOOPBACK
         os.environ["PYSPARK_PYTHON"] = sys.executable
@@ -189,7 +190,7 @@ def _quiet_context(context_class: Any, conf: Any) -> Any:
     atexit.register(_remove_quietly, log_path)
     with os.fdopen(fd, "wb") as log:
         try:
-            gateway = launch_gateway(conf, popen_kwargs={"stdout": log, "stderr": log})
+            gateway = launch_gateway(conf, popen_kwargs={"stdout": log, "stderr": log})  # type: ignore[no-untyped-call]  # PySpark's, untyped
             return context_class(conf=conf, gateway=gateway)
         except Exception as error:
             raise SparkUnavailable(f"Spark did not start: {_last_log_line(log_path) or _first_line(error)}") from None

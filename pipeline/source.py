@@ -257,9 +257,10 @@ _frozen = False
 def _freeze_loaded_objects() -> None:
     """Take the objects alive in this Python worker out of later garbage collections, once
     per process. Spark's daemon-forked workers run a full ``gc.collect()`` after every task
-    (pyspark/daemon.py); with pyspark, pyarrow and numpy loaded that walks about 49,000
-    objects, 27 ms here, for each task of a scan. They are the loaded modules' objects, as
-    long-lived as the process; the task's own are collected as before."""
+    (pyspark/daemon.py); with pyspark, pyarrow and numpy loaded that walks every object of
+    those modules, for each task of a scan (its cost: benchmarks/PIPELINE.md, "No full
+    garbage collection"). They are the loaded modules' objects, as long-lived as the
+    process; the task's own are collected as before."""
     global _frozen
     if not _frozen:
         gc.freeze()

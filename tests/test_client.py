@@ -88,3 +88,21 @@ def test_the_client_loads_no_sdk_while_tracing_is_off() -> None:
     )
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60, check=True)
     assert done.stdout == "False []\n"
+
+
+def test_a_send_loads_the_sdk_only_when_tracing_is_on() -> None:
+    """``rmqstore send`` (to a port nothing listens on: the call fails, the command ends)
+    loads none of OpenTelemetry's SDK without a tracing variable, and loads it when an
+    OTLP endpoint asks for traces."""
+    code = (
+        "import sys\n"
+        "from rmqstore.cli.main import main\n"
+        "code = main(['send', '--endpoint', '127.0.0.1:1', '-t', 'T', '--body', 'x', '--timeout', '5'])\n"
+        "print(code != 0, 'opentelemetry.sdk.trace' in sys.modules)\n"
+    )
+    quiet = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    off = subprocess.run([sys.executable, "-c", code], env=quiet, capture_output=True, text=True, timeout=60, check=True)
+    assert off.stdout == "True False\n", off.stderr
+    traced = {**quiet, "OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9", "OTEL_EXPORTER_OTLP_TIMEOUT": "1"}
+    on = subprocess.run([sys.executable, "-c", code], env=traced, capture_output=True, text=True, timeout=60, check=True)
+    assert on.stdout == "True True\n", on.stderr

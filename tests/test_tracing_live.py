@@ -689,7 +689,8 @@ def test_the_configured_sampler_decides_in_the_writer_and_the_command(receiver: 
     """``OTEL_TRACES_SAMPLER`` and ``OTEL_TRACES_SAMPLER_ARG`` as the SDK reads them: a
     writer under ``always_off`` exports no span of a traced send (the command's span
     arrives); a command under ``parentbased_traceidratio`` at ratio 0 samples its root
-    span out, and the writer under the default (parent-based) sampler follows it."""
+    span out, and the writer under the default (parent-based) sampler follows it; a
+    query node under ``always_off`` exports no span of a traced lookup."""
     off = Node("writer", tmp_path / "off", {**receiver.env(), "OTEL_TRACES_SAMPLER": "always_off"}, tmp_path / "off.log")
     started.append(off)
     rmqstore(receiver.env(), "send", "--endpoint", off.endpoint, "-t", "SampledOut", "--body", "x")
@@ -699,7 +700,15 @@ def test_the_configured_sampler_decides_in_the_writer_and_the_command(receiver: 
     writer = Node("writer", tmp_path / "ratio", receiver.env(), tmp_path / "ratio.log")
     started.append(writer)
     ratio = {**receiver.env(), "OTEL_TRACES_SAMPLER": "parentbased_traceidratio", "OTEL_TRACES_SAMPLER_ARG": "0"}
-    sent = rmqstore(ratio, "send", "--endpoint", writer.endpoint, "-t", "RatioZero", "--body", "x")
+    sent = rmqstore(ratio, "send", "--endpoint", writer.endpoint, "-t", "RatioZero", "-k", "k1", "--body", "x")
     assert json.loads(sent.stdout)["topic"] == "RatioZero"
     writer.stop()
     assert not [s for s in receiver.snapshot() if s.name in ("send RatioZero", "/rmqstore.v1.WriterService/SendStream")]
+    # A query node under always_off: a traced lookup's client span arrives, none of the node's.
+    query = Node("query", tmp_path / "ratio", {**receiver.env(), "OTEL_TRACES_SAMPLER": "always_off"}, tmp_path / "query.log")
+    started.append(query)
+    looked = rmqstore(receiver.env(), "queryMsgByKey", "--endpoint", query.endpoint, "-t", "RatioZero", "-k", "k1", "--json")
+    assert [json.loads(line)["topic"] for line in looked.stdout.splitlines()] == ["RatioZero"]
+    receiver.wait_for({"rmqstore.v1.QueryService/QueryByKey"})
+    query.stop()
+    assert not [s for s in receiver.snapshot() if s.service == "rmqstore-query"]

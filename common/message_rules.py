@@ -291,11 +291,13 @@ def plain_property_columns(counts: Sequence[int], names: Sequence[str], values: 
         return 0
     if "" in names or "" in values or not RESERVED_PROPERTIES.isdisjoint(names):
         return None
-    if not _plain_text("".join(names)) or not _plain_text("".join(values)):
+    name_text, value_text = "".join(names), "".join(values)
+    if not _plain_text(name_text) or not _plain_text(value_text):
         return None
-    # A pair is encoded as name 0x01 value 0x02: its UTF-8 lengths and two bytes.
-    name_bytes = map(len, map(str.encode, names))
-    value_bytes = map(len, map(str.encode, values))
+    # A pair is encoded as name 0x01 value 0x02: its UTF-8 lengths and two bytes (ASCII
+    # text's length is its UTF-8 length).
+    name_bytes = map(len, names if name_text.isascii() else map(str.encode, names))
+    value_bytes = map(len, values if value_text.isascii() else map(str.encode, values))
     ends: list[int] = list(itertools.accumulate(map(operator.add, name_bytes, value_bytes), initial=0))
     bounds = list(itertools.accumulate(counts, initial=0))
     largest: int = max(map(operator.sub, map(ends.__getitem__, bounds[1:]), map(ends.__getitem__, bounds)))

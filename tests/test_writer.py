@@ -941,6 +941,18 @@ COLUMN_PROBLEMS = {
         ),
         "columns.property_counts add up to 0",
     ),
+    "a negative property count": (
+        writer_pb2.SendBatchRequest(
+            columns=writer_pb2.MessageColumns(
+                bodies=[b"x", b"y"], topics=["T"], property_counts=[-1, 2], property_names=["a"], property_values=["1"]
+            )
+        ),
+        "columns.property_counts holds -1",
+    ),
+    "born hosts of another length, one no address": (
+        writer_pb2.SendBatchRequest(columns=writer_pb2.MessageColumns(bodies=[b"x", b"y"], topics=["T"], born_hosts=["nowhere"])),
+        "columns.born_hosts has 1 entries for 2 messages",
+    ),
     "a name given twice": (
         writer_pb2.SendBatchRequest(
             columns=writer_pb2.MessageColumns(

@@ -117,28 +117,28 @@ def columns_batch(columns: writer_pb2.MessageColumns, shared: Mapping[str, str] 
     topics = list(columns.topics)
     if len(topics) == 1:
         topics *= count
-    queue_ids: list[int | None] = list(columns.queue_ids) or [None] * count
+    queue_ids: list[int | None] = _column("queue_ids", columns.queue_ids, count, None)
     if -1 in queue_ids:
         queue_ids = [None if queue_id == -1 else queue_id for queue_id in queue_ids]
     born_hosts = [
-        _born_host(host, i if numbered else 0) if host else None for i, host in enumerate(columns.born_hosts, 1)
+        _born_host(host, i if numbered else 0) if host else None
+        for i, host in enumerate(_column("born_hosts", columns.born_hosts, count, ""), 1)
     ]
-    batch = MessageBatch(
+    return MessageBatch(
         _column("topics", topics, count, ""),
         bodies,
         [key.split(" ") if key else [] for key in _column("keys", columns.keys, count, "")],
         _column("tags", columns.tags, count, ""),
         _columns_properties(columns, count, shared),
-        _column("queue_ids", queue_ids, count, None),
+        queue_ids,
         _column("uniq_keys", columns.uniq_keys, count, ""),
         _column("flags", columns.flags, count, 0),
         _column("born_timestamps_ms", columns.born_timestamps_ms, count, 0),
-        _column("born_hosts", born_hosts, count, None),
+        born_hosts,
     )
-    return batch
 
 
-def _column(name: str, values: Sequence[T], count: int, default: T) -> list[T]:
+def _column(name: str, values: Sequence[Any], count: int, default: Any) -> list[Any]:
     """A column of one entry a message, or ``default`` for each message when it is empty."""
     if not values:
         return [default] * count
@@ -146,24 +146,23 @@ def _column(name: str, values: Sequence[T], count: int, default: T) -> list[T]:
         raise InvalidArgument(
             f"columns.{name} has {len(values)} entries for {count} messages (columns.bodies): one a message, or none"
         )
-    return list(values)
+    return values if isinstance(values, list) else list(values)
 
 
 def _columns_properties(
     columns: writer_pb2.MessageColumns, count: int, shared: Mapping[str, str]
 ) -> list[Mapping[str, str]]:
     """Each message's properties out of the property columns, with the shared ones."""
-    names, values = columns.property_names, columns.property_values
+    names, values = list(columns.property_names), list(columns.property_values)
     if len(names) != len(values):
         raise InvalidArgument(
             f"columns.property_values has {len(values)} entries for {len(names)} columns.property_names"
         )
-    counts = _column("property_counts", columns.property_counts, count, 0)
-    if sum(counts) != len(names) or min(counts, default=0) < 0:
-        raise InvalidArgument(
-            f"columns.property_counts add up to {sum(counts)} (each at least 0) "
-            f"for {len(names)} columns.property_names"
-        )
+    counts: list[int] = _column("property_counts", columns.property_counts, count, 0)
+    if min(counts, default=0) < 0:
+        raise InvalidArgument(f"columns.property_counts holds {min(counts)}: a message has 0 properties or more")
+    if sum(counts) != len(names):
+        raise InvalidArgument(f"columns.property_counts add up to {sum(counts)} for {len(names)} columns.property_names")
     shared = dict(shared) if shared else EMPTY_PROPERTIES
     if not names:
         return [shared] * count

@@ -12,19 +12,6 @@ if ! { "$VENV/bin/pip" install --upgrade pip && "$VENV/bin/pip" install -e '.[te
     cat "$VENV/install.log" >&2
     exit 1
 fi
-# The benchmarks' C++ SYNC client (benchmarks/native_client.py), which the benchmark smoke
-# test builds and runs, needs gRPC's C++ library: installed from the OS's packages if missing.
-if ! pkg-config --exists grpc++ 2>/dev/null; then
-    if [ "$(id -u)" = 0 ] && command -v apt-get > /dev/null; then
-        if ! { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libgrpc++-dev pkg-config; } > "$VENV/apt.log" 2>&1; then
-            cat "$VENV/apt.log" >&2
-            exit 1
-        fi
-    else
-        echo "test.sh: the benchmark tests need gRPC's C++ library; install libgrpc++-dev and pkg-config (Debian)" >&2
-        exit 1
-    fi
-fi
 # The console's browser tests drive Debian's chromium through its chromedriver (Selenium),
 # installed from the OS's packages if missing.
 if ! { command -v chromium && command -v chromedriver; } > /dev/null 2>&1; then

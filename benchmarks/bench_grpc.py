@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -131,18 +132,18 @@ def sync_client_run(client: str, call: str, endpoint: str, spec: WorkloadSpec, r
 
 
 def sync_run(store: Path, spec: WorkloadSpec, requests: dict[str, Path], log_dir: Path, producers: list[int],
-             seconds: float) -> dict[str, list[dict[str, Any]]]:  # fmt: skip
+             seconds: float, clients: Sequence[str] = SYNC_CLIENTS) -> dict[str, list[dict[str, Any]]]:  # fmt: skip
     """One writer with ``--flush sync`` on a fresh store, loaded in turn by each way of
-    sending (client × call): the C++ client at every producer count, the Python client
-    at the largest. Each way's runs, in producer order."""
+    sending (client × call): the first of ``clients`` (the C++ one by default) at every
+    producer count, the others at the largest. Each way's runs, in producer order."""
     shutil.rmtree(store, ignore_errors=True)
     runs: dict[str, list[dict[str, Any]]] = {}
     with Nodes(log_dir) as nodes:
         writer = nodes.start("writer", store, "--flush", "sync")
         create_topics(writer.endpoint)
-        for client in SYNC_CLIENTS:
+        for client in clients:
             for call in SYNC_CALLS:
-                counts = producers if client == "cpp" else [max(producers)]
+                counts = producers if client == clients[0] else [max(producers)]
                 runs[sync_way(client, call)] = [
                     sync_client_run(client, call, writer.endpoint, spec, requests, count, seconds) for count in counts
                 ]

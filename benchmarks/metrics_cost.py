@@ -27,15 +27,51 @@ import multiprocessing
 import statistics
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
 import grpc
-from query_server_probe import CALLS, SIZES, build_store, time_calls
 
-from rmqstore.v1 import messages_pb2, query_pb2_grpc, writer_pb2, writer_pb2_grpc
+from rmqstore.common.files.store import StoreSizes
+from rmqstore.v1 import messages_pb2, query_pb2, query_pb2_grpc, writer_pb2, writer_pb2_grpc
 
 KINDS = ("without", "off", "on")
+SIZES = StoreSizes(commitlog_file_size_bytes=8 * 1024 * 1024, cq_file_units=10_000, index_slots=4099, index_entries=20_000)
+
+
+def build_store(root: Path) -> None:
+    from rmqstore.writer.config import WriterConfig
+    from rmqstore.writer.store import Writer
+    from rmqstore.writer.validate import MessageInput
+
+    writer = Writer(WriterConfig(store=str(root), sizes=SIZES))
+    try:
+        writer.append([MessageInput(topic="TopicA", body=b"x" * 200, keys=("k",), queue_id=0) for _ in range(500)])
+        writer.flush_thoroughly()
+    finally:
+        writer.close()
+
+
+CALLS = {
+    "Ping": ("Ping", query_pb2.PingRequest()),
+    "QueueBounds": ("QueueBounds", query_pb2.QueueBoundsRequest(topic="TopicA", queue_id=0)),
+    "key page of 8": ("QueryByKey", query_pb2.QueryByKeyRequest(topic="TopicA", key="k", page_size=8)),
+}
+
+
+def time_calls(stub: Any, method: str, request: Any, calls: int) -> list[float]:
+    call = getattr(stub, method)
+    for _ in range(50):
+        call(request, timeout=10)
+    timings = []
+    for _ in range(calls):
+        started = time.perf_counter()
+        call(request, timeout=10)
+        timings.append(time.perf_counter() - started)
+    return timings
+
+
 SEND = ("Send", writer_pb2.SendRequest(message=messages_pb2.Message(topic="Metered", queue_id=0, body=b"x" * 100)))
 
 

@@ -241,6 +241,12 @@ SYNC_WAYS = {
 }
 
 
+def _other_clients(sync: dict[str, Any], producers: int) -> str:
+    """What the report says of the clients other than the headline's."""
+    others = [SYNC_WAYS[f"{client}_stream"][0] for client in sync.get("clients", ("cpp", "python")) if not sync["headline_way"].startswith(client)]
+    return f"the {' and '.join(others)} client runs at {producers} producers only. " if others else "no other client ran. "
+
+
 def _sync(sync: dict[str, Any], summary: Summary, repeats: int) -> list[str]:
     noop = sync["noop_server"]
     rows = []
@@ -286,8 +292,9 @@ def _sync(sync: dict[str, Any], summary: Summary, repeats: int) -> list[str]:
         f"per request (as a RocketMQ producer keeps its connection), or with a `Send` call per message. Two clients: "
         f"C++ (`benchmarks/native/sync_client.cc`: every producer on one channel, driven by one thread, about a "
         f"third of a core at 20,000 acks a second) and Python asyncio (`grpc_clients.py sync`: about a whole core "
-        f"at the same rate, on a machine of two). The target is judged on the C++ client's streams "
-        f"(`{sync['headline_way']}`); the Python client runs at {noop['producers']} producers only. \"No-op "
+        f"at the same rate, on a machine of two). The target is judged on the "
+        f"{SYNC_WAYS[sync['headline_way']][0]} client's streams (`{sync['headline_way']}`), run at every producer "
+        f"count; {_other_clients(sync, noop['producers'])}\"No-op "
         f"server\": the same client and call against an asyncio gRPC server that acks each message without "
         f"storing it (`benchmarks/ceilings.py`), in the same run: what Python gRPC allows here with that client. "
         f"\"In process\": N threads each appending one message at a time to one `Writer` with SYNC flush (the "

@@ -73,8 +73,9 @@ SECTIONS = ("append", "grpc_append", "sync", "lookups", "lag", "recovery", "rss"
 SYNC_WORKLOAD_MAX = 20_000  # messages the SYNC producers cycle through
 # The SYNC target is judged on producers that each keep one SendStream and wait for every
 # ack (as a RocketMQ producer keeps its connection), driven by the C++ client so that the
-# load takes little of the machine the writer needs (bench_grpc.sync_run, native_client.py).
-HEADLINE_SYNC_WAY = "cpp_stream"
+# load takes little of the machine the writer needs (bench_grpc.sync_run, native_client.py);
+# by the Python client when the C++ one is not asked for (--sync-clients python).
+HEADLINE_SYNC_CALL = "stream"
 LAG_WORKLOAD_MAX = 200_000  # messages the lag section's load client cycles through
 MISMATCH_EXAMPLES = 20
 
@@ -222,24 +223,27 @@ def section_sync(ctx: Context) -> dict[str, Any]:
     workload = Workload(spec)
     counts = ctx.args.sync_producers
     most = max(counts)
+    clients = ctx.args.sync_clients
+    headline_way = bench_grpc.sync_way(clients[0], HEADLINE_SYNC_CALL)
     requests = {}
-    for call in bench_grpc.SYNC_CALLS:
-        requests[call] = ctx.work / f"sync-{call}-requests.bin"
-        native_client.write_requests(requests[call], workload, call)
-    ways = [bench_grpc.sync_way(client, call) for client in bench_grpc.SYNC_CLIENTS for call in bench_grpc.SYNC_CALLS]
+    if "cpp" in clients:
+        for call in bench_grpc.SYNC_CALLS:
+            requests[call] = ctx.work / f"sync-{call}-requests.bin"
+            native_client.write_requests(requests[call], workload, call)
+    ways = [bench_grpc.sync_way(client, call) for client in clients for call in bench_grpc.SYNC_CALLS]
     ours: dict[str, dict[int, list[dict[str, Any]]]] = {way: {p: [] for p in counts} for way in ways}
     ceiling: dict[str, list[int]] = {way: [] for way in ways}
     inner: dict[int, list[dict[str, Any]]] = {p: [] for p in counts}
     theirs: dict[int, list[dict[str, Any]]] = {p: [] for p in counts}
     for run in range(ctx.args.repeats):
         store = ctx.work / "sync"
-        for way, results in bench_grpc.sync_run(store, spec, requests, ctx.logs, counts, ctx.args.sync_seconds).items():
+        for way, results in bench_grpc.sync_run(store, spec, requests, ctx.logs, counts, ctx.args.sync_seconds, clients).items():
             for result in results:
                 ours[way][result["producers"]].append(_sync_figures(result))
         shutil.rmtree(store, ignore_errors=True)
-        for client in bench_grpc.SYNC_CLIENTS:
+        for client in clients:
             for call in bench_grpc.SYNC_CALLS:
-                figures = ceilings.grpc_noop("aio", call, most, ctx.args.sync_seconds, client, requests[call])
+                figures = ceilings.grpc_noop("aio", call, most, ctx.args.sync_seconds, client, requests.get(call))
                 ceiling[bench_grpc.sync_way(client, call)].append(figures["messages_per_s"])
         for producers in counts:
             result = bench_rmq.sync_threads_run(store, workload, producers, ctx.args.sync_seconds, warmup_s=0.5)
@@ -258,7 +262,7 @@ def section_sync(ctx: Context) -> dict[str, Any]:
     rows = []
     for producers in counts:
         measured = {way: runs[producers] for way, runs in ours.items() if runs[producers]}
-        headline = measured[HEADLINE_SYNC_WAY]
+        headline = measured[headline_way]
         rmq = median_of(headline, "msgs_per_s")
         sql = median_of(theirs[producers], "msgs_per_s")
         rows.append(
@@ -293,7 +297,8 @@ def section_sync(ctx: Context) -> dict[str, Any]:
         "seconds_per_run": ctx.args.sync_seconds,
         "warmup_s": 0.5,
         "workload_messages": spec.messages,
-        "headline_way": HEADLINE_SYNC_WAY,
+        "headline_way": headline_way,
+        "clients": list(clients),
         "rows": rows,
         "noop_server": {
             "producers": most,
@@ -579,6 +584,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--batch", type=int, default=1000, help="messages per gRPC batch (default 1000)")
     parser.add_argument("--sync-producers", type=int, nargs="+", default=[1, 16, 64])
     parser.add_argument("--sync-seconds", type=float, default=5.0, help="measured window per SYNC run")
+    parser.add_argument(
+        "--sync-clients", nargs="+", choices=bench_grpc.SYNC_CLIENTS, default=list(bench_grpc.SYNC_CLIENTS),
+        help="the SYNC section's clients, the first the one its target is judged on, run at every producer count "
+        "(the others at the largest): cpp (built here, needs libgrpc++-dev) and python (default: both)",
+    )
     parser.add_argument("--lag-probes", type=int, default=500)
     parser.add_argument("--lag-interval-ms", type=float, default=20.0, help="pause between lag probes")
     parser.add_argument("--kill-at", type=float, default=0.9, help="SIGKILL once this share of the load is acked")
@@ -671,7 +681,7 @@ def main(argv: list[str] | None = None) -> int:
         exec_in_snapshot(argv)
     snapshot = os.environ.get(SNAPSHOT_ENV)
     sections = set(args.only or SECTIONS)
-    if "sync" in sections:
+    if "sync" in sections and "cpp" in args.sync_clients:
         try:
             native_client.build()  # before anything runs: a missing library is said at once
         except native_client.NativeClientUnavailable as error:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import json
+import signal
 import socket
 import sys
 
@@ -63,6 +64,11 @@ def cmd_console(args: argparse.Namespace) -> int:
     server = uvicorn.Server(
         uvicorn.Config(build_app(backend, users), log_config=None, access_log=False, log_level="warning", lifespan="off")
     )
+    # uvicorn stops gracefully on SIGTERM and SIGINT, then raises the signal again for the
+    # handler that was in place before it ran: for SIGTERM, this one (which also stops a
+    # server not yet running), so that the console goes on to say it stopped and exits 0
+    # rather than dying of the signal.
+    signal.signal(signal.SIGTERM, lambda signum, frame: setattr(server, "should_exit", True))
     print(
         json.dumps(
             {
@@ -78,7 +84,6 @@ def cmd_console(args: argparse.Namespace) -> int:
         flush=True,
     )
     try:
-        # uvicorn stops gracefully on SIGTERM and SIGINT.
         server.run(sockets=[sock])
     finally:
         sock.close()

@@ -2,18 +2,18 @@
 
 grpc parses a request before any handler of ours runs, and a request that does not parse
 (truncated, wrong wire types, invalid UTF-8 in a string) ends there with the status grpc
-picks: INTERNAL on the threaded server, UNKNOWN on the asyncio one, neither of which tells
-a client that the fault is its own. These interceptors put a parser that cannot raise in
-front of every method (ours, health, reflection): it hands the handler wrapper a marker
-instead, which answers INVALID_ARGUMENT naming the message type, before the handler runs
-(for a stream, when the handler reaches the bad message). One interceptor per server
-kind, so that any service added later (a gateway on the writer's port) is covered too.
+picks (UNKNOWN on the asyncio server), which does not tell a client that the fault is its
+own. The interceptor puts a parser that cannot raise in front of every method (ours,
+health, reflection): it hands the handler wrapper a marker instead, which answers
+INVALID_ARGUMENT naming the message type, before the handler runs (for a stream, when the
+handler reaches the bad message). It wraps whatever the server has, so that any service
+added later (a gateway on the writer's port) is covered too.
 """
 
 from __future__ import annotations
 
 import inspect
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import grpc
@@ -23,7 +23,6 @@ from rmqstore.service.errors import REASON_KEY
 
 # grpc's stubs make contexts and handlers generic in request and response types; these
 # wrappers serve every method alike.
-Context = Any
 AsyncContext = Any
 Handler = Any
 
@@ -60,11 +59,6 @@ def _guarded(deserialize: Callable[[bytes], Any]) -> Callable[[bytes], Any]:
     return parse
 
 
-def _abort(context: Context, marker: _Malformed) -> None:
-    context.set_trailing_metadata(((REASON_KEY, REASON),))
-    context.abort(grpc.StatusCode.INVALID_ARGUMENT, marker.detail)
-
-
 async def _abort_async(context: AsyncContext, marker: _Malformed) -> None:
     context.set_trailing_metadata(((REASON_KEY, REASON),))
     await context.abort(grpc.StatusCode.INVALID_ARGUMENT, marker.detail)
@@ -83,35 +77,6 @@ def _behavior(handler: Handler) -> Callable[..., Any]:
     if handler.request_streaming:
         return handler.stream_stream if handler.response_streaming else handler.stream_unary  # type: ignore[no-any-return]
     return handler.unary_stream if handler.response_streaming else handler.unary_unary  # type: ignore[no-any-return]
-
-
-def _threaded(handler: Handler) -> Handler:
-    behavior = _behavior(handler)
-    if handler.request_streaming:
-
-        def checked_requests(requests: Iterator[Any], context: Context) -> Iterator[Any]:
-            for request in requests:
-                if isinstance(request, _Malformed):
-                    _abort(context, request)
-                yield request
-
-        def streaming(requests: Iterator[Any], context: Context) -> Any:
-            return behavior(checked_requests(requests, context), context)
-
-        wrapped: Callable[..., Any] = streaming
-    else:
-
-        def unary(request: Any, context: Context) -> Any:
-            if isinstance(request, _Malformed):
-                _abort(context, request)
-            return behavior(request, context)
-
-        wrapped = unary
-    return _constructor(handler)(
-        wrapped,
-        request_deserializer=_guarded(handler.request_deserializer),
-        response_serializer=handler.response_serializer,
-    )
 
 
 def _asynchronous(handler: Handler) -> Handler:
@@ -163,16 +128,6 @@ def _asynchronous(handler: Handler) -> Handler:
         request_deserializer=_guarded(handler.request_deserializer),
         response_serializer=handler.response_serializer,
     )
-
-
-class MalformedRequestGuard(grpc.ServerInterceptor):
-    """For grpc's threaded server."""
-
-    def intercept_service(self, continuation, handler_call_details):  # type: ignore[no-untyped-def]
-        handler = continuation(handler_call_details)
-        if handler is None or handler.request_deserializer is None:
-            return handler
-        return _threaded(handler)
 
 
 class AsyncMalformedRequestGuard(grpc.aio.ServerInterceptor):

@@ -1,14 +1,12 @@
-"""Start a gRPC server with health checking, reflection, the tracing interceptor and (on
-the asyncio server) the RPC metrics (service.rpc_metrics).
+"""Start a gRPC server with health checking, reflection, the tracing interceptor and the
+RPC metrics (service.rpc_metrics).
 
 Both nodes serve on grpc's asyncio server on an event loop of its own thread
 (:class:`AsyncServing`): a SYNC ack waits for an fsync, a stream lasts as long as its
 client, a reader may stop reading, and none of them may hold a thread while it waits
 (service.limits). Every call passes the malformed-request guard (service.guard) and, with
-an ACL, its check (service.acl). grpc's thread-pool server (:func:`start_server`) serves
-the query service in tests and tools that compare the two. The TLS credentials and the
-client's channel are in service.channels, which a client loads without the server's
-dependencies."""
+an ACL, its check (service.acl). The TLS credentials and the client's channel are in
+service.channels, which a client loads without the server's dependencies."""
 
 from __future__ import annotations
 
@@ -22,11 +20,11 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection, reflection_pb2, reflection_pb2_grpc
 from opentelemetry import trace
-from opentelemetry.instrumentation.grpc import aio_server_interceptor, server_interceptor
+from opentelemetry.instrumentation.grpc import aio_server_interceptor
 
 from rmqstore.service.acl import Acl, AsyncAclInterceptor, MethodRule
 from rmqstore.service.channels import MAX_MESSAGE_BYTES
-from rmqstore.service.guard import AsyncMalformedRequestGuard, MalformedRequestGuard
+from rmqstore.service.guard import AsyncMalformedRequestGuard
 from rmqstore.service.limits import (
     CONNECTION_IDLE_MAX_MS,
     CONNECTION_OPTIONS,
@@ -46,24 +44,12 @@ T = TypeVar("T")
 REFLECTION_V1_SERVICE = "grpc.reflection.v1.ServerReflection"
 
 
-class TracingInterceptor(grpc.ServerInterceptor):
-    """OpenTelemetry's server interceptor, for the calls made while a tracer provider is
-    installed. Without one its spans record nothing, yet it costs each call 20-40 µs
-    here (a Ping's p50: about 380 µs through it, 355 µs past it); the check costs well
-    under 1 µs. A provider installed after the server started counts from its next call."""
-
-    def __init__(self) -> None:
-        self._traced = server_interceptor()
-
-    def intercept_service(self, continuation, handler_call_details):  # type: ignore[no-untyped-def]
-        if _untraced():
-            return continuation(handler_call_details)
-        return self._traced.intercept_service(continuation, handler_call_details)
-
-
 class AsyncTracingInterceptor(grpc.aio.ServerInterceptor):
-    """:class:`TracingInterceptor` for the asyncio server (whose handlers are all async:
-    OpenTelemetry's asyncio interceptor awaits each)."""
+    """OpenTelemetry's asyncio server interceptor, for the calls made while a tracer
+    provider is installed. Without one its spans record nothing, yet it costs each call
+    20-40 µs here (measured on the thread-pool server the nodes once served on: a Ping's
+    p50 about 380 µs through it, 355 µs past it); the check costs well under 1 µs. A
+    provider installed after the server started counts from its next call."""
 
     def __init__(self) -> None:
         self._traced = aio_server_interceptor()
@@ -79,25 +65,21 @@ def _untraced() -> bool:
 
 
 def _add_services(
-    server: Any, register: Callable[[Any], None], health_servicer: Any, service_names: Sequence[str]
+    server: grpc.aio.Server, register: Callable[[grpc.aio.Server], None], health_servicer: Any, service_names: Sequence[str]
 ) -> None:
-    """A node's services on ``server`` (grpc's threaded or asyncio server): its own, the
-    health service and reflection listing both."""
+    """A node's services on ``server``: its own, the health service and reflection listing
+    both."""
     register(server)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     enable_reflection(server, (*service_names, health.SERVICE_NAME))
 
 
-def enable_reflection(server: Any, service_names: Sequence[str]) -> None:
+def enable_reflection(server: grpc.aio.Server, service_names: Sequence[str]) -> None:
     """Server reflection as both v1alpha and v1 (current grpcurl asks v1 first). grpcio's
     reflection package serves v1alpha only; v1 renamed the package and kept every
     message, so the same servicer answers it, its messages read and written as v1alpha's."""
     names = (*service_names, reflection.SERVICE_NAME, REFLECTION_V1_SERVICE)
-    servicer = (
-        reflection.aio.ReflectionServicer(names)
-        if isinstance(server, grpc.aio.Server)
-        else reflection.ReflectionServicer(names)
-    )
+    servicer = reflection.aio.ReflectionServicer(names)
     reflection_pb2_grpc.add_ServerReflectionServicer_to_server(servicer, server)
     info = grpc.stream_stream_rpc_method_handler(
         servicer.ServerReflectionInfo,
@@ -107,54 +89,6 @@ def enable_reflection(server: Any, service_names: Sequence[str]) -> None:
     server.add_generic_rpc_handlers(
         (grpc.method_handlers_generic_handler(REFLECTION_V1_SERVICE, {"ServerReflectionInfo": info}),)
     )
-
-
-def start_server(
-    register: Callable[[grpc.Server], None],
-    service_names: Sequence[str],
-    *,
-    host: str = "127.0.0.1",
-    port: int = 0,
-    workers: int = 32,
-    credentials: grpc.ServerCredentials | None = None,
-) -> tuple[grpc.Server, int, health.HealthServicer]:
-    """Bind, register the services, mark them SERVING and start. Port 0 picks a free
-    port; the bound port is returned. With ``credentials`` (load_server_credentials) the
-    port speaks TLS only."""
-    server = grpc.server(
-        futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="rpc"),
-        # The guard last: it wraps the handlers as registered, the tracing around them.
-        interceptors=[TracingInterceptor(), MalformedRequestGuard()],
-        options=SERVER_OPTIONS,
-    )
-    health_servicer = health.HealthServicer()
-    _add_services(server, register, health_servicer, service_names)
-    for name in (*service_names, ""):
-        health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
-    address = f"{host}:{port}"
-    bound = server.add_secure_port(address, credentials) if credentials else server.add_insecure_port(address)
-    if bound == 0:
-        raise OSError(f"cannot bind {address}")
-    server.start()
-    return server, bound, health_servicer
-
-
-def start_health_server(
-    health_servicer: health.HealthServicer, *, host: str = "127.0.0.1", port: int = 0
-) -> tuple[grpc.Server, int]:
-    """A second, plaintext listener serving only grpc.health.v1 from the main server's
-    HealthServicer (same statuses, same graceful shutdown), for probes that cannot speak
-    TLS, such as Kubernetes' native gRPC probes. Returns the server and its bound port."""
-    server = grpc.server(
-        futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="health"),
-        options=[("grpc.so_reuseport", 0)],
-    )
-    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    bound = server.add_insecure_port(f"{host}:{port}")
-    if bound == 0:
-        raise OSError(f"cannot bind the health port {host}:{port}")
-    server.start()
-    return server, bound
 
 
 class AsyncServing:

@@ -1,4 +1,5 @@
-"""Shared test fixtures: the Apache-written stores and their geometry."""
+"""Shared test fixtures: the Apache-written stores and their geometry, and the harness's
+nodes (tests/support)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.acl import ACL, Guarded
+from support.nodes import Nodes
+from support.pki import Pki, make_pki
 
 from rmqstore.common.files.store import StoreSizes
 
@@ -72,21 +76,27 @@ def _node_logging_undone() -> Iterator[None]:
 
 
 @pytest.fixture
-def started() -> Iterator[list[Any]]:
-    """The node processes a test starts (test_tracing_live.Node), killed after it."""
-    running: list[Any] = []
-    yield running
-    for node in running:
-        node.kill()
+def nodes(tmp_path: Path) -> Iterator[Nodes]:
+    """Node processes (writer, query node, console) with their stderr under tmp_path, every
+    one still running killed after the test."""
+    log_dir = tmp_path / "logs"
+    log_dir.mkdir()
+    started = Nodes(log_dir)
+    yield started
+    started.close()
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
+    """A throwaway CA, server and client certificates (support/pki.py), one set per module."""
+    return make_pki(tmp_path_factory.mktemp("pki"))
 
 
 @pytest.fixture
-def nodes(tmp_path: Path) -> Iterator[Any]:
-    """Writer and query node processes (test_query_live.Nodes) with their logs under
-    tmp_path, all stopped after the test."""
-    from test_query_live import Nodes
-
-    (tmp_path / "logs").mkdir()
-    started = Nodes(tmp_path / "logs")
+def guarded(tmp_path: Path) -> Iterator[Guarded]:
+    """A writer and a query node in this process on one store, both under support/acl.py's ACL."""
+    acl_path = tmp_path / "acl.yaml"
+    acl_path.write_text(ACL)
+    started = Guarded(tmp_path / "store", acl_path)
     yield started
     started.close()

@@ -12,129 +12,24 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from test_query_live import Nodes, quiet_env
-from test_tls import Pki, pki  # noqa: F401 (pki is a fixture)
-from test_writer import SMALL
+from support.acl import ACL, SECRETS, Guarded, denied, status_of
+from support.cli import quiet_env
+from support.inprocess import WriterNode
+from support.nodes import Nodes
+from support.pki import Pki
 
 from rmqstore.common.errors import InvalidArgument
-from rmqstore.query.service import SERVICE_NAME as QUERY_SERVICE
-from rmqstore.query.service import AsyncQueryServicer
-from rmqstore.query.view import StoreView
 from rmqstore.service.acl import load_acl, sign, signing_channel
 from rmqstore.service.channels import load_server_credentials, open_channel
-from rmqstore.service.errors import REASON_KEY
-from rmqstore.service.server import AsyncServing
 from rmqstore.v1 import messages_pb2, query_pb2, query_pb2_grpc, writer_pb2, writer_pb2_grpc
-from rmqstore.writer.config import WriterConfig
-from rmqstore.writer.service import SERVICE_NAME as WRITER_SERVICE
-from rmqstore.writer.service import WriterServicer
-from rmqstore.writer.store import Writer
 
 RPC_TIMEOUT_S = 10.0
-ACL = """
-users:
-  - accessKey: ops
-    secretKey: ops-secret-1
-    userType: Super
-  - accessKey: orders
-    secretKey: orders-secret-1
-  - accessKey: reader
-    secretKey: reader-secret-1
-  - accessKey: remote
-    secretKey: remote-secret-1
-  - accessKey: local
-    secretKey: local-secret-1
-acls:
-  - subject: User:orders
-    policies:
-      - resource: ["Topic:orders-*"]
-        actions: [Pub, Sub, Create]
-        decision: Allow
-      - resource: Topic:orders-secret
-        actions: [Pub, Sub]
-        decision: Deny
-  - subject: User:reader
-    policies:
-      - resource: ["Topic:*", "Cluster"]
-        actions: [Sub, Get, List]
-  - subject: User:remote
-    policies:
-      - resource: ["Topic:*"]
-        actions: [Sub]
-        sourceIps: ["10.0.0.0/8"]
-  - subject: User:local
-    policies:
-      - resource: ["Topic:*"]
-        actions: [Sub]
-        sourceIps: ["127.0.0.1/32", "::1/128"]
-"""
-SECRETS = {"ops": "ops-secret-1", "orders": "orders-secret-1", "reader": "reader-secret-1", "remote": "remote-secret-1", "local": "local-secret-1"}
-
-
-class Guarded:
-    """A writer and a query node of one store, both under the ACL."""
-
-    def __init__(self, root: Path, acl_path: Path):
-        acl = load_acl(str(acl_path))
-        self.writer = Writer(WriterConfig(store=str(root), sizes=SMALL))
-        self.servicer = WriterServicer(self.writer)
-        self.writer_serving = AsyncServing(
-            lambda s: writer_pb2_grpc.add_WriterServiceServicer_to_server(self.servicer, s),
-            [WRITER_SERVICE], host="127.0.0.1", port=0, credentials=None, health_port=None, acl=acl,
-        )  # fmt: skip
-        self.view = StoreView(str(root), SMALL)
-        self.query_serving = AsyncServing(
-            lambda s: query_pb2_grpc.add_QueryServiceServicer_to_server(AsyncQueryServicer(self.view), s),
-            [QUERY_SERVICE], host="127.0.0.1", port=0, credentials=None, health_port=None, acl=acl,
-        )  # fmt: skip
-        self.channels: list[grpc.Channel] = []
-
-    def _channel(self, port: int, user: str | None) -> grpc.Channel:
-        channel = grpc.insecure_channel(f"127.0.0.1:{port}")
-        self.channels.append(channel)
-        return channel if user is None else signing_channel(channel, user, SECRETS[user])
-
-    def writer_as(self, user: str | None) -> writer_pb2_grpc.WriterServiceStub:
-        return writer_pb2_grpc.WriterServiceStub(self._channel(self.writer_serving.port, user))
-
-    def query_as(self, user: str | None) -> query_pb2_grpc.QueryServiceStub:
-        return query_pb2_grpc.QueryServiceStub(self._channel(self.query_serving.port, user))
-
-    def close(self) -> None:
-        for channel in self.channels:
-            channel.close()
-        self.query_serving.stop(None)
-        self.view.close()
-        self.writer_serving.stop(None)
-        self.servicer.close()
-        self.writer.close()
-
-
-@pytest.fixture
-def guarded(tmp_path: Path) -> Iterator[Guarded]:
-    acl_path = tmp_path / "acl.yaml"
-    acl_path.write_text(ACL)
-    nodes = Guarded(tmp_path / "store", acl_path)
-    yield nodes
-    nodes.close()
-
-
-def status_of(call: Any) -> tuple[grpc.StatusCode, str, str | None]:
-    with pytest.raises(grpc.RpcError) as raised:
-        call()
-    error: Any = raised.value
-    return error.code(), error.details(), dict(error.trailing_metadata() or ()).get(REASON_KEY)
-
-
-def denied(subject: str, action: str, resource: str) -> tuple[grpc.StatusCode, str, str]:
-    return grpc.StatusCode.PERMISSION_DENIED, f"{subject} may not {action} {resource}", "Denied"
 
 
 def send(topic: str, body: bytes = b"b") -> writer_pb2.SendRequest:
@@ -398,7 +293,7 @@ def test_a_nodejs_client_signs_with_a_few_lines_of_its_own(guarded: Guarded) -> 
 # Mutual TLS
 
 
-def test_a_client_certificate_is_a_subject_under_mutual_tls(tmp_path: Path, pki: Pki) -> None:  # noqa: F811
+def test_a_client_certificate_is_a_subject_under_mutual_tls(tmp_path: Path, pki: Pki) -> None:
     """Under mutual TLS an unsigned call is its certificate's common name: Cert:<CN>, with
     the policies of that subject; a signed call over the same channel is its user."""
     acl_path = tmp_path / "acl.yaml"
@@ -409,17 +304,11 @@ def test_a_client_certificate_is_a_subject_under_mutual_tls(tmp_path: Path, pki:
         + "      - {resource: 'Topic:tls-*', actions: [Pub, Get]}\n"
         + "      - {resource: Cluster, actions: [Get]}\n"
     )
-    writer = Writer(WriterConfig(store=str(tmp_path / "store"), sizes=SMALL))
-    servicer = WriterServicer(writer)
-    serving = AsyncServing(
-        lambda s: writer_pb2_grpc.add_WriterServiceServicer_to_server(servicer, s),
-        [WRITER_SERVICE], host="127.0.0.1", port=0,
-        credentials=load_server_credentials(str(pki.server_cert), str(pki.server_key), str(pki.ca)),
-        health_port=None, acl=load_acl(str(acl_path)),
+    node = WriterNode(
+        tmp_path / "store", credentials=load_server_credentials(str(pki.server_cert), str(pki.server_key), str(pki.ca)),
+        acl=load_acl(str(acl_path)),
     )  # fmt: skip
-    channel = open_channel(
-        f"127.0.0.1:{serving.port}", ca=str(pki.ca), client_cert=str(pki.client_cert), client_key=str(pki.client_key)
-    )
+    channel = open_channel(node.endpoint, ca=str(pki.ca), client_cert=str(pki.client_cert), client_key=str(pki.client_key))
     try:
         stub = writer_pb2_grpc.WriterServiceStub(channel)
         assert stub.Send(send("tls-1"), timeout=RPC_TIMEOUT_S).result.offset_msg_id
@@ -429,9 +318,7 @@ def test_a_client_certificate_is_a_subject_under_mutual_tls(tmp_path: Path, pki:
         assert as_ops.Status(writer_pb2.StatusRequest(), timeout=RPC_TIMEOUT_S).store == os.path.abspath(tmp_path / "store")
     finally:
         channel.close()
-        serving.stop(None)
-        servicer.close()
-        writer.close()
+        node.close()
 
 
 def test_the_pipeline_signs_from_the_environment(guarded: Guarded, monkeypatch: pytest.MonkeyPatch) -> None:

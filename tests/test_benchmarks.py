@@ -1,15 +1,20 @@
 """The benchmark suite (benchmarks/run.py) at a smoke size, so its code cannot rot.
 
 It runs every section as a subprocess into tmp_path (servers on 127.0.0.1 only, killed by
-the suite itself; the subprocess is killed if it overruns) and checks the structure of
-what it wrote: every section present, the cross-check of every lookup answer against
-SQLite found no disagreement and checked as many lookups as asked, RESULTS.md names the
-command. It asserts no timings: the machine is shared and the figures are not the point.
+the suite itself; the subprocess is killed if it overruns), the SYNC section with the
+Python client alone (the C++ one is the full benchmark's, built when it is asked for), and
+checks that what it wrote holds together: every section present, every count the
+workload's, every rate the count over the time measured, every median that of its runs,
+every ratio the quotient of the figures it compares, the tables of RESULTS.md the figures
+of the JSON, and the cross-check of every lookup answer against SQLite without a
+disagreement. It asserts no timing: the machine is shared and the figures are not the
+point.
 """
 
 from __future__ import annotations
 
 import json
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -24,6 +29,7 @@ LOOKUPS = 200
 TIME_SEARCHES = 20
 PRODUCERS = [1, 4]
 TIMEOUT_S = 240
+SYNC_SECONDS = 0.5
 LOOKUP_KINDS = ("key", "key_order", "key_hot", "key_miss", "uniq_key", "queue_offset", "time_search")
 
 
@@ -33,7 +39,8 @@ def smoke(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], str
     work = tmp_path_factory.mktemp("bench-work")
     args = [
         "--sizes", str(SIZE), "--repeats", "1", "--lookups", str(LOOKUPS), "--time-searches", str(TIME_SEARCHES),
-        "--sync-producers", *map(str, PRODUCERS), "--sync-seconds", "0.5", "--lag-probes", "10",
+        "--sync-producers", *map(str, PRODUCERS), "--sync-seconds", str(SYNC_SECONDS), "--sync-clients", "python",
+        "--lag-probes", "10",
         "--out", str(out), "--work", str(work),
     ]  # fmt: skip
     done = subprocess.run(
@@ -49,6 +56,20 @@ def _positive(value: Any) -> bool:
     return isinstance(value, (int, float)) and value > 0
 
 
+def _rate_of(run: dict[str, Any], count: str) -> None:
+    """``run``'s msgs/s is its ``count`` over its seconds (rounded to the millisecond)."""
+    messages, seconds = run[count], run["seconds"]
+    assert seconds > 0 and messages / (seconds + 0.0005) - 1 <= run["msgs_per_s"] <= messages / (seconds - 0.0005) + 1, run
+
+
+def _median_of(figures: dict[str, Any], runs: list[dict[str, Any]], key: str = "msgs_per_s") -> None:
+    assert figures[key] == statistics.median(run[key] for run in runs), (key, figures)
+
+
+def _ratio(value: Any, ours: float, theirs: float) -> None:
+    assert value == round(ours / theirs, 2), (value, ours, theirs)
+
+
 @pytest.mark.slow
 def test_every_section_is_present(smoke: tuple[dict[str, Any], str, list[str]]) -> None:
     results, _, _ = smoke
@@ -61,41 +82,73 @@ def test_every_section_is_present(smoke: tuple[dict[str, Any], str, list[str]]) 
 
 
 @pytest.mark.slow
-def test_throughput_sections_have_both_systems(smoke: tuple[dict[str, Any], str, list[str]]) -> None:
+def test_throughput_figures_are_those_of_their_runs(smoke: tuple[dict[str, Any], str, list[str]]) -> None:
     results, _, _ = smoke
     size = results["sizes"][str(SIZE)]
     append = size["append"]
     assert len(append["rmqstore_runs"]) == len(append["sqlite_runs"]) == 1
-    assert _positive(append["msgs_per_s"]) and _positive(append["sqlite_msgs_per_s"]) and _positive(append["ratio"])
-    assert append["rmqstore_runs"][0]["messages"] == SIZE
+    for run in (*append["rmqstore_runs"], *append["sqlite_runs"]):
+        assert run["messages"] == SIZE
+        _rate_of(run, "messages")
+    _median_of(append, append["rmqstore_runs"])
+    sqlite = statistics.median(run["msgs_per_s"] for run in append["sqlite_runs"])
+    assert append["sqlite_msgs_per_s"] == sqlite
+    _ratio(append["ratio"], append["msgs_per_s"], sqlite)
     grpc_append = size["grpc_append"]
-    assert all(run["acked"] == SIZE and run["error"] is None for run in grpc_append["runs"])
-    assert _positive(grpc_append["msgs_per_s"])
+    for run in grpc_append["runs"]:
+        assert (run["sent"], run["acked"], run["error"]) == (SIZE, SIZE, None)
+        _rate_of(run, "acked")
+    _median_of(grpc_append, grpc_append["runs"])
+    assert grpc_append["sqlite_msgs_per_s"] == sqlite
+    _ratio(grpc_append["ratio"], grpc_append["msgs_per_s"], sqlite)
     send_file = grpc_append["send_file"]
     assert list(send_file["modes"]) == ["all", "summary", "none"] and send_file["file_bytes"] > SIZE * 256
-    for mode in send_file["modes"].values():
-        assert all(run["messages"] == SIZE for run in mode["runs"]) and len(mode["runs"]) == 1
-        assert _positive(mode["msgs_per_s"])
-        assert mode["ratio"] == round(mode["msgs_per_s"] / send_file["sqlite_msgs_per_s"], 2)
+    assert send_file["sqlite_msgs_per_s"] == sqlite
+    for acks, mode in send_file["modes"].items():
+        assert len(mode["runs"]) == 1
+        for run in mode["runs"]:
+            assert (run["acks"], run["messages"]) == (acks, SIZE)
+            _rate_of(run, "messages")
+        _median_of(mode, mode["runs"])
+        _ratio(mode["ratio"], mode["msgs_per_s"], sqlite)
+
+
+@pytest.mark.slow
+def test_sync_figures_are_those_of_their_runs(smoke: tuple[dict[str, Any], str, list[str]]) -> None:
+    results, markdown, _ = smoke
     sync = results["once"]["sync"]
+    assert (sync["clients"], sync["headline_way"], sync["seconds_per_run"]) == (["python"], "python_stream", SYNC_SECONDS)
     rows = sync["rows"]
     assert [row["producers"] for row in rows] == PRODUCERS
-    every_way = {"cpp_stream", "cpp_send", "python_stream", "python_send"}
+    ways = {"python_stream", "python_send"}  # the only client, at every producer count
     for row in rows:
-        # The C++ client at every producer count, the Python client at the largest only.
-        assert set(row["ways"]) == (every_way if row["producers"] == max(PRODUCERS) else {"cpp_stream", "cpp_send"})
+        assert set(row["ways"]) == ways
+        for figures in (*row["ways"].values(), {"runs": row["in_process_runs"]}, {"runs": row["sqlite_runs"]}):
+            assert len(figures["runs"]) == 1
+            for run in figures["runs"]:
+                assert run["producers"] == row["producers"] and run["acked"] > 0
+                assert run["msgs_per_s"] == round(run["acked"] / SYNC_SECONDS), run
+                assert run["p50_ms"] <= run["p99_ms"]
+        sqlite = statistics.median(run["msgs_per_s"] for run in row["sqlite_runs"])
+        assert row["sqlite_msgs_per_s"] == sqlite
         for figures in row["ways"].values():
-            assert _positive(figures["msgs_per_s"]) and len(figures["runs"]) == 1
-            assert figures["p50_ms"] <= figures["p99_ms"]
-            assert figures["ratio"] == round(figures["msgs_per_s"] / row["sqlite_msgs_per_s"], 2)
-        assert row["in_process_ratio"] == round(row["in_process_msgs_per_s"] / row["sqlite_msgs_per_s"], 2)
-        assert row["msgs_per_s"] == row["ways"][sync["headline_way"]]["msgs_per_s"]
-        assert _positive(row["sqlite_msgs_per_s"]) and _positive(row["in_process_msgs_per_s"])
-        assert row["sqlite_p50_ms"] <= row["sqlite_p99_ms"]
-    assert sync["headline_way"] == "cpp_stream"
+            for key in ("msgs_per_s", "p50_ms", "p99_ms"):
+                _median_of(figures, figures["runs"], key)
+            _ratio(figures["ratio"], figures["msgs_per_s"], sqlite)
+        headline = row["ways"][sync["headline_way"]]
+        assert (row["msgs_per_s"], row["p50_ms"], row["p99_ms"]) == (headline["msgs_per_s"], headline["p50_ms"], headline["p99_ms"])
+        _ratio(row["ratio"], row["msgs_per_s"], sqlite)
+        assert row["in_process_msgs_per_s"] == statistics.median(run["msgs_per_s"] for run in row["in_process_runs"])
+        _ratio(row["in_process_ratio"], row["in_process_msgs_per_s"], sqlite)
+        for way, call in (("python_stream", "a SendStream per producer"), ("python_send", "a Send per message")):
+            figures = row["ways"][way]
+            line = f"| {row['producers']} | Python asyncio | {call} | {figures['msgs_per_s']:,.0f} | {figures['p50_ms']:.2f} | {figures['p99_ms']:.2f} |"
+            assert line in markdown, line
     noop = sync["noop_server"]
-    assert noop["producers"] == max(PRODUCERS) and set(noop["ways"]) == every_way
-    assert all(_positive(figures["msgs_per_s"]) and len(figures["runs"]) == 1 for figures in noop["ways"].values())
+    assert noop["producers"] == max(PRODUCERS) and set(noop["ways"]) == ways
+    for figures in noop["ways"].values():
+        assert len(figures["runs"]) == 1 and figures["msgs_per_s"] == statistics.median(figures["runs"]) > 0
+    assert "judged on the Python asyncio client's streams (`python_stream`)" in markdown
 
 
 @pytest.mark.slow
@@ -161,7 +214,7 @@ def test_results_md_names_the_command(smoke: tuple[dict[str, Any], str, list[str
     assert "All 1,260 answers agree." in markdown
     assert "| `--acks summary` |" in markdown and "`send --file --acks all`, end to end" in markdown
     most = results["once"]["sync"]["rows"][-1]
-    assert f"| {most['producers']} | C++ | a SendStream per producer | {most['msgs_per_s']:,.0f} |" in markdown
+    assert f"| {most['producers']} | Python asyncio | a SendStream per producer | {most['msgs_per_s']:,.0f} |" in markdown
 
 
 def test_the_key_floor_probe_reads_the_pages_by_key_gives(tmp_path: Path) -> None:
@@ -263,22 +316,6 @@ def test_queue_count_latency_smoke(tmp_path: Path) -> None:
     for side in ("baseline_4_queues", "with_idle_queues"):
         assert result[side]["requests"] > 0 and 0 < result[side]["p50_ms"] <= result[side]["p99_ms"]
     assert result["p50_ratio"] > 0 and result["p99_ratio"] > 0
-
-
-def test_the_query_server_probe_times_both_servers() -> None:
-    """benchmarks/query_server_probe.py at a smoke size: both servers answered every call
-    and the ratios are those of the medians printed."""
-    done = subprocess.run(
-        [sys.executable, str(REPO / "benchmarks" / "query_server_probe.py"), "--rounds", "1", "--calls", "30"],
-        cwd=REPO, capture_output=True, text=True, timeout=TIMEOUT_S, check=False,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
-    result = json.loads(done.stdout)
-    assert result["command"] == "benchmarks/query_server_probe.py --rounds 1 --calls 30"
-    assert sorted(result["lookups"]) == ["Ping", "QueueBounds", "key page of 8"]
-    for row in result["lookups"].values():
-        assert all(row[f"{kind}_p{q}_us"] > 0 for kind in ("threaded", "asyncio") for q in (50, 99))
-        assert row["p50_ratio_asyncio_to_threaded"] == round(row["asyncio_p50_us"] / row["threaded_p50_us"], 2)
 
 
 def test_the_metrics_cost_probe_times_every_variant() -> None:

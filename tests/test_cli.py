@@ -21,9 +21,10 @@ from pathlib import Path
 
 import pytest
 from conftest import CLEAN, FIXTURE_SIZE_ARGS
+from support.cli import rmqstore, run
+from support.nodes import Nodes, ProcessNode
 
-from rmqstore.cli.demo import Node
-from rmqstore.cli.main import build_parser, main
+from rmqstore.cli.main import build_parser
 from rmqstore.common.codec import index as ix
 from rmqstore.common.errors import InvalidArgument
 from rmqstore.common.files.geometry import FILE_NAME as GEOMETRY_FILE
@@ -43,25 +44,11 @@ MESSAGES = [
 ]
 
 
-def rmqstore(*args: str) -> list[str]:
-    return [sys.executable, "-m", "rmqstore.cli.main", *args]
-
-
-def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    """``rmqstore argv`` in this process: its exit code, stdout and stderr."""
-    try:
-        code = main(list(argv))
-    except SystemExit as exit:
-        code = int(exit.code or 0)
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
-
-
 @dataclass
 class Cluster:
     store: Path
-    writer: Node
-    query: Node
+    writer: ProcessNode
+    query: ProcessNode
     acks: list[dict[str, object]]
 
     def where(self) -> dict[str, list[str]]:
@@ -74,9 +61,10 @@ class Cluster:
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     root = tmp_path_factory.mktemp("cli")
     store = root / "store"
-    writer = Node("writer", rmqstore("writer", "serve", "--store", str(store), "--port", "0", "--flush", "sync", *SIZE_ARGS))
-    nodes = [writer]
+    (root / "logs").mkdir()
+    nodes = Nodes(root / "logs")
     try:
+        writer = nodes.start("writer", store, "--flush", "sync", *SIZE_ARGS)
         lines = root / "messages.jsonl"
         lines.write_text("".join(json.dumps(m) + "\n" for m in MESSAGES), encoding="utf-8")
         done = subprocess.run(
@@ -85,12 +73,12 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         assert done.returncode == 0, done.stderr
         acks = [json.loads(line) for line in done.stdout.splitlines()]
         # The query node is given no size flags either.
-        query = Node("query node", rmqstore("query", "serve", "--store", str(store), "--port", "0"))
-        nodes.append(query)
+        query = nodes.start("query", store)
         yield Cluster(store, writer, query, acks)
+        query.stop()
+        writer.stop()
     finally:
-        for node in reversed(nodes):
-            node.stop()
+        nodes.close()
 
 
 # The exit table, one test per row, each the same through a node and on the directory.
@@ -580,12 +568,12 @@ def test_a_writer_refuses_other_sizes_than_its_store_was_made_with(cluster: Clus
     record_geometry(str(config), Geometry(65536, 50, 64, 200))  # the same: nothing to do
 
 
-def test_index_geometry_is_inferred_at_one_slot_to_four_entries(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_index_geometry_is_inferred_at_one_slot_to_four_entries(nodes: Nodes, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert infer_index_geometry(ix.file_size(5_000_000, 20_000_000)) == (5_000_000, 20_000_000)
     assert infer_index_geometry(ix.file_size(100, 400)) == (100, 400)
     assert infer_index_geometry(ix.file_size(500, 1500)) is None  # the fixture's 1:3 needs its flags
     store = tmp_path / "store"
-    writer = Node("writer", rmqstore("writer", "serve", "--store", str(store), "--port", "0", "--index-slots", "100", "--index-entries", "400"))
+    writer = nodes.start("writer", store, "--index-slots", "100", "--index-entries", "400")
     try:
         assert run(capsys, "send", "--endpoint", writer.endpoint, "-t", "T", "-k", "k", "--body", "b")[0] == 0
     finally:
@@ -639,10 +627,12 @@ def test_tools_and_jobs_take_the_store_as_dir_or_store_flag(tmp_path: Path, caps
         )
 
 
-def test_a_batch_the_writer_refuses_mid_file_is_one_line_saying_what_was_stored(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_batch_the_writer_refuses_mid_file_is_one_line_saying_what_was_stored(
+    nodes: Nodes, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """A rule only the writer knows (here: no topic is created on the fly) refuses the
     second batch; the first one's acks are printed, and the one error line says so."""
-    writer = Node("writer", rmqstore("writer", "serve", "--store", str(tmp_path / "store"), "--port", "0", "--no-auto-create"))
+    writer = nodes.start("writer", tmp_path / "store", "--no-auto-create")
     try:
         assert run(capsys, "updateTopic", "--endpoint", writer.endpoint, "-t", "Known", "-w", "2")[0] == 0
         lines = tmp_path / "four.jsonl"

@@ -9,14 +9,11 @@ stores whatever bytes a client sent).
 
 from __future__ import annotations
 
-import base64
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -26,7 +23,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_query_live import Nodes, quiet_env, send_all
+from support.cli import quiet_env
+from support.http import HTTP_TIMEOUT_S, get
+from support.nodes import Nodes, ProcessNode, send_all
+from support.wait import clock_past
 
 from rmqstore.common.files.consumer_offsets import write_offsets
 from rmqstore.v1 import messages_pb2, query_pb2
@@ -35,7 +35,6 @@ ROOT = Path(__file__).resolve().parent.parent
 SCREENSHOTS = Path(os.environ.get("RMQSTORE_SCREENSHOTS", ROOT / "test-screenshots"))
 START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 30.0
-HTTP_TIMEOUT_S = 30.0
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
 TOPIC = "Orders"
@@ -57,46 +56,12 @@ BODY_INVALID = SCRIPT.encode() + b" \xff\xfe\x80 " + IMG.encode()
 CSP = "default-src 'none'; style-src 'self'; img-src 'self'; form-action 'self'; base-uri 'none'; frame-ancestors 'none'"
 
 
-class ConsoleProcess:
-    """``rmqstore console`` as a subprocess; its first stdout line says where it serves."""
-
-    def __init__(self, args: list[str], log: Path):
-        self._stderr = open(log, "wb")
-        self.log = log
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "rmqstore.cli.main", "console", "--port", "0", *args],
-            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=self._stderr, env=quiet_env(),
-        )  # fmt: skip
-        assert self.proc.stdout is not None
-        deadline = time.monotonic() + START_TIMEOUT_S
-        line = b""
-        while not line and time.monotonic() < deadline and self.proc.poll() is None:
-            line = self.proc.stdout.readline()
-        if not line:
-            self.stop()
-            raise AssertionError(f"the console did not start; stderr:\n{log.read_text(errors='replace')}")
-        self.serving = json.loads(line)
-        self.url = f"http://127.0.0.1:{self.serving['port']}"
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=STOP_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=STOP_TIMEOUT_S)
-        if self.proc.stdout is not None:
-            self.proc.stdout.close()
-        self._stderr.close()
-
-
 @dataclass
 class Store:
     root: Path
     query_endpoint: str
     writer_endpoint: str
-    console: ConsoleProcess
+    console: ProcessNode
     acks: dict[str, list[messages_pb2.SendResult]] = field(default_factory=dict)
     sent: dict[str, list[messages_pb2.Message]] = field(default_factory=dict)
     window: tuple[int, int] = (0, 0)
@@ -149,7 +114,6 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Store]:
     base = tmp_path_factory.mktemp("console")
     (base / "logs").mkdir()
     nodes = Nodes(base / "logs")
-    console: ConsoleProcess | None = None
     try:
         root = base / "store"
         writer = nodes.start("writer", root)
@@ -163,15 +127,13 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Store]:
             groups.append(send_all(writer_stub, messages, batch=8))
             acks += groups[-1]
             sent += messages
-            time.sleep(0.05)  # the groups' store times do not overlap
+            clock_past(acks[-1].store_timestamp_ms)  # the groups' store times do not overlap
         hostile = _hostile()
         hostile_acks = send_all(writer_stub, hostile)
         _patch_commitlog(root, TAG_PLACEHOLDER, TAG_INVALID)
         _patch_commitlog(root, PROP_PLACEHOLDER, PROP_INVALID)
         _patch_commitlog(root, KEY_PLACEHOLDER, KEY_INVALID)
-        console = ConsoleProcess(
-            ["--query-endpoint", query_node.endpoint, "--writer-endpoint", writer.endpoint], base / "logs" / "console.stderr"
-        )
+        console = nodes.console("--query-endpoint", query_node.endpoint, "--writer-endpoint", writer.endpoint)
         middle = [a.store_timestamp_ms for a in groups[1]]
         assert max(a.store_timestamp_ms for a in groups[0]) < min(middle) and max(middle) < min(a.store_timestamp_ms for a in groups[2])
         yield Store(
@@ -180,21 +142,7 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Store]:
             window=(min(middle), max(middle)), query=nodes.query(query_node),
         )  # fmt: skip
     finally:
-        if console is not None:
-            console.stop()
         nodes.close()
-
-
-def get(url: str, auth: tuple[str, str] | None = None) -> tuple[int, dict[str, str], bytes]:
-    request = urllib.request.Request(url)
-    if auth is not None:
-        request.add_header("Authorization", "Basic " + base64.b64encode(f"{auth[0]}:{auth[1]}".encode()).decode())
-    try:
-        with urllib.request.urlopen(request, timeout=HTTP_TIMEOUT_S) as response:
-            return response.status, {k.lower(): v for k, v in response.headers.items()}, response.read()
-    except urllib.error.HTTPError as error:
-        with error:
-            return error.code, {k.lower(): v for k, v in error.headers.items()}, error.read()
 
 
 def api(store: Store, name: str, **params: object) -> tuple[int, Any]:
@@ -564,7 +512,7 @@ def test_console_passwd_refuses_bad_users_and_writes_nothing(tmp_path: Path, use
     assert not users.exists() and list(tmp_path.iterdir()) == []
 
 
-def test_users_file_guards_every_page_but_the_probes(store: Store, tmp_path: Path) -> None:
+def test_users_file_guards_every_page_but_the_probes(store: Store, nodes: Nodes, tmp_path: Path) -> None:
     users = tmp_path / "users"
     made = subprocess.run([sys.executable, "-m", "rmqstore.cli.main", "console-passwd", "--users", str(users), "--user", "alice"],
                           input="s3cret pass\n", capture_output=True, text=True, timeout=60, env=quiet_env())  # fmt: skip
@@ -572,7 +520,7 @@ def test_users_file_guards_every_page_but_the_probes(store: Store, tmp_path: Pat
     line = users.read_text()
     assert line.startswith("alice:$argon2id$") and "s3cret" not in line
     assert users.stat().st_mode & 0o777 == 0o600
-    console = ConsoleProcess(["--query-endpoint", store.query_endpoint, "--users", str(users)], tmp_path / "console.stderr")
+    console = nodes.console("--query-endpoint", store.query_endpoint, "--users", str(users))
     try:
         assert console.serving["auth"] == "users"
         status, headers, _ = get(console.url + "/topics")
@@ -586,8 +534,8 @@ def test_users_file_guards_every_page_but_the_probes(store: Store, tmp_path: Pat
         console.stop()
 
 
-def test_readyz_says_when_the_query_node_is_gone(tmp_path: Path) -> None:
-    console = ConsoleProcess(["--query-endpoint", "127.0.0.1:1", "--timeout", "2"], tmp_path / "console.stderr")
+def test_readyz_says_when_the_query_node_is_gone(nodes: Nodes) -> None:
+    console = nodes.console("--query-endpoint", "127.0.0.1:1", "--timeout", "2")
     try:
         status, _, body = get(console.url + "/readyz")
         assert status == 503 and body.startswith(b"query node: the node answered UNAVAILABLE")

@@ -11,16 +11,17 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
 from conftest import FIXTURE_SIZE_ARGS, FIXTURE_SIZES
-from test_acl import Guarded, denied, status_of
-from test_acl import guarded as guarded
-from test_query_live import SIZE_ARGS, Nodes, run_cli
+from support.acl import Guarded, denied, status_of
+from support.cli import run_cli
+from support.nodes import Nodes
+from support.stores import SIZE_ARGS
+from support.wait import wait_until
 
 from rmqstore.common.files.consumer_offsets import write_offsets
 from rmqstore.query.groups import BROKER_NAME_DEFAULT, GroupOffsets, group_lag
@@ -145,12 +146,12 @@ def test_a_node_follows_the_writers_file_and_its_broker_name(nodes: Nodes, tmp_p
     config = str(store / "config")
 
     def lag(group: str = "app") -> query_pb2.GroupLagResponse:
-        deadline = time.monotonic() + RPC_TIMEOUT_S
-        while True:  # the node sees the writer's last records within its refresh interval
+        def caught_up() -> query_pb2.GroupLagResponse | None:
             response: query_pb2.GroupLagResponse = query.GroupLag(query_pb2.GroupLagRequest(group=group), timeout=RPC_TIMEOUT_S)
-            if sum(q.broker_offset for q in response.queues) == len(sent) or time.monotonic() > deadline:
-                return response
-            time.sleep(0.05)
+            return response if sum(q.broker_offset for q in response.queues) == len(sent) else None
+
+        # The node sees the writer's last records within its refresh interval.
+        return wait_until(caught_up, RPC_TIMEOUT_S, f"group {group}'s lag to count every record sent", interval_s=0.05)
 
     assert query.ListGroups(query_pb2.ListGroupsRequest(), timeout=RPC_TIMEOUT_S).groups == []
     write_offsets(config, {("Orders", "app"): {q: 0 for q in ends}})

@@ -14,19 +14,18 @@
 from __future__ import annotations
 
 import errno
-import json
 import os
 import resource
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
 import pytest
-from test_disk_full import fill
-from test_writer_crash import SIZES, check_ok, verify_store
+from support.nodes import Nodes, ProcessNode
+from support.powerloss import recording
+from support.stores import SMALL, check_ok, fill, verify_store
 
 from rmqstore.common.errors import OutOfResources, Unavailable
 from rmqstore.common.files.check import check_store
@@ -68,7 +67,7 @@ def open_writer(
     store: Path, writers: list[Writer], flush: FlushPolicy = FlushPolicy.SYNC
 ) -> Writer:
     # The disk ratios at 1.0: only a full file system refuses (the tests fill one).
-    config = WriterConfig(store=str(store), sizes=SIZES, flush=flush, disk_full_ratio=1.0, disk_clean_ratio=1.0)
+    config = WriterConfig(store=str(store), sizes=SMALL, flush=flush, disk_full_ratio=1.0, disk_clean_ratio=1.0)
     writer = Writer(config)
     writers.append(writer)
     return writer
@@ -164,7 +163,7 @@ def test_dispatch_failing_after_the_append_completes_once_space_returns(
     # Nothing of it is published: a query node sees the store as it was.
     progress = read_progress(writer.config.store)
     assert progress is not None and progress.dispatched_offset == before
-    view = StoreView(str(store), SIZES)
+    view = StoreView(str(store), SMALL)
     try:
         view.refresh(force=True)
         assert view.by_uniq_key("Keys", big[0].uniq_key) == []
@@ -189,7 +188,7 @@ def test_dispatch_failing_after_the_append_completes_once_space_returns(
         progress is not None and progress.dispatched_offset == writer.log.write_offset
     )
     # Dispatched now: the query node finds the batch.
-    view = StoreView(str(store), SIZES)
+    view = StoreView(str(store), SMALL)
     try:
         view.refresh(force=True)
         found = view.by_uniq_key("Keys", big[0].uniq_key)
@@ -202,39 +201,6 @@ def test_dispatch_failing_after_the_append_completes_once_space_returns(
     assert (
         facts.records == 22
     )  # the one before, the 20 whose answer named their offsets, the last
-
-
-def serve_under_limit(
-    store: Path, nofile: int, log: Path, *extra: str
-) -> subprocess.Popen[bytes]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
-    env["OTEL_SDK_DISABLED"] = "true"
-    with open(log, "ab") as stderr:  # the child keeps its own copy
-        return subprocess.Popen(
-            [
-                "prlimit",
-                f"--nofile={nofile}",
-                "--",
-                sys.executable,
-                "-m",
-                "rmqstore.cli.main",
-                "writer",
-                "serve",
-                "--store",
-                str(store),
-                "--host",
-                "127.0.0.1",
-                "--port",
-                "0",
-                "--flush",
-                "async",
-                *SIZE_ARGS,
-                *extra,
-            ],
-            stdout=subprocess.PIPE,
-            stderr=stderr,
-            env=env,
-        )
 
 
 SIZE_ARGS = [
@@ -251,94 +217,57 @@ MANY_SIZES = StoreSizes(1 << 20, 50, 17, 200)
 SERVE_TIMEOUT_S = 120.0
 
 
-def serving_port(
-    proc: subprocess.Popen[bytes], log: Path
-) -> tuple[int, dict[str, object]]:
-    assert proc.stdout is not None
-    line = proc.stdout.readline()
-    assert line, (
-        f"the writer exited ({proc.wait(timeout=30)}): {log.read_text()[-3000:]}"
-    )
-    event = json.loads(line)
-    assert event["event"] == "serving", event
-    return int(event["port"]), event
+def serve_under_limit(nodes: Nodes, store: Path, nofile: int) -> ProcessNode:
+    return nodes.start("writer", store, "--flush", "async", *SIZE_ARGS, prefix=["prlimit", f"--nofile={nofile}", "--"])
 
 
-def stop(proc: subprocess.Popen[bytes], log: Path) -> None:
-    # The serving line comes before the SIGTERM handler is set: wait until it is caught.
-    deadline = time.monotonic() + 30
-    while True:
-        with open(f"/proc/{proc.pid}/status", encoding="ascii") as handle:
-            caught = next(
-                int(line.split()[1], 16)
-                for line in handle
-                if line.startswith("SigCgt:")
-            )
-        if caught & (1 << 14):
-            break
-        assert time.monotonic() < deadline
-        time.sleep(0.01)
-    proc.terminate()
-    assert proc.wait(timeout=SERVE_TIMEOUT_S) == 0, log.read_text()[-3000:]
-    assert proc.stdout is not None
-    proc.stdout.close()
-
-
-def many_queues(tmp_path: Path, topics: int, queues_per_topic: int) -> None:
+def many_queues(nodes: Nodes, tmp_path: Path, topics: int, queues_per_topic: int) -> None:
     """``topics`` × ``queues_per_topic`` queues, each written, under --nofile=1024."""
     store = tmp_path / "store"
-    log = tmp_path / "writer.stderr"
-    proc = serve_under_limit(store, 1024, log)
-    try:
-        port, _ = serving_port(proc, log)
-        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
-            stub = writer_pb2_grpc.WriterServiceStub(channel)
-            for t in range(topics):
-                topic = f"Many{t}"
-                stub.CreateTopic(
-                    writer_pb2.CreateTopicRequest(
-                        name=topic, queue_count=queues_per_topic
-                    ),
-                    timeout=60,
+    writer = serve_under_limit(nodes, store, 1024)
+    with grpc.insecure_channel(writer.endpoint) as channel:
+        stub = writer_pb2_grpc.WriterServiceStub(channel)
+        for t in range(topics):
+            topic = f"Many{t}"
+            stub.CreateTopic(
+                writer_pb2.CreateTopicRequest(
+                    name=topic, queue_count=queues_per_topic
+                ),
+                timeout=60,
+            )
+            batch = [
+                messages_pb2.Message(
+                    topic=topic, queue_id=q, body=b"x", keys=[f"{topic}-{q}"]
                 )
-                batch = [
-                    messages_pb2.Message(
-                        topic=topic, queue_id=q, body=b"x", keys=[f"{topic}-{q}"]
-                    )
-                    for q in range(queues_per_topic)
-                ]
-                response = stub.SendBatch(
-                    writer_pb2.SendBatchRequest(messages=batch), timeout=SERVE_TIMEOUT_S
-                )
-                assert [(r.queue_id, r.queue_offset) for r in response.results] == [
-                    (q, 0) for q in range(queues_per_topic)
-                ]
-            status = stub.Status(writer_pb2.StatusRequest(), timeout=60)
-            assert len(status.queues) == topics * queues_per_topic
-        stop(proc, log)
-        # A restart opens every queue, under the same limit, and takes a write to each topic.
-        proc = serve_under_limit(store, 1024, log)
-        port, event = serving_port(proc, log)
-        assert event["recovered"]["uncleanShutdown"] is False, event
-        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
-            stub = writer_pb2_grpc.WriterServiceStub(channel)
-            for t in range(topics):
-                [result] = stub.SendBatch(
-                    writer_pb2.SendBatchRequest(
-                        messages=[
-                            messages_pb2.Message(
-                                topic=f"Many{t}", queue_id=0, body=b"y"
-                            )
-                        ]
-                    ),
-                    timeout=60,
-                ).results
-                assert result.queue_offset == 1
-        stop(proc, log)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(timeout=30)
+                for q in range(queues_per_topic)
+            ]
+            response = stub.SendBatch(
+                writer_pb2.SendBatchRequest(messages=batch), timeout=SERVE_TIMEOUT_S
+            )
+            assert [(r.queue_id, r.queue_offset) for r in response.results] == [
+                (q, 0) for q in range(queues_per_topic)
+            ]
+        status = stub.Status(writer_pb2.StatusRequest(), timeout=60)
+        assert len(status.queues) == topics * queues_per_topic
+    writer.stop()
+    # A restart opens every queue, under the same limit, and takes a write to each topic.
+    writer = serve_under_limit(nodes, store, 1024)
+    assert writer.serving["recovered"]["uncleanShutdown"] is False, writer.serving
+    with grpc.insecure_channel(writer.endpoint) as channel:
+        stub = writer_pb2_grpc.WriterServiceStub(channel)
+        for t in range(topics):
+            [result] = stub.SendBatch(
+                writer_pb2.SendBatchRequest(
+                    messages=[
+                        messages_pb2.Message(
+                            topic=f"Many{t}", queue_id=0, body=b"y"
+                        )
+                    ]
+                ),
+                timeout=60,
+            ).results
+            assert result.queue_offset == 1
+    writer.stop()
     report = check_store(str(store), MANY_SIZES)
     assert report.ok, report.problems[:5]
     check = subprocess.run(
@@ -361,15 +290,15 @@ def many_queues(tmp_path: Path, topics: int, queues_per_topic: int) -> None:
     assert check.returncode == 0, check.stdout[-2000:] + check.stderr[-2000:]
 
 
-def test_2000_queues_under_nofile_1024(tmp_path: Path) -> None:
+def test_2000_queues_under_nofile_1024(nodes: Nodes, tmp_path: Path) -> None:
     """Twice as many queues as the limit has descriptors (1,004 queues broke the writer
     when each mapped file held one)."""
-    many_queues(tmp_path, 2, 1000)
+    many_queues(nodes, tmp_path, 2, 1000)
 
 
 @pytest.mark.slow
-def test_50000_queues_under_nofile_1024(tmp_path: Path) -> None:
-    many_queues(tmp_path, 50, 1000)
+def test_50000_queues_under_nofile_1024(nodes: Nodes, tmp_path: Path) -> None:
+    many_queues(nodes, tmp_path, 50, 1000)
 
 
 def test_checkpoint_write_on_a_full_disk_keeps_the_previous_one(small_fs: Path) -> None:
@@ -389,8 +318,6 @@ def test_checkpoint_write_on_a_full_disk_keeps_the_previous_one(small_fs: Path) 
 
 
 def test_periodic_flush_syncs_only_files_written_since_the_last(tmp_path: Path, writer_factory: list[Writer]) -> None:
-    from powerloss import recording
-
     store = tmp_path / "store"
     writer = open_writer(store, writer_factory, FlushPolicy.ASYNC)
     writer.topics.create("Wide", 200)

@@ -11,21 +11,17 @@ refuses first)."""
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import grpc
 import pytest
 from conftest import SMALL_FS_BYTES
-from test_writer_crash import (
-    COMMITLOG_FILE_SIZE,
-    SIZES,
-    WriterProcess,
-    check_ok,
-)
+from support.nodes import Nodes
+from support.stores import SIZE_ARGS, SMALL, check_ok, fill
+from support.wait import wait_until
 
+from rmqstore.common.codec.checkpoint import FILE_SIZE, decode_checkpoint
 from rmqstore.common.files.check import check_store
 from rmqstore.common.files.commitlog import CommitLog
 from rmqstore.common.files.store import StorePaths
@@ -33,13 +29,15 @@ from rmqstore.v1 import messages_pb2, writer_pb2, writer_pb2_grpc
 
 pytestmark = pytest.mark.crash
 
-FS_BYTES = SMALL_FS_BYTES  # 16 commit log files of the crash tests' 64 KiB
+COMMITLOG_FILE_SIZE = SMALL.commitlog_file_size_bytes
+FS_BYTES = SMALL_FS_BYTES  # 16 commit log files of 64 KiB
 BODY_BYTES = 700
 BATCH = 8
 SENDS_MAX = 400  # bounded: the disk fills long before (64 KiB files, ~6 KiB a batch)
 RECOVER_TIMEOUT_S = 10.0
 RPC_TIMEOUT_S = 20.0
 DISK_CHECK_WAIT_S = 0.3
+CHECKPOINT_WITHIN_S = 10.0
 RATIOS_OFF = ("--disk-full-ratio", "1.0", "--disk-clean-ratio", "1.0")
 
 
@@ -87,23 +85,6 @@ class Sender:
         self.channel.close()
 
 
-def fill(mount: Path, name: str) -> None:
-    """Another process writes a file until the file system is full."""
-    code = (
-        "import sys\n"
-        "with open(sys.argv[1], 'wb', buffering=0) as f:\n"
-        "    chunk = bytes(4096)\n"
-        "    try:\n"
-        "        while f.write(chunk): pass\n"
-        "    except OSError as e:\n"
-        "        assert e.errno == 28, e\n"
-    )
-    subprocess.run(
-        [sys.executable, "-c", code, str(mount / name)], check=True, timeout=60
-    )
-    assert os.statvfs(mount).f_bavail == 0
-
-
 def ballast(mount: Path, name: str, size: int) -> None:
     with open(mount / name, "wb") as handle:
         handle.write(bytes(size))
@@ -140,27 +121,24 @@ def assert_store_holds(store: Path, sender: Sender, label: str) -> None:
 @pytest.mark.parametrize("filler", ["writer", "other"])
 @pytest.mark.parametrize("flush", ["sync", "async"])
 def test_disk_full(
-    small_fs: Path, tmp_path: Path, flush: str, filler: str, ratios: str
+    small_fs: Path, nodes: Nodes, flush: str, filler: str, ratios: str
 ) -> None:
     label = f"{flush}, filled by {filler}, ratios {ratios}"
     store = small_fs / "store"
-    logs = tmp_path / "logs"
-    logs.mkdir()
     if filler == "writer":
         # Most of the space is taken before the writer starts; its own files take the rest.
         ballast(small_fs, "ballast", FS_BYTES - 5 * COMMITLOG_FILE_SIZE)
-    writer = WriterProcess(store, flush, logs, 0, RATIOS_OFF if ratios == "1.0" else ())
+    writer = nodes.start("writer", store, "--flush", flush, *SIZE_ARGS, *(RATIOS_OFF if ratios == "1.0" else ()))
     sender: Sender | None = None
     try:
-        writer.wait_serving()
         sender = Sender(writer.port)
         assert sender.send("Full"), sender.refusals
         if filler == "other":
             fill(small_fs, "ballast")
             if ratios == "default":
-                time.sleep(
-                    DISK_CHECK_WAIT_S
-                )  # the writer looks at the disk use every 0.1 s
+                # Waiting past the writer's disk-check interval (0.1 s) is the point: its
+                # next append looks at the disk again and finds it above the full ratio.
+                time.sleep(DISK_CHECK_WAIT_S)
         for _ in range(SENDS_MAX):
             if not sender.send("Full"):
                 break
@@ -188,50 +166,50 @@ def test_disk_full(
             ), sender.refusals
         status = sender.status()
         assert status.commitlog_max_offset > 0
-        report = check_store(str(store), SIZES)
+        report = check_store(str(store), SMALL)
         assert report.ok, f"{label}, full: {report.problems[:5]}"
 
         os.unlink(small_fs / "ballast")
-        deadline = time.monotonic() + RECOVER_TIMEOUT_S
-        while not sender.send("FullNew"):
-            assert time.monotonic() < deadline, (
-                f"{label}: still refused after space returned: {sender.refusals[-1]}"
-            )
-            time.sleep(0.05)
+        wait_until(lambda: sender.send("FullNew"), RECOVER_TIMEOUT_S, f"{label}: a write accepted once space returned",
+                   interval_s=0.05)  # fmt: skip
         assert sender.send("Full"), sender.refusals[-1]
         assert writer.proc.poll() is None
         writer.stop()
     finally:
         if sender is not None:
             sender.close()
-        writer.cleanup()
     if ratios == "1.0":
         check_ok(store)
     else:
-        assert check_store(str(store), SIZES).ok
+        assert check_store(str(store), SMALL).ok
     assert_store_holds(store, sender, label)
 
 
-def test_stop_on_a_full_disk_is_clean(small_fs: Path, tmp_path: Path) -> None:
+def test_stop_on_a_full_disk_is_clean(small_fs: Path, nodes: Nodes) -> None:
     """SIGTERM while the disk is full: exit 0, the previous checkpoint kept, check clean."""
     store = small_fs / "store"
-    logs = tmp_path / "logs"
-    logs.mkdir()
-    writer = WriterProcess(store, "sync", logs, 0, RATIOS_OFF)
+    writer = nodes.start("writer", store, "--flush", "sync", *SIZE_ARGS, *RATIOS_OFF)
     sender: Sender | None = None
     try:
-        writer.wait_serving()
         sender = Sender(writer.port)
         assert sender.send("Full"), sender.refusals
-        time.sleep(1.5)  # a periodic flush writes the checkpoint
-        checkpoint = (store / "checkpoint").read_bytes()
+        stored_ms = sender.acked[-1][1].store_timestamp_ms
+
+        def checkpointed() -> bytes | None:
+            """The checkpoint once a periodic flush has recorded the batch."""
+            data = (store / "checkpoint").read_bytes() if (store / "checkpoint").exists() else b""
+            if len(data) < FILE_SIZE:
+                return None
+            recorded = decode_checkpoint(data)
+            return data if min(recorded.physic_msg_timestamp_ms, recorded.logics_msg_timestamp_ms) >= stored_ms else None
+
+        checkpoint = wait_until(checkpointed, CHECKPOINT_WITHIN_S, "a periodic flush to checkpoint the batch")
         fill(small_fs, "ballast")
         assert not sender.send("FullNew")
         writer.stop()  # asserts the stopped line and exit code 0
     finally:
         if sender is not None:
             sender.close()
-        writer.cleanup()
     assert (store / "checkpoint").read_bytes() == checkpoint  # the previous one, whole
     check_ok(store)
     assert_store_holds(store, sender, "stopped while full")

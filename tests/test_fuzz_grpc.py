@@ -16,16 +16,10 @@ import pytest
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_rocketmq5 import Node as GatewayNode
-from test_writer import SMALL, Node, start_node
+from support.inprocess import QueryNode, WriterNode, gateway_node
 
-from rmqstore.query.service import SERVICE_NAME as QUERY_SERVICE
-from rmqstore.query.service import AsyncQueryServicer
-from rmqstore.query.view import StoreView
 from rmqstore.rocketmq_v2 import definition_pb2, service_pb2
-from rmqstore.service.channels import open_channel
-from rmqstore.service.server import AsyncServing
-from rmqstore.v1 import messages_pb2, query_pb2, query_pb2_grpc, writer_pb2
+from rmqstore.v1 import messages_pb2, query_pb2, writer_pb2
 
 # Requests a method (the writer's, the query node's and the writer's RocketMQ 5 gateway's):
 # 1,000 unless FUZZ_EXAMPLES says otherwise; a release runs 10,000 (README.md, "Set-up").
@@ -147,7 +141,7 @@ def call(channel: grpc.Channel, path: str, method: Any, payload: bytes) -> grpc.
 
 class Nodes:
     def __init__(self, root: Path):
-        self.writer: Node = start_node(root / "store", auto_create_queue_count=2, default_queue_count=2)
+        self.writer: WriterNode = WriterNode(root / "store", auto_create_queue_count=2, default_queue_count=2)
         self.writer.stub.SendBatch(
             writer_pb2.SendBatchRequest(
                 messages=[messages_pb2.Message(topic="TopicA", keys=["k"], body=b"seed") for _ in range(20)]
@@ -155,24 +149,14 @@ class Nodes:
             timeout=RPC_TIMEOUT_S,
         )
         self.writer.writer.flush_thoroughly()
-        self.view = StoreView(str(root / "store"), SMALL)
-        self.query = AsyncServing(
-            lambda s: query_pb2_grpc.add_QueryServiceServicer_to_server(AsyncQueryServicer(self.view), s),
-            [QUERY_SERVICE],
-            host="127.0.0.1",
-            port=0,
-            credentials=None,
-            health_port=None,
-        )
-        self.query_channel = open_channel(f"127.0.0.1:{self.query.port}")
+        self.query = QueryNode(root / "store")
+        self.query_channel = self.query.channel
         # The writer's RocketMQ 5 gateway (apache.rocketmq.v2.MessagingService), on a store of its own.
-        self.gateway = GatewayNode(root / "gateway-store", auto_create_queue_count=2, default_queue_count=2)
+        self.gateway = gateway_node(root / "gateway-store", auto_create_queue_count=2, default_queue_count=2)
 
     def close(self) -> None:
         self.gateway.close()
-        self.query_channel.close()
-        self.query.stop(None)
-        self.view.close()
+        self.query.close()
         self.writer.close()
 
 

@@ -17,60 +17,41 @@ from typing import Any
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from test_writer import SMALL, Node, start_node
+from support.inprocess import QueryNode, WriterNode
+from support.stores import SMALL
+from support.wait import wait_until
 
 from rmqstore.common.codec.properties import split_keys
 from rmqstore.common.errors import Corruption, InvalidArgument
 from rmqstore.common.files.consumer_offsets import write_offsets
 from rmqstore.common.files.cursorkey import FILE_NAME, MAGIC, ensure_cursor_key, read_cursor_key
-from rmqstore.common.files.store import StoreSizes
 from rmqstore.query.cursor import CURSOR_CHARS, decode_cursor, encode_cursor, query_digest
-from rmqstore.query.service import SERVICE_NAME as QUERY_SERVICE
-from rmqstore.query.service import AsyncQueryServicer, QueryServicer
+from rmqstore.query.service import AsyncQueryServicer
 from rmqstore.query.view import StoreView
-from rmqstore.service.channels import open_channel
 from rmqstore.service.errors import REASON_KEY
-from rmqstore.service.server import AsyncServing, start_server
+from rmqstore.service.server import AsyncServing
 from rmqstore.v1 import messages_pb2, query_pb2, query_pb2_grpc, writer_pb2, writer_pb2_grpc
-from rmqstore.writer.config import WriterConfig
-from rmqstore.writer.service import SERVICE_NAME as WRITER_SERVICE
 from rmqstore.writer.service import WriterServicer
-from rmqstore.writer.store import Writer
 
 RPC_TIMEOUT_S = 10.0
 UNIQ = "AC110001000078308DB1745D00000001"
 
 
-class QueryNode:
-    def __init__(self, root: Path, sizes: StoreSizes = SMALL, **view_options: Any):
-        self.view = StoreView(str(root), sizes, **view_options)
-        self.server, self.port, _ = start_server(
-            lambda s: query_pb2_grpc.add_QueryServiceServicer_to_server(QueryServicer(self.view), s), [QUERY_SERVICE]
-        )
-        self.channel = open_channel(f"127.0.0.1:{self.port}")  # as the CLI opens it
-        self.stub = query_pb2_grpc.QueryServiceStub(self.channel)
-
-    def close(self) -> None:
-        self.channel.close()
-        self.server.stop(None).wait()
-        self.view.close()
-
-
 @pytest.fixture
-def writer(tmp_path: Path) -> Iterator[Node]:
-    node = start_node(tmp_path / "store")
+def writer(tmp_path: Path) -> Iterator[WriterNode]:
+    node = WriterNode(tmp_path / "store")
     yield node
     node.close()
 
 
 @pytest.fixture
-def query(writer: Node, tmp_path: Path) -> Iterator[QueryNode]:
+def query(writer: WriterNode, tmp_path: Path) -> Iterator[QueryNode]:
     node = QueryNode(tmp_path / "store")
     yield node
     node.close()
 
 
-def send(writer: Node, topic: str, count: int, **fields: Any) -> list[writer_pb2.SendResult]:
+def send(writer: WriterNode, topic: str, count: int, **fields: Any) -> list[writer_pb2.SendResult]:
     request = writer_pb2.SendBatchRequest(messages=[messages_pb2.Message(topic=topic, **fields) for _ in range(count)])
     results = list(writer.stub.SendBatch(request, timeout=RPC_TIMEOUT_S).results)
     writer.writer.flush_thoroughly()
@@ -128,9 +109,8 @@ def raw_call(channel: grpc.Channel, path: str, client_streaming: bool, server_st
         channel.unary_unary(path)(payload, timeout=RPC_TIMEOUT_S)
 
 
-def test_malformed_protobuf_is_invalid_argument_on_every_method_of_both_nodes(writer: Node, query: QueryNode) -> None:
-    """Every method of the writer (asyncio server) and of the query node (threaded
-    server), health and reflection included, answers bytes that do not parse with
+def test_malformed_protobuf_is_invalid_argument_on_every_method_of_both_nodes(writer: WriterNode, query: QueryNode) -> None:
+    """Every method of the writer and of the query node, health and reflection included, answers bytes that do not parse with
     INVALID_ARGUMENT naming the request type, and both nodes serve on afterwards."""
     assert len(METHODS) == 7 + 14 + 3
     for channel, node in ((writer.channel, "writer"), (query.channel, "query")):
@@ -153,7 +133,7 @@ def test_malformed_protobuf_is_invalid_argument_on_every_method_of_both_nodes(wr
     assert writer.stub.ListTopics(writer_pb2.ListTopicsRequest(), timeout=RPC_TIMEOUT_S).topics == []
 
 
-def test_a_bad_message_in_the_middle_of_a_stream_ends_it_with_invalid_argument(writer: Node, query: QueryNode) -> None:
+def test_a_bad_message_in_the_middle_of_a_stream_ends_it_with_invalid_argument(writer: WriterNode, query: QueryNode) -> None:
     """A SendStream's good request is answered, then its malformed one ends the stream
     with INVALID_ARGUMENT; what was acknowledged before stays stored."""
     good = writer_pb2.SendBatchRequest(messages=[messages_pb2.Message(topic="TopicA", body=b"kept")]).SerializeToString()
@@ -174,18 +154,12 @@ def test_a_bad_message_in_the_middle_of_a_stream_ends_it_with_invalid_argument(w
     writer.writer.flush_thoroughly()
     # The query node sees the message once the writer has published its dispatch, which
     # may follow the acknowledgement by a moment on a loaded machine: a bounded wait.
-    deadline = time.monotonic() + 10.0
-    while True:
-        pulled = query.stub.Pull(
-            query_pb2.PullRequest(topic="TopicA", queue_id=stored.queue_id, from_offset=0, max_count=10), timeout=RPC_TIMEOUT_S
-        )
-        if pulled.messages or time.monotonic() > deadline:
-            break
-        time.sleep(0.05)
-    assert [m.body for m in pulled.messages] == [b"kept"]
+    pull = query_pb2.PullRequest(topic="TopicA", queue_id=stored.queue_id, from_offset=0, max_count=10)
+    pulled = wait_until(lambda: query.stub.Pull(pull, timeout=RPC_TIMEOUT_S).messages, 10.0, "the query node to see the message")
+    assert [m.body for m in pulled] == [b"kept"]
 
 
-def test_invalid_utf8_in_a_string_field_is_invalid_argument(writer: Node, query: QueryNode) -> None:
+def test_invalid_utf8_in_a_string_field_is_invalid_argument(writer: WriterNode, query: QueryNode) -> None:
     bad_topic = b"\x0a\x02\xff\xfe"  # field 1 (topic, a string) holding bytes that are not UTF-8
     assert status_of(lambda: query.channel.unary_unary("/rmqstore.v1.QueryService/QueueBounds")(bad_topic, timeout=RPC_TIMEOUT_S)) == (
         grpc.StatusCode.INVALID_ARGUMENT,
@@ -200,7 +174,7 @@ def test_invalid_utf8_in_a_string_field_is_invalid_argument(writer: Node, query:
 
 
 @pytest.mark.parametrize("boundary", [2, 5, -1, 2**31 - 1])
-def test_search_offset_refuses_a_boundary_it_does_not_know(writer: Node, query: QueryNode, boundary: int) -> None:
+def test_search_offset_refuses_a_boundary_it_does_not_know(writer: WriterNode, query: QueryNode, boundary: int) -> None:
     send(writer, "TopicA", 1)
     query.view.refresh(force=True)
     request = query_pb2.SearchOffsetRequest(topic="TopicA", queue_id=0, timestamp_ms=0, boundary=boundary)  # type: ignore[arg-type]
@@ -287,7 +261,7 @@ def test_a_non_canonical_spelling_of_a_valid_cursor_is_refused() -> None:
             decode_cursor(KEY, variant, QUERY)
 
 
-def test_ten_thousand_forged_cursors_through_grpc(writer: Node, query: QueryNode) -> None:
+def test_ten_thousand_forged_cursors_through_grpc(writer: WriterNode, query: QueryNode) -> None:
     """Forgeries of a real cursor, through the query node: every one INVALID_ARGUMENT
     with the same message, none UNKNOWN or INTERNAL; the real cursor still pages."""
     send(writer, "TopicA", 5, keys=["k"], body=b"x")
@@ -315,14 +289,14 @@ def test_ten_thousand_forged_cursors_through_grpc(writer: Node, query: QueryNode
     assert (len(rest.messages), rest.complete) == (3, True)
 
 
-def test_every_query_node_of_a_store_accepts_another_nodes_cursor(writer: Node, tmp_path: Path) -> None:
+def test_every_query_node_of_a_store_accepts_another_nodes_cursor(writer: WriterNode, tmp_path: Path) -> None:
     """The writer made the store's key; two query nodes of the store share it, so a page
     begun on one continues on the other. A node of another store refuses the cursor."""
     send(writer, "TopicA", 6, keys=["k"])
     assert read_cursor_key(str(tmp_path / "store" / "config")) is not None
     assert oct((tmp_path / "store" / "config" / FILE_NAME).stat().st_mode & 0o777) == "0o600"
     one, two = QueryNode(tmp_path / "store"), QueryNode(tmp_path / "store")
-    other_writer = start_node(tmp_path / "other")
+    other_writer = WriterNode(tmp_path / "other")
     try:
         send(other_writer, "TopicA", 6, keys=["k"])
         other = QueryNode(tmp_path / "other")
@@ -345,7 +319,7 @@ def test_every_query_node_of_a_store_accepts_another_nodes_cursor(writer: Node, 
         other_writer.close()
 
 
-def test_a_cursor_of_another_query_is_refused(writer: Node, query: QueryNode) -> None:
+def test_a_cursor_of_another_query_is_refused(writer: WriterNode, query: QueryNode) -> None:
     send(writer, "TopicA", 3, keys=["k", "j"])
     query.view.refresh(force=True)
     page = query.stub.QueryByKey(query_pb2.QueryByKeyRequest(topic="TopicA", key="k", page_size=1), timeout=RPC_TIMEOUT_S)
@@ -401,7 +375,7 @@ def test_a_store_without_a_key_pages_with_the_nodes_own(tmp_path: Path) -> None:
 # Answers within a byte budget
 
 
-def test_uniq_key_answers_page_within_the_budget(writer: Node, tmp_path: Path) -> None:
+def test_uniq_key_answers_page_within_the_budget(writer: WriterNode, tmp_path: Path) -> None:
     """Twelve 10 KiB messages sharing a UNIQ_KEY under a 32 KiB budget: pages of three
     (records of ~10.3 KB), newest first, every one once, the last complete."""
     results = send(writer, "TopicA", 12, body=b"b" * 10_240, uniq_key=UNIQ)
@@ -428,7 +402,7 @@ def test_uniq_key_answers_page_within_the_budget(writer: Node, tmp_path: Path) -
         node.close()
 
 
-def test_a_record_larger_than_the_budget_is_a_page_of_its_own(writer: Node, tmp_path: Path) -> None:
+def test_a_record_larger_than_the_budget_is_a_page_of_its_own(writer: WriterNode, tmp_path: Path) -> None:
     send(writer, "TopicA", 3, body=b"z" * 50_000, keys=["big"], uniq_key=UNIQ)
     node = QueryNode(tmp_path / "store", response_bytes_max=1024)
     try:
@@ -455,7 +429,7 @@ def test_large_answers_page_at_the_default_budget(tmp_path: Path) -> None:
     in pages under 64 MiB, from QueryByUniqKey, QueryByKey pages of 10,000 and a Pull
     with max_bytes 0, each page within the 16 MiB budget plus one record."""
     sizes = dataclasses.replace(SMALL, commitlog_file_size_bytes=96 * 1024 * 1024)
-    writer = start_node(tmp_path / "big", sizes=sizes)
+    writer = WriterNode(tmp_path / "big", sizes=sizes)
     query = QueryNode(tmp_path / "big", sizes=sizes)
     try:
         check_large_answers(writer, query)
@@ -464,7 +438,7 @@ def test_large_answers_page_at_the_default_budget(tmp_path: Path) -> None:
         writer.close()
 
 
-def check_large_answers(writer: Node, query: QueryNode) -> None:
+def check_large_answers(writer: WriterNode, query: QueryNode) -> None:
     body = bytes(range(256)) * (4 * 1024 * 1024 // 256 - 1)
     acked = []
     for _ in range(18):
@@ -511,80 +485,32 @@ def check_large_answers(writer: Node, query: QueryNode) -> None:
     assert pulled == acked
 
 
-# Streams on the asyncio query node
+# Streams on the query node
 
 
-class AsyncQueryNode:
-    """The query node as ``query serve`` runs it: AsyncQueryServicer on AsyncServing."""
-
-    def __init__(self, root: Path, sizes: StoreSizes = SMALL, *, stalled_write_s: float = 30.0, streams_max: int = 2048):
-        self.view = StoreView(str(root), sizes)
-        self.serving = AsyncServing(
-            lambda s: query_pb2_grpc.add_QueryServiceServicer_to_server(
-                AsyncQueryServicer(self.view, stalled_write_s=stalled_write_s), s
-            ),
-            [QUERY_SERVICE],
-            host="127.0.0.1",
-            port=0,
-            credentials=None,
-            health_port=None,
-            streams_max=streams_max,
-        )
-        self.channel = open_channel(f"127.0.0.1:{self.serving.port}")
-        self.stub = query_pb2_grpc.QueryServiceStub(self.channel)
-
-    def close(self) -> None:
-        self.channel.close()
-        self.serving.stop(None)
-        self.view.close()
-
-
-def test_the_asyncio_query_node_answers_as_the_threaded_one(writer: Node, tmp_path: Path) -> None:
-    """Each lookup through AsyncQueryServicer gives what QueryServicer gives, errors
-    included (code, message and reason)."""
+def test_group_lag_and_streams_through_the_query_node(writer: WriterNode, tmp_path: Path) -> None:
+    """A group's lag per queue from its committed offsets (none past the queue's end),
+    StreamByTime's records, and a bad time range refused with its reason."""
     results = send(writer, "TopicA", 30, keys=["k"], body=b"v")
     write_offsets(str(tmp_path / "store" / "config"), {("TopicA", "g"): {0: 3, 1: 99}})
-    threaded, asynchronous = QueryNode(tmp_path / "store"), AsyncQueryNode(tmp_path / "store")
+    node = QueryNode(tmp_path / "store")
     try:
-        calls: list[tuple[str, Any]] = [
-            ("QueryByKey", query_pb2.QueryByKeyRequest(topic="TopicA", key="k", page_size=7)),
-            ("QueryByUniqKey", query_pb2.QueryByUniqKeyRequest(topic="TopicA", uniq_key=results[3].uniq_key)),
-            ("QueryByMsgId", query_pb2.QueryByMsgIdRequest(msg_id=results[5].offset_msg_id)),
-            ("QueryByQueueOffset", query_pb2.QueryByQueueOffsetRequest(topic="TopicA", queue_id=0, queue_offset=1)),
-            ("Pull", query_pb2.PullRequest(topic="TopicA", queue_id=1, from_offset=0, max_count=100)),
-            ("QueueBounds", query_pb2.QueueBoundsRequest(topic="TopicA", queue_id=2)),
-            ("SearchOffset", query_pb2.SearchOffsetRequest(topic="TopicA", queue_id=0, timestamp_ms=0)),
-            ("ListTopics", query_pb2.ListQueryTopicsRequest()),
-            ("Ping", query_pb2.PingRequest()),
-            ("QueryByKey", query_pb2.QueryByKeyRequest(topic="TopicA", key="k", page_size=0)),
-            ("QueryByMsgId", query_pb2.QueryByMsgIdRequest(msg_id="zz")),
-            ("QueueBounds", query_pb2.QueueBoundsRequest(topic="Nope", queue_id=0)),
-            ("SearchOffset", query_pb2.SearchOffsetRequest(topic="TopicA", queue_id=0, boundary=9)),  # type: ignore[arg-type]
-            ("ListGroups", query_pb2.ListGroupsRequest()),
-            ("GroupLag", query_pb2.GroupLagRequest(group="g")),
-            ("GroupLag", query_pb2.GroupLagRequest(group="g", topic="TopicB")),
-            ("GroupLag", query_pb2.GroupLagRequest(group="bad group")),
-        ]
-        for name, request in calls:
-            answers = [outcome(lambda: getattr(node.stub, name)(request, timeout=RPC_TIMEOUT_S)) for node in (threaded, asynchronous)]  # noqa: B023
-            assert answers[0] == answers[1], name
-        lag = asynchronous.stub.GroupLag(query_pb2.GroupLagRequest(group="g"), timeout=RPC_TIMEOUT_S)
-        ends = {q.queue_id: q.max_offset for q in asynchronous.stub.ListTopics(query_pb2.ListQueryTopicsRequest()).topics[0].queues}
+        lag = node.stub.GroupLag(query_pb2.GroupLagRequest(group="g"), timeout=RPC_TIMEOUT_S)
+        ends = {q.queue_id: q.max_offset for q in node.stub.ListTopics(query_pb2.ListQueryTopicsRequest()).topics[0].queues}
         assert [(q.queue_id, q.consumer_offset, q.lag) for q in lag.queues] == [
             (queue, {0: 3, 1: 99}.get(queue, 0), max(end - {0: 3, 1: 99}.get(queue, 0), 0)) for queue, end in sorted(ends.items())
         ]
         stream = query_pb2.StreamByTimeRequest(topic="TopicA", queue_id=0, begin_ms=0, end_ms=2**62)
-        assert list(threaded.stub.StreamByTime(stream)) == list(asynchronous.stub.StreamByTime(stream))
-        assert len(list(asynchronous.stub.StreamByTime(stream))) == sum(1 for r in results if r.queue_id == 0)
+        streamed = list(node.stub.StreamByTime(stream, timeout=RPC_TIMEOUT_S))
+        assert [m.commitlog_offset for m in streamed] == [r.commitlog_offset for r in results if r.queue_id == 0]
         bad_range = query_pb2.StreamByTimeRequest(topic="TopicA", queue_id=0, begin_ms=5, end_ms=4)
-        assert status_of(lambda: list(asynchronous.stub.StreamByTime(bad_range, timeout=RPC_TIMEOUT_S))) == (
+        assert status_of(lambda: list(node.stub.StreamByTime(bad_range, timeout=RPC_TIMEOUT_S))) == (
             grpc.StatusCode.INVALID_ARGUMENT,
             "end 4 is before begin 5",
             "InvalidArgument",
         )
     finally:
-        threaded.close()
-        asynchronous.close()
+        node.close()
 
 
 def test_a_stream_whose_reader_stalls_ends_with_resource_exhausted(tmp_path: Path) -> None:
@@ -592,13 +518,13 @@ def test_a_stream_whose_reader_stalls_ends_with_resource_exhausted(tmp_path: Pat
     control holds the stream, and after the stall limit it ends with RESOURCE_EXHAUSTED.
     A reader that keeps reading gets every record."""
     sizes = dataclasses.replace(SMALL, commitlog_file_size_bytes=8 * 1024 * 1024, cq_file_units=4000)
-    writer = start_node(tmp_path / "s", sizes=sizes)
+    writer = WriterNode(tmp_path / "s", sizes=sizes)
     try:
         batch = writer_pb2.SendBatchRequest(messages=[messages_pb2.Message(topic="TopicA", queue_id=0, body=b"s" * 1024)] * 500)
         for _ in range(6):
             writer.stub.SendBatch(batch, timeout=RPC_TIMEOUT_S)
         writer.writer.flush_thoroughly()
-        node = AsyncQueryNode(tmp_path / "s", sizes, stalled_write_s=1.0)
+        node = QueryNode(tmp_path / "s", sizes, stalled_write_s=1.0)
         try:
             request = query_pb2.StreamByTimeRequest(topic="TopicA", queue_id=0, begin_ms=0, end_ms=2**62)
             assert len(list(node.stub.StreamByTime(request, timeout=RPC_TIMEOUT_S))) == 3000
@@ -606,7 +532,7 @@ def test_a_stream_whose_reader_stalls_ends_with_resource_exhausted(tmp_path: Pat
             slow = grpc.insecure_channel(f"127.0.0.1:{node.serving.port}", options=[("grpc.http2.bdp_probe", 0)])
             call = query_pb2_grpc.QueryServiceStub(slow).StreamByTime(request, timeout=RPC_TIMEOUT_S)
             next(call)
-            time.sleep(3.0)
+            time.sleep(3.0)  # the stalled reader under test: past the 1 s stall limit
             received = 1
             with pytest.raises(grpc.RpcError) as raised:
                 for _ in call:
@@ -623,9 +549,9 @@ def test_a_stream_whose_reader_stalls_ends_with_resource_exhausted(tmp_path: Pat
         writer.close()
 
 
-def test_streams_past_the_limit_are_refused_and_unary_calls_still_answer(writer: Node, tmp_path: Path) -> None:
+def test_streams_past_the_limit_are_refused_and_unary_calls_still_answer(writer: WriterNode, tmp_path: Path) -> None:
     send(writer, "TopicA", 4)
-    node = AsyncQueryNode(tmp_path / "store", streams_max=3)
+    node = QueryNode(tmp_path / "store", streams_max=3)
     health = health_pb2_grpc.HealthStub(node.channel)
     try:
         held = [health.Watch(health_pb2.HealthCheckRequest(service="")) for _ in range(3)]
@@ -641,15 +567,16 @@ def test_streams_past_the_limit_are_refused_and_unary_calls_still_answer(writer:
         assert node.stub.Ping(query_pb2.PingRequest(), timeout=RPC_TIMEOUT_S) == query_pb2.PingResponse()
         assert health.Check(health_pb2.HealthCheckRequest(service=""), timeout=RPC_TIMEOUT_S).status == health_pb2.HealthCheckResponse.SERVING
         held[0].cancel()
-        for _ in range(100):  # the server counts the cancelled stream out when it sees the cancel
+
+        def streamed() -> int | None:
             try:
-                assert len(list(node.stub.StreamByTime(stream, timeout=RPC_TIMEOUT_S))) == 1
-                break
+                return len(list(node.stub.StreamByTime(stream, timeout=RPC_TIMEOUT_S)))
             except grpc.RpcError as error:
                 assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED  # type: ignore[attr-defined]
-                time.sleep(0.05)
-        else:
-            raise AssertionError("a stream slot never came back")
+                return None
+
+        # The server counts the cancelled stream out when it sees the cancel.
+        assert wait_until(streamed, 5.0, "a stream slot to come back", interval_s=0.05) == 1
         for call in held[1:]:
             call.cancel()
     finally:
@@ -662,19 +589,10 @@ def test_a_producer_that_reads_no_acks_is_held_then_closed(tmp_path: Path) -> No
     stall limit the stream ends with RESOURCE_EXHAUSTED. The acks the producer then reads
     each name a stored message."""
     sizes = dataclasses.replace(SMALL, commitlog_file_size_bytes=8 * 1024 * 1024, cq_file_units=40_000)
-    config = WriterConfig(store=str(tmp_path / "p"), sizes=sizes)
-    store = Writer(config)
-    servicer = WriterServicer(store, stalled_write_s=1.0)
-    serving = AsyncServing(
-        lambda s: writer_pb2_grpc.add_WriterServiceServicer_to_server(servicer, s),
-        [WRITER_SERVICE],
-        host="127.0.0.1",
-        port=0,
-        credentials=None,
-        health_port=None,
-    )
+    node = WriterNode(tmp_path / "p", sizes=sizes, stalled_write_s=1.0)
+    store = node.writer
     offered = 0
-    channel = grpc.insecure_channel(f"127.0.0.1:{serving.port}", options=[("grpc.http2.bdp_probe", 0)])
+    channel = grpc.insecure_channel(node.endpoint, options=[("grpc.http2.bdp_probe", 0)])
     try:
         request = writer_pb2.SendBatchRequest(messages=[messages_pb2.Message(topic="TopicA", queue_id=0, body=b"p")])
 
@@ -685,7 +603,7 @@ def test_a_producer_that_reads_no_acks_is_held_then_closed(tmp_path: Path) -> No
                 yield request
 
         call = writer_pb2_grpc.WriterServiceStub(channel).SendStream(requests(), timeout=60.0)
-        time.sleep(4.0)  # read nothing
+        time.sleep(4.0)  # the producer under test reads nothing, past the 1 s stall limit
         acks = []
         with pytest.raises(grpc.RpcError) as raised:
             for response in call:
@@ -703,15 +621,13 @@ def test_a_producer_that_reads_no_acks_is_held_then_closed(tmp_path: Path) -> No
         assert [ack.queue_offset for ack in acks] == list(range(len(acks)))
     finally:
         channel.close()
-        serving.stop(None)
-        servicer.close()
-        store.close()
+        node.close()
 
 
-def test_a_connection_gets_at_most_128_concurrent_streams(writer: Node, tmp_path: Path) -> None:
+def test_a_connection_gets_at_most_128_concurrent_streams(writer: WriterNode, tmp_path: Path) -> None:
     """130 health Watch streams on one connection: 128 are served at once, the other two
     wait in the client until a stream of that connection ends."""
-    node = AsyncQueryNode(tmp_path / "store")
+    node = QueryNode(tmp_path / "store")
 
     async def run() -> tuple[int, int]:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{node.serving.port}") as channel:
@@ -768,10 +684,7 @@ def test_an_idle_connection_is_closed_by_the_node() -> None:
             seen = list(states)  # the callbacks append from grpc's thread
             return grpc.ChannelConnectivity.READY in seen and grpc.ChannelConnectivity.IDLE in seen[seen.index(grpc.ChannelConnectivity.READY) :]
 
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and not idle_after_ready():
-            time.sleep(0.05)
-        assert idle_after_ready(), states
+        wait_until(idle_after_ready, 10.0, f"the channel to fall back to IDLE after READY (states: {states})", interval_s=0.05)
         assert check(health_pb2.HealthCheckRequest(), timeout=RPC_TIMEOUT_S).status == health_pb2.HealthCheckResponse.SERVING
     finally:
         channel.close()

@@ -16,11 +16,13 @@ from typing import Any
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from test_query_live import NodeProcess, Nodes, quiet_env
+from support.cli import quiet_env
+from support.nodes import Nodes, ProcessNode
+from support.wait import wait_until
 
 from rmqstore.v1 import messages_pb2, query_pb2, query_pb2_grpc, writer_pb2
 
-HOSTILE = Path(__file__).parent / "hostile_streams.py"
+HOSTILE = Path(__file__).parent / "support" / "hostile_streams.py"
 IDLE_STREAMS = 500
 STALLED_STREAMS = 500
 CONNECTIONS = 16
@@ -31,6 +33,7 @@ P99_MAX_S = 0.100
 RSS_GROWTH_MAX_BYTES = 256 * 1024 * 1024
 SEED_MESSAGES = 2_000
 RPC_TIMEOUT_S = 10.0
+VISIBLE_WITHIN_S = 10.0
 
 
 def rss_bytes(pid: int) -> int:
@@ -61,7 +64,7 @@ def stop(hostile: subprocess.Popen[bytes]) -> None:
             pipe.close()
 
 
-def open_hostile(node: NodeProcess, kind: str) -> tuple[subprocess.Popen[bytes], dict[str, Any]]:
+def open_hostile(node: ProcessNode, kind: str) -> tuple[subprocess.Popen[bytes], dict[str, Any]]:
     hostile = subprocess.Popen(
         [sys.executable, str(HOSTILE), node.endpoint, kind, str(IDLE_STREAMS), str(STALLED_STREAMS), str(CONNECTIONS), "TopicA"],
         stdin=subprocess.PIPE,
@@ -97,10 +100,8 @@ def test_a_thousand_hostile_streams_leave_health_and_ping_fast(nodes: Nodes, tmp
         channel = grpc.insecure_channel(target.endpoint)
         stub = query_pb2_grpc.QueryServiceStub(channel)
         bounds = query_pb2.QueueBoundsRequest(topic="TopicA", queue_id=0)
-        for _ in range(200):
-            if stub.QueueBounds(bounds, timeout=RPC_TIMEOUT_S).max_offset == SEED_MESSAGES:
-                break
-            time.sleep(0.05)
+        wait_until(lambda: stub.QueueBounds(bounds, timeout=RPC_TIMEOUT_S).max_offset == SEED_MESSAGES, VISIBLE_WITHIN_S,
+                   "the query node to see the seeded messages")  # fmt: skip
         def ping() -> Any:
             return stub.Ping(query_pb2.PingRequest(), timeout=RPC_TIMEOUT_S)
     else:

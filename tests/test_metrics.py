@@ -6,10 +6,8 @@ settings stop a node with one clear error."""
 
 from __future__ import annotations
 
-import json
+import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 import urllib.request
@@ -22,9 +20,12 @@ from typing import Any
 import grpc
 import pytest
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2, metrics_service_pb2_grpc
-from test_cli import SIZE_ARGS, rmqstore, run
+from support.cli import run
+from support.nodes import Nodes
+from support.stores import SIZE_ARGS
+from support.telemetry import collected, metric_reader
+from support.wait import clock_past, wait_until
 
-from rmqstore.cli.demo import Node
 from rmqstore.rocketmq_v2 import definition_pb2 as v2
 from rmqstore.rocketmq_v2 import service_pb2 as v2s
 from rmqstore.rocketmq_v2 import service_pb2_grpc
@@ -80,13 +81,11 @@ class Receiver(metrics_service_pb2_grpc.MetricsServiceServicer):
         return found[-1] if found else None
 
     def wait_for(self, service: str, name: str, done: Any = lambda point: True, **attributes: Any) -> Point:
-        deadline = time.monotonic() + WAIT_S
-        while time.monotonic() < deadline:
+        def arrived() -> Point | None:
             point = self.latest(service, name, **attributes)
-            if point is not None and done(point):
-                return point
-            time.sleep(0.1)
-        raise AssertionError(f"no {name} {attributes} from {service} as expected within {WAIT_S:.0f} s: {self.latest(service, name, **attributes)}")
+            return point if point is not None and done(point) else None
+
+        return wait_until(arrived, WAIT_S, f"{name} {attributes} from {service} as expected", interval_s=0.1)
 
 
 @pytest.fixture
@@ -116,141 +115,138 @@ def bucket_of(bounds: list[float], value: float) -> int:
     return next((i for i, bound in enumerate(bounds) if value <= bound), len(bounds))
 
 
-def test_writer_and_query_metrics_over_otlp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, receiver: tuple[Receiver, int]) -> None:
+def test_writer_and_query_metrics_over_otlp(
+    nodes: Nodes, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, receiver: tuple[Receiver, int]
+) -> None:
     points, port = receiver
     otlp_metrics_only(monkeypatch, port)
     store = tmp_path / "store"
-    writer = Node("writer", rmqstore("writer", "serve", "--store", str(store), "--port", "0", "--flush", "sync", *SIZE_ARGS))
-    nodes = [writer]
-    try:
-        channel = grpc.insecure_channel(writer.endpoint)
-        stub = writer_pb2_grpc.WriterServiceStub(channel)
-        # One-message appends, each timed by the client: the server's duration of each is
-        # within its round trip.
-        round_trips_s = []
-        for n in range(20):
-            started = time.perf_counter()
-            stub.Send(writer_pb2.SendRequest(message=messages_pb2.Message(topic=TOPIC, body=b"m%d" % n, keys=[f"k{n}"])), timeout=10)
-            round_trips_s.append(time.perf_counter() - started)
-        other = stub.SendBatch(
-            writer_pb2.SendBatchRequest(messages=[messages_pb2.Message(topic="Other", body=bytes(50))] * 3 + [messages_pb2.Message(topic=TOPIC, body=b"x")]),
-            timeout=10,
-        ).results
-        with pytest.raises(grpc.RpcError) as refused:
-            stub.Send(writer_pb2.SendRequest(), timeout=10)  # no message
-        assert refused.value.code() is grpc.StatusCode.INVALID_ARGUMENT
-        gateway = service_pb2_grpc.MessagingServiceStub(channel)
-        route = gateway.QueryRoute(v2s.QueryRouteRequest(topic=v2.Resource(name=TOPIC)), timeout=10)
-        assert route.status.code == v2.Code.OK
-        end_offset = other[-1].commitlog_offset + other[-1].size  # the last record's end
+    writer = nodes.start("writer", store, "--flush", "sync", *SIZE_ARGS, env=dict(os.environ))
+    channel = grpc.insecure_channel(writer.endpoint)
+    stub = writer_pb2_grpc.WriterServiceStub(channel)
+    # One-message appends, each timed by the client: the server's duration of each is
+    # within its round trip.
+    round_trips_s = []
+    for n in range(20):
+        started = time.perf_counter()
+        stub.Send(writer_pb2.SendRequest(message=messages_pb2.Message(topic=TOPIC, body=b"m%d" % n, keys=[f"k{n}"])), timeout=10)
+        round_trips_s.append(time.perf_counter() - started)
+    other = stub.SendBatch(
+        writer_pb2.SendBatchRequest(messages=[messages_pb2.Message(topic="Other", body=bytes(50))] * 3 + [messages_pb2.Message(topic=TOPIC, body=b"x")]),
+        timeout=10,
+    ).results
+    with pytest.raises(grpc.RpcError) as refused:
+        stub.Send(writer_pb2.SendRequest(), timeout=10)  # no message
+    assert refused.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+    gateway = service_pb2_grpc.MessagingServiceStub(channel)
+    route = gateway.QueryRoute(v2s.QueryRouteRequest(topic=v2.Resource(name=TOPIC)), timeout=10)
+    assert route.status.code == v2.Code.OK
+    end_offset = other[-1].commitlog_offset + other[-1].size  # the last record's end
 
-        # Appends per topic, in messages and commit log bytes.
-        sizes = {TOPIC: sum(a.size for a in other if a.topic == TOPIC), "Other": sum(a.size for a in other if a.topic == "Other")}
-        messages = points.wait_for("rmqstore-writer", "rmqstore.writer.messages", lambda p: p.point.as_int == 21, **{"messaging.destination.name": TOPIC})
-        assert (messages.unit, messages.kind, messages.attributes) == ("{message}", "sum", {"messaging.destination.name": TOPIC})
-        assert messages.point.as_int == 21
-        assert points.latest("rmqstore-writer", "rmqstore.writer.messages", **{"messaging.destination.name": "Other"}).point.as_int == 3
-        sent_bytes = points.wait_for("rmqstore-writer", "rmqstore.writer.bytes", lambda p: p.point.as_int == sizes["Other"], **{"messaging.destination.name": "Other"})
-        assert sent_bytes.unit == "By"
-        topic_bytes = points.latest("rmqstore-writer", "rmqstore.writer.bytes", **{"messaging.destination.name": TOPIC}).point.as_int
-        assert topic_bytes + sizes["Other"] == end_offset  # every byte of the commit log, by topic
+    # Appends per topic, in messages and commit log bytes.
+    sizes = {TOPIC: sum(a.size for a in other if a.topic == TOPIC), "Other": sum(a.size for a in other if a.topic == "Other")}
+    messages = points.wait_for("rmqstore-writer", "rmqstore.writer.messages", lambda p: p.point.as_int == 21, **{"messaging.destination.name": TOPIC})
+    assert (messages.unit, messages.kind, messages.attributes) == ("{message}", "sum", {"messaging.destination.name": TOPIC})
+    assert messages.point.as_int == 21
+    assert points.latest("rmqstore-writer", "rmqstore.writer.messages", **{"messaging.destination.name": "Other"}).point.as_int == 3
+    sent_bytes = points.wait_for("rmqstore-writer", "rmqstore.writer.bytes", lambda p: p.point.as_int == sizes["Other"], **{"messaging.destination.name": "Other"})
+    assert sent_bytes.unit == "By"
+    topic_bytes = points.latest("rmqstore-writer", "rmqstore.writer.bytes", **{"messaging.destination.name": TOPIC}).point.as_int
+    assert topic_bytes + sizes["Other"] == end_offset  # every byte of the commit log, by topic
 
-        # The append histogram: seconds, the explicit bounds, one count per request; no
-        # server duration exceeds its client's round trip, so for every bound at least as
-        # many appends as round trips fall below it.
-        append = points.wait_for("rmqstore-writer", "rmqstore.writer.append.duration", lambda p: p.point.count == 21)
-        assert (append.unit, append.kind, list(append.point.explicit_bounds)) == ("s", "histogram", list(DURATION_BOUNDS_S))
-        counts = list(append.point.bucket_counts)
-        assert sum(counts) == 21 and len(counts) == len(DURATION_BOUNDS_S) + 1
-        for i, bound in enumerate(DURATION_BOUNDS_S):
-            client_below = sum(1 for r in round_trips_s if r <= bound)
-            assert sum(counts[: i + 1]) >= client_below, (bound, counts, sorted(round_trips_s))
-        assert 0 < append.point.sum <= sum(round_trips_s) + 0.5  # the batch's own round trip is not counted here
+    # The append histogram: seconds, the explicit bounds, one count per request; no
+    # server duration exceeds its client's round trip, so for every bound at least as
+    # many appends as round trips fall below it.
+    append = points.wait_for("rmqstore-writer", "rmqstore.writer.append.duration", lambda p: p.point.count == 21)
+    assert (append.unit, append.kind, list(append.point.explicit_bounds)) == ("s", "histogram", list(DURATION_BOUNDS_S))
+    counts = list(append.point.bucket_counts)
+    assert sum(counts) == 21 and len(counts) == len(DURATION_BOUNDS_S) + 1
+    for i, bound in enumerate(DURATION_BOUNDS_S):
+        client_below = sum(1 for r in round_trips_s if r <= bound)
+        assert sum(counts[: i + 1]) >= client_below, (bound, counts, sorted(round_trips_s))
+    assert 0 < append.point.sum <= sum(round_trips_s) + 0.5  # the batch's own round trip is not counted here
 
-        # Every SYNC append waited for an fsync: timed, in seconds, with the same bounds.
-        fsync = points.wait_for("rmqstore-writer", "rmqstore.writer.fsync.duration", lambda p: p.point.count >= 1)
-        assert (fsync.unit, list(fsync.point.explicit_bounds)) == ("s", list(DURATION_BOUNDS_S))
-        assert 1 <= fsync.point.count <= 22
+    # Every SYNC append waited for an fsync: timed, in seconds, with the same bounds.
+    fsync = points.wait_for("rmqstore-writer", "rmqstore.writer.fsync.duration", lambda p: p.point.count >= 1)
+    assert (fsync.unit, list(fsync.point.explicit_bounds)) == ("s", list(DURATION_BOUNDS_S))
+    assert 1 <= fsync.point.count <= 22
 
-        # rpc.server.duration per method, milliseconds, the RPC conventions' attributes,
-        # the RocketMQ 5 gateway's calls included; a refused call carries its status.
-        def rpc(service: str, method: str, code: int) -> Point:
-            return points.wait_for(
-                "rmqstore-writer", "rpc.server.duration", **{"rpc.system": "grpc", "rpc.service": service, "rpc.method": method, "rpc.grpc.status_code": code}
-            )
+    # rpc.server.duration per method, milliseconds, the RPC conventions' attributes,
+    # the RocketMQ 5 gateway's calls included; a refused call carries its status.
+    def rpc(service: str, method: str, code: int) -> Point:
+        return points.wait_for(
+            "rmqstore-writer", "rpc.server.duration", **{"rpc.system": "grpc", "rpc.service": service, "rpc.method": method, "rpc.grpc.status_code": code}
+        )
 
-        sends = rpc("rmqstore.v1.WriterService", "Send", 0)
-        assert (sends.unit, sends.kind, list(sends.point.explicit_bounds)) == ("ms", "histogram", list(DURATION_BOUNDS_MS))
-        assert sends.point.count == 20
-        assert sends.point.sum <= sum(round_trips_s) * 1000  # milliseconds, each within its round trip
-        assert rpc("rmqstore.v1.WriterService", "Send", grpc.StatusCode.INVALID_ARGUMENT.value[0]).point.count == 1
-        assert rpc("rmqstore.v1.WriterService", "SendBatch", 0).point.count == 1
-        assert rpc("apache.rocketmq.v2.MessagingService", "QueryRoute", 0).point.count == 1
+    sends = rpc("rmqstore.v1.WriterService", "Send", 0)
+    assert (sends.unit, sends.kind, list(sends.point.explicit_bounds)) == ("ms", "histogram", list(DURATION_BOUNDS_MS))
+    assert sends.point.count == 20
+    assert sends.point.sum <= sum(round_trips_s) * 1000  # milliseconds, each within its round trip
+    assert rpc("rmqstore.v1.WriterService", "Send", grpc.StatusCode.INVALID_ARGUMENT.value[0]).point.count == 1
+    assert rpc("rmqstore.v1.WriterService", "SendBatch", 0).point.count == 1
+    assert rpc("apache.rocketmq.v2.MessagingService", "QueryRoute", 0).point.count == 1
 
-        # The writer's gauges: nothing waits for dispatch, the disk is in use.
-        store_attr = {"rmqstore.store": str(store)}
-        lag = points.wait_for("rmqstore-writer", "rmqstore.writer.dispatch.lag", **store_attr)
-        assert (lag.unit, lag.kind, lag.point.as_int) == ("By", "gauge", 0)
-        unflushed = points.wait_for("rmqstore-writer", "rmqstore.writer.unflushed", **store_attr)
-        assert unflushed.point.as_int == 0  # SYNC: acknowledged means fsynced
-        disk = points.wait_for("rmqstore-writer", "rmqstore.writer.disk.utilization", **store_attr)
-        assert disk.unit == "1" and 0 < disk.point.as_double <= 1
-        server_port = {"server.port": writer.serving["port"]}
-        streams = points.wait_for("rmqstore-writer", "rmqstore.rpc.streams.open", **server_port)
-        assert (streams.unit, streams.point.as_int) == ("{stream}", 0)
+    # The writer's gauges: nothing waits for dispatch, the disk is in use.
+    store_attr = {"rmqstore.store": str(store)}
+    lag = points.wait_for("rmqstore-writer", "rmqstore.writer.dispatch.lag", **store_attr)
+    assert (lag.unit, lag.kind, lag.point.as_int) == ("By", "gauge", 0)
+    unflushed = points.wait_for("rmqstore-writer", "rmqstore.writer.unflushed", **store_attr)
+    assert unflushed.point.as_int == 0  # SYNC: acknowledged means fsynced
+    disk = points.wait_for("rmqstore-writer", "rmqstore.writer.disk.utilization", **store_attr)
+    assert disk.unit == "1" and 0 < disk.point.as_double <= 1
+    server_port = {"server.port": writer.serving["port"]}
+    streams = points.wait_for("rmqstore-writer", "rmqstore.rpc.streams.open", **server_port)
+    assert (streams.unit, streams.point.as_int) == ("{stream}", 0)
 
-        # A stream held open shows in the gauge, and counts as one call from start to end.
-        def one_batch_then_wait() -> Iterator[writer_pb2.SendBatchRequest]:
-            yield writer_pb2.SendBatchRequest(messages=[messages_pb2.Message(topic="Streamed", body=b"s")])
-            points.wait_for("rmqstore-writer", "rmqstore.rpc.streams.open", lambda p: p.point.as_int == 1, **server_port)
+    # A stream held open shows in the gauge, and counts as one call from start to end.
+    def one_batch_then_wait() -> Iterator[writer_pb2.SendBatchRequest]:
+        yield writer_pb2.SendBatchRequest(messages=[messages_pb2.Message(topic="Streamed", body=b"s")])
+        points.wait_for("rmqstore-writer", "rmqstore.rpc.streams.open", lambda p: p.point.as_int == 1, **server_port)
 
-        streamed = [ack for response in stub.SendStream(one_batch_then_wait(), timeout=WAIT_S) for ack in response.results]
-        assert [ack.topic for ack in streamed] == ["Streamed"]
-        points.wait_for("rmqstore-writer", "rmqstore.rpc.streams.open", lambda p: p.point.as_int == 0, **server_port)
-        assert rpc("rmqstore.v1.WriterService", "SendStream", 0).point.count == 1
-        end_offset = streamed[-1].commitlog_offset + streamed[-1].size
+    streamed = [ack for response in stub.SendStream(one_batch_then_wait(), timeout=WAIT_S) for ack in response.results]
+    assert [ack.topic for ack in streamed] == ["Streamed"]
+    points.wait_for("rmqstore-writer", "rmqstore.rpc.streams.open", lambda p: p.point.as_int == 0, **server_port)
+    assert rpc("rmqstore.v1.WriterService", "SendStream", 0).point.count == 1
+    end_offset = streamed[-1].commitlog_offset + streamed[-1].size
 
-        # A query node started now shows everything; what the writer appends next it
-        # shows only at its next lookup: the lag gauges say how far behind it is.
-        query = Node("query node", rmqstore("query", "serve", "--store", str(store), "--port", "0"))
-        nodes.append(query)
-        points.wait_for("rmqstore-query", "rmqstore.query.lag", lambda p: p.point.as_int == 0, **store_attr)
-        time.sleep(0.01)  # a later store time than the node's newest message
-        later = stub.SendBatch(writer_pb2.SendBatchRequest(messages=[messages_pb2.Message(topic=TOPIC, body=bytes(200))] * 4), timeout=10).results
-        behind = later[-1].commitlog_offset + later[-1].size - end_offset
-        query_lag = points.wait_for("rmqstore-query", "rmqstore.query.lag", lambda p: p.point.as_int > 0, **store_attr)
-        assert (query_lag.unit, query_lag.point.as_int) == ("By", behind)
-        lag_time = points.wait_for("rmqstore-query", "rmqstore.query.lag.time", lambda p: p.point.as_int > 0, **store_attr)
-        assert lag_time.unit == "ms" and 10 <= lag_time.point.as_int < 60_000
-        staleness = points.wait_for("rmqstore-query", "rmqstore.query.staleness", **store_attr)
-        assert staleness.unit == "ms" and 0 <= staleness.point.as_double < 60_000
+    # A query node started now shows everything; what the writer appends next it
+    # shows only at its next lookup: the lag gauges say how far behind it is.
+    query = nodes.start("query", store, env=dict(os.environ))
+    points.wait_for("rmqstore-query", "rmqstore.query.lag", lambda p: p.point.as_int == 0, **store_attr)
+    clock_past(streamed[-1].store_timestamp_ms)  # a later store time than the node's newest message
+    later = stub.SendBatch(writer_pb2.SendBatchRequest(messages=[messages_pb2.Message(topic=TOPIC, body=bytes(200))] * 4), timeout=10).results
+    behind = later[-1].commitlog_offset + later[-1].size - end_offset
+    query_lag = points.wait_for("rmqstore-query", "rmqstore.query.lag", lambda p: p.point.as_int > 0, **store_attr)
+    assert (query_lag.unit, query_lag.point.as_int) == ("By", behind)
+    lag_time = points.wait_for("rmqstore-query", "rmqstore.query.lag.time", lambda p: p.point.as_int > 0, **store_attr)
+    assert lag_time.unit == "ms" and 10 <= lag_time.point.as_int < 60_000
+    staleness = points.wait_for("rmqstore-query", "rmqstore.query.staleness", **store_attr)
+    assert staleness.unit == "ms" and 0 <= staleness.point.as_double < 60_000
 
-        # Lookups: their duration per kind, and their RPCs.
-        with grpc.insecure_channel(query.endpoint) as query_channel:
-            lookups = query_pb2_grpc.QueryServiceStub(query_channel)
-            found = lookups.QueryByKey(query_pb2.QueryByKeyRequest(topic=TOPIC, key="k3", page_size=5), timeout=10)
-            assert [m.body for m in found.messages] == [b"m3"]
-            with pytest.raises(grpc.RpcError) as missing:
-                lookups.QueryByMsgId(query_pb2.QueryByMsgIdRequest(msg_id="00" * 16), timeout=10)
-            lookup_code = missing.value.code().value[0]
-        by_key = points.wait_for("rmqstore-query", "rmqstore.query.duration", **{"rmqstore.lookup": "key"})
-        assert (by_key.unit, by_key.attributes, by_key.point.count, list(by_key.point.explicit_bounds)) == (
-            "s", {"rmqstore.lookup": "key"}, 1, list(DURATION_BOUNDS_S),
-        )  # fmt: skip
-        assert points.wait_for("rmqstore-query", "rmqstore.query.duration", **{"rmqstore.lookup": "msg_id"}).point.count == 1
-        by_key_rpc = points.wait_for(
-            "rmqstore-query", "rpc.server.duration",
-            **{"rpc.service": "rmqstore.v1.QueryService", "rpc.method": "QueryByKey", "rpc.grpc.status_code": 0},
-        )  # fmt: skip
-        assert (by_key_rpc.unit, by_key_rpc.point.count) == ("ms", 1)
-        assert points.wait_for(
-            "rmqstore-query", "rpc.server.duration", **{"rpc.method": "QueryByMsgId", "rpc.grpc.status_code": lookup_code}
-        ).point.count == 1
-        channel.close()
-    finally:
-        for node in reversed(nodes):
-            node.stop()
-    assert [node.process.returncode for node in nodes] == [0] * len(nodes)
+    # Lookups: their duration per kind, and their RPCs.
+    with grpc.insecure_channel(query.endpoint) as query_channel:
+        lookups = query_pb2_grpc.QueryServiceStub(query_channel)
+        found = lookups.QueryByKey(query_pb2.QueryByKeyRequest(topic=TOPIC, key="k3", page_size=5), timeout=10)
+        assert [m.body for m in found.messages] == [b"m3"]
+        with pytest.raises(grpc.RpcError) as missing:
+            lookups.QueryByMsgId(query_pb2.QueryByMsgIdRequest(msg_id="00" * 16), timeout=10)
+        lookup_code = missing.value.code().value[0]
+    by_key = points.wait_for("rmqstore-query", "rmqstore.query.duration", **{"rmqstore.lookup": "key"})
+    assert (by_key.unit, by_key.attributes, by_key.point.count, list(by_key.point.explicit_bounds)) == (
+        "s", {"rmqstore.lookup": "key"}, 1, list(DURATION_BOUNDS_S),
+    )  # fmt: skip
+    assert points.wait_for("rmqstore-query", "rmqstore.query.duration", **{"rmqstore.lookup": "msg_id"}).point.count == 1
+    by_key_rpc = points.wait_for(
+        "rmqstore-query", "rpc.server.duration",
+        **{"rpc.service": "rmqstore.v1.QueryService", "rpc.method": "QueryByKey", "rpc.grpc.status_code": 0},
+    )  # fmt: skip
+    assert (by_key_rpc.unit, by_key_rpc.point.count) == ("ms", 1)
+    assert points.wait_for(
+        "rmqstore-query", "rpc.server.duration", **{"rpc.method": "QueryByMsgId", "rpc.grpc.status_code": lookup_code}
+    ).point.count == 1
+    channel.close()
+    query.stop()
+    writer.stop()
 
 
 @dataclass
@@ -309,8 +305,6 @@ def test_a_one_millisecond_append_lands_in_the_bucket_above_one_millisecond(tmp_
     """The writer's recording itself, of appends started 1 ms ago: (1 ms, 2 ms], not the
     SDK's default first bucket (and the flush between them, of 0 bytes the second time,
     records one fsync)."""
-    from test_tracing import collected, metric_reader
-
     from rmqstore.service.metrics import WriterMetrics
     from rmqstore.writer.config import WriterConfig
     from rmqstore.writer.store import Writer
@@ -358,31 +352,26 @@ def samples(family: Any, name: str, **labels: str) -> list[Any]:
     return [s for s in family.samples if s.name == name and labels.items() <= s.labels.items()]
 
 
-def test_prometheus_scrape_endpoints_of_a_writer_and_a_query_node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_prometheus_scrape_endpoints_of_a_writer_and_a_query_node(nodes: Nodes, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("OTEL_METRICS_EXPORTER", "prometheus")
     monkeypatch.setenv("OTEL_TRACES_EXPORTER", "none")
     monkeypatch.setenv("OTEL_LOGS_EXPORTER", "none")
     store = tmp_path / "store"
-    writer = Node("writer", rmqstore("writer", "serve", "--store", str(store), "--port", "0", "--metrics-port", "0", *SIZE_ARGS))
-    nodes = [writer]
-    try:
-        metrics_port = writer.serving["metricsPort"]
-        assert isinstance(metrics_port, int) and metrics_port not in (0, writer.serving["port"])
-        with grpc.insecure_channel(writer.endpoint) as channel:
-            acks = writer_pb2_grpc.WriterServiceStub(channel).SendBatch(
-                writer_pb2.SendBatchRequest(messages=[messages_pb2.Message(topic=TOPIC, body=bytes(10), keys=["k"])] * 5), timeout=10
-            ).results
-        families = scrape(metrics_port)
-        query = Node("query node", rmqstore("query", "serve", "--store", str(store), "--port", "0", "--metrics-port", "0"))
-        nodes.append(query)
-        with grpc.insecure_channel(query.endpoint) as channel:
-            page = query_pb2_grpc.QueryServiceStub(channel).QueryByKey(query_pb2.QueryByKeyRequest(topic=TOPIC, key="k", page_size=10), timeout=10)
-        assert len(page.messages) == 5
-        query_families = scrape(query.serving["metricsPort"])
-    finally:
-        for node in reversed(nodes):
-            node.stop()
-    assert [node.process.returncode for node in nodes] == [0, 0]
+    writer = nodes.start("writer", store, "--metrics-port", "0", *SIZE_ARGS, env=dict(os.environ))
+    metrics_port = writer.serving["metricsPort"]
+    assert isinstance(metrics_port, int) and metrics_port not in (0, writer.serving["port"])
+    with grpc.insecure_channel(writer.endpoint) as channel:
+        acks = writer_pb2_grpc.WriterServiceStub(channel).SendBatch(
+            writer_pb2.SendBatchRequest(messages=[messages_pb2.Message(topic=TOPIC, body=bytes(10), keys=["k"])] * 5), timeout=10
+        ).results
+    families = scrape(metrics_port)
+    query = nodes.start("query", store, "--metrics-port", "0", env=dict(os.environ))
+    with grpc.insecure_channel(query.endpoint) as channel:
+        page = query_pb2_grpc.QueryServiceStub(channel).QueryByKey(query_pb2.QueryByKeyRequest(topic=TOPIC, key="k", page_size=10), timeout=10)
+    assert len(page.messages) == 5
+    query_families = scrape(query.serving["metricsPort"])
+    query.stop()
+    writer.stop()
     topic = {"messaging_destination_name": TOPIC}
     assert [s.value for s in samples(families["rmqstore_writer_messages"], "rmqstore_writer_messages_total", **topic)] == [5]
     assert [s.value for s in samples(families["rmqstore_writer_bytes"], "rmqstore_writer_bytes_total", **topic)] == [
@@ -417,12 +406,12 @@ def test_prometheus_scrape_endpoints_of_a_writer_and_a_query_node(tmp_path: Path
     assert 0 <= staleness.value < 60_000
 
 
-def test_a_node_without_metrics_serves_no_scrape_port(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_node_without_metrics_serves_no_scrape_port(nodes: Nodes, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     for name in ("OTEL_METRICS_EXPORTER", "OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT"):
         monkeypatch.delenv(name, raising=False)
-    writer = Node("writer", rmqstore("writer", "serve", "--store", str(tmp_path / "store"), "--port", "0", *SIZE_ARGS))
-    writer.stop()
-    assert "metricsPort" not in writer.serving and writer.process.returncode == 0
+    writer = nodes.start("writer", tmp_path / "store", *SIZE_ARGS, env=dict(os.environ))
+    writer.stop()  # exit code 0
+    assert "metricsPort" not in writer.serving
 
 
 @pytest.fixture
@@ -480,32 +469,23 @@ class socket_taken:
 
 
 
-def test_a_node_without_metrics_never_loads_the_sdks_metrics(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_node_without_metrics_never_loads_the_sdks_metrics(nodes: Nodes, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A writer with no metrics asked for serves requests without loading the SDK's metrics
     module (about 15 ms, once paid by its first request): its instruments are the API's
     no-ops, and asking whether metrics are on imports nothing."""
     for name in ("OTEL_METRICS_EXPORTER", "OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT"):
         monkeypatch.delenv(name, raising=False)
-    imports = tmp_path / "imports.txt"
-    with open(imports, "wb") as stderr:
-        process = subprocess.Popen(
-            [sys.executable, "-X", "importtime", *rmqstore("writer", "serve", "--store", str(tmp_path / "store"), "--port", "0", *SIZE_ARGS)[1:]],
-            stdout=subprocess.PIPE, stderr=stderr, text=True,
-        )  # fmt: skip
-        try:
-            assert process.stdout is not None
-            port = json.loads(process.stdout.readline())["port"]
-            with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
-                stub = writer_pb2_grpc.WriterServiceStub(channel)
-                next_offset = 0
-                for n in range(3):
-                    sent = stub.Send(writer_pb2.SendRequest(message=messages_pb2.Message(topic=TOPIC, body=b"m%d" % n)), timeout=WAIT_S)
-                    assert sent.result.commitlog_offset == next_offset
-                    next_offset += sent.result.size
-        finally:
-            process.send_signal(signal.SIGTERM)
-            assert process.wait(timeout=WAIT_S) == 0
-            process.stdout.close()  # type: ignore[union-attr]
-    loaded = [line.rsplit("|", 1)[1].strip() for line in imports.read_text().splitlines() if line.startswith("import time:")]
+    # Python's -X importtime, which writes every import to stderr.
+    writer = nodes.start("writer", tmp_path / "store", *SIZE_ARGS, env={**os.environ, "PYTHONPROFILEIMPORTTIME": "1"})
+    with grpc.insecure_channel(writer.endpoint) as channel:
+        stub = writer_pb2_grpc.WriterServiceStub(channel)
+        next_offset = 0
+        for n in range(3):
+            sent = stub.Send(writer_pb2.SendRequest(message=messages_pb2.Message(topic=TOPIC, body=b"m%d" % n)), timeout=WAIT_S)
+            assert sent.result.commitlog_offset == next_offset
+            next_offset += sent.result.size
+    writer.stop()
+    imports = writer.stderr_path.read_text()
+    loaded = [line.rsplit("|", 1)[1].strip() for line in imports.splitlines() if line.startswith("import time:")]
     assert "rmqstore.service.metrics" in loaded  # the record is read whole: the node's own modules are in it
     assert [name for name in loaded if name.startswith("opentelemetry.sdk.metrics")] == []

@@ -20,7 +20,8 @@ pytest.importorskip("pyarrow")
 
 import pyarrow.dataset as pads
 from conftest import CLEAN, CRASHED, FIXTURE_SIZE_ARGS, FIXTURE_SIZES, FIXTURES, read_jsonl
-from test_writer import SMALL, start_node
+from support.inprocess import QueryNode, WriterNode
+from support.stores import SMALL
 
 from rmqstore.cli.main import main
 from rmqstore.common.codec.msgid import offset_msg_id
@@ -344,7 +345,7 @@ def writer_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     and index files; IPv4 and IPv6 born hosts; non-ASCII keys and tags; empty bodies; keys
     repeated within a message; explicit and round-robin queues."""
     store = tmp_path_factory.mktemp("writer") / "store"
-    node = start_node(store)
+    node = WriterNode(store)
     try:
         sent = []
         for n in range(2400):
@@ -473,7 +474,7 @@ def writer_export(spark: Any, writer_store: Path, tmp_path_factory: pytest.TempP
 def test_load_then_export_gives_the_same_messages_and_a_second_load_adds_nothing(
     spark: Any, writer_export: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    node = start_node(tmp_path / "target")
+    node = WriterNode(tmp_path / "target")
     try:
         endpoint = f"127.0.0.1:{node.port}"
         first = load_summary(capsys, str(writer_export), "--endpoint", endpoint)
@@ -501,7 +502,7 @@ def test_a_load_run_again_after_a_partial_one_adds_only_the_rest(
     # What a run that failed half-way got stored: the first half of the log.
     partial = tmp_path / "partial"
     spark.read.parquet(str(writer_export)).where("commitLogOffset < 200000").write.partitionBy("topic", "date").parquet(str(partial))
-    node = start_node(tmp_path / "target")
+    node = WriterNode(tmp_path / "target")
     try:
         endpoint = f"127.0.0.1:{node.port}"
         done = load_summary(capsys, str(partial), "--endpoint", endpoint)
@@ -522,29 +523,22 @@ def test_a_load_run_again_after_a_partial_one_adds_only_the_rest(
 
 
 def test_load_with_a_query_node_and_json_input(spark: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from rmqstore.query.service import SERVICE_NAME, QueryServicer
-    from rmqstore.query.view import StoreView
-    from rmqstore.service.server import start_server
-    from rmqstore.v1 import query_pb2_grpc
-
     lines = [{"topic": "Jsonic", "body": f"m{n}", "keys": f"a{n} b", "tags": "T", "properties": {"p": str(n)}} for n in range(30)]
     lines += [{"topic": "Jsonic", "bodyBase64": "AAEC", "uniqKey": "ABCDEF0123456789ABCDEF0123456789", "queueId": 1}] * 2
     source = tmp_path / "in.jsonl"
     source.write_text("\n".join(json.dumps(line) for line in lines) + "\n\n", encoding="utf-8")
-    node = start_node(tmp_path / "target")
-    view = StoreView(str(tmp_path / "target"), SMALL)
-    server, port, _ = start_server(lambda s: query_pb2_grpc.add_QueryServiceServicer_to_server(QueryServicer(view), s), [SERVICE_NAME])
+    node = WriterNode(tmp_path / "target")
+    query = QueryNode(tmp_path / "target")
     try:
         endpoint = f"127.0.0.1:{node.port}"
-        args = [str(source), "--format", "json", "--endpoint", endpoint, "--query-endpoint", f"127.0.0.1:{port}"]
+        args = [str(source), "--format", "json", "--endpoint", endpoint, "--query-endpoint", query.endpoint]
         first = load_summary(capsys, *args)
         assert first == {"input": 32, "unsendableSkipped": 0, "repeatedInInput": 1, "alreadyStored": 0, "sent": 31, "dedupe": "query"}
         again = load_summary(capsys, *args)
         assert again["sent"] == 0 and again["alreadyStored"] == 31
         node.writer.flush_thoroughly()
     finally:
-        server.stop(None).wait()
-        view.close()
+        query.close()
         node.close()
     stored = records_of(tmp_path / "target", SMALL.commitlog_file_size_bytes)
     assert sorted(r.body for r in stored) == sorted([f"m{n}".encode() for n in range(30)] + [b"\x00\x01\x02"])
@@ -554,7 +548,7 @@ def test_load_with_a_query_node_and_json_input(spark: Any, tmp_path: Path, capsy
 
 def test_load_refuses_what_a_writer_cannot_store_unless_told(spark: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     export.run(spark, str(CLEAN), str(tmp_path / "apache"), topic="SCHEDULE_TOPIC_XXXX")
-    node = start_node(tmp_path / "target")
+    node = WriterNode(tmp_path / "target")
     try:
         endpoint = f"127.0.0.1:{node.port}"
         assert main(["pipeline", "load", str(tmp_path / "apache"), "--endpoint", endpoint, "--quiet"]) == 2

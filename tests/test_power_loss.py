@@ -1,4 +1,4 @@
-"""Recovery over simulated power cuts (tests/powerloss.py makes the states).
+"""Recovery over simulated power cuts (tests/support/powerloss.py makes the states).
 
 A seeded SYNC workload (several topics, keys, bodies that roll every kind of file) runs
 with its syncs recorded; at crash points after acknowledged appends the tool makes crash
@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from powerloss import Snapshot, recording, write_crash_state
-from test_writer_crash import SIZES, check_ok, verify_store
+from support.powerloss import Snapshot, recording, write_crash_state
+from support.stores import SMALL, check_ok, verify_store
 
 from rmqstore.common.files.commitlog import CommitLog
 from rmqstore.common.files.store import StorePaths
@@ -63,7 +63,7 @@ def workload(root: Path, flush: FlushPolicy, crash_points: int) -> list[Snapshot
                 snapshots.append(recorder.snapshot(Facts(tuple(acked), writer.flushed_offset)))
                 recorder.before_sync = inside
 
-        writer = Writer(WriterConfig(store=str(root), sizes=SIZES, flush=flush))
+        writer = Writer(WriterConfig(store=str(root), sizes=SMALL, flush=flush))
         recorder.before_sync = inside
         try:
             for step in range(1, APPENDS + 1):
@@ -104,11 +104,11 @@ def recover_and_check(state: Path, flush: FlushPolicy, facts: Facts, label: str)
     messages lost (which must be none under SYNC, and lie past the flushed offset under
     ASYNC)."""
     # Restarted after the power cut: another boot of the machine.
-    writer = Writer(WriterConfig(store=str(state), sizes=SIZES, flush=flush, boot_id="the-boot-after-the-cut"))
+    writer = Writer(WriterConfig(store=str(state), sizes=SMALL, flush=flush, boot_id="the-boot-after-the-cut"))
     writer.close()
     check_ok(state)
     verify_store(state)
-    log = CommitLog(StorePaths(str(state)).commitlog, SIZES.commitlog_file_size_bytes)
+    log = CommitLog(StorePaths(str(state)).commitlog, SMALL.commitlog_file_size_bytes)
     try:
         present = {record.uniq_key: record.commitlog_offset for record in log.records()}
     finally:

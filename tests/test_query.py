@@ -12,6 +12,7 @@ import pytest
 from conftest import CLEAN, FIXTURE_SIZES, FIXTURES, read_jsonl
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support.inprocess import QueryNode
 
 from rmqstore.common.codec.hosts import SocketAddress
 from rmqstore.common.codec.properties import split_keys
@@ -20,29 +21,12 @@ from rmqstore.common.files.commitlog import CommitLog
 from rmqstore.common.files.consumequeue import Boundary, ConsumeQueueSet
 from rmqstore.common.files.index import IndexFileList
 from rmqstore.common.files.store import Dispatcher, StoreSizes
-from rmqstore.query.service import SERVICE_NAME, QueryServicer
 from rmqstore.query.view import StoreView
-from rmqstore.service.server import start_server
 from rmqstore.v1 import query_pb2, query_pb2_grpc
 
 QUERIES = [q for q in read_jsonl(FIXTURES / "queries.jsonl") if q["kind"] == "queryMessage"]
 MANIFEST = read_jsonl(FIXTURES / "manifest.jsonl")
 COLLIDING = ("AaAa", "BBBB", "AaBB", "BBAa")
-
-
-class QueryNode:
-    def __init__(self, root: Path, sizes: StoreSizes):
-        self.view = StoreView(str(root), sizes)
-        self.server, self.port, _ = start_server(
-            lambda s: query_pb2_grpc.add_QueryServiceServicer_to_server(QueryServicer(self.view), s), [SERVICE_NAME]
-        )
-        self.channel = grpc.insecure_channel(f"127.0.0.1:{self.port}")
-        self.stub = query_pb2_grpc.QueryServiceStub(self.channel)
-
-    def close(self) -> None:
-        self.channel.close()
-        self.server.stop(None).wait()
-        self.view.close()
 
 
 @pytest.fixture(scope="module")

@@ -39,157 +39,30 @@ from typing import Any
 import grpc
 import pytest
 from conftest import CLEAN, FIXTURE_SIZE_ARGS, FIXTURES, read_jsonl
+from support.cli import CLI_TIMEOUT_S, CliRun, quiet_env, run_cli
+from support.nodes import STOP_TIMEOUT_S, Nodes, ProcessNode, send_all, sigterm_caught
+from support.stores import SIZE_ARGS
+from support.wait import clock_past, wait_until
 
 from rmqstore.common.files.progress import read_progress
 from rmqstore.v1 import messages_pb2, query_pb2, query_pb2_grpc, writer_pb2, writer_pb2_grpc
 
-SIZE_ARGS = [
-    "--commitlog-file-size", "65536",
-    "--cq-file-units", "50",
-    "--index-slots", "17",
-    "--index-entries", "200",
-]  # fmt: skip
 AUTO_QUEUES = 4  # the writer's auto-created queue count
 NOBODY = 65534
 # The store host the writers here record (RocketMQ's listen port), given with --store-host
 # so that msgIds are known before a writer starts; without it a writer records its own port.
 STORE_PORT = 10911
+WRITER_ARGS = [*SIZE_ARGS, "--store-host", f"127.0.0.1:{STORE_PORT}"]
 
-SERVING_TIMEOUT_S = 30.0
-STOP_TIMEOUT_S = 30.0
 RPC_TIMEOUT_S = 15.0
 STREAM_TIMEOUT_S = 90.0
 JOIN_TIMEOUT_S = 90.0
 VISIBLE_WITHIN_S = 10.0
-CLI_TIMEOUT_S = 60.0
+RACE_WITHIN_S = 1.0
 WINDOW_BATCHES = 4
 MAX_BATCH = 16
 
 OK_MISSING = (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.OUT_OF_RANGE)
-
-
-# Processes
-
-
-class NodeFailed(Exception):
-    pass
-
-
-class NodeProcess:
-    """A ``rmqstore writer serve`` or ``rmqstore query serve`` subprocess."""
-
-    def __init__(
-        self, kind: str, store: Path, extra: list[str], log_dir: Path, number: int, run_as: int | None, python: str
-    ):
-        self.kind = kind
-        self.store = store
-        self.stderr_path = log_dir / f"{kind}-{number}.stderr"
-        self._stderr = open(self.stderr_path, "wb")
-        if kind == "writer" and "--store-host" not in extra:
-            extra = ["--store-host", f"127.0.0.1:{STORE_PORT}", *extra]
-        self.proc = subprocess.Popen(
-            [python, "-m", "rmqstore.cli.main", kind, "serve", "--store", str(store),
-             "--host", "127.0.0.1", "--port", "0", *extra],  # fmt: skip
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=self._stderr,
-            env=quiet_env(),
-            **as_user(run_as),
-        )
-        self.lines: queue.Queue[bytes | None] = queue.Queue()
-        self._reader = threading.Thread(target=self._read_stdout, name=f"{kind}-{number}-stdout", daemon=True)
-        self._reader.start()
-        self.serving: dict[str, Any] = {}
-
-    def _read_stdout(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.lines.put(line)
-        self.lines.put(None)
-
-    def stderr_text(self) -> str:
-        self._stderr.flush()
-        return self.stderr_path.read_text(encoding="utf-8", errors="replace")[-4000:]
-
-    def _next_line(self, timeout_s: float, what: str) -> bytes | None:
-        try:
-            return self.lines.get(timeout=timeout_s)
-        except queue.Empty:
-            raise NodeFailed(f"{self.kind} printed no {what} line within {timeout_s} s; stderr:\n{self.stderr_text()}") from None
-
-    def wait_serving(self) -> dict[str, Any]:
-        line = self._next_line(SERVING_TIMEOUT_S, "serving")
-        if line is None:
-            code = self.proc.wait(timeout=STOP_TIMEOUT_S)
-            raise NodeFailed(f"{self.kind} exited (code {code}) before serving; stderr:\n{self.stderr_text()}")
-        event = json.loads(line)
-        assert event["event"] == "serving" and event["service"] == self.kind, event
-        assert isinstance(event["port"], int) and event["port"] > 0, event
-        self.serving = event
-        return event
-
-    @property
-    def port(self) -> int:
-        return int(self.serving["port"])
-
-    @property
-    def endpoint(self) -> str:
-        return f"127.0.0.1:{self.port}"
-
-    def stop(self) -> None:
-        """SIGTERM: a clean stop that says so, exit code 0."""
-        self.proc.send_signal(signal.SIGTERM)
-        line = self._next_line(STOP_TIMEOUT_S, "stopped")
-        assert line is not None, f"{self.kind} exited without its stopped line; stderr:\n{self.stderr_text()}"
-        assert json.loads(line) == {"event": "stopped", "service": self.kind}
-        code = self.proc.wait(timeout=STOP_TIMEOUT_S)
-        assert code == 0, f"{self.kind} exit code {code}; stderr:\n{self.stderr_text()}"
-        self.cleanup()
-
-    def cleanup(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(timeout=STOP_TIMEOUT_S)
-        self._reader.join(timeout=STOP_TIMEOUT_S)
-        if self.proc.stdout is not None and not self.proc.stdout.closed:
-            self.proc.stdout.close()
-        if not self._stderr.closed:
-            self._stderr.close()
-
-
-def quiet_env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
-    env["OTEL_SDK_DISABLED"] = "true"  # no exporter: no traffic beyond 127.0.0.1
-    return env
-
-
-class Nodes:
-    def __init__(self, log_dir: Path):
-        self.log_dir = log_dir
-        self.started: list[NodeProcess] = []
-        self.channels: list[grpc.Channel] = []
-
-    def start(self, kind: str, store: Path, *extra: str, run_as: int | None = None, python: str = sys.executable) -> NodeProcess:
-        node = NodeProcess(kind, store, list(extra), self.log_dir, len(self.started), run_as, python)
-        self.started.append(node)
-        node.wait_serving()
-        return node
-
-    def query(self, node: NodeProcess) -> query_pb2_grpc.QueryServiceStub:
-        channel = grpc.insecure_channel(node.endpoint)
-        self.channels.append(channel)
-        return query_pb2_grpc.QueryServiceStub(channel)
-
-    def writer(self, node: NodeProcess) -> writer_pb2_grpc.WriterServiceStub:
-        channel = grpc.insecure_channel(node.endpoint)
-        self.channels.append(channel)
-        return writer_pb2_grpc.WriterServiceStub(channel)
-
-    def close(self) -> None:
-        for channel in self.channels:
-            channel.close()
-        for node in self.started:
-            node.cleanup()
 
 
 # Streaming to the writer
@@ -232,7 +105,7 @@ class Streamer:
                 self.on_send(message)
             self.sent.append(batch)
             if self.pause_s:
-                time.sleep(self.pause_s)
+                time.sleep(self.pause_s)  # pacing: the writing goes on while lookups hammer the node
             yield writer_pb2.SendBatchRequest(messages=batch)
 
     def _run(self) -> None:
@@ -257,16 +130,6 @@ class Streamer:
         if self.failure is not None:
             raise self.failure
         assert self.acked == len(self.messages)
-
-
-def send_all(stub: writer_pb2_grpc.WriterServiceStub, messages: list[messages_pb2.Message], batch: int = 20) -> list[messages_pb2.SendResult]:
-    def batches() -> Iterator[writer_pb2.SendBatchRequest]:
-        for start in range(0, len(messages), batch):
-            yield writer_pb2.SendBatchRequest(messages=messages[start : start + batch])
-
-    results = [r for response in stub.SendStream(batches(), timeout=STREAM_TIMEOUT_S) for r in response.results]
-    assert len(results) == len(messages)
-    return results
 
 
 # What a stored message must be
@@ -384,7 +247,7 @@ def test_query_node_started_first_follows_a_live_writer(nodes: Nodes, tmp_path: 
     assert query.QueryByUniqKey(query_pb2.QueryByUniqKeyRequest(topic="LiveA", uniq_key="AB0000000000"), timeout=RPC_TIMEOUT_S).messages == []
     assert first_rpc_error(lambda: query.QueueBounds(query_pb2.QueueBoundsRequest(topic="LiveA", queue_id=0), timeout=RPC_TIMEOUT_S)) == grpc.StatusCode.NOT_FOUND
 
-    writer_node = nodes.start("writer", store, *SIZE_ARGS)
+    writer_node = nodes.start("writer", store, *WRITER_ARGS)
     writer = nodes.writer(writer_node)
     messages = live_messages(LIVE_MESSAGES, seed=20240601)
     acks: queue.Queue[tuple[messages_pb2.Message, messages_pb2.SendResult, float] | None] = queue.Queue()
@@ -449,12 +312,11 @@ def test_query_node_started_first_follows_a_live_writer(nodes: Nodes, tmp_path: 
                 return
             message, ack, acked_at = item
             try:
-                while (found := visible(message, ack)) is None:
-                    assert time.monotonic() - acked_at < VISIBLE_WITHIN_S, (
-                        f"{ack.topic}/{ack.queue_id}@{ack.queue_offset} (commit log {ack.commitlog_offset}) "
-                        f"not visible {VISIBLE_WITHIN_S} s after its ack"
-                    )
-                    time.sleep(0.02)
+                found = wait_until(
+                    lambda message=message, ack=ack: visible(message, ack), max(0.0, acked_at + VISIBLE_WITHIN_S - time.monotonic()),
+                    f"{ack.topic}/{ack.queue_id}@{ack.queue_offset} (commit log {ack.commitlog_offset}) to be visible "
+                    f"within {VISIBLE_WITHIN_S} s of its ack", interval_s=0.02,
+                )  # fmt: skip
                 for stored in found:
                     assert_stored(stored, message, ack)
                 with lock:
@@ -616,15 +478,17 @@ class Hammer:
 
     def _call(self, method: str, request: Any) -> Any:
         """One RPC; retries only the known zero-byte race (recorded)."""
-        for _ in range(100):
+
+        def attempt() -> tuple[Any] | None:
             try:
-                return getattr(self.stub, method)(request, timeout=RPC_TIMEOUT_S)
+                return (getattr(self.stub, method)(request, timeout=RPC_TIMEOUT_S),)
             except grpc.RpcError as error:
                 if not zero_byte_file_race(error):
                     raise
                 self.race_hits.append(error.details())
-                time.sleep(0.005)
-        raise AssertionError(f"{method}: the zero-byte race 100 times in a row")
+                return None
+
+        return wait_until(attempt, RACE_WITHIN_S, f"{method} to answer past the zero-byte race", interval_s=0.005)[0]
 
     def _lookup(self, kind: str, method: str, request: Any) -> tuple[Any, int] | None:
         """A lookup between two reads of the progress file; None for NOT_FOUND /
@@ -773,7 +637,7 @@ class Hammer:
 @pytest.mark.slow
 def test_lookups_hammered_during_writing_never_see_torn_or_unpublished_records(nodes: Nodes, tmp_path: Path) -> None:
     store = tmp_path / "store"
-    writer_node = nodes.start("writer", store, *SIZE_ARGS)
+    writer_node = nodes.start("writer", store, *WRITER_ARGS)
     query_node = nodes.start("query", store, *SIZE_ARGS)
     assert query_node.serving["followsWriter"] is True
     messages = hammer_messages(HAMMER_MESSAGES, seed=99)
@@ -931,7 +795,7 @@ def assert_cannot_write(root: Path, run_as: int | None, python: str) -> None:
     )
 
 
-def assert_runs_as(node: NodeProcess, run_as: int | None) -> None:
+def assert_runs_as(node: ProcessNode, run_as: int | None) -> None:
     expected = os.geteuid() if run_as is None else run_as
     status = Path(f"/proc/{node.proc.pid}/status").read_text().splitlines()
     ids = {line.split(":")[0]: line.split()[1:] for line in status if line.startswith(("Uid:", "Gid:"))}
@@ -946,7 +810,7 @@ READONLY_MESSAGES = 700
 @pytest.mark.slow
 def test_node_on_a_read_only_writer_store_changes_nothing(nodes: Nodes, tmp_path: Path, public_dir: Path) -> None:
     source = tmp_path / "store"
-    writer_node = nodes.start("writer", source, *SIZE_ARGS)
+    writer_node = nodes.start("writer", source, *WRITER_ARGS)
     messages = live_messages(READONLY_MESSAGES, seed=3)
     acks = send_all(nodes.writer(writer_node), messages)
     writer_node.stop()
@@ -957,7 +821,7 @@ def test_node_on_a_read_only_writer_store_changes_nothing(nodes: Nodes, tmp_path
     before = tree_snapshot(store)
     assert len(before) > 40 and {"lock", "rmqstore-progress", "commitlog", "index", "consumequeue"} <= set(before)
 
-    node = nodes.start("query", store, *SIZE_ARGS, run_as=run_as, python=python)
+    node = nodes.start("query", store, *SIZE_ARGS, python=python, popen_options=as_user(run_as))
     assert_runs_as(node, run_as)
     assert node.serving["followsWriter"] is True
     query = nodes.query(node)
@@ -1004,7 +868,7 @@ def test_node_on_a_read_only_apache_store_changes_nothing(nodes: Nodes, public_d
     python = python_for(run_as, public_dir)
     assert_cannot_write(store, run_as, python)
     before = tree_snapshot(store)
-    node = nodes.start("query", store, *FIXTURE_SIZE_ARGS, run_as=run_as, python=python)
+    node = nodes.start("query", store, *FIXTURE_SIZE_ARGS, python=python, popen_options=as_user(run_as))
     assert_runs_as(node, run_as)
     assert (node.serving["followsWriter"], node.serving["visibleOffset"]) == (False, 2_089_474)
     query = nodes.query(node)
@@ -1114,38 +978,16 @@ def expected_json(message: messages_pb2.Message, ack: messages_pb2.SendResult, b
     return document
 
 
-@dataclass(frozen=True)
-class CliRun:
-    returncode: int
-    stdout: str
-    stderr: str
-
-    def json_lines(self) -> list[Any]:
-        return [json.loads(line) for line in self.stdout.splitlines()]
-
-
-def run_cli(args: list[str]) -> CliRun:
-    done = subprocess.run(
-        [sys.executable, "-m", "rmqstore.cli.main", *args],
-        capture_output=True,
-        text=True,
-        timeout=CLI_TIMEOUT_S,
-        env=quiet_env(),
-        stdin=subprocess.DEVNULL,
-    )
-    return CliRun(done.returncode, done.stdout, done.stderr)
-
-
 @pytest.mark.slow
 def test_lookup_commands_against_a_node_and_on_the_directory(nodes: Nodes, tmp_path: Path) -> None:
     store = tmp_path / "store"
-    writer_node = nodes.start("writer", store, *SIZE_ARGS)
+    writer_node = nodes.start("writer", store, *WRITER_ARGS)
     writer = nodes.writer(writer_node)
     messages = cli_messages()
     acks = []
     for message in messages:
         acks.append(writer.Send(writer_pb2.SendRequest(message=message), timeout=RPC_TIMEOUT_S).result)
-        time.sleep(0.003)  # distinct store times, so time searches have exact answers
+        clock_past(acks[-1].store_timestamp_ms)  # distinct store times, so time searches have exact answers
     writer_node.stop()
     stamps = [a.store_timestamp_ms for a in acks]
     assert stamps == sorted(stamps) and len(set(stamps)) == CLI_MESSAGES
@@ -1250,16 +1092,13 @@ def test_a_sigterm_delivered_to_another_thread_still_stops_the_node(nodes: Nodes
     import ctypes
 
     store = tmp_path / "store"
-    writer = nodes.start("writer", store, *SIZE_ARGS)
+    writer = nodes.start("writer", store, *WRITER_ARGS)
     node = writer if kind == "writer" else nodes.start("query", store, *SIZE_ARGS)
     pid = node.proc.pid
-    bit = 1 << (signal.SIGTERM - 1)
-    with open(f"/proc/{pid}/status", encoding="ascii") as handle:
-        caught = next(int(line.split()[1], 16) for line in handle if line.startswith("SigCgt:"))
-    assert caught & bit, "the node prints its serving line after installing its handlers"
+    assert sigterm_caught(pid), "the node prints its serving line after installing its handlers"
     libc = ctypes.CDLL(None, use_errno=True)
     assert libc.tgkill(pid, _other_thread(pid), signal.SIGTERM) == 0, os.strerror(ctypes.get_errno())
-    line = node._next_line(STOPS_WITHIN_S, "stopped")
+    line = node.next_line(STOPS_WITHIN_S, "stopped")
     assert line is not None and json.loads(line) == {"event": "stopped", "service": kind}
     assert node.proc.wait(timeout=STOP_TIMEOUT_S) == 0, node.stderr_text()
     node.cleanup()
@@ -1285,7 +1124,7 @@ class Regression(Exception):
 @pytest.mark.slow
 def test_msg_id_inside_a_record_is_not_found(nodes: Nodes, tmp_path: Path) -> None:
     store = tmp_path / "store"
-    writer_node = nodes.start("writer", store, *SIZE_ARGS)
+    writer_node = nodes.start("writer", store, *WRITER_ARGS)
     sent = [messages_pb2.Message(topic="Ids", body=b"hello", keys=["k"]), messages_pb2.Message(topic="Ids", body=b"y" * 300)]
     acks = send_all(nodes.writer(writer_node), sent)
     writer_node.stop()
@@ -1316,7 +1155,7 @@ def test_a_file_the_writer_is_creating_is_not_data_loss(nodes: Nodes, tmp_path: 
     from rmqstore.common.codec.index import file_name
 
     store = tmp_path / "store"
-    writer_node = nodes.start("writer", store, *SIZE_ARGS)
+    writer_node = nodes.start("writer", store, *WRITER_ARGS)
     [ack] = send_all(nodes.writer(writer_node), [messages_pb2.Message(topic="Files", queue_id=0, body=b"x", keys=["k"])])
     writer_node.stop()
     node = nodes.start("query", store, *SIZE_ARGS)
@@ -1325,7 +1164,7 @@ def test_a_file_the_writer_is_creating_is_not_data_loss(nodes: Nodes, tmp_path: 
     bounds_request = query_pb2.QueueBoundsRequest(topic="Files", queue_id=0)
 
     def lookups() -> None:
-        time.sleep(0.05)  # past the node's refresh interval
+        time.sleep(0.05)  # waiting past the node's refresh interval is the point: it has looked at the new file
         try:
             [found] = query.QueryByUniqKey(uniq_request, timeout=RPC_TIMEOUT_S).messages
             assert found.commitlog_offset == ack.commitlog_offset

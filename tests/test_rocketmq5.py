@@ -14,71 +14,24 @@ from typing import Any
 import grpc
 import pytest
 from google.protobuf import timestamp_pb2
+from support.inprocess import WriterNode, gateway_node
+from support.stores import GATEWAY_SIZES
 
 from rmqstore.common.files.check import check_store
-from rmqstore.common.files.commitlog import CommitLog
-from rmqstore.common.files.store import StoreSizes
 from rmqstore.rocketmq_v2 import definition_pb2 as v2
 from rmqstore.rocketmq_v2 import service_pb2 as v2s
-from rmqstore.rocketmq_v2 import service_pb2_grpc
-from rmqstore.service.server import AsyncServing
-from rmqstore.v1 import writer_pb2, writer_pb2_grpc
-from rmqstore.writer.config import FlushPolicy, WriterConfig
+from rmqstore.v1 import writer_pb2
+from rmqstore.writer.config import FlushPolicy
 from rmqstore.writer.rocketmq5 import SERVICE_NAME as MESSAGING
-from rmqstore.writer.rocketmq5 import MessagingServicer, RouteConfig
-from rmqstore.writer.service import SERVICE_NAME, WriterServicer
-from rmqstore.writer.store import Writer
+from rmqstore.writer.rocketmq5 import RouteConfig
+from rmqstore.writer.service import SERVICE_NAME
 
-SMALL = StoreSizes(commitlog_file_size_bytes=1 << 20, cq_file_units=100, index_slots=17, index_entries=400)
 MESSAGE_ID = "01AABBCCDDEEFF0001000000000000000A"
 
 
-class Node:
-    """A writer served as ``writer serve`` serves it: WriterService and MessagingService
-    sharing one group commit on one port."""
-
-    def __init__(self, store: Path, **overrides: object):
-        self.store = store
-        self.writer = Writer(WriterConfig(store=str(store), sizes=SMALL, **overrides))  # type: ignore[arg-type]
-        self.servicer = WriterServicer(self.writer)
-        self.messaging = MessagingServicer(
-            self.writer, self.servicer.appender, RouteConfig("writer.example", 8081, "broker-a")
-        )
-
-        def register(server: grpc.aio.Server) -> None:
-            writer_pb2_grpc.add_WriterServiceServicer_to_server(self.servicer, server)
-            service_pb2_grpc.add_MessagingServiceServicer_to_server(self.messaging, server)
-
-        try:
-            self.serving = AsyncServing(
-                register, [SERVICE_NAME, MESSAGING], host="127.0.0.1", port=0, credentials=None, health_port=None
-            )
-        except BaseException:
-            self.servicer.close()
-            self.writer.close()
-            raise
-        self.channel = grpc.insecure_channel(f"127.0.0.1:{self.serving.port}")
-        self.v2 = service_pb2_grpc.MessagingServiceStub(self.channel)
-        self.v1 = writer_pb2_grpc.WriterServiceStub(self.channel)
-
-    def close(self) -> None:
-        self.channel.close()
-        self.serving.stop(None)
-        self.servicer.close()
-        self.writer.close()
-
-    def records(self) -> list:
-        self.writer.flush_thoroughly()
-        log = CommitLog(str(self.store / "commitlog"), SMALL.commitlog_file_size_bytes)
-        try:
-            return list(log.records())
-        finally:
-            log.close()
-
-
 @pytest.fixture
-def node(tmp_path: Path) -> Iterator[Node]:
-    started = Node(tmp_path / "store", flush=FlushPolicy.SYNC)
+def node(tmp_path: Path) -> Iterator[WriterNode]:
+    started = gateway_node(tmp_path / "store", flush=FlushPolicy.SYNC)
     yield started
     started.close()
 
@@ -89,11 +42,11 @@ def v2_message(topic: str = "Orders", body: bytes = b"hello", message_id: str = 
     return v2.Message(topic=v2.Resource(name=topic), body=body, system_properties=properties)
 
 
-def send(node: Node, *messages: v2.Message) -> v2s.SendMessageResponse:
+def send(node: WriterNode, *messages: v2.Message) -> v2s.SendMessageResponse:
     return node.v2.SendMessage(v2s.SendMessageRequest(messages=messages), timeout=10)
 
 
-def test_query_route_creates_the_topic_and_routes_to_the_advertised_writer(node: Node) -> None:
+def test_query_route_creates_the_topic_and_routes_to_the_advertised_writer(node: WriterNode) -> None:
     response = node.v2.QueryRoute(v2s.QueryRouteRequest(topic=v2.Resource(name="Orders", resource_namespace="ns")))
     assert (response.status.code, response.status.message) == (v2.OK, "OK")
     assert [q.id for q in response.message_queues] == [0, 1, 2, 3]
@@ -104,7 +57,7 @@ def test_query_route_creates_the_topic_and_routes_to_the_advertised_writer(node:
         assert queue.broker == v2.Broker(name="broker-a", id=0, endpoints=endpoints)
         assert list(queue.accept_message_types) == [v2.NORMAL, v2.FIFO]
     assert node.writer.topics.queue_count("Orders") == 4
-    node.v1.CreateTopic(writer_pb2.CreateTopicRequest(name="Wide", queue_count=6))
+    node.stub.CreateTopic(writer_pb2.CreateTopicRequest(name="Wide", queue_count=6))
     wide = node.v2.QueryRoute(v2s.QueryRouteRequest(topic=v2.Resource(name="Wide")))
     assert [q.id for q in wide.message_queues] == [0, 1, 2, 3, 4, 5]
 
@@ -134,7 +87,7 @@ def test_route_options_refused_with_their_reason(advertise: str, broker: str, pr
 
 
 def test_query_route_refuses_illegal_and_unknown_topics(tmp_path: Path) -> None:
-    closed = Node(tmp_path / "store", auto_create_topics=False)
+    closed = gateway_node(tmp_path / "store", auto_create_topics=False)
     try:
         bad = closed.v2.QueryRoute(v2s.QueryRouteRequest(topic=v2.Resource(name="no/such")))
         assert bad.status.code == v2.ILLEGAL_TOPIC
@@ -153,7 +106,7 @@ def test_query_route_refuses_illegal_and_unknown_topics(tmp_path: Path) -> None:
         closed.close()
 
 
-def test_telemetry_answers_each_settings_and_stays_open(node: Node) -> None:
+def test_telemetry_answers_each_settings_and_stays_open(node: WriterNode) -> None:
     settings = v2.Settings(
         client_type=v2.PRODUCER,
         access_point=v2.Endpoints(scheme=v2.IPv4, addresses=[v2.Address(host="127.0.0.1", port=1)]),
@@ -203,7 +156,7 @@ def test_telemetry_answers_each_settings_and_stays_open(node: Node) -> None:
     assert list(stream) == []
 
 
-def test_end_streams_closes_open_telemetry_streams(node: Node) -> None:
+def test_end_streams_closes_open_telemetry_streams(node: WriterNode) -> None:
     import queue
 
     outgoing: queue.Queue[v2s.TelemetryCommand | None] = queue.Queue()
@@ -223,7 +176,7 @@ def test_end_streams_closes_open_telemetry_streams(node: Node) -> None:
     outgoing.put(None)
 
 
-def test_heartbeat_and_termination_answer_ok(node: Node) -> None:
+def test_heartbeat_and_termination_answer_ok(node: WriterNode) -> None:
     beat = node.v2.Heartbeat(v2s.HeartbeatRequest(client_type=v2.PRODUCER))
     assert (beat.status.code, beat.status.message) == (v2.OK, "OK")
     bye = node.v2.NotifyClientTermination(v2s.NotifyClientTerminationRequest())
@@ -232,7 +185,7 @@ def test_heartbeat_and_termination_answer_ok(node: Node) -> None:
     assert (odd.status.code, odd.status.message) == (v2.UNRECOGNIZED_CLIENT_TYPE, "client_type 9 is not a client type")
 
 
-def test_send_message_stores_a_rocketmq_record(node: Node) -> None:
+def test_send_message_stores_a_rocketmq_record(node: WriterNode) -> None:
     born = timestamp_pb2.Timestamp(seconds=1_700_000_000, nanos=123_000_000)
     plain = v2_message(
         body=b"order 1",
@@ -262,12 +215,12 @@ def test_send_message_stores_a_rocketmq_record(node: Node) -> None:
     assert first.born_host.ip == bytes([192, 0, 2, 7]) and first.born_host.port > 0  # with the connection's port
     # The queue id a client sends (0 here, from a caller that names no language) is kept.
     assert (second.queue_id, second.queue_offset, second.properties["__SHARDINGKEY"]) == (0, 1, "cart-9")
-    assert check_store(str(node.store), SMALL).ok
+    assert check_store(str(node.store), GATEWAY_SIZES).ok
 
 
-def test_born_host_is_the_clients_ip_with_the_connections_port_else_the_connection(node: Node) -> None:
+def test_born_host_is_the_clients_ip_with_the_connections_port_else_the_connection(node: WriterNode) -> None:
     """An IP the client names (v4 or v6) is kept with the connection's port; a host name
-    (as the Java and Node.js clients send) or none gives the connection's own address."""
+    (as the Java and WriterNode.js clients send) or none gives the connection's own address."""
     given = ["192.0.2.7", "2001:db8::7", "laptop.example", ""]
     messages = [v2_message(message_id=f"{MESSAGE_ID[:-1]}{n}", born_host=host) for n, host in enumerate(given)]
     response = send(node, *messages)
@@ -279,7 +232,7 @@ def test_born_host_is_the_clients_ip_with_the_connections_port_else_the_connecti
     assert [host.ip for host in hosts] == [bytes([192, 0, 2, 7]), ipaddress.ip_address("2001:db8::7").packed, loopback, loopback]
 
 
-def test_fifo_queue_chosen_by_the_client_is_kept(node: Node) -> None:
+def test_fifo_queue_chosen_by_the_client_is_kept(node: WriterNode) -> None:
     node.v2.QueryRoute(v2s.QueryRouteRequest(topic=v2.Resource(name="Orders")))
     offsets = []
     for n in range(3):
@@ -290,7 +243,7 @@ def test_fifo_queue_chosen_by_the_client_is_kept(node: Node) -> None:
     assert [(r.queue_id, r.queue_offset) for r in node.records()] == [(3, 0), (3, 1), (3, 2)]
 
 
-def test_clients_that_send_no_queue_id_get_the_python_clients_group_placement(node: Node) -> None:
+def test_clients_that_send_no_queue_id_get_the_python_clients_group_placement(node: WriterNode) -> None:
     node.v2.QueryRoute(v2s.QueryRouteRequest(topic=v2.Resource(name="Orders")))
     python = (("x-mq-language", "PYTHON"),)
     for n, group in enumerate(["cart-1", "cart-2", "cart-3", "cart-1"]):
@@ -309,7 +262,7 @@ def test_clients_that_send_no_queue_id_get_the_python_clients_group_placement(no
     ("digest", "stored"),
     [
         (v2.Digest(type=v2.CRC32, checksum=f"{zlib.crc32(b'payload'):X}"), True),  # Java: upper-case hex
-        (v2.Digest(type=v2.CRC32, checksum=str(zlib.crc32(b"payload"))), True),  # Node.js: decimal
+        (v2.Digest(type=v2.CRC32, checksum=str(zlib.crc32(b"payload"))), True),  # WriterNode.js: decimal
         (v2.Digest(type=v2.MD5, checksum=hashlib.md5(b"payload").hexdigest().upper()), True),
         (v2.Digest(type=v2.SHA1, checksum=hashlib.sha1(b"payload").hexdigest()), True),
         (v2.Digest(type=v2.CRC32, checksum="DEADBEEF"), False),
@@ -317,7 +270,7 @@ def test_clients_that_send_no_queue_id_get_the_python_clients_group_placement(no
         (v2.Digest(type=v2.SHA1, checksum="nonsense"), False),
     ],
 )
-def test_body_digest_checked(node: Node, digest: v2.Digest, stored: bool) -> None:
+def test_body_digest_checked(node: WriterNode, digest: v2.Digest, stored: bool) -> None:
     response = send(node, v2_message(body=b"payload", body_digest=digest))
     if stored:
         assert response.status.code == v2.OK
@@ -329,7 +282,7 @@ def test_body_digest_checked(node: Node, digest: v2.Digest, stored: bool) -> Non
         assert node.records() == []
 
 
-def test_gzip_body_stored_decoded(node: Node) -> None:
+def test_gzip_body_stored_decoded(node: WriterNode) -> None:
     packed = gzip.compress(b"squeezed " * 100)
     message = v2_message(body=packed, body_encoding=v2.GZIP, body_digest=v2.Digest(type=v2.MD5, checksum=hashlib.md5(packed).hexdigest()))
     assert send(node, message).status.code == v2.OK
@@ -385,7 +338,7 @@ BAD_V2 = {
 
 
 @pytest.mark.parametrize("case", sorted(BAD_V2))
-def test_bad_v2_input_gets_its_status_and_the_writer_keeps_serving(node: Node, case: str) -> None:
+def test_bad_v2_input_gets_its_status_and_the_writer_keeps_serving(node: WriterNode, case: str) -> None:
     message, code, text = BAD_V2[case]
     response = send(node, message)
     assert v2.Code.Name(response.status.code) == v2.Code.Name(code)
@@ -396,7 +349,7 @@ def test_bad_v2_input_gets_its_status_and_the_writer_keeps_serving(node: Node, c
     assert len(node.records()) == 1
 
 
-def test_a_bad_message_in_a_request_is_named_and_refuses_the_request(node: Node) -> None:
+def test_a_bad_message_in_a_request_is_named_and_refuses_the_request(node: WriterNode) -> None:
     response = send(node, v2_message(), v2_message(message_id=""))
     assert response.status.code == v2.ILLEGAL_MESSAGE_ID
     assert response.status.message == "message 2: the message has no message_id"
@@ -404,13 +357,13 @@ def test_a_bad_message_in_a_request_is_named_and_refuses_the_request(node: Node)
     assert node.records() == []
 
 
-def test_empty_request_is_a_bad_request(node: Node) -> None:
+def test_empty_request_is_a_bad_request(node: WriterNode) -> None:
     response = send(node)
     assert (response.status.code, response.status.message) == (v2.BAD_REQUEST, "the request has no messages")
 
 
 def test_disk_full_is_too_many_requests(tmp_path: Path) -> None:
-    full = Node(tmp_path / "store", disk_full_ratio=0.0)
+    full = gateway_node(tmp_path / "store", disk_full_ratio=0.0)
     try:
         response = send(full, v2_message())
         assert response.status.code == v2.TOO_MANY_REQUESTS
@@ -427,7 +380,7 @@ def test_disk_full_is_too_many_requests(tmp_path: Path) -> None:
         ("SyncLiteSubscription", v2s.SyncLiteSubscriptionRequest, False),
     ],
 )
-def test_calls_not_served_answer_a_v2_status(node: Node, call: str, request_type: type, streams: bool) -> None:
+def test_calls_not_served_answer_a_v2_status(node: WriterNode, call: str, request_type: type, streams: bool) -> None:
     method = getattr(node.v2, call)
     answers = list(method(request_type(), timeout=10)) if streams else [method(request_type(), timeout=10)]
     assert len(answers) == 1
@@ -435,7 +388,7 @@ def test_calls_not_served_answer_a_v2_status(node: Node, call: str, request_type
     assert answers[0].status.message == f"{call} is not served by the rmqstore writer"
 
 
-def test_reflection_v1_and_v1alpha_list_both_services(node: Node) -> None:
+def test_reflection_v1_and_v1alpha_list_both_services(node: WriterNode) -> None:
     from grpc_reflection.v1alpha import reflection_pb2
 
     for path in ("/grpc.reflection.v1.ServerReflection/ServerReflectionInfo", "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo"):
@@ -454,7 +407,7 @@ def test_reflection_v1_and_v1alpha_list_both_services(node: Node) -> None:
 @pytest.mark.parametrize(
     "method", [m for m in v2s.DESCRIPTOR.services_by_name["MessagingService"].methods], ids=lambda m: m.name
 )
-def test_bytes_that_do_not_parse_are_invalid_argument(node: Node, method: Any) -> None:
+def test_bytes_that_do_not_parse_are_invalid_argument(node: WriterNode, method: Any) -> None:
     """Malformed bytes on any v2 method: INVALID_ARGUMENT naming the request type (gRPC's
     own status, since no v2 message could be read), and the writer keeps serving."""
     path = f"/{MESSAGING}/{method.name}"
@@ -474,7 +427,7 @@ def test_bytes_that_do_not_parse_are_invalid_argument(node: Node, method: Any) -
     assert send(node, v2_message()).status.code == v2.Code.OK
 
 
-def test_a_clients_trace_context_is_stored_as_the_traceparent_property(node: Node) -> None:
+def test_a_clients_trace_context_is_stored_as_the_traceparent_property(node: WriterNode) -> None:
     """The official clients send their producer span's context in the system properties:
     it is kept as an ordinary ``traceparent`` property (the writer's dispatch and a
     consumer link to it); a user property of that name wins; a value RocketMQ's format

@@ -16,22 +16,17 @@ from typing import Any
 
 import grpc
 import pytest
-from test_query_live import SIZE_ARGS, Nodes
-from test_rocketmq5_clients import DRIVERS, client_env, rmq5_python, run_node
-from test_writer import SMALL
+from support.inprocess import WriterNode
+from support.nodes import Nodes
+from support.rmq5 import DRIVERS, client_env, rmq5_python, run_node
+from support.stores import SIZE_ARGS
 
 from rmqstore.rocketmq_v2 import definition_pb2 as v2
 from rmqstore.rocketmq_v2 import service_pb2 as v2s
 from rmqstore.rocketmq_v2 import service_pb2_grpc
 from rmqstore.service.acl import load_acl, signing_channel
-from rmqstore.service.server import AsyncServing
-from rmqstore.v1 import query_pb2, query_pb2_grpc, writer_pb2_grpc
-from rmqstore.writer.config import WriterConfig
+from rmqstore.v1 import query_pb2, query_pb2_grpc
 from rmqstore.writer.rocketmq5 import SERVICE_NAME as MESSAGING_SERVICE
-from rmqstore.writer.rocketmq5 import MessagingServicer, RouteConfig, acl_rules
-from rmqstore.writer.service import SERVICE_NAME as WRITER_SERVICE
-from rmqstore.writer.service import WriterServicer
-from rmqstore.writer.store import Writer
 
 RPC_TIMEOUT_S = 15.0
 CLIENT_TIMEOUT_S = 120.0
@@ -162,24 +157,14 @@ def test_the_official_python_client_is_accepted_with_its_key_and_refused_without
 
 
 class Gateway:
-    """A writer's WriterService and MessagingService on one in-process asyncio server
-    under the ACL, as `writer serve --acl` runs them: its denials can be read."""
+    """A writer's WriterService and MessagingService in this process under the ACL, as
+    `writer serve --acl` runs them: its denials can be read."""
 
     def __init__(self, root: Path, acl_path: Path):
-        self.writer = Writer(WriterConfig(store=str(root), sizes=SMALL))
-        self.servicer = WriterServicer(self.writer)
-        self.messaging = MessagingServicer(self.writer, self.servicer.appender, RouteConfig("127.0.0.1", 1))
-
-        def register(server: grpc.aio.Server) -> None:
-            writer_pb2_grpc.add_WriterServiceServicer_to_server(self.servicer, server)
-            service_pb2_grpc.add_MessagingServiceServicer_to_server(self.messaging, server)
-
-        self.serving = AsyncServing(
-            register, [WRITER_SERVICE, MESSAGING_SERVICE], host="127.0.0.1", port=0, credentials=None, health_port=None,
-            acl=load_acl(str(acl_path)), acl_rules=acl_rules(self.writer),
-        )  # fmt: skip
-        self.messaging.route = RouteConfig("127.0.0.1", self.serving.port)
-        self.endpoint = f"127.0.0.1:{self.serving.port}"
+        self.node = WriterNode(root, acl=load_acl(str(acl_path)))
+        self.writer = self.node.writer
+        self.serving = self.node.serving
+        self.endpoint = self.node.endpoint
         self.channels: list[grpc.Channel] = []
 
     def stub(self, user: str | None, secret: str | None = None) -> service_pb2_grpc.MessagingServiceStub:
@@ -196,10 +181,7 @@ class Gateway:
     def close(self) -> None:
         for channel in self.channels:
             channel.close()
-        self.serving.call(self.messaging.end_streams())
-        self.serving.stop(None)
-        self.servicer.close()
-        self.writer.close()
+        self.node.close()
 
 
 @pytest.fixture

@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_query_live import SIZE_ARGS, Nodes
-from test_rocketmq5_clients import (
+from support.nodes import Nodes
+from support.rmq5 import (
     CLIENT_TIMEOUT_S,
     DRIVERS,
     PYTHON_CLIENT_MESSAGES,
@@ -25,6 +25,8 @@ from test_rocketmq5_clients import (
     rmq5_python,
     run_python_client,
 )
+from support.stores import SIZE_ARGS
+from support.wait import wait_until
 
 from rmqstore.common.files.consumer_offsets import read_offsets
 from rmqstore.v1 import query_pb2
@@ -67,14 +69,14 @@ class Background:
         return [json.loads(line) for line in text.splitlines() if line.endswith("}")]
 
     def wait_lines(self, count: int, timeout_s: float = 120.0) -> list[dict[str, Any]]:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
+        def printed() -> list[dict[str, Any]] | None:
             lines = self.lines()
             if len(lines) >= count:
                 return lines
             assert self.proc.poll() is None, f"the consumer exited early with {len(lines)} lines"
-            time.sleep(0.05)
-        raise AssertionError(f"the consumer printed fewer than {count} lines within {timeout_s} s")
+            return None
+
+        return wait_until(printed, timeout_s, f"the consumer to print {count} lines", interval_s=0.05)
 
     def wait(self, timeout_s: float = CLIENT_TIMEOUT_S) -> list[dict[str, Any]]:
         try:

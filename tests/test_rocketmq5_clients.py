@@ -19,45 +19,25 @@ from typing import Any
 
 import grpc
 import pytest
-from test_query_live import SIZE_ARGS, NodeProcess, Nodes
+from support.nodes import Nodes, ProcessNode
+from support.pki import Pki
+from support.rmq5 import (
+    DRIVERS,
+    NODE_CLIENT_MESSAGES,
+    NODE_DIR,
+    PYTHON_CLIENT_MESSAGES,
+    ROOT,
+    client_env,
+    node_command,
+    rmq5_python,
+    run_node,
+    run_python_client,
+)
+from support.stores import SIZE_ARGS
 
 from rmqstore.v1 import messages_pb2, query_pb2, query_pb2_grpc
 
-ROOT = Path(__file__).resolve().parent.parent
-DRIVERS = Path(__file__).resolve().parent / "rocketmq5"
-RMQ5_VENV = Path(os.environ.get("RMQSTORE_RMQ5_VENV", ROOT / ".venv-rmq5"))
-# The acceptance size; RMQSTORE_RMQ5_COUNT makes a quicker run by hand.
-PYTHON_CLIENT_MESSAGES = int(os.environ.get("RMQSTORE_RMQ5_COUNT", "10000"))
-CLIENT_TIMEOUT_S = 600.0
 RPC_TIMEOUT_S = 15.0
-
-
-def rmq5_python() -> str:
-    python = RMQ5_VENV / "bin" / "python"
-    if not python.exists():
-        pytest.fail(f"the official Python client's virtualenv {RMQ5_VENV} is missing: test.sh makes it")
-    return str(python)
-
-
-def client_env(home: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_") and k not in ("PYTHONPATH", "VIRTUAL_ENV")}
-    env["HOME"] = str(home)  # the client writes its log under ~/logs
-    return env
-
-
-def run_python_client(tmp_path: Path, *args: str) -> list[dict[str, Any]]:
-    home = tmp_path / "client-home"
-    home.mkdir(exist_ok=True)
-    done = subprocess.run(
-        [rmq5_python(), str(DRIVERS / "python_producer.py"), *args],
-        capture_output=True,
-        timeout=CLIENT_TIMEOUT_S,
-        env=client_env(home),
-        cwd=tmp_path,
-        check=False,
-    )
-    assert done.returncode == 0, f"client failed: {done.stderr.decode(errors='replace')[-3000:]}"
-    return [json.loads(line) for line in done.stdout.splitlines()]
 
 
 def official_wire_shape(package: str, python: str) -> dict[str, Any]:
@@ -80,7 +60,7 @@ def test_our_v2_protos_equal_the_official_clients_on_the_wire() -> None:
     assert "apache.rocketmq.v2.MessagingService" in theirs
 
 
-def query_stub(nodes: Nodes, node: NodeProcess) -> query_pb2_grpc.QueryServiceStub:
+def query_stub(nodes: Nodes, node: ProcessNode) -> query_pb2_grpc.QueryServiceStub:
     return nodes.query(node)
 
 
@@ -264,31 +244,6 @@ def _next_or_none(lines: Any, timeout_s: float) -> bytes | None:
         return None
 
 
-# Node.js: the official client and a client of our own contracts, from tests/node
-# (package.json; test.sh installs Node.js and npm from the OS's packages where missing,
-# and the packages into tests/node/node_modules).
-
-NODE_DIR = Path(__file__).resolve().parent / "node"
-NODE_CLIENT_MESSAGES = 1000
-
-
-def node_command() -> list[str]:
-    if not (NODE_DIR / "node_modules" / "rocketmq-client-nodejs").is_dir():
-        pytest.fail(f"{NODE_DIR}/node_modules is missing: test.sh installs it (npm ci)")
-    return ["node"]
-
-
-def run_node(tmp_path: Path, script: str, *args: str) -> bytes:
-    home = tmp_path / "node-home"
-    home.mkdir(exist_ok=True)
-    done = subprocess.run(
-        [*node_command(), str(NODE_DIR / script), *args],
-        capture_output=True, timeout=CLIENT_TIMEOUT_S, env=client_env(home), cwd=NODE_DIR, check=False,
-    )  # fmt: skip
-    assert done.returncode == 0, f"{script} failed: {done.stderr.decode(errors='replace')[-3000:]}"
-    return done.stdout
-
-
 @pytest.mark.slow
 def test_official_nodejs_client_sends_and_every_message_is_found(nodes: Nodes, tmp_path: Path) -> None:
     store = tmp_path / "store"
@@ -407,23 +362,16 @@ def test_the_documented_client_examples_work_against_writer_serve(nodes: Nodes, 
         assert consumer_run.stdout.decode().splitlines() == ["b'order 1 paid' 1"] * 2
 
 
-@pytest.fixture(scope="module")
-def tls_files(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    import test_tls
-
-    return test_tls.pki.__wrapped__(tmp_path_factory)  # type: ignore[attr-defined]
-
-
-def test_python_client_sends_over_tls_when_the_writer_serves_it(nodes: Nodes, tmp_path: Path, tls_files: Any) -> None:
+def test_python_client_sends_over_tls_when_the_writer_serves_it(nodes: Nodes, tmp_path: Path, pki: Pki) -> None:
     """The same port, TLS only: the official client with TLS on (trusting the test CA
     through gRPC's roots file variable) routes, gets its settings and sends."""
-    writer = nodes.start("writer", tmp_path / "store", *SIZE_ARGS, "--tls-cert", str(tls_files.server_cert),
-                         "--tls-key", str(tls_files.server_key))  # fmt: skip
+    writer = nodes.start("writer", tmp_path / "store", *SIZE_ARGS, "--tls-cert", str(pki.server_cert),
+                         "--tls-key", str(pki.server_key))  # fmt: skip
     assert writer.serving["tls"] is True
     home = tmp_path / "client-home"
     home.mkdir()
     env = client_env(home)
-    env["GRPC_DEFAULT_SSL_ROOTS_FILE_PATH"] = str(tls_files.ca)
+    env["GRPC_DEFAULT_SSL_ROOTS_FILE_PATH"] = str(pki.ca)
     script = (
         "import sys\n"
         "from rocketmq import ClientConfiguration, Credentials, Message, Producer\n"

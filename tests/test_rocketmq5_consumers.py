@@ -15,7 +15,8 @@ import pytest
 from google.protobuf import duration_pb2
 from hypothesis import given
 from hypothesis import strategies as st
-from test_rocketmq5 import Node
+from support.inprocess import WriterNode, gateway_node
+from support.wait import clock_past, wait_until
 
 from rmqstore.common.errors import Corruption
 from rmqstore.common.files.consumer_offsets import read_offsets
@@ -36,16 +37,16 @@ TOPIC = v2.Resource(name="Orders")
 
 
 @pytest.fixture
-def node(tmp_path: Path) -> Iterator[Node]:
-    started = Node(tmp_path / "store")
+def node(tmp_path: Path) -> Iterator[WriterNode]:
+    started = gateway_node(tmp_path / "store")
     yield started
     started.close()
 
 
-def send(node: Node, count: int, topic: str = "Orders", queue_id: int = 0, **fields: object) -> None:
+def send(node: WriterNode, count: int, topic: str = "Orders", queue_id: int = 0, **fields: object) -> None:
     """``count`` messages through rmqstore.v1 (bodies "m0", "m1", …), all to ``queue_id``."""
     messages = [messages_pb2.Message(topic=topic, body=f"m{i}".encode(), queue_id=queue_id, **fields) for i in range(count)]  # type: ignore[arg-type]
-    node.v1.SendBatch(writer_pb2.SendBatchRequest(messages=messages), timeout=RPC_TIMEOUT_S)
+    node.stub.SendBatch(writer_pb2.SendBatchRequest(messages=messages), timeout=RPC_TIMEOUT_S)
 
 
 def seconds(value: float) -> duration_pb2.Duration:
@@ -53,7 +54,7 @@ def seconds(value: float) -> duration_pb2.Duration:
 
 
 def receive(
-    node: Node,
+    node: WriterNode,
     *,
     group: v2.Resource = GROUP,
     topic: v2.Resource = TOPIC,
@@ -77,7 +78,7 @@ def receive(
     return statuses[0], [a.message for a in answers if a.HasField("message")]
 
 
-def polling(node: Node) -> Callable[[], tuple[v2.Status, list[v2.Message], float]]:
+def polling(node: WriterNode) -> Callable[[], tuple[v2.Status, list[v2.Message], float]]:
     """A receive with a 10 s long poll started in a thread, and 1 s given it to wait;
     the function returned joins it and gives its answer and how long it waited."""
     outcome: dict[str, Any] = {}
@@ -89,7 +90,7 @@ def polling(node: Node) -> Callable[[], tuple[v2.Status, list[v2.Message], float
 
     waiting = threading.Thread(target=poll)
     waiting.start()
-    time.sleep(1.0)
+    time.sleep(1.0)  # the behaviour under test: a poll that has waited a second is then woken
 
     def finished() -> tuple[v2.Status, list[v2.Message], float]:
         waiting.join(timeout=20)
@@ -99,12 +100,12 @@ def polling(node: Node) -> Callable[[], tuple[v2.Status, list[v2.Message], float
     return finished
 
 
-def ack(node: Node, *messages: v2.Message, group: v2.Resource = GROUP, topic: v2.Resource = TOPIC) -> v2s.AckMessageResponse:
+def ack(node: WriterNode, *messages: v2.Message, group: v2.Resource = GROUP, topic: v2.Resource = TOPIC) -> v2s.AckMessageResponse:
     entries = [v2s.AckMessageEntry(message_id=m.system_properties.message_id, receipt_handle=m.system_properties.receipt_handle) for m in messages]
     return node.v2.AckMessage(v2s.AckMessageRequest(group=group, topic=topic, entries=entries), timeout=RPC_TIMEOUT_S)
 
 
-def ack_handle(node: Node, handle: str, group: v2.Resource = GROUP, topic: v2.Resource = TOPIC) -> tuple[int, str]:
+def ack_handle(node: WriterNode, handle: str, group: v2.Resource = GROUP, topic: v2.Resource = TOPIC) -> tuple[int, str]:
     response = node.v2.AckMessage(
         v2s.AckMessageRequest(group=group, topic=topic, entries=[v2s.AckMessageEntry(message_id="x", receipt_handle=handle)]),
         timeout=RPC_TIMEOUT_S,
@@ -112,7 +113,7 @@ def ack_handle(node: Node, handle: str, group: v2.Resource = GROUP, topic: v2.Re
     return response.status.code, response.status.message
 
 
-def change(node: Node, handle: str, invisible_s: float) -> v2s.ChangeInvisibleDurationResponse:
+def change(node: WriterNode, handle: str, invisible_s: float) -> v2s.ChangeInvisibleDurationResponse:
     request = v2s.ChangeInvisibleDurationRequest(
         group=GROUP, topic=TOPIC, receipt_handle=handle, invisible_duration=seconds(invisible_s), message_id="x"
     )
@@ -123,7 +124,7 @@ def bodies(messages: list[v2.Message]) -> list[bytes]:
     return [m.body for m in messages]
 
 
-def test_receive_hands_out_each_message_once_with_its_fields_then_message_not_found(node: Node) -> None:
+def test_receive_hands_out_each_message_once_with_its_fields_then_message_not_found(node: WriterNode) -> None:
     send(node, 5, tags="paid", keys=["k1", "k2"], properties={"region": "eu"})
     status, messages = receive(node, batch=3)
     assert (status.code, status.message) == (v2.OK, "OK")
@@ -145,9 +146,9 @@ def test_receive_hands_out_each_message_once_with_its_fields_then_message_not_fo
     assert node.messaging.consumers.committed("audit", "Orders", 0) == 5
 
 
-def test_an_append_wakes_a_waiting_long_poll_at_once(node: Node) -> None:
+def test_an_append_wakes_a_waiting_long_poll_at_once(node: WriterNode) -> None:
     """A poll of 10 s answers as soon as a message is sent through rmqstore.v1."""
-    node.v1.CreateTopic(writer_pb2.CreateTopicRequest(name="Orders", queue_count=4), timeout=RPC_TIMEOUT_S)
+    node.stub.CreateTopic(writer_pb2.CreateTopicRequest(name="Orders", queue_count=4), timeout=RPC_TIMEOUT_S)
     finished = polling(node)
     send(node, 1)
     status, messages, waited_s = finished()
@@ -155,8 +156,8 @@ def test_an_append_wakes_a_waiting_long_poll_at_once(node: Node) -> None:
     assert 0.9 <= waited_s < 5.0
 
 
-def test_an_empty_long_poll_waits_its_timeout_then_message_not_found(node: Node) -> None:
-    node.v1.CreateTopic(writer_pb2.CreateTopicRequest(name="Orders", queue_count=4), timeout=RPC_TIMEOUT_S)
+def test_an_empty_long_poll_waits_its_timeout_then_message_not_found(node: WriterNode) -> None:
+    node.stub.CreateTopic(writer_pb2.CreateTopicRequest(name="Orders", queue_count=4), timeout=RPC_TIMEOUT_S)
     started = time.monotonic()
     status, messages = receive(node, poll_s=1.5)
     waited_s = time.monotonic() - started
@@ -164,7 +165,7 @@ def test_an_empty_long_poll_waits_its_timeout_then_message_not_found(node: Node)
     assert 1.4 <= waited_s < 6.0
 
 
-def test_unacknowledged_comes_back_after_its_invisibility_with_a_higher_attempt(node: Node) -> None:
+def test_unacknowledged_comes_back_after_its_invisibility_with_a_higher_attempt(node: WriterNode) -> None:
     send(node, 2)
     _, first = receive(node, invisible_s=1)
     assert [m.system_properties.delivery_attempt for m in first] == [1, 1]
@@ -182,13 +183,13 @@ def test_unacknowledged_comes_back_after_its_invisibility_with_a_higher_attempt(
     assert node.messaging.consumers.committed("audit", "Orders", 0) == 2
 
 
-def test_change_invisible_duration_keeps_a_message_away_and_returns_a_new_handle(node: Node) -> None:
+def test_change_invisible_duration_keeps_a_message_away_and_returns_a_new_handle(node: WriterNode) -> None:
     send(node, 1)
     _, (message,) = receive(node, invisible_s=1)
     old = message.system_properties.receipt_handle
     renewed = change(node, old, 60)
     assert renewed.status.code == v2.OK and renewed.receipt_handle not in ("", old)
-    time.sleep(1.3)
+    time.sleep(1.3)  # past the first invisible duration (1 s): the renewed one still holds the message
     assert receive(node)[1] == []
     assert ack_handle(node, old)[0] == v2.INVALID_RECEIPT_HANDLE
     # 0 makes it visible at once.
@@ -198,7 +199,7 @@ def test_change_invisible_duration_keeps_a_message_away_and_returns_a_new_handle
     assert bodies(again) == [b"m0"] and again[0].system_properties.delivery_attempt == 2
 
 
-def test_receipt_handles_forged_or_of_another_group_are_refused(node: Node) -> None:
+def test_receipt_handles_forged_or_of_another_group_are_refused(node: WriterNode) -> None:
     send(node, 1)
     _, (message,) = receive(node)
     handle = message.system_properties.receipt_handle
@@ -212,7 +213,7 @@ def test_receipt_handles_forged_or_of_another_group_are_refused(node: Node) -> N
     assert ack_handle(node, handle) == (v2.OK, "OK")
 
 
-def test_tag_filters_hand_out_the_matching_subset_and_sql92_is_refused(node: Node) -> None:
+def test_tag_filters_hand_out_the_matching_subset_and_sql92_is_refused(node: WriterNode) -> None:
     for tag in ("a", "b", "c", "a"):
         send(node, 1, tags=tag)
     tags = v2.FilterExpression(type=v2.TAG, expression="a || c")
@@ -239,14 +240,14 @@ def test_tag_filters_hand_out_the_matching_subset_and_sql92_is_refused(node: Nod
         ({"poll_s": 61}, v2.ILLEGAL_POLLING_TIME, "long_polling_timeout 61000 ms: expected 0-60000 ms"),
     ],
 )
-def test_bad_receive_requests_get_their_status(node: Node, changes: dict[str, object], code: int, message: str) -> None:
+def test_bad_receive_requests_get_their_status(node: WriterNode, changes: dict[str, object], code: int, message: str) -> None:
     send(node, 1)
     status, messages = receive(node, **changes)  # type: ignore[arg-type]
     assert (status.code, status.message, messages) == (code, message, [])
     assert receive(node)[1] != []  # nothing was handed out by the refused call
 
 
-def test_negative_durations_are_refused(node: Node) -> None:
+def test_negative_durations_are_refused(node: WriterNode) -> None:
     send(node, 1)
     request = v2s.ReceiveMessageRequest(
         group=GROUP, message_queue=v2.MessageQueue(topic=TOPIC, id=0), batch_size=1,
@@ -264,7 +265,7 @@ def test_negative_durations_are_refused(node: Node) -> None:
     assert (answer.status.code, answer.status.message) == (v2.ILLEGAL_INVISIBLE_TIME, "invisible_duration -1s 0ns is not a duration")
 
 
-def test_ack_without_entries_is_a_bad_request_and_several_entries_answer_each(node: Node) -> None:
+def test_ack_without_entries_is_a_bad_request_and_several_entries_answer_each(node: WriterNode) -> None:
     send(node, 2)
     response = node.v2.AckMessage(v2s.AckMessageRequest(group=GROUP, topic=TOPIC), timeout=RPC_TIMEOUT_S)
     assert (response.status.code, response.status.message) == (v2.BAD_REQUEST, "the request has no entries")
@@ -276,7 +277,7 @@ def test_ack_without_entries_is_a_bad_request_and_several_entries_answer_each(no
     assert [e.status.code for e in response.entries] == [v2.OK, v2.INVALID_RECEIPT_HANDLE]
 
 
-def test_a_receive_takes_from_any_queue_each_starting_at_the_next(node: Node) -> None:
+def test_a_receive_takes_from_any_queue_each_starting_at_the_next(node: WriterNode) -> None:
     """Whatever queue the request names (the clients pick one per receive), every queue of
     the topic is served, each receive starting one queue further."""
     for queue_id in range(4):
@@ -289,7 +290,7 @@ def test_a_receive_takes_from_any_queue_each_starting_at_the_next(node: Node) ->
     assert picked == [(3, 0), (3, 1)]
 
 
-def test_two_groups_each_get_every_message_and_one_groups_consumers_share(node: Node) -> None:
+def test_two_groups_each_get_every_message_and_one_groups_consumers_share(node: WriterNode) -> None:
     send(node, 10)
     _, first = receive(node, batch=6)
     _, second = receive(node, batch=32)  # another consumer of the group: the rest only
@@ -298,10 +299,10 @@ def test_two_groups_each_get_every_message_and_one_groups_consumers_share(node: 
     assert bodies(other) == [f"m{i}".encode() for i in range(10)]
 
 
-def test_fifo_group_holds_a_message_group_while_one_is_in_flight(node: Node) -> None:
+def test_fifo_group_holds_a_message_group_while_one_is_in_flight(node: WriterNode) -> None:
     node.messaging.consumers.fifo_groups = frozenset({"audit"})
     for i in range(6):
-        node.v1.Send(
+        node.stub.Send(
             writer_pb2.SendRequest(
                 message=messages_pb2.Message(topic="Orders", body=f"m{i}".encode(), queue_id=0, properties={"__SHARDINGKEY": f"g{i % 2}"})
             ),
@@ -318,7 +319,7 @@ def test_fifo_group_holds_a_message_group_while_one_is_in_flight(node: Node) -> 
     assert bodies(again) == [b"m0"] and again[0].system_properties.delivery_attempt == 2
 
 
-def test_after_max_attempts_a_message_goes_to_the_groups_dead_letter_topic(node: Node) -> None:
+def test_after_max_attempts_a_message_goes_to_the_groups_dead_letter_topic(node: WriterNode) -> None:
     node.messaging.consumers.max_attempts = 2
     send(node, 1, tags="t", keys=["order-1"], properties={"region": "eu"}, uniq_key="0A0B0C0D0E0F00000000000000000001")
     for attempt in (1, 2):
@@ -343,7 +344,7 @@ def test_after_max_attempts_a_message_goes_to_the_groups_dead_letter_topic(node:
     }
 
 
-def test_forward_to_dead_letter_queue_stores_it_and_acknowledges(node: Node) -> None:
+def test_forward_to_dead_letter_queue_stores_it_and_acknowledges(node: WriterNode) -> None:
     send(node, 1)
     _, (message,) = receive(node)
     request = v2s.ForwardMessageToDeadLetterQueueRequest(
@@ -360,7 +361,7 @@ def test_forward_to_dead_letter_queue_stores_it_and_acknowledges(node: Node) -> 
     assert node.v2.ForwardMessageToDeadLetterQueue(forged, timeout=RPC_TIMEOUT_S).status.code == v2.INVALID_RECEIPT_HANDLE
 
 
-def test_query_assignment_names_every_queue_of_the_topic(node: Node) -> None:
+def test_query_assignment_names_every_queue_of_the_topic(node: WriterNode) -> None:
     send(node, 1)
     response = node.v2.QueryAssignment(v2s.QueryAssignmentRequest(group=GROUP, topic=TOPIC), timeout=RPC_TIMEOUT_S)
     assert response.status.code == v2.OK
@@ -371,7 +372,7 @@ def test_query_assignment_names_every_queue_of_the_topic(node: Node) -> None:
     assert bad.status.code == v2.ILLEGAL_CONSUMER_GROUP
 
 
-def test_consumer_settings_carry_the_groups_retry_policy(node: Node) -> None:
+def test_consumer_settings_carry_the_groups_retry_policy(node: WriterNode) -> None:
     settings = v2.Settings(
         client_type=v2.PUSH_CONSUMER, subscription=v2.Subscription(group=GROUP, subscriptions=[v2.SubscriptionEntry(topic=TOPIC)])
     )
@@ -389,7 +390,7 @@ def test_consumer_settings_carry_the_groups_retry_policy(node: Node) -> None:
 
 def test_progress_files_survive_a_restart_in_apaches_layout(tmp_path: Path) -> None:
     store = tmp_path / "store"
-    node = Node(store)
+    node = gateway_node(store)
     try:
         send(node, 6)
         _, messages = receive(node, invisible_s=600)
@@ -406,7 +407,7 @@ def test_progress_files_survive_a_restart_in_apaches_layout(tmp_path: Path) -> N
     state = parse_state((store / "config" / STATE_FILE_NAME).read_text())
     (queue,) = state["queues"]
     assert (queue["committed"], queue["acked"], [i[0] for i in queue["inflight"]]) == (2, [3], [2, 4, 5])
-    again = Node(store)
+    again = gateway_node(store)
     try:
         # In flight before the restart, still invisible after it; the old handles still work.
         assert receive(again)[1] == []
@@ -418,7 +419,7 @@ def test_progress_files_survive_a_restart_in_apaches_layout(tmp_path: Path) -> N
 
 def test_a_damaged_state_file_falls_back_to_the_committed_offsets(tmp_path: Path) -> None:
     store = tmp_path / "store"
-    node = Node(store)
+    node = gateway_node(store)
     try:
         send(node, 4)
         _, messages = receive(node)
@@ -429,7 +430,7 @@ def test_a_damaged_state_file_falls_back_to_the_committed_offsets(tmp_path: Path
     path = store / "config" / STATE_FILE_NAME
     text = path.read_text()
     path.write_text(text.replace('"acked":[2]', '"acked":[3]'))  # the checksum no longer matches
-    again = Node(store)
+    again = gateway_node(store)
     try:
         # Everything above the committed offset comes back, acknowledged or not: none lost.
         assert bodies(receive(again)[1]) == [b"m1", b"m2", b"m3"]
@@ -442,7 +443,7 @@ def queue(topic: str = "Orders", queue_id: int = 0) -> v2.MessageQueue:
     return v2.MessageQueue(topic=v2.Resource(name=topic), id=queue_id)
 
 
-def test_get_and_update_offset_move_the_groups_position(node: Node) -> None:
+def test_get_and_update_offset_move_the_groups_position(node: WriterNode) -> None:
     send(node, 5)
     get = v2s.GetOffsetRequest(group=GROUP, message_queue=queue())
     assert (node.v2.GetOffset(get, timeout=RPC_TIMEOUT_S).status.code, node.v2.GetOffset(get, timeout=RPC_TIMEOUT_S).offset) == (v2.OK, 0)
@@ -459,11 +460,10 @@ def test_get_and_update_offset_move_the_groups_position(node: Node) -> None:
     assert (past.status.code, past.status.message) == (v2.BAD_REQUEST, "queue 4: topic Orders has queues 0-3")
 
 
-def test_query_offset_beginning_end_and_timestamp_lower(node: Node) -> None:
+def test_query_offset_beginning_end_and_timestamp_lower(node: WriterNode) -> None:
     send(node, 3)
-    time.sleep(0.05)
-    middle_ms = int(time.time() * 1000)
-    time.sleep(0.05)
+    middle_ms = clock_past(int(time.time() * 1000))  # after the first three's store times
+    clock_past(middle_ms)  # and before the next two's
     send(node, 2)
 
     def query(policy: int, timestamp_ms: int | None = None) -> tuple[int, int]:
@@ -484,7 +484,7 @@ def test_query_offset_beginning_end_and_timestamp_lower(node: Node) -> None:
     assert (odd.status.code, odd.status.message) == (v2.BAD_REQUEST, "query_offset_policy 9 is not BEGINNING, END or TIMESTAMP")
 
 
-def test_pull_message_reads_from_an_offset_and_names_the_next(node: Node) -> None:
+def test_pull_message_reads_from_an_offset_and_names_the_next(node: WriterNode) -> None:
     for tag in ("a", "b", "a", "b", "a"):
         send(node, 1, tags=tag)
 
@@ -512,14 +512,14 @@ def test_pull_message_reads_from_an_offset_and_names_the_next(node: Node) -> Non
     outcome: dict[str, object] = {}
     waiting = threading.Thread(target=lambda: outcome.update(answer=pull(5, poll_s=10)))
     waiting.start()
-    time.sleep(0.5)
+    wait_until(lambda: node.messaging.wakeup.waiting == 1, 10.0, "the pull to wait for the next append")
     send(node, 1)
     waiting.join(timeout=20)
     status, messages, next_offset = outcome["answer"]  # type: ignore[misc]
     assert (status.code, bodies(messages), next_offset) == (v2.OK, [b"m0"], 6)
 
 
-def test_an_ack_in_a_fifo_group_wakes_a_poll_waiting_for_the_next_of_its_message_group(node: Node) -> None:
+def test_an_ack_in_a_fifo_group_wakes_a_poll_waiting_for_the_next_of_its_message_group(node: WriterNode) -> None:
     node.messaging.consumers.fifo_groups = frozenset({"audit"})
     send(node, 2, properties={"__SHARDINGKEY": "g"})
     _, (first,) = receive(node)
@@ -530,9 +530,9 @@ def test_an_ack_in_a_fifo_group_wakes_a_poll_waiting_for_the_next_of_its_message
     assert 0.9 <= waited_s < 5.0
 
 
-def test_messages_removed_by_retention_are_skipped_not_an_error(node: Node) -> None:
+def test_messages_removed_by_retention_are_skipped_not_an_error(node: WriterNode) -> None:
     body = b"x" * 600_000  # each near 0.6 of a 1 MiB commit log file: one a file
-    node.v1.SendBatch(
+    node.stub.SendBatch(
         writer_pb2.SendBatchRequest(messages=[messages_pb2.Message(topic="Orders", body=body + bytes([i]), queue_id=0) for i in range(4)]),
         timeout=RPC_TIMEOUT_S,
     )

@@ -8,12 +8,14 @@ config/consumerOffset.json, is what ``rmqstore consumerProgress`` reports throug
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import pytest
-from test_query_live import SIZE_ARGS, Nodes, run_cli
-from test_rocketmq5_clients import NODE_CLIENT_MESSAGES, run_node
+from support.cli import run_cli
+from support.nodes import Nodes
+from support.rmq5 import NODE_CLIENT_MESSAGES, run_node
+from support.stores import SIZE_ARGS
+from support.wait import wait_until
 
 from rmqstore.common.files.consumer_offsets import read_offsets
 
@@ -44,10 +46,8 @@ def test_official_nodejs_simple_consumer_receives_and_acks_each_message_once(nod
     # The Node.js client writes and reads queue 0 only (its route filter): the group's
     # progress there is every message, in Apache's layout, and the query node reports it.
     query = nodes.start("query", store, *SIZE_ARGS)
-    deadline = time.monotonic() + PROGRESS_WAIT_S
-    while read_offsets(str(store / "config")).get((TOPIC, GROUP), {}).get(0) != NODE_CLIENT_MESSAGES:
-        assert time.monotonic() < deadline, read_offsets(str(store / "config"))
-        time.sleep(0.1)
+    wait_until(lambda: read_offsets(str(store / "config")).get((TOPIC, GROUP), {}).get(0) == NODE_CLIENT_MESSAGES,
+               PROGRESS_WAIT_S, f"the group's progress on queue 0 to reach {NODE_CLIENT_MESSAGES}", interval_s=0.1)  # fmt: skip
     progress = run_cli(["consumerProgress", "-g", GROUP, "-t", TOPIC, "--json", "--endpoint", query.endpoint])
     assert progress.returncode == 0, progress.stderr
     document = json.loads(progress.stdout)

@@ -9,34 +9,18 @@ import grpc
 import pytest
 from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from test_writer import start_node
+from support.inprocess import QueryNode, WriterNode
+from support.stores import SMALL
+from support.telemetry import PARENT_SPAN_ID, TRACE_ID, collected, metric_reader, sdk_exporter
 
 from rmqstore.service.telemetry import tracing_requested
 from rmqstore.v1 import messages_pb2, writer_pb2
 from rmqstore.writer.config import FlushPolicy
 
-TRACE_ID = 0x4BF92F3577B34DA6A3CE929D0E0E4736
-PARENT_SPAN_ID = 0x00F067AA0BA902B7
-
-
-def sdk_exporter() -> InMemorySpanExporter:
-    """An in-memory exporter on the process's SDK tracer provider (installed once: the
-    global provider can be set only once per process)."""
-    provider = trace.get_tracer_provider()
-    if not isinstance(provider, TracerProvider):
-        trace.set_tracer_provider(TracerProvider())
-        provider = trace.get_tracer_provider()
-    assert isinstance(provider, TracerProvider)
-    exporter = InMemorySpanExporter()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    return exporter
-
 
 def test_spans_continue_the_callers_trace(tmp_path: Path) -> None:
     exporter = sdk_exporter()
-    node = start_node(tmp_path / "store", flush=FlushPolicy.SYNC)
+    node = WriterNode(tmp_path / "store", flush=FlushPolicy.SYNC)
     try:
         traceparent = f"00-{TRACE_ID:032x}-{PARENT_SPAN_ID:016x}-01"
         node.stub.Send(
@@ -67,7 +51,6 @@ def test_spans_continue_the_callers_trace(tmp_path: Path) -> None:
 
 def test_query_lookups_get_their_own_spans(tmp_path: Path) -> None:
     from conftest import CLEAN, FIXTURE_SIZES
-    from test_query import QueryNode
 
     from rmqstore.v1 import query_pb2
 
@@ -97,18 +80,24 @@ def test_tracing_is_off_unless_asked() -> None:
 
 
 def test_the_server_interceptor_steps_aside_without_a_tracer_provider(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    import asyncio
+
     import grpc
 
     from rmqstore.service import server
 
     handler = grpc.unary_unary_rpc_method_handler(lambda request, context: request)
     details = SimpleNamespace(method="/rmqstore.v1.QueryService/Ping", invocation_metadata=())
-    interceptor = server.TracingInterceptor()
+    interceptor = server.AsyncTracingInterceptor()
+
+    async def continuation(_: object) -> grpc.RpcMethodHandler:
+        return handler
+
     for unset in (trace.ProxyTracerProvider(), trace.NoOpTracerProvider()):
         monkeypatch.setattr(server.trace, "get_tracer_provider", lambda unset=unset: unset)
-        assert interceptor.intercept_service(lambda _: handler, details) is handler
+        assert asyncio.run(interceptor.intercept_service(continuation, details)) is handler
     monkeypatch.setattr(server.trace, "get_tracer_provider", TracerProvider)
-    traced = interceptor.intercept_service(lambda _: handler, details)
+    traced = asyncio.run(interceptor.intercept_service(continuation, details))
     assert traced is not handler and traced.unary_unary is not handler.unary_unary  # wrapped in a span
 
 
@@ -124,32 +113,6 @@ def test_metrics_are_off_unless_asked() -> None:
     assert metrics_requested({"OTEL_METRICS_EXPORTER": "otlp", "OTEL_SDK_DISABLED": "true"}) is None
 
 
-_METRIC_READER = None
-
-
-def metric_reader():
-    """An in-memory reader on the process's SDK meter provider (set once per process)."""
-    global _METRIC_READER
-    from opentelemetry import metrics
-    from opentelemetry.sdk.metrics import MeterProvider
-    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
-
-    if _METRIC_READER is None:
-        _METRIC_READER = InMemoryMetricReader()
-        metrics.set_meter_provider(MeterProvider(metric_readers=[_METRIC_READER]))
-    return _METRIC_READER
-
-
-def collected(reader) -> dict[str, list]:
-    data = reader.get_metrics_data()
-    found: dict[str, list] = {}
-    for resource in data.resource_metrics if data else []:
-        for scope in resource.scope_metrics:
-            for metric in scope.metrics:
-                found.setdefault(metric.name, []).extend(metric.data.data_points)
-    return found
-
-
 def gained(before: dict[str, list], after: dict[str, list], name: str, attributes: dict[str, str], field: str) -> float:
     """What one series (``name`` with exactly ``attributes``) gained between two collections."""
 
@@ -160,14 +123,11 @@ def gained(before: dict[str, list], after: dict[str, list], name: str, attribute
 
 
 def test_writer_and_query_metrics(tmp_path: Path) -> None:
-    from test_query import QueryNode
-    from test_writer import SMALL
-
     from rmqstore.v1 import query_pb2
 
     reader = metric_reader()
     before = collected(reader)  # cumulative and shared by this process's tests: compared with what follows
-    node = start_node(tmp_path / "store")
+    node = WriterNode(tmp_path / "store")
     try:
         batch = [messages_pb2.Message(topic="Metered", body=bytes(100), keys=[f"k{i}"]) for i in range(5)]
         acks = node.stub.SendBatch(writer_pb2.SendBatchRequest(messages=batch)).results
@@ -206,38 +166,27 @@ def test_streaming_calls_work_and_are_traced_with_a_tracer_provider(tmp_path: Pa
     """OpenTelemetry's asyncio interceptor iterates a streaming handler: SendStream,
     StreamByTime and health Watch, which write with context.write, still answer in full
     (they once failed with UNKNOWN here), and each has its server span."""
-    import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
-    from test_writer import SMALL
 
-    from rmqstore.query.service import SERVICE_NAME, AsyncQueryServicer
-    from rmqstore.query.view import StoreView
-    from rmqstore.service.server import AsyncServing
     from rmqstore.v1 import query_pb2, query_pb2_grpc
 
     exporter = sdk_exporter()
-    node = start_node(tmp_path / "store")
-    view = StoreView(str(tmp_path / "store"), SMALL)
-    query = AsyncServing(
-        lambda s: query_pb2_grpc.add_QueryServiceServicer_to_server(AsyncQueryServicer(view), s),
-        [SERVICE_NAME], host="127.0.0.1", port=0, credentials=None, health_port=None,
-    )  # fmt: skip
-    channel = grpc.insecure_channel(f"127.0.0.1:{query.port}")
+    node = WriterNode(tmp_path / "store")
+    query = QueryNode(tmp_path / "store")
+    channel = query.channel
     try:
         requests = [writer_pb2.SendBatchRequest(messages=[messages_pb2.Message(topic="Traced", queue_id=0, body=b"s")])] * 3
         acks = [ack for response in node.stub.SendStream(iter(requests), timeout=10) for ack in response.results]
         assert [ack.queue_offset for ack in acks] == [0, 1, 2]
         node.writer.flush_thoroughly()
-        view.refresh(force=True)
+        query.view.refresh(force=True)
         stream = query_pb2.StreamByTimeRequest(topic="Traced", queue_id=0, begin_ms=0, end_ms=2**62)
         assert [m.queue_offset for m in query_pb2_grpc.QueryServiceStub(channel).StreamByTime(stream, timeout=10)] == [0, 1, 2]
         watch = health_pb2_grpc.HealthStub(channel).Watch(health_pb2.HealthCheckRequest(service=""), timeout=10)
         assert next(watch).status == health_pb2.HealthCheckResponse.SERVING
         watch.cancel()
     finally:
-        channel.close()
-        query.stop(None)
-        view.close()
+        query.close()
         node.close()
     names = {span.name for span in exporter.get_finished_spans()}
     assert {"/rmqstore.v1.WriterService/SendStream", "/rmqstore.v1.QueryService/StreamByTime"} <= names
@@ -249,7 +198,7 @@ def test_every_sync_request_reaches_the_flush_that_acknowledged_it(tmp_path: Pat
     import threading
 
     exporter = sdk_exporter()
-    node = start_node(tmp_path / "store", flush=FlushPolicy.SYNC)
+    node = WriterNode(tmp_path / "store", flush=FlushPolicy.SYNC)
     threads_count, sends_each = 6, 5
     first_trace = TRACE_ID + 100
 
@@ -306,7 +255,7 @@ def test_a_messages_traceparent_becomes_a_link_and_a_bad_one_links_nothing() -> 
 
 def test_a_flush_call_fsyncs_in_its_own_trace(tmp_path: Path) -> None:
     exporter = sdk_exporter()
-    node = start_node(tmp_path / "store", flush=FlushPolicy.ASYNC)  # no periodic flush here
+    node = WriterNode(tmp_path / "store", flush=FlushPolicy.ASYNC)  # no periodic flush here
     trace_id = TRACE_ID + 7
     try:
         node.stub.Send(writer_pb2.SendRequest(message=messages_pb2.Message(topic="Flushed", body=b"x")))

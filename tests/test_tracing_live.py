@@ -22,8 +22,6 @@ from __future__ import annotations
 
 import json
 import os
-import queue
-import signal
 import subprocess
 import sys
 import threading
@@ -41,6 +39,10 @@ from opentelemetry.proto.collector.logs.v1 import logs_service_pb2, logs_service
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2, metrics_service_pb2_grpc
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 from opentelemetry.proto.trace.v1 import trace_pb2
+from support.inprocess import WriterNode
+from support.nodes import Nodes
+from support.telemetry import PARENT_SPAN_ID, TRACE_ID, sdk_exporter
+from support.wait import wait_until
 
 SERVING_TIMEOUT_S = 30.0
 CLI_TIMEOUT_S = 60.0
@@ -125,14 +127,11 @@ class Receiver(
             return list(self.spans)
 
     def wait_for(self, names: set[str], within_s: float = SPANS_WITHIN_S) -> list[Span]:
-        deadline = time.monotonic() + within_s
-        while True:
+        def exported() -> list[Span] | None:
             spans = self.snapshot()
-            if names <= {s.name for s in spans}:
-                return spans
-            if time.monotonic() > deadline:
-                raise AssertionError(f"spans {sorted(names - {s.name for s in spans})} not exported within {within_s} s; got {sorted({s.name for s in spans})}")
-            time.sleep(0.1)
+            return spans if names <= {s.name for s in spans} else None
+
+        return wait_until(exported, within_s, f"spans {sorted(names)} to be exported", interval_s=0.1)
 
     def env(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
@@ -157,47 +156,6 @@ def receiver() -> Iterator[Receiver]:
     started.server.stop(None)
 
 
-class Node:
-    """A ``rmqstore writer serve`` or ``query serve`` process exporting to the receiver."""
-
-    def __init__(self, kind: str, store: Path, env: dict[str, str], log: Path, *extra: str):
-        self.kind = kind
-        self.stderr = open(log, "wb")
-        self.log = log
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "rmqstore.cli.main", kind, "serve", "--store", str(store), "--host", "127.0.0.1", "--port", "0", *extra],
-            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=self.stderr, env=env,
-        )  # fmt: skip
-        self.lines: queue.Queue[bytes | None] = queue.Queue()
-        self.reader = threading.Thread(target=self._read, daemon=True)
-        self.reader.start()
-        line = self.lines.get(timeout=SERVING_TIMEOUT_S)
-        assert line is not None, f"{kind} exited: {log.read_text()[-3000:]}"
-        self.serving = json.loads(line)
-        assert self.serving["event"] == "serving", self.serving
-        self.endpoint = f"127.0.0.1:{self.serving['port']}"
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.lines.put(line)
-        self.lines.put(None)
-
-    def stop(self) -> None:
-        """SIGTERM, and the clean exit that flushes the node's spans."""
-        self.proc.send_signal(signal.SIGTERM)
-        assert self.proc.wait(timeout=STOP_TIMEOUT_S) == 0, self.log.read_text()[-3000:]
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(timeout=STOP_TIMEOUT_S)
-        self.reader.join(timeout=STOP_TIMEOUT_S)
-        assert self.proc.stdout is not None
-        self.proc.stdout.close()
-        self.stderr.close()
-
-
 def rmqstore(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
     done = subprocess.run(
         [sys.executable, "-m", "rmqstore.cli.main", *args], env=env, capture_output=True, text=True, timeout=CLI_TIMEOUT_S
@@ -219,13 +177,11 @@ def names(span: Span, traceparent: str) -> bool:
     return (version, trace_hex, span_hex) == ("00", span.trace_id.hex(), span.span_id.hex()) and flags in ("01", "03")
 
 
-def test_send_and_lookup_are_one_trace_each(tmp_path: Path, receiver: Receiver, started: list[Node]) -> None:
+def test_send_and_lookup_are_one_trace_each(tmp_path: Path, receiver: Receiver, nodes: Nodes) -> None:
     env = receiver.env()
     store = tmp_path / "store"
-    writer = Node("writer", store, env, tmp_path / "writer.log", "--flush", "sync")
-    started.append(writer)
-    query = Node("query", store, env, tmp_path / "query.log")
-    started.append(query)
+    writer = nodes.start("writer", store, "--flush", "sync", env=env)
+    query = nodes.start("query", store, env=env)
 
     sent = rmqstore(env, "send", "--endpoint", writer.endpoint, "-t", "Traced", "-k", "order-1 order-2", "--tags", "TagA", "--body", "hello")
     [ack] = [json.loads(line) for line in sent.stdout.splitlines()]
@@ -304,12 +260,11 @@ USER_SPAN = "00f067aa0ba902b7"
 
 
 def test_send_file_has_a_span_per_batch_and_keeps_a_messages_own_traceparent(
-    tmp_path: Path, receiver: Receiver, started: list[Node]
+    tmp_path: Path, receiver: Receiver, nodes: Nodes
 ) -> None:
     env = receiver.env()
     store = tmp_path / "store"
-    writer = Node("writer", store, env, tmp_path / "writer.log")
-    started.append(writer)
+    writer = nodes.start("writer", store, env=env)
     lines = [
         {"topic": "Filed", "body": "one", "properties": {"traceparent": f"00-{USER_TRACE}-{USER_SPAN}-01", "origin": "upstream"}},
         {"topic": "Filed", "body": "two"},
@@ -338,14 +293,13 @@ def test_send_file_has_a_span_per_batch_and_keeps_a_messages_own_traceparent(
     assert names(file_span, records[1]["properties"]["traceparent"]) and names(file_span, records[2]["properties"]["traceparent"])
 
 
-def test_send_file_exports_every_batch_span_once_the_stream_is_over(tmp_path: Path, receiver: Receiver, started: list[Node]) -> None:
+def test_send_file_exports_every_batch_span_once_the_stream_is_over(tmp_path: Path, receiver: Receiver, nodes: Nodes) -> None:
     """2,500 batches of one message: more batch spans than the span processor's queue
     holds (2,048). They are made when the stream is over and handed on 512 at a time,
     each handful exported before the next: every one arrives, each with its own times,
     in the order its request was sent, under the file's span."""
     env = receiver.env()
-    writer = Node("writer", tmp_path / "store", env, tmp_path / "writer.log")
-    started.append(writer)
+    writer = nodes.start("writer", tmp_path / "store", env=env)
     count = 2_500
     messages = tmp_path / "messages.jsonl"
     messages.write_text("".join(json.dumps({"topic": "Many", "body": f"m{i}"}) + "\n" for i in range(count)))
@@ -354,12 +308,11 @@ def test_send_file_exports_every_batch_span_once_the_stream_is_over(tmp_path: Pa
     ended_ns = time.time_ns()
     assert json.loads(sent.stdout)["acked"] == count
     file_span = one(receiver.wait_for({"send Many"}), "send Many", parent_id=b"")
-    deadline = time.monotonic() + SPANS_WITHIN_S
-    while True:
-        batches = [s for s in receiver.snapshot() if s.name == "send Many" and s.parent_id == file_span.span_id]
-        if len(batches) >= count or time.monotonic() > deadline:
-            break
-        time.sleep(0.1)
+    def batch_spans() -> list[Span] | None:
+        found = [s for s in receiver.snapshot() if s.name == "send Many" and s.parent_id == file_span.span_id]
+        return found if len(found) >= count else None
+
+    batches = wait_until(batch_spans, SPANS_WITHIN_S, f"{count} batch spans", interval_s=0.1)
     assert len(batches) == count
     assert {s.service for s in batches} == {"rmqstore-client"} and {s.trace_id for s in batches} == {file_span.trace_id}
     assert {b.span.kind for b in batches} == {CLIENT}
@@ -375,12 +328,11 @@ def test_send_file_exports_every_batch_span_once_the_stream_is_over(tmp_path: Pa
     assert [b.span.end_time_unix_nano for b in by_start] == sorted(b.span.end_time_unix_nano for b in by_start)
 
 
-def test_send_file_drops_the_batch_spans_a_collector_is_not_taking(tmp_path: Path, receiver: Receiver, started: list[Node]) -> None:
+def test_send_file_drops_the_batch_spans_a_collector_is_not_taking(tmp_path: Path, receiver: Receiver, nodes: Nodes) -> None:
     """An unreachable collector: the first handful of batch spans waits out one export
     (the 2 s bound), the rest are dropped, and the command still exits within a few
     seconds, every message acknowledged."""
-    writer = Node("writer", tmp_path / "store", quiet(receiver.env()), tmp_path / "writer.log")
-    started.append(writer)
+    writer = nodes.start("writer", tmp_path / "store", env=quiet(receiver.env()))
     dead = {**quiet(receiver.env()), "OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9", "OTEL_EXPORTER_OTLP_INSECURE": "true"}
     del dead["OTEL_SDK_DISABLED"]
     count = 1_600
@@ -402,11 +354,10 @@ def quiet(env: dict[str, str]) -> dict[str, str]:
 
 
 def test_a_message_with_a_traceparent_links_the_append_without_a_traced_client(
-    tmp_path: Path, receiver: Receiver, started: list[Node]
+    tmp_path: Path, receiver: Receiver, nodes: Nodes
 ) -> None:
     env = receiver.env()
-    writer = Node("writer", tmp_path / "store", env, tmp_path / "writer.log")
-    started.append(writer)
+    writer = nodes.start("writer", tmp_path / "store", env=env)
     messages = tmp_path / "messages.jsonl"
     messages.write_text(json.dumps({"topic": "Linked", "body": "x", "properties": {"traceparent": f"00-{USER_TRACE}-{USER_SPAN}-01"}}) + "\n")
     rmqstore(quiet(env), "send", "--endpoint", writer.endpoint, "--file", str(messages))
@@ -417,7 +368,7 @@ def test_a_message_with_a_traceparent_links_the_append_without_a_traced_client(
     assert not any(s.service == "rmqstore-client" for s in spans)
 
 
-def test_a_consumers_receive_links_to_the_producers_context(tmp_path: Path, receiver: Receiver, started: list[Node]) -> None:
+def test_a_consumers_receive_links_to_the_producers_context(tmp_path: Path, receiver: Receiver, nodes: Nodes) -> None:
     """A RocketMQ 5 receive hands the stored ``traceparent`` back as the message's
     ``trace_context`` (where the clients read it; not as a user property), and the writer's
     receive span links to it, so the trace runs producer → writer → consumer."""
@@ -426,8 +377,7 @@ def test_a_consumers_receive_links_to_the_producers_context(tmp_path: Path, rece
     from rmqstore.rocketmq_v2 import service_pb2_grpc
 
     env = receiver.env()
-    writer = Node("writer", tmp_path / "store", env, tmp_path / "writer.log")
-    started.append(writer)
+    writer = nodes.start("writer", tmp_path / "store", env=env)
     producer = f"00-{USER_TRACE}-{USER_SPAN}-01"
     messages = tmp_path / "messages.jsonl"
     lines = [
@@ -466,12 +416,11 @@ def test_a_consumers_receive_links_to_the_producers_context(tmp_path: Path, rece
 
 
 @pytest.mark.slow
-def test_an_idle_async_writer_exports_no_span(tmp_path: Path, receiver: Receiver, started: list[Node]) -> None:
+def test_an_idle_async_writer_exports_no_span(tmp_path: Path, receiver: Receiver, nodes: Nodes) -> None:
     env = receiver.env()
     store = tmp_path / "store"
-    writer = Node("writer", store, env, tmp_path / "writer.log", "--flush", "async")
-    started.append(writer)
-    time.sleep(IDLE_S)  # some 20 periodic flushes, none with a byte to sync
+    writer = nodes.start("writer", store, "--flush", "async", env=env)
+    time.sleep(IDLE_S)  # the behaviour under test: some 20 periodic flushes, none with a byte to sync
     assert receiver.snapshot() == []
     # The receiver does get the spans of a write: the first periodic flush with bytes is a
     # short root span of its own.
@@ -494,7 +443,6 @@ def test_log_lines_carry_the_span_and_are_exported(receiver: Receiver, monkeypat
     import logging
 
     from opentelemetry import trace
-    from test_tracing import sdk_exporter
 
     from rmqstore.service.logs import configure_logging, unconfigure_logging
 
@@ -548,11 +496,10 @@ def test_an_unknown_logs_exporter_is_refused() -> None:
     assert str(refused.value) == "OTEL_LOGS_EXPORTER='console': rmqstore supports otlp or none"
 
 
-def test_a_command_exits_soon_when_the_collector_is_unreachable(tmp_path: Path, receiver: Receiver, started: list[Node]) -> None:
+def test_a_command_exits_soon_when_the_collector_is_unreachable(tmp_path: Path, receiver: Receiver, nodes: Nodes) -> None:
     """The command's spans are exported as it exits; a collector that is not there costs
     it at most the client's export bound (2 s), not the SDK's 10 s of retries."""
-    writer = Node("writer", tmp_path / "store", quiet(receiver.env()), tmp_path / "writer.log")
-    started.append(writer)
+    writer = nodes.start("writer", tmp_path / "store", env=quiet(receiver.env()))
     dead = {**quiet(receiver.env()), "OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9", "OTEL_EXPORTER_OTLP_INSECURE": "true"}
     del dead["OTEL_SDK_DISABLED"]
     began = time.monotonic()
@@ -564,12 +511,11 @@ def test_a_command_exits_soon_when_the_collector_is_unreachable(tmp_path: Path, 
 
 
 def test_a_command_with_an_otlp_setting_the_exporter_refuses_sends_and_says_so_in_one_line(
-    tmp_path: Path, receiver: Receiver, started: list[Node]
+    tmp_path: Path, receiver: Receiver, nodes: Nodes
 ) -> None:
     """A setting the command's OTLP exporter refuses (a compression it does not know)
     costs the spans, said in one line, not the send, and no traceback."""
-    writer = Node("writer", tmp_path / "store", quiet(receiver.env()), tmp_path / "writer.log")
-    started.append(writer)
+    writer = nodes.start("writer", tmp_path / "store", env=quiet(receiver.env()))
     odd = {**receiver.env(), "OTEL_EXPORTER_OTLP_COMPRESSION": "zstd"}
     sent = rmqstore(odd, "send", "--endpoint", writer.endpoint, "-t", "Odd", "--body", "x")
     assert json.loads(sent.stdout)["topic"] == "Odd"
@@ -586,9 +532,6 @@ def test_a_refusal_the_operator_acts_on_is_logged_in_the_requests_trace(tmp_path
     RESOURCE_EXHAUSTED answer is logged as a JSON line carrying the caller's trace."""
     import io
 
-    from test_tracing import PARENT_SPAN_ID, TRACE_ID, sdk_exporter
-    from test_writer import start_node
-
     from rmqstore.service.logs import configure_logging, unconfigure_logging
     from rmqstore.v1 import messages_pb2, writer_pb2
 
@@ -596,7 +539,7 @@ def test_a_refusal_the_operator_acts_on_is_logged_in_the_requests_trace(tmp_path
     sdk_exporter()
     stream = io.StringIO()
     configure_logging("rmqstore-writer", stream)
-    node = start_node(tmp_path / "store", disk_full_ratio=0.001)
+    node = WriterNode(tmp_path / "store", disk_full_ratio=0.001)
     try:
         with pytest.raises(grpc.RpcError) as refused:
             node.stub.Send(
@@ -674,39 +617,35 @@ print(json.dumps({"metadata": metadata, "traceparent": tracing.traceparent(span)
     assert span.span.status.code == trace_pb2.Status.STATUS_CODE_UNSET
 
 
-def test_the_commands_sampler_decides_its_spans(receiver: Receiver, tmp_path: Path, started: list[Node]) -> None:
+def test_the_commands_sampler_decides_its_spans(receiver: Receiver, tmp_path: Path, nodes: Nodes) -> None:
     """With ``always_off`` nothing of the command is exported, and the send still happens."""
-    writer = Node("writer", tmp_path / "store", quiet(receiver.env()), tmp_path / "writer.log")
-    started.append(writer)
+    writer = nodes.start("writer", tmp_path / "store", env=quiet(receiver.env()))
     off = {**receiver.env(), "OTEL_TRACES_SAMPLER": "always_off"}
     sent = rmqstore(off, "send", "--endpoint", writer.endpoint, "-t", "Unsampled", "--body", "x")
     assert json.loads(sent.stdout)["topic"] == "Unsampled"
-    time.sleep(1.0)  # several export intervals
+    time.sleep(1.0)  # several export intervals, in which nothing may arrive (an absence has no event to wait for)
     assert not [s for s in receiver.snapshot() if s.service == "rmqstore-client"]
 
 
-def test_the_configured_sampler_decides_in_the_writer_and_the_command(receiver: Receiver, tmp_path: Path, started: list[Node]) -> None:
+def test_the_configured_sampler_decides_in_the_writer_and_the_command(receiver: Receiver, tmp_path: Path, nodes: Nodes) -> None:
     """``OTEL_TRACES_SAMPLER`` and ``OTEL_TRACES_SAMPLER_ARG`` as the SDK reads them: a
     writer under ``always_off`` exports no span of a traced send (the command's span
     arrives); a command under ``parentbased_traceidratio`` at ratio 0 samples its root
     span out, and the writer under the default (parent-based) sampler follows it; a
     query node under ``always_off`` exports no span of a traced lookup."""
-    off = Node("writer", tmp_path / "off", {**receiver.env(), "OTEL_TRACES_SAMPLER": "always_off"}, tmp_path / "off.log")
-    started.append(off)
+    off = nodes.start("writer", tmp_path / "off", env={**receiver.env(), "OTEL_TRACES_SAMPLER": "always_off"})
     rmqstore(receiver.env(), "send", "--endpoint", off.endpoint, "-t", "SampledOut", "--body", "x")
     receiver.wait_for({"send SampledOut"})
     off.stop()  # a clean exit exports what the writer holds
     assert not [s for s in receiver.snapshot() if s.service == "rmqstore-writer"]
-    writer = Node("writer", tmp_path / "ratio", receiver.env(), tmp_path / "ratio.log")
-    started.append(writer)
+    writer = nodes.start("writer", tmp_path / "ratio", env=receiver.env())
     ratio = {**receiver.env(), "OTEL_TRACES_SAMPLER": "parentbased_traceidratio", "OTEL_TRACES_SAMPLER_ARG": "0"}
     sent = rmqstore(ratio, "send", "--endpoint", writer.endpoint, "-t", "RatioZero", "-k", "k1", "--body", "x")
     assert json.loads(sent.stdout)["topic"] == "RatioZero"
     writer.stop()
     assert not [s for s in receiver.snapshot() if s.name in ("send RatioZero", "/rmqstore.v1.WriterService/SendStream")]
     # A query node under always_off: a traced lookup's client span arrives, none of the node's.
-    query = Node("query", tmp_path / "ratio", {**receiver.env(), "OTEL_TRACES_SAMPLER": "always_off"}, tmp_path / "query.log")
-    started.append(query)
+    query = nodes.start("query", tmp_path / "ratio", env={**receiver.env(), "OTEL_TRACES_SAMPLER": "always_off"})
     looked = rmqstore(receiver.env(), "queryMsgByKey", "--endpoint", query.endpoint, "-t", "RatioZero", "-k", "k1", "--json")
     assert [json.loads(line)["topic"] for line in looked.stdout.splitlines()] == ["RatioZero"]
     receiver.wait_for({"rmqstore.v1.QueryService/QueryByKey"})

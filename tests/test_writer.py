@@ -18,20 +18,19 @@ import grpc
 import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
+from support.inprocess import WriterNode
+from support.stores import SMALL
 
 from rmqstore.common.codec.hosts import SocketAddress
 from rmqstore.common.errors import InvalidArgument
 from rmqstore.common.files.check import check_store
 from rmqstore.common.files.commitlog import CommitLog
-from rmqstore.common.files.store import StoreSizes
 from rmqstore.service.metrics import WriterMetrics
-from rmqstore.service.server import AsyncServing
-from rmqstore.v1 import messages_pb2, writer_pb2, writer_pb2_grpc
+from rmqstore.v1 import messages_pb2, writer_pb2
 from rmqstore.writer.config import FlushPolicy, WriterConfig
 from rmqstore.writer.service import (
     SERVICE_NAME,
     GroupAppender,
-    WriterServicer,
     batch_response,
     columns_batch,
     request_batch,
@@ -40,50 +39,10 @@ from rmqstore.writer.service import (
 from rmqstore.writer.store import Writer
 from rmqstore.writer.validate import MessageInput
 
-SMALL = StoreSizes(commitlog_file_size_bytes=65536, cq_file_units=50, index_slots=17, index_entries=200)
-
-
-class Node:
-    """A writer served as ``writer serve`` serves it (WriterServicer on AsyncServing)."""
-
-    def __init__(self, writer: Writer, servicer: WriterServicer, serving: AsyncServing):
-        self.writer = writer
-        self.servicer = servicer
-        self.serving = serving
-        self.port = serving.port
-        self.channel = grpc.insecure_channel(f"127.0.0.1:{self.port}")
-        self.stub = writer_pb2_grpc.WriterServiceStub(self.channel)
-
-    def close(self) -> None:
-        self.channel.close()
-        self.serving.stop(None)
-        self.servicer.close()
-        self.writer.close()
-
-
-def start_node(store: Path, **overrides: object) -> Node:
-    config = WriterConfig(store=str(store), **{"sizes": SMALL, **overrides})  # type: ignore[arg-type]
-    writer = Writer(config)
-    servicer = WriterServicer(writer)
-    try:
-        serving = AsyncServing(
-            lambda s: writer_pb2_grpc.add_WriterServiceServicer_to_server(servicer, s),
-            [SERVICE_NAME],
-            host="127.0.0.1",
-            port=0,
-            credentials=None,
-            health_port=None,
-        )
-    except BaseException:
-        servicer.close()
-        writer.close()
-        raise
-    return Node(writer, servicer, serving)
-
 
 @pytest.fixture
-def node(tmp_path: Path) -> Iterator[Node]:
-    started = start_node(tmp_path / "store", flush=FlushPolicy.SYNC)
+def node(tmp_path: Path) -> Iterator[WriterNode]:
+    started = WriterNode(tmp_path / "store", flush=FlushPolicy.SYNC)
     yield started
     started.close()
 
@@ -100,7 +59,7 @@ def dump(store: Path) -> list:
         log.close()
 
 
-def test_thousands_of_messages_read_back_exactly(node: Node, tmp_path: Path) -> None:
+def test_thousands_of_messages_read_back_exactly(node: WriterNode, tmp_path: Path) -> None:
     """IPv4/IPv6 born hosts, non-ASCII keys, empty bodies, several keys, and enough data
     to roll over commit log, consume queue and index files."""
     sent = []
@@ -150,7 +109,7 @@ def test_thousands_of_messages_read_back_exactly(node: Node, tmp_path: Path) -> 
     assert report.records == 3000 and report.index_keys == sum(len(m.keys) + 1 for m in sent)
 
 
-def test_acks_and_offsets(node: Node) -> None:
+def test_acks_and_offsets(node: WriterNode) -> None:
     first = node.stub.Send(writer_pb2.SendRequest(message=message(keys=["a"], body=b"x"))).result
     second = node.stub.Send(writer_pb2.SendRequest(message=message(keys=["a"], body=b"y", uniq_key="ABC123"))).result
     assert first.commitlog_offset == 0 and second.commitlog_offset == first.size
@@ -161,7 +120,7 @@ def test_acks_and_offsets(node: Node) -> None:
     assert first.store_timestamp_ms <= second.store_timestamp_ms
 
 
-def test_stream_acks_each_batch_in_order(node: Node) -> None:
+def test_stream_acks_each_batch_in_order(node: WriterNode) -> None:
     batches = [writer_pb2.SendBatchRequest(messages=[message(body=bytes([i, j])) for j in range(3)]) for i in range(20)]
     responses = list(node.stub.SendStream(iter(batches)))
     assert [len(r.results) for r in responses] == [3] * 20
@@ -169,7 +128,7 @@ def test_stream_acks_each_batch_in_order(node: Node) -> None:
     assert offsets == sorted(offsets) and len(set(offsets)) == 60
 
 
-def test_send_batch_send_stream_and_send_store_each_message_as_sent(node: Node) -> None:
+def test_send_batch_send_stream_and_send_store_each_message_as_sent(node: WriterNode) -> None:
     batch = writer_pb2.SendBatchRequest(messages=[message(keys=["k1", "k2"], body=b"one", tags="t"), message(body=b"two")])
     acked = list(node.stub.SendBatch(batch).results) + [r for response in node.stub.SendStream(iter([batch])) for r in response.results]
     acked.append(node.stub.Send(writer_pb2.SendRequest(message=message(body=b"three"))).result)
@@ -179,7 +138,7 @@ def test_send_batch_send_stream_and_send_store_each_message_as_sent(node: Node) 
     assert [record.tags for record in stored] == ["t", None, "t", None, None]
 
 
-def test_compact_acks_carry_what_send_results_carry(node: Node) -> None:
+def test_compact_acks_carry_what_send_results_carry(node: WriterNode) -> None:
     """The same batch acked as SendResults and as columns: every fact agrees."""
     def batch(compact: bool) -> writer_pb2.SendBatchRequest:
         sent = [message(keys=[f"k{i}"], body=bytes([i]) * i, uniq_key=f"ABC{i}" if i % 2 else "") for i in range(7)]
@@ -202,7 +161,7 @@ def test_compact_acks_carry_what_send_results_carry(node: Node) -> None:
         assert columns.store_timestamp_ms == stored.store_timestamp_ms
 
 
-def test_topics_status_and_flush(node: Node, tmp_path: Path) -> None:
+def test_topics_status_and_flush(node: WriterNode, tmp_path: Path) -> None:
     created = node.stub.CreateTopic(writer_pb2.CreateTopicRequest(name="Orders", queue_count=16))
     assert (created.created, created.topic.queue_count) == (True, 16)
     again = node.stub.CreateTopic(writer_pb2.CreateTopicRequest(name="Orders", queue_count=8))
@@ -220,7 +179,7 @@ def test_topics_status_and_flush(node: Node, tmp_path: Path) -> None:
     assert status.store == str((tmp_path / "store").resolve())
 
 
-def test_health_and_reflection(node: Node) -> None:
+def test_health_and_reflection(node: WriterNode) -> None:
     from grpc_health.v1 import health_pb2, health_pb2_grpc
     from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
@@ -259,9 +218,9 @@ BAD_INPUTS = {
 
 
 @pytest.fixture
-def strict_node(tmp_path: Path) -> Iterator[tuple[Node, Path]]:
+def strict_node(tmp_path: Path) -> Iterator[tuple[WriterNode, Path]]:
     store = tmp_path / "strict"
-    started = start_node(store, auto_create_topics=False)
+    started = WriterNode(store, auto_create_topics=False)
     started.writer.topics.create("Known", 3)
     started.stub.Send(writer_pb2.SendRequest(message=message("Known", body=b"seed")))
     started.writer.flush_thoroughly()
@@ -270,7 +229,7 @@ def strict_node(tmp_path: Path) -> Iterator[tuple[Node, Path]]:
 
 
 @pytest.mark.parametrize("case", sorted(BAD_INPUTS))
-def test_bad_input_is_refused_and_writes_nothing(strict_node: tuple[Node, Path], case: str) -> None:
+def test_bad_input_is_refused_and_writes_nothing(strict_node: tuple[WriterNode, Path], case: str) -> None:
     node, store = strict_node
     bad, code, text = BAD_INPUTS[case]
     before = snapshot(store)
@@ -286,7 +245,7 @@ def test_bad_input_is_refused_and_writes_nothing(strict_node: tuple[Node, Path],
     assert snapshot(store) == before
 
 
-def test_empty_batch_and_missing_message(strict_node: tuple[Node, Path]) -> None:
+def test_empty_batch_and_missing_message(strict_node: tuple[WriterNode, Path]) -> None:
     node, store = strict_node
     before = snapshot(store)
     with pytest.raises(grpc.RpcError) as caught:
@@ -300,7 +259,7 @@ def test_empty_batch_and_missing_message(strict_node: tuple[Node, Path]) -> None
 
 
 def test_disk_full_ratio_refuses_writes(tmp_path: Path) -> None:
-    node = start_node(tmp_path / "store", disk_full_ratio=0.0)
+    node = WriterNode(tmp_path / "store", disk_full_ratio=0.0)
     try:
         with pytest.raises(grpc.RpcError) as caught:
             node.stub.Send(writer_pb2.SendRequest(message=message(body=b"x")))
@@ -315,7 +274,7 @@ def test_open_streams_hold_no_thread(tmp_path: Path) -> None:
     """Three times as many producers as the server has threads each keep a SendStream
     open: every batch is acked, and other calls are answered meanwhile (a thread-pool
     server gives each open stream a thread until it ends, and stops answering)."""
-    node = start_node(tmp_path / "store", flush=FlushPolicy.SYNC)
+    node = WriterNode(tmp_path / "store", flush=FlushPolicy.SYNC)
     producers = 96
     inputs: list[queue.Queue[writer_pb2.SendBatchRequest | None]] = [queue.Queue() for _ in range(producers)]
     streams = [node.stub.SendStream(iter(q.get, None), timeout=60) for q in inputs]
@@ -338,7 +297,7 @@ def test_open_streams_hold_no_thread(tmp_path: Path) -> None:
 
 
 def test_concurrent_producers_get_contiguous_offsets(tmp_path: Path) -> None:
-    node = start_node(tmp_path / "store", flush=FlushPolicy.SYNC)
+    node = WriterNode(tmp_path / "store", flush=FlushPolicy.SYNC)
     acks: list[messages_pb2.SendResult] = []
     lock = threading.Lock()
     errors: list[BaseException] = []
@@ -374,7 +333,7 @@ def test_concurrent_producers_get_contiguous_offsets(tmp_path: Path) -> None:
         node.close()
 
 
-def test_second_writer_fails_fast_and_first_keeps_working(node: Node, tmp_path: Path) -> None:
+def test_second_writer_fails_fast_and_first_keeps_working(node: WriterNode, tmp_path: Path) -> None:
     store = tmp_path / "store"
     done = subprocess.run(
         [sys.executable, "-m", "rmqstore.cli.main", "writer", "serve", "--store", str(store), "--port", "0"],
@@ -392,12 +351,12 @@ def test_second_writer_fails_fast_and_first_keeps_working(node: Node, tmp_path: 
 
 def test_restart_continues_offsets_and_cleans_abort(tmp_path: Path) -> None:
     store = tmp_path / "store"
-    node = start_node(store)
+    node = WriterNode(store)
     assert (store / "abort").exists()
     first = node.stub.Send(writer_pb2.SendRequest(message=message(queue_id=1, keys=["x"]))).result
     node.close()
     assert not (store / "abort").exists()
-    node = start_node(store)
+    node = WriterNode(store)
     try:
         assert node.writer.recovery.unclean is False
         second = node.stub.Send(writer_pb2.SendRequest(message=message(queue_id=1, keys=["x"]))).result
@@ -409,7 +368,7 @@ def test_restart_continues_offsets_and_cleans_abort(tmp_path: Path) -> None:
 
 def test_retention_deletes_old_files_and_what_points_into_them(tmp_path: Path) -> None:
     store = tmp_path / "store"
-    node = start_node(store, disk_clean_ratio=0.0)  # any disk use counts as pressure
+    node = WriterNode(store, disk_clean_ratio=0.0)  # any disk use counts as pressure
     try:
         for n in range(8):
             batch = [message(f"T{k % 2}", body=bytes(900), keys=[f"n{n}-{k}"]) for k in range(60)]
@@ -436,7 +395,7 @@ def test_retention_deletes_old_files_and_what_points_into_them(tmp_path: Path) -
         node.close()
 
 
-def test_send_cli_from_jsonl(node: Node, tmp_path: Path) -> None:
+def test_send_cli_from_jsonl(node: WriterNode, tmp_path: Path) -> None:
     lines = [
         {"topic": "TopicA", "body": "hello", "keys": "k1 k2", "tags": "TagA"},
         {"topic": "TopicA", "bodyBase64": "AAEC", "keys": ["k3"], "queueId": 3, "properties": {"p": "v"}, "uniqKey": "U1"},
@@ -471,7 +430,7 @@ def test_send_cli_from_jsonl(node: Node, tmp_path: Path) -> None:
 
 def test_failed_batch_creates_no_topic(tmp_path: Path) -> None:
     store = tmp_path / "store"
-    node = start_node(store)
+    node = WriterNode(store)
     try:
         with pytest.raises(grpc.RpcError) as caught:
             node.stub.SendBatch(writer_pb2.SendBatchRequest(messages=[message("Fresh"), message("Fresh", queue_id=4)]))
@@ -517,7 +476,7 @@ def test_missing_index_files_are_rebuilt(tmp_path: Path) -> None:
     from rmqstore.common.files.index import IndexFileList
 
     store = tmp_path / "store"
-    node = start_node(store)
+    node = WriterNode(store)
     for n in range(400):
         node.stub.Send(writer_pb2.SendRequest(message=message(keys=[f"key-{n}"], body=bytes(n % 50))))
     node.close()
@@ -543,7 +502,7 @@ def test_time_based_retention_at_the_delete_hour(tmp_path: Path) -> None:
 
     store = tmp_path / "store"
     hour = clock.localtime().tm_hour
-    node = start_node(store, retention_hours=1.0, retention_delete_hours=(hour,), disk_clean_ratio=1.0)
+    node = WriterNode(store, retention_hours=1.0, retention_delete_hours=(hour,), disk_clean_ratio=1.0)
     try:
         for _ in range(4):
             node.stub.SendBatch(writer_pb2.SendBatchRequest(messages=[message(body=bytes(900)) for _ in range(100)]))
@@ -783,7 +742,7 @@ def test_a_full_disk_mid_write_stores_nothing_of_the_batch(tmp_path: Path, monke
     log.close()
 
 
-def test_a_requests_shared_properties_are_each_messages_unless_it_sets_its_own(node: Node, tmp_path: Path) -> None:
+def test_a_requests_shared_properties_are_each_messages_unless_it_sets_its_own(node: WriterNode, tmp_path: Path) -> None:
     """SendBatchRequest.shared_properties: stored in every record as if each message had
     sent them, a message's own value of a name kept; the same whether the request is read
     by the compiled pass or (a born host given) by the Python reading."""
@@ -864,7 +823,7 @@ def test_a_columnar_request_stores_the_bytes_its_messages_store(tmp_path: Path) 
     every record is the same bytes but for the store time, and every ack the same."""
     sent = varied_messages(60)
     shared = {"tenant": "blue", "seq": "shared"}  # a message's own seq is kept
-    by_messages, by_columns = start_node(tmp_path / "messages"), start_node(tmp_path / "columns")
+    by_messages, by_columns = WriterNode(tmp_path / "messages"), WriterNode(tmp_path / "columns")
     try:
         acks = {}
         for node, form in ((by_messages, "messages"), (by_columns, "columns")):
@@ -892,7 +851,7 @@ def test_a_columnar_request_stores_the_bytes_its_messages_store(tmp_path: Path) 
         by_columns.close()
 
 
-def test_a_columnar_request_takes_the_defaults_of_empty_columns_and_one_topic_for_all(node: Node) -> None:
+def test_a_columnar_request_takes_the_defaults_of_empty_columns_and_one_topic_for_all(node: WriterNode) -> None:
     """Columns left empty give each message the unset field's value (queue round-robin,
     a generated uniq key, the writer's clock, the peer's address); one topic serves
     every message."""
@@ -965,7 +924,7 @@ COLUMN_PROBLEMS = {
 
 
 @pytest.mark.parametrize("case", sorted(COLUMN_PROBLEMS))
-def test_a_columnar_request_that_does_not_line_up_is_refused_naming_why(strict_node: tuple[Node, Path], case: str) -> None:
+def test_a_columnar_request_that_does_not_line_up_is_refused_naming_why(strict_node: tuple[WriterNode, Path], case: str) -> None:
     node, store = strict_node
     request, text = COLUMN_PROBLEMS[case]
     before = snapshot(store)
@@ -987,7 +946,7 @@ COLUMNAR_BAD_INPUTS = {
 
 
 @pytest.mark.parametrize("case", sorted(COLUMNAR_BAD_INPUTS))
-def test_a_columnar_request_is_refused_as_its_messages_are(strict_node: tuple[Node, Path], case: str) -> None:
+def test_a_columnar_request_is_refused_as_its_messages_are(strict_node: tuple[WriterNode, Path], case: str) -> None:
     """Every per-message rule, as columns: the same code and words as the same messages
     sent as ``messages`` (the bad one second, or alone), and nothing is written."""
     node, store = strict_node

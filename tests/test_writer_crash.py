@@ -25,22 +25,17 @@ without its header.
 Known, and worked around here rather than tested (it is a race, not a crash state):
 ``rmqstore writer serve`` prints its serving line before it installs its SIGTERM/SIGINT
 handlers, so a SIGTERM sent as soon as the line is read sometimes kills the writer with
-the default action (exit -15, no stopped line, ``abort`` left). WriterProcess.stop waits
+the default action (exit -15, no stopped line, ``abort`` left). ProcessNode.stop (tests/support) waits
 until the process catches SIGTERM before sending it.
 """
 
 from __future__ import annotations
 
-import json
 import os
-import queue
 import random
-import signal
-import subprocess
-import sys
 import threading
 import time
-from collections import Counter, defaultdict
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -48,41 +43,29 @@ from typing import Any
 
 import grpc
 import pytest
+from support.nodes import NodeFailed, Nodes, ProcessNode
+from support.stores import SHARED_KEYS, SIZE_ARGS, SMALL, StoreFacts, check_ok, verify_store
 
 from rmqstore.common.codec import index as ix
-from rmqstore.common.codec import properties as props
 from rmqstore.common.codec.consumequeue import UNIT_SIZE
 from rmqstore.common.codec.msgid import decode_offset_msg_id, offset_msg_id
 from rmqstore.common.codec.record import encode_blank, patch_offsets
-from rmqstore.common.files.check import CheckReport, check_store
 from rmqstore.common.files.commitlog import CommitLog, StopReason
-from rmqstore.common.files.consumequeue import ConsumeQueueSet
 from rmqstore.common.files.index import IndexFileList
-from rmqstore.common.files.store import StorePaths, StoreSizes
+from rmqstore.common.files.store import StorePaths
 from rmqstore.v1 import messages_pb2, writer_pb2, writer_pb2_grpc
 
 pytestmark = pytest.mark.crash
 
-COMMITLOG_FILE_SIZE = 65536
-CQ_FILE_UNITS = 50
-INDEX_SLOTS = 17
-INDEX_ENTRIES = 200
-SIZES = StoreSizes(COMMITLOG_FILE_SIZE, CQ_FILE_UNITS, INDEX_SLOTS, INDEX_ENTRIES)
-SIZE_ARGS = [
-    "--commitlog-file-size", str(COMMITLOG_FILE_SIZE),
-    "--cq-file-units", str(CQ_FILE_UNITS),
-    "--index-slots", str(INDEX_SLOTS),
-    "--index-entries", str(INDEX_ENTRIES),
-]  # fmt: skip
+COMMITLOG_FILE_SIZE = SMALL.commitlog_file_size_bytes
+CQ_FILE_UNITS = SMALL.cq_file_units
+INDEX_SLOTS = SMALL.index_slots
+INDEX_ENTRIES = SMALL.index_entries
 PAGE = 4096
 
 TOPICS = ("CrashA", "CrashB", "Crash_C-2")
 AUTO_QUEUES = 4  # WriterConfig.auto_create_queue_count
-SHARED_KEYS = ("shared-1", "shared-2", "общий-ключ", "共有キー")
 
-SERVING_TIMEOUT_S = 30.0
-STOP_TIMEOUT_S = 30.0
-KILL_WAIT_S = 10.0
 STREAM_TIMEOUT_S = 60.0
 FIRST_ACK_TIMEOUT_S = 30.0
 JOIN_TIMEOUT_S = 30.0
@@ -109,142 +92,18 @@ def derived_seed(base: int, label: str, cycle: int) -> int:
 # The writer process
 
 
-class WriterStartFailed(Exception):
-    def __init__(self, message: str, stderr: str):
-        super().__init__(f"{message}; stderr:\n{stderr}")
-        self.stderr = stderr
-
-
-class WriterProcess:
-    """A ``rmqstore writer serve`` subprocess and its stdout lines."""
-
-    def __init__(self, store: Path, flush: str, log_dir: Path, number: int, extra_args: tuple[str, ...] = ()):
-        self.store = store
-        self.stderr_path = log_dir / f"writer-{number}.stderr"
-        env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
-        env["OTEL_SDK_DISABLED"] = "true"  # no exporter: no traffic beyond 127.0.0.1
-        self._stderr = open(self.stderr_path, "wb")
-        self.proc = subprocess.Popen(
-            [
-                sys.executable, "-m", "rmqstore.cli.main", "writer", "serve",
-                "--store", str(store), "--host", "127.0.0.1", "--port", "0", "--flush", flush, *SIZE_ARGS,
-                *extra_args,
-            ],  # fmt: skip
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=self._stderr,
-            env=env,
-        )
-        self.lines: queue.Queue[bytes | None] = queue.Queue()
-        self._reader = threading.Thread(target=self._read_stdout, name=f"writer-{number}-stdout", daemon=True)
-        self._reader.start()
-        self.serving: dict[str, Any] = {}
-
-    def _read_stdout(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.lines.put(line)
-        self.lines.put(None)
-
-    def stderr_text(self) -> str:
-        self._stderr.flush()
-        return self.stderr_path.read_text(encoding="utf-8", errors="replace")[-4000:]
-
-    def _next_line(self, timeout_s: float, what: str) -> bytes | None:
-        try:
-            return self.lines.get(timeout=timeout_s)
-        except queue.Empty:
-            raise WriterStartFailed(f"the writer printed no {what} line within {timeout_s} s", self.stderr_text()) from None
-
-    def wait_serving(self) -> dict[str, Any]:
-        line = self._next_line(SERVING_TIMEOUT_S, "serving")
-        if line is None:
-            code = self.proc.wait(timeout=KILL_WAIT_S)
-            raise WriterStartFailed(f"the writer exited (code {code}) before serving", self.stderr_text())
-        event = json.loads(line)
-        assert event["event"] == "serving", event
-        assert isinstance(event["port"], int) and event["port"] > 0, event
-        self.serving = event
-        return event
-
-    @property
-    def port(self) -> int:
-        return int(self.serving["port"])
-
-    def kill(self) -> None:
-        """SIGKILL and reap."""
-        self.proc.send_signal(signal.SIGKILL)
-        code = self.proc.wait(timeout=KILL_WAIT_S)
-        assert code == -signal.SIGKILL, f"writer exit code {code}; stderr:\n{self.stderr_text()}"
-        self._finish()
-
-    def _wait_until_sigterm_is_caught(self) -> None:
-        """The writer prints its serving line before it installs its SIGTERM handler, so a
-        SIGTERM sent at once can kill it uncleanly (see the module docstring). Wait, bounded,
-        until /proc/PID/status shows SIGTERM caught."""
-        bit = 1 << (signal.SIGTERM - 1)
-        deadline = time.monotonic() + STOP_TIMEOUT_S
-        while True:
-            try:
-                with open(f"/proc/{self.proc.pid}/status", encoding="ascii") as handle:
-                    caught = next(int(line.split()[1], 16) for line in handle if line.startswith("SigCgt:"))
-            except (FileNotFoundError, ProcessLookupError):
-                caught = 0
-            if caught & bit:
-                return
-            assert self.proc.poll() is None, f"the writer exited; stderr:\n{self.stderr_text()}"
-            assert time.monotonic() < deadline, f"the writer did not catch SIGTERM within {STOP_TIMEOUT_S} s"
-            time.sleep(0.002)
-
-    def stop(self) -> None:
-        """SIGTERM: the writer shuts down cleanly and says so."""
-        self._wait_until_sigterm_is_caught()
-        self.proc.send_signal(signal.SIGTERM)
-        line = self._next_line(STOP_TIMEOUT_S, "stopped")
-        assert line is not None, f"the writer exited without its stopped line; stderr:\n{self.stderr_text()}"
-        assert json.loads(line) == {"event": "stopped", "service": "writer"}
-        code = self.proc.wait(timeout=STOP_TIMEOUT_S)
-        assert code == 0, f"writer exit code {code}; stderr:\n{self.stderr_text()}"
-        self._finish()
-
-    def _finish(self) -> None:
-        self._reader.join(timeout=KILL_WAIT_S)
-        assert not self._reader.is_alive()
-        assert self.proc.stdout is not None
-        self.proc.stdout.close()
-        self._stderr.close()
-
-    def cleanup(self) -> None:
-        """Teardown: kill whatever still runs and close every handle."""
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(timeout=KILL_WAIT_S)
-        self._reader.join(timeout=KILL_WAIT_S)
-        if self.proc.stdout is not None and not self.proc.stdout.closed:
-            self.proc.stdout.close()
-        if not self._stderr.closed:
-            self._stderr.close()
-
-
-StartWriter = Callable[[Path, str], WriterProcess]
+StartWriter = Callable[[Path, str], ProcessNode]
 
 
 @pytest.fixture
-def start_writer(tmp_path: Path) -> Iterator[StartWriter]:
-    """Starts writer processes and waits for their serving line; kills any left over."""
-    started: list[WriterProcess] = []
-    log_dir = tmp_path / "logs"
-    log_dir.mkdir()
+def start_writer(nodes: Nodes) -> StartWriter:
+    """Starts writer processes on the crash tests' geometry and waits for their serving
+    line; the ``nodes`` fixture kills any left over."""
 
-    def start(store: Path, flush: str) -> WriterProcess:
-        writer = WriterProcess(store, flush, log_dir, len(started))
-        started.append(writer)
-        writer.wait_serving()
-        return writer
+    def start(store: Path, flush: str) -> ProcessNode:
+        return nodes.start("writer", store, "--flush", flush, *SIZE_ARGS)
 
-    yield start
-    for writer in started:
-        writer.cleanup()
+    return start
 
 
 # The streaming client
@@ -367,7 +226,7 @@ class Streamer:
             raise self.failure
 
 
-def stream_and_kill(writer: WriterProcess, cycle: int, seed: int, uniq_prefix: str) -> Streamer:
+def stream_and_kill(writer: ProcessNode, cycle: int, seed: int, uniq_prefix: str) -> Streamer:
     """Stream to the writer and SIGKILL it after a random delay while the stream is in
     flight; returns the client with its acks."""
     print(f"seed={seed} (cycle {cycle})")
@@ -377,7 +236,7 @@ def stream_and_kill(writer: WriterProcess, cycle: int, seed: int, uniq_prefix: s
         streamer.done.set()
         streamer.join()
         pytest.fail(f"seed={seed}: cycle {cycle}: no ack within {FIRST_ACK_TIMEOUT_S} s: {streamer.error}")
-    time.sleep(kill_rng.uniform(*KILL_DELAY_S))
+    time.sleep(kill_rng.uniform(*KILL_DELAY_S))  # the behaviour under test: a kill at a random point of the stream
     in_flight = not streamer.done.is_set()
     writer.kill()
     streamer.join()
@@ -393,16 +252,6 @@ def stream_and_kill(writer: WriterProcess, cycle: int, seed: int, uniq_prefix: s
 
 
 # Verification through the store library (read-only)
-
-
-@dataclass
-class StoreFacts:
-    records: int
-    queues: int
-    index_files: int
-    commitlog_files: int
-    end_offset: int
-    most_queue_files: int
 
 
 def assert_acks_stored(root: Path, acks: list[Ack], label: str) -> None:
@@ -437,89 +286,6 @@ def assert_acks_unique(acks: list[Ack]) -> None:
     assert [s for s, c in slots.items() if c > 1] == [], "two acks share a (topic, queue id, queue offset)"
     uniq = Counter(a.result.uniq_key for a in acks)
     assert [u for u, c in uniq.items() if c > 1] == [], "two acks share a uniq key"
-
-
-def repeated_index_entries(report: CheckReport) -> list[str]:
-    """check_store's note on index entries put twice for one record (none are expected:
-    recovery puts only the keys a kill kept it from putting, docs/writer.md)."""
-    return [note for note in report.notes if "repeated entr" in note]
-
-
-def check_ok(root: Path) -> CheckReport:
-    """check_store finds no problem (no missing, different, duplicate or extra consume
-    queue unit; every index key present and reachable), no repeated index entry, and the
-    log ends cleanly."""
-    report = check_store(str(root), SIZES)
-    assert report.ok, f"{report.problem_count} problem(s): {report.problems[:10]}"
-    assert report.stop is not None and report.stop.reason is StopReason.END, report.stop
-    assert repeated_index_entries(report) == []
-    return report
-
-
-def verify_store(root: Path) -> StoreFacts:
-    """Every record is findable by UNIQ_KEY, each KEYS part, offsetMsgId and queue
-    offset; queues are contiguous from 0 and hold exactly the records' units. (Run
-    check_ok first: it names index and queue problems precisely.)"""
-    paths = StorePaths(str(root))
-    log = CommitLog(paths.commitlog, COMMITLOG_FILE_SIZE)
-    queues = ConsumeQueueSet(paths.consumequeue, CQ_FILE_UNITS)
-    index = IndexFileList(paths.index, INDEX_SLOTS, INDEX_ENTRIES)
-    try:
-        assert log.min_offset == 0
-        per_queue: dict[tuple[str, int], list[int]] = defaultdict(list)
-        by_offset: dict[int, tuple[str, int, int]] = {}
-        shared_hits: dict[tuple[str, str], set[int]] = {}
-        records = log.records()
-        for record in records:
-            offset = record.commitlog_offset
-            where = f"record at commit log offset {offset} ({record.topic}/{record.queue_id}#{record.queue_offset})"
-            by_offset[offset] = (record.topic, record.queue_id, record.queue_offset)
-            per_queue[(record.topic, record.queue_id)].append(record.queue_offset)
-            # by UNIQ_KEY
-            assert record.uniq_key, where
-            assert offset in index.candidates(record.topic, record.uniq_key), f"{where}: not found by UNIQ_KEY"
-            # by each KEYS part
-            for part in set(props.split_keys(record.keys)):
-                if part in SHARED_KEYS:
-                    found = shared_hits.get((record.topic, part))
-                    if found is None:
-                        found = shared_hits[(record.topic, part)] = set(index.candidates(record.topic, part))
-                    assert offset in found, f"{where}: not found by key {part!r}"
-                else:
-                    assert offset in index.candidates(record.topic, part), f"{where}: not found by key {part!r}"
-            # by offsetMsgId
-            msg_id = offset_msg_id(record.store_host, offset)
-            decoded = decode_offset_msg_id(msg_id)
-            assert decoded.store_host == record.store_host, where
-            assert log.read(decoded.commitlog_offset) == record, f"{where}: offsetMsgId {msg_id} reads another record"
-            # by queue offset
-            consume_queue = queues.find(record.topic, record.queue_id)
-            assert consume_queue is not None, f"{where}: no consume queue"
-            unit = consume_queue.read(record.queue_offset)
-            assert unit is not None, f"{where}: no consume queue unit"
-            assert (unit.commitlog_offset, unit.size) == (offset, record.size), where
-        assert records.stop is not None and records.stop.reason is StopReason.END, records.stop
-        # Queue offsets: contiguous from 0 in log order, and each queue holds exactly those.
-        on_disk = {(q.topic, q.queue_id): q for q in queues.open_all()}
-        assert set(per_queue) <= set(on_disk)
-        for key, consume_queue in sorted(on_disk.items()):
-            offsets = per_queue.get(key, [])
-            assert offsets == list(range(len(offsets))), f"queue {key}: offsets not contiguous from 0 in log order"
-            assert (consume_queue.min_offset, consume_queue.max_offset) == (0, len(offsets)), key
-            for queue_offset, unit in consume_queue.units():
-                assert by_offset[unit.commitlog_offset] == (*key, queue_offset), (key, queue_offset)
-        return StoreFacts(
-            records=len(by_offset),
-            queues=len(per_queue),
-            index_files=len(index.files),
-            commitlog_files=len(log.files.files),
-            end_offset=records.stop.end_offset,
-            most_queue_files=max(len(q.files.files) for q in on_disk.values()),
-        )
-    finally:
-        log.close()
-        queues.close()
-        index.close()
 
 
 def assert_every_file_kind_rolled(facts: StoreFacts) -> None:
@@ -559,7 +325,7 @@ def run_kill_cycles(start_writer: StartWriter, store: Path, flush: str, kills: i
         run.acks.extend(streamer.acks)
         try:
             writer = start_writer(store, flush)
-        except WriterStartFailed as error:
+        except NodeFailed as error:
             pytest.fail(f"seed={seed}: restart after the kill of cycle {cycle}: {error}")
         recovered = writer.serving["recovered"]
         print(f"  restart after cycle {cycle}: {recovered}")
@@ -640,7 +406,7 @@ def mark_unclean(store: Path) -> None:
     Path(StorePaths(str(store)).abort).touch()
 
 
-def restart_and_verify(start_writer: StartWriter, store: Path, acks: list[Ack], label: str) -> WriterProcess:
+def restart_and_verify(start_writer: StartWriter, store: Path, acks: list[Ack], label: str) -> ProcessNode:
     """Restart after a (simulated) kill: the writer must serve, say the shutdown was
     unclean, stop cleanly, and leave a store where everything checks out."""
     writer = start_writer(store, "sync")

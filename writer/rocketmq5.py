@@ -468,6 +468,11 @@ class Wakeup:
     def __init__(self) -> None:
         self._waiters: list[asyncio.Future[None]] = []
 
+    @property
+    def waiting(self) -> int:
+        """How many long polls wait now."""
+        return len(self._waiters)
+
     def notify(self) -> None:
         waiters, self._waiters = self._waiters, []
         for waiter in waiters:

@@ -85,7 +85,7 @@ def simple(args: argparse.Namespace) -> None:
                     line["acked"] = True
                 line["t_done"] = time.time()
                 emit(line)
-                time.sleep(args.pace_s)
+                time.sleep(args.pace_s)  # pacing asked for: a slow consumer is what the test measures
     finally:
         consumer.shutdown()
 
@@ -113,7 +113,7 @@ def push(args: argparse.Namespace) -> None:
     )
     consumer.startup()
     try:
-        time.sleep(args.seconds)
+        time.sleep(args.seconds)  # the push consumer runs, its listener called, for the time asked
     finally:
         consumer.shutdown()
 

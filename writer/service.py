@@ -197,20 +197,6 @@ def request_batch(request: writer_pb2.SendBatchRequest) -> MessageBatch:
     return to_batch(request.messages, request.shared_properties)
 
 
-def to_compact(results: AppendResults) -> writer_pb2.CompactResults:
-    if not len(results):
-        return writer_pb2.CompactResults()
-    return writer_pb2.CompactResults(
-        offset_msg_id_prefix=results[0].offset_msg_id[:-MSG_ID_OFFSET_DIGITS],
-        store_timestamp_ms=results.store_timestamp_ms,
-        uniq_keys=results.uniq_keys,
-        queue_ids=results.queue_ids,
-        queue_offsets=results.queue_offsets,
-        commitlog_offsets=results.commitlog_offsets,
-        sizes=results.sizes,
-    )
-
-
 Respond = Callable[[AppendResults], Any]  # a request's results → its response message
 
 
@@ -242,7 +228,18 @@ def batch_response(results: AppendResults) -> writer_pb2.SendBatchResponse:
 
 
 def compact_response(results: AppendResults) -> writer_pb2.SendBatchResponse:
-    return writer_pb2.SendBatchResponse(compact=to_compact(results))
+    response = writer_pb2.SendBatchResponse()
+    compact = response.compact  # built in place: a CompactResults made apart is copied in
+    compact.SetInParent()
+    if len(results):
+        compact.offset_msg_id_prefix = results[0].offset_msg_id[:-MSG_ID_OFFSET_DIGITS]
+        compact.store_timestamp_ms = results.store_timestamp_ms
+        compact.uniq_keys.extend(results.uniq_keys)
+        compact.queue_ids.extend(results.queue_ids)
+        compact.queue_offsets.extend(results.queue_offsets)
+        compact.commitlog_offsets.extend(results.commitlog_offsets)
+        compact.sizes.extend(results.sizes)
+    return response
 
 
 def respond_for(request: writer_pb2.SendBatchRequest) -> Respond:

@@ -10,7 +10,6 @@ directory (``--store``).
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from collections.abc import Callable
 from typing import NoReturn
@@ -19,6 +18,11 @@ import grpc
 
 from rmqstore.common import errors
 
+# Store directories named on the command line, checked as the nodes check theirs.
+from rmqstore.common.files.directories import creatable_dir as creatable_dir
+from rmqstore.common.files.directories import existing_store as existing_store
+from rmqstore.service.stopping import EXIT_STOP_STALLED as EXIT_STOP_STALLED
+
 EXIT_OK = 0
 # Check failed, or a dump or reindex stopped at corruption.
 EXIT_DISAGREE = 1
@@ -26,8 +30,8 @@ EXIT_DISAGREE = 1
 EXIT_USAGE = 2
 # An unknown topic, queue or id, or no message at an offset.
 EXIT_NOT_FOUND = 3
-# A node whose stop did not finish in time (every thread's stack written to stderr).
-EXIT_STOP_STALLED = 4
+# EXIT_STOP_STALLED (4, imported above): a node whose stop did not finish in time (every
+# thread's stack written to stderr).
 # Ctrl-C: the code shells give a process that SIGINT ended (128 + 2).
 EXIT_INTERRUPTED = 130
 
@@ -88,28 +92,6 @@ def os_error_exit(error: OSError) -> int:
     else:
         fail(str(error) or type(error).__name__)
     return EXIT_USAGE
-
-
-# Directories named on the command line.
-
-
-def existing_store(path: str, option: str) -> str:
-    """A store directory a read-only command opens: it must exist and be a directory (an
-    empty or missing directory would otherwise read as an empty store)."""
-    if not os.path.exists(path):
-        raise errors.InvalidArgument(f"{option} {path}: no such directory")
-    if not os.path.isdir(path):
-        raise errors.InvalidArgument(f"{option} {path}: not a directory")
-    if not os.access(path, os.R_OK | os.X_OK):
-        raise errors.InvalidArgument(f"{option} {path}: cannot read the directory")
-    return path
-
-
-def creatable_dir(path: str, option: str) -> str:
-    """A directory a command may create: missing, or an existing directory."""
-    if os.path.lexists(path) and not os.path.isdir(path):
-        raise errors.InvalidArgument(f"{option} {path}: not a directory")
-    return path
 
 
 # Argument types: a number protobuf or the store cannot hold is refused by argparse, naming

@@ -8,9 +8,7 @@ object per message.
 from __future__ import annotations
 
 import argparse
-import base64
 import datetime as dt
-import hashlib
 import itertools
 import json
 import sys
@@ -21,33 +19,22 @@ import grpc
 
 from rmqstore.cli import exits
 from rmqstore.cli.exits import EXIT_NOT_FOUND, EXIT_OK, LocalRpcError
-from rmqstore.cli.store_tools import add_size_options, sizes_from
+from rmqstore.cli.store_tools import add_size_options, requested_sizes, sizes_from
 from rmqstore.cli.writer_tools import (
-    access_from,
     add_client_tls_options,
     add_server_tls_options,
     channel_from,
-    check_ports,
-    listening,
-    server_credentials_from,
-    serving_tls_fields,
-    stop_requested,
-    stop_watchdog,
-    wait_for_stop,
+    listen_options_from,
 )
+from rmqstore.client.shown import local_time, message_json, message_rows
 from rmqstore.common.errors import InvalidArgument, NotFound
 from rmqstore.query.groups import BROKER_NAME_DEFAULT
 from rmqstore.v1 import (
     messages_pb2,
     query_pb2,
-    query_pb2_grpc,
     writer_pb2,
     writer_pb2_grpc,
 )
-
-SHUTDOWN_GRACE_S = 5.0
-# The whole stop within this, else stop_watchdog ends the process.
-STOP_WITHIN_S = 30.0
 
 
 def broker_name(text: str) -> str:
@@ -169,59 +156,6 @@ def moment_ms(text: str) -> int:
         ) from None
     # Whole seconds through the float timestamp, milliseconds added exactly.
     return int(moment.replace(microsecond=0).timestamp()) * 1000 + moment.microsecond // 1000
-
-
-def _local_time(epoch_ms: int) -> str:
-    moment = dt.datetime.fromtimestamp(epoch_ms / 1000)
-    return moment.strftime("%Y-%m-%d %H:%M:%S,") + f"{epoch_ms % 1000:03d}"
-
-
-def message_json(message: messages_pb2.StoredMessage, with_body: bool) -> dict[str, Any]:
-    document: dict[str, Any] = {
-        "commitLogOffset": message.commitlog_offset,
-        "msgId": message.offset_msg_id,
-        "topic": message.topic,
-        "queueId": message.queue_id,
-        "queueOffset": message.queue_offset,
-        "storeTimestamp": message.store_timestamp_ms,
-        "bornTimestamp": message.born_timestamp_ms,
-        "keys": " ".join(message.keys) if message.keys else None,
-        "tags": message.tags or None,
-        "uniqKey": message.uniq_key or None,
-        "properties": dict(sorted(message.properties.items())),
-        "bodyLen": len(message.body),
-        "bodySha256": hashlib.sha256(message.body).hexdigest(),
-    }
-    if with_body:
-        try:
-            document["body"] = message.body.decode("utf-8")
-        except UnicodeDecodeError:
-            document["body"] = None
-        document["bodyBase64"] = base64.b64encode(message.body).decode()
-    return document
-
-
-def message_rows(message: messages_pb2.StoredMessage) -> list[tuple[str, object]]:
-    """queryMsgById's fields, label and value, in its order (the console shows the same)."""
-    return [
-        ("OffsetID:", message.offset_msg_id),
-        ("Topic:", message.topic),
-        ("Tags:", f"[{message.tags}]" if message.tags else "[]"),
-        ("Keys:", f"[{' '.join(message.keys)}]" if message.keys else "[]"),
-        ("Unique Key:", message.uniq_key),
-        ("Queue ID:", message.queue_id),
-        ("Queue Offset:", message.queue_offset),
-        ("CommitLog Offset:", message.commitlog_offset),
-        ("Reconsume Times:", message.reconsume_times),
-        ("Born Timestamp:", _local_time(message.born_timestamp_ms)),
-        ("Store Timestamp:", _local_time(message.store_timestamp_ms)),
-        ("Born Host:", message.born_host),
-        ("Store Host:", message.store_host),
-        ("System Flag:", message.sys_flag),
-        ("Properties:", json.dumps(dict(sorted(message.properties.items())), ensure_ascii=False)),
-        ("Body Length:", len(message.body)),
-        ("Body SHA-256:", hashlib.sha256(message.body).hexdigest()),
-    ]
 
 
 def message_text(message: messages_pb2.StoredMessage) -> str:
@@ -409,7 +343,7 @@ def cmd_topic_status(args: argparse.Namespace) -> int:
             return EXIT_OK
         sys.stdout.write(f"{'#QID':<6} {'#Min Offset':>20} {'#Max Offset':>20}  #Last Updated\n")
         for queue_id, low, high, last_ms in rows:
-            sys.stdout.write(f"{queue_id:<6} {low:>20} {high:>20}  {_local_time(last_ms) if last_ms else ''}\n")
+            sys.stdout.write(f"{queue_id:<6} {low:>20} {high:>20}  {local_time(last_ms) if last_ms else ''}\n")
         return EXIT_OK
 
     return _run(args, action)
@@ -485,62 +419,17 @@ def cmd_consumer_progress(args: argparse.Namespace) -> int:
 
 
 def cmd_query_serve(args: argparse.Namespace) -> int:
-    from rmqstore.query.service import SERVICE_NAME, AsyncQueryServicer
-    from rmqstore.query.view import StoreView
-    from rmqstore.service.logs import configure_logging
-    from rmqstore.service.metrics import configure_metrics
-    from rmqstore.service.server import AsyncServing
-    from rmqstore.service.telemetry import configure_tracing
+    from rmqstore.query.node import QueryOptions, serve
 
-    # TLS files, the ACL and the store are checked before anything else.
-    credentials = server_credentials_from(args)
-    acl = access_from(args)
-    exits.existing_store(args.store, "--store")
-    check_ports(args)
-    stopping = stop_requested()
-    configure_tracing("rmqstore-query")
-    configure_logging("rmqstore-query")
-    metrics = configure_metrics("rmqstore-query", scrape_host=args.host, scrape_port=args.metrics_port)
-    budget = args.mapped_budget_mb  # at least 1: its argument type refuses less
-    view = StoreView(args.store, sizes_from(args, args.store), mapped_budget_bytes=None if budget is None else budget << 20)
-    try:
-        with listening(args):
-            serving = AsyncServing(
-                lambda s: query_pb2_grpc.add_QueryServiceServicer_to_server(
-                    AsyncQueryServicer(view, broker_name=args.broker_name), s
-                ),
-                [SERVICE_NAME],
-                host=args.host,
-                port=args.port,
-                credentials=credentials,
-                health_port=args.health_port,
-                workers=args.workers,
-                acl=acl,
-            )
-    except BaseException:
-        view.close()
-        raise
-    status = view.status()
-    print(
-        json.dumps(
-            {
-                "event": "serving",
-                "service": "query",
-                "port": serving.port,
-                "store": args.store,
-                "followsWriter": status.has_progress,
-                "visibleOffset": status.visible_offset,
-                **serving_tls_fields(args, serving.health_port, metrics),
-            }
-        ),
-        flush=True,
+    serve(
+        QueryOptions(
+            store=args.store,
+            listen=listen_options_from(args),
+            sizes=requested_sizes(args),
+            mapped_budget_mb=args.mapped_budget_mb,  # at least 1: its argument type refuses less
+            broker_name=args.broker_name,
+        )
     )
-    wait_for_stop(stopping)
-    watchdog = stop_watchdog("query node", STOP_WITHIN_S)
-    serving.stop(SHUTDOWN_GRACE_S)
-    view.close()
-    watchdog.cancel()
-    print(json.dumps({"event": "stopped", "service": "query"}), flush=True)
     return EXIT_OK
 
 

@@ -7,7 +7,6 @@ import hashlib
 import json
 import os
 import sys
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TextIO
 
 from rmqstore.cli import exits
@@ -16,7 +15,7 @@ from rmqstore.common.errors import InvalidArgument
 
 if TYPE_CHECKING:
     from rmqstore.common.codec.record import Record
-    from rmqstore.common.files.store import StoreSizes
+    from rmqstore.common.files.store import RequestedSizes, StoreSizes
 
 # The store's modules (and numpy under them) are imported by the commands that read a store,
 # not when the command line is parsed: `rmqstore send` and the lookups over gRPC start in
@@ -52,58 +51,17 @@ def store_from(args: argparse.Namespace) -> str:
 
 def sizes_from(args: argparse.Namespace, root: str, *, reads_index: bool = True) -> StoreSizes:
     """The store's sizes (flags, else the writer's record, else the files, else RocketMQ's
-    defaults), refused as a usage error when the first file of a kind is of another size:
-    wrong sizes are the caller's mistake, not the data disagreeing."""
-    from rmqstore.common.codec import index as ix
-    from rmqstore.common.codec.consumequeue import UNIT_SIZE as CQ_UNIT_BYTES
-    from rmqstore.common.files.store import StorePaths, resolve_sizes
+    defaults), refused as a usage error when the first file of a kind is of another size."""
+    from rmqstore.common.files.store import checked_sizes
 
-    sizes = resolve_sizes(
-        root,
-        commitlog_file_size_bytes=args.commitlog_file_size,
-        cq_file_units=args.cq_file_units,
-        index_slots=args.index_slots,
-        index_entries=args.index_entries,
-    )
-    paths = StorePaths(root)
-    log_file = _first_file(paths.commitlog, lambda name: len(name) == 20 and name.isdigit())
-    if log_file is not None and os.path.getsize(log_file) != sizes.commitlog_file_size_bytes:
-        raise InvalidArgument(
-            f"commit log file {log_file} is {os.path.getsize(log_file)} bytes, not {sizes.commitlog_file_size_bytes}; "
-            "pass the store's --commitlog-file-size"
-        )
-    queue_file = _first_queue_file(paths.consumequeue)
-    queue_bytes = sizes.cq_file_units * CQ_UNIT_BYTES
-    if queue_file is not None and os.path.getsize(queue_file) != queue_bytes:
-        raise InvalidArgument(
-            f"consume queue file {queue_file} is {os.path.getsize(queue_file)} bytes, but {sizes.cq_file_units} units "
-            f"make {queue_bytes}; pass the store's --cq-file-units"
-        )
-    index_file = _first_file(paths.index, ix.is_file_name) if reads_index else None
-    index_bytes = ix.file_size(sizes.index_slots, sizes.index_entries)
-    if index_file is not None and os.path.getsize(index_file) != index_bytes:
-        raise InvalidArgument(
-            f"index file {index_file} is {os.path.getsize(index_file)} bytes, but {sizes.index_slots} slots and "
-            f"{sizes.index_entries} entries make {index_bytes}; pass the store's --index-slots and --index-entries"
-        )
-    return sizes
+    return checked_sizes(root, requested_sizes(args), reads_index=reads_index)
 
 
-def _first_file(directory: str, named: Callable[[str], bool]) -> str | None:
-    try:
-        names = sorted(name for name in os.listdir(directory) if named(name))
-    except (FileNotFoundError, NotADirectoryError):
-        return None
-    return os.path.join(directory, names[0]) if names else None
+def requested_sizes(args: argparse.Namespace) -> RequestedSizes:
+    """The store size options as given (None where not)."""
+    from rmqstore.common.files.store import RequestedSizes
 
-
-def _first_queue_file(root: str) -> str | None:
-    for dirpath, dirnames, names in os.walk(root):
-        dirnames.sort()
-        files = sorted(name for name in names if len(name) == 20 and name.isdigit())
-        if files:
-            return os.path.join(dirpath, files[0])
-    return None
+    return RequestedSizes(args.commitlog_file_size, args.cq_file_units, args.index_slots, args.index_entries)
 
 
 def record_dump(record: Record) -> dict[str, Any]:

@@ -3,92 +3,27 @@
 from __future__ import annotations
 
 import argparse
-import base64
-import contextlib
-import faulthandler
 import gc
-import ipaddress
 import json
-import logging
 import os
-import signal
-import socket
 import sys
-import threading
 import time
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import grpc
 
 from rmqstore.cli import exits
 from rmqstore.cli.exits import EXIT_OK
-from rmqstore.cli.store_tools import add_size_options, sizes_from
+from rmqstore.cli.store_tools import add_size_options, requested_sizes
+
+# Each line of send --file (cli/bulk_send.py reads them with it).
+from rmqstore.client.jsonl import message_from_json as message_from_json
 from rmqstore.common.errors import InvalidArgument
+from rmqstore.service.listen import DEFAULT_WORKERS, ListenOptions
 from rmqstore.v1 import messages_pb2
 
-if TYPE_CHECKING:
-    from rmqstore.service.acl import Acl
-    from rmqstore.service.metrics import MetricsEndpoint
-
-SHUTDOWN_GRACE_S = 10.0
-# The whole stop, the final flush and checkpoint included, within this (else
-# stop_watchdog ends the process): within the chart's default termination grace, 60 s.
-STOP_WITHIN_S = 50.0
-
-
-# Stopping on SIGTERM or SIGINT, shared with query_tools.
-
-# The kernel hands a process's signal to any of its threads that does not block it (grpc's,
-# the flusher), and CPython runs the Python handler only in the main thread, the next time
-# that thread runs Python. A main thread blocked in an untimed wait would never run it, so
-# it waits in slices this long.
-STOP_POLL_S = 0.2
-
-
-def stop_requested() -> threading.Event:
-    """An event that SIGTERM and SIGINT set (their handlers are installed here)."""
-    stopping = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stopping.set())
-    signal.signal(signal.SIGINT, lambda *_: stopping.set())
-    return stopping
-
-
-def wait_for_stop(stopping: threading.Event) -> None:
-    """Block until ``stopping`` is set, running due signal handlers meanwhile."""
-    while not stopping.wait(STOP_POLL_S):
-        pass
-
-
-def stop_watchdog(service: str, within_s: float) -> threading.Timer:
-    """Armed once a node is told to stop: if the process is still running ``within_s``
-    later, its stop has stalled somewhere (a thread that never returns). Then it says so
-    in a log line, writes every thread's stack to stderr (where it stalled, for the
-    report) and ends the process with :data:`~rmqstore.cli.exits.EXIT_STOP_STALLED`,
-    rather than wait for the orchestrator's SIGKILL. A writer ended this way loses
-    nothing acknowledged (docs/writer.md); its next start runs a longer recovery. The
-    caller cancels it once its stop has finished (the command may run in a process
-    that goes on)."""
-
-    def stalled() -> None:
-        logging.getLogger("rmqstore.stop").error(
-            "the %s did not stop within %g s of being told to: every thread's stack follows; exiting with %d",
-            service, within_s, exits.EXIT_STOP_STALLED,
-        )  # fmt: skip
-        faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
-        sys.stderr.flush()
-        os._exit(exits.EXIT_STOP_STALLED)
-
-    timer = threading.Timer(within_s, stalled)
-    timer.name = "stop-watchdog"
-    timer.daemon = True
-    timer.start()
-    return timer
-
-
 # TLS and listener options, shared with query_tools.
-
-DEFAULT_WORKERS = 64
 
 
 def add_server_tls_options(parser: argparse.ArgumentParser) -> None:
@@ -130,109 +65,24 @@ def add_server_tls_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def server_credentials_from(args: argparse.Namespace) -> grpc.ServerCredentials | None:
-    """The server's TLS credentials from its options, None for plaintext; checks the files
-    and the options' combinations first, so that a bad one stops the node before it starts."""
-    from rmqstore.service.channels import load_server_credentials
-
-    if args.workers < 1:
-        raise InvalidArgument(f"--workers must be at least 1, got {args.workers}")
-    if args.health_port is not None and args.health_port != 0 and args.health_port == args.port:
-        raise InvalidArgument(f"--health-port {args.health_port} must differ from --port")
-    if args.metrics_port:
-        for option, other in (("--port", args.port), ("--health-port", args.health_port)):
-            if args.metrics_port == other:
-                raise InvalidArgument(f"--metrics-port {args.metrics_port} must differ from {option}")
-    if args.tls_cert is None and args.tls_key is None:
-        if args.tls_client_ca is not None:
-            raise InvalidArgument("--tls-client-ca needs --tls-cert and --tls-key")
-        return None
-    if args.tls_cert is None or args.tls_key is None:
-        raise InvalidArgument("give --tls-cert and --tls-key together")
-    return load_server_credentials(args.tls_cert, args.tls_key, args.tls_client_ca)
-
-
-def _loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False  # a name: it may resolve anywhere
-
-
-def access_from(args: argparse.Namespace) -> Acl | None:
-    """The node's ACL (None without --acl), after the rule that a node reachable from
-    other hosts is closed to strangers: a non-loopback --host needs --acl, mutual TLS or
-    an explicit --insecure-open."""
-    from rmqstore.service.acl import load_acl
-
-    if not _loopback(args.host) and args.acl is None and args.tls_client_ca is None and not args.insecure_open:
-        raise InvalidArgument(
-            f"--host {args.host} is not a loopback address: give --acl FILE or mutual TLS (--tls-client-ca), "
-            "or --insecure-open to let anyone who reaches the port call"
-        )
-    return None if args.acl is None else load_acl(args.acl)
-
-
-def serving_tls_fields(
-    args: argparse.Namespace, health_port: int | None, metrics: MetricsEndpoint | None = None
-) -> dict[str, Any]:
-    """What the serving line says about TLS, access control, the health port and the
-    Prometheus scrape endpoint."""
-    fields: dict[str, Any] = {
-        "tls": args.tls_cert is not None,
-        "clientAuth": args.tls_client_ca is not None,
-        "acl": args.acl is not None,
-    }
-    if health_port is not None:
-        fields["healthPort"] = health_port
-    if metrics is not None and metrics.scrape_port is not None:
-        fields["metricsPort"] = metrics.scrape_port
-    return fields
+def listen_options_from(args: argparse.Namespace) -> ListenOptions:
+    """A node's listen options from its flags (add_server_tls_options, --host, --port)."""
+    return ListenOptions(
+        host=args.host,
+        port=args.port,
+        tls_cert=args.tls_cert,
+        tls_key=args.tls_key,
+        tls_client_ca=args.tls_client_ca,
+        health_port=args.health_port,
+        metrics_port=args.metrics_port,
+        workers=args.workers,
+        acl=args.acl,
+        insecure_open=args.insecure_open,
+    )
 
 
 ACCESS_KEY_ENV = "RMQSTORE_ACCESS_KEY"
 SECRET_KEY_ENV = "RMQSTORE_SECRET_KEY"
-
-
-def free_port(host: str) -> int:
-    """A port free on ``host`` now (the kernel's pick), for a node asked for any port."""
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
-        try:
-            probe.bind((host, 0))
-        except OSError as error:
-            raise InvalidArgument(f"--host {host}: cannot listen there ({error.strerror or error})") from None
-        return int(probe.getsockname()[1])
-
-
-def _refuse_taken(host: str, port: int, option: str) -> None:
-    # gRPC binds with SO_REUSEPORT and reports a taken port in a log line of its own and
-    # an exception; a plain bind first turns that into one clear error.
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
-        try:
-            probe.bind((host, port))
-        except OSError as error:
-            raise InvalidArgument(
-                f"{option} {port}: cannot listen on {host} ({error.strerror or error}); is another process using it?"
-            ) from None
-
-
-def check_ports(args: argparse.Namespace) -> None:
-    """Refuse a taken --port, --health-port or --metrics-port before the node opens its store."""
-    for option, port in (("--port", args.port), ("--health-port", args.health_port), ("--metrics-port", args.metrics_port)):
-        if port:
-            _refuse_taken(args.host, port, option)
-
-
-@contextlib.contextmanager
-def listening(args: argparse.Namespace) -> Iterator[None]:
-    """A server that cannot bind its ports is a usage error naming them."""
-    try:
-        yield
-    except (OSError, RuntimeError) as error:
-        ports = f"--port {args.port}" + ("" if args.health_port is None else f" or --health-port {args.health_port}")
-        raise InvalidArgument(f"{ports}: cannot listen on {args.host} ({error})") from None
 
 
 def add_client_tls_options(parser: argparse.ArgumentParser) -> None:
@@ -276,189 +126,31 @@ def retry_delays(text: str) -> tuple[int, ...]:
 
 
 def cmd_writer_serve(args: argparse.Namespace) -> int:
-    from rmqstore.rocketmq_v2 import service_pb2_grpc as messaging_pb2_grpc
-    from rmqstore.service.logs import configure_logging
-    from rmqstore.service.metrics import configure_metrics
-    from rmqstore.service.server import AsyncServing
-    from rmqstore.service.telemetry import configure_tracing
-    from rmqstore.v1 import writer_pb2_grpc
-    from rmqstore.writer.config import FlushPolicy, WriterConfig
-    from rmqstore.writer.consumers import ConsumerGroups, check_group
-    from rmqstore.writer.rocketmq5 import (
-        DEFAULT_RETRY_DELAYS_S,
-        ConsumerPolicy,
-        MessagingServicer,
-        RouteConfig,
-        acl_rules,
-    )
-    from rmqstore.writer.rocketmq5 import SERVICE_NAME as MESSAGING_SERVICE_NAME
-    from rmqstore.writer.service import SERVICE_NAME, WriterServicer
-    from rmqstore.writer.store import Writer
+    from rmqstore.writer.config import FlushPolicy
+    from rmqstore.writer.node import WriterOptions, serve
 
-    # The store, TLS files and the ACL are checked before anything else: a bad one costs no recovery.
-    credentials = server_credentials_from(args)
-    acl = access_from(args)
-    exits.creatable_dir(args.store, "--store")
-    check_ports(args)
-    if args.port == 0 and args.store_host is None:
-        # Records and msgIds carry the store host's port: take the port now, so that they
-        # name the one the node serves on rather than a placeholder.
-        args.port = free_port(args.host)
-    # Handlers first: a SIGTERM during recovery or right after the serving line must still
-    # end in a clean stop (final flush, checkpoint, abort removed).
-    stopping = stop_requested()
-    configure_tracing("rmqstore-writer")
-    configure_logging("rmqstore-writer")
-    metrics = configure_metrics("rmqstore-writer", scrape_host=args.host, scrape_port=args.metrics_port)
-    config = WriterConfig(
-        store=args.store,
-        sizes=sizes_from(args, args.store),
-        flush=FlushPolicy(args.flush),
-        flush_interval_ms=args.flush_interval_ms,
-        store_host=args.store_host or f"127.0.0.1:{args.port}",
-        auto_create_topics=not args.no_auto_create,
-        retention_hours=args.retention_hours,
-        disk_clean_ratio=args.disk_clean_ratio,
-        disk_full_ratio=args.disk_full_ratio,
-        truncate_corrupt_tail=args.truncate_corrupt_tail,
-    )
-    # Checked before recovery, like the TLS files; without --advertise the port is the
-    # bound one, known once the server listens.
-    route = RouteConfig.parse(args.advertise or f"{args.host}:{args.port or 1}", args.broker_name)
-    for group in args.fifo_group:
-        try:
-            check_group(group)
-        except InvalidArgument as error:
-            raise InvalidArgument(f"--fifo-group: {error}") from None
-    policy = ConsumerPolicy(max_attempts=args.consumer_max_attempts, retry_delays_s=args.consumer_retry_delays or DEFAULT_RETRY_DELAYS_S)
-    writer = Writer(config)
-    try:
-        groups = ConsumerGroups(
-            writer, writer.paths.config, flush_interval_ms=args.consumer_flush_interval_ms, fifo_groups=frozenset(args.fifo_group)
+    serve(
+        WriterOptions(
+            store=args.store,
+            listen=listen_options_from(args),
+            sizes=requested_sizes(args),
+            flush=FlushPolicy(args.flush),
+            flush_interval_ms=args.flush_interval_ms,
+            store_host=args.store_host,
+            auto_create_topics=not args.no_auto_create,
+            advertise=args.advertise,
+            broker_name=args.broker_name,
+            consumer_flush_interval_ms=args.consumer_flush_interval_ms,
+            consumer_max_attempts=args.consumer_max_attempts,
+            consumer_retry_delays_s=args.consumer_retry_delays,
+            fifo_groups=tuple(args.fifo_group),
+            retention_hours=args.retention_hours,
+            disk_clean_ratio=args.disk_clean_ratio,
+            disk_full_ratio=args.disk_full_ratio,
+            truncate_corrupt_tail=args.truncate_corrupt_tail,
         )
-    except BaseException:
-        writer.close()
-        raise
-    writer.start_background()
-    servicer = WriterServicer(writer)
-    # RocketMQ 5's producers share the WriterService's group commit: one appender per loop.
-    messaging = MessagingServicer(writer, servicer.appender, route, groups, policy)
-
-    def register(server: grpc.aio.Server) -> None:
-        writer_pb2_grpc.add_WriterServiceServicer_to_server(servicer, server)
-        messaging_pb2_grpc.add_MessagingServiceServicer_to_server(messaging, server)
-
-    try:
-        with listening(args):
-            serving = AsyncServing(
-                register,
-                [SERVICE_NAME, MESSAGING_SERVICE_NAME],
-                host=args.host,
-                port=args.port,
-                credentials=credentials,
-                health_port=args.health_port,
-                workers=args.workers,
-                acl=acl,
-                acl_rules=acl_rules(writer),
-            )
-    except BaseException:
-        servicer.close()
-        writer.close()
-        raise
-    if not args.advertise:
-        messaging.route = RouteConfig(route.advertise_host, serving.port, route.broker_name)
-    serving.call(messaging.start_flushing())
-    # A batch's columns are thousands of short-lived objects, freed by their reference
-    # counts (no cycles), yet each 700 allocations set the cyclic collector off over the
-    # young objects, and often enough over the whole heap (a few per cent of the intake's
-    # CPU, profiled). What is alive once serving (modules, the store's state) is moved out of
-    # its passes, and the youngest generation is collected every 10,000 allocations.
-    gc.freeze()
-    gc.set_threshold(10_000, 10, 10)
-    recovery = writer.recovery
-    print(
-        json.dumps(
-            {
-                "event": "serving",
-                "service": "writer",
-                "port": serving.port,
-                "store": config.store,
-                "flush": config.flush.value,
-                "advertise": f"{messaging.route.advertise_host}:{messaging.route.advertise_port}",
-                **serving_tls_fields(args, serving.health_port, metrics),
-                "recovered": {
-                    "uncleanShutdown": recovery.unclean,
-                    "endOffset": recovery.stop.end_offset,
-                    "stop": recovery.stop.reason.value,
-                    "redispatchedRecords": recovery.redispatched_records,
-                },
-            }
-        ),
-        flush=True,
     )
-    wait_for_stop(stopping)
-    watchdog = stop_watchdog("writer", STOP_WITHIN_S)
-    serving.call(messaging.end_streams())
-    serving.stop(SHUTDOWN_GRACE_S)
-    servicer.close()
-    groups.flush()  # no handler runs now: the groups' progress as it stands
-    writer.close()
-    watchdog.cancel()
-    print(json.dumps({"event": "stopped", "service": "writer"}), flush=True)
     return EXIT_OK
-
-
-def message_from_json(line_number: int, document: Any) -> messages_pb2.Message:
-    """One ``rmqstore send --file`` JSON line as a Message; errors name the line (the
-    send tool and ``pipeline load --format json`` share this parser)."""
-    where = f"line {line_number}"
-    if not isinstance(document, dict):
-        raise InvalidArgument(f"{where}: expected a JSON object")
-    known = {"topic", "body", "bodyBase64", "keys", "tags", "queueId", "properties", "uniqKey"}
-    unknown = set(document) - known
-    if unknown:
-        raise InvalidArgument(f"{where}: unknown field(s) {sorted(unknown)}; known: {sorted(known)}")
-    if not isinstance(document.get("topic"), str):
-        raise InvalidArgument(f"{where}: topic (a string) is required")
-    if "body" in document and "bodyBase64" in document:
-        raise InvalidArgument(f"{where}: give body or bodyBase64, not both")
-    if "bodyBase64" in document:
-        try:
-            body = base64.b64decode(document["bodyBase64"], validate=True)
-        except (ValueError, TypeError) as error:
-            raise InvalidArgument(f"{where}: bodyBase64 is not base64: {error}") from None
-    else:
-        text = document.get("body", "")
-        if not isinstance(text, str):
-            raise InvalidArgument(f"{where}: body must be a string (use bodyBase64 for bytes)")
-        body = text.encode("utf-8")
-    keys = document.get("keys", [])
-    if isinstance(keys, str):
-        keys = keys.split()
-    if not isinstance(keys, list) or not all(isinstance(k, str) for k in keys):
-        raise InvalidArgument(f"{where}: keys must be a string or a list of strings")
-    properties = document.get("properties", {})
-    if not isinstance(properties, dict) or not all(isinstance(v, str) for v in properties.values()):
-        raise InvalidArgument(f"{where}: properties must be an object of strings")
-    for field in ("tags", "uniqKey"):
-        if document.get(field) is not None and not isinstance(document[field], str):
-            raise InvalidArgument(f"{where}: {field} must be a string")
-    message = messages_pb2.Message(
-        topic=document["topic"],
-        body=body,
-        keys=keys,
-        tags=document.get("tags") or "",
-        properties=properties,
-        uniq_key=document.get("uniqKey") or "",
-    )
-    queue_id = document.get("queueId")
-    if queue_id is not None:
-        if not isinstance(queue_id, int) or isinstance(queue_id, bool):
-            raise InvalidArgument(f"{where}: queueId must be an integer")
-        if not 0 <= queue_id <= exits.INT32_MAX:
-            raise InvalidArgument(f"{where}: queueId {queue_id} is outside [0, {exits.INT32_MAX}]")
-        message.queue_id = queue_id
-    return message
 
 
 JSONL_FIELDS_HELP = (

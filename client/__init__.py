@@ -77,7 +77,7 @@ def connect(
     signed when ``credentials`` are given, its unary calls traced when the environment
     asks for it (``unary_spans=False``: a channel that only streams sends, whose spans
     are the sender's own, is not wrapped for them)."""
-    from rmqstore.service.channels import open_channel
+    from rmqstore.client.channels import open_channel
 
     tls = tls or Tls()
     channel = open_channel(
@@ -89,7 +89,7 @@ def connect(
         extra_options=[("grpc.enable_retries", 1), ("grpc.service_config", SERVICE_CONFIG)],
     )
     if credentials is not None:
-        from rmqstore.service.acl import signing_channel
+        from rmqstore.client.signing import signing_channel
 
         channel = signing_channel(channel, credentials.access_key, credentials.secret_key)
     if unary_spans and tracing.requested():

@@ -19,7 +19,7 @@ from typing import Any
 
 import grpc
 
-from rmqstore.cli.query_tools import message_json, message_rows
+from rmqstore.client.shown import message_json, message_rows
 from rmqstore.common.codec.msgid import decode_offset_msg_id
 from rmqstore.common.codec.topic import topic_problem
 from rmqstore.common.errors import InvalidArgument

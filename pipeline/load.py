@@ -40,7 +40,7 @@ from typing import Any
 
 import grpc
 
-from rmqstore.cli.writer_tools import message_from_json
+from rmqstore.client.jsonl import message_from_json
 from rmqstore.common import errors
 from rmqstore.common.codec import properties as props
 from rmqstore.common.codec import sysflag
@@ -103,7 +103,7 @@ def _channel(endpoint: str, options: list[tuple[str, int]] | None = None) -> grp
     """A plaintext channel to a node, its calls signed when the environment holds an
     access key and a secret key (RMQSTORE_ACCESS_KEY, RMQSTORE_SECRET_KEY; docs/security.md):
     a local Spark's executors inherit the driver's environment."""
-    from rmqstore.service.acl import signing_channel
+    from rmqstore.client.signing import signing_channel
 
     channel = grpc.insecure_channel(endpoint, options=options)
     access_key, secret_key = os.environ.get("RMQSTORE_ACCESS_KEY"), os.environ.get("RMQSTORE_SECRET_KEY")

@@ -40,13 +40,14 @@ import numpy as np
 
 from rmqstore.common.codec import consumequeue as cq
 from rmqstore.common.codec import index as ix
-from rmqstore.common.codec.dispatch import DispatchBatch, _record_topics
+from rmqstore.common.codec.dispatch import DispatchBatch
 from rmqstore.common.errors import Corruption, InvalidArgument, invariant
 from rmqstore.common.files.commitlog import CommitLog, ScanStop, StopReason
 from rmqstore.common.files.consumequeue import ConsumeQueue
 from rmqstore.common.files.index import IndexFile
 from rmqstore.common.files.scan import ColumnScan
 from rmqstore.common.files.store import StorePaths, StoreSizes
+from rmqstore.common.sequences import numbered
 from rmqstore.pipeline import splits as planning
 from rmqstore.pipeline.export import pieces_for
 from rmqstore.pipeline.progress import Progress
@@ -133,7 +134,7 @@ def dispatch_split(number: int, split: Split, work: str) -> SplitResult:
                 keys_total += int(hash_ends[-1])
                 # The record fields as decoded (one plan per record, in order); topics
                 # through their few distinct values.
-                distinct, numbers = _record_topics(batch.topics)
+                distinct, numbers = numbered(batch.topics)
                 columns = (
                     decoded.commitlog_offset,
                     decoded.size,

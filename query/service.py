@@ -28,10 +28,10 @@ from rmqstore.query.groups import (
     group_topics,
     queue_lags,
 )
+from rmqstore.query.metrics import QueryMetrics
 from rmqstore.query.view import TIME_MAX_MS, TIME_MIN_MS, StoreView
 from rmqstore.service.acl import may_see_paths
 from rmqstore.service.errors import abort_with, abort_with_async, mapped
-from rmqstore.service.metrics import QueryMetrics
 from rmqstore.v1 import messages_pb2, query_pb2, query_pb2_grpc
 
 SERVICE_NAME = "rmqstore.v1.QueryService"

@@ -21,10 +21,9 @@ Resources are ``Topic:<name>`` and ``Group:<name>`` (a trailing ``*`` matches an
 ``Topic:*`` every topic) and ``Cluster`` (the node itself: topic lists, status, flush).
 Actions: Pub, Sub, Create, Update, Get, List. What is not allowed is denied.
 
-A call is signed the way RocketMQ 5 clients sign theirs: metadata ``x-mq-date-time``
-(``YYYYMMDDTHHMMSSZ``, UTC) and ``authorization: MQv2-HMAC-SHA1 Credential=<accessKey>,
-SignedHeaders=x-mq-date-time, Signature=<hex HMAC-SHA1 of the date-time under the
-secret>``; a date-time further than ``CLOCK_SKEW_S`` from the node's clock is refused.
+A call is signed the way RocketMQ 5 clients sign theirs (common.signing; the client's side
+is client.signing); a date-time further than ``CLOCK_SKEW_S`` from the node's clock is
+refused.
 Under mutual TLS a call without a signature is the certificate's subject,
 ``Cert:<common name>``. No credentials, a bad signature, an unknown key or a stale date:
 UNAUTHENTICATED. An identified caller without the permission: PERMISSION_DENIED. Both are
@@ -38,7 +37,6 @@ from __future__ import annotations
 
 import calendar
 import contextvars
-import hashlib
 import hmac
 import inspect
 import ipaddress
@@ -53,24 +51,27 @@ import yaml
 from opentelemetry import metrics
 
 from rmqstore.common.errors import InvalidArgument
+from rmqstore.common.signing import (
+    ALGORITHM,
+    AUTHORIZATION_KEY,
+    DATE_TIME_FORMAT,
+    DATE_TIME_KEY,
+    signature,
+)
 from rmqstore.service.errors import REASON_KEY
-from rmqstore.service.guard import _behavior, _constructor, _Malformed
+from rmqstore.service.guard import Malformed
+from rmqstore.service.handlers import Handler, handler_behavior, handler_constructor
 
-# grpc's stubs make contexts and handlers generic in request and response types; these
+# grpc's stubs make contexts generic in request and response types; these
 # wrappers serve every method alike.
 Context = Any
 AsyncContext = Any
-Handler = Any
 
 
 ACTIONS = ("Pub", "Sub", "Create", "Update", "Get", "List")
 DECISIONS = ("Allow", "Deny")
 USER_TYPES = ("Super", "Normal")
 CLOCK_SKEW_S = 300
-DATE_TIME_KEY = "x-mq-date-time"
-AUTHORIZATION_KEY = "authorization"
-ALGORITHM = "MQv2-HMAC-SHA1"
-DATE_TIME_FORMAT = "%Y%m%dT%H%M%SZ"
 _DATE_TIME = re.compile(r"\d{8}T\d{6}Z")
 _AUTHORIZATION = re.compile(
     r"MQv2-HMAC-SHA1 Credential=(?P<credential>[^,\s]+), ?SignedHeaders=(?P<headers>[^,\s]+), ?Signature=(?P<signature>[0-9A-Fa-f]{40})"
@@ -189,60 +190,6 @@ def _entry(path: str, where: str, policy: Any) -> Entry:
     return Entry(tuple(resources), frozenset(actions), decision == "Allow", tuple(networks))
 
 
-# Signing (the client's side)
-
-
-def sign(access_key: str, secret_key: str, now_s: float | None = None) -> list[tuple[str, str]]:
-    """The metadata that signs one call."""
-    date_time = time.strftime(DATE_TIME_FORMAT, time.gmtime(time.time() if now_s is None else now_s))
-    signature = hmac.new(secret_key.encode(), date_time.encode(), hashlib.sha1).hexdigest()
-    return [
-        (DATE_TIME_KEY, date_time),
-        (AUTHORIZATION_KEY, f"{ALGORITHM} Credential={access_key}, SignedHeaders={DATE_TIME_KEY}, Signature={signature}"),
-    ]
-
-
-class _Signing(
-    grpc.UnaryUnaryClientInterceptor,
-    grpc.UnaryStreamClientInterceptor,
-    grpc.StreamUnaryClientInterceptor,
-    grpc.StreamStreamClientInterceptor,
-):
-    def __init__(self, access_key: str, secret_key: str):
-        self.access_key, self.secret_key = access_key, secret_key
-
-    def _details(self, details: Any) -> Any:
-        metadata = (*(details.metadata or ()), *sign(self.access_key, self.secret_key))
-        return _CallDetails(details.method, details.timeout, metadata, details.credentials, details.wait_for_ready, details.compression)
-
-    def intercept_unary_unary(self, continuation, details, request):  # type: ignore[no-untyped-def]
-        return continuation(self._details(details), request)
-
-    def intercept_unary_stream(self, continuation, details, request):  # type: ignore[no-untyped-def]
-        return continuation(self._details(details), request)
-
-    def intercept_stream_unary(self, continuation, details, requests):  # type: ignore[no-untyped-def]
-        return continuation(self._details(details), requests)
-
-    def intercept_stream_stream(self, continuation, details, requests):  # type: ignore[no-untyped-def]
-        return continuation(self._details(details), requests)
-
-
-@dataclass(frozen=True)
-class _CallDetails(grpc.ClientCallDetails):
-    method: str
-    timeout: float | None
-    metadata: tuple[tuple[str, str | bytes], ...] | None
-    credentials: Any
-    wait_for_ready: bool | None
-    compression: Any
-
-
-def signing_channel(channel: grpc.Channel, access_key: str, secret_key: str) -> grpc.Channel:
-    """``channel`` with every call signed."""
-    return grpc.intercept_channel(channel, _Signing(access_key, secret_key))
-
-
 # Checking (the node's side)
 
 
@@ -284,7 +231,7 @@ def authenticate(acl: Acl, metadata: Iterable[tuple[str, Any]], certificate_name
     secret = acl.secrets.get(access_key)
     # The same work for an unknown key as for a known one: the time taken does not say
     # which keys exist.
-    expected = hmac.new(secret if secret is not None else b"\x00" * 16, headers[DATE_TIME_KEY].encode(), hashlib.sha1).hexdigest()
+    expected = signature(secret if secret is not None else b"\x00" * 16, headers[DATE_TIME_KEY])
     if not hmac.compare_digest(expected, match["signature"].lower()) or secret is None:
         raise Refused(grpc.StatusCode.UNAUTHENTICATED, "BadSignature", "unknown access key or wrong signature")
     if abs(now_s - signed_at) > CLOCK_SKEW_S:
@@ -449,14 +396,14 @@ class _Answered:
 
 
 def _checked(handler: Handler, acl: AsyncAclInterceptor, rule: MethodRule | None, metadata: Sequence[tuple[str, Any]]) -> Handler:
-    behavior = _behavior(handler)
+    behavior = handler_behavior(handler)
     generates = inspect.isasyncgenfunction(behavior)
     need = rule.need if rule is not None else None
     answer = rule.answer if rule is not None and not handler.request_streaming else None
 
     async def refused_with(context: AsyncContext, request: Any, refused: Refused) -> _Answered:
         # A request that did not parse cannot shape an answer: it gets the gRPC error.
-        if answer is not None and not isinstance(request, _Malformed):
+        if answer is not None and not isinstance(request, Malformed):
             acl.note(context, refused)
             return _Answered(answer(request, refused))
         await acl.refuse(context, refused)
@@ -469,7 +416,7 @@ def _checked(handler: Handler, acl: AsyncAclInterceptor, rule: MethodRule | None
             return await refused_with(context, request, refused)
         current_principal.set(principal)
         if not handler.request_streaming:
-            if not isinstance(request, _Malformed):  # the guard answers those
+            if not isinstance(request, Malformed):  # the guard answers those
                 try:
                     acl.authorize(principal, need, request, context.peer())
                 except Refused as refused:
@@ -478,7 +425,7 @@ def _checked(handler: Handler, acl: AsyncAclInterceptor, rule: MethodRule | None
 
         async def each(requests: AsyncIterator[Any]) -> AsyncIterator[Any]:
             async for item in requests:
-                if not isinstance(item, _Malformed):
+                if not isinstance(item, Malformed):
                     try:
                         acl.authorize(principal, need, item, context.peer())
                     except Refused as refused:
@@ -507,7 +454,7 @@ def _checked(handler: Handler, acl: AsyncAclInterceptor, rule: MethodRule | None
             return await behavior(checked, context)
 
         wrapped = answering
-    return _constructor(handler)(wrapped, request_deserializer=handler.request_deserializer, response_serializer=handler.response_serializer)
+    return handler_constructor(handler)(wrapped, request_deserializer=handler.request_deserializer, response_serializer=handler.response_serializer)
 
 
 def may_see_paths() -> bool:

@@ -20,18 +20,20 @@ import grpc
 from google.protobuf.message import DecodeError
 
 from rmqstore.service.errors import REASON_KEY
+from rmqstore.service.handlers import Handler, handler_behavior, handler_constructor
 
-# grpc's stubs make contexts and handlers generic in request and response types; these
+# grpc's stubs make contexts generic in request and response types; these
 # wrappers serve every method alike.
 AsyncContext = Any
-Handler = Any
 
 
 REASON = "MalformedRequest"
 
 
-class _Malformed:
-    """What the guarded parser returns for bytes that are not the method's request."""
+class Malformed:
+    """What the guarded parser returns for bytes that are not the method's request: the
+    request an interceptor after the guard (service.acl) may see, and must let through to
+    the guard's wrapper, which answers it."""
 
     __slots__ = ("detail",)
 
@@ -54,46 +56,31 @@ def _guarded(deserialize: Callable[[bytes], Any]) -> Callable[[bytes], Any]:
         except (DecodeError, ValueError, TypeError):
             # Protobuf's parser raises DecodeError; ValueError and TypeError cover
             # deserializers that are not protobuf's (none today) failing the same way.
-            return _Malformed(detail)
+            return Malformed(detail)
 
     return parse
 
 
-async def _abort_async(context: AsyncContext, marker: _Malformed) -> None:
+async def _abort_async(context: AsyncContext, marker: Malformed) -> None:
     context.set_trailing_metadata(((REASON_KEY, REASON),))
     await context.abort(grpc.StatusCode.INVALID_ARGUMENT, marker.detail)
 
 
-def _constructor(handler: Handler) -> Callable[..., Handler]:
-    constructor: Callable[..., Handler]
-    if handler.request_streaming:
-        constructor = grpc.stream_stream_rpc_method_handler if handler.response_streaming else grpc.stream_unary_rpc_method_handler
-    else:
-        constructor = grpc.unary_stream_rpc_method_handler if handler.response_streaming else grpc.unary_unary_rpc_method_handler
-    return constructor
-
-
-def _behavior(handler: Handler) -> Callable[..., Any]:
-    if handler.request_streaming:
-        return handler.stream_stream if handler.response_streaming else handler.stream_unary  # type: ignore[no-any-return]
-    return handler.unary_stream if handler.response_streaming else handler.unary_unary  # type: ignore[no-any-return]
-
-
 def _asynchronous(handler: Handler) -> Handler:
-    behavior = _behavior(handler)
+    behavior = handler_behavior(handler)
     # A streaming answer is either an async generator or a coroutine that writes with
     # context.write (grpc's health Watch): the wrapper takes the same form.
     generates = inspect.isasyncgenfunction(behavior)
 
     async def checked(requests: AsyncIterator[Any], context: AsyncContext) -> AsyncIterator[Any]:
         async for request in requests:
-            if isinstance(request, _Malformed):
+            if isinstance(request, Malformed):
                 await _abort_async(context, request)
             yield request
 
     async def arrived(request: Any, context: AsyncContext) -> Any:
         if not handler.request_streaming:
-            if isinstance(request, _Malformed):
+            if isinstance(request, Malformed):
                 await _abort_async(context, request)
             return request
         return checked(request, context)
@@ -123,7 +110,7 @@ def _asynchronous(handler: Handler) -> Handler:
             return await behavior(await arrived(request, context), context)
 
         wrapped = answering
-    return _constructor(handler)(
+    return handler_constructor(handler)(
         wrapped,
         request_deserializer=_guarded(handler.request_deserializer),
         response_serializer=handler.response_serializer,

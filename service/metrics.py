@@ -17,27 +17,18 @@ first bucket). Gauges carry the store directory as ``rmqstore.store``.
 from __future__ import annotations
 
 import os
-import shutil
 import sys
 import threading
-import time
 import weakref
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from opentelemetry import metrics
 from opentelemetry.metrics import CallbackOptions, Observation
 
 from rmqstore.common.errors import InvalidArgument
-from rmqstore.common.files.progress import read_progress
-from rmqstore.common.sequences import all_equal
 from rmqstore.service.telemetry import exporter_requested
-
-if TYPE_CHECKING:
-    from rmqstore.query.view import StoreView
-    from rmqstore.writer.store import AppendResults, Writer
 
 METER_NAME = "rmqstore"
 _configured: MetricsEndpoint | None = None
@@ -154,7 +145,7 @@ def duration_histogram_s(name: str, description: str) -> metrics.Histogram:
     )
 
 
-class _Gauge:
+class Gauge:
     """One observable gauge per process, observing every live owner (a writer, a store
     view, a server) with its own attributes: the API cannot unregister a callback, so
     owners are held weakly and drop out when they are gone. A reading of None is no
@@ -180,120 +171,21 @@ class _Gauge:
                 yield Observation(value, attributes)
 
 
-_gauges: dict[str, _Gauge] = {}
+_gauges: dict[str, Gauge] = {}
 _gauges_lock = threading.Lock()
 
 
-def _gauge(name: str, unit: str, description: str) -> _Gauge:
+def gauge(name: str, unit: str, description: str) -> Gauge:
+    """The process's observable gauge of that name (made on first use): each owner
+    watches it with its own attributes."""
     with _gauges_lock:
         if name not in _gauges:
-            _gauges[name] = _Gauge(name, unit, description)
+            _gauges[name] = Gauge(name, unit, description)
         return _gauges[name]
 
 
 def watch_open_streams(limiter: object, port: int, read: Callable[[Any], int]) -> None:
     """``rmqstore.rpc.streams.open``: the streaming calls a server holds open now."""
-    _gauge("rmqstore.rpc.streams.open", "{stream}", "streaming calls open on this server").watch(
+    gauge("rmqstore.rpc.streams.open", "{stream}", "streaming calls open on this server").watch(
         limiter, {"server.port": port}, read
     )
-
-
-def _disk_utilization(writer: Writer) -> float:
-    usage = shutil.disk_usage(writer.config.store)
-    return usage.used / usage.total if usage.total else 0.0
-
-
-class WriterMetrics:
-    """The writer's instruments; its gauges read the writer when the SDK collects and
-    carry the store directory as ``rmqstore.store``."""
-
-    def __init__(self, writer: Writer):
-        meter = metrics.get_meter(METER_NAME)
-        self.messages = meter.create_counter("rmqstore.writer.messages", unit="{message}", description="messages appended")
-        self.bytes = meter.create_counter("rmqstore.writer.bytes", unit="By", description="commit log bytes appended")
-        self.append_duration = duration_histogram_s(
-            "rmqstore.writer.append.duration", "time to append and acknowledge one request (under SYNC, its fsync too)"
-        )
-        self.fsync_duration = duration_histogram_s(
-            "rmqstore.writer.fsync.duration", "time to fsync the commit log bytes written since the last flush"
-        )
-        self._store = str(writer.config.store)
-        writer.flush_observer = self.flushed
-        store: dict[str, str | int] = {"rmqstore.store": self._store}
-        _gauge("rmqstore.writer.unflushed", "By", "written, not yet fsynced").watch(
-            writer, store, lambda w: w.unflushed_bytes
-        )
-        _gauge("rmqstore.writer.dispatch.lag", "By", "appended, not yet dispatched and published to query nodes").watch(
-            writer, store, lambda w: w.dispatch_lag_bytes
-        )
-        _gauge("rmqstore.writer.disk.utilization", "1", "used share of the store's file system").watch(
-            writer, store, _disk_utilization
-        )
-
-    def appended(self, results: AppendResults, started: float) -> None:
-        """One request acknowledged: its duration, and its messages and bytes per topic."""
-        if not metrics_on():
-            return
-        self.append_duration.record(time.perf_counter() - started)
-        topics = results.topics
-        if not topics:
-            return
-        if all_equal(topics):  # one topic, the usual batch
-            per_topic = {topics[0]: (len(topics), results.size_bytes)}
-        else:
-            counts: dict[str, list[int]] = {}
-            for topic, size in zip(topics, results.sizes):
-                entry = counts.setdefault(topic, [0, 0])
-                entry[0] += 1
-                entry[1] += size
-            per_topic = {topic: (entry[0], entry[1]) for topic, entry in counts.items()}
-        for topic, (count, size_bytes) in per_topic.items():
-            attributes = {"messaging.destination.name": topic}
-            self.messages.add(count, attributes)
-            self.bytes.add(size_bytes, attributes)
-
-    def flushed(self, size_bytes: int, duration_s: float) -> None:
-        """An fsync of ``size_bytes`` commit log bytes took ``duration_s`` (flushes with
-        nothing to write are not recorded: an idle ASYNC writer would fill the lowest
-        bucket twice a second)."""
-        if size_bytes > 0:
-            self.fsync_duration.record(duration_s)
-
-
-def _query_lag(view: StoreView) -> tuple[int, int | None]:
-    """Bytes and milliseconds of store time the node shows less than the writer has
-    published now (the node itself catches up only when it next serves a lookup). The
-    time is unknown without the writer's progress file (a store Apache's broker wrote)."""
-    status = view.status()
-    progress = read_progress(view.root)
-    if progress is None:
-        return status.lag_bytes, None
-    lag_bytes = max(progress.dispatched_offset - status.visible_offset, 0)
-    if lag_bytes == 0:
-        return 0, 0
-    return lag_bytes, max(progress.last_store_timestamp_ms - status.last_store_timestamp_ms, 0)
-
-
-class QueryMetrics:
-    """The query node's instruments; its gauges carry the store as ``rmqstore.store``."""
-
-    def __init__(self, view: StoreView):
-        self.duration = duration_histogram_s("rmqstore.query.duration", "time to answer one lookup")
-        store: dict[str, str | int] = {"rmqstore.store": view.root}
-        _gauge("rmqstore.query.lag", "By", "published by the writer, not yet visible here").watch(
-            view, store, lambda v: _query_lag(v)[0]
-        )
-        _gauge(
-            "rmqstore.query.lag.time", "ms", "store time between the writer's newest published message and this node's"
-        ).watch(view, store, lambda v: _query_lag(v)[1])
-        _gauge("rmqstore.query.staleness", "ms", "time since this node last read the writer's progress").watch(
-            view, store, lambda v: v.status().refreshed_ago_ms
-        )
-
-    @contextmanager
-    def timed(self, lookup: str) -> Iterator[None]:
-        started = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.duration.record(time.perf_counter() - started, {"rmqstore.lookup": lookup})

@@ -5,8 +5,8 @@ Both nodes serve on grpc's asyncio server on an event loop of its own thread
 (:class:`AsyncServing`): a SYNC ack waits for an fsync, a stream lasts as long as its
 client, a reader may stop reading, and none of them may hold a thread while it waits
 (service.limits). Every call passes the malformed-request guard (service.guard) and, with
-an ACL, its check (service.acl). The TLS credentials and the client's channel are in
-service.channels, which a client loads without the server's dependencies."""
+an ACL, its check (service.acl). A node's TLS credentials are in service.channels, the
+client's channel in client.channels: neither loads the server's dependencies."""
 
 from __future__ import annotations
 
@@ -22,8 +22,8 @@ from grpc_reflection.v1alpha import reflection, reflection_pb2, reflection_pb2_g
 from opentelemetry import trace
 from opentelemetry.instrumentation.grpc import aio_server_interceptor
 
+from rmqstore.common.transport import MAX_MESSAGE_BYTES
 from rmqstore.service.acl import Acl, AsyncAclInterceptor, MethodRule
-from rmqstore.service.channels import MAX_MESSAGE_BYTES
 from rmqstore.service.guard import AsyncMalformedRequestGuard
 from rmqstore.service.limits import (
     CONNECTION_IDLE_MAX_MS,

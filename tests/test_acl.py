@@ -24,9 +24,11 @@ from support.inprocess import WriterNode
 from support.nodes import Nodes
 from support.pki import Pki
 
+from rmqstore.client.channels import open_channel
+from rmqstore.client.signing import sign, signing_channel
 from rmqstore.common.errors import InvalidArgument
-from rmqstore.service.acl import load_acl, sign, signing_channel
-from rmqstore.service.channels import load_server_credentials, open_channel
+from rmqstore.service.acl import load_acl
+from rmqstore.service.channels import load_server_credentials
 from rmqstore.v1 import messages_pb2, query_pb2, query_pb2_grpc, writer_pb2, writer_pb2_grpc
 
 RPC_TIMEOUT_S = 10.0

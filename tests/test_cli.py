@@ -185,7 +185,7 @@ def test_exit_4_a_stop_that_stalls_ends_with_every_threads_stack() -> None:
     program = (
         "import threading, time\n"
         "from rmqstore.service.logs import configure_logging\n"
-        "from rmqstore.cli.writer_tools import stop_watchdog\n"
+        "from rmqstore.service.stopping import stop_watchdog\n"
         "configure_logging('rmqstore-writer')\n"
         "def a_close_that_never_returns():\n"
         "    threading.Event().wait()\n"

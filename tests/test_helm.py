@@ -33,9 +33,11 @@ from rmqstore.cli import query_tools, writer_tools
 from rmqstore.cli.main import build_parser
 from rmqstore.common.codec.hosts import SocketAddress
 from rmqstore.common.files.store import StoreSizes
+from rmqstore.query import node as query_node
 from rmqstore.query.service import SERVICE_NAME as QUERY_SERVICE
 from rmqstore.service.metrics import metrics_requested
 from rmqstore.service.telemetry import tracing_requested
+from rmqstore.writer import node as writer_node
 from rmqstore.writer.service import SERVICE_NAME as WRITER_SERVICE
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -367,10 +369,10 @@ def test_security_context(rendering: Rendering) -> None:
 
 def test_grace_period_outlasts_the_writers_stop(rendering: Rendering) -> None:
     writer = rendering.one("StatefulSet", WRITER)["spec"]["template"]["spec"]
-    assert writer["terminationGracePeriodSeconds"] >= writer_tools.SHUTDOWN_GRACE_S + FINAL_FLUSH_BUDGET_S
+    assert writer["terminationGracePeriodSeconds"] >= writer_node.SHUTDOWN_GRACE_S + FINAL_FLUSH_BUDGET_S
     for deployment in rendering.kinds("Deployment"):
         grace = deployment["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
-        assert grace > query_tools.SHUTDOWN_GRACE_S
+        assert grace > query_node.SHUTDOWN_GRACE_S
 
 
 def test_resources_are_set(rendering: Rendering) -> None:

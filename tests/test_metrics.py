@@ -305,8 +305,8 @@ def test_a_one_millisecond_append_lands_in_the_bucket_above_one_millisecond(tmp_
     """The writer's recording itself, of appends started 1 ms ago: (1 ms, 2 ms], not the
     SDK's default first bucket (and the flush between them, of 0 bytes the second time,
     records one fsync)."""
-    from rmqstore.service.metrics import WriterMetrics
     from rmqstore.writer.config import WriterConfig
+    from rmqstore.writer.metrics import WriterMetrics
     from rmqstore.writer.store import Writer
     from rmqstore.writer.validate import MessageInput
 

@@ -21,10 +21,11 @@ from support.nodes import Nodes
 from support.rmq5 import DRIVERS, client_env, rmq5_python, run_node
 from support.stores import SIZE_ARGS
 
+from rmqstore.client.signing import signing_channel
 from rmqstore.rocketmq_v2 import definition_pb2 as v2
 from rmqstore.rocketmq_v2 import service_pb2 as v2s
 from rmqstore.rocketmq_v2 import service_pb2_grpc
-from rmqstore.service.acl import load_acl, signing_channel
+from rmqstore.service.acl import load_acl
 from rmqstore.v1 import query_pb2, query_pb2_grpc
 from rmqstore.writer.rocketmq5 import SERVICE_NAME as MESSAGING_SERVICE
 

@@ -23,8 +23,9 @@ from support.stores import SIZE_ARGS
 from support.wait import wait_until
 
 from rmqstore.cli.main import main
+from rmqstore.client.channels import open_channel
 from rmqstore.common.errors import InvalidArgument
-from rmqstore.service.channels import load_server_credentials, open_channel
+from rmqstore.service.channels import load_server_credentials
 from rmqstore.v1 import messages_pb2, writer_pb2, writer_pb2_grpc
 from rmqstore.writer.config import FlushPolicy
 from rmqstore.writer.service import SERVICE_NAME as WRITER_SERVICE

@@ -25,9 +25,9 @@ from rmqstore.common.codec.hosts import SocketAddress
 from rmqstore.common.errors import InvalidArgument
 from rmqstore.common.files.check import check_store
 from rmqstore.common.files.commitlog import CommitLog
-from rmqstore.service.metrics import WriterMetrics
 from rmqstore.v1 import messages_pb2, writer_pb2
 from rmqstore.writer.config import FlushPolicy, WriterConfig
+from rmqstore.writer.metrics import WriterMetrics
 from rmqstore.writer.service import (
     SERVICE_NAME,
     GroupAppender,

@@ -25,9 +25,9 @@ from rmqstore.common.errors import InvalidArgument, StoreError, invariant
 from rmqstore.common.tracing import LINKS_MAX, tracing_on
 from rmqstore.service.acl import may_see_paths
 from rmqstore.service.errors import abort_with_async, mapped_async
-from rmqstore.service.metrics import WriterMetrics
 from rmqstore.v1 import messages_pb2, writer_pb2, writer_pb2_grpc
 from rmqstore.writer.config import FlushPolicy
+from rmqstore.writer.metrics import WriterMetrics
 from rmqstore.writer.store import GROUP_MAX_MESSAGES, AppendResults, Writer
 from rmqstore.writer.validate import EMPTY_PROPERTIES, MessageBatch
 

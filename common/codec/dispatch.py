@@ -45,6 +45,7 @@ from rmqstore.common.codec.javahash import (
 from rmqstore.common.codec.record import Record
 from rmqstore.common.codec.speedups import _speedups
 from rmqstore.common.errors import invariant
+from rmqstore.common.sequences import numbered
 
 DEFAULT_DELAY_LEVELS_MS = parse_delay_levels()
 _QUEUED = (sysflag.TRANSACTION_NOT, sysflag.TRANSACTION_COMMIT)
@@ -116,7 +117,7 @@ def _key_hashes_of_spans(
     has_uniq = indexed & (columns.uniq_key >= 0)
     has_keys = indexed & (columns.keys >= 0)
     if _speedups is not None:
-        distinct, record_topics = _record_topics(topics)
+        distinct, record_topics = numbered(topics)
         found = _speedups.span_key_hashes(
             np.ascontiguousarray(data),
             topic_prefix_hashes(distinct).astype(np.int64)[record_topics],
@@ -154,7 +155,7 @@ def _key_hashes_of_spans(
     at = np.concatenate((uniq_at, where[starts]))[order]
     length = np.concatenate((uniq_length, ends - starts + 1))[order]
     row = row[order]
-    distinct, record_topics = _record_topics(topics)
+    distinct, record_topics = numbered(topics)
     prefixes = topic_prefix_hashes(distinct)[record_topics[row]]
     hashes = combine_hashes(prefixes, ascii_span_hashes(data, at, length), length)
     return hashes, np.bincount(row, minlength=columns.rows).tolist()
@@ -173,12 +174,6 @@ def _value_spans(columns: RecordColumns, pairs: np.ndarray) -> tuple[np.ndarray,
 # Fewer records than this are dispatched one plan at a time (files.store.Dispatcher):
 # numpy's fixed cost per call outweighs its per-record saving for a handful of records.
 SMALL_BATCH_RECORDS = 16
-
-
-def _record_topics(topics: list[str]) -> tuple[list[str], np.ndarray]:
-    """The distinct topics, and each record's number among them."""
-    numbers = {topic: number for number, topic in enumerate(dict.fromkeys(topics))}
-    return list(numbers), np.fromiter(map(numbers.__getitem__, topics), dtype=np.int64, count=len(topics))
 
 
 def record_tags_code(record: Record, delay_levels_ms: dict[int, int] = DEFAULT_DELAY_LEVELS_MS) -> int:
@@ -272,7 +267,7 @@ class DispatchBatch:
         if _speedups is not None and len(topics) >= SMALL_BATCH_RECORDS:
             # Hashed here, without the flat list of key strings (a batch this large is
             # dispatched as arrays, which need only the hashes).
-            distinct, record_topics = _record_topics(topics)
+            distinct, record_topics = numbered(topics)
             hashes, counts = _speedups.message_key_hashes(
                 topic_prefix_hashes(distinct).astype(np.int64)[record_topics], list(uniq_keys), list(keys)
             )
@@ -363,7 +358,7 @@ class DispatchBatch:
         in commit log order) — found with array operations, not a step per record."""
         if not self.topics:
             return []
-        distinct, record_topics = _record_topics(self.topics)
+        distinct, record_topics = numbered(self.topics)
         queued = np.flatnonzero(np.asarray(self.has_unit, dtype=bool))
         # One int64 per queue: the topic's number above a queue id made non-negative.
         queue_ids = np.asarray(self.queue_ids, dtype=np.int64)[queued] + 2**31
@@ -384,7 +379,7 @@ class DispatchBatch:
         plans were made from bytes, else hashed from the key strings."""
         if self.key_hashes is not None:
             return self.key_hashes
-        distinct, record_topics = _record_topics(self.topics)
+        distinct, record_topics = numbered(self.topics)
         key_records = np.repeat(np.arange(len(self), dtype=np.int64), self.key_counts)
         return topic_key_hashes(distinct, record_topics[key_records], self.keys)
 

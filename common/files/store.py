@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -137,6 +137,70 @@ def resolve_sizes(
         index_slots=index_slots or defaults.index_slots,
         index_entries=index_entries or defaults.index_entries,
     )
+
+
+@dataclass(frozen=True, slots=True)
+class RequestedSizes:
+    """Sizes a caller asks for (the ``--commitlog-file-size``, ``--cq-file-units``,
+    ``--index-slots`` and ``--index-entries`` options), each None to take the store's own."""
+
+    commitlog_file_size_bytes: int | None = None
+    cq_file_units: int | None = None
+    index_slots: int | None = None
+    index_entries: int | None = None
+
+
+def checked_sizes(root: str, requested: RequestedSizes, *, reads_index: bool = True) -> StoreSizes:
+    """The store's sizes (:func:`resolve_sizes`), refused with InvalidArgument when the
+    first file of a kind is of another size: wrong sizes are the caller's mistake, not the
+    data disagreeing. ``reads_index``: whether the caller reads the index files (else
+    theirs are not checked)."""
+    sizes = resolve_sizes(
+        root,
+        commitlog_file_size_bytes=requested.commitlog_file_size_bytes,
+        cq_file_units=requested.cq_file_units,
+        index_slots=requested.index_slots,
+        index_entries=requested.index_entries,
+    )
+    paths = StorePaths(root)
+    log_file = _first_file(paths.commitlog, lambda name: len(name) == 20 and name.isdigit())
+    if log_file is not None and os.path.getsize(log_file) != sizes.commitlog_file_size_bytes:
+        raise InvalidArgument(
+            f"commit log file {log_file} is {os.path.getsize(log_file)} bytes, not {sizes.commitlog_file_size_bytes}; "
+            "pass the store's --commitlog-file-size"
+        )
+    queue_file = _first_queue_file(paths.consumequeue)
+    queue_bytes = sizes.cq_file_units * cq.UNIT_SIZE
+    if queue_file is not None and os.path.getsize(queue_file) != queue_bytes:
+        raise InvalidArgument(
+            f"consume queue file {queue_file} is {os.path.getsize(queue_file)} bytes, but {sizes.cq_file_units} units "
+            f"make {queue_bytes}; pass the store's --cq-file-units"
+        )
+    index_file = _first_file(paths.index, ix.is_file_name) if reads_index else None
+    index_bytes = ix.file_size(sizes.index_slots, sizes.index_entries)
+    if index_file is not None and os.path.getsize(index_file) != index_bytes:
+        raise InvalidArgument(
+            f"index file {index_file} is {os.path.getsize(index_file)} bytes, but {sizes.index_slots} slots and "
+            f"{sizes.index_entries} entries make {index_bytes}; pass the store's --index-slots and --index-entries"
+        )
+    return sizes
+
+
+def _first_file(directory: str, named: Callable[[str], bool]) -> str | None:
+    try:
+        names = sorted(name for name in os.listdir(directory) if named(name))
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    return os.path.join(directory, names[0]) if names else None
+
+
+def _first_queue_file(root: str) -> str | None:
+    for dirpath, dirnames, names in os.walk(root):
+        dirnames.sort()
+        files = sorted(name for name in names if len(name) == 20 and name.isdigit())
+        if files:
+            return os.path.join(dirpath, files[0])
+    return None
 
 
 def geometry_of(sizes: StoreSizes) -> Geometry:

@@ -9,7 +9,8 @@ from typing import Any
 import grpc
 import pytest
 
-from rmqstore.service.acl import load_acl, signing_channel
+from rmqstore.client.signing import signing_channel
+from rmqstore.service.acl import load_acl
 from rmqstore.service.errors import REASON_KEY
 from rmqstore.v1 import query_pb2_grpc, writer_pb2_grpc
 from support.inprocess import QueryNode, WriterNode

@@ -11,6 +11,7 @@ from typing import Any
 
 import grpc
 
+from rmqstore.client.channels import open_channel
 from rmqstore.common.files.commitlog import CommitLog
 from rmqstore.common.files.store import StoreSizes
 from rmqstore.query.service import SERVICE_NAME as QUERY_SERVICE
@@ -18,7 +19,6 @@ from rmqstore.query.service import AsyncQueryServicer
 from rmqstore.query.view import StoreView
 from rmqstore.rocketmq_v2 import service_pb2_grpc
 from rmqstore.service.acl import Acl
-from rmqstore.service.channels import open_channel
 from rmqstore.service.server import AsyncServing
 from rmqstore.v1 import query_pb2_grpc, writer_pb2_grpc
 from rmqstore.writer.config import WriterConfig

@@ -1,0 +1,276 @@
+"""The package's dependencies point one way (docs/design.md §2), read from the source with
+``ast``: every module of every folder, every import in it (top level or inside a function,
+relative or absolute, ``importlib.import_module`` of a literal name), and every attribute
+read through an imported module.
+
+* common is the store library and imports no other package (nor the generated contracts);
+  within it the codecs never import the file layers.
+* client and service build on common only: neither imports the other.
+* writer and query build on common and service.
+* console builds on client; pipeline on client, writer and query.
+* cli may import anything, and nothing imports cli but a package's ``__main__`` (an entry
+  point, like the command line itself).
+* No module uses another module's private (underscore) name, except that a package's own
+  modules share its compiled module (``_speedups``, as the json module uses ``_json``).
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+# The folders installed as rmqstore.<name> (pyproject.toml's package-dir).
+PACKAGES = ("common", "client", "service", "writer", "query", "console", "pipeline", "cli")
+# Compiled from protos/ at install: any package but common may use the contracts.
+GENERATED = frozenset({"v1", "rocketmq_v2"})
+# What each package may import besides itself and the generated contracts.
+ALLOWED: dict[str, frozenset[str]] = {
+    "common": frozenset(),
+    "client": frozenset({"common"}),
+    "service": frozenset({"common"}),
+    "writer": frozenset({"common", "service"}),
+    "query": frozenset({"common", "service"}),
+    "console": frozenset({"common", "client"}),
+    "pipeline": frozenset({"common", "client", "writer", "query"}),
+    "cli": frozenset(PACKAGES),
+}
+# Entry points (``python -m rmqstore.<package>``) are command lines: they may import cli.
+ENTRY_POINT = "__main__"
+# A package's compiled module, which its own modules share.
+COMPILED_MODULES = frozenset({"_speedups"})
+
+# Edges that break the rules today, each with the change that removes it. The list only
+# shrinks: an edge that is gone must leave it (test_known_violations_are_still_there).
+KNOWN_VIOLATIONS: frozenset[tuple[str, str]] = frozenset(
+    {
+        # send --file's fast path screens lines with the writer's private helpers and calls
+        # the compiled JSON and protobuf codecs, which the send --file rewrite replaces.
+        ("rmqstore.cli.bulk_send", "rmqstore.writer.validate._plain_properties_bytes"),
+        ("rmqstore.cli.bulk_send", "rmqstore.writer.validate._sendable_topic"),
+        ("rmqstore.cli.bulk_send", "rmqstore.writer.validate._plainly_valid"),
+        ("rmqstore.cli.bulk_send", "rmqstore.common.codec.speedups._speedups"),
+        # The writer's request parsing and batch screen call the compiled module directly,
+        # until the one write path parses requests with protobuf's runtime.
+        ("rmqstore.writer.service", "rmqstore.common.codec.speedups._speedups"),
+        ("rmqstore.writer.validate", "rmqstore.common.codec.speedups._speedups"),
+        # The pipeline's Arrow builder, until the compiled module keeps the format's loops only.
+        ("rmqstore.pipeline.columns", "rmqstore.common.codec.speedups._speedups"),
+        # The client sets tracing up through the nodes' telemetry module, until that set-up
+        # moves to common.
+        ("rmqstore.client.tracing", "rmqstore.service.telemetry"),
+        ("rmqstore.client.late_export", "rmqstore.service.telemetry"),
+    }
+)
+
+
+@dataclass(frozen=True)
+class Edge:
+    importer: str  # rmqstore.<package>.<module>
+    imported: str  # the module, or module.name for a name imported from it
+    line: int
+
+    @property
+    def where(self) -> str:
+        return f"{self.importer}:{self.line} -> {self.imported}"
+
+
+def package_of(module: str) -> str:
+    return module.split(".")[1]
+
+
+def is_private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def package_modules() -> dict[str, Path]:
+    """Every module of the package folders, by its rmqstore name."""
+    modules = {}
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            parts = list(path.relative_to(ROOT).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            modules[".".join(["rmqstore", *parts])] = path
+    return modules
+
+
+def _resolve(importer: str, is_package: bool, module: str | None, level: int) -> str:
+    """The absolute module a ``from`` import names."""
+    if level == 0:
+        return module or ""
+    base = importer.split(".")
+    if not is_package:
+        base = base[:-1]
+    base = base[: len(base) - (level - 1)]
+    return ".".join(base + ([module] if module else []))
+
+
+def _dotted(node: ast.expr) -> str | None:
+    """``a.b.c`` of an attribute chain on a name, None for anything else."""
+    names = []
+    while isinstance(node, ast.Attribute):
+        names.append(node.attr)
+        node = node.value
+    if not isinstance(node, ast.Name):
+        return None
+    return ".".join([node.id, *reversed(names)])
+
+
+def edges(module: str, source: str, is_package: bool) -> list[Edge]:
+    """Every rmqstore module or name ``module`` imports, and every private attribute it
+    reads through an imported rmqstore module or name."""
+    tree = ast.parse(source)
+    found: list[Edge] = []
+    bound: dict[str, str] = {}  # local name -> the rmqstore module or name it is bound to
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.startswith("rmqstore."):
+                    found.append(Edge(module, alias.name, node.lineno))
+                    if alias.asname:
+                        bound[alias.asname] = alias.name
+        elif isinstance(node, ast.ImportFrom):
+            source_module = _resolve(module, is_package, node.module, node.level)
+            if source_module == "rmqstore" or source_module.startswith("rmqstore."):
+                for alias in node.names:
+                    target = f"{source_module}.{alias.name}"
+                    found.append(Edge(module, target, node.lineno))
+                    bound[alias.asname or alias.name] = target
+        elif (
+            isinstance(node, ast.Call)
+            and _dotted(node.func) in ("importlib.import_module", "import_module")
+            and node.args
+            and isinstance(node.args[0], ast.Constant)
+            and isinstance(node.args[0].value, str)
+            and node.args[0].value.startswith("rmqstore.")
+        ):
+            found.append(Edge(module, node.args[0].value, node.lineno))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and is_private(node.attr):
+            dotted = _dotted(node.value)
+            if dotted is None:
+                continue
+            head, _, rest = dotted.partition(".")
+            if head in bound:
+                target = bound[head] + ("." + rest if rest else "")
+            elif dotted.startswith("rmqstore."):
+                target = dotted
+            else:
+                continue
+            found.append(Edge(module, f"{target}.{node.attr}", node.lineno))
+    return found
+
+
+@dataclass(frozen=True)
+class Violation:
+    edge: Edge
+    rule: str
+
+    def __str__(self) -> str:
+        return f"{self.edge.where}: {self.rule}"
+
+
+def violations(modules: dict[str, Path]) -> list[Violation]:
+    """Every edge of ``modules`` that breaks a rule."""
+    broken = []
+    for module, path in modules.items():
+        broken += module_violations(module, path.read_text(encoding="utf-8"), path.name == "__init__.py")
+    return broken
+
+
+def module_violations(module: str, source: str, is_package: bool) -> list[Violation]:
+    found = ((edge, broken_rule(edge)) for edge in edges(module, source, is_package))
+    return [Violation(edge, rule) for edge, rule in found if rule is not None]
+
+
+def broken_rule(edge: Edge) -> str | None:
+    importer, imported = edge.importer, edge.imported
+    if imported == "rmqstore":
+        return None
+    source, target = package_of(importer), package_of(imported)
+    names = imported.split(".")
+    if target != source and target not in GENERATED:
+        entry_point = importer.endswith(f".{ENTRY_POINT}") and target == "cli"
+        if target not in ALLOWED[source] and not entry_point:
+            return f"{source} may not import {target}"
+    if source == "common" and target in GENERATED:
+        return "common may not import the generated contracts"
+    if importer.startswith("rmqstore.common.codec") and imported.startswith("rmqstore.common.files"):
+        return "the codecs may not import the file layers"
+    private = [name for name in names[2:] if is_private(name)]
+    if private:
+        owner = ".".join(names[: names.index(private[0])])
+        shared_compiled = target == source and private == [names[-1]] and names[-1] in COMPILED_MODULES
+        if owner != importer and not shared_compiled:
+            return f"{private[0]} is private to {owner}"
+    return None
+
+
+def test_the_package_has_the_modules_this_test_reads() -> None:
+    modules = package_modules()
+    for package in PACKAGES:
+        assert f"rmqstore.{package}" in modules, package
+    assert "rmqstore.writer.node" in modules and "rmqstore.query.node" in modules
+    assert len(modules) > 100
+
+
+@functools.cache
+def tree_violations() -> list[Violation]:
+    return violations(package_modules())
+
+
+def test_dependencies_point_one_way() -> None:
+    unexpected = [str(v) for v in tree_violations() if not _known(v.edge)]
+    assert unexpected == []
+
+
+def test_known_violations_are_still_there() -> None:
+    """An edge that was removed leaves the list, so that it cannot come back unnoticed."""
+    broken = [v.edge for v in tree_violations()]
+    gone = sorted(known for known in KNOWN_VIOLATIONS if not any(_matches(known, edge) for edge in broken))
+    assert gone == []
+
+
+def _matches(known: tuple[str, str], edge: Edge) -> bool:
+    return edge.importer == known[0] and (edge.imported == known[1] or edge.imported.startswith(known[1] + "."))
+
+
+def _known(edge: Edge) -> bool:
+    return any(_matches(known, edge) for known in KNOWN_VIOLATIONS)
+
+
+FORBIDDEN_EDGES = [
+    pytest.param("service/acl.py", "from rmqstore.writer.store import Writer\n", "service may not import writer", id="service-writer"),
+    pytest.param("service/listen.py", "from rmqstore.query import view\n", "service may not import query", id="service-query"),
+    pytest.param("console/app.py", "from rmqstore.cli.query_tools import message_json\n", "console may not import cli", id="console-cli"),
+    pytest.param("pipeline/load.py", "import rmqstore.cli.exits\n", "pipeline may not import cli", id="pipeline-cli"),
+    pytest.param("client/__init__.py", "def f():\n    from rmqstore.service.acl import load_acl\n", "client may not import service", id="client-service"),
+    pytest.param("service/acl.py", "from rmqstore.client.signing import sign\n", "service may not import client", id="service-client"),
+    pytest.param("common/errors.py", "from rmqstore.writer import config\n", "common may not import writer", id="common-writer"),
+    pytest.param("common/codec/record.py", "from ..files import commitlog\n", "the codecs may not import the file layers", id="codec-files"),
+    pytest.param("writer/node.py", "from rmqstore.cli import exits\n", "writer may not import cli", id="writer-cli"),
+    pytest.param("query/node.py", "from rmqstore.writer.validate import screen\n", "query may not import writer", id="query-writer"),
+    pytest.param("writer/node.py", "from rmqstore.common.codec.dispatch import _tags_code_of\n", "_tags_code_of is private to rmqstore.common.codec.dispatch", id="private-name"),
+    pytest.param("service/acl.py", "from rmqstore.service import guard\nguard._guarded\n", "_guarded is private to rmqstore.service.guard", id="private-attribute"),
+    pytest.param("common/files/index.py", "import rmqstore.common.codec.index\nrmqstore.common.codec.index._x\n", "_x is private to rmqstore.common.codec.index", id="private-dotted"),
+    pytest.param("cli/demo.py", "import importlib\nimportlib.import_module('rmqstore.writer.store')\n", None, id="cli-may-import-anything"),
+    pytest.param("pipeline/__main__.py", "from rmqstore.cli.main import main\n", None, id="entry-point-imports-cli"),
+    pytest.param("common/files/index.py", "from rmqstore.common.codec.speedups import _speedups\n", None, id="compiled-module-within-its-package"),
+]
+
+
+@pytest.mark.parametrize(("file", "added", "rule"), FORBIDDEN_EDGES)
+def test_an_added_import_is_caught_or_allowed_by_its_rule(file: str, added: str, rule: str | None) -> None:
+    """A forbidden import added to a module is caught by its rule (the test above would
+    fail on it), and an allowed one passes."""
+    path = ROOT / file
+    module = next(name for name, found in package_modules().items() if found == path)
+    source = path.read_text(encoding="utf-8")
+    before = module_violations(module, source, path.name == "__init__.py")
+    after = module_violations(module, source + "\n" + added, path.name == "__init__.py")
+    assert sorted({v.rule for v in after} - {v.rule for v in before}) == ([] if rule is None else [rule])

@@ -1,0 +1,291 @@
+"""A writer node, built from options: the store opened and recovered, the WriterService and
+RocketMQ 5's MessagingService on one gRPC server, and its stop in order.
+
+``rmqstore writer serve`` parses its flags into :class:`WriterOptions` and calls
+:func:`serve`; tests start a node in their own process with :meth:`WriterNode.start`
+(port 0: :attr:`WriterNode.port` is the one bound) and stop it with
+:meth:`WriterNode.stop`."""
+
+from __future__ import annotations
+
+import gc
+import json
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+import grpc
+
+from rmqstore.common.errors import InvalidArgument
+from rmqstore.common.files.directories import creatable_dir
+from rmqstore.common.files.store import RequestedSizes, checked_sizes
+from rmqstore.service.listen import (
+    ListenOptions,
+    access,
+    check_ports,
+    free_port,
+    listening,
+    server_credentials,
+    serving_fields,
+)
+from rmqstore.service.stopping import stop_requested, stop_watchdog, wait_for_stop
+from rmqstore.writer.config import FlushPolicy, WriterConfig
+
+if TYPE_CHECKING:
+    from rmqstore.service.acl import Acl
+    from rmqstore.service.metrics import MetricsEndpoint
+    from rmqstore.service.server import AsyncServing
+    from rmqstore.writer.consumers import ConsumerGroups
+    from rmqstore.writer.rocketmq5 import MessagingServicer
+    from rmqstore.writer.service import WriterServicer
+    from rmqstore.writer.store import Writer
+
+SERVICE = "rmqstore-writer"
+# Open requests get this long to finish once the node is told to stop.
+SHUTDOWN_GRACE_S = 10.0
+# The whole stop, the final flush and checkpoint included, within this (else
+# stop_watchdog ends the process): within the chart's default termination grace, 60 s.
+STOP_WITHIN_S = 50.0
+
+
+@dataclass(frozen=True)
+class WriterOptions:
+    """What a writer node is started with (``rmqstore writer serve``'s options, whose
+    defaults these are)."""
+
+    store: str  # the store directory, created if missing
+    listen: ListenOptions = field(default_factory=ListenOptions)
+    sizes: RequestedSizes = field(default_factory=RequestedSizes)
+    flush: FlushPolicy = FlushPolicy.ASYNC
+    flush_interval_ms: int = 500  # ASYNC: fsync this often
+    # ip:port written into records and msgIds (None: 127.0.0.1 and the port served on).
+    store_host: str | None = None
+    auto_create_topics: bool = True
+    # HOST:PORT RocketMQ 5 clients are routed to by QueryRoute (None: the listen address).
+    advertise: str | None = None
+    broker_name: str = "rmqstore-0"
+    consumer_flush_interval_ms: int = 1000  # the consumer groups' progress written this often
+    consumer_max_attempts: int = 17  # deliveries before a message goes to %DLQ%<group>
+    consumer_retry_delays_s: tuple[int, ...] | None = None  # None: Apache's levels
+    fifo_groups: tuple[str, ...] = ()  # consumer groups that consume FIFO
+    retention_hours: float = 72.0
+    disk_clean_ratio: float = 0.75
+    disk_full_ratio: float = 0.90
+    truncate_corrupt_tail: bool = False
+
+
+@dataclass(frozen=True)
+class CheckedWriterOptions:
+    """Options whose files and ports were checked, before the store is opened: a bad TLS
+    file, ACL, directory or taken port costs no recovery."""
+
+    options: WriterOptions
+    credentials: grpc.ServerCredentials | None
+    acl: Acl | None
+    port: int  # to listen on: the option's, or with port 0 and no store host a free one taken now
+
+
+def check(options: WriterOptions) -> CheckedWriterOptions:
+    """The options' TLS files, ACL, store directory and ports, checked (InvalidArgument
+    naming the option otherwise)."""
+    listen = options.listen
+    credentials = server_credentials(listen)
+    acl = access(listen)
+    creatable_dir(options.store, "--store")
+    check_ports(listen)
+    port = listen.port
+    if port == 0 and options.store_host is None:
+        # Records and msgIds carry the store host's port: take the port now, so that they
+        # name the one the node serves on rather than a placeholder.
+        port = free_port(listen.host)
+    return CheckedWriterOptions(options, credentials, acl, port)
+
+
+class WriterNode:
+    """A writer node serving: its store recovered and its background tasks running, its
+    services on a gRPC server (asyncio, on a thread of its own)."""
+
+    def __init__(self, checked: CheckedWriterOptions, metrics: MetricsEndpoint | None = None):
+        """Open the store (recovery), start its background tasks and serve. ``metrics``:
+        the endpoint the process's metrics are served on, named in the serving line."""
+        from rmqstore.rocketmq_v2 import service_pb2_grpc as messaging_pb2_grpc
+        from rmqstore.service.server import AsyncServing
+        from rmqstore.v1 import writer_pb2_grpc
+        from rmqstore.writer.consumers import ConsumerGroups, check_group
+        from rmqstore.writer.rocketmq5 import (
+            DEFAULT_RETRY_DELAYS_S,
+            ConsumerPolicy,
+            MessagingServicer,
+            RouteConfig,
+            acl_rules,
+        )
+        from rmqstore.writer.rocketmq5 import SERVICE_NAME as MESSAGING_SERVICE_NAME
+        from rmqstore.writer.service import SERVICE_NAME, WriterServicer
+        from rmqstore.writer.store import Writer
+
+        options, listen, port = checked.options, checked.options.listen, checked.port
+        self.options = options
+        self.metrics = metrics
+        config = WriterConfig(
+            store=options.store,
+            sizes=checked_sizes(options.store, options.sizes),
+            flush=options.flush,
+            flush_interval_ms=options.flush_interval_ms,
+            store_host=options.store_host or f"127.0.0.1:{port}",
+            auto_create_topics=options.auto_create_topics,
+            retention_hours=options.retention_hours,
+            disk_clean_ratio=options.disk_clean_ratio,
+            disk_full_ratio=options.disk_full_ratio,
+            truncate_corrupt_tail=options.truncate_corrupt_tail,
+        )
+        self.config = config
+        # Checked before recovery, like the TLS files; without an advertised endpoint the
+        # port is the bound one, known once the server listens.
+        route = RouteConfig.parse(options.advertise or f"{listen.host}:{port or 1}", options.broker_name)
+        for group in options.fifo_groups:
+            try:
+                check_group(group)
+            except InvalidArgument as error:
+                raise InvalidArgument(f"--fifo-group: {error}") from None
+        policy = ConsumerPolicy(
+            max_attempts=options.consumer_max_attempts,
+            retry_delays_s=options.consumer_retry_delays_s or DEFAULT_RETRY_DELAYS_S,
+        )
+        writer = Writer(config)
+        try:
+            groups = ConsumerGroups(
+                writer,
+                writer.paths.config,
+                flush_interval_ms=options.consumer_flush_interval_ms,
+                fifo_groups=frozenset(options.fifo_groups),
+            )
+        except BaseException:
+            writer.close()
+            raise
+        writer.start_background()
+        servicer = WriterServicer(writer)
+        # RocketMQ 5's producers share the WriterService's group commit: one appender per loop.
+        messaging = MessagingServicer(writer, servicer.appender, route, groups, policy)
+
+        def register(server: grpc.aio.Server) -> None:
+            writer_pb2_grpc.add_WriterServiceServicer_to_server(servicer, server)  # type: ignore[no-untyped-call]  # generated
+            messaging_pb2_grpc.add_MessagingServiceServicer_to_server(messaging, server)  # type: ignore[no-untyped-call]  # generated
+
+        try:
+            with listening(listen, port):
+                serving = AsyncServing(
+                    register,
+                    [SERVICE_NAME, MESSAGING_SERVICE_NAME],
+                    host=listen.host,
+                    port=port,
+                    credentials=checked.credentials,
+                    health_port=listen.health_port,
+                    workers=listen.workers,
+                    acl=checked.acl,
+                    acl_rules=acl_rules(writer),
+                )
+        except BaseException:
+            servicer.close()
+            writer.close()
+            raise
+        if not options.advertise:
+            messaging.route = RouteConfig(route.advertise_host, serving.port, route.broker_name)
+        serving.call(messaging.start_flushing())
+        self.writer: Writer = writer
+        self.groups: ConsumerGroups = groups
+        self.servicer: WriterServicer = servicer
+        self.messaging: MessagingServicer = messaging
+        self.serving: AsyncServing = serving
+        self._stopped = False
+
+    @classmethod
+    def start(cls, options: WriterOptions, metrics: MetricsEndpoint | None = None) -> WriterNode:
+        """Check the options, then open the store and serve."""
+        return cls(check(options), metrics)
+
+    @property
+    def port(self) -> int:
+        """The port the node serves on (the kernel's pick for port 0)."""
+        return int(self.serving.port)
+
+    @property
+    def health_port(self) -> int | None:
+        return self.serving.health_port
+
+    @property
+    def endpoint(self) -> str:
+        return f"{self.options.listen.host}:{self.port}"
+
+    def serving_line(self) -> dict[str, Any]:
+        """The line ``writer serve`` prints once it serves (docs/writer.md)."""
+        recovery = self.writer.recovery
+        route = self.messaging.route
+        return {
+            "event": "serving",
+            "service": "writer",
+            "port": self.port,
+            "store": self.config.store,
+            "flush": self.config.flush.value,
+            "advertise": f"{route.advertise_host}:{route.advertise_port}",
+            **serving_fields(self.options.listen, self.health_port, self.metrics),
+            "recovered": {
+                "uncleanShutdown": recovery.unclean,
+                "endOffset": recovery.stop.end_offset,
+                "stop": recovery.stop.reason.value,
+                "redispatchedRecords": recovery.redispatched_records,
+            },
+        }
+
+    def stop(self, grace_s: float = SHUTDOWN_GRACE_S) -> None:
+        """End the streams, stop the server (open requests get ``grace_s``), then write the
+        groups' progress, the final flush and the checkpoint. A second call does nothing."""
+        if self._stopped:
+            return
+        self._stopped = True
+        self.serving.call(self.messaging.end_streams())
+        self.serving.stop(grace_s)
+        self.servicer.close()
+        self.groups.flush()  # no handler runs now: the groups' progress as it stands
+        self.writer.close()
+
+    def __enter__(self) -> WriterNode:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None) -> None:
+        self.stop()
+
+
+def serve(options: WriterOptions) -> None:
+    """Run a writer node in this process until SIGTERM or SIGINT, then stop it under the
+    stop watchdog: the serving line and the stopped line on stdout (JSON), telemetry as
+    the environment asks (docs/observability.md)."""
+    from rmqstore.service.logs import configure_logging
+    from rmqstore.service.metrics import configure_metrics
+    from rmqstore.service.telemetry import configure_tracing
+
+    checked = check(options)
+    # Handlers first: a SIGTERM during recovery or right after the serving line must still
+    # end in a clean stop (final flush, checkpoint, abort removed).
+    stopping = stop_requested()
+    configure_tracing(SERVICE)
+    configure_logging(SERVICE)
+    metrics = configure_metrics(SERVICE, scrape_host=options.listen.host, scrape_port=options.listen.metrics_port)
+    node = WriterNode(checked, metrics)
+    _tune_collector()
+    print(json.dumps(node.serving_line()), flush=True)
+    wait_for_stop(stopping)
+    watchdog = stop_watchdog("writer", STOP_WITHIN_S)
+    node.stop()
+    watchdog.cancel()
+    print(json.dumps({"event": "stopped", "service": "writer"}), flush=True)
+
+
+def _tune_collector() -> None:
+    # A batch's columns are thousands of short-lived objects, freed by their reference
+    # counts (no cycles), yet each 700 allocations set the cyclic collector off over the
+    # young objects, and often enough over the whole heap (a few per cent of the intake's
+    # CPU, profiled). What is alive once serving (modules, the store's state) is moved out of
+    # its passes, and the youngest generation is collected every 10,000 allocations.
+    gc.freeze()
+    gc.set_threshold(10_000, 10, 10)
+

@@ -16,9 +16,6 @@ import grpc
 from rmqstore.cli import exits
 from rmqstore.cli.exits import EXIT_OK
 from rmqstore.cli.store_tools import add_size_options, requested_sizes
-
-# Each line of send --file (cli/bulk_send.py reads them with it).
-from rmqstore.client.jsonl import message_from_json as message_from_json
 from rmqstore.common.errors import InvalidArgument
 from rmqstore.service.listen import DEFAULT_WORKERS, ListenOptions
 from rmqstore.v1 import messages_pb2

@@ -1,5 +1,5 @@
 """The client's spans and the W3C trace context it sends, when the standard ``OTEL_*``
-variables ask for tracing (as the nodes read them, :mod:`rmqstore.service.telemetry`), or
+variables ask for tracing (as the nodes read them, :mod:`rmqstore.common.telemetry`), or
 when the program using the client installed an SDK tracer provider of its own.
 
 * A send is a PRODUCER span ``send <topic>`` with the messaging and RPC attributes; its
@@ -69,7 +69,7 @@ def requested() -> bool:
         return _enabled
     if _program_provider():
         return True
-    from rmqstore.service.telemetry import tracing_requested
+    from rmqstore.common.telemetry import tracing_requested
 
     return tracing_requested() is not None
 
@@ -86,7 +86,7 @@ def _program_provider() -> bool:
 def _decide() -> bool:
     if _program_provider():
         return True
-    from rmqstore.service.telemetry import configure_tracing, tracing_requested
+    from rmqstore.common.telemetry import configure_tracing, tracing_requested
 
     if tracing_requested() is None:
         return False

@@ -169,9 +169,9 @@ def serve(options: QueryOptions) -> None:
     """Run a query node in this process until SIGTERM or SIGINT, then stop it under the
     stop watchdog: the serving line and the stopped line on stdout (JSON), telemetry as
     the environment asks (docs/observability.md)."""
+    from rmqstore.common.telemetry import configure_tracing
     from rmqstore.service.logs import configure_logging
     from rmqstore.service.metrics import configure_metrics
-    from rmqstore.service.telemetry import configure_tracing
 
     checked = check(options)
     stopping = stop_requested()

@@ -1,4 +1,6 @@
-"""OpenTelemetry metrics of the writer and the query node (docs/observability.md, Metrics).
+"""OpenTelemetry metrics of the writer and the query node (docs/observability.md, Metrics):
+their set-up and the instruments' common parts; each node's own instruments are in
+writer.metrics and query.metrics.
 
 Instruments come from the global meter provider: a no-op until :func:`configure_metrics`
 installs the SDK (``OTEL_METRICS_EXPORTER=otlp|prometheus|console``, or an OTLP endpoint),
@@ -28,7 +30,7 @@ from opentelemetry import metrics
 from opentelemetry.metrics import CallbackOptions, Observation
 
 from rmqstore.common.errors import InvalidArgument
-from rmqstore.service.telemetry import exporter_requested
+from rmqstore.common.telemetry import exporter_requested
 
 METER_NAME = "rmqstore"
 _configured: MetricsEndpoint | None = None

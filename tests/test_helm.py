@@ -33,10 +33,10 @@ from rmqstore.cli import query_tools, writer_tools
 from rmqstore.cli.main import build_parser
 from rmqstore.common.codec.hosts import SocketAddress
 from rmqstore.common.files.store import StoreSizes
+from rmqstore.common.telemetry import tracing_requested
 from rmqstore.query import node as query_node
 from rmqstore.query.service import SERVICE_NAME as QUERY_SERVICE
 from rmqstore.service.metrics import metrics_requested
-from rmqstore.service.telemetry import tracing_requested
 from rmqstore.writer import node as writer_node
 from rmqstore.writer.service import SERVICE_NAME as WRITER_SERVICE
 

@@ -48,22 +48,11 @@ COMPILED_MODULES = frozenset({"_speedups"})
 # shrinks: an edge that is gone must leave it (test_known_violations_are_still_there).
 KNOWN_VIOLATIONS: frozenset[tuple[str, str]] = frozenset(
     {
-        # send --file's fast path screens lines with the writer's private helpers and calls
-        # the compiled JSON and protobuf codecs, which the send --file rewrite replaces.
-        ("rmqstore.cli.bulk_send", "rmqstore.writer.validate._plain_properties_bytes"),
-        ("rmqstore.cli.bulk_send", "rmqstore.writer.validate._sendable_topic"),
-        ("rmqstore.cli.bulk_send", "rmqstore.writer.validate._plainly_valid"),
-        ("rmqstore.cli.bulk_send", "rmqstore.common.codec.speedups._speedups"),
-        # The writer's request parsing and batch screen call the compiled module directly,
-        # until the one write path parses requests with protobuf's runtime.
+        # The writer's request parsing calls the compiled module directly, until the one
+        # write path parses requests with protobuf's runtime.
         ("rmqstore.writer.service", "rmqstore.common.codec.speedups._speedups"),
-        ("rmqstore.writer.validate", "rmqstore.common.codec.speedups._speedups"),
         # The pipeline's Arrow builder, until the compiled module keeps the format's loops only.
         ("rmqstore.pipeline.columns", "rmqstore.common.codec.speedups._speedups"),
-        # The client sets tracing up through the nodes' telemetry module, until that set-up
-        # moves to common.
-        ("rmqstore.client.tracing", "rmqstore.service.telemetry"),
-        ("rmqstore.client.late_export", "rmqstore.service.telemetry"),
     }
 )
 

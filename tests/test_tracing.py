@@ -13,7 +13,7 @@ from support.inprocess import QueryNode, WriterNode
 from support.stores import SMALL
 from support.telemetry import PARENT_SPAN_ID, TRACE_ID, collected, metric_reader, sdk_exporter
 
-from rmqstore.service.telemetry import tracing_requested
+from rmqstore.common.telemetry import tracing_requested
 from rmqstore.v1 import messages_pb2, writer_pb2
 from rmqstore.writer.config import FlushPolicy
 

@@ -48,9 +48,6 @@ COMPILED_MODULES = frozenset({"_speedups"})
 # shrinks: an edge that is gone must leave it (test_known_violations_are_still_there).
 KNOWN_VIOLATIONS: frozenset[tuple[str, str]] = frozenset(
     {
-        # The writer's request parsing calls the compiled module directly, until the one
-        # write path parses requests with protobuf's runtime.
-        ("rmqstore.writer.service", "rmqstore.common.codec.speedups._speedups"),
         # The pipeline's Arrow builder, until the compiled module keeps the format's loops only.
         ("rmqstore.pipeline.columns", "rmqstore.common.codec.speedups._speedups"),
     }

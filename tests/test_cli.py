@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import orjson
 import pytest
 from conftest import CLEAN, FIXTURE_SIZE_ARGS
 from support.cli import rmqstore, run
@@ -598,7 +599,8 @@ def test_send_file_acks_name_what_the_store_holds(cluster: Cluster, tmp_path: Pa
         code, out, err = run(capsys, "send", "--endpoint", cluster.writer.endpoint, "--file", str(lines), "--batch-size", batch_size)
         assert (code, err) == (0, "")
         acks = out.splitlines()
-        assert len(acks) == 3
+        # Each line is one JSON object as orjson writes it (no spaces), the fields in order.
+        assert len(acks) == 3 and all(line == orjson.dumps(json.loads(line)).decode() for line in acks)
         for line in acks:
             ack = json.loads(line)
             assert list(ack) == ["offsetMsgId", "uniqKey", "topic", "queueId", "queueOffset", "commitLogOffset", "storeTimestamp"]

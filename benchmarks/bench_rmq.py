@@ -191,41 +191,46 @@ def writer_redispatch_run(store: Path) -> dict[str, Any]:
 
 
 def sync_threads_run(store: Path, workload: Workload, producers: int, seconds: float, warmup_s: float) -> dict[str, Any]:
-    """SYNC flush in process: ``producers`` threads each appending one message at a time
-    to one Writer and waiting for its fsync — the group commit without gRPC in the way.
-    Counts the acks of the ``seconds`` after ``warmup_s``."""
-    import threading
+    """SYNC flush in process: ``producers`` tasks on one event loop each appending one
+    message at a time through the writer's group commit (GroupAppender, as its service
+    runs it) and waiting for its fsync: the group commit without gRPC in the way. Counts
+    the acks of the ``seconds`` after ``warmup_s``."""
+    import asyncio
 
     from workload import QUEUES_PER_TOPIC, TOPICS
 
+    from rmqstore.service.metrics import WriterMetrics
     from rmqstore.writer.config import FlushPolicy, WriterConfig
+    from rmqstore.writer.service import GroupAppender
     from rmqstore.writer.store import Writer
+    from rmqstore.writer.validate import MessageBatch
 
     shutil.rmtree(store, ignore_errors=True)
     writer = Writer(WriterConfig(store=str(store), flush=FlushPolicy.SYNC))
     for topic in TOPICS:
         writer.topics.create(topic, QUEUES_PER_TOPIC)
-    messages = workload.message_inputs(range(len(workload)))
+    appender = GroupAppender(writer, WriterMetrics(writer))
+    batches = [MessageBatch.of([message]) for message in workload.message_inputs(range(len(workload)))]
     start = time.perf_counter() + warmup_s
     stop = start + seconds
     latencies: list[list[int]] = [[] for _ in range(producers)]
 
-    def produce(number: int) -> None:
+    async def produce(number: int) -> None:
         position = number
         while (now := time.perf_counter()) < stop:
             began = time.perf_counter_ns()
-            writer.append([messages[position % len(messages)]])
+            await appender.append(batches[position % len(batches)], None, lambda results: results)
             if now >= start:
                 latencies[number].append(time.perf_counter_ns() - began)
             position += producers
 
-    threads = [threading.Thread(target=produce, args=(n,)) for n in range(producers)]
+    async def run() -> None:
+        await asyncio.gather(*(produce(n) for n in range(producers)))
+
     try:
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
+        asyncio.run(run())
     finally:
+        appender.close()
         writer.close()
         shutil.rmtree(store, ignore_errors=True)
     measured = [ns for per_thread in latencies for ns in per_thread]

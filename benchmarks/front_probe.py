@@ -54,7 +54,7 @@ def core(store: str, path: str) -> None:
     """The process that owns the log: the writer's group commit behind a Unix socket."""
     from rmqstore.v1 import writer_pb2
     from rmqstore.writer.config import FlushPolicy, WriterConfig
-    from rmqstore.writer.service import WriterServicer, batch_response
+    from rmqstore.writer.service import WriterServicer, batch_response, request_batch
     from rmqstore.writer.store import Writer
 
     writer = Writer(WriterConfig(store=store, flush=FlushPolicy.SYNC))
@@ -78,7 +78,7 @@ def core(store: str, path: str) -> None:
                     break
                 request = parse(bytes(pending[at + FRAME.size : at + FRAME.size + length]))
                 at += FRAME.size + length
-                stored = appender.append(request.messages, None, batch_response)
+                stored = appender.append(request_batch(request), None, batch_response)
                 stored.add_done_callback(lambda done, request_id=request_id: self.answer(request_id, done))
             del pending[:at]
 

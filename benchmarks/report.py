@@ -272,7 +272,7 @@ def _sync(sync: dict[str, Any], summary: Summary, repeats: int) -> list[str]:
                     f"{_n(figures['msgs_per_s'])} msgs/s" + (f"; {_share(figures['msgs_per_s'], ceiling)} of a no-op server's" if ceiling else ""),
                     ok if headline else None,
                 )  # fmt: skip
-        rows.append([str(producers), "in process", "Writer.append per thread", _n(r["in_process_msgs_per_s"]),
+        rows.append([str(producers), "in process", "group commit, a task per producer", _n(r["in_process_msgs_per_s"]),
                      _n(r["in_process_p50_ms"], 2), _n(r["in_process_p99_ms"], 2), NA, NA,
                      _x(r["in_process_ratio"]), NA])  # fmt: skip
         rows.append([str(producers), "SQLite", "a transaction per message", _n(r["sqlite_msgs_per_s"]),
@@ -297,9 +297,9 @@ def _sync(sync: dict[str, Any], summary: Summary, repeats: int) -> list[str]:
         f"count; {_other_clients(sync, noop['producers'])}\"No-op "
         f"server\": the same client and call against an asyncio gRPC server that acks each message without "
         f"storing it (`benchmarks/ceilings.py`), in the same run: what Python gRPC allows here with that client. "
-        f"\"In process\": N threads each appending one message at a time to one `Writer` with SYNC flush (the "
-        f"group commit without gRPC). SQLite: WAL, `synchronous=FULL`, N threads each committing one message per "
-        f"transaction through one connection behind a lock. {sync['seconds_per_run']} s measured after a "
+        f"\"In process\": N tasks on one event loop each appending one message at a time through the writer's "
+        f"group commit (`GroupAppender`, SYNC flush) without gRPC. SQLite: WAL, `synchronous=FULL`, N threads "
+        f"each committing one message per transaction through one connection behind a lock. {sync['seconds_per_run']} s measured after a "
         f"{sync['warmup_s']} s warm-up; median of {repeats} runs.",
         "",
         *_table(["producers", "client", "call", "msgs/s", "p50 ack ms", "p99 ack ms", "no-op server msgs/s",

@@ -7,11 +7,13 @@ batches' acks written as JSON Lines.
 Every file takes one path. orjson parses the lines; each field becomes a column in a few
 whole-column passes (C-speed ``map``s and ``set``s, no Python step a message); the
 writer's batch screen vouches for every message at once; protobuf's runtime builds each
-request from slices of the columns. Only where a pass finds something amiss are the
-lines checked one by one, in order, by the same rules (:func:`first_problem`), so that
-the first bad line is the one named, in the words a line alone would get. The screen
-may decline a message the rules accept (a key outside ASCII, say): then that check
-finds nothing, and the columns are sent as they are."""
+request from slices of the columns. Only where a pass finds something amiss is the file
+checked one message at a time, in order, so that the first bad line is the one named, in
+the words a line alone would get: the lines, by :func:`first_problem`, where one is no
+message of the format (not UTF-8, not JSON, a field of the wrong type); the columns'
+messages, by the writer's rules, where the screen declines some. The screen may decline
+a message the rules accept (a key outside ASCII, say): then that check finds nothing,
+and the columns are sent as they are."""
 
 from __future__ import annotations
 
@@ -26,7 +28,7 @@ from typing import Any
 import orjson
 
 from rmqstore.client.jsonl import QUEUE_ID_MAX, message_from_json
-from rmqstore.common.errors import InvalidArgument, invariant
+from rmqstore.common.errors import InvalidArgument
 from rmqstore.common.message_rules import (
     Limits,
     MessageBatch,
@@ -80,13 +82,11 @@ def read_file(path: str, limits: Limits, shared_properties: Mapping[str, str]) -
     lines = _read(path).split(b"\n")
     while lines and not lines[-1].strip():
         lines.pop()
-    documents = _parsed(path, lines, limits, shared_properties)
-    columns = _columns(documents, limits, shared_properties)
-    if columns is None:
+    documents, numbers = _parsed(path, lines, limits, shared_properties)
+    columns = _columns(documents, limits, shared_properties, numbers)
+    if columns is None:  # a line that is no message of the format
         first_problem(path, lines, limits, shared_properties)
-        columns = _columns(documents, limits, shared_properties, screened=False)
-        invariant(columns is not None, "a file whose every line passes the rules has columns")
-        assert columns is not None
+        raise AssertionError("a line the columns refuse is a problem first_problem names")
     return columns
 
 
@@ -100,14 +100,18 @@ def _read(path: str) -> bytes:
         raise InvalidArgument(f"--file {path}: {error.strerror or error}") from None
 
 
-def _parsed(path: str, lines: list[bytes], limits: Limits, shared_properties: Mapping[str, str]) -> list[Any]:
-    """Each line's JSON value (blank lines skipped)."""
+def _parsed(
+    path: str, lines: list[bytes], limits: Limits, shared_properties: Mapping[str, str]
+) -> tuple[list[Any], list[int] | None]:
+    """Each line's JSON value, blank lines skipped, and each value's line number (None
+    when no line is blank: the i-th value is line i + 1)."""
     try:
-        return list(map(orjson.loads, lines))
+        return list(map(orjson.loads, lines)), None
     except orjson.JSONDecodeError:
         pass
+    numbers = [number for number, line in enumerate(lines, start=1) if line.strip()]
     try:
-        return list(map(orjson.loads, [line for line in lines if line.strip()]))
+        return list(map(orjson.loads, [lines[number - 1] for number in numbers])), numbers
     except orjson.JSONDecodeError:
         first_problem(path, lines, limits, shared_properties)
     raise AssertionError("a line orjson refuses is a problem first_problem names")
@@ -119,10 +123,11 @@ def _all(values: Any, *types: type) -> bool:
 
 
 def _columns(
-    documents: list[Any], limits: Limits, shared_properties: Mapping[str, str], *, screened: bool = True
+    documents: list[Any], limits: Limits, shared_properties: Mapping[str, str], numbers: list[int] | None
 ) -> Columns | None:
-    """The documents' columns when every one is a message of the file format and (when
-    ``screened``) the writer's batch screen passes them all; else None."""
+    """The documents' columns when every one is a message of the file format, else None.
+    Each message is checked by the writer's rules (raising InvalidArgument for the first
+    one that breaks one, named by its line in ``numbers``, :func:`_parsed`'s)."""
     count = len(documents)
     if not _all(documents, dict):
         return None
@@ -166,10 +171,10 @@ def _columns(
     if not _all(values, str):
         return None
     counts = list(map(len, properties)) if names else []
-    if screened and count:
-        batch = MessageBatch(topics, bodies, key_lists, tags, [], queue_ids, uniq_keys, [], [], [])
+    if count:
+        batch = MessageBatch(topics, bodies, key_lists, tags, properties, queue_ids, uniq_keys, [], [], [])
         if not _screened(batch, counts, names, values, limits, shared_properties):
-            return None
+            _check_each(batch, limits, shared_properties, numbers)
     return Columns(
         topics, bodies, list(map(" ".join, key_lists)), tags,
         _queue_id_column(queue_ids, kinds) if chosen else [],
@@ -230,6 +235,21 @@ def _screened(
     return plainly_valid_beside(batch, limits, own + shared)
 
 
+def _check_each(batch: MessageBatch, limits: Limits, shared_properties: Mapping[str, str], numbers: list[int] | None) -> None:
+    """Every message by the writer's rules, one by one (where the batch screen declined
+    some: it finds the first problem and words it, or passes a message the screen could
+    not vouch for, such as one with a key outside ASCII)."""
+    for position, (topic, body, keys, tags, own, queue_id, uniq_key) in enumerate(
+        zip(batch.topics, batch.bodies, batch.keys, batch.tags, batch.properties, batch.queue_ids, batch.uniq_keys)
+    ):
+        properties = {**shared_properties, **own} if shared_properties else own
+        try:
+            validate_message(MessageInput(topic, body, keys, tags, properties, queue_id, uniq_key), limits)
+        except InvalidArgument as error:
+            number = position + 1 if numbers is None else numbers[position]
+            raise InvalidArgument(f"line {number}: {error}") from None
+
+
 def first_problem(path: str, lines: Sequence[bytes], limits: Limits, shared_properties: Mapping[str, str]) -> None:
     """Check the lines one by one, in order, by every rule (UTF-8, JSON, the format's
     fields, the writer's rules for the message stored with ``shared_properties``); raise
@@ -255,7 +275,7 @@ def first_problem(path: str, lines: Sequence[bytes], limits: Limits, shared_prop
             body=message.body,
             keys=tuple(message.keys),
             tags=message.tags,
-            properties={**shared_properties, **message.properties},
+            properties={**shared_properties, **document.get("properties", {})},
             queue_id=message.queue_id if message.HasField("queue_id") else None,
             uniq_key=message.uniq_key,
         )

@@ -194,6 +194,9 @@ def test_the_first_bad_line_is_named_whatever_its_problem(tmp_path: Path) -> Non
     assert refusal(tmp_path, b'{"topic": "T", "keys": ["a b"]}\n{"topic": \n') == (
         "line 1: key 'a b' contains a space; KEYS are space-separated"
     )
+    # Blank lines before it count: the line is the file's.
+    data = good + b"\n \r\n" + lines({"topic": "T", "keys": ["clé"]}, {"topic": "T", "keys": ["a", "b c"]})
+    assert refusal(tmp_path, data) == "line 5: key 'b c' contains a space; KEYS are space-separated"
 
 
 def test_a_line_that_is_not_utf8_is_named_with_its_byte_in_the_file(tmp_path: Path) -> None:

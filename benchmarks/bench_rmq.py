@@ -201,7 +201,7 @@ def sync_threads_run(store: Path, workload: Workload, producers: int, seconds: f
 
     from rmqstore.service.metrics import WriterMetrics
     from rmqstore.writer.config import FlushPolicy, WriterConfig
-    from rmqstore.writer.service import GroupAppender
+    from rmqstore.writer.group_commit import GroupAppender
     from rmqstore.writer.store import Writer
     from rmqstore.writer.validate import MessageBatch
 

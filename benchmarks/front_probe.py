@@ -54,7 +54,8 @@ def core(store: str, path: str) -> None:
     """The process that owns the log: the writer's group commit behind a Unix socket."""
     from rmqstore.v1 import writer_pb2
     from rmqstore.writer.config import FlushPolicy, WriterConfig
-    from rmqstore.writer.service import WriterServicer, batch_response, request_batch
+    from rmqstore.writer.intake import batch_response, request_batch
+    from rmqstore.writer.service import WriterServicer
     from rmqstore.writer.store import Writer
 
     writer = Writer(WriterConfig(store=store, flush=FlushPolicy.SYNC))

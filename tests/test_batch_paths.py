@@ -121,7 +121,7 @@ def test_a_requests_equal_properties_are_read_into_one_shared_mapping() -> None:
     """As ``messages`` and as ``columns``, a run of messages with equal properties shares
     one mapping (an empty one between them does not break the run)."""
     from rmqstore.v1 import messages_pb2, writer_pb2
-    from rmqstore.writer.service import columns_batch, to_batch
+    from rmqstore.writer.intake import columns_batch, to_batch
 
     context = {"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}
     other = {"traceparent": "00-0af7651916cd43dd8448eb211c80319c-00f067aa0ba902b7-01", "origin": "x"}

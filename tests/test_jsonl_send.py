@@ -23,7 +23,7 @@ from rmqstore.client.jsonl import message_from_json
 from rmqstore.common.errors import InvalidArgument
 from rmqstore.common.message_rules import DEFAULT_LIMITS, MessageBatch
 from rmqstore.v1 import writer_pb2
-from rmqstore.writer.service import columns_batch
+from rmqstore.writer.intake import columns_batch
 
 LIMITS = DEFAULT_LIMITS
 TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"

@@ -27,15 +27,10 @@ from rmqstore.common.files.check import check_store
 from rmqstore.common.files.commitlog import CommitLog
 from rmqstore.v1 import messages_pb2, writer_pb2
 from rmqstore.writer.config import FlushPolicy, WriterConfig
+from rmqstore.writer.group_commit import GroupAppender
+from rmqstore.writer.intake import batch_response, columns_batch, request_batch, to_batch
 from rmqstore.writer.metrics import WriterMetrics
-from rmqstore.writer.service import (
-    SERVICE_NAME,
-    GroupAppender,
-    batch_response,
-    columns_batch,
-    request_batch,
-    to_batch,
-)
+from rmqstore.writer.service import SERVICE_NAME
 from rmqstore.writer.store import Writer
 from rmqstore.writer.validate import MessageInput
 

@@ -63,7 +63,8 @@ from rmqstore.writer.consumers import (
     check_group,
 )
 from rmqstore.writer.consumers import DEFAULT_MAX_ATTEMPTS as DEFAULT_CONSUMER_MAX_ATTEMPTS
-from rmqstore.writer.service import GroupAppender, peer_address
+from rmqstore.writer.group_commit import GroupAppender
+from rmqstore.writer.service import peer_address
 from rmqstore.writer.store import AppendResults, Writer
 from rmqstore.writer.validate import (
     RESERVED_PROPERTIES,

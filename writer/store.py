@@ -458,7 +458,7 @@ class Writer:
         """Append one caller's messages in order and dispatch them; returns once the flush
         policy says they are stored. Bad input raises before anything is written. Calls
         are taken one at a time: concurrent requests are combined by the service's group
-        commit (writer.service.GroupAppender, through :meth:`append_group`)."""
+        commit (writer.group_commit.GroupAppender, through :meth:`append_group`)."""
         batch = messages if isinstance(messages, MessageBatch) else MessageBatch.of(messages)
         [outcome] = self.append_group(batch, [(batch.message_count, peer)])
         if isinstance(outcome, BaseException):

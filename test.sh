@@ -7,10 +7,18 @@ VENV="${RMQSTORE_VENV:-.venv}"
 if [ ! -x "$VENV/bin/python" ]; then
     python3 -m venv "$VENV"
 fi
-# Install quietly; show pip's output only if it fails.
-if ! { "$VENV/bin/pip" install --upgrade pip && "$VENV/bin/pip" install -e '.[test]'; } > "$VENV/install.log" 2>&1; then
-    cat "$VENV/install.log" >&2
-    exit 1
+# The install is editable: as in run.sh (and with its stamp), pip runs only when what the
+# install builds (dependencies, the compiled protobuf stubs, the C codecs) is stale or gone.
+STAMP="$VENV/rmqstore-install.sha256"
+current="$(find pyproject.toml setup.py protos/rmqstore common/codec/speedups_c -type f \( -name '*.proto' -o -name '*.c' -o -name '*.h' -o -name '*.toml' -o -name '*.py' \) -print0 | sort -z | xargs -0 sha256sum | sha256sum | cut -d' ' -f1)"
+built() { [ -d protos/gen/rmqstore/v1 ] && compgen -G 'common/codec/_speedups*.so' > /dev/null; }
+if [ ! -x "$VENV/bin/rmqstore" ] || [ "$(cat "$STAMP" 2>/dev/null)" != "$current" ] || ! built; then
+    # Install quietly; show pip's output only if it fails.
+    if ! { "$VENV/bin/pip" install --upgrade pip && "$VENV/bin/pip" install -e '.[test]'; } > "$VENV/install.log" 2>&1; then
+        cat "$VENV/install.log" >&2
+        exit 1
+    fi
+    echo "$current" > "$STAMP"
 fi
 # The console's browser tests drive Debian's chromium through its chromedriver (Selenium),
 # installed from the OS's packages if missing.

@@ -230,6 +230,8 @@ def main(argv: list[str]) -> int:
     if len(argv) != 2:
         print(f"usage: {argv[0]} PATH/TO/rmqstore", file=sys.stderr)
         return 2
+    # Stopped from outside (.ci/run ending early): stop the processes started, as on a failure.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     with tempfile.TemporaryDirectory(prefix="rmqstore-smoke-") as workdir:
         try:
             smoke(argv[1], Path(workdir))

@@ -152,6 +152,19 @@ def test_run_sh_on_a_non_empty_directory_refuses_it_and_deletes_nothing(tmp_path
     assert [p.name for p in mine.iterdir()] == ["notes.txt"] and (mine / "notes.txt").read_text() == "keep me"
 
 
+def test_test_sh_skips_the_install_on_the_same_inputs_as_run_sh() -> None:
+    """test.sh installs into the same virtualenv as run.sh, under the same stamp: both
+    must hash the same build inputs and look for the same built files."""
+    repo = Path(__file__).resolve().parent.parent
+
+    def stamp_lines(script: str) -> list[str]:
+        lines = (repo / script).read_text().splitlines()
+        return [line.strip() for line in lines if line.strip().startswith(("STAMP=", "current=", "built()"))]
+
+    assert len(stamp_lines("run.sh")) == 3
+    assert stamp_lines("test.sh") == stamp_lines("run.sh")
+
+
 def test_run_sh_installs_only_when_its_inputs_changed(tmp_path: Path) -> None:
     """run.sh on a copy of the repository's install inputs, with a venv whose pip and
     rmqstore only log their calls: the first run installs, the second does not, a changed

@@ -34,6 +34,8 @@ RSS_GROWTH_MAX_BYTES = 256 * 1024 * 1024
 SEED_MESSAGES = 2_000
 RPC_TIMEOUT_S = 10.0
 VISIBLE_WITHIN_S = 10.0
+# The p99 bound is a node's, not a loaded machine's: .ci/run runs this module alone.
+pytestmark = pytest.mark.serial
 
 
 def rss_bytes(pid: int) -> int:

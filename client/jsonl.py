@@ -11,6 +11,8 @@ from rmqstore.v1 import messages_pb2
 
 # A queue id is a Java int.
 QUEUE_ID_MAX = 2**31 - 1
+# The fields a line may have.
+FIELDS = frozenset({"topic", "body", "bodyBase64", "keys", "tags", "queueId", "properties", "uniqKey"})
 
 
 def message_from_json(line_number: int, document: Any) -> messages_pb2.Message:
@@ -19,10 +21,9 @@ def message_from_json(line_number: int, document: Any) -> messages_pb2.Message:
     where = f"line {line_number}"
     if not isinstance(document, dict):
         raise InvalidArgument(f"{where}: expected a JSON object")
-    known = {"topic", "body", "bodyBase64", "keys", "tags", "queueId", "properties", "uniqKey"}
-    unknown = set(document) - known
+    unknown = set(document) - FIELDS
     if unknown:
-        raise InvalidArgument(f"{where}: unknown field(s) {sorted(unknown)}; known: {sorted(known)}")
+        raise InvalidArgument(f"{where}: unknown field(s) {sorted(unknown)}; known: {sorted(FIELDS)}")
     if not isinstance(document.get("topic"), str):
         raise InvalidArgument(f"{where}: topic (a string) is required")
     if "body" in document and "bodyBase64" in document:

@@ -27,7 +27,7 @@ from typing import Any
 
 import orjson
 
-from rmqstore.client.jsonl import QUEUE_ID_MAX, message_from_json
+from rmqstore.client.jsonl import FIELDS, QUEUE_ID_MAX, message_from_json
 from rmqstore.common.errors import InvalidArgument
 from rmqstore.common.message_rules import (
     Limits,
@@ -41,7 +41,6 @@ from rmqstore.common.message_rules import (
 from rmqstore.common.sequences import all_equal
 from rmqstore.v1 import messages_pb2, writer_pb2
 
-KNOWN_FIELDS = frozenset({"topic", "body", "bodyBase64", "keys", "tags", "queueId", "properties", "uniqKey"})
 # The columns' queue id that asks the writer to pick one.
 PICKED_BY_WRITER = -1
 
@@ -132,7 +131,7 @@ def _columns(
     if not _all(documents, dict):
         return None
     given = frozenset().union(*documents)
-    if not given <= KNOWN_FIELDS:
+    if not given <= FIELDS:
         return None
     topics: list[Any] = list(map(dict.get, documents, repeat("topic")))
     if not _all(topics, str):

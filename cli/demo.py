@@ -72,7 +72,7 @@ def _show(title: str, *args: str) -> str:
     return done.stdout
 
 
-SAMPLES = [
+SAMPLES: list[dict[str, Any]] = [
     {"topic": "Orders", "body": "order 42 created", "keys": ["order-42", "customer-7"], "tags": "created", "queueId": 0},
     {"topic": "Orders", "body": "order 43 created", "keys": ["order-43", "customer-7"], "tags": "created", "queueId": 1},
     {"topic": "Orders", "body": "order 42 paid", "keys": ["order-42", "customer-7"], "tags": "paid", "queueId": 0},

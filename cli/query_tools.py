@@ -135,7 +135,8 @@ class StoreBackend(Backend):
         return getattr(self.servicer, method)(request, _LocalContext())
 
     def stream(self, method: str, request: Any) -> Iterator[Any]:
-        return getattr(self.servicer, method)(request, _LocalContext())
+        answers: Iterator[Any] = getattr(self.servicer, method)(request, _LocalContext())
+        return answers
 
     def close(self) -> None:
         self.view.close()
@@ -359,7 +360,7 @@ def cmd_update_topic(args: argparse.Namespace) -> int:
         )
     request = writer_pb2.CreateTopicRequest(name=args.topic, queue_count=counts.pop() if counts else 0)
     with channel_from(args, args.endpoint) as channel:
-        response = writer_pb2_grpc.WriterServiceStub(channel).CreateTopic(request, timeout=args.timeout)
+        response = writer_pb2_grpc.WriterServiceStub(channel).CreateTopic(request, timeout=args.timeout)  # type: ignore[no-untyped-call]  # generated, untyped
     document = {"topic": response.topic.name, "queueCount": response.topic.queue_count, "changed": response.created}
     print(json.dumps(document, ensure_ascii=False))
     return EXIT_OK
@@ -440,7 +441,7 @@ def _lookup_parser(
     json_help: str = "one JSON object per message",
     bodies: bool = True,
 ) -> argparse.ArgumentParser:
-    parser = commands.add_parser(name, help=help_text, description=help_text)
+    parser: argparse.ArgumentParser = commands.add_parser(name, help=help_text, description=help_text)
     where = parser.add_argument_group("where to look (exactly one)")
     where.add_argument("--endpoint", help="a query node, HOST:PORT")
     where.add_argument("--store", help="a store directory, read directly")

@@ -71,8 +71,9 @@ _STATM = "/proc/self/statm"
 
 class _ResidentGauge:
     """Resident file-backed (and shared) memory of this process, from /proc/self/statm
-    held open and read with pread (1 us, where opening it each time took 8); None off
-    Linux. /proc/self names the process that opened it, so a forked child opens its own."""
+    held open and read with pread (cheaper than opening it each time: benchmarks/FILES.md);
+    None off Linux. /proc/self names the process that opened it, so a forked child opens
+    its own."""
 
     def __init__(self) -> None:
         self._fd: int | None = None

@@ -76,8 +76,7 @@ class MappedFile:
         """``read_ahead=False`` (madvise RANDOM) for a file written page by page in
         order: a write fault on a page the file has not stored yet otherwise starts the
         kernel's read-ahead over the hole around it, which allocates and zeroes that
-        whole window at once (1.5-15 ms for the first write into a new file here,
-        against 10 µs for the one page)."""
+        whole window at once (what that costs: benchmarks/FILES.md)."""
         self.path = path
         self.file_size_bytes = file_size_bytes
         self.start_offset = start_offset
@@ -227,7 +226,7 @@ class MappedFile:
         """Where the file's trailing hole starts (SEEK_DATA/SEEK_HOLE; pages written
         through a mapping but not yet on disk count as data), or its size where the file
         system cannot tell: no byte past it can be non-zero, and reading the hole would
-        fault in every page of it (a nearly empty 1 GiB commit log file took 1.5 s)."""
+        fault in every page of it (benchmarks/FILES.md)."""
         try:
             fd = os.open(self.path, os.O_RDONLY)
         except OSError:

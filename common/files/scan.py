@@ -18,8 +18,7 @@ from rmqstore.common.errors import invariant
 from rmqstore.common.files.commitlog import CommitLog, ScanStop
 
 # Batches of 8,192 records (about 3.5 MB at 256-byte bodies) stay in the CPU's caches
-# from the copy out of the log through the passes over them: a reindex of 1M records ran
-# at 300–316 MB/s with them against 238–253 with 32,768 (alternating runs, one machine).
+# from the copy out of the log through the passes over them (benchmarks/FILES.md).
 BATCH_ROWS_DEFAULT = 8192
 BATCH_BYTES_MAX = 32 * 1024 * 1024
 

@@ -7,9 +7,7 @@ QueryService on a gRPC server, and its stop.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
-from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 import grpc
@@ -23,15 +21,13 @@ from rmqstore.service.listen import (
     check_ports,
     listening,
     server_credentials,
-    serving_fields,
 )
-from rmqstore.service.stopping import stop_requested, stop_watchdog, wait_for_stop
+from rmqstore.service.process import ServingNode, run_node
 
 if TYPE_CHECKING:
     from rmqstore.query.view import StoreView
     from rmqstore.service.acl import Acl
     from rmqstore.service.metrics import MetricsEndpoint
-    from rmqstore.service.server import AsyncServing
 
 SERVICE = "rmqstore-query"
 # Open requests get this long to finish once the node is told to stop.
@@ -73,7 +69,7 @@ def check(options: QueryOptions) -> CheckedQueryOptions:
     return CheckedQueryOptions(options, credentials, acl)
 
 
-class QueryNode:
+class QueryNode(ServingNode):
     """A query node serving: its view of the store open, the QueryService on a gRPC server
     (asyncio, on a thread of its own)."""
 
@@ -87,7 +83,6 @@ class QueryNode:
 
         options, listen = checked.options, checked.options.listen
         self.options = options
-        self.metrics = metrics
         budget = options.mapped_budget_mb
         view = StoreView(
             options.store,
@@ -115,26 +110,12 @@ class QueryNode:
             view.close()
             raise
         self.view: StoreView = view
-        self.serving: AsyncServing = serving
-        self._stopped = False
+        super().__init__(serving, listen, metrics, SHUTDOWN_GRACE_S)
 
     @classmethod
     def start(cls, options: QueryOptions, metrics: MetricsEndpoint | None = None) -> QueryNode:
         """Check the options, then map the store and serve."""
         return cls(check(options), metrics)
-
-    @property
-    def port(self) -> int:
-        """The port the node serves on (the kernel's pick for port 0)."""
-        return int(self.serving.port)
-
-    @property
-    def health_port(self) -> int | None:
-        return self.serving.health_port
-
-    @property
-    def endpoint(self) -> str:
-        return f"{self.options.listen.host}:{self.port}"
 
     def serving_line(self) -> dict[str, Any]:
         """The line ``query serve`` prints once it serves (docs/query.md)."""
@@ -146,42 +127,23 @@ class QueryNode:
             "store": self.options.store,
             "followsWriter": status.has_progress,
             "visibleOffset": status.visible_offset,
-            **serving_fields(self.options.listen, self.health_port, self.metrics),
+            **self.listen_fields(),
         }
 
-    def stop(self, grace_s: float = SHUTDOWN_GRACE_S) -> None:
-        """Stop the server (open requests get ``grace_s``) and unmap the store. A second
-        call does nothing."""
-        if self._stopped:
-            return
-        self._stopped = True
+    def close(self, grace_s: float) -> None:
+        """Stop the server (open requests get ``grace_s``) and unmap the store."""
         self.serving.stop(grace_s)
         self.view.close()
 
-    def __enter__(self) -> QueryNode:
-        return self
-
-    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None) -> None:
-        self.stop()
-
 
 def serve(options: QueryOptions) -> None:
-    """Run a query node in this process until SIGTERM or SIGINT, then stop it under the
-    stop watchdog: the serving line and the stopped line on stdout (JSON), telemetry as
-    the environment asks (docs/observability.md)."""
-    from rmqstore.common.telemetry import configure_tracing
-    from rmqstore.service.logs import configure_logging
-    from rmqstore.service.metrics import configure_metrics
-
+    """Run a query node in this process until SIGTERM or SIGINT (service.process.run_node)."""
     checked = check(options)
-    stopping = stop_requested()
-    configure_tracing(SERVICE)
-    configure_logging(SERVICE)
-    metrics = configure_metrics(SERVICE, scrape_host=options.listen.host, scrape_port=options.listen.metrics_port)
-    node = QueryNode(checked, metrics)
-    print(json.dumps(node.serving_line()), flush=True)
-    wait_for_stop(stopping)
-    watchdog = stop_watchdog("query node", STOP_WITHIN_S)
-    node.stop()
-    watchdog.cancel()
-    print(json.dumps({"event": "stopped", "service": "query"}), flush=True)
+    run_node(
+        SERVICE,
+        "query",
+        options.listen,
+        lambda metrics: QueryNode(checked, metrics),
+        stop_within_s=STOP_WITHIN_S,
+        watchdog_name="query node",
+    )

@@ -9,9 +9,7 @@ RocketMQ 5's MessagingService on one gRPC server, and its stop in order.
 from __future__ import annotations
 
 import gc
-import json
 from dataclasses import dataclass, field
-from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 import grpc
@@ -26,15 +24,13 @@ from rmqstore.service.listen import (
     free_port,
     listening,
     server_credentials,
-    serving_fields,
 )
-from rmqstore.service.stopping import stop_requested, stop_watchdog, wait_for_stop
+from rmqstore.service.process import ServingNode, run_node
 from rmqstore.writer.config import FlushPolicy, WriterConfig
 
 if TYPE_CHECKING:
     from rmqstore.service.acl import Acl
     from rmqstore.service.metrics import MetricsEndpoint
-    from rmqstore.service.server import AsyncServing
     from rmqstore.writer.consumers import ConsumerGroups
     from rmqstore.writer.rocketmq5 import MessagingServicer
     from rmqstore.writer.service import WriterServicer
@@ -101,7 +97,7 @@ def check(options: WriterOptions) -> CheckedWriterOptions:
     return CheckedWriterOptions(options, credentials, acl, port)
 
 
-class WriterNode:
+class WriterNode(ServingNode):
     """A writer node serving: its store recovered and its background tasks running, its
     services on a gRPC server (asyncio, on a thread of its own)."""
 
@@ -125,7 +121,6 @@ class WriterNode:
 
         options, listen, port = checked.options, checked.options.listen, checked.port
         self.options = options
-        self.metrics = metrics
         config = WriterConfig(
             store=options.store,
             sizes=checked_sizes(options.store, options.sizes),
@@ -195,26 +190,12 @@ class WriterNode:
         self.groups: ConsumerGroups = groups
         self.servicer: WriterServicer = servicer
         self.messaging: MessagingServicer = messaging
-        self.serving: AsyncServing = serving
-        self._stopped = False
+        super().__init__(serving, listen, metrics, SHUTDOWN_GRACE_S)
 
     @classmethod
     def start(cls, options: WriterOptions, metrics: MetricsEndpoint | None = None) -> WriterNode:
         """Check the options, then open the store and serve."""
         return cls(check(options), metrics)
-
-    @property
-    def port(self) -> int:
-        """The port the node serves on (the kernel's pick for port 0)."""
-        return int(self.serving.port)
-
-    @property
-    def health_port(self) -> int | None:
-        return self.serving.health_port
-
-    @property
-    def endpoint(self) -> str:
-        return f"{self.options.listen.host}:{self.port}"
 
     def serving_line(self) -> dict[str, Any]:
         """The line ``writer serve`` prints once it serves (docs/writer.md)."""
@@ -227,7 +208,7 @@ class WriterNode:
             "store": self.config.store,
             "flush": self.config.flush.value,
             "advertise": f"{route.advertise_host}:{route.advertise_port}",
-            **serving_fields(self.options.listen, self.health_port, self.metrics),
+            **self.listen_fields(),
             "recovered": {
                 "uncleanShutdown": recovery.unclean,
                 "endOffset": recovery.stop.end_offset,
@@ -236,48 +217,28 @@ class WriterNode:
             },
         }
 
-    def stop(self, grace_s: float = SHUTDOWN_GRACE_S) -> None:
+    def close(self, grace_s: float) -> None:
         """End the streams, stop the server (open requests get ``grace_s``), then write the
-        groups' progress, the final flush and the checkpoint. A second call does nothing."""
-        if self._stopped:
-            return
-        self._stopped = True
+        groups' progress, the final flush and the checkpoint."""
         self.serving.call(self.messaging.end_streams())
         self.serving.stop(grace_s)
         self.servicer.close()
         self.groups.flush()  # no handler runs now: the groups' progress as it stands
         self.writer.close()
 
-    def __enter__(self) -> WriterNode:
-        return self
-
-    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None) -> None:
-        self.stop()
-
 
 def serve(options: WriterOptions) -> None:
-    """Run a writer node in this process until SIGTERM or SIGINT, then stop it under the
-    stop watchdog: the serving line and the stopped line on stdout (JSON), telemetry as
-    the environment asks (docs/observability.md)."""
-    from rmqstore.common.telemetry import configure_tracing
-    from rmqstore.service.logs import configure_logging
-    from rmqstore.service.metrics import configure_metrics
-
+    """Run a writer node in this process until SIGTERM or SIGINT (service.process.run_node)."""
     checked = check(options)
-    # Handlers first: a SIGTERM during recovery or right after the serving line must still
-    # end in a clean stop (final flush, checkpoint, abort removed).
-    stopping = stop_requested()
-    configure_tracing(SERVICE)
-    configure_logging(SERVICE)
-    metrics = configure_metrics(SERVICE, scrape_host=options.listen.host, scrape_port=options.listen.metrics_port)
-    node = WriterNode(checked, metrics)
-    _tune_collector()
-    print(json.dumps(node.serving_line()), flush=True)
-    wait_for_stop(stopping)
-    watchdog = stop_watchdog("writer", STOP_WITHIN_S)
-    node.stop()
-    watchdog.cancel()
-    print(json.dumps({"event": "stopped", "service": "writer"}), flush=True)
+    run_node(
+        SERVICE,
+        "writer",
+        options.listen,
+        lambda metrics: WriterNode(checked, metrics),
+        stop_within_s=STOP_WITHIN_S,
+        watchdog_name="writer",
+        before_serving=_tune_collector,
+    )
 
 
 def _tune_collector() -> None:

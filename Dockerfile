@@ -30,13 +30,14 @@ COPY console console
 COPY .ci/smoke.py .ci/smoke.py
 # setup.py compiles protos/ with grpcio-tools, a build requirement that pip installs in an
 # isolated build environment: it never reaches the virtualenv. It also builds the codecs'
-# C extension (common/codec/speedups_c/), which needs a C compiler in this stage only;
+# C extension (common/codec/speedups_c/), which needs a C compiler and zlib's header in this
+# stage only (the runtime image has zlib itself, which Python's zlib module links);
 # every runtime dependency ships binary wheels. pip and setuptools leave the virtualenv
 # once it is complete. Then the image's virtualenv must work as installed: the C extension
 # loads, and CI's smoke check passes with it (a writer, a query node and the console on
 # 127.0.0.1 in a temporary directory, a message sent and found byte for byte).
 RUN apt-get update \
- && apt-get install --yes --no-install-recommends gcc libc6-dev \
+ && apt-get install --yes --no-install-recommends gcc libc6-dev zlib1g-dev \
  && rm -rf /var/lib/apt/lists/*
 RUN python -m venv /opt/venv \
  && /opt/venv/bin/pip install /src \

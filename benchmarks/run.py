@@ -625,7 +625,7 @@ setup(
     script_args=["build_ext", "--inplace", "--quiet"],
     ext_modules=[Extension("rmqstore.common.codec._speedups",
                            sorted(str(p) for p in Path("rmqstore/common/codec/speedups_c").glob("*.c")),
-                           extra_compile_args=["-O2", "-fvisibility=hidden"])],
+                           libraries=["z"], extra_compile_args=["-O2", "-fvisibility=hidden"])],
 )
 """
 

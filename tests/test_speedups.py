@@ -38,6 +38,12 @@ pytestmark = pytest.mark.skipif(
 )
 
 
+def examples(count: int) -> int:
+    """count, scaled by SPEEDUPS_EXAMPLES_SCALE (.ci/sanitize runs these tests at a
+    fraction of their examples: under the sanitizers every call costs several times more)."""
+    return max(10, round(count * float(os.environ.get("SPEEDUPS_EXAMPLES_SCALE", "1"))))
+
+
 def test_every_install_builds_the_extension() -> None:
     assert _speedups is not None, "the install did not build rmqstore.common.codec._speedups"
     assert record.decode_record.__module__ == "rmqstore.common.codec.record"
@@ -194,7 +200,7 @@ KEYS_PIECES = [b"a", b"b", b" ", b"\x01", b"\x02", b"\xff", b"\xc3\xa9", b"\xef\
 MATCH_KEYS = ["a", "b", "ab", "\xe9", "a\xe9", "", "\ufffd", "a\ufffd", "\ud800"]
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(keys=st.lists(st.lists(st.sampled_from(KEYS_PIECES), max_size=8).map(b"".join), min_size=1, max_size=3))
 def test_a_compiled_key_match_keeps_what_the_python_one_keeps(keys: list[bytes]) -> None:
     """read_records with a match against KeyMatch.__call__ on the record decoded in
@@ -562,7 +568,7 @@ def test_the_end_limits_what_is_read() -> None:
     assert _speedups.decode_record(encoded, len(encoded) - 4, True, len(encoded)) is None
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=examples(400), deadline=None)
 @given(st.data())
 def test_mutated_records_never_decode_differently(data: st.DataObject) -> None:
     """Whatever a byte flip does, the fast path gives the Python result or hands back."""
@@ -680,7 +686,7 @@ def _put_both_ways(slots: int, start: int, begin_ts: int, prefill: dict[int, int
     return results
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(
     st.integers(1, 9),
     st.integers(1, 6),
@@ -739,7 +745,7 @@ def _screens(batch: validate.MessageBatch, limits: validate.Limits) -> tuple[boo
         return compiled, validate.plainly_valid(batch, limits)
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=examples(400), deadline=None)
 @given(
     st.sampled_from(_SCREEN_LIMITS),
     st.lists(
@@ -796,7 +802,7 @@ def test_the_batch_screen_sends_values_of_other_types_to_the_message_checks() ->
 HOSTS = [SocketAddress(b"\x7f\x00\x00\x01", 50123), SocketAddress(b"\x0a\x00\x00\x07", 1), V6]
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(
     st.lists(
         st.tuples(
@@ -889,7 +895,7 @@ _property_text = st.text(min_size=1, max_size=12).filter(
 )
 
 
-@settings(max_examples=300)
+@settings(max_examples=examples(300))
 @given(
     st.dictionaries(_property_text.filter(lambda name: name not in (props.KEYS, props.TAGS, props.UNIQ_KEY)), _property_text, min_size=1, max_size=6),
     st.lists(
@@ -979,7 +985,7 @@ def test_walks_of_the_fixture_log_are_the_same(monkeypatch: pytest.MonkeyPatch) 
         assert _walks(chunk, 0, stop, rows_max, bytes_max, monkeypatch)[0] == _walks(chunk, 0, stop, rows_max, bytes_max, monkeypatch)[1]
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(st.data())
 def test_walks_of_mutated_logs_are_the_same(data: st.DataObject) -> None:
     records = [_sample_record(body=bytes(data.draw(st.integers(0, 50)))) for _ in range(data.draw(st.integers(1, 5)))]
@@ -1115,7 +1121,7 @@ def _pairs_both_ways(spans: list[bytes]):  # type: ignore[no-untyped-def]
     return results
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(
     st.lists(
         st.lists(st.sampled_from([b"\x01", b"\x02", b"\xff", b"\xfe", b"A", b"B", b"KEYS", b"TAGS", b"UNIQ_KEY", b"v"]),
@@ -1199,15 +1205,6 @@ def test_no_call_leaks_what_it_builds(tmp_path: Path) -> None:
         lambda: refused(_speedups.encode_records, 0, [1], [0], [5], [None], [host], ["x"], ["T"], [b"p"], 9, host, 8),
         lambda: refused(_speedups.message_key_hashes, at[:1], [None], [[]]),
         lambda: refused(_speedups.span_texts, data, at + 10**6, length),
-        lambda: _speedups.json_columns([{"topic": "T", "body": "é", "keys": ["k"], "queueId": 1}, {"topic": "U"}]),
-        lambda: _speedups.json_columns([{"topic": "T", "body": "é"}, {"topic": "T", "tags": None}]),
-        lambda: _speedups.encode_send_batches(["T", "U"], [1, None], [b"ab", b""], [["k"], []], ["t", ""], ["", "AB"],
-                                              [None, {"a": "b"}], 1),  # fmt: skip
-        lambda: refused(_speedups.encode_send_batches, ["T"], [None], ["not bytes"], [[]], [""], [""], [None], 1),
-        lambda: _speedups.jsonl_send_batches(b'{"topic":"T","body":"\\u00e9x","keys":["a"]}\n{"topic":"U"}\n{"topic":"T"}',
-                                             2, 100, 4, 10, 10, 10, b""),  # fmt: skip
-        lambda: _speedups.jsonl_send_batches(b'{"topic":"T"}\n{"topic":"T","x":1}\n', 2, 100, 4, 10, 10, 10, b"2"),
-        lambda: refused(_speedups.jsonl_send_batches, b"{}", 0, 100, 4, 10, 10, 10, b""),
         lambda: _speedups.queue_unit_blocks(["A", "B", "A"], [0, 1, 0], [4, 0, 5], [1, 2, 3], [1, 2, 3], [1, 2, 3]),
         lambda: _speedups.queue_unit_blocks(["A", "B", "A"], [0, 1, 0], [4, 0, 6], [1, 2, 3], [1, 2, 3], [1, 2, 3]),
         lambda: _speedups.queue_unit_blocks(["A", "B", "A"], [0, 1, 0], [4, 0, 5], [1, 2, 3], [1, 2**40, 3], [1, 2, 3]),
@@ -1232,7 +1229,7 @@ _PROPERTY_NAMES = st.sampled_from(["traceparent", "origin", "", "KEYS", "UNIQ_KE
 _PROPERTY_VALUES = st.sampled_from(["00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", "x", "", "a\x02b", "é" * 3, "v" * 20_000])
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(
     st.sampled_from(_SCREEN_LIMITS),
     st.lists(st.dictionaries(_PROPERTY_NAMES, _PROPERTY_VALUES, max_size=3), min_size=1, max_size=5),
@@ -1270,7 +1267,7 @@ def test_the_batch_screen_passes_properties_only_when_every_message_is_valid(  #
 _BLOCK_VALUES = st.one_of(st.integers(-(2**63), 2**63 - 1), st.sampled_from([0, -1, 2**31 - 1, -(2**31), 2**31, 2**63, -(2**63) - 1]))
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(
     st.lists(
         st.tuples(st.sampled_from(["A", "B", "é"]), st.sampled_from([0, 1, -1, 2**31 - 1, 2**31])),

@@ -73,7 +73,7 @@ PyObject *body_crcs(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     }
     const int64_t *ats = at.buf, *lengths = length.buf;
     for (Py_ssize_t i = 0; i < rows; i++) {
-        if (ats[i] < 0 || lengths[i] < 0 || ats[i] + lengths[i] > data.len) {
+        if (ats[i] < 0 || lengths[i] < 0 || ats[i] > data.len - lengths[i]) {
             PyErr_SetString(PyExc_ValueError, "body_crcs: a body outside the data");
             goto done;
         }

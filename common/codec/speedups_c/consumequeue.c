@@ -24,14 +24,18 @@ PyObject *first_stored_after(PyObject *module, PyObject *const *args, Py_ssize_t
     long long high = PyLong_AsLongLong(args[2]);
     long long timestamp = PyLong_AsLongLong(args[3]);
     int strict = PyObject_IsTrue(args[4]);
-    int fd = PyLong_AsLong(args[5]);
+    long fd = PyLong_AsLong(args[5]);
     long long file_start = PyLong_AsLongLong(args[6]);
     long long file_size = PyLong_AsLongLong(args[7]);
     if (PyErr_Occurred() || strict < 0) return NULL;
+    if (fd < INT_MIN || fd > INT_MAX || file_start < 0 || file_size < 0) {
+        PyErr_SetString(PyExc_ValueError, "first_stored_after: fd, file_start or file_size out of range");
+        return NULL;
+    }
     Py_buffer units;
     if (PyObject_GetBuffer(args[0], &units, PyBUF_SIMPLE) < 0) return NULL;
     PyObject *result = NULL;
-    if (low < 0 || high < low || high * CQ_UNIT_SIZE > units.len) {
+    if (low < 0 || high < low || high > units.len / CQ_UNIT_SIZE) {
         PyErr_SetString(PyExc_ValueError, "first_stored_after: the range is outside the units");
         goto done;
     }
@@ -41,10 +45,11 @@ PyObject *first_stored_after(PyObject *module, PyObject *const *args, Py_ssize_t
         long long mid = low + (high - low) / 2;
         const unsigned char *unit = base + mid * CQ_UNIT_SIZE;
         if (be32(unit + 8) == CQ_FILLER_SIZE) goto slow; /* a filler, or a torn unit */
-        long long position = be64(unit) - file_start;
-        if (position < 0 || position >= file_size) goto slow;
+        long long offset = be64(unit);
+        if (offset < file_start || offset - file_start >= file_size) goto slow;
+        long long position = offset - file_start;
         long long wanted = file_size - position < STORE_TIME_HEADER_MAX ? file_size - position : STORE_TIME_HEADER_MAX;
-        ssize_t got = pread(fd, header, (size_t)wanted, (off_t)position);
+        ssize_t got = pread((int)fd, header, (size_t)wanted, (off_t)position);
         if (got < OFFSET_SYSFLAG + 4) goto slow;
         long long size = (int32_t)be32(header);
         uint32_t magic = be32(header + 4);

@@ -33,7 +33,7 @@ PyObject *span_texts(PyObject *module, PyObject *const *args, Py_ssize_t nargs) 
         PyObject *text = NULL;
         if (at[row] < 0) {
             text = Py_NewRef(Py_None);
-        } else if (length[row] < 0 || at[row] + length[row] > size) {
+        } else if (length[row] < 0 || at[row] > size - length[row]) {
             PyErr_SetString(PyExc_ValueError, "span_texts: a span outside the data");
         } else {
             const unsigned char *start = data + at[row];
@@ -103,7 +103,7 @@ PyObject *span_key_hashes(PyObject *module, PyObject *const *args, Py_ssize_t na
         for (int value = 0; value < 2; value++) {
             int64_t a = value ? keys_at[row] : uniq_at[row], n = value ? keys_length[row] : uniq_length[row];
             if (a < 0) continue;
-            if (n < 0 || a + n > size) {
+            if (n < 0 || a > size - n) {
                 PyErr_SetString(PyExc_ValueError, "span_key_hashes: a span outside the data");
                 goto done;
             }

@@ -10,6 +10,12 @@
  * Apache's stop rules, at most max_count of them per call: number 0 starts at the slot;
  * the number and steps returned resume the walk (number 0: the chain ended). None if
  * the chain leads outside the buffer. */
+/* Whether entry number lies wholly inside the length bytes of an index whose entries start
+ * at entries_at (at most length + INDEX_HEADER_SIZE). */
+static inline int entry_inside(long long entries_at, long long number, Py_ssize_t length) {
+    return number >= 0 && entries_at <= length && number < (length - entries_at) / INDEX_ENTRY_SIZE;
+}
+
 PyObject *matching_offsets(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 7) {
         PyErr_SetString(PyExc_TypeError,
@@ -29,6 +35,7 @@ PyObject *matching_offsets(PyObject *module, PyObject *const *args, Py_ssize_t n
     const unsigned char *buf = view.buf;
     Py_ssize_t length = view.len;
     PyObject *found = NULL, *result = NULL;
+    if (slots > length / INDEX_SLOT_SIZE) goto slow;
     long long slot_at = INDEX_HEADER_SIZE + (key_hash % slots) * INDEX_SLOT_SIZE;
     long long entries_at = INDEX_HEADER_SIZE + slots * INDEX_SLOT_SIZE;
     if (slot_at + INDEX_SLOT_SIZE > length) goto slow;
@@ -49,9 +56,8 @@ PyObject *matching_offsets(PyObject *module, PyObject *const *args, Py_ssize_t n
             goto finished;
         }
         if (PyList_GET_SIZE(found) >= max_count) goto finished; /* resume at this entry */
-        long long at = entries_at + number * INDEX_ENTRY_SIZE;
-        if (at + INDEX_ENTRY_SIZE > length) goto slow;
-        const unsigned char *entry = buf + at;
+        if (!entry_inside(entries_at, number, length)) goto slow;
+        const unsigned char *entry = buf + entries_at + number * INDEX_ENTRY_SIZE;
         if ((int32_t)be32(entry) == key_hash) {
             PyObject *offset = PyLong_FromLongLong(be64(entry + 4));
             if (offset == NULL || PyList_Append(found, offset) < 0) {
@@ -118,8 +124,10 @@ PyObject *index_put_keys(PyObject *module, PyObject *const *args, Py_ssize_t nar
         goto done;
     }
     unsigned char *buf = target.buf;
+    if (slots <= 0 || slots > target.len / INDEX_SLOT_SIZE || start < 0) goto slow;
     long long entries_at = INDEX_HEADER_SIZE + slots * INDEX_SLOT_SIZE;
-    if (slots <= 0 || start < 0 || entries_at + (start + count) * INDEX_ENTRY_SIZE > target.len) goto slow;
+    long long room = entries_at <= target.len ? (target.len - entries_at) / INDEX_ENTRY_SIZE : -1; /* entries */
+    if (start > room || count > room - start) goto slow;
     for (Py_ssize_t i = 0; i < count; i++) {
         if (hashes[i] < 0 || hashes[i] > INT32_MAX) goto slow;
         if ((int32_t)be32(buf + INDEX_HEADER_SIZE + (hashes[i] % slots) * INDEX_SLOT_SIZE) == start + i) goto slow;

@@ -17,10 +17,7 @@
  *   tags_codes, message_key_hashes     dispatch.DispatchBatch.of_messages: tags codes, index key hashes
  *   index_put_keys                     files.index.IndexFile.put_keys
  *   screen_batch                       writer.validate._plainly_valid
- *   jsonl_send_batches                 cli.bulk_send's parse, screen and encode of a JSON Lines file
- *   send_batch_columns                 writer.service.to_batch, from a SendBatchRequest's bytes
  *   queue_unit_blocks                  consumequeue.queue_unit_blocks
- *   compact_response_bytes             writer.service.compact_response, serialized
  *
  * The fast paths only ever succeed. Where the bytes are anything but a well-formed
  * record or chain (a BLANK filler, zeros, a bad size or CRC, a read past the buffer), they
@@ -67,25 +64,9 @@ static PyMethodDef methods[] = {
      "encode_common_properties(order, keys, tags, uniq_keys[, pieces]) -> list[bytes]."},
     {"index_put_keys", (PyCFunction)(void (*)(void))index_put_keys, METH_FASTCALL,
      "index_put_keys(buf, slots, start, begin_ts, key_hashes, phy_offsets, timestamps) -> new_slots | None."},
-    {"json_columns", (PyCFunction)json_columns, METH_O,
-     "json_columns(documents) -> (topics, queue_ids, bodies, keys, tags, uniq_keys) | None."},
-    {"encode_send_batches", (PyCFunction)(void (*)(void))encode_send_batches, METH_FASTCALL,
-     "encode_send_batches(topics, queue_ids, bodies, keys, tags, uniq_keys, properties, batch_size) -> list[bytes]:"
-     " serialized SendBatchRequests asking for compact results."},
-    {"jsonl_send_batches", (PyCFunction)(void (*)(void))jsonl_send_batches, METH_FASTCALL,
-     "jsonl_send_batches(data, batch_size, max_body, max_keys, max_key_length, max_tags_length, max_uniq_key_length,"
-     " request_tail) -> (requests, topics, distinct_topics) | None: send --file's requests straight from the file."},
-    {"ack_lines", (PyCFunction)(void (*)(void))ack_lines, METH_FASTCALL,
-     "ack_lines(prefix, topics, uniq_keys, queue_ids, queue_offsets, commitlog_offsets, store_timestamp_ms) -> str"
-     " | None: send --file's ack lines, None where one needs Python's formatting."},
-    {"compact_response_bytes", (PyCFunction)(void (*)(void))compact_response_bytes, METH_FASTCALL,
-     "compact_response_bytes(prefix, store_timestamp_ms, uniq_keys, queue_ids, queue_offsets, commitlog_offsets, sizes)"
-     " -> bytes | None: a serialized SendBatchResponse holding only CompactResults."},
     {"queue_unit_blocks", (PyCFunction)(void (*)(void))queue_unit_blocks, METH_FASTCALL,
      "queue_unit_blocks(topics, queue_ids, queue_offsets, commitlog_offsets, sizes, tags_codes)"
      " -> [(topic, queue_id, first_queue_offset, last_position, units)] | None."},
-    {"send_batch_columns", (PyCFunction)(void (*)(void))send_batch_columns, METH_FASTCALL,
-     "send_batch_columns(request_bytes, empty_properties) -> (topics, ..., born_hosts) | None."},
     {"screen_batch", (PyCFunction)(void (*)(void))screen_batch, METH_FASTCALL,
      "screen_batch(bodies, keys, tags, uniq_keys, queue_ids, max_body, max_keys, max_key_length, max_tags_length)"
      " -> bool."},
@@ -101,6 +82,5 @@ static struct PyModuleDef module_def = {
 
 PyMODINIT_FUNC PyInit__speedups(void) {
     if (properties_init() < 0) return NULL;
-    crc_init();
     return PyModule_Create(&module_def);
 }

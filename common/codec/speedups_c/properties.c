@@ -205,7 +205,7 @@ PyObject *property_pairs(PyObject *module, PyObject *const *args, Py_ssize_t nar
         goto done;
     }
     for (Py_ssize_t row = 0; row < rows; row++) {
-        if (at[row] < 0 || length[row] < 0 || at[row] + length[row] > size) {
+        if (at[row] < 0 || length[row] < 0 || at[row] > size - length[row]) {
             PyErr_SetString(PyExc_ValueError, "property_pairs: a span outside the data");
             goto done;
         }

@@ -195,7 +195,7 @@ static PyObject *decode_at(const unsigned char *buf, Py_ssize_t pos, Py_ssize_t 
     PyObject *result = NULL;
     PyObject *fields[RECORD_FIELDS] = {NULL};
     Layout l;
-    if (pos < 0 || pos > end - 8) goto slow;
+    if (pos < 0 || end < 8 || pos > end - 8) goto slow;
     const unsigned char *r = buf + pos;
     if (record_layout(r, end - pos, &l) < 0) goto slow;
     int32_t stored_crc = (int32_t)be32(r + 8);
@@ -250,6 +250,10 @@ PyObject *read_records(PyObject *module, PyObject *const *args, Py_ssize_t nargs
     Match match_at, *match = NULL;
     if (args[6] != Py_None) {
         match = &match_at;
+        if (!PyTuple_Check(args[6])) {
+            PyErr_SetString(PyExc_TypeError, "read_records: match is None or a tuple");
+            return NULL;
+        }
         if (!PyArg_ParseTuple(args[6], "y#y#LLLL;read_records: match is (topic, key, begin_ms, end_ms, "
                                        "visible_begin, visible_end)",
                               &match->topic, &match->topic_length, &match->key, &match->key_length,
@@ -260,12 +264,16 @@ PyObject *read_records(PyObject *module, PyObject *const *args, Py_ssize_t nargs
         PyErr_SetString(PyExc_RuntimeError, "_speedups.configure was not called");
         return NULL;
     }
-    int fd = PyLong_AsLong(args[0]);
+    long fd = PyLong_AsLong(args[0]);
     long long file_size = PyLong_AsLongLong(args[2]);
     long long start_offset = PyLong_AsLongLong(args[3]);
     Py_ssize_t read_ahead = PyLong_AsSsize_t(args[4]);
     int check_crc = PyObject_IsTrue(args[5]);
     if (PyErr_Occurred() || check_crc < 0) return NULL;
+    if (fd < INT_MIN || fd > INT_MAX) {
+        PyErr_SetString(PyExc_OverflowError, "read_records: fd is outside int");
+        return NULL;
+    }
     if (read_ahead < 8) {
         PyErr_SetString(PyExc_ValueError, "read_records: read_ahead is at least 8 bytes");
         return NULL;
@@ -285,7 +293,7 @@ PyObject *read_records(PyObject *module, PyObject *const *args, Py_ssize_t nargs
         PyObject *record = NULL;
         if (position < 0 || position >= file_size) goto none;
         long long wanted = file_size - position < read_ahead ? file_size - position : read_ahead;
-        ssize_t got = pread(fd, buffer, (size_t)wanted, (off_t)position);
+        ssize_t got = pread((int)fd, buffer, (size_t)wanted, (off_t)position);
         if (got < 8) goto none;
         long long size = (int32_t)be32(buffer);
         if (size > got && size <= READ_THROUGH_RECORD_BYTES_MAX && position + size <= file_size) {
@@ -299,12 +307,12 @@ PyObject *read_records(PyObject *module, PyObject *const *args, Py_ssize_t nargs
                 capacity = size;
             }
             while (got < size) {
-                ssize_t more = pread(fd, buffer + got, (size_t)(size - got), (off_t)(position + got));
+                ssize_t more = pread((int)fd, buffer + got, (size_t)(size - got), (off_t)(position + got));
                 if (more <= 0) goto none;
                 got += more;
             }
         }
-        if (got < 36 || be64(buffer + 28) != start_offset + position) goto none;
+        if (got < 36 || (uint64_t)be64(buffer + 28) != (uint64_t)start_offset + (uint64_t)position) goto none;
         record = decode_at(buffer, 0, got, check_crc, match);
         if (record == NULL) goto failed;
         PyList_SET_ITEM(result, i, record);

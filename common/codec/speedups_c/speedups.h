@@ -16,6 +16,7 @@
 #include <stdint.h>
 #include <string.h>
 #include <unistd.h>
+#include <zlib.h>
 
 /* record.py */
 #define MAGIC_V1 0xDAA320A7u
@@ -77,9 +78,8 @@ static inline void put_be64(unsigned char *p, long long v) {
 /* javahash.c: h = 31*h + unit over the UTF-16 code units of text (mod 2^32), continuing from h. */
 uint32_t hash_units(uint32_t h, PyObject *text);
 
-/* crc.c: zlib's CRC-32 of p[0:n]; crc_init fills its tables, once. */
-void crc_init(void);
-uint32_t crc32_of(const unsigned char *p, Py_ssize_t n);
+/* zlib's CRC-32 of p[0:n] (UtilAll.crc32 keeps its low 31 bits). */
+static inline uint32_t crc32_of(const unsigned char *p, Py_ssize_t n) { return (uint32_t)crc32_z(0, p, (size_t)n); }
 
 /* properties.c: properties.decode_properties of n bytes at p; properties_init makes the
  * shared names, once (-1 with an error set). */
@@ -148,37 +148,6 @@ typedef struct {
 void release_buffers(Buffers *buffers);
 const void *take_buffer(Buffers *buffers, PyObject *object, Py_ssize_t item, Py_ssize_t *items);
 
-/* The protobuf wire format's varints and length-delimited fields. */
-static inline Py_ssize_t varint_size(uint64_t value) {
-    Py_ssize_t size = 1;
-    while (value >= 0x80) {
-        value >>= 7;
-        size++;
-    }
-    return size;
-}
-
-static inline unsigned char *put_varint(unsigned char *p, uint64_t value) {
-    while (value >= 0x80) {
-        *p++ = (unsigned char)(value | 0x80);
-        value >>= 7;
-    }
-    *p++ = (unsigned char)value;
-    return p;
-}
-
-/* A length-delimited field: its size, and with out != NULL its bytes written there. */
-static inline Py_ssize_t put_bytes(unsigned char **out, unsigned char tag, const char *data, Py_ssize_t length) {
-    if (*out != NULL) {
-        unsigned char *p = *out;
-        *p++ = tag;
-        p = put_varint(p, (uint64_t)length);
-        memcpy(p, data, (size_t)length);
-        *out = p + length;
-    }
-    return 1 + varint_size((uint64_t)length) + length;
-}
-
 /* ---- Entry points (module.c's method table) ------------------------------------------ */
 
 #define FASTCALL(name) PyObject *name(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
@@ -212,14 +181,6 @@ FASTCALL(message_key_hashes);
 FASTCALL(arrow_columns);
 /* validate.c */
 FASTCALL(screen_batch);
-/* wire.c */
-FASTCALL(encode_send_batches);
-FASTCALL(compact_response_bytes);
-FASTCALL(send_batch_columns);
-/* json.c */
-PyObject *json_columns(PyObject *module, PyObject *documents);
-FASTCALL(jsonl_send_batches);
-FASTCALL(ack_lines);
 
 #undef FASTCALL
 

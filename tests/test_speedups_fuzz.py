@@ -115,17 +115,6 @@ def _good_calls(fd: int) -> dict[str, tuple[Any, ...]]:
     log = np.frombuffer(LOG, np.uint8)
     at = _i64([4, 20, 100])
     length = _i64([10, 0, 30])
-    from rmqstore.v1 import messages_pb2, writer_pb2
-
-    request = writer_pb2.SendBatchRequest(
-        messages=[
-            messages_pb2.Message(topic="T", queue_id=1, body=b"b", keys=["k", "l"], tags="t", properties={"a": "b"}),
-            messages_pb2.Message(topic="T", uniq_key="AB", flag=3, born_timestamp_ms=9),
-        ],
-        shared_properties={"traceparent": "t"},
-    ).SerializeToString()
-    from rmqstore.writer import validate
-
     calls: dict[str, tuple[Any, ...]] = {
         "java_string_hash": ("TopicTest",),
         "index_key_hash": ("TopicTest", "key-é"),
@@ -148,14 +137,6 @@ def _good_calls(fd: int) -> dict[str, tuple[Any, ...]]:
         "message_key_hashes": (_i64([1, 2]), ["u", "v"], [["a"], []]),
         "arrow_columns": (LOG, _i64(STARTS), 0, True, bytearray),
         "screen_batch": ([b"ab"], [["k"]], ["t"], ["AB"], [1], 100, 4, 10, 10),
-        "encode_send_batches": (["T", "U"], [1, None], [b"ab", b""], [["k"], []], ["t", ""], ["", "AB"],
-                                [None, {"a": "b"}], 1),  # fmt: skip
-        "compact_response_bytes": ("7F00000100002A9F", 5, ["AB", ""], [1, -1], [2, 3], [3, 4], [4, 5]),
-        "send_batch_columns": (request, validate.EMPTY_PROPERTIES),
-        "json_columns": ([{"topic": "T", "body": "é", "keys": ["k"], "queueId": 1}, {"topic": "U"}],),
-        "jsonl_send_batches": (b'{"topic":"T","body":"\\u00e9x","keys":["a"],"queueId":2}\n{"topic":"U"}\n', 2, 100, 4,
-                               10, 10, 10, b""),  # fmt: skip
-        "ack_lines": ("7F00000100002A9F", ["T", "U"], ["AB", "CD"], [1, 2], [3, 4], [5, 6], 7),
     }
     return calls
 

@@ -29,7 +29,6 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rmqstore.common.codec import index as ix
 from rmqstore.common.codec import properties as props
 from rmqstore.common.codec import record
 from rmqstore.common.codec.hosts import SocketAddress

@@ -16,7 +16,7 @@
  *   span_texts, span_key_hashes        dispatch.DispatchBatch.of_columns: topics, tags, index key hashes
  *   tags_codes, message_key_hashes     dispatch.DispatchBatch.of_messages: tags codes, index key hashes
  *   index_put_keys                     files.index.IndexFile.put_keys
- *   screen_batch                       writer.validate._plainly_valid
+ *   screen_batch                       message_rules.plainly_valid
  *   queue_unit_blocks                  consumequeue.queue_unit_blocks
  *
  * The fast paths only ever succeed. Where the bytes are anything but a well-formed

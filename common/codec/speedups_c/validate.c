@@ -1,4 +1,4 @@
-/* The writer's batch screen (writer/validate.py). */
+/* The writer's batch screen (common/message_rules.py). */
 #include "speedups.h"
 
 /* ---- The writer's batch screen (writer.validate._plainly_valid) --------------------- */

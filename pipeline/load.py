@@ -22,7 +22,7 @@ one input, a (topic, UNIQ_KEY) that repeats is sent once (its first occurrence).
 cannot prevent: two loads of overlapping data running at the same time.
 
 Messages are sent from the executors through ``SendStream`` in batches (default 1,000
-messages or 8 MiB). Queue ids are kept by default (topics the writer lacks are created
+messages or 8 MiB), each as the request's columns. Queue ids are kept by default (topics the writer lacks are created
 with enough queues); ``--queue-ids auto`` lets the writer choose. Properties the writer
 sets itself or refuses (KEYS, TAGS, UNIQ_KEY, DELAY, REAL_TOPIC, CLUSTER, ...) are not
 carried; KEYS are re-joined by single spaces. Records the writer cannot store — in topics
@@ -40,6 +40,7 @@ from typing import Any
 
 import grpc
 
+from rmqstore.client.columns import batch_request
 from rmqstore.client.jsonl import message_from_json
 from rmqstore.common import errors
 from rmqstore.common.codec import properties as props
@@ -306,7 +307,7 @@ def send_rows(
             skipped += len(batch) - len(kept)
             batch = kept
         if batch:
-            yield writer_pb2.SendBatchRequest(messages=batch)
+            yield batch_request(batch)
 
     def batches() -> Iterator[Any]:
         pending: list[Any] = []

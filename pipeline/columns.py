@@ -7,16 +7,14 @@ same value formats: ``msgId`` is the offsetMsgId, hosts are ``getHostAddress():p
 absent); ``properties`` holds every property as stored; ``store`` is the store directory
 the record was read from.
 
-Arrays are built from buffers, never from a Python object per record. With the compiled
-codecs, :func:`decode` reads the walked records straight into Arrow's buffers in one pass
-(``_speedups.arrow_columns``: every check of ``columnar.decode``, every value of
-:func:`arrow_batch`). A batch holding what that pass leaves to the general path (a text
-that is not UTF-8, a property name given twice, more than 64 properties) is
-decoded by ``columnar.decode``, and its arrays are built from numpy: numbers directly;
-body, topic and property texts by one ``take`` over an array whose offsets alternate
-between the spans and the gaps of the decoded bytes; hosts by a ``take`` of their few
-distinct texts. Text that is not valid UTF-8 (which Arrow refuses) is decoded per row
-with the per-record decoder's rules, for that batch only.
+Arrays are built from buffers, never from a Python object per record, through pyarrow's
+public API. ``columnar.decode`` decodes a batch of walked records into numpy columns and
+spans of the log's bytes (its loops are the codecs' compiled ones: the walk, the CRCs, the
+properties' split); numbers become arrays directly; body, topic and property texts are
+copied out by one ``take`` over an array whose offsets alternate between the spans and
+the gaps of the decoded bytes; hosts by a ``take`` of their few distinct texts. Text that
+is not valid UTF-8 (which Arrow refuses) is decoded per row with the per-record decoder's
+rules, for that batch only.
 """
 
 from __future__ import annotations
@@ -26,10 +24,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from rmqstore.common.codec import columnar
 from rmqstore.common.codec import properties as props
 from rmqstore.common.codec.columnar import Hosts, RecordColumns, Spans, decode_text
-from rmqstore.common.codec.speedups import _speedups
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -83,74 +79,10 @@ def arrow_schema() -> pa.Schema:
     return to_arrow_schema(spark_schema(), timezone="UTC")
 
 
-# The numeric columns of ``_speedups.arrow_columns``, in its order.
-_FIXED = (
-    "commitLogOffset",
-    "size",
-    "queueId",
-    "queueOffset",
-    "sysFlag",
-    "flag",
-    "bodyCRC",
-    "bornTimestamp",
-    "storeTimestamp",
-    "reconsumeTimes",
-    "preparedTransactionOffset",
-)
-
-
-@dataclass(frozen=True, slots=True)
-class CompiledColumns:
-    """Records as ``_speedups.arrow_columns`` read them: Arrow buffers, ``rows`` long,
-    ending before the record ``bad`` (an index into the starts) if one failed."""
-
-    rows: int
-    bad: int | None
-    fixed: dict[str, pa.Buffer]
-    msg_id: tuple[pa.Buffer, pa.Buffer]  # offsets, chars
-    topic: tuple[pa.Buffer, pa.Buffer]
-    born_host: tuple[pa.Buffer, pa.Buffer]
-    store_host: tuple[pa.Buffer, pa.Buffer]
-    body: tuple[pa.Buffer, pa.Buffer]
-    properties: tuple[pa.Buffer, tuple[pa.Buffer, pa.Buffer], tuple[pa.Buffer, pa.Buffer]]
-    named: tuple[tuple[pa.Buffer, pa.Buffer, pa.Buffer, int], ...]  # KEYS, TAGS, UNIQ_KEY
-
-    @property
-    def commitlog_offset(self) -> np.ndarray:
-        return np.frombuffer(self.fixed["commitLogOffset"], np.int64, self.rows)
-
-    @property
-    def size(self) -> np.ndarray:
-        return np.frombuffer(self.fixed["size"], np.int32, self.rows)
-
-
-def _allocate(size: int) -> pa.Buffer:
-    """A buffer from Arrow's memory pool, which keeps freed memory for the next batch:
-    fresh memory faults in page by page, which took half the compiled pass's time."""
+def arrow_batch(decoded: RecordColumns, store: str, schema: pa.Schema) -> pa.RecordBatch:
+    """The records ``columnar.decode`` decoded as one batch of ``schema`` (:func:`arrow_schema`)."""
     import pyarrow as pa
 
-    return pa.allocate_buffer(size)
-
-
-def decode(
-    buf: object, starts: np.ndarray, *, base_offset: int, check_crc: bool = True
-) -> CompiledColumns | RecordColumns:
-    """``columnar.decode``'s records, as :func:`arrow_batch` takes them: read by the
-    compiled pass where it can, by ``columnar.decode`` otherwise (same rows, same ``bad``)."""
-    if _speedups is not None:
-        found = _speedups.arrow_columns(buf, np.ascontiguousarray(starts, np.int64), base_offset, check_crc, _allocate)
-        if found is not None:
-            rows, bad, fixed, *texts = found
-            return CompiledColumns(rows, None if bad < 0 else bad, dict(zip(_FIXED, fixed)), *texts)
-    return columnar.decode(buf, starts, base_offset=base_offset, check_crc=check_crc)  # type: ignore[arg-type]
-
-
-def arrow_batch(decoded: CompiledColumns | RecordColumns, store: str, schema: pa.Schema) -> pa.RecordBatch:
-    """The decoded records as one batch of ``schema`` (:func:`arrow_schema`)."""
-    import pyarrow as pa
-
-    if isinstance(decoded, CompiledColumns):
-        return _compiled_batch(decoded, store, schema)
     rows = decoded.rows
     data = pa.py_buffer(decoded.data)
     try:
@@ -196,48 +128,6 @@ def arrow_batch(decoded: CompiledColumns | RecordColumns, store: str, schema: pa
             arrays.append(pa.MapArray.from_arrays(pair_ends, texts.names, texts.values, type=column.type))
         else:
             arrays.append(pa.array(columns[column.name], column.type))
-    return pa.RecordBatch.from_arrays(arrays, schema=schema)
-
-
-def _compiled_batch(decoded: CompiledColumns, store: str, schema: pa.Schema) -> pa.RecordBatch:
-    import pyarrow as pa
-
-    rows = decoded.rows
-
-    def texts(
-        kind: pa.DataType, count: int, offsets: pa.Buffer, chars: pa.Buffer, validity: pa.Buffer | None = None, nulls: int = 0
-    ) -> pa.Array:
-        return pa.Array.from_buffers(kind, count, [validity if nulls else None, offsets, chars], null_count=nulls)
-
-    pair_ends, names, values = decoded.properties
-    pairs = int(np.frombuffer(pair_ends, np.int32, rows + 1)[rows])
-    keys_of, tags_of, uniq_of = (
-        texts(pa.string(), rows, offsets, chars, validity, nulls) for validity, offsets, chars, nulls in decoded.named
-    )
-    columns = {
-        "msgId": texts(pa.string(), rows, *decoded.msg_id),
-        "topic": texts(pa.string(), rows, *decoded.topic),
-        "bornHost": texts(pa.string(), rows, *decoded.born_host),
-        "storeHost": texts(pa.string(), rows, *decoded.store_host),
-        "keys": keys_of,
-        "tags": tags_of,
-        "uniqKey": uniq_of,
-        "body": texts(pa.binary(), rows, *decoded.body),
-        "store": _repeated(store, rows),
-    }
-    arrays = []
-    for column in schema:
-        if column.name in decoded.fixed:
-            arrays.append(pa.Array.from_buffers(column.type, rows, [None, decoded.fixed[column.name]]))
-        elif column.name == "properties":
-            offsets = pa.Array.from_buffers(pa.int32(), rows + 1, [None, pair_ends])
-            arrays.append(
-                pa.MapArray.from_arrays(
-                    offsets, texts(pa.string(), pairs, *names), texts(pa.string(), pairs, *values), type=column.type
-                )
-            )
-        else:
-            arrays.append(columns[column.name])
     return pa.RecordBatch.from_arrays(arrays, schema=schema)
 
 

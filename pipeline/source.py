@@ -274,7 +274,7 @@ def read_split(
     the split raises; a torn tail or the end of the log ends it."""
     log = CommitLog(StorePaths(split.store).commitlog, split.file_size_bytes)
     try:
-        scan = ColumnScan(log, split.start, split.stop, check_crc=check_crc, batch_rows=batch_rows, decode=columns.decode)
+        scan = ColumnScan(log, split.start, split.stop, check_crc=check_crc, batch_rows=batch_rows)
         schema = columns.arrow_schema()
         last_end = split.start
         for decoded in scan:

@@ -442,166 +442,40 @@ def test_arrow_batches_replace_bad_utf8_as_the_per_record_decoder(tmp_path: Path
     assert batch.column("tags").to_pylist() == ["t", None]
 
 
-# The compiled pass (_speedups.arrow_columns): the batches of columnar.decode + arrow_batch
-
-
-def both_batches(log: CommitLog, **options: Any) -> tuple[Any, Any, list[Any]]:
-    """The log's Arrow batches through the general path and through ``columns.decode``,
-    as tables, and what ``columns.decode`` returned for each batch."""
+@settings(max_examples=150, deadline=None)
+@given(items=st.lists(records(), min_size=1, max_size=40), batch_rows=st.sampled_from([1, 3, 1000]))
+def test_arrow_batches_hold_what_the_per_record_decoder_reads(items: list[tuple[Record, bytes, int]], batch_rows: int) -> None:
+    """IPv6 hosts, v2 records, empty and odd properties, duplicate names (the last value
+    wins), in batches of every size."""
     pa = pytest.importorskip("pyarrow")
     pytest.importorskip("pyspark")
     from rmqstore.pipeline import columns
 
     schema = columns.arrow_schema()
-    found: list[Any] = []
-
-    def compiled(*args: Any, **kwargs: Any) -> Any:
-        found.append(columns.decode(*args, **kwargs))
-        return found[-1]
-
-    tables = []
-    for decode in (columnar.decode, compiled):
-        scan = ColumnScan(log, log.min_offset, log.max_file_offset, decode=decode, **options)
-        batches = [columns.arrow_batch(decoded, "s", schema) for decoded in scan if decoded.rows]
-        tables.append((pa.Table.from_batches(batches, schema=schema), described(scan.stop)))
-    (general, general_stop), (fast, fast_stop) = tables
-    assert fast_stop == general_stop
-    return general, fast, found
-
-
-def compiled_only() -> Any:
-    from rmqstore.common.codec.speedups import _speedups
-
-    if _speedups is None:
-        pytest.skip("the compiled codecs are off (RMQSTORE_PURE_PYTHON=1)")
-    return _speedups
-
-
-@pytest.mark.parametrize("store", [CLEAN, CRASHED], ids=["clean", "crashed"])
-@pytest.mark.parametrize("batch_rows", [1, 97, 32_768])
-def test_the_compiled_pass_builds_the_general_paths_batches_of_apaches_stores(store: Path, batch_rows: int) -> None:
-    compiled_only()
-    from rmqstore.pipeline.columns import CompiledColumns
-
-    log = CommitLog(str(store / "commitlog"), FIXTURE_SIZES.commitlog_file_size_bytes)
-    try:
-        general, fast, found = both_batches(log, batch_rows=batch_rows)
-    finally:
-        log.close()
-    assert fast.num_rows == {CLEAN: 2007, CRASHED: 795}[store]
-    assert fast.equals(general)
-    assert all(isinstance(decoded, CompiledColumns) for decoded in found)
-
-
-@settings(max_examples=150, deadline=None)
-@given(items=st.lists(records(), min_size=1, max_size=40), batch_rows=st.sampled_from([1, 3, 1000]))
-def test_the_compiled_pass_builds_the_general_paths_batches_of_generated_records(
-    items: list[tuple[Record, bytes, int]], batch_rows: int
-) -> None:
-    """IPv6 hosts, v2 records, empty and odd properties, duplicate names (those batches
-    take the general path)."""
-    compiled_only()
     with tempfile.TemporaryDirectory() as directory:
         log = write_log(directory, laid_out(items))
         try:
-            general, fast, _ = both_batches(log, batch_rows=batch_rows)
+            scan = ColumnScan(log, log.min_offset, log.max_file_offset, batch_rows=batch_rows)
+            table = pa.Table.from_batches([columns.arrow_batch(d, "s", schema) for d in scan if d.rows], schema=schema)
+            want = list(log.records())
         finally:
             log.close()
-    assert fast.num_rows == len(items)
-    assert fast.equals(general)
+    assert table.num_rows == len(items) == len(want)
+    assert table.column("commitLogOffset").to_pylist() == [r.commitlog_offset for r in want]
+    assert table.column("queueOffset").to_pylist() == [r.queue_offset for r in want]
+    assert table.column("topic").to_pylist() == [r.topic for r in want]
+    assert table.column("body").to_pylist() == [r.body for r in want]
+    assert [dict(p) for p in table.column("properties").to_pylist()] == [r.properties for r in want]
+    assert table.column("keys").to_pylist() == [r.properties.get("KEYS") for r in want]
+    assert table.column("uniqKey").to_pylist() == [r.properties.get("UNIQ_KEY") for r in want]
+    assert table.column("bornHost").to_pylist() == [r.born_host.java_text() for r in want]
+    assert table.column("storeHost").to_pylist() == [r.store_host.java_text() for r in want]
 
 
-@pytest.mark.parametrize("damage", sorted(DAMAGE))
-@pytest.mark.parametrize("victim", [0, 7, 19], ids=["first", "middle", "last"])
-@pytest.mark.parametrize("check_crc", [True, False])
-def test_the_compiled_pass_stops_where_the_general_path_does(tmp_path: Path, damage: str, victim: int, check_crc: bool) -> None:
-    compiled_only()
-    from rmqstore.pipeline import columns
-
-    log = damaged_log(tmp_path, damage, victim)
-    try:
-        general, fast, found = both_batches(log, check_crc=check_crc, batch_rows=4)
-        mapped = log.files.find(0)
-        assert mapped is not None
-        walked = columnar.walk(mapped.buf, 0, stop=FILE_SIZE, rows_max=20, bytes_max=FILE_SIZE)
-        if len(walked.starts):
-            want = columnar.decode(mapped.buf, walked.starts, base_offset=0, check_crc=check_crc)
-            got = columns.decode(mapped.buf, walked.starts, base_offset=0, check_crc=check_crc)
-            assert isinstance(got, columns.CompiledColumns)
-            assert (got.rows, got.bad) == (want.rows, want.bad)
-            assert got.commitlog_offset.tolist() == want.commitlog_offset.tolist()
-    finally:
-        log.close()
-    assert fast.equals(general)
-    assert all(isinstance(decoded, columns.CompiledColumns) for decoded in found)
-
-
-def arrow_columns_of(records_: list[tuple[Record, bytes, int]]) -> Any:
-    """``_speedups.arrow_columns`` over the records laid out in one file."""
-    speedups = compiled_only()
-    encoded = laid_out(records_)
-    data = b"".join(encoded)
-    starts = np.cumsum([0] + [len(e) for e in encoded[:-1]]).astype(np.int64)
-    return speedups.arrow_columns(data, starts, 0, True, bytearray)
-
-
-@pytest.mark.parametrize(
-    "case",
-    [
-        "topic not UTF-8",
-        "name not UTF-8",
-        "value not UTF-8",
-        "name given twice",
-        "65 pairs",
-    ],
-)
-def test_the_compiled_pass_leaves_what_it_cannot_build_to_the_general_path(case: str) -> None:
-    plain = (Record(topic="T"), b"KEYS\x01k\x02TAGS\x01t", 1)
-    assert arrow_columns_of([plain]) is not None
-    properties = {
-        "topic not UTF-8": b"KEYS\x01k",
-        "name not UTF-8": b"KEYS\x01k\x02N\xff\x01v",
-        "value not UTF-8": b"KEYS\x01k\xc3",
-        "name given twice": b"KEYS\x01k\x02A\x01b\x02KEYS\x01j",
-        "65 pairs": b"\x02".join(b"N%d\x01v" % n for n in range(65)),
-    }[case]
-    record = (Record(topic="T"), properties, 1)
-    encoded = laid_out([plain, record])
-    if case == "topic not UTF-8":
-        encoded[1] = encoded[1].replace(b"\x01T\x00", b"\x01\xff\x00")
-    data = b"".join(encoded)
-    starts = np.array([0, len(encoded[0])], np.int64)
-    speedups = compiled_only()
-    assert speedups.arrow_columns(data, starts, 0, True, bytearray) is None
-    # The first record alone is built; so is the pair whose second record failed a check.
-    assert speedups.arrow_columns(data, starts[:1], 0, True, bytearray)[0] == 1
-    assert case != "65 pairs" or arrow_columns_of([(Record(topic="T"), properties.rsplit(b"\x02", 1)[0], 1)]) is not None
-
-
-@settings(max_examples=400, deadline=None)
-@given(text=st.binary(max_size=12).map(lambda b: b.replace(b"\x01", b"a").replace(b"\x02", b"b")))
-@example(text=b"\xc0\x80")  # overlong
-@example(text=b"\xe0\x80\x80")  # overlong
-@example(text=b"\xed\xa0\x80")  # a surrogate
-@example(text=b"\xf4\x90\x80\x80")  # past U+10FFFF
-@example(text=b"\xf0\x90\x80")  # cut short
-@example(text="aé€😀".encode())
-def test_the_compiled_pass_takes_the_texts_python_decodes_strictly(text: bytes) -> None:
-    """The pass builds a batch exactly when every text is UTF-8 as Python reads it (the
-    text a property value, kept free of the separators)."""
-    try:
-        text.decode("utf-8")
-        strict = True
-    except UnicodeDecodeError:
-        strict = False
-    found = arrow_columns_of([(Record(topic="T"), b"N\x01" + text + b"x", 1)])
-    assert (found is not None) == strict
-
-
-def test_the_compiled_pass_prints_every_host_as_java_does() -> None:
+def test_arrow_batches_print_every_host_as_java_does() -> None:
     """One batch of many hosts (a producer's port changes with each connection)."""
-    compiled_only()
     pytest.importorskip("pyarrow")
+    pytest.importorskip("pyspark")
     from rmqstore.pipeline import columns
 
     addresses = [SocketAddress(bytes([10, 0, n // 256, n % 256]), 40000 + n) for n in range(300)]
@@ -609,22 +483,10 @@ def test_the_compiled_pass_prints_every_host_as_java_does() -> None:
     items = [(Record(topic="T", born_host=a, store_host=addresses[-1 - n]), b"", 1) for n, a in enumerate(addresses)]
     data = b"".join(laid_out(items))
     starts = np.cumsum([0] + [len(e) for e in laid_out(items)[:-1]]).astype(np.int64)
-    decoded = columns.decode(data, starts, base_offset=0)
-    assert isinstance(decoded, columns.CompiledColumns) and decoded.rows == len(items)
+    decoded = columnar.decode(data, starts, base_offset=0)
+    assert decoded.rows == len(items)
     batch = columns.arrow_batch(decoded, "s", columns.arrow_schema())
     assert batch.column("bornHost").to_pylist() == [a.java_text() for a in addresses]
     assert batch.column("storeHost").to_pylist() == [a.java_text() for a in reversed(addresses)]
     assert "127.0.0.1:9876" in batch.column("bornHost").to_pylist()
     assert "0:0:0:0:0:0:0:1:-1" in batch.column("bornHost").to_pylist()
-
-
-def test_the_compiled_pass_refuses_overlapping_starts_and_short_buffers() -> None:
-    speedups = compiled_only()
-    encoded = laid_out([(Record(topic="T", body=b"x" * 10), b"", 1)] * 2)
-    data = b"".join(encoded)
-    with pytest.raises(ValueError, match="records overlap"):
-        speedups.arrow_columns(data, np.array([0, 0], np.int64), 0, True, bytearray)
-    with pytest.raises(ValueError, match="a start outside the buffer"):
-        speedups.arrow_columns(data, np.array([len(data)], np.int64), 0, True, bytearray)
-    with pytest.raises(ValueError, match="smaller buffer than asked for"):
-        speedups.arrow_columns(data, np.array([0], np.int64), 0, True, lambda size: bytearray(size // 2))

@@ -134,7 +134,6 @@ def _good_calls(fd: int) -> dict[str, tuple[Any, ...]]:
         "span_key_hashes": (log, _i64([1, 2, 3]), at, length, at, length),
         "tags_codes": (["TagA", None, "é"],),
         "message_key_hashes": (_i64([1, 2]), ["u", "v"], [["a"], []]),
-        "arrow_columns": (LOG, _i64(STARTS), 0, True, bytearray),
         "screen_batch": ([b"ab"], [["k"]], ["t"], ["AB"], [1], 100, 4, 10, 10),
     }
     return calls
@@ -224,9 +223,6 @@ def _mutated_call(name: str, data: st.DataObject, good: tuple[Any, ...]) -> tupl
         if name in ("read_records", "first_stored_after") and position == (0 if name == "read_records" else 5):
             if data.draw(st.integers(0, 3)) == 0:
                 args[position] = data.draw(FDS)
-            continue
-        if name == "arrow_columns" and position == 4:
-            args[position] = data.draw(st.sampled_from([bytearray, bytes, lambda n: bytearray(max(n - 1, 0)), len, None]))
             continue
         args[position] = _mutated(data, value)
     if name in ("matching_offsets", "index_put_keys") and isinstance(args[0], bytes | bytearray) and len(args[0]) >= 40:

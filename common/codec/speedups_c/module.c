@@ -12,7 +12,6 @@
  *   encode_common_properties           properties.encode_messages_properties (KEYS, TAGS, UNIQ_KEY)
  *   walk_starts, body_crcs             columnar.walk's loop, the bodies' CRCs of columnar.decode
  *   property_pairs                     columnar's split of the properties into pairs
- *   arrow_columns                      columnar.decode and pipeline.columns.arrow_batch in one pass
  *   span_texts, span_key_hashes        dispatch.DispatchBatch.of_columns: topics, tags, index key hashes
  *   tags_codes, message_key_hashes     dispatch.DispatchBatch.of_messages: tags codes, index key hashes
  *   index_put_keys                     files.index.IndexFile.put_keys
@@ -54,9 +53,6 @@ static PyMethodDef methods[] = {
     {"property_pairs", (PyCFunction)(void (*)(void))property_pairs, METH_FASTCALL,
      "property_pairs(data, at, length) -> (pair_ends, name_at, name_length, value_at, value_length, keys, tags, "
      "uniq_key, repeated)."},
-    {"arrow_columns", (PyCFunction)(void (*)(void))arrow_columns, METH_FASTCALL,
-     "arrow_columns(buf, starts, base_offset, check_crc, allocate) -> (rows, bad, fixed, msg_id, topic, born_host, "
-     "store_host, body, properties, named) | None."},
     {"tags_codes", (PyCFunction)tags_codes, METH_O, "tags_codes(tags) -> list[int]."},
     {"message_key_hashes", (PyCFunction)(void (*)(void))message_key_hashes, METH_FASTCALL,
      "message_key_hashes(prefixes, uniq_keys, keys) -> (hashes, counts)."},

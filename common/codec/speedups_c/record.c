@@ -1,6 +1,16 @@
 /* Commit log records: decoding one, reading many with pread, encoding a batch (record.py, commitlog.py). */
 #include "speedups.h"
 
+/* Where the fields of a v1/v2 record lie (docs/format.md §3). */
+typedef struct {
+    int version;
+    int64_t total;
+    int32_t sys_flag;
+    Py_ssize_t born_width, store_width;
+    const unsigned char *born, *store_ts, *store, *reconsume, *body, *topic, *properties;
+    int64_t body_length, topic_length, properties_length;
+} Layout;
+
 /* Set once by record.py: the Record class and the (cached) SocketAddress factory. */
 static PyObject *record_type = NULL;
 static PyObject *address_factory = NULL;
@@ -127,7 +137,7 @@ PyObject *decode_record(PyObject *module, PyObject *const *args, Py_ssize_t narg
 /* The layout of the record at r, of which available bytes may be read: 0 if it is a
  * v1/v2 record whose lengths add up to its TOTALSIZE (record.decode_record's checks, the
  * CRC and PHYSICALOFFSET aside), -1 for anything else. */
-int record_layout(const unsigned char *r, int64_t available, Layout *l) {
+static int record_layout(const unsigned char *r, int64_t available, Layout *l) {
     if (available < 8) return -1;
     l->total = (int32_t)be32(r);
     uint32_t magic = be32(r + 4);

@@ -116,20 +116,6 @@ static inline int named_property(const unsigned char *p, Py_ssize_t n) {
     if (n == 8 && memcmp(p, "UNIQ_KEY", 8) == 0) return 2;
     return -1;
 }
-/* Where the fields of a v1/v2 record lie (docs/format.md §3). */
-typedef struct {
-    int version;
-    int64_t total;
-    int32_t sys_flag;
-    Py_ssize_t born_width, store_width;
-    const unsigned char *born, *store_ts, *store, *reconsume, *body, *topic, *properties;
-    int64_t body_length, topic_length, properties_length;
-} Layout;
-
-/* record.c: 0 if the bytes at r (of which available may be read) are a v1/v2 record whose
- * lengths add up, with its layout in *l; -1 for anything else. */
-int record_layout(const unsigned char *r, int64_t available, Layout *l);
-
 /* A growable column of int64s. */
 typedef struct {
     int64_t *items;
@@ -177,8 +163,6 @@ FASTCALL(span_texts);
 FASTCALL(span_key_hashes);
 PyObject *tags_codes(PyObject *module, PyObject *tags);
 FASTCALL(message_key_hashes);
-/* arrow.c */
-FASTCALL(arrow_columns);
 /* validate.c */
 FASTCALL(screen_batch);
 

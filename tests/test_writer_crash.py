@@ -13,7 +13,7 @@ What must hold (the writer's acceptance criteria, docs/design.md §4, docs/write
   (docs/writer.md, "Flush policies"); that is checked too.
 
 Seeds: one base seed per run, printed as ``seed=...`` (in a failing test's output, or with
-``-s``). RMQSTORE_CRASH_SEED=N replays the messages and kill delays of a run; each kill's
+``-s``). RMQSTORE_CRASH_SEED=N replays the messages and kill points of a run; each kill's
 own seed is derived from the base seed, the test and the cycle, and printed as well.
 
 Besides the random kills, each state a kill was seen to leave (or can leave) at a precise
@@ -34,7 +34,6 @@ from __future__ import annotations
 import os
 import random
 import threading
-import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
@@ -45,6 +44,7 @@ import grpc
 import pytest
 from support.nodes import NodeFailed, Nodes, ProcessNode
 from support.stores import SHARED_KEYS, SIZE_ARGS, SMALL, StoreFacts, check_ok, verify_store
+from support.wait import wait_until
 
 from rmqstore.common.codec import index as ix
 from rmqstore.common.codec.consumequeue import UNIT_SIZE
@@ -73,7 +73,11 @@ JOIN_TIMEOUT_S = 30.0
 MAX_MESSAGES_PER_CYCLE = 3000  # the stream stops by itself after this many
 MAX_BATCH = 16
 WINDOW_BATCHES = 4  # batches in flight before the client waits for an ack
-KILL_DELAY_S = (0.0, 0.12)  # after the first ack of the cycle
+# A cycle's kill comes once this many of its messages are acked (a count drawn per cycle),
+# with up to WINDOW_BATCHES batches in flight: a point of the stream that does not depend on
+# how fast a loaded machine runs, and enough records over the cycles (at least 800) for every
+# file kind to roll (assert_every_file_kind_rolled).
+KILL_AFTER_ACKS = (100, 300)
 
 SYNC_KILLS = 12
 ASYNC_KILLS = 8
@@ -227,8 +231,8 @@ class Streamer:
 
 
 def stream_and_kill(writer: ProcessNode, cycle: int, seed: int, uniq_prefix: str) -> Streamer:
-    """Stream to the writer and SIGKILL it after a random delay while the stream is in
-    flight; returns the client with its acks."""
+    """Stream to the writer and SIGKILL it once a random number of its messages are acked,
+    the stream still in flight; returns the client with its acks."""
     print(f"seed={seed} (cycle {cycle})")
     kill_rng = random.Random(seed ^ 0x5EED)
     streamer = Streamer(writer.port, cycle, seed, uniq_prefix).start()
@@ -236,7 +240,9 @@ def stream_and_kill(writer: ProcessNode, cycle: int, seed: int, uniq_prefix: str
         streamer.done.set()
         streamer.join()
         pytest.fail(f"seed={seed}: cycle {cycle}: no ack within {FIRST_ACK_TIMEOUT_S} s: {streamer.error}")
-    time.sleep(kill_rng.uniform(*KILL_DELAY_S))  # the behaviour under test: a kill at a random point of the stream
+    acks_before_kill = kill_rng.randint(*KILL_AFTER_ACKS)
+    wait_until(lambda: len(streamer.acks) >= acks_before_kill or streamer.done.is_set(), STREAM_TIMEOUT_S,
+               f"cycle {cycle}: {acks_before_kill} acks before the kill", interval_s=0.001)  # fmt: skip
     in_flight = not streamer.done.is_set()
     writer.kill()
     streamer.join()

@@ -63,6 +63,26 @@ def small_fs(tmp_path: Path) -> Iterator[Path]:
         subprocess.run(["umount", "-l", str(mount)], check=True)
 
 
+MEMORY_FS_BYTES = 2 << 30
+
+
+@pytest.fixture
+def memory_fs(tmp_path: Path) -> Iterator[Path]:
+    """A directory on a tmpfs (up to MEMORY_FS_BYTES, in memory) for a test whose subject
+    is not the disk but which creates and syncs many files: their fsyncs cost nothing
+    there. Mounted where the test runs as root (CI does), else the test's tmp_path."""
+    if os.geteuid() != 0:
+        yield tmp_path
+        return
+    mount = tmp_path / "memory"
+    mount.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={MEMORY_FS_BYTES}", "tmpfs", str(mount)], check=True)
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=True)
+
+
 @pytest.fixture(autouse=True)
 def _node_logging_undone() -> Iterator[None]:
     """A command run in this process (``main([... "serve" ...])``) sets up the nodes' JSON

@@ -199,9 +199,9 @@ def sync_threads_run(store: Path, workload: Workload, producers: int, seconds: f
 
     from workload import QUEUES_PER_TOPIC, TOPICS
 
-    from rmqstore.service.metrics import WriterMetrics
     from rmqstore.writer.config import FlushPolicy, WriterConfig
     from rmqstore.writer.group_commit import GroupAppender
+    from rmqstore.writer.metrics import WriterMetrics
     from rmqstore.writer.store import Writer
     from rmqstore.writer.validate import MessageBatch
 

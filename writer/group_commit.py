@@ -86,8 +86,9 @@ class GroupAppender:
         self._queue: collections.deque[_Pending] = collections.deque()
         self._drain_scheduled = False
         self._closed = False
-        # Called on the loop after messages are stored (the consumers' long polls wake).
-        self.listeners: list[Callable[[], None]] = []
+        # Called on the loop with each request's results once its messages are stored (the
+        # consumers' long polls on those queues wake).
+        self.listeners: list[Callable[[AppendResults], None]] = []
         # Appended, waiting for an fsync (SYNC only), each request with its outcome.
         self._appended = threading.Condition()
         self._unflushed: list[tuple[_Pending, _Stored | BaseException]] = []
@@ -190,9 +191,10 @@ class GroupAppender:
                 pending.future.set_result(outcome.response)
             else:
                 pending.future.set_exception(outcome)
-        if any(isinstance(outcome, _Stored) for _, outcome in done):
-            for listener in self.listeners:
-                listener()
+        for _, outcome in done:
+            if isinstance(outcome, _Stored):
+                for listener in self.listeners:
+                    listener(outcome.results)
 
     def close(self) -> None:
         """Flush and acknowledge what is appended, then stop the flusher; later appends

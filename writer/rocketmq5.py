@@ -463,33 +463,59 @@ class ConsumerPolicy:
 
 
 class Wakeup:
-    """Long polls waiting for new messages: every append wakes them all at once (each
-    then looks again), with no timer loop."""
+    """Long polls waiting for new messages, each on one topic (a receive takes from any of
+    its queues) or one queue of it (a pull): an append wakes only the polls waiting on
+    what it appended to, each of which then looks again, with no timer loop. A poll on
+    another topic costs an append nothing."""
 
     def __init__(self) -> None:
-        self._waiters: list[asyncio.Future[None]] = []
+        # topic -> the futures of the polls on it, each with its queue (None: every queue).
+        self._waiters: dict[str, dict[asyncio.Future[None], int | None]] = {}
 
     @property
     def waiting(self) -> int:
         """How many long polls wait now."""
-        return len(self._waiters)
+        return sum(map(len, self._waiters.values()))
 
-    def notify(self) -> None:
-        waiters, self._waiters = self._waiters, []
-        for waiter in waiters:
+    def appended(self, results: AppendResults) -> None:
+        """Wake the polls on the queues ``results`` appended to."""
+        if not self._waiters:
+            return
+        for topic, queue_id in set(zip(results.topics, results.queue_ids)):
+            self.notify(topic, queue_id)
+
+    def notify(self, topic: str, queue_id: int | None = None) -> None:
+        """Wake the polls on ``topic`` (those on ``queue_id`` and on every queue; with no
+        ``queue_id``, all of them)."""
+        waiters = self._waiters.get(topic)
+        if not waiters:
+            return
+        woken = [w for w, q in waiters.items() if queue_id is None or q is None or q == queue_id]
+        for waiter in woken:
+            del waiters[waiter]
             if not waiter.done():
                 waiter.set_result(None)
+        if not waiters:
+            del self._waiters[topic]
 
-    async def wait(self, timeout_s: float) -> None:
+    def notify_all(self) -> None:
+        for topic in list(self._waiters):
+            self.notify(topic)
+
+    async def wait(self, topic: str, queue_id: int | None, timeout_s: float) -> None:
+        """Until an append to ``topic`` (its queue ``queue_id``; None: any) or ``timeout_s``."""
         waiter = asyncio.get_running_loop().create_future()
-        self._waiters.append(waiter)
+        self._waiters.setdefault(topic, {})[waiter] = queue_id
         try:
             await asyncio.wait_for(waiter, timeout_s)
         except TimeoutError:
             pass
         finally:
-            if waiter in self._waiters:
-                self._waiters.remove(waiter)
+            waiters = self._waiters.get(topic)
+            if waiters is not None:
+                waiters.pop(waiter, None)
+                if not waiters:
+                    del self._waiters[topic]
 
 
 def _receive_span(group: str, handed: list[Handed]) -> AbstractContextManager[Any]:
@@ -511,7 +537,7 @@ def _receive_span(group: str, handed: list[Handed]) -> AbstractContextManager[An
 class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
     """apache.rocketmq.v2.MessagingService, all handlers async (the writer's asyncio
     server). Sends share the writer's GroupAppender with WriterService; each append
-    wakes the consumers' long polls."""
+    wakes the consumers' long polls on the queues it appended to."""
 
     def __init__(
         self,
@@ -532,7 +558,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         self.wakeup = Wakeup()
         # The queue each (group, topic)'s next receive starts at.
         self._next_queue: dict[tuple[str, str], int] = {}
-        appender.listeners.append(self.wakeup.notify)
+        appender.listeners.append(self.wakeup.appended)
         self._flusher: asyncio.Task[None] | None = None
         # Set when the writer stops: open Telemetry streams end at once rather than hold
         # the server's shutdown grace (a client keeps its stream open for its lifetime).
@@ -542,7 +568,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         """End every open Telemetry stream and long poll (on the server's loop), and any
         opened later; stop the periodic flush of the groups' progress."""
         self._stopping.set()
-        self.wakeup.notify()
+        self.wakeup.notify_all()
         if self._flusher is not None:
             self._flusher.cancel()
 
@@ -832,7 +858,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             if visible_ms is not None:
                 # A message in flight comes back then: wake for it (a few ms late, not early).
                 left_s = min(left_s, max(0.0, (visible_ms - _now_ms()) / 1000) + 0.005)
-            await self.wakeup.wait(left_s)
+            await self.wakeup.wait(topic, None, left_s)
 
     def _message(self, one: Handed, resource: v2.Resource) -> v2.Message:
         record = one.record
@@ -893,7 +919,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             entries.append(v2s.AckMessageResultEntry(message_id=entry.message_id, receipt_handle=entry.receipt_handle, status=status))
         if group in self.consumers.fifo_groups:
             # An acknowledgement in a FIFO group frees its message group's next message.
-            self.wakeup.notify()
+            self.wakeup.notify(topic)
         return v2s.AckMessageResponse(status=_overall(entries), entries=entries)
 
     async def ChangeInvisibleDuration(
@@ -909,7 +935,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         except Exception as error:
             return v2s.ChangeInvisibleDurationResponse(status=self._failed("ChangeInvisibleDuration", error))
         # A waiting poll recomputes when the next message in flight comes back.
-        self.wakeup.notify()
+        self.wakeup.notify(topic)
         return v2s.ChangeInvisibleDurationResponse(status=ok_status(), receipt_handle=handle)
 
     async def _to_dead_letters(
@@ -924,7 +950,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         await self.appender.append(batch, peer, lambda results: results)
         self.consumers.ack(group, topic, handle)
         if group in self.consumers.fifo_groups:
-            self.wakeup.notify()
+            self.wakeup.notify(topic)
 
     async def ForwardMessageToDeadLetterQueue(
         self, request: v2s.ForwardMessageToDeadLetterQueueRequest, context: grpc.aio.ServicerContext
@@ -978,7 +1004,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             self.consumers.update_offset(group, topic, queue_id, request.offset)
         except Exception as error:
             return v2s.UpdateOffsetResponse(status=self._failed("UpdateOffset", error))
-        self.wakeup.notify()  # an offset moved back makes messages visible to a waiting poll
+        self.wakeup.notify(topic)  # an offset moved back makes messages visible to a waiting poll
         return v2s.UpdateOffsetResponse(status=ok_status())
 
     async def QueryOffset(self, request: v2s.QueryOffsetRequest, context: grpc.aio.ServicerContext) -> v2s.QueryOffsetResponse:
@@ -1082,7 +1108,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             left_s = deadline - loop.time()
             if out or next_offset > offset or left_s <= 0 or self._stopping.is_set():
                 return out, next_offset
-            await self.wakeup.wait(left_s)
+            await self.wakeup.wait(topic, queue_id, left_s)
 
     def _pulled(self, record: Record, queue_id: int, queue_offset: int, resource: v2.Resource) -> v2.Message:
         message = self._message(Handed(record, queue_id, queue_offset, 1, "", _now_ms()), resource)

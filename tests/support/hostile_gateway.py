@@ -1,0 +1,103 @@
+"""A hostile client of the RocketMQ 5 gateway for tests/test_gateway_limits.py, run as its
+own process: it holds many calls open against a writer, unsigned, and then keeps them so.
+
+    python hostile_gateway.py ENDPOINT KIND COUNT [TOPIC [GROUP]]
+
+KIND:
+
+* ``polls``: COUNT ReceiveMessage long polls (30 s) of GROUP on TOPIC, each issued
+  again when it ends, on 8 connections;
+* ``watch``: COUNT grpc health Watch streams, each read once, on 16 connections.
+
+The client prints one JSON line, {"event": "open", "count": n, "refused": {...}} once every
+call is issued (a Watch once its first answer came), then holds them until its stdin
+closes, and exits without ending them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from collections import Counter
+from typing import Any
+
+import grpc
+from google.protobuf import duration_pb2
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from rmqstore.rocketmq_v2 import definition_pb2 as v2
+from rmqstore.rocketmq_v2 import service_pb2 as v2s
+from rmqstore.rocketmq_v2 import service_pb2_grpc
+
+OPEN_TIMEOUT_S = 120.0
+POLL_S = 30
+
+
+def channels(endpoint: str, count: int) -> list[grpc.aio.Channel]:
+    # A channel of its own per connection: channels with the same target and options share one.
+    return [
+        grpc.aio.insecure_channel(endpoint, options=[("grpc.use_local_subchannel_pool", 1), ("rmqstore.connection", i)])
+        for i in range(count)
+    ]
+
+
+async def poll_forever(channel: grpc.aio.Channel, topic: str, group: str, issued: asyncio.Event, refused: Counter[str]) -> None:
+    stub = service_pb2_grpc.MessagingServiceStub(channel)
+    request = v2s.ReceiveMessageRequest(
+        group=v2.Resource(name=group),
+        message_queue=v2.MessageQueue(topic=v2.Resource(name=topic), id=0),
+        filter_expression=v2.FilterExpression(type=v2.TAG, expression="*"),
+        batch_size=32,
+        invisible_duration=duration_pb2.Duration(seconds=60),
+        long_polling_timeout=duration_pb2.Duration(seconds=POLL_S),
+    )
+    while True:
+        call = stub.ReceiveMessage(request, timeout=POLL_S + 10)
+        issued.set()
+        try:
+            async for answer in call:
+                if answer.HasField("status") and answer.status.code not in (v2.OK, v2.MESSAGE_NOT_FOUND):
+                    refused[str(answer.status.code)] += 1
+        except grpc.RpcError as error:
+            refused[str(error.code())] += 1  # type: ignore[attr-defined]
+            await asyncio.sleep(1)
+
+
+async def watch(channel: grpc.aio.Channel, refused: Counter[str]) -> Any:
+    call = health_pb2_grpc.HealthStub(channel).Watch(health_pb2.HealthCheckRequest(service=""))
+    try:
+        await call.read()
+    except grpc.RpcError as error:
+        refused[str(error.code())] += 1  # type: ignore[attr-defined]
+    return call
+
+
+async def main(endpoint: str, kind: str, count: int, topic: str, group: str) -> None:
+    refused: Counter[str] = Counter()
+    held: list[Any] = []
+    if kind == "polls":
+        connections = channels(endpoint, 8)
+        events = [asyncio.Event() for _ in range(count)]
+        held = [
+            asyncio.ensure_future(poll_forever(connections[i % len(connections)], topic, group, events[i], refused))
+            for i in range(count)
+        ]
+        await asyncio.wait_for(asyncio.gather(*(event.wait() for event in events)), OPEN_TIMEOUT_S)
+    elif kind == "watch":
+        connections = channels(endpoint, 16)
+        held = await asyncio.wait_for(
+            asyncio.gather(*(watch(connections[i % len(connections)], refused) for i in range(count))), OPEN_TIMEOUT_S
+        )
+    else:
+        raise SystemExit(f"unknown kind {kind}")
+    print(json.dumps({"event": "open", "count": count, "refused": dict(refused)}), flush=True)
+    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
+    del held  # held open until here
+
+
+if __name__ == "__main__":
+    endpoint, kind, count_text, *rest = sys.argv[1:]
+    topic = rest[0] if rest else "Idle"
+    group = rest[1] if len(rest) > 1 else "idlers"
+    asyncio.run(main(endpoint, kind, int(count_text), topic, group))

@@ -94,9 +94,13 @@ def free_port(host: str) -> int:
 
 
 def _refuse_taken(host: str, port: int, option: str) -> None:
-    # gRPC binds with SO_REUSEPORT and reports a taken port in a log line of its own and
-    # an exception; a plain bind first turns that into one clear error.
+    # gRPC reports a taken port in a log line of its own and an exception; a bind first
+    # turns that into one clear error. With SO_REUSEADDR, as gRPC's own listener binds and
+    # as a server should: a port still in TIME-WAIT from the connections of a node that was
+    # killed (a container restarted in its pod) is free to listen on, while one another
+    # process listens on is refused.
     with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             probe.bind((host, port))
         except OSError as error:

@@ -4,11 +4,13 @@ and ``rmqstore console-passwd``, which adds a user to a console users file."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ipaddress
 import json
 import signal
 import socket
 import sys
+from collections.abc import Iterator
 
 from rmqstore.cli.writer_tools import add_client_tls_options, channel_from
 from rmqstore.common.errors import InvalidArgument
@@ -43,6 +45,15 @@ def _listening_socket(host: str, port: int) -> socket.socket:
 def cmd_console(args: argparse.Namespace) -> int:
     import uvicorn
 
+    class _Server(uvicorn.Server):
+        """uvicorn's server without its own signal handling, which would restore the
+        handlers it found once stopped and raise the signal again (a Ctrl-C then ended the
+        command as an interrupt, exit 130): the command's handlers below stop it."""
+
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            yield
+
     from rmqstore.console.app import build_app
     from rmqstore.console.auth import read_users
     from rmqstore.console.backend import Backend, Endpoints
@@ -61,14 +72,20 @@ def cmd_console(args: argparse.Namespace) -> int:
     backend = Backend(Endpoints(query, writer, args.timeout))
     port = sock.getsockname()[1]
     shown_host = f"[{args.host}]" if ":" in args.host else args.host
-    server = uvicorn.Server(
+    server = _Server(
         uvicorn.Config(build_app(backend, users), log_config=None, access_log=False, log_level="warning", lifespan="off")
     )
-    # uvicorn stops gracefully on SIGTERM and SIGINT, then raises the signal again for the
-    # handler that was in place before it ran: for SIGTERM, this one (which also stops a
-    # server not yet running), so that the console goes on to say it stopped and exits 0
-    # rather than dying of the signal.
-    signal.signal(signal.SIGTERM, lambda signum, frame: setattr(server, "should_exit", True))
+    # SIGTERM and SIGINT (Ctrl-C) stop the console as they stop the nodes: a graceful stop,
+    # the stopped line, exit 0. The handlers are this command's, installed before the
+    # serving line so that a signal at any moment from then on takes that path; a second
+    # Ctrl-C closes open connections without waiting for them.
+    def stop(signum: int, frame: object) -> None:
+        if server.should_exit and signum == signal.SIGINT:
+            server.force_exit = True
+        server.should_exit = True
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
     print(
         json.dumps(
             {

@@ -9,9 +9,11 @@ stores whatever bytes a client sent).
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import urllib.error
@@ -544,6 +546,26 @@ def test_readyz_says_when_the_query_node_is_gone(nodes: Nodes) -> None:
         assert get(console.url + "/healthz")[:1] == (200,)
     finally:
         console.stop()
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["sigterm", "ctrl-c"])
+def test_sigterm_and_ctrl_c_stop_the_console_as_docs_console_md_says(store: Store, nodes: Nodes, signum: int) -> None:
+    """docs/console.md: SIGTERM or Ctrl-C (SIGINT, as a terminal sends it) stops it with its
+    stopped line and exit 0 — right after its serving line, with no wait for a handler, and
+    with an open keep-alive connection that has been answered."""
+    for ready in ("at once", "after a page"):
+        console = nodes.console("--query-endpoint", store.query_endpoint)
+        connection = http.client.HTTPConnection("127.0.0.1", console.port, timeout=HTTP_TIMEOUT_S)
+        try:
+            if ready == "after a page":
+                connection.request("GET", "/topics")
+                response = connection.getresponse()
+                assert response.status == 200 and response.read()
+            console.proc.send_signal(signum)
+            console.wait_stopped()
+            assert console.stderr_text() == "", (ready, console.stderr_text())
+        finally:
+            connection.close()
 
 
 # In a real browser: Debian's chromium through chromedriver (test.sh installs both)

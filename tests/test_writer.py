@@ -22,12 +22,14 @@ from support.inprocess import WriterNode
 from support.stores import SMALL
 
 from rmqstore.common.codec.hosts import SocketAddress
+from rmqstore.common.codec.msgid import UniqKey, decode_uniq_key, encode_uniq_key
 from rmqstore.common.errors import InvalidArgument
 from rmqstore.common.files.check import check_store
 from rmqstore.common.files.commitlog import CommitLog
 from rmqstore.v1 import messages_pb2, writer_pb2
 from rmqstore.writer.config import FlushPolicy, WriterConfig
 from rmqstore.writer.group_commit import GroupAppender
+from rmqstore.writer.ids import UniqKeyGenerator
 from rmqstore.writer.intake import batch_response, columns_batch, request_batch, to_batch
 from rmqstore.writer.metrics import WriterMetrics
 from rmqstore.writer.service import SERVICE_NAME
@@ -102,6 +104,24 @@ def test_thousands_of_messages_read_back_exactly(node: WriterNode, tmp_path: Pat
     report = check_store(str(store), SMALL)
     assert report.ok, report.problems[:3]
     assert report.records == 3000 and report.index_keys == sum(len(m.keys) + 1 for m in sent)
+
+
+@pytest.mark.parametrize("ip", [bytes([10, 0, 0, 7]), bytes(range(16))], ids=["ipv4", "ipv6"])
+def test_a_batch_of_generated_uniq_keys_is_the_keys_made_one_at_a_time(ip: bytes) -> None:
+    """The writer makes a batch's uniq keys at once: each is the MessageClientIDSetter
+    layout of its own counter, which wraps at 16 bits, and the generator's counter moves
+    on past the batch."""
+    generator = UniqKeyGenerator()
+    now_ms = 1_767_225_600_123
+    first = generator.next(ip, now_ms)  # counter 0
+    generator.next_many(ip, now_ms, 0xFFEF)  # counters 1 to 0xFFEF: the next batch wraps
+    made = generator.next_many(ip, now_ms, 40)
+    expected = [
+        encode_uniq_key(UniqKey(ip, generator.pid, generator.loader_hash, decode_uniq_key(first).time_since_month_ms, counter & 0xFFFF))
+        for counter in range(0xFFF0, 0xFFF0 + 40)
+    ]
+    assert made == expected
+    assert decode_uniq_key(generator.next(ip, now_ms)).counter == (0xFFF0 + 40) & 0xFFFF
 
 
 def test_acks_and_offsets(node: WriterNode) -> None:

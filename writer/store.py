@@ -670,6 +670,8 @@ class Writer:
             born_hosts = [default_born] * count
         if all(batch.uniq_keys):
             uniq_keys = batch.uniq_keys[:]
+        elif not any(batch.uniq_keys) and not any(batch.born_hosts):
+            uniq_keys = self.uniq_keys.next_many(default_born.ip, now, count)
         else:
             uniq_keys = [given or self.uniq_keys.next(born.ip, now) for given, born in zip(batch.uniq_keys, born_hosts)]
         queue_ids = self._assign_queues(topics, batch.queue_ids)

@@ -12,6 +12,7 @@ import socket
 import sys
 from collections.abc import Iterator
 
+from rmqstore.cli import exits
 from rmqstore.cli.writer_tools import add_client_tls_options, channel_from
 from rmqstore.common.errors import InvalidArgument
 
@@ -122,10 +123,10 @@ def cmd_console_passwd(args: argparse.Namespace) -> int:
 
 def register(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     console = commands.add_parser("console", help="serve the web console (pages and a JSON API) over a query node")
-    console.add_argument("--query-endpoint", required=True, metavar="HOST:PORT", help="the query node to read from")
-    console.add_argument("--writer-endpoint", metavar="HOST:PORT", help="the writer, for its status on the nodes page")
-    console.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
-    console.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT}; 0: any free port, printed at start)")
+    console.add_argument("--query-endpoint", required=True, type=exits.endpoint, metavar="HOST:PORT", help="the query node to read from")
+    console.add_argument("--writer-endpoint", type=exits.endpoint, metavar="HOST:PORT", help="the writer, for its status on the nodes page")
+    console.add_argument("--host", type=exits.host, default="127.0.0.1", help="address to listen on (default 127.0.0.1; an IPv6 one bare or in brackets)")
+    console.add_argument("--port", type=exits.port, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT}; 0: any free port, printed at start)")
     console.add_argument("--users", metavar="FILE", help="users file (name:argon2 hash lines): HTTP Basic authentication")
     console.add_argument("--no-auth", action="store_true", help="serve a non-loopback address without passwords")
     console.add_argument("--timeout", type=float, default=RPC_TIMEOUT_S, help=f"seconds per call to a node (default {RPC_TIMEOUT_S:.0f})")

@@ -10,6 +10,7 @@ directory (``--store``).
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import sys
 from collections.abc import Callable
 from typing import NoReturn
@@ -21,6 +22,7 @@ from rmqstore.common import errors
 # Store directories named on the command line, checked as the nodes check theirs.
 from rmqstore.common.files.directories import creatable_dir as creatable_dir
 from rmqstore.common.files.directories import existing_store as existing_store
+from rmqstore.common.transport import parse_endpoint, parse_host
 from rmqstore.service.stopping import EXIT_STOP_STALLED as EXIT_STOP_STALLED
 
 EXIT_OK = 0
@@ -136,6 +138,40 @@ def _bounded_real(kind: str, low: float, high: float, low_open: bool = False) ->
 
     parse.__name__ = kind
     return parse
+
+
+def _endpoint_parts(text: str) -> tuple[str, int]:
+    try:
+        return parse_endpoint(text)
+    except errors.InvalidArgument as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def host(text: str) -> str:
+    """A host to listen on (``--host``): a name or an address, an IPv6 one bare or in
+    brackets; returned bare."""
+    try:
+        return parse_host(text)
+    except errors.InvalidArgument as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def endpoint(text: str) -> str:
+    """``HOST:PORT`` (an IPv6 address in brackets), the one endpoint syntax of every flag
+    that names one; as given, once checked."""
+    _endpoint_parts(text)
+    return text
+
+
+def ip_endpoint(text: str) -> str:
+    """``IP:PORT``: an endpoint whose host is an address (``--store-host``: records carry
+    the address's bytes, never a name)."""
+    host, _ = _endpoint_parts(text)
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not IP:PORT: {host!r} is not an IP address") from None
+    return text
 
 
 ratio = _bounded_real("a share of the disk", 0.0, 1.0)

@@ -250,14 +250,14 @@ def register(commands: argparse._SubParsersAction) -> None:  # type: ignore[type
         help="send a dataset of messages to a writer, skipping what it already holds (by topic and UNIQ_KEY)",
     )
     load.add_argument("input", help="Parquet dataset (export layout) or JSON Lines (`rmqstore send --file` format)")
-    load.add_argument("--endpoint", required=True, help="writer HOST:PORT")
+    load.add_argument("--endpoint", required=True, type=exits.endpoint, metavar="HOST:PORT", help="the writer")
     load.add_argument("--format", choices=["parquet", "json"], default="parquet", help="input format (default parquet)")
     load.add_argument(
         "--target-store",
         metavar="DIR",
         help="the writer's store directory as mounted here (default: the path the writer reports)",
     )
-    load.add_argument("--query-endpoint", metavar="HOST:PORT", help="check each message with this query node instead")
+    load.add_argument("--query-endpoint", type=exits.endpoint, metavar="HOST:PORT", help="check each message with this query node instead")
     load.add_argument(
         "--queue-ids",
         choices=["keep", "auto"],

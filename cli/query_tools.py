@@ -443,7 +443,7 @@ def _lookup_parser(
 ) -> argparse.ArgumentParser:
     parser: argparse.ArgumentParser = commands.add_parser(name, help=help_text, description=help_text)
     where = parser.add_argument_group("where to look (exactly one)")
-    where.add_argument("--endpoint", help="a query node, HOST:PORT")
+    where.add_argument("--endpoint", type=exits.endpoint, metavar="HOST:PORT", help="a query node")
     where.add_argument("--store", help="a store directory, read directly")
     parser.add_argument("--json", action="store_true", help=json_help)
     if bodies:
@@ -459,7 +459,7 @@ def register(commands: argparse._SubParsersAction) -> None:  # type: ignore[type
     query_commands = query.add_subparsers(dest="query_command", required=True, metavar="serve")
     serve = query_commands.add_parser("serve", help="serve QueryService over gRPC on a store directory, read-only")
     serve.add_argument("--store", required=True, help="store directory (never written)")
-    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    serve.add_argument("--host", type=exits.host, default="127.0.0.1", help="address to listen on (default 127.0.0.1; an IPv6 one bare or in brackets)")
     serve.add_argument("--port", type=exits.port, default=0, help="port (default 0: any free port, printed at start)")
     serve.add_argument(
         "--mapped-budget-mb",
@@ -551,7 +551,7 @@ def register(commands: argparse._SubParsersAction) -> None:  # type: ignore[type
         description="Create a topic, or grow its queue count (counts never shrink), through the writer. "
         "rmqstore keeps one queue count per topic: -r and -w set it, and must agree when both are given.",
     )
-    update.add_argument("--endpoint", required=True, help="writer HOST:PORT")
+    update.add_argument("--endpoint", required=True, type=exits.endpoint, metavar="HOST:PORT", help="the writer")
     update.add_argument("-t", "--topic", required=True, help="the topic")
     update.add_argument("-r", "--read-queues", type=exits.positive, metavar="N", help="read queue count")
     update.add_argument("-w", "--write-queues", type=exits.positive, metavar="N", help="write queue count (default: the writer's, 8)")

@@ -355,16 +355,20 @@ def register(commands: argparse._SubParsersAction) -> None:  # type: ignore[type
         help="own a store directory and serve WriterService (and RocketMQ 5's MessagingService) over gRPC",
     )
     serve.add_argument("--store", required=True, help="store directory (created if missing)")
-    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    serve.add_argument("--host", type=exits.host, default="127.0.0.1", help="address to listen on (default 127.0.0.1; an IPv6 one bare or in brackets)")
     serve.add_argument("--port", type=exits.port, default=0, help="port (default 0: any free port, printed at start)")
     serve.add_argument("--flush", choices=["sync", "async"], default="async", help="flush policy (default async)")
     serve.add_argument("--flush-interval-ms", type=exits.positive, default=500, help="ASYNC fsync interval (default 500)")
     serve.add_argument(
-        "--store-host", help="ip:port written into records and msgIds (default 127.0.0.1:PORT, the port served on)"
+        "--store-host",
+        type=exits.ip_endpoint,
+        metavar="IP:PORT",
+        help="the address written into records and msgIds (default 127.0.0.1:PORT, the port served on)",
     )
     serve.add_argument("--no-auto-create", action="store_true", help="refuse messages to unknown topics")
     serve.add_argument(
         "--advertise",
+        type=exits.endpoint,
         metavar="HOST:PORT",
         help="the endpoint RocketMQ 5 clients are routed to by QueryRoute (default: the listen address)",
     )
@@ -419,7 +423,7 @@ def register(commands: argparse._SubParsersAction) -> None:  # type: ignore[type
         "each ack is printed as one JSON line (--acks).",
         epilog=f"--file format: {JSONL_FIELDS_HELP}.",
     )
-    send.add_argument("--endpoint", required=True, help="writer HOST:PORT")
+    send.add_argument("--endpoint", required=True, type=exits.endpoint, metavar="HOST:PORT", help="the writer")
     send.add_argument("-t", "--topic", help="topic of the one message")
     send.add_argument("-k", "--keys", help='space-separated keys, e.g. "KEY1 KEY2"')
     send.add_argument("--tags", help="tags")

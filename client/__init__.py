@@ -18,6 +18,7 @@ import grpc
 from rmqstore.client import tracing
 from rmqstore.client.columns import batch_request
 from rmqstore.common.conventions import TRACEPARENT
+from rmqstore.common.transport import parse_endpoint
 from rmqstore.v1 import messages_pb2, query_pb2_grpc, writer_pb2
 
 __all__ = ["Credentials", "QueryClient", "Tls", "WriterClient", "connect"]
@@ -77,9 +78,11 @@ def connect(
     """A channel to ``endpoint`` (``HOST:PORT``): plaintext unless ``tls`` gives a file,
     signed when ``credentials`` are given, its unary calls traced when the environment
     asks for it (``unary_spans=False``: a channel that only streams sends, whose spans
-    are the sender's own, is not wrapped for them)."""
+    are the sender's own, is not wrapped for them). An endpoint of another form is an
+    InvalidArgument (common.transport.parse_endpoint), never a target gRPC reads its own way."""
     from rmqstore.client.channels import open_channel
 
+    parse_endpoint(endpoint)
     tls = tls or Tls()
     channel = open_channel(
         endpoint,

@@ -22,7 +22,7 @@ from grpc_reflection.v1alpha import reflection, reflection_pb2, reflection_pb2_g
 from opentelemetry import trace
 from opentelemetry.instrumentation.grpc import aio_server_interceptor
 
-from rmqstore.common.transport import MAX_MESSAGE_BYTES
+from rmqstore.common.transport import MAX_MESSAGE_BYTES, endpoint_text
 from rmqstore.service.acl import Acl, AsyncAclInterceptor, MethodRule
 from rmqstore.service.guard import AsyncMalformedRequestGuard
 from rmqstore.service.limits import (
@@ -163,7 +163,7 @@ class AsyncServing:
         _add_services(server, register, self.health_servicer, service_names)
         for name in (*service_names, ""):
             await self.health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
-        address = f"{host}:{port}"
+        address = endpoint_text(host, port)
         bound = await self._bind(server, address, credentials, f"cannot bind {address}")
         await server.start()
         self._servers.append(server)
@@ -173,7 +173,8 @@ class AsyncServing:
     async def _start_health(self, host: str, port: int) -> int:
         server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
         health_pb2_grpc.add_HealthServicer_to_server(self.health_servicer, server)
-        bound = await self._bind(server, f"{host}:{port}", None, f"cannot bind the health port {host}:{port}")
+        address = endpoint_text(host, port)
+        bound = await self._bind(server, address, None, f"cannot bind the health port {address}")
         await server.start()
         self._servers.append(server)
         return bound

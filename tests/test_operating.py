@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+from support.cli import run, run_cli
 from support.http import get
 from support.nodes import Nodes
 from support.wait import wait_until
@@ -77,4 +79,82 @@ def test_a_query_node_and_a_console_killed_with_clients_connected_restart_on_the
         assert restarted.wait_serving()["port"] == port
     assert stub.Stats(query_pb2.StatsRequest(), timeout=RPC_TIMEOUT_S).visible_offset == 0
     assert get(f"http://127.0.0.1:{console.port}/api/topics")[0] == 200
+    writer.stop()
+
+
+# Endpoints: HOST:PORT everywhere, an IPv6 address in brackets; anything else refused by
+# the flag that names it, before anything is dialled.
+
+ENDPOINT_FLAGS: list[tuple[list[str], str, list[str]]] = [
+    (["send"], "--endpoint", ["-t", "T", "--body", "x"]),
+    (["updateTopic"], "--endpoint", ["-t", "T"]),
+    *[([lookup], "--endpoint", rest) for lookup, rest in (
+        ("queryMsgByKey", ["-t", "T", "-k", "k"]), ("queryMsgByUniqueKey", ["-t", "T", "-i", "x"]),
+        ("queryMsgById", ["-i", "x"]), ("queryMsgByOffset", ["-t", "T", "-q", "0", "-o", "0"]),
+        ("searchOffset", ["-t", "T", "-q", "0", "--timestamp", "0"]), ("printMsg", ["-t", "T"]),
+        ("topicList", []), ("topicStatus", ["-t", "T"]), ("consumerProgress", []),
+    )],  # fmt: skip
+    (["console"], "--query-endpoint", []),
+    (["console", "--query-endpoint", "127.0.0.1:1"], "--writer-endpoint", []),
+    (["pipeline", "load", "in.jsonl"], "--endpoint", []),
+    (["pipeline", "load", "in.jsonl", "--endpoint", "127.0.0.1:1"], "--query-endpoint", []),
+    (["writer", "serve", "--store", "never-made"], "--advertise", []),
+]
+BAD_ENDPOINTS = {
+    "127.0.0.1:99999": "'127.0.0.1:99999' is not HOST:PORT: the port 99999 is outside [1, 65535]",
+    "localhost": "'localhost' is not HOST:PORT: no port",
+    ":5": "':5' is not HOST:PORT: no host",
+    "[::1": "'[::1' is not HOST:PORT: no ] after the IPv6 address",
+    "[::1]": "'[::1]' is not HOST:PORT: no port",
+    "::1:8081": "'::1:8081' is not HOST:PORT: an IPv6 address goes in brackets, e.g. [::1]:8081",
+    "host:0": "'host:0' is not HOST:PORT: the port 0 is outside [1, 65535]",
+    "host:http": "'host:http' is not HOST:PORT: the port 'http' is not a number",
+    "dns:///host:5": "'dns:///host:5' is not HOST:PORT: 'dns:///host' is not a host name or address",
+    "300.1.1.1:5": "'300.1.1.1:5' is not HOST:PORT: '300.1.1.1' is not an IPv4 address",
+}
+
+
+def test_every_endpoint_flag_refuses_what_is_not_host_port(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    for command, flag, rest in ENDPOINT_FLAGS:
+        name = " ".join(command[:2] if command[0] in ("writer", "pipeline") else command[:1])
+        for given, why in BAD_ENDPOINTS.items():
+            argv = [*command, flag, given, *rest]
+            assert run(capsys, *argv) == (
+                2, "", f"rmqstore: error: {name}: argument {flag}: {why} (see rmqstore {name} --help)\n"
+            ), argv  # fmt: skip
+    assert not (tmp_path / "never-made").exists()
+
+
+def test_store_host_is_an_address_and_host_a_host(capsys: pytest.CaptureFixture[str]) -> None:
+    serve = ["writer", "serve", "--store", "never-made"]
+    usage = "(see rmqstore writer serve --help)"
+    assert run(capsys, *serve, "--store-host", "writer:10911") == (
+        2, "", f"rmqstore: error: writer serve: argument --store-host: 'writer:10911' is not IP:PORT: 'writer' is not an IP address {usage}\n"
+    )  # fmt: skip
+    assert run(capsys, *serve, "--store-host", "10.0.0.1:70000")[2].startswith(
+        "rmqstore: error: writer serve: argument --store-host: '10.0.0.1:70000' is not HOST:PORT: the port 70000 is outside [1, 65535]"
+    )
+    for command in (["writer", "serve", "--store", "x"], ["query", "serve", "--store", "x"], ["console", "--query-endpoint", "h:1"]):
+        name = " ".join(command[:2]) if command[0] != "console" else "console"
+        assert run(capsys, *command, "--host", "127.0.0.1:8081") == (
+            2, "", f"rmqstore: error: {name}: argument --host: '127.0.0.1:8081' is not a host: give the address alone "
+            f"(the port has a flag of its own) (see rmqstore {name} --help)\n",
+        )  # fmt: skip
+    assert run(capsys, "console", "--query-endpoint", "h:1", "--port", "70000") == (
+        2, "", "rmqstore: error: console: argument --port: 70000 is outside [0, 65535] (a TCP port) (see rmqstore console --help)\n"
+    )  # fmt: skip
+
+
+def test_an_ipv6_node_is_reached_at_its_bracketed_endpoint(nodes: Nodes, tmp_path: Path) -> None:
+    """Nodes listen on an IPv6 host given bare or in brackets; the writer advertises it in
+    brackets, and every client command reaches it as [::1]:PORT."""
+    store = tmp_path / "store"
+    writer = nodes.spawn("writer", ["writer", "serve", "--store", str(store), "--host", "::1", "--port", "0", *SIZE_ARGS])
+    assert writer.wait_serving()["advertise"] == f"[::1]:{writer.port}"
+    query = nodes.spawn("query", ["query", "serve", "--store", str(store), "--host", "[::1]", "--port", "0"])
+    query.wait_serving()
+    sent = run_cli(["send", "--endpoint", f"[::1]:{writer.port}", "-t", "Orders", "--body", "over IPv6"])
+    assert sent.returncode == 0, sent.stderr
+    listed = run_cli(["topicList", "--endpoint", f"[::1]:{query.port}"])
+    assert (listed.returncode, listed.stdout, listed.stderr) == (0, "Orders\n", "")
     writer.stop()

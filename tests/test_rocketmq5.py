@@ -72,9 +72,9 @@ def test_route_endpoints_scheme_follows_the_advertised_host() -> None:
 @pytest.mark.parametrize(
     ("advertise", "broker", "problem"),
     [
-        ("writer", "b", "--advertise 'writer': expected HOST:PORT"),
-        ("writer:0", "b", "--advertise 'writer:0': expected HOST:PORT"),
-        ("writer:x", "b", "--advertise 'writer:x': expected HOST:PORT"),
+        ("writer", "b", "--advertise: 'writer' is not HOST:PORT: no port"),
+        ("writer:0", "b", "--advertise: 'writer:0' is not HOST:PORT: the port 0 is outside [1, 65535]"),
+        ("writer:x", "b", "--advertise: 'writer:x' is not HOST:PORT: the port 'x' is not a number"),
         ("writer:1", "", "--broker-name '': expected a non-empty name"),
         ("writer:1", "a b", "--broker-name 'a b': expected a non-empty name"),
     ],

@@ -17,6 +17,7 @@ import grpc
 from rmqstore.common.errors import InvalidArgument
 from rmqstore.common.files.directories import creatable_dir
 from rmqstore.common.files.store import RequestedSizes, checked_sizes
+from rmqstore.common.transport import endpoint_text
 from rmqstore.service.listen import (
     ListenOptions,
     access,
@@ -136,7 +137,7 @@ class WriterNode(ServingNode):
         self.config = config
         # Checked before recovery, like the TLS files; without an advertised endpoint the
         # port is the bound one, known once the server listens.
-        route = RouteConfig.parse(options.advertise or f"{listen.host}:{port or 1}", options.broker_name)
+        route = RouteConfig.parse(options.advertise or endpoint_text(listen.host, port or 1), options.broker_name)
         for group in options.fifo_groups:
             try:
                 check_group(group)
@@ -207,7 +208,7 @@ class WriterNode(ServingNode):
             "port": self.port,
             "store": self.config.store,
             "flush": self.config.flush.value,
-            "advertise": f"{route.advertise_host}:{route.advertise_port}",
+            "advertise": endpoint_text(route.advertise_host, route.advertise_port),
             **self.listen_fields(),
             "recovered": {
                 "uncleanShutdown": recovery.unclean,

@@ -45,6 +45,7 @@ from rmqstore.common.conventions import (
 from rmqstore.common.errors import InvalidArgument, NotFound, StoreError, StoreFull
 from rmqstore.common.files.consumequeue import Boundary
 from rmqstore.common.tracing import leaf_span, links_from_messages, tracing_on
+from rmqstore.common.transport import parse_endpoint
 from rmqstore.rocketmq_v2 import definition_pb2 as v2
 from rmqstore.rocketmq_v2 import service_pb2 as v2s
 from rmqstore.rocketmq_v2 import service_pb2_grpc
@@ -160,14 +161,13 @@ class RouteConfig:
     @classmethod
     def parse(cls, advertise: str, broker_name: str = DEFAULT_BROKER_NAME) -> RouteConfig:
         """``HOST:PORT`` (``[v6]:PORT`` for an IPv6 address)."""
-        host, sep, port_text = advertise.rpartition(":")
-        if not sep or not host or not port_text.isdigit() or not 0 < int(port_text) < 65536:
-            raise InvalidArgument(f"--advertise {advertise!r}: expected HOST:PORT with a port in 1-65535")
-        if host.startswith("[") and host.endswith("]"):
-            host = host[1:-1]
+        try:
+            host, port = parse_endpoint(advertise)
+        except InvalidArgument as error:
+            raise InvalidArgument(f"--advertise: {error}") from None
         if not broker_name or any(c.isspace() for c in broker_name):
             raise InvalidArgument(f"--broker-name {broker_name!r}: expected a non-empty name without spaces")
-        return cls(host, int(port_text), broker_name)
+        return cls(host, port, broker_name)
 
     def endpoints(self) -> v2.Endpoints:
         try:

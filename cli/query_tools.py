@@ -358,10 +358,17 @@ def cmd_update_topic(args: argparse.Namespace) -> int:
         raise InvalidArgument(
             f"-r {args.read_queues} and -w {args.write_queues} differ; rmqstore keeps one queue count per topic"
         )
-    request = writer_pb2.CreateTopicRequest(name=args.topic, queue_count=counts.pop() if counts else 0)
+    asked = counts.pop() if counts else 0
+    request = writer_pb2.CreateTopicRequest(name=args.topic, queue_count=asked)
     with channel_from(args, args.endpoint) as channel:
         response = writer_pb2_grpc.WriterServiceStub(channel).CreateTopic(request, timeout=args.timeout)  # type: ignore[no-untyped-call]  # generated, untyped
-    document = {"topic": response.topic.name, "queueCount": response.topic.queue_count, "changed": response.created}
+    document: dict[str, object] = {"topic": response.topic.name, "queueCount": response.topic.queue_count, "changed": response.created}
+    if asked and response.topic.queue_count > asked:
+        # Not an error (the topic has at least the queues asked for), but not what was asked.
+        document["note"] = (
+            f"queue counts never shrink: {response.topic.name} keeps its {response.topic.queue_count} queues "
+            "(their messages stay addressable)"
+        )
     print(json.dumps(document, ensure_ascii=False))
     return EXIT_OK
 

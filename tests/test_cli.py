@@ -526,13 +526,49 @@ def test_update_topic_topic_list_and_topic_status(cluster: Cluster, capsys: pyte
     assert code == 0 and TOPIC in out.splitlines()
     code, out, _ = both(cluster, capsys, "topicStatus", "-t", TOPIC, "--json")
     last = {q: max(int(str(a["storeTimestamp"])) for a in cluster.acks if a["queueId"] == q) for q in (0, 1)}
+    # The topic was made by its first send, with the 4 queues a send makes: all are shown.
     assert (code, json.loads(out)) == (0, [
         {"queueId": 0, "minOffset": 0, "maxOffset": 3, "lastUpdateTimestamp": last[0]},
         {"queueId": 1, "minOffset": 0, "maxOffset": 3, "lastUpdateTimestamp": last[1]},
+        *({"queueId": q, "minOffset": 0, "maxOffset": 0, "lastUpdateTimestamp": 0} for q in range(2, 4)),
     ])  # fmt: skip
     code, out, _ = both(cluster, capsys, "topicStatus", "-t", TOPIC)
     assert out.splitlines()[0].split() == ["#QID", "#Min", "Offset", "#Max", "Offset", "#Last", "Updated"]
     assert out.splitlines()[1].split()[:3] == ["0", "0", "3"]
+
+
+def test_update_topic_makes_a_topic_every_lookup_shows_at_once_with_all_its_queues(
+    cluster: Cluster, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Through the query node and on the directory alike: the topic and each of its queues
+    are there before any message, stay there after one queue is written, grow with the
+    count; a smaller count says that counts never shrink."""
+    update = ["updateTopic", "--endpoint", cluster.writer.endpoint, "-t", "Created"]
+
+    def status() -> list[tuple[int, int, int]]:
+        code, out, err = both(cluster, capsys, "topicStatus", "-t", "Created", "--json")
+        assert (code, err) == (0, "")
+        return [(q["queueId"], q["minOffset"], q["maxOffset"]) for q in json.loads(out)]
+
+    assert run(capsys, *update, "-w", "4") == (0, '{"topic": "Created", "queueCount": 4, "changed": true}\n', "")
+    code, out, _ = both(cluster, capsys, "topicList")
+    assert code == 0 and "Created" in out.splitlines()
+    assert status() == [(q, 0, 0) for q in range(4)]
+    code, out, _ = both(cluster, capsys, "topicStatus", "-t", "Created")
+    assert [line.split() for line in out.splitlines()[1:]] == [[str(q), "0", "0"] for q in range(4)]
+    assert both(cluster, capsys, "printMsg", "-t", "Created") == (0, "", "")
+    sent = subprocess.run(rmqstore("send", "--endpoint", cluster.writer.endpoint, "-t", "Created", "-q", "2", "--body", "x"),
+                          capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+    assert sent.returncode == 0, sent.stderr
+    assert status() == [(0, 0, 0), (1, 0, 0), (2, 0, 1), (3, 0, 0)]
+    assert run(capsys, *update, "-w", "6") == (0, '{"topic": "Created", "queueCount": 6, "changed": true}\n', "")
+    assert status() == [(0, 0, 0), (1, 0, 0), (2, 0, 1), (3, 0, 0), (4, 0, 0), (5, 0, 0)]
+    code, out, err = run(capsys, *update, "-w", "2")
+    assert (code, err) == (0, "") and json.loads(out) == {
+        "topic": "Created", "queueCount": 6, "changed": False,
+        "note": "queue counts never shrink: Created keeps its 6 queues (their messages stay addressable)",
+    }  # fmt: skip
+    assert len(status()) == 6
 
 
 # The geometry file

@@ -4,10 +4,17 @@
 canonical JSON; it is replaced atomically (temp file, fsync, rename, fsync directory).
 Topics that only exist as consume queue directories (a store written by Apache's broker)
 are picked up with queue count = highest queue id + 1.
+
+Every queue of a topic in the table has its consume queue directory, made (durably) before
+the table names the topic or its new count: a query node, which lists topics and queues
+from those directories, shows a topic created by ``updateTopic`` at once, with all its
+queues, before any message arrives; and a crash between the two leaves directories the
+next start picks up as the same topic.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import threading
@@ -28,8 +35,9 @@ def _canonical(topics: dict[str, int]) -> bytes:
 
 
 class TopicTable:
-    def __init__(self, config_dir: str, discovered: list[tuple[str, int]]):
+    def __init__(self, config_dir: str, consumequeue_dir: str, discovered: list[tuple[str, int]]):
         self.config_dir = config_dir
+        self.consumequeue_dir = consumequeue_dir
         self.path = os.path.join(config_dir, FILE_NAME)
         self._lock = threading.Lock()
         self.topics: dict[str, int] = self._load()
@@ -38,8 +46,29 @@ class TopicTable:
             if self.topics.get(topic, 0) <= queue_id:
                 self.topics[topic] = queue_id + 1
                 changed = True
+        # A table written before its topics had every queue's directory (or a directory
+        # removed by hand): the missing ones.
+        on_disk: dict[str, set[int]] = {}
+        for topic, queue_id in discovered:
+            on_disk.setdefault(topic, set()).add(queue_id)
+        for topic, count in self.topics.items():
+            if len(on_disk.get(topic, ())) < count:
+                self._make_queue_dirs(topic, count)
         if changed:
             self._save()
+
+    def _make_queue_dirs(self, topic: str, queue_count: int) -> None:
+        """The consume queue directories of queues 0 … ``queue_count`` − 1 that are
+        missing, each parent synced once."""
+        topic_dir = os.path.join(self.consumequeue_dir, topic)
+        makedirs_durable(topic_dir)
+        made = False
+        for queue_id in range(queue_count):
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(os.path.join(topic_dir, str(queue_id)))
+                made = True
+        if made:
+            fsync_directory(topic_dir)
 
     def _load(self) -> dict[str, int]:
         try:
@@ -85,6 +114,7 @@ class TopicTable:
             current = self.topics.get(topic, 0)
             if current >= queue_count:
                 return False
+            self._make_queue_dirs(topic, queue_count)
             self.topics[topic] = queue_count
             self._save()
             return True

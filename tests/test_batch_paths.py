@@ -117,6 +117,26 @@ def test_messages_sharing_one_mapping_encode_as_each_alone(user: dict[str, str],
     ]
 
 
+@given(
+    st.lists(st.sampled_from(["a", "seq", "{x}", "Zz", "b}", "traceparent"]), min_size=1, max_size=4, unique=True),
+    st.lists(st.lists(st.text(alphabet="v{}é", min_size=1, max_size=4), min_size=4, max_size=4), min_size=1, max_size=5),
+    st.booleans(),
+)
+def test_messages_naming_the_same_properties_encode_as_each_alone(names: list[str], values: list[list[str]], reordered: bool) -> None:
+    """Messages with the same property names, each with values of its own (an exporter's
+    file), take the one-template path: the same bytes as each message alone; one message
+    naming them in another order takes the per-message path, the same bytes again."""
+    users = [dict(zip(names, own)) for own in values]
+    if reordered:
+        users[-1] = dict(reversed(users[-1].items()))
+    keys = [[f"order-{i}", "customer"] for i in range(len(users))]
+    tags = ["TagA"] * len(users)
+    uniq_keys = [f"0A0B0C{i}" for i in range(len(users))]
+    expected = [props.encode_properties(props.broker_order({**user, props.KEYS: " ".join(k), props.TAGS: t, props.UNIQ_KEY: u}))
+                for user, k, t, u in zip(users, keys, tags, uniq_keys)]  # fmt: skip
+    assert props.encode_messages_properties(users, keys, tags, uniq_keys) == expected
+
+
 def test_a_requests_equal_properties_are_read_into_one_shared_mapping() -> None:
     """As ``messages`` and as ``columns``, a run of messages with equal properties shares
     one mapping (an empty one between them does not break the run)."""

@@ -43,6 +43,21 @@ def _listening_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
+def trusted_hosts(host: str, given: list[str]) -> list[str]:
+    """The names a request's Host may give (DNS rebinding: a page of another site whose
+    name now points at this address sends its own name). A loopback console, and any
+    console given --allowed-host, answers only to those, the loopback names and its listen
+    address; one on another address without --allowed-host answers to any name, since
+    only its operator knows the names it is reached by (docs/console.md)."""
+    from rmqstore.console.app import LOOPBACK_HOSTS
+
+    if not given and not is_loopback(host):
+        return ["*"]
+    wildcard = host in ("0.0.0.0", "::", "")
+    listen = [] if wildcard else [f"[{host}]" if ":" in host else host]
+    return list(dict.fromkeys([*given, *LOOPBACK_HOSTS, *listen]))
+
+
 def cmd_console(args: argparse.Namespace) -> int:
     import uvicorn
 
@@ -67,6 +82,7 @@ def cmd_console(args: argparse.Namespace) -> int:
             "or, to serve without passwords, --no-auth"
         )
     users = read_users(args.users) if args.users else None
+    allowed_hosts = trusted_hosts(args.host, args.allowed_host or [])
     sock = _listening_socket(args.host, args.port)
     query = channel_from(args, args.query_endpoint)
     writer = channel_from(args, args.writer_endpoint) if args.writer_endpoint else None
@@ -74,7 +90,7 @@ def cmd_console(args: argparse.Namespace) -> int:
     port = sock.getsockname()[1]
     shown_host = f"[{args.host}]" if ":" in args.host else args.host
     server = _Server(
-        uvicorn.Config(build_app(backend, users), log_config=None, access_log=False, log_level="warning", lifespan="off")
+        uvicorn.Config(build_app(backend, users, allowed_hosts), log_config=None, access_log=False, log_level="warning", lifespan="off")
     )
     # SIGTERM and SIGINT (Ctrl-C) stop the console as they stop the nodes: a graceful stop,
     # the stopped line, exit 0. The handlers are this command's, installed before the
@@ -97,6 +113,7 @@ def cmd_console(args: argparse.Namespace) -> int:
                 "queryEndpoint": args.query_endpoint,
                 "writerEndpoint": args.writer_endpoint,
                 "auth": "users" if users else "none",
+                "allowedHosts": allowed_hosts,
             }
         ),
         flush=True,
@@ -129,6 +146,12 @@ def register(commands: argparse._SubParsersAction) -> None:  # type: ignore[type
     console.add_argument("--port", type=exits.port, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT}; 0: any free port, printed at start)")
     console.add_argument("--users", metavar="FILE", help="users file (name:argon2 hash lines): HTTP Basic authentication")
     console.add_argument("--no-auth", action="store_true", help="serve a non-loopback address without passwords")
+    console.add_argument(
+        "--allowed-host", action="append", metavar="NAME",
+        help="a name clients reach the console by, checked against each request's Host (repeatable; *.example.com "
+        "for a domain's names); loopback names are always allowed (default: loopback names only on a loopback "
+        "address, any name on another)",
+    )  # fmt: skip
     console.add_argument("--timeout", type=float, default=RPC_TIMEOUT_S, help=f"seconds per call to a node (default {RPC_TIMEOUT_S:.0f})")
     add_client_tls_options(console)
     console.set_defaults(handler=cmd_console)

@@ -382,6 +382,22 @@ def _progress_line(topic: object, broker: object, queue: object, broker_offset: 
     return f"{topic!s:<64}  {broker!s:<32}  {queue!s:<4}  {broker_offset!s:<20}  {consumer_offset!s:<20}  {diff}\n"
 
 
+# A row whose consumer offset is past the queue's end: the group would skip the messages
+# the queue receives up to its offset (the writer moves the offset back when it starts).
+PAST_END_MARK = "PAST_END"
+
+
+def _warn_past_end(response: query_pb2.GroupLagResponse) -> None:
+    past = [q for q in response.queues if q.consumer_offset > q.broker_offset]
+    if past:
+        where = ", ".join(f"{q.topic}/{q.queue_id} ({q.consumer_offset} > {q.broker_offset})" for q in past[:10])
+        more = f" and {len(past) - 10} more" if len(past) > 10 else ""
+        sys.stderr.write(
+            f"rmqstore: warning: group {response.group}: consumer offset past the queue's end in {where}{more}; "
+            "the writer moves such an offset back to the end when it starts\n"
+        )
+
+
 def cmd_consumer_progress(args: argparse.Namespace) -> int:
     """A group's progress per queue as mqadmin's consumerProgress prints it (broker offset,
     consumer offset, diff, then the diff total); without -g, every group and its total."""
@@ -410,17 +426,21 @@ def cmd_consumer_progress(args: argparse.Namespace) -> int:
                     "brokerOffset": q.broker_offset,
                     "consumerOffset": q.consumer_offset,
                     "diff": q.lag,
+                    "pastEnd": q.consumer_offset > q.broker_offset,
                 }
                 for q in response.queues
             ]
             document = {"group": response.group, "queues": queues, "diffTotal": response.lag_total}
             print(json.dumps(document, ensure_ascii=False))
+            _warn_past_end(response)
             return EXIT_OK
         lines = [_progress_line(*PROGRESS_HEADER)]
         for q in response.queues:
-            lines.append(_progress_line(q.topic, response.broker_name, q.queue_id, q.broker_offset, q.consumer_offset, q.lag))
+            diff = f"{q.lag}  {PAST_END_MARK}" if q.consumer_offset > q.broker_offset else q.lag
+            lines.append(_progress_line(q.topic, response.broker_name, q.queue_id, q.broker_offset, q.consumer_offset, diff))
         lines.append(f"\nDiff Total: {response.lag_total}\n")
         sys.stdout.write("".join(lines))
+        _warn_past_end(response)
         return EXIT_OK
 
     return _run(args, action)

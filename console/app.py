@@ -9,7 +9,7 @@ at all and only this origin's stylesheet, and bodies are downloaded as attachmen
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable, MutableMapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +17,7 @@ from jinja2 import Environment, FileSystemLoader, select_autoescape
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
+from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.requests import Request
 from starlette.responses import (
     HTMLResponse,
@@ -28,7 +29,7 @@ from starlette.responses import (
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from rmqstore.console.auth import check_basic
+from rmqstore.console.auth import FAILURE_REFILL_S, Outcome, PasswordChecks
 from rmqstore.console.backend import (
     Backend,
     BadInput,
@@ -61,14 +62,24 @@ BODY_VIEWS = ("text", "json", "hex")
 ASGIApp = Callable[[MutableMapping[str, Any], Callable[[], Awaitable[Any]], Callable[[Any], Awaitable[None]]], Awaitable[None]]
 
 
-class Guard:
-    """ASGI middleware: Basic authentication when a users file is given, the security
-    headers, and ``Server-Timing: app`` (the time to the response's first byte; the
-    benchmark reads it)."""
+# The names a loopback console answers to: a page of another site that rebinds its own
+# name to 127.0.0.1 (DNS rebinding) reaches the port, but with its own name in Host.
+# (An IPv6 address as a Host gives it, in brackets.)
+LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "[::1]")
+UNAUTHORIZED_HEADERS = {"WWW-Authenticate": 'Basic realm="rmqstore console", charset="UTF-8"'}
 
-    def __init__(self, app: ASGIApp, users: dict[str, str] | None):
+
+class Guard:
+    """ASGI middleware: the trusted-Host check (Starlette's TrustedHostMiddleware: 400
+    for a Host not allowed), Basic authentication when a users file is given (bounded
+    Argon2 checks, console.auth), the security headers, and ``Server-Timing: app`` (the
+    time to the response's first byte; the benchmark reads it). The probes need neither
+    a trusted Host nor a password: they carry no data."""
+
+    def __init__(self, app: ASGIApp, users: dict[str, str] | None, allowed_hosts: Sequence[str] = ("*",)):
         self.app = app
-        self.users = users
+        self.checks = PasswordChecks(users) if users is not None else None
+        self.checked: ASGIApp = TrustedHostMiddleware(self._authenticated, allowed_hosts=list(allowed_hosts))
 
     async def __call__(self, scope: MutableMapping[str, Any], receive: Callable[[], Awaitable[Any]], send: Callable[[Any], Awaitable[None]]) -> None:
         if scope["type"] != "http":
@@ -83,15 +94,27 @@ class Guard:
                 message["headers"] = headers + SECURITY_HEADERS + [(b"server-timing", f"app;dur={took_ms:.3f}".encode())]
             await send(message)
 
-        if self.users is not None and scope["path"] not in OPEN_PATHS:
+        if scope["path"] in OPEN_PATHS:
+            await self.app(scope, receive, send_with_headers)
+            return
+        await self.checked(scope, receive, send_with_headers)
+
+    async def _authenticated(self, scope: MutableMapping[str, Any], receive: Callable[[], Awaitable[Any]], send: Callable[[Any], Awaitable[None]]) -> None:
+        if self.checks is not None:
             header = next((v.decode("latin-1") for k, v in scope["headers"] if k == b"authorization"), "")
-            user = await run_in_threadpool(check_basic, self.users, header) if header else None
-            if user is None:
-                denied = PlainTextResponse("authentication required\n", status_code=401,
-                                           headers={"WWW-Authenticate": 'Basic realm="rmqstore console", charset="UTF-8"'})  # fmt: skip
-                await denied(scope, receive, send_with_headers)
+            client = scope.get("client")
+            outcome, _ = await self.checks.check(header, client[0] if client else "") if header else (Outcome.REFUSED, None)
+            if outcome is Outcome.BUSY or outcome is Outcome.LIMITED:
+                why = "too many password checks at once" if outcome is Outcome.BUSY else "too many failed logins from this address"
+                refused = PlainTextResponse(f"{why}: try again shortly\n", status_code=429,
+                                            headers={"Retry-After": str(int(FAILURE_REFILL_S))})  # fmt: skip
+                await refused(scope, receive, send)
                 return
-        await self.app(scope, receive, send_with_headers)
+            if outcome is not Outcome.PROVEN:
+                denied = PlainTextResponse("authentication required\n", status_code=401, headers=UNAUTHORIZED_HEADERS)
+                await denied(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
 
 
 def _params(request: Request) -> dict[str, str]:
@@ -232,7 +255,9 @@ async def _home(request: Request) -> Response:
     return RedirectResponse("/topics", status_code=303)
 
 
-def build_app(backend: Backend, users: dict[str, str] | None) -> ASGIApp:
+def build_app(backend: Backend, users: dict[str, str] | None, allowed_hosts: Sequence[str] = ("*",)) -> ASGIApp:
+    """The console. ``allowed_hosts``: the names (Starlette's patterns: ``*.example.com``)
+    a request's Host may give; ``*`` for any."""
     pages = Pages(backend)
 
     async def not_found(request: Request, exc: Exception) -> Response:
@@ -258,4 +283,4 @@ def build_app(backend: Backend, users: dict[str, str] | None) -> ASGIApp:
         ],
         exception_handlers={404: not_found, 405: not_found},
     )
-    return Guard(app, users)
+    return Guard(app, users, allowed_hosts)

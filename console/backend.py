@@ -471,7 +471,15 @@ class Backend:
         request = query_pb2.GroupLagRequest(group=group, topic=params.get("topic", "").strip())
         lag = self._call(self.query.GroupLag, request)
         queues = [
-            {"topic": q.topic, "queueId": q.queue_id, "brokerOffset": q.broker_offset, "consumerOffset": q.consumer_offset, "diff": q.lag}
+            {
+                "topic": q.topic,
+                "queueId": q.queue_id,
+                "brokerOffset": q.broker_offset,
+                "consumerOffset": q.consumer_offset,
+                "diff": q.lag,
+                # The group would skip what the queue receives up to its offset (the writer corrects it at start).
+                "pastEnd": q.consumer_offset > q.broker_offset,
+            }
             for q in lag.queues
         ]
         return {"group": lag.group, "brokerName": lag.broker_name, "queues": queues, "diffTotal": lag.lag_total}

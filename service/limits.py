@@ -2,7 +2,9 @@
 asyncio server).
 
 * Per connection: at most ``STREAMS_PER_CONNECTION_MAX`` concurrent calls (HTTP/2's
-  SETTINGS_MAX_CONCURRENT_STREAMS: a client's further calls wait in the client).
+  SETTINGS_MAX_CONCURRENT_STREAMS): a client's further calls wait in the client, or, where
+  the client does not hold them, are refused by grpc's server with RST_STREAM
+  REFUSED_STREAM (UNAVAILABLE, unprocessed; docs/security.md).
 * In total: at most ``STREAMS_MAX`` open streaming calls (SendStream, StreamByTime,
   health Watch, reflection); one more is RESOURCE_EXHAUSTED at once. Unary calls are not
   counted, so Ping, health checks and lookups still answer while streams are at the limit.

@@ -9,6 +9,7 @@ stores whatever bytes a client sent).
 
 from __future__ import annotations
 
+import base64
 import http.client
 import json
 import os
@@ -16,10 +17,13 @@ import re
 import signal
 import subprocess
 import sys
+import threading
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -310,7 +314,7 @@ def test_groups_api_and_page_show_consumer_progress(store: Store) -> None:
         for q in t.queues
     }
     rows = [{"topic": TOPIC, "queueId": q, "brokerOffset": end, "consumerOffset": 1 if q == 0 else 0,
-             "diff": end - (1 if q == 0 else 0)} for q, end in sorted(ends.items())]  # fmt: skip
+             "diff": end - (1 if q == 0 else 0), "pastEnd": False} for q, end in sorted(ends.items())]  # fmt: skip
     total = sum(r["diff"] for r in rows)
     assert api(store, "groups") == (200, {"groups": [
         {"group": "audit", "topics": [HOSTILE_TOPIC], "diffTotal": len(store.sent[HOSTILE_TOPIC])},
@@ -323,6 +327,12 @@ def test_groups_api_and_page_show_consumer_progress(store: Store) -> None:
     assert status == 200
     assert f'<span id="diff-total">{total}</span>' in body.decode()
     assert body.decode().count("<tr data-queue=") == len(rows)
+    assert "past the queue's end" not in body.decode()
+    # An offset past its queue's end (a power cut under --flush async, a restored backup) is flagged.
+    write_offsets(str(store.root / "config"), {(TOPIC, "billing"): {0: ends[0] + 5}, (HOSTILE_TOPIC, "audit"): {0: 0}})
+    status, data = api(store, "groups", group="billing")
+    assert status == 200 and data["queues"][0]["pastEnd"] is True and data["queues"][0]["diff"] == 0
+    assert "past the queue's end" in get(f"{store.url}/groups?group=billing")[2].decode()
     status, _, body = get(f"{store.url}/groups?group=nobody")
     assert status == 404 and "consumer group nobody has no offsets in this store" in body.decode()
     status, _, body = get(f"{store.url}/groups")
@@ -532,6 +542,116 @@ def test_users_file_guards_every_page_but_the_probes(store: Store, nodes: Nodes,
         assert get(console.url + "/api/topics", ("alice", "s3cret pass"))[0] == 200
         assert get(console.url + "/healthz")[:1] == (200,)
         assert get(console.url + "/readyz")[0] == 200
+    finally:
+        console.stop()
+
+
+def _get_from(url: str, source: str, host: str | None = None, auth: tuple[str, str] | None = None) -> tuple[int, bytes, float]:
+    """A GET from the loopback address ``source`` (the console tells clients apart by
+    address), with ``host`` as the Host header; its status, body and seconds taken."""
+    parsed = urllib.parse.urlsplit(url)
+    connection = http.client.HTTPConnection(parsed.hostname, parsed.port, timeout=HTTP_TIMEOUT_S, source_address=(source, 0))
+    headers = {"Host": host or parsed.netloc}
+    if auth is not None:
+        headers["Authorization"] = "Basic " + base64.b64encode(f"{auth[0]}:{auth[1]}".encode()).decode()
+    started = time.perf_counter()
+    try:
+        connection.request("GET", parsed.path + (f"?{parsed.query}" if parsed.query else ""), headers=headers)
+        response = connection.getresponse()
+        return response.status, response.read(), time.perf_counter() - started
+    finally:
+        connection.close()
+
+
+def _rss_bytes(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS")
+
+
+def test_a_request_naming_another_host_is_refused_dns_rebinding(store: Store) -> None:
+    """A loopback console without a password, reached by a page of attacker.example whose
+    name now resolves to 127.0.0.1: the browser sends Host: attacker.example. Refused
+    (400) before any data is read; the console's own names are served; probes answer."""
+    ack = store.acks[TOPIC][0]
+    url = f"{store.url}/api/message?id={ack.offset_msg_id}"
+    status, body, _ = _get_from(url, "127.0.0.1", host="attacker.example")
+    assert (status, body) == (400, b"Invalid host header")
+    assert _get_from(url, "127.0.0.1", host=f"attacker.example:{store.console.port}")[0] == 400
+    for host in (f"127.0.0.1:{store.console.port}", f"localhost:{store.console.port}", "localhost"):
+        assert _get_from(url, "127.0.0.1", host=host)[0] == 200, host
+    assert _get_from(f"{store.url}/healthz", "127.0.0.1", host="attacker.example")[0] == 200
+    assert store.console.serving["allowedHosts"] == ["localhost", "127.0.0.1", "[::1]"]
+
+
+def test_allowed_host_adds_a_name_and_a_wildcard_listener_without_it_takes_any(store: Store, nodes: Nodes) -> None:
+    console = nodes.console("--query-endpoint", store.query_endpoint, "--allowed-host", "console.example")
+    try:
+        assert _get_from(console.url + "/api/topics", "127.0.0.1", host="console.example")[0] == 200
+        assert _get_from(console.url + "/api/topics", "127.0.0.1", host="attacker.example")[0] == 400
+    finally:
+        console.stop()
+    open_console = nodes.console("--query-endpoint", store.query_endpoint, "--host", "0.0.0.0", "--no-auth")
+    try:
+        assert open_console.serving["allowedHosts"] == ["*"]
+        assert _get_from(open_console.url + "/api/topics", "127.0.0.1", host="any.example")[0] == 200
+    finally:
+        open_console.stop()
+
+
+def test_password_checks_are_bounded_and_cost_the_same_for_unknown_users(store: Store, nodes: Nodes, tmp_path: Path) -> None:
+    """60 wrong passwords at once for a real user: a few Argon2 checks run (64 MiB each),
+    the rest are refused at once (429), so memory stays bounded, and a valid login from
+    another address is served at once after. A name the users file does not hold takes as
+    long to refuse as a wrong password of one it does: timing tells no name apart."""
+    users = tmp_path / "users"
+    made = subprocess.run([sys.executable, "-m", "rmqstore.cli.main", "console-passwd", "--users", str(users), "--user", "alice"],
+                          input="s3cret pass\n", capture_output=True, text=True, timeout=60, env=quiet_env())  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    made = subprocess.run([sys.executable, "-m", "rmqstore.cli.main", "console-passwd", "--users", str(users), "--user", "bob"],
+                          input="bob's pass\n", capture_output=True, text=True, timeout=60, env=quiet_env())  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    console = nodes.console("--query-endpoint", store.query_endpoint, "--users", str(users))
+    try:
+        url = console.url + "/api/topics"
+        assert _get_from(url, "127.0.0.5", auth=("alice", "s3cret pass"))[0] == 200  # warm: the first check's allocations
+        baseline = _rss_bytes(console.proc.pid)
+        peak = [baseline]
+        flooding = threading.Event()
+
+        def sample() -> None:
+            while flooding.is_set():
+                peak[0] = max(peak[0], _rss_bytes(console.proc.pid))
+                time.sleep(0.01)
+
+        flood_started = time.monotonic()
+        flooding.set()
+        sampler = threading.Thread(target=sample)
+        sampler.start()
+        try:
+            with ThreadPoolExecutor(60) as pool:
+                statuses = list(pool.map(lambda n: _get_from(url, "127.0.0.1", auth=("alice", f"guess {n}"))[0], range(60)))
+        finally:
+            flooding.clear()
+            sampler.join()
+        assert set(statuses) <= {401, 429} and statuses.count(429) >= 40, sorted(statuses)
+        assert peak[0] - baseline < 256 * 1024 * 1024, (baseline, peak[0])
+        # The address spends its failures (10 in a burst, then one every 6 s: a loaded
+        # machine's slow checks earn it a few more), then it is refused without a check...
+        more = []
+        while len(more) < 20 and (not more or more[-1] != 429):
+            more.append(_get_from(url, "127.0.0.1", auth=("alice", f"more {len(more)}"))[0])
+        earned = 10 + (time.monotonic() - flood_started) / 6
+        assert more[-1] == 429 and statuses.count(401) + more.count(401) <= earned + 1, (statuses.count(401), more, earned)
+        # ...while a login already proven stays good, and another address logs in at once.
+        assert _get_from(url, "127.0.0.1", auth=("alice", "s3cret pass"))[0] == 200
+        status, _, took_s = _get_from(url, "127.0.0.2", auth=("bob", "bob's pass"))
+        assert status == 200 and took_s < 10.0, (status, took_s)
+
+        known = sorted(_get_from(url, "127.0.0.3", auth=("alice", f"wrong {n}"))[2] for n in range(5))
+        unknown = sorted(_get_from(url, "127.0.0.4", auth=(f"nobody{n}", "wrong"))[2] for n in range(5))
+        assert 0.5 < unknown[2] / known[2] < 2.0, (known, unknown)
     finally:
         console.stop()
 

@@ -84,17 +84,22 @@ def test_consumer_progress_on_apaches_text_through_a_node_and_on_the_directory(
         + line("OrderTopic", b, 0, 173, 100, 73)
         + line("OrderTopic", b, 1, 150, 150, 0)
         + line("OrderTopic", b, 2, 157, 157, 0)
-        + line("OrderTopic", b, 3, 165, 200, 0)  # the group's offset past the end: no lag
+        + line("OrderTopic", b, 3, 165, 200, "0  PAST_END")  # the group's offset past the end: no lag, flagged
         + "\nDiff Total: 73\n"
+    )
+    past_end = (
+        "rmqstore: warning: group orders: consumer offset past the queue's end in OrderTopic/3 (200 > 165); "
+        "the writer moves such an offset back to the end when it starts\n"
     )
 
     def row(topic: str, queue: int, broker_offset: int, consumer_offset: int, diff: int) -> dict[str, Any]:
-        return {"topic": topic, "brokerName": b, "queueId": queue, "brokerOffset": broker_offset, "consumerOffset": consumer_offset, "diff": diff}
+        return {"topic": topic, "brokerName": b, "queueId": queue, "brokerOffset": broker_offset, "consumerOffset": consumer_offset, "diff": diff,
+                "pastEnd": consumer_offset > broker_offset}  # fmt: skip
 
     # (arguments, exit code, stdout, stderr)
     cases: list[tuple[list[str], int, str, str]] = [
         (["-g", GROUP], 0, group_text, ""),
-        (["-g", "orders"], 0, orders_text, ""),
+        (["-g", "orders"], 0, orders_text, past_end),
         (["-g", GROUP, "-t", "TopicTest", "--json"], 0, json.dumps({
             "group": GROUP,
             "queues": [row("TopicTest", 0, 146, 146, 0), row("TopicTest", 1, 167, 160, 7), row("TopicTest", 2, 178, 0, 178), row("TopicTest", 3, 190, 190, 0)],

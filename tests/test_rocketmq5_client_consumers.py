@@ -8,6 +8,7 @@ groups."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import time
@@ -29,7 +30,7 @@ from support.stores import SIZE_ARGS
 from support.wait import wait_until
 
 from rmqstore.common.files.consumer_offsets import read_offsets
-from rmqstore.v1 import query_pb2
+from rmqstore.v1 import messages_pb2, query_pb2, writer_pb2
 
 RPC_TIMEOUT_S = 15.0
 FLUSH_INTERVAL_MS = 1000
@@ -303,7 +304,7 @@ def want_file(tmp_path: Path, orders: list[str], shared: list[list[dict[str, Any
 @pytest.mark.parametrize(
     ("option", "line"),
     [
-        ("--fifo-group=a b", "rmqstore: error: --fifo-group: consumer group 'a b' must be 1-255 of letters, digits, %, |, _ and -"),
+        ("--fifo-group=a b", "rmqstore: error: --fifo-group: consumer group 'a b' must be 1-120 of letters, digits, %, |, _ and -"),
         ("--consumer-retry-delays=x", "rmqstore: error: writer serve: argument --consumer-retry-delays: 'x': expected whole seconds "
          "separated by commas, e.g. 1,5,10 (see rmqstore writer serve --help)"),
         ("--consumer-retry-delays=1,9000", "rmqstore: error: writer serve: argument --consumer-retry-delays: '1,9000': each delay "
@@ -378,3 +379,64 @@ def test_a_damaged_consumer_offset_file_stops_the_writer_with_its_reason(tmp_pat
         "line 1 column 2 (char 1)\n"
     )
     assert (config / "consumerOffset.json").read_text() == "{garbage"  # left as it was
+
+
+def _send_v1(nodes: Nodes, writer: Any, prefix: str, count: int) -> None:
+    """``count`` messages to Orders through rmqstore.v1, spread over its four queues."""
+    messages = [
+        messages_pb2.Message(topic="Orders", body=f"{prefix} {i}".encode(), queue_id=i % 4) for i in range(count)
+    ]
+    nodes.writer(writer).SendBatch(writer_pb2.SendBatchRequest(messages=messages), timeout=RPC_TIMEOUT_S)
+
+
+def test_offsets_past_the_queues_end_after_a_power_cut_are_moved_back_and_nothing_sent_after_is_skipped(
+    nodes: Nodes, tmp_path: Path
+) -> None:
+    """The state a power cut leaves under --flush async, made with real processes: the
+    group acknowledged messages that the disk never got, so consumerOffset.json is past
+    the queues' durable ends. It is the copy of the store as it was synced (``cut``: the
+    first 225 messages) with the offset files of the store that went on (325 sent and
+    acknowledged). check and consumerProgress flag it; the writer moves the offsets back,
+    says so, and the official consumer then gets every message the official producer sends
+    after the restart (before: those landing below the old offsets, about 100, never came)."""
+    store, cut = tmp_path / "store", tmp_path / "cut"
+    flush = ["--flush", "async"]
+    writer = nodes.start("writer", store, *SIZE_ARGS, *flush)
+    _send_v1(nodes, writer, "synced", 225)
+    writer.stop()
+    shutil.copytree(store, cut)  # what the disk holds at the cut
+    writer = nodes.start("writer", store, *SIZE_ARGS, *flush)
+    _send_v1(nodes, writer, "lost", 100)
+    before = consume(tmp_path, "simple", writer.endpoint, "g", "Orders", "--expect", "325", "--idle-s", "10")
+    assert len({line["body"] for line in before if line.get("acked")}) == 325
+    writer.stop()
+    for name in ("consumerOffset.json", "consumerOffset.json.bak", "consumerState.json"):
+        if (store / "config" / name).exists():
+            shutil.copy(store / "config" / name, cut / "config" / name)
+    committed = read_offsets(str(cut / "config"))[("Orders", "g")]
+    assert sum(committed.values()) == 325
+
+    checked = subprocess.run(
+        [sys.executable, "-m", "rmqstore.cli.main", "check", str(cut)], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert checked.returncode == 1, checked.stdout + checked.stderr
+    assert "consumer group g: Orders/0: committed offset 82 is past the queue's end 57" in checked.stdout + checked.stderr
+    progress = subprocess.run(
+        [sys.executable, "-m", "rmqstore.cli.main", "consumerProgress", "--store", str(cut), "-g", "g", "--json"],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert progress.returncode == 0, progress.stderr
+    rows = json.loads(progress.stdout)["queues"]
+    assert [row["pastEnd"] for row in rows] == [True] * 4
+    assert "consumer offset past the queue's end in Orders/0 (82 > 57)" in progress.stderr
+
+    again = nodes.start("writer", cut, *SIZE_ARGS, *flush)
+    sent = run_python_client(tmp_path, "send", again.endpoint, "Orders", "Carts", "400")
+    orders = {line["body"] for line in sent if line["topic"] == "Orders"}
+    assert len(orders) == 300
+    after = consume(tmp_path, "simple", again.endpoint, "g", "Orders", "--idle-s", "5")
+    assert {line["body"] for line in after} == orders  # every one, none skipped
+    assert not any(line["body"].startswith(("synced", "lost")) for line in after)  # nothing acknowledged came back
+    again.stop()
+    assert "committed offset 82 is past the queue's end 57" in again.stderr_text()
+    assert subprocess.run([sys.executable, "-m", "rmqstore.cli.main", "check", str(cut)], capture_output=True, timeout=120).returncode == 0

@@ -7,15 +7,18 @@ from __future__ import annotations
 import hashlib
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 from google.protobuf import duration_pb2
 from hypothesis import given
 from hypothesis import strategies as st
 from support.inprocess import WriterNode, gateway_node
+from support.telemetry import collected, metric_reader
 from support.wait import clock_past, wait_until
 
 from rmqstore.common.errors import Corruption
@@ -229,12 +232,14 @@ def test_tag_filters_hand_out_the_matching_subset_and_sql92_is_refused(node: Wri
 @pytest.mark.parametrize(
     ("changes", "code", "message"),
     [
-        ({"group": v2.Resource(name="bad group")}, v2.ILLEGAL_CONSUMER_GROUP, "consumer group 'bad group' must be 1-255 of letters, digits, %, |, _ and -"),
-        ({"group": v2.Resource(name="")}, v2.ILLEGAL_CONSUMER_GROUP, "consumer group '' must be 1-255 of letters, digits, %, |, _ and -"),
+        ({"group": v2.Resource(name="bad group")}, v2.ILLEGAL_CONSUMER_GROUP, "consumer group 'bad group' must be 1-120 of letters, digits, %, |, _ and -"),
+        ({"group": v2.Resource(name="")}, v2.ILLEGAL_CONSUMER_GROUP, "consumer group '' must be 1-120 of letters, digits, %, |, _ and -"),
         ({"topic": v2.Resource(name="Nope")}, v2.TOPIC_NOT_FOUND, "topic Nope does not exist"),
         ({"topic": v2.Resource(name="a b")}, v2.ILLEGAL_TOPIC, "the topic 'a b' contains characters outside [%|a-zA-Z0-9_-]"),
         ({"batch": 0}, v2.BAD_REQUEST, "batch_size 0: expected 1-1024"),
         ({"queue_id": 9}, v2.BAD_REQUEST, "queue 9: topic Orders has queues 0-3"),
+        ({"queue_id": -1}, v2.BAD_REQUEST, "queue -1: topic Orders has queues 0-3"),
+        ({"queue_id": -(2**31)}, v2.BAD_REQUEST, f"queue {-(2**31)}: topic Orders has queues 0-3"),
         ({"invisible_s": 0.5}, v2.ILLEGAL_INVISIBLE_TIME, "invisible_duration 500 ms: expected 1000-43200000 ms"),
         ({"invisible_s": 50_000}, v2.ILLEGAL_INVISIBLE_TIME, "invisible_duration 50000000 ms: expected 1000-43200000 ms"),
         ({"poll_s": 61}, v2.ILLEGAL_POLLING_TIME, "long_polling_timeout 61000 ms: expected 0-60000 ms"),
@@ -586,3 +591,204 @@ def test_state_file_damage_is_named(text: str, problem: str) -> None:
     assert str(raised.value) == problem
     good = render_state({"secret": "00", "queues": []})
     assert parse_state(good) == {"secret": "00", "queues": []}
+
+
+# Committed offsets past a queue's end; the progress files' own failures (issue 40)
+
+
+def _offset_file(store: Path, table: dict[tuple[str, str], dict[int, int]]) -> None:
+    from rmqstore.common.files.consumer_offsets import write_offsets
+
+    write_offsets(str(store / "config"), table)
+
+
+def test_a_hand_edited_offset_far_past_the_end_is_moved_back_counted_and_delivers_again(tmp_path: Path) -> None:
+    """consumerOffset.json says {0:99999999}: before, queue 0 never delivered again."""
+    reader = metric_reader()
+    before = _corrected_count(reader)
+    store = tmp_path / "store"
+    node = gateway_node(store)
+    try:
+        send(node, 5)
+    finally:
+        node.close()
+    _offset_file(store, {("Orders", "audit"): {0: 99_999_999, 1: 0}})
+    again = gateway_node(store)
+    try:
+        assert again.messaging.consumers.committed("audit", "Orders", 0) == 5
+        peek = v2s.GetOffsetRequest(group=GROUP, message_queue=v2.MessageQueue(topic=TOPIC, id=0))
+        assert again.v2.GetOffset(peek, timeout=RPC_TIMEOUT_S).offset == 5
+        send(again, 3)
+        assert bodies(receive(again)[1]) == [b"m0", b"m1", b"m2"]
+        again.messaging.consumers.flush()
+    finally:
+        again.close()
+    assert read_offsets(str(store / "config"))[("Orders", "audit")][0] == 5  # written back corrected
+    assert _corrected_count(reader) == before + 1
+
+
+def _corrected_count(reader: Any) -> int:
+    points = collected(reader).get("rmqstore.consumer.offsets.corrected", [])
+    return sum(point.value for point in points)
+
+
+def test_an_offset_past_the_end_is_moved_back_when_a_receive_meets_it(node: WriterNode) -> None:
+    """The check at use: a queue ending before the group's offset at run time (the same
+    rule as at load, for any path that shortens a queue)."""
+    send(node, 4)
+    consumers = node.messaging.consumers
+    consumers.update_offset("audit", "Orders", 0, 4)
+    consumers.progress[("audit", "Orders", 0)].committed = 40  # as a queue cut under it would leave it
+    assert consumers.committed("audit", "Orders", 0) == 4  # GetOffset answers within the queue
+    assert receive(node)[1] == []
+    assert consumers.progress[("audit", "Orders", 0)].committed == 4
+    send(node, 2)
+    assert bodies(receive(node)[1]) == [b"m0", b"m1"]
+
+
+def test_offset_file_and_bak_lost_takes_the_offsets_from_the_state_file_with_a_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """consumerOffset.json and its .bak deleted (or emptied) while consumerState.json
+    names the groups: before, every group went back to its queue's oldest message without
+    a word; now their offsets come from the state file, and the writer says so."""
+    store = tmp_path / "store"
+    node = gateway_node(store)
+    try:
+        send(node, 6)
+        _, messages = receive(node, batch=4)
+        assert ack(node, *messages).status.code == v2.OK
+        node.messaging.consumers.flush()
+        node.messaging.consumers.dirty = True
+        node.messaging.consumers.flush()  # a .bak too
+    finally:
+        node.close()
+    config = store / "config"
+    for emptied, expected, committed in (("delete", [b"m4", b"m5"], 6), ("empty table", [b"m0"], 7)):
+        (config / "consumerOffset.json.bak").unlink(missing_ok=True)
+        if emptied == "delete":
+            (config / "consumerOffset.json").unlink()
+        else:
+            _offset_file(store, {})
+            (config / "consumerOffset.json.bak").unlink()
+        caplog.clear()
+        again = gateway_node(store)
+        try:
+            if emptied == "empty table":
+                send(again, 1)  # at offset 6
+            _, handed = receive(again)
+            assert bodies(handed) == expected, emptied  # not every message from offset 0 again
+            assert ack(again, *handed).status.code == v2.OK
+            again.messaging.consumers.flush()
+        finally:
+            again.close()
+        assert "is missing or empty, but" in caplog.text and "names 1 queue(s) of 1 group(s)" in caplog.text, caplog.text
+        assert read_offsets(str(config))[("Orders", "audit")] == {0: committed}
+
+
+def test_a_corrupt_state_file_is_set_aside_not_overwritten_and_the_new_one_is_owner_only(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = tmp_path / "store"
+    node = gateway_node(store)
+    try:
+        send(node, 2)
+        node.messaging.consumers.flush()
+    finally:
+        node.close()
+    path = store / "config" / STATE_FILE_NAME
+    assert path.stat().st_mode & 0o777 == 0o600  # it holds the receipt handles' secret
+    damaged = path.read_text().replace(STATE_FILE_NAME[:3], "xxx", 1) + "garbage"
+    path.write_text(damaged)
+    again = gateway_node(store)
+    try:
+        again.messaging.consumers.flush()
+    finally:
+        again.close()
+    (aside,) = (store / "config").glob(STATE_FILE_NAME + ".corrupt-*")
+    assert aside.read_text() == damaged
+    assert "set aside as" in caplog.text
+    assert path.stat().st_mode & 0o777 == 0o600
+    parse_state(path.read_text())  # a good one written anew
+
+
+def test_group_names_whose_retry_or_dead_letter_topic_would_be_too_long_are_refused(node: WriterNode) -> None:
+    """Before, a 123-255 character group received, but its exhausted messages could be
+    neither dead-lettered (%DLQ%<group> longer than 127) nor handed out again: it stalled."""
+    send(node, 1)
+    longest = "g" * 120
+    status, messages = receive(node, group=v2.Resource(name="g" * 121))
+    assert status.code == v2.ILLEGAL_CONSUMER_GROUP and messages == []
+    assert "at most 120" in status.message and "%DLQ%<group>" in status.message
+    node.messaging.consumers.max_attempts = 1
+    _, first = receive(node, group=v2.Resource(name=longest), invisible_s=1, poll_s=0)
+    assert len(first) == 1
+    _, none = receive(node, group=v2.Resource(name=longest), poll_s=3)  # exhausted: dead-lettered
+    assert none == []
+    assert node.writer.topics.queue_count("%DLQ%" + longest) == 1
+
+
+def test_query_route_creates_no_system_or_group_topic(node: WriterNode) -> None:
+    """Before, QueryRoute made %DLQ%G, TBW102 and RMQ_SYS_TRACE_TOPIC ordinary topics."""
+    for name in ("%DLQ%G", "%RETRY%G", "TBW102", "RMQ_SYS_TRACE_TOPIC", "rmq_sys_wheel", "BenchmarkTest"):
+        answer = node.v2.QueryRoute(v2s.QueryRouteRequest(topic=v2.Resource(name=name)), timeout=RPC_TIMEOUT_S)
+        assert answer.status.code == v2.TOPIC_NOT_FOUND, (name, answer.status)
+        assert node.writer.topics.queue_count(name) is None, name
+        sent = node.v2.SendMessage(
+            v2s.SendMessageRequest(messages=[v2.Message(
+                topic=v2.Resource(name=name), body=b"x",
+                system_properties=v2.SystemProperties(message_id="0A0B0C0D0E0F00000000000000000009", message_type=v2.NORMAL),
+            )]), timeout=RPC_TIMEOUT_S,
+        )  # fmt: skip
+        assert sent.status.code in (v2.TOPIC_NOT_FOUND, v2.ILLEGAL_TOPIC), (name, sent.status)
+        assert node.writer.topics.queue_count(name) is None, name
+    # A group's dead-letter topic the writer made is routed like any topic.
+    node.messaging.consumers.max_attempts = 1
+    send(node, 1)
+    receive(node, invisible_s=1)
+    receive(node, poll_s=3)
+    answer = node.v2.QueryRoute(v2s.QueryRouteRequest(topic=v2.Resource(name="%DLQ%audit")), timeout=RPC_TIMEOUT_S)
+    assert answer.status.code == v2.OK and len(answer.message_queues) == 1
+
+
+def test_more_than_128_calls_on_one_connection_are_served_128_at_a_time_the_rest_refused_unprocessed(node: WriterNode) -> None:
+    """docs/security.md: a connection holds at most 128 calls on the node (HTTP/2's
+    MAX_CONCURRENT_STREAMS). 300 long polls at once on one channel: never more than 128
+    wait on the node; each of the others waits in the client or is refused, unprocessed,
+    with UNAVAILABLE (RST_STREAM REFUSED_STREAM, HTTP/2 error code 7), which is safe to retry."""
+    send(node, 1)
+    receive(node)  # the group's one message is in flight: every poll below waits
+    request = v2s.ReceiveMessageRequest(
+        group=GROUP, message_queue=v2.MessageQueue(topic=TOPIC, id=0), batch_size=1,
+        invisible_duration=seconds(30), long_polling_timeout=seconds(2),
+        filter_expression=v2.FilterExpression(type=v2.TAG, expression="*"),
+    )  # fmt: skip
+    peak = [0]
+    sampling = threading.Event()
+    sampling.set()
+
+    def sample() -> None:
+        while sampling.is_set():
+            peak[0] = max(peak[0], node.messaging.wakeup.waiting)
+            time.sleep(0.005)
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    try:
+        calls = [node.v2.ReceiveMessage(request, timeout=30) for _ in range(300)]
+        outcomes: Counter[str] = Counter()
+        for call in calls:
+            try:
+                answers = list(call)
+                assert [a.status.code for a in answers] == [v2.MESSAGE_NOT_FOUND]
+                outcomes["served"] += 1
+            except grpc.RpcError as error:
+                assert error.code() == grpc.StatusCode.UNAVAILABLE and "error code 7" in (error.details() or ""), error
+                outcomes["refused"] += 1
+    finally:
+        sampling.clear()
+        sampler.join()
+    assert 0 < peak[0] <= 128, peak[0]
+    assert outcomes["served"] >= 128 and sum(outcomes.values()) == 300, outcomes
+    doc = (Path(__file__).parent.parent / "docs" / "security.md").read_text()
+    assert "| concurrent calls per connection | 128 | further calls wait in the client or are refused" in doc

@@ -16,11 +16,22 @@ refused. The secret is kept in the state file: handles stay good across a restar
 Durability (:meth:`ConsumerGroups.flush`, every ``flush_interval_ms``): the committed
 offsets go to ``config/consumerOffset.json`` in Apache RocketMQ 4.9's layout
 (common.files.consumer_offsets), and what lies above them (acknowledgements out of
-order, deliveries in flight) to ``config/consumerState.json``, our own, with a CRC32.
-The state file is written first; it records the committed offsets it was written with,
-and is used for a queue only where consumerOffset.json names the same offset (so an
-offset changed by hand, or a crash between the two writes, falls back to the offset
-file: messages come back, none is lost).
+order, deliveries in flight) to ``config/consumerState.json``, our own, with a CRC32
+(mode 0600: it holds the receipt handles' secret). The state file is written first; it
+records every queue's committed offset it was written with, and is used for a queue only
+where consumerOffset.json names the same offset (so an offset changed by hand, or a crash
+between the two writes, falls back to the offset file: messages come back, none is lost).
+A state file that fails its check is set aside (renamed ``consumerState.json.corrupt-<ms>``),
+never overwritten. When consumerOffset.json and its ``.bak`` are both gone or empty while
+the state file names queues, the offsets are taken from the state file, with a warning:
+losing the offset file must not send every group back to the oldest message.
+
+A committed offset is never past its queue's end (one past the newest message the queue
+durably holds): one that is (a power cut under ``--flush async`` that lost acknowledged
+messages, a restored backup, a hand edit, ``--truncate-corrupt-tail``) is moved back to
+the end at load and at every use, logged and counted in ``rmqstore.consumer.offsets.corrected``,
+so that the messages written after it at those offsets are delivered. Apache's broker
+answers such a pull OFFSET_OVERFLOW_BADLY and corrects the offset the same way.
 
 Everything here runs on the writer's event loop (the handlers call it); only the file
 writes of a flush run elsewhere, on a snapshot."""
@@ -29,6 +40,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import hashlib
 import hmac
 import json
@@ -42,21 +54,32 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
+from opentelemetry import metrics
+
 from rmqstore.common.codec.consumequeue import tags_code
 from rmqstore.common.codec.record import Record
+from rmqstore.common.codec.topic import TOPIC_LENGTH_MAX
 from rmqstore.common.errors import Corruption, InvalidArgument, NotFound
 from rmqstore.common.files import consumer_offsets
 from rmqstore.common.files.mapped import fsync_directory
+from rmqstore.service.metrics import METER_NAME
 from rmqstore.writer.store import Writer
 
 STATE_FILE_NAME = "consumerState.json"
 STATE_MAGIC = "rmqstore-consumer-state"
 STATE_VERSION = 1
+STATE_FILE_MODE = 0o600
 # RocketMQ's property holding a FIFO message's group.
 SHARDING_KEY = "__SHARDINGKEY"
-# Apache's consumer group name rule (letters, digits, %, |, _, -; at most 255): no '@',
-# so "topic@group" in consumerOffset.json splits one way only.
-GROUP_PATTERN = re.compile(r"^[%|a-zA-Z0-9_-]{1,255}$")
+# Apache's consumer group name charset (letters, digits, %, |, _, -): no '@', so
+# "topic@group" in consumerOffset.json splits one way only. Apache allows 255 characters;
+# a group here has at most 120, so that its retry and dead-letter topics (%RETRY%<group>,
+# %DLQ%<group>) are names within the topic rule's 127: a longer group's exhausted
+# messages could be neither dead-lettered nor handed out again, and the group would stall.
+RETRY_PREFIX = "%RETRY%"
+DLQ_PREFIX = "%DLQ%"
+GROUP_LENGTH_MAX = TOPIC_LENGTH_MAX - max(len(RETRY_PREFIX), len(DLQ_PREFIX))
+GROUP_PATTERN = re.compile(r"^[%|a-zA-Z0-9_-]+$")
 # Bounds on one receive: the units it looks at (a queue with more messages in flight
 # than this hands out nothing further until some are acknowledged) and the messages.
 SCAN_UNITS_MAX = 65_536
@@ -70,6 +93,16 @@ DEFAULT_MAX_ATTEMPTS = 17
 DEAD_LETTER_HOLD_MS = 60_000
 HANDLE_VERSION = "1"
 _MAC_BYTES = 16
+log = logging.getLogger(__name__)
+
+
+@functools.cache
+def _offsets_corrected() -> metrics.Counter:
+    return metrics.get_meter(METER_NAME).create_counter(
+        "rmqstore.consumer.offsets.corrected",
+        unit="{queue}",
+        description="committed offsets found past their queue's end and moved back to it",
+    )
 
 
 class InvalidReceiptHandle(InvalidArgument):
@@ -86,7 +119,12 @@ class IllegalGroup(InvalidArgument):
 
 def check_group(group: str) -> str:
     if not GROUP_PATTERN.match(group):
-        raise IllegalGroup(f"consumer group {group[:80]!r} must be 1-255 of letters, digits, %, |, _ and -")
+        raise IllegalGroup(f"consumer group {group[:80]!r} must be 1-{GROUP_LENGTH_MAX} of letters, digits, %, |, _ and -")
+    if len(group) > GROUP_LENGTH_MAX:
+        raise IllegalGroup(
+            f"consumer group {group[:80]!r}… is {len(group)} characters; at most {GROUP_LENGTH_MAX}, "
+            f"so that {DLQ_PREFIX}<group> and {RETRY_PREFIX}<group> are topic names (at most {TOPIC_LENGTH_MAX})"
+        )
     return group
 
 
@@ -212,10 +250,13 @@ class ConsumerGroups:
         offsets = consumer_offsets.read_offsets(self.config_dir)
         state = self._read_state()
         self.secret = bytes.fromhex(state["secret"]) if state else secrets.token_bytes(32)
+        entries = state.get("queues", []) if state else []
+        if not offsets and entries:
+            offsets = self._offsets_from_state(entries)
         for (topic, group), queues in offsets.items():
             for queue_id, committed in queues.items():
                 self.progress[(group, topic, queue_id)] = QueueProgress(committed)
-        for entry in state.get("queues", []) if state else []:
+        for entry in entries:
             key = (entry["group"], entry["topic"], int(entry["queue"]))
             progress = self.progress.get(key)
             if progress is None or progress.committed != entry["committed"]:
@@ -226,25 +267,73 @@ class ConsumerGroups:
                 for o, attempt, visible, nonce, group_name in entry["inflight"]
             }
             progress.advance()
+        for (group, topic, queue_id), progress in self.progress.items():
+            self._within_queue(group, topic, queue_id, progress)
         if not state:
             self.dirty = True  # write the secret down with the first flush
 
+    def _offsets_from_state(self, entries: list[dict[str, Any]]) -> consumer_offsets.OffsetTable:
+        """The committed offsets the state file was written with: consumerOffset.json and
+        its .bak are gone or empty, yet the state file names queues (deleted by mistake,
+        a backup restored without it). Starting every group over from the oldest message
+        would be a silent reset; these offsets are at most one flush older than the lost file's."""
+        table: consumer_offsets.OffsetTable = {}
+        for entry in entries:
+            table.setdefault((entry["topic"], entry["group"]), {})[int(entry["queue"])] = int(entry["committed"])
+        log.warning(
+            "%s (and its .bak) is missing or empty, but %s names %d queue(s) of %d group(s): their committed offsets are "
+            "taken from %s; to start every group from the oldest message instead, stop the writer and delete both files",
+            consumer_offsets.path_in(self.config_dir), self.state_path, len(entries), len({g for _, g in table}), STATE_FILE_NAME,
+        )  # fmt: skip
+        self.dirty = True
+        return table
+
+    def _within_queue(self, group: str, topic: str, queue_id: int, progress: QueueProgress) -> None:
+        """Move a committed offset past the queue's durable end back to it (see the module's
+        note): the messages the queue receives from there on are the group's to consume."""
+        queue = self.writer.queues.find(topic, queue_id)
+        end = queue.max_offset if queue is not None else 0
+        if progress.committed <= end:
+            return
+        log.warning(
+            "consumer group %s: %s queue %d: committed offset %d is past the queue's end %d (messages lost to a power cut "
+            "under --flush async, a restored backup, a hand edit or --truncate-corrupt-tail): moved back to %d",
+            group, topic, queue_id, progress.committed, end, end,
+        )  # fmt: skip
+        _offsets_corrected().add(1, {"messaging.consumer.group.name": group, "messaging.destination.name": topic})
+        progress.committed = end
+        progress.acked.clear()
+        progress.inflight.clear()
+        self.dirty = True
+
     def _read_state(self) -> dict[str, Any] | None:
         """The state file's document, or None when there is none or it fails its check
-        (then every message above the committed offsets comes back: nothing is lost)."""
+        (then every message above the committed offsets comes back: nothing is lost). A
+        file that fails is set aside for inspection, never overwritten."""
         try:
             with open(self.state_path, encoding="utf-8") as handle:
                 text = handle.read()
         except FileNotFoundError:
             return None
         except (OSError, UnicodeDecodeError) as error:
-            logging.getLogger(__name__).warning("%s is not readable (%s): starting from consumerOffset.json", self.state_path, error)
+            self._set_aside(f"{self.state_path} is not readable ({error})")
             return None
         try:
             return parse_state(text, self.state_path)
         except Corruption as error:
-            logging.getLogger(__name__).warning("%s: starting from consumerOffset.json", error)
+            self._set_aside(str(error))
             return None
+
+    def _set_aside(self, problem: str) -> None:
+        aside = f"{self.state_path}.corrupt-{now_ms()}"
+        try:
+            os.replace(self.state_path, aside)
+            fsync_directory(self.config_dir)
+        except OSError as error:
+            # Not renamed: the next flush replaces it. Starting matters more than the copy.
+            log.warning("%s; could not set it aside (%s): starting from consumerOffset.json", problem, error)
+            return
+        log.warning("%s; set aside as %s: starting from consumerOffset.json", problem, aside)
 
     def snapshot(self) -> tuple[consumer_offsets.OffsetTable, str]:
         """What a flush writes, taken on the loop: the offset table and the state file's text."""
@@ -252,19 +341,20 @@ class ConsumerGroups:
         queues = []
         for (group, topic, queue_id), progress in sorted(self.progress.items()):
             table.setdefault((topic, group), {})[queue_id] = progress.committed
-            if progress.acked or progress.inflight:
-                queues.append(
-                    {
-                        "group": group,
-                        "topic": topic,
-                        "queue": queue_id,
-                        "committed": progress.committed,
-                        "acked": sorted(progress.acked),
-                        "inflight": [
-                            [o, d.attempt, d.visible_at_ms, d.nonce, d.message_group] for o, d in sorted(progress.inflight.items())
-                        ],
-                    }
-                )
+            # Every queue, with nothing above its offset too: the state file then names
+            # every group's offsets should consumerOffset.json be lost (see _load).
+            queues.append(
+                {
+                    "group": group,
+                    "topic": topic,
+                    "queue": queue_id,
+                    "committed": progress.committed,
+                    "acked": sorted(progress.acked),
+                    "inflight": [
+                        [o, d.attempt, d.visible_at_ms, d.nonce, d.message_group] for o, d in sorted(progress.inflight.items())
+                    ],
+                }
+            )
         self.dirty = False
         return table, render_state({"secret": self.secret.hex(), "queues": queues})
 
@@ -276,7 +366,10 @@ class ConsumerGroups:
     def _write(self, table: consumer_offsets.OffsetTable, state_text: str) -> None:
         os.makedirs(self.config_dir, exist_ok=True)
         temp = self.state_path + ".tmp"
-        with open(temp, "w", encoding="utf-8") as handle:
+        # Owner only, from its creation: it holds the receipt handles' secret.
+        descriptor = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, STATE_FILE_MODE)
+        os.fchmod(descriptor, STATE_FILE_MODE)  # a .tmp left by a crash keeps its mode otherwise
+        with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
             handle.write(state_text)
             handle.flush()
             os.fsync(handle.fileno())
@@ -323,6 +416,8 @@ class ConsumerGroups:
         elif progress.committed < floor:
             progress.move_to(floor)  # retention removed what it had not consumed
             self.dirty = True
+        elif queue is not None and progress.committed > queue.max_offset:
+            self._within_queue(group, topic, queue_id, progress)
         return progress
 
     def queue_count(self, topic: str) -> int:
@@ -475,12 +570,15 @@ class ConsumerGroups:
 
     def committed(self, group: str, topic: str, queue_id: int) -> int:
         """The group's committed offset (a group never seen: the queue's oldest offset,
-        without making the group known)."""
+        without making the group known), within the queue's bounds."""
         check_group(group)
         progress = self.progress.get((group, topic, queue_id))
         queue = self.writer.queues.find(topic, queue_id)
-        floor = queue.min_offset if queue is not None else 0
-        return floor if progress is None else max(progress.committed, floor)
+        if queue is None:
+            return 0  # a queue without files is empty: its oldest offset and its end
+        if progress is None:
+            return queue.min_offset
+        return min(max(progress.committed, queue.min_offset), queue.max_offset)
 
     def update_offset(self, group: str, topic: str, queue_id: int, offset: int) -> None:
         check_group(group)

@@ -32,7 +32,11 @@ from rmqstore.common.codec import properties as props
 from rmqstore.common.codec.hosts import SocketAddress
 from rmqstore.common.codec.msgid import offset_msg_id
 from rmqstore.common.codec.record import PROPERTIES_LENGTH_MAX, Record
-from rmqstore.common.codec.topic import NOT_ALLOWED_SEND_TOPICS, topic_problem
+from rmqstore.common.codec.topic import (
+    NOT_ALLOWED_SEND_TOPICS,
+    reserved_topic_problem,
+    topic_problem,
+)
 from rmqstore.common.conventions import (
     MESSAGING_BATCH_MESSAGE_COUNT,
     MESSAGING_CONSUMER_GROUP_NAME,
@@ -52,6 +56,7 @@ from rmqstore.rocketmq_v2 import service_pb2_grpc
 from rmqstore.service.acl import MethodRule, Need, Refused, Requirement
 from rmqstore.writer.consumers import (
     BATCH_MAX,
+    DLQ_PREFIX,
     INVISIBLE_MS_MAX,
     INVISIBLE_MS_MIN,
     SCAN_UNITS_MAX,
@@ -92,9 +97,8 @@ LANGUAGES_WITHOUT_QUEUE_ID = frozenset({"PYTHON", "GOLANG"})
 # A message group is a RocketMQ property value: the same rules, a bounded length.
 MESSAGE_GROUP_LENGTH_MAX = 255
 
-# Consumers: the dead-letter topic of a group (MixAll.DLQ_GROUP_TOPIC_PREFIX), the long
-# poll's bounds, and what a consumer is told in the Settings answer.
-DLQ_PREFIX = "%DLQ%"
+# Consumers: the long poll's bounds, and what a consumer is told in the Settings answer
+# (a group's dead-letter topic is DLQ_PREFIX + group, MixAll.DLQ_GROUP_TOPIC_PREFIX).
 DEFAULT_LONG_POLL_MS = 20_000
 LONG_POLL_MS_MAX = 60_000
 POLL_MARGIN_S = 0.5
@@ -292,6 +296,10 @@ class MessageReader:
     def _one(self, message: v2.Message, peer: SocketAddress | None, sends_queue_id: bool) -> MessageInput:
         system = message.system_properties
         topic = _topic(message.topic)
+        if self.writer.topics.queue_count(topic) is None:
+            reserved = reserved_topic_problem(topic)
+            if reserved is not None:  # as QueryRoute answers for it
+                raise V2Refusal(v2.TOPIC_NOT_FOUND, reserved)
         group = _message_group(system)
         message_id = _message_id(system)
         body = self._body(message)
@@ -603,6 +611,9 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             raise V2Refusal(
                 v2.TOPIC_NOT_FOUND, f"topic {topic} does not exist and the writer does not create topics (--no-auto-create)"
             )
+        reserved = reserved_topic_problem(topic)
+        if reserved is not None:
+            raise V2Refusal(v2.TOPIC_NOT_FOUND, reserved)
         await self._blocking(lambda: self.writer.topics.create(topic, config.auto_create_queue_count))
         return self.writer.topics.queue_count(topic) or config.auto_create_queue_count
 
@@ -829,7 +840,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         )
         count = self.consumers.queue_count(topic)
         queue_id = request.message_queue.id
-        if queue_id >= count:
+        if not 0 <= queue_id < count:
             raise V2Refusal(v2.BAD_REQUEST, f"queue {queue_id}: topic {topic} has queues 0-{count - 1}")
         # Any queue of the topic, as Apache's proxy pops from every queue of the broker the
         # request names: the clients pick a queue per receive (the Python client at random),
@@ -1273,7 +1284,7 @@ def acl_rules(writer: Writer) -> dict[str, MethodRule]:
     are authorized all the same, so that serving them later opens nothing unchecked."""
 
     def created(topic: str) -> list[Requirement]:
-        new = writer.config.auto_create_topics and writer.topics.queue_count(topic) is None
+        new = writer.config.auto_create_topics and writer.topics.queue_count(topic) is None and reserved_topic_problem(topic) is None
         return [("Create", f"Topic:{topic}")] if new else []
 
     def query_route(request: v2s.QueryRouteRequest) -> list[Requirement]:

@@ -38,6 +38,9 @@ NOT_ALLOWED_SEND_TOPICS = frozenset(
     }
 )
 SYSTEM_TOPIC_PREFIX = "rmq_sys_"
+# A consumer group's retry and dead-letter topics (MixAll's prefixes): the writer makes
+# %DLQ%<group> itself when a message of the group runs out of deliveries.
+GROUP_TOPIC_PREFIXES = ("%RETRY%", "%DLQ%")
 
 
 def topic_problem(topic: str) -> str | None:
@@ -70,3 +73,14 @@ def validate_topic(topic: str) -> str:
 
 def is_system_topic(topic: str) -> bool:
     return topic in SYSTEM_TOPICS or topic.startswith(SYSTEM_TOPIC_PREFIX)
+
+
+def reserved_topic_problem(topic: str) -> str | None:
+    """Why a client's send or route query may not create ``topic``, or None: the system
+    topics and the groups' retry and dead-letter topics are the broker's to make. Once
+    they exist, they are read (and, but for NOT_ALLOWED_SEND_TOPICS, written) like any topic."""
+    if is_system_topic(topic):
+        return f"topic {topic} is a reserved system topic name: it is not created on demand"
+    if topic.startswith(GROUP_TOPIC_PREFIXES):
+        return f"topic {topic} is a consumer group's retry or dead-letter topic: only the writer creates it"
+    return None

@@ -3,7 +3,10 @@
 Every record of the commit log is run through the one dispatch definition; the consume
 queues must hold exactly the units it gives (no missing, different, duplicate or extra
 unit) and the index must hold every key it gives, each entry reachable from its hash
-slot. Disagreements are collected in commit log order; the first is the headline.
+slot. Disagreements are collected in commit log order; the first is the headline. Last,
+no consumer group's committed offset (``config/consumerOffset.json``) may lie past its
+queue's end: the group would skip the messages the queue receives at those offsets (the
+writer moves such an offset back to the end when it starts).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from rmqstore.common.codec.consumequeue import encode_unit
 from rmqstore.common.codec.dispatch import plan_dispatch
 from rmqstore.common.codec.javahash import index_key_hash
 from rmqstore.common.errors import Corruption, NotFound
+from rmqstore.common.files import consumer_offsets
 from rmqstore.common.files.commitlog import CommitLog, ScanStop, StopReason
 from rmqstore.common.files.consumequeue import ConsumeQueueSet
 from rmqstore.common.files.index import IndexFile, IndexFileList
@@ -137,6 +141,7 @@ def check_store(root: str, sizes: StoreSizes) -> CheckReport:
                     report.problem(
                         f"consume queue {queue.topic}/{queue.queue_id} has units but the commit log has no record for it"
                     )
+        _check_consumer_offsets(paths.config, queues, report)
         duplicates = 0
         unchecked = 0
         for (key_hash, phy_offset), count in indexed.items():
@@ -164,6 +169,24 @@ def check_store(root: str, sizes: StoreSizes) -> CheckReport:
         queues.close()
         index.close()
     return report
+
+
+def _check_consumer_offsets(config_dir: str, queues: ConsumeQueueSet, report: CheckReport) -> None:
+    """Every committed offset within its queue's end (0 for a queue without files)."""
+    try:
+        table = consumer_offsets.read_offsets(config_dir)
+    except Corruption as error:
+        report.problem(str(error))
+        return
+    for (topic, group), offsets in sorted(table.items()):
+        for queue_id, committed in sorted(offsets.items()):
+            queue = queues.find(topic, queue_id)
+            end = queue.max_offset if queue is not None else 0
+            if committed > end:
+                report.problem(
+                    f"consumer group {group}: {topic}/{queue_id}: committed offset {committed} is past the queue's end {end} "
+                    f"(the writer moves it back to {end} when it starts)"
+                )
 
 
 def _record_has_key_hash(log: CommitLog, offset: int, key_hash: int) -> bool:

@@ -465,8 +465,8 @@ class ConsumerGroups:
         dead: list[Handed],
     ) -> list[Handed]:
         queue = self.writer.queues.find(topic, queue_id)
-        if queue is None:
-            return []
+        if queue is None or (queue.max_offset == queue.min_offset and (group, topic, queue_id) not in self.progress):
+            return []  # nothing to hand out: a group becomes known in a queue once it holds a message
         progress = self._progress(group, topic, queue_id)
         codes = tag_filter.codes
         blocked: set[str] = set()  # FIFO message groups with an earlier message in flight
@@ -575,7 +575,7 @@ class ConsumerGroups:
         progress = self.progress.get((group, topic, queue_id))
         queue = self.writer.queues.find(topic, queue_id)
         if queue is None:
-            return 0  # a queue without files is empty: its oldest offset and its end
+            return 0  # a queue without files is empty: 0 is its oldest offset and its end
         if progress is None:
             return queue.min_offset
         return min(max(progress.committed, queue.min_offset), queue.max_offset)

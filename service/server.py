@@ -23,13 +23,20 @@ from opentelemetry import trace
 from opentelemetry.instrumentation.grpc import aio_server_interceptor
 
 from rmqstore.common.transport import MAX_MESSAGE_BYTES, endpoint_text
-from rmqstore.service.acl import Acl, AsyncAclInterceptor, MethodRule
+from rmqstore.service.acl import (
+    OPEN_METHODS,
+    Acl,
+    AsyncAclInterceptor,
+    MethodRule,
+    current_principal,
+)
 from rmqstore.service.guard import AsyncMalformedRequestGuard
 from rmqstore.service.limits import (
     CONNECTION_IDLE_MAX_MS,
     CONNECTION_OPTIONS,
-    STREAMS_MAX,
+    DEFAULT_CALL_LIMITS,
     AsyncStreamLimit,
+    CallLimits,
 )
 from rmqstore.service.metrics import watch_open_streams
 from rmqstore.service.rpc_metrics import AsyncRpcMetricsInterceptor
@@ -58,6 +65,12 @@ class AsyncTracingInterceptor(grpc.aio.ServerInterceptor):
         if _untraced():
             return await continuation(handler_call_details)
         return await self._traced.intercept_service(continuation, handler_call_details)
+
+
+def _principal_subject() -> str | None:
+    """The subject the ACL authenticated the call being handled as."""
+    principal = current_principal.get()
+    return None if principal is None else principal.subject
 
 
 def _untraced() -> bool:
@@ -110,12 +123,12 @@ class AsyncServing:
         credentials: grpc.ServerCredentials | None,
         health_port: int | None,
         workers: int = 32,
-        streams_max: int = STREAMS_MAX,
+        limits: CallLimits = DEFAULT_CALL_LIMITS,
         acl: Acl | None = None,
         acl_rules: Mapping[str, MethodRule] | None = None,
         connection_idle_max_ms: int = CONNECTION_IDLE_MAX_MS,
     ):
-        self.streams_max = streams_max
+        self.limits = limits
         self.options = [
             (name, connection_idle_max_ms if name == "grpc.max_connection_idle_ms" else value)
             for name, value in SERVER_OPTIONS
@@ -150,15 +163,18 @@ class AsyncServing:
         credentials: grpc.ServerCredentials | None,
     ) -> int:
         # The guard innermost: it wraps the handlers as registered; the ACL checks what
-        # parsed; the stream limit counts what is admitted; the tracing sees every call.
-        # The RPC duration inside the server span: it times what the node does.
-        streams = AsyncStreamLimit(self.streams_max)
-        interceptors: list[grpc.aio.ServerInterceptor] = [AsyncTracingInterceptor(), AsyncRpcMetricsInterceptor(), streams]
+        # parsed; the stream limit counts what the ACL admitted, by the principal it
+        # found; the tracing sees every call. The RPC duration inside the server span:
+        # it times what the node does.
+        interceptors: list[grpc.aio.ServerInterceptor] = [AsyncTracingInterceptor(), AsyncRpcMetricsInterceptor()]
+        principal_of = None
         if self.acl is not None:
             # Outside the guard: a request is authorized once it parses.
             self.acl_interceptor = AsyncAclInterceptor(self.acl, rules=self.acl_rules)
             interceptors.append(self.acl_interceptor)
-        interceptors.append(AsyncMalformedRequestGuard())
+            principal_of = _principal_subject
+        streams = AsyncStreamLimit(self.limits, OPEN_METHODS, principal_of)
+        interceptors += [streams, AsyncMalformedRequestGuard()]
         server = grpc.aio.server(interceptors=interceptors, options=self.options)
         _add_services(server, register, self.health_servicer, service_names)
         for name in (*service_names, ""):

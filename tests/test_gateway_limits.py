@@ -13,12 +13,19 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
+from google.protobuf import duration_pb2
+from support.acl import ACL, SECRETS
 from support.cli import quiet_env
 from support.nodes import Nodes, ProcessNode
 
+from rmqstore.client.signing import signing_channel
+from rmqstore.rocketmq_v2 import definition_pb2 as v2
+from rmqstore.rocketmq_v2 import service_pb2 as v2s
 from rmqstore.rocketmq_v2 import service_pb2_grpc
-from rmqstore.v1 import messages_pb2, writer_pb2
+from rmqstore.service.limits import UNAUTHENTICATED_STREAMS_MAX
+from rmqstore.v1 import messages_pb2, writer_pb2, writer_pb2_grpc
 
 HOSTILE = Path(__file__).parent / "support" / "hostile_gateway.py"
 OPEN_TIMEOUT_S = 180.0
@@ -33,6 +40,15 @@ def rss_bytes(pid: int) -> int:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) * 1024
     raise AssertionError(f"no VmRSS for {pid}")
+
+
+def rss_anon_bytes(pid: int) -> int:
+    """The process's anonymous resident memory (its heap: not the store's mapped pages)."""
+    with open(f"/proc/{pid}/status", encoding="ascii") as status:
+        for line in status:
+            if line.startswith("RssAnon:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError(f"no RssAnon for {pid}")
 
 
 def median_s(call: Callable[[], Any], samples: int) -> float:
@@ -77,10 +93,6 @@ def create_topic(node: ProcessNode, nodes: Nodes, name: str, queue_count: int) -
     nodes.writer(node).CreateTopic(writer_pb2.CreateTopicRequest(name=name, queue_count=queue_count), timeout=RPC_TIMEOUT_S)
 
 
-def v2_stub(nodes: Nodes, node: ProcessNode) -> service_pb2_grpc.MessagingServiceStub:
-    return service_pb2_grpc.MessagingServiceStub(nodes.channel(node))
-
-
 IDLE_POLLS = 300
 # An idle poll elsewhere may cost a send something (the writer's loop holds them), not a
 # multiple of its time: before wake-ups by topic, 300 polls made a send 10-30 times slower.
@@ -109,3 +121,92 @@ def test_idle_long_polls_on_another_topic_cost_an_append_nothing(nodes: Nodes, t
         stop(hostile)
     print(f"send p50 {unloaded_s * 1000:.2f} ms alone, {loaded_s * 1000:.2f} ms beside {IDLE_POLLS} idle polls")
     assert loaded_s <= IDLE_POLL_SLOWDOWN_MAX * unloaded_s + 0.001, (unloaded_s, loaded_s)
+
+
+BIG_BODY_BYTES = 4 * 1024 * 1024 - 1024
+BIG_MESSAGES = 40
+# The v1 response budget (docs/security.md): 16 MiB of records after the first.
+RESPONSE_BYTES_MAX = 16 * 1024 * 1024
+# Four answers of 16 MiB, each held in about two copies (its records, its message) at its peak.
+BIG_RSS_GROWTH_MAX_BYTES = 192 * 1024 * 1024
+# A send beside two large receives waits for its turn on the writer's loop, not for them.
+BESIDE_SEND_MAX_S = 2.0
+
+
+@pytest.mark.slow
+def test_receive_and_pull_answer_within_the_response_budget_and_hold_no_send_up(nodes: Nodes, tmp_path: Path) -> None:
+    """Finding 3: two receives and two pulls asking 40 messages of 4 MiB each get 16 MiB
+    of records (and one more) each, the writer's memory grows by less than all of them,
+    and a send meanwhile is answered at once."""
+    writer = nodes.start("writer", tmp_path / "store")
+    create_topic(writer, nodes, "Big", 1)
+    producer = nodes.writer(writer)
+    for i in range(BIG_MESSAGES):
+        body = bytes([i]) * BIG_BODY_BYTES
+        producer.Send(writer_pb2.SendRequest(message=messages_pb2.Message(topic="Big", queue_id=0, body=body)), timeout=RPC_TIMEOUT_S)
+    small = writer_pb2.SendRequest(message=messages_pb2.Message(topic="Small", body=b"s"))
+    median_s(lambda: producer.Send(small, timeout=RPC_TIMEOUT_S), 20)
+    anon_before = rss_anon_bytes(writer.proc.pid)
+    hostile = subprocess.Popen(
+        [sys.executable, str(HOSTILE), writer.endpoint, "big", "2", "Big", "greedy"], stdout=subprocess.PIPE, env=quiet_env()
+    )
+    sends_s = []
+    peak = anon_before
+    try:
+        while hostile.poll() is None:
+            started = time.perf_counter()
+            producer.Send(small, timeout=RPC_TIMEOUT_S)
+            sends_s.append(time.perf_counter() - started)
+            peak = max(peak, rss_anon_bytes(writer.proc.pid))
+            time.sleep(0.005)
+        out, _ = hostile.communicate(timeout=OPEN_TIMEOUT_S)
+    finally:
+        stop(hostile)
+    assert hostile.returncode == 0, out
+    answered = json.loads(out)
+    grown = peak - anon_before
+    print(f"anonymous RSS +{grown >> 20} MiB; sends beside: {len(sends_s)}, max {max(sends_s) * 1000:.0f} ms")
+    for sizes in [*answered["receive"], *(sizes for sizes, _ in answered["pull"])]:
+        assert 1 <= len(sizes) < BIG_MESSAGES and sum(sizes[:-1]) <= RESPONSE_BYTES_MAX, sizes
+    for sizes, next_offsets in answered["pull"]:
+        assert next_offsets == [len(sizes)]  # where the next pull starts: the budget left the rest
+    assert grown <= BIG_RSS_GROWTH_MAX_BYTES, f"anonymous RSS grew by {grown >> 20} MiB"
+    assert max(sends_s) <= BESIDE_SEND_MAX_S, f"a send beside the receives took {max(sends_s) * 1000:.0f} ms"
+
+
+WATCH_STREAMS = 2048
+
+
+@pytest.mark.slow
+def test_unauthenticated_health_streams_leave_signed_streams_their_own(nodes: Nodes, tmp_path: Path) -> None:
+    """Finding 2: under --acl, 2,048 health Watch streams of a caller without credentials
+    take their own pool, not the signed callers': a signed ReceiveMessage and SendStream
+    still stream."""
+    acl_path = tmp_path / "acl.yaml"
+    acl_path.write_text(ACL)
+    writer = nodes.start("writer", tmp_path / "store", "--acl", str(acl_path))
+    channel = signing_channel(grpc.insecure_channel(writer.endpoint), "ops", SECRETS["ops"])
+    nodes.channels.append(channel)
+    writer_pb2_grpc.WriterServiceStub(channel).CreateTopic(
+        writer_pb2.CreateTopicRequest(name="orders-a", queue_count=1), timeout=RPC_TIMEOUT_S
+    )
+    hostile, opened = open_hostile(writer, "watch", str(WATCH_STREAMS))
+    try:
+        # Past their own limit, each refused at once (a few seen as CANCELLED: grpc closes
+        # a connection whose streams are reset that fast).
+        refused = opened["refused"]
+        assert sum(refused.values()) == WATCH_STREAMS - UNAUTHENTICATED_STREAMS_MAX, refused
+        assert set(refused) <= {"StatusCode.RESOURCE_EXHAUSTED", "StatusCode.CANCELLED"}, refused
+        request = v2s.ReceiveMessageRequest(
+            group=v2.Resource(name="audit"), message_queue=v2.MessageQueue(topic=v2.Resource(name="orders-a"), id=0),
+            filter_expression=v2.FilterExpression(type=v2.TAG, expression="*"), batch_size=1,
+            invisible_duration=duration_pb2.Duration(seconds=30), long_polling_timeout=duration_pb2.Duration(seconds=0),
+        )  # fmt: skip
+        answers = list(service_pb2_grpc.MessagingServiceStub(channel).ReceiveMessage(request, timeout=RPC_TIMEOUT_S))
+        assert [a.status.code for a in answers] == [v2.MESSAGE_NOT_FOUND]
+        batch = writer_pb2.SendBatchRequest(messages=[messages_pb2.Message(topic="orders-a", body=b"signed")])
+        acks = list(writer_pb2_grpc.WriterServiceStub(channel).SendStream(iter([batch]), timeout=RPC_TIMEOUT_S))
+        assert [len(ack.results) for ack in acks] == [1]
+        assert hostile.poll() is None
+    finally:
+        stop(hostile)

@@ -17,10 +17,12 @@ from typing import Any
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from support.acl import ACL, SECRETS
 from support.inprocess import QueryNode, WriterNode
 from support.stores import SMALL
 from support.wait import wait_until
 
+from rmqstore.client.signing import signing_channel
 from rmqstore.common.codec.properties import split_keys
 from rmqstore.common.errors import Corruption, InvalidArgument
 from rmqstore.common.files.consumer_offsets import write_offsets
@@ -28,7 +30,9 @@ from rmqstore.common.files.cursorkey import FILE_NAME, MAGIC, ensure_cursor_key,
 from rmqstore.query.cursor import CURSOR_CHARS, decode_cursor, encode_cursor, query_digest
 from rmqstore.query.service import AsyncQueryServicer
 from rmqstore.query.view import StoreView
+from rmqstore.service.acl import load_acl
 from rmqstore.service.errors import REASON_KEY
+from rmqstore.service.limits import CallLimits
 from rmqstore.service.server import AsyncServing
 from rmqstore.v1 import messages_pb2, query_pb2, query_pb2_grpc, writer_pb2, writer_pb2_grpc
 from rmqstore.writer.service import WriterServicer
@@ -550,20 +554,30 @@ def test_a_stream_whose_reader_stalls_ends_with_resource_exhausted(tmp_path: Pat
 
 
 def test_streams_past_the_limit_are_refused_and_unary_calls_still_answer(writer: WriterNode, tmp_path: Path) -> None:
-    send(writer, "TopicA", 4)
-    node = QueryNode(tmp_path / "store", streams_max=3)
+    # More than flow control lets a stream send unread: a stream not read stays open.
+    send(writer, "TopicA", 1000, body=b"s" * 1024, queue_id=0)
+    node = QueryNode(tmp_path / "store", limits=CallLimits(streams_max=3, unauthenticated_streams_max=2))
     health = health_pb2_grpc.HealthStub(node.channel)
     try:
-        held = [health.Watch(health_pb2.HealthCheckRequest(service="")) for _ in range(3)]
+        stream = query_pb2.StreamByTimeRequest(topic="TopicA", queue_id=0, begin_ms=0, end_ms=2**62)
+        held = [node.stub.StreamByTime(stream, timeout=RPC_TIMEOUT_S) for _ in range(3)]
         for call in held:
-            assert next(call).status == health_pb2.HealthCheckResponse.SERVING
-        assert status_of(lambda: next(health.Watch(health_pb2.HealthCheckRequest(service=""), timeout=RPC_TIMEOUT_S))) == (
+            assert next(call).topic == "TopicA"  # open, its other records unread
+        assert status_of(lambda: list(node.stub.StreamByTime(stream, timeout=RPC_TIMEOUT_S))) == (
             grpc.StatusCode.RESOURCE_EXHAUSTED,
             "3 streams are open, this node's limit: retry later",
             "TooManyStreams",
         )
-        stream = query_pb2.StreamByTimeRequest(topic="TopicA", queue_id=0, begin_ms=0, end_ms=2**62)
-        assert status_of(lambda: list(node.stub.StreamByTime(stream, timeout=RPC_TIMEOUT_S)))[0] == grpc.StatusCode.RESOURCE_EXHAUSTED
+        # Health Watch streams, which need no credentials, have a limit of their own: the
+        # streams of callers who identify themselves do not take theirs, nor they those.
+        watches = [health.Watch(health_pb2.HealthCheckRequest(service="")) for _ in range(2)]
+        for call in watches:
+            assert next(call).status == health_pb2.HealthCheckResponse.SERVING
+        assert status_of(lambda: next(health.Watch(health_pb2.HealthCheckRequest(service=""), timeout=RPC_TIMEOUT_S))) == (
+            grpc.StatusCode.RESOURCE_EXHAUSTED,
+            "2 streams without credentials (health Watch) are open, this node's limit for them: retry later",
+            "TooManyStreams",
+        )
         assert node.stub.Ping(query_pb2.PingRequest(), timeout=RPC_TIMEOUT_S) == query_pb2.PingResponse()
         assert health.Check(health_pb2.HealthCheckRequest(service=""), timeout=RPC_TIMEOUT_S).status == health_pb2.HealthCheckResponse.SERVING
         held[0].cancel()
@@ -576,11 +590,57 @@ def test_streams_past_the_limit_are_refused_and_unary_calls_still_answer(writer:
                 return None
 
         # The server counts the cancelled stream out when it sees the cancel.
-        assert wait_until(streamed, 5.0, "a stream slot to come back", interval_s=0.05) == 1
-        for call in held[1:]:
+        assert wait_until(streamed, 5.0, "a stream slot to come back", interval_s=0.05) == 1000
+        for call in [*held[1:], *watches]:
             call.cancel()
     finally:
         node.close()
+
+
+def test_one_principal_cannot_take_the_streams_and_calls_of_all(writer: WriterNode, tmp_path: Path) -> None:
+    """Under an ACL each user has stream and in-flight limits of its own: past them its
+    calls are refused, another user's still answer."""
+    send(writer, "TopicA", 1000, body=b"s" * 1024, queue_id=0)
+    acl_path = tmp_path / "acl.yaml"
+    acl_path.write_text(ACL)
+    node = QueryNode(tmp_path / "store", acl=load_acl(str(acl_path)), limits=CallLimits(principal_streams_max=2, principal_calls_max=2))
+    channels = {user: signing_channel(grpc.insecure_channel(node.endpoint), user, SECRETS[user]) for user in ("reader", "local")}
+    stubs = {user: query_pb2_grpc.QueryServiceStub(channel) for user, channel in channels.items()}
+    stream = query_pb2.StreamByTimeRequest(topic="TopicA", queue_id=0, begin_ms=0, end_ms=2**62)
+    lookup = query_pb2.QueueBoundsRequest(topic="TopicA", queue_id=0)
+    try:
+        held = [stubs["reader"].StreamByTime(stream, timeout=RPC_TIMEOUT_S) for _ in range(2)]
+        for call in held:
+            assert next(call).topic == "TopicA"  # open, its other records unread
+        assert status_of(lambda: list(stubs["reader"].StreamByTime(stream, timeout=RPC_TIMEOUT_S))) == (
+            grpc.StatusCode.RESOURCE_EXHAUSTED,
+            "User:reader has 2 streams open, the limit of one caller: retry later",
+            "TooManyStreams",
+        )
+        assert status_of(lambda: stubs["reader"].QueueBounds(lookup, timeout=RPC_TIMEOUT_S)) == (
+            grpc.StatusCode.RESOURCE_EXHAUSTED,
+            "User:reader has 2 calls in flight, the limit of one caller: retry later",
+            "TooManyCalls",
+        )
+        assert stubs["local"].QueueBounds(lookup, timeout=RPC_TIMEOUT_S).max_offset == 1000
+        assert len(list(stubs["local"].StreamByTime(stream, timeout=RPC_TIMEOUT_S))) == 1000
+        held[0].cancel()
+        assert wait_until(lambda: _answered(lambda: stubs["reader"].QueueBounds(lookup, timeout=RPC_TIMEOUT_S)), 5.0,
+                          "the cancelled stream's slot to come back", interval_s=0.05).max_offset == 1000  # fmt: skip
+        held[1].cancel()
+    finally:
+        for channel in channels.values():
+            channel.close()
+        node.close()
+
+
+def _answered(call: Any) -> Any:
+    """The call's answer, or None while it is refused for the caller's limits."""
+    try:
+        return call()
+    except grpc.RpcError as error:
+        assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED  # type: ignore[attr-defined]
+        return None
 
 
 def test_a_producer_that_reads_no_acks_is_held_then_closed(tmp_path: Path) -> None:

@@ -84,6 +84,9 @@ GROUP_PATTERN = re.compile(r"^[%|a-zA-Z0-9_-]+$")
 # than this hands out nothing further until some are acknowledged) and the messages.
 SCAN_UNITS_MAX = 65_536
 BATCH_MAX = 1_024
+# The records one receive hands out, after its first (so a 4 MiB message always goes):
+# the query node's response budget (query.view.RESPONSE_BYTES_MAX).
+RECEIVE_BYTES_MAX = 16 * 1024 * 1024
 INVISIBLE_MS_MIN = 1_000
 INVISIBLE_MS_MAX = 12 * 3600 * 1000  # Apache's proxy bounds invisible_duration the same way
 DEFAULT_FLUSH_INTERVAL_MS = 1_000
@@ -201,6 +204,25 @@ class Handed:
     attempt: int
     receipt_handle: str
     visible_at_ms: int
+
+
+@dataclass(frozen=True)
+class Picked:
+    """A message :meth:`ConsumerGroups.receive` put in flight, before its record is read
+    (the caller reads it, off the event loop where it is large): its place in the queue
+    and the commit log, and its delivery."""
+
+    queue_id: int
+    queue_offset: int
+    commitlog_offset: int
+    size: int  # the record's bytes, as its consume queue unit gives them
+    attempt: int
+    receipt_handle: str
+    visible_at_ms: int
+    record: Record | None = None  # already read (a FIFO group's scan reads each for its message group)
+
+    def handed(self, record: Record) -> Handed:
+        return Handed(record, self.queue_id, self.queue_offset, self.attempt, self.receipt_handle, self.visible_at_ms)
 
 
 @dataclass(frozen=True)
@@ -434,21 +456,26 @@ class ConsumerGroups:
         batch_size: int,
         invisible_ms: int,
         tag_filter: TagFilter,
-    ) -> tuple[list[Handed], list[Handed]]:
-        """Up to ``batch_size`` visible, unacknowledged messages of the queues, each now in
-        flight until ``invisible_ms`` from now; and the messages met that have had their
+        bytes_max: int = RECEIVE_BYTES_MAX,
+    ) -> tuple[list[Picked], list[Picked]]:
+        """Up to ``batch_size`` visible, unacknowledged messages of the queues, and (after
+        the first) at most ``bytes_max`` of records, each now in flight until
+        ``invisible_ms`` from now; and the messages met that have had their
         ``max_attempts`` deliveries, held invisible for the caller to store in the
-        dead-letter topic and then acknowledge."""
+        dead-letter topic and then acknowledge. The records are the caller's to read
+        (:meth:`read`); one whose tag the filter does not take after all (its tag's hash
+        matched) it hands back to :meth:`unpick`."""
         check_group(group)
         now = now_ms()
-        out: list[Handed] = []
-        dead: list[Handed] = []
+        out: list[Picked] = []
+        dead: list[Picked] = []
         fifo = group in self.fifo_groups
+        budget = [bytes_max]
         for queue_id in queue_ids:
-            if len(out) >= batch_size:
+            if len(out) >= batch_size or (out and budget[0] <= 0):
                 break
             out += self._receive_queue(
-                group, topic, queue_id, batch_size - len(out), now, invisible_ms, tag_filter, fifo, dead
+                group, topic, queue_id, batch_size - len(out), now, invisible_ms, tag_filter, fifo, dead, budget, not out
             )
         return out, dead
 
@@ -462,15 +489,17 @@ class ConsumerGroups:
         invisible_ms: int,
         tag_filter: TagFilter,
         fifo: bool,
-        dead: list[Handed],
-    ) -> list[Handed]:
+        dead: list[Picked],
+        budget: list[int],
+        first: bool,
+    ) -> list[Picked]:
         queue = self.writer.queues.find(topic, queue_id)
         if queue is None or (queue.max_offset == queue.min_offset and (group, topic, queue_id) not in self.progress):
             return []  # nothing to hand out: a group becomes known in a queue once it holds a message
         progress = self._progress(group, topic, queue_id)
         codes = tag_filter.codes
         blocked: set[str] = set()  # FIFO message groups with an earlier message in flight
-        out: list[Handed] = []
+        out: list[Picked] = []
         stop = min(queue.max_offset, progress.committed + SCAN_UNITS_MAX)
         for offset, unit in queue.units(progress.committed, stop):
             if offset in progress.acked:
@@ -488,16 +517,22 @@ class ConsumerGroups:
                 progress.done(offset)  # not the group's: consumed by skipping
                 self.dirty = True
                 continue
-            record = self.writer.log.read(unit.commitlog_offset)
-            if not tag_filter.admits(record.tags):
-                progress.done(offset)
-                self.dirty = True
-                continue
-            message_group = record.properties.get(SHARDING_KEY, "")
-            if fifo and message_group:
-                if message_group in blocked:
+            if unit.size > budget[0] and not (first and not out):
+                break  # the answer is full; the rest waits for the next receive
+            record: Record | None = None
+            message_group = ""
+            if fifo:
+                # The message group decides what may be handed out: read here.
+                record = self.writer.log.read(unit.commitlog_offset)
+                if not tag_filter.admits(record.tags):
+                    progress.done(offset)
+                    self.dirty = True
                     continue
-                blocked.add(message_group)
+                message_group = record.properties.get(SHARDING_KEY, "")
+                if message_group:
+                    if message_group in blocked:
+                        continue
+                    blocked.add(message_group)
             attempt = delivery.attempt + 1 if delivery is not None else 1
             nonce = secrets.randbits(62)
             self.dirty = True
@@ -505,15 +540,40 @@ class ConsumerGroups:
                 visible_at = now + DEAD_LETTER_HOLD_MS
                 progress.inflight[offset] = Delivery(attempt - 1, visible_at, nonce, message_group)
                 handle = self.make_handle(group, topic, queue_id, offset, nonce)
-                dead.append(Handed(record, queue_id, offset, attempt - 1, handle, visible_at))
+                dead.append(Picked(queue_id, offset, unit.commitlog_offset, unit.size, attempt - 1, handle, visible_at, record))
                 continue
             visible_at = now + invisible_ms
             progress.inflight[offset] = Delivery(attempt, visible_at, nonce, message_group)
             handle = self.make_handle(group, topic, queue_id, offset, nonce)
-            out.append(Handed(record, queue_id, offset, attempt, handle, visible_at))
-            if len(out) >= wanted:
+            out.append(Picked(queue_id, offset, unit.commitlog_offset, unit.size, attempt, handle, visible_at, record))
+            budget[0] -= unit.size
+            if len(out) >= wanted or budget[0] <= 0:
                 break
         return out
+
+    def read(self, picked: list[Picked]) -> list[Record | None]:
+        """The records of ``picked`` (None for one retention removed since): the commit
+        log only, so any thread may call it."""
+        log = self.writer.log
+        records: list[Record | None] = []
+        for one in picked:
+            if one.record is not None:
+                records.append(one.record)
+                continue
+            try:
+                records.append(log.read(one.commitlog_offset))
+            except NotFound:
+                records.append(None)
+        return records
+
+    def unpick(self, group: str, topic: str, picked: Picked) -> None:
+        """A message picked that the group does not take after all (its tag is not the
+        filter's, though its hash matched; or retention removed it): consumed by
+        skipping, as the scan consumes what the filter leaves out, unless handed out again since."""
+        try:
+            self.ack(group, topic, picked.receipt_handle)
+        except InvalidReceiptHandle:
+            pass
 
     def _current(self, group: str, topic: str, handle: str) -> tuple[Receipt, QueueProgress, Delivery | None]:
         """The handle's message and its delivery; None when already acknowledged.

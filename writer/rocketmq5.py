@@ -59,12 +59,14 @@ from rmqstore.writer.consumers import (
     DLQ_PREFIX,
     INVISIBLE_MS_MAX,
     INVISIBLE_MS_MIN,
+    RECEIVE_BYTES_MAX,
     SCAN_UNITS_MAX,
     ConsumerGroups,
     Handed,
     IllegalFilter,
     IllegalGroup,
     InvalidReceiptHandle,
+    Picked,
     TagFilter,
     check_group,
 )
@@ -104,6 +106,10 @@ LONG_POLL_MS_MAX = 60_000
 POLL_MARGIN_S = 0.5
 AUTO_RENEW_INVISIBLE_MS = 60_000
 RECEIVE_BATCH_SIZE = 32
+# Records of an answer up to this many bytes are read and made into messages on the
+# loop: a thread's hop costs more than that. Larger ones are read on the executor, so a
+# receive of 16 MiB holds no other call up.
+INLINE_READ_BYTES_MAX = 256 * 1024
 # A group's retries (push consumers): Apache's maxReconsumeTimes 16 is 17 deliveries, and
 # its delay levels from the fourth (1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h).
 DEFAULT_RETRY_DELAYS_S = (1, 5, 10, 30, 60, 120, 180, 240, 300, 360, 420, 480, 540, 600, 1200, 1800, 3600, 7200)
@@ -816,13 +822,19 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             return
         resource = request.message_queue.topic
         with _receive_span(request.group.name, handed):
-            messages = [self._message(one, resource) for one in handed]
+            try:
+                answers = await self._answers(handed, resource)
+            except Exception as error:
+                yield v2s.ReceiveMessageResponse(status=self._failed("ReceiveMessage", error))
+                return
+        del handed  # the records: each answer holds its body now
         yield v2s.ReceiveMessageResponse(status=ok_status())
         # When the batch left the server: the clients measure their receive latency from
         # it (the Python push consumer fails every message of a batch without it).
         yield v2s.ReceiveMessageResponse(delivery_timestamp=_timestamp(_now_ms()))
-        for message in messages:
-            yield v2s.ReceiveMessageResponse(message=message)
+        answers.reverse()
+        while answers:
+            yield answers.pop()  # each answer freed once sent
 
     async def _receive(self, request: v2s.ReceiveMessageRequest, context: grpc.aio.ServicerContext) -> list[Handed]:
         group = check_group(request.group.name)
@@ -855,7 +867,9 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         poll_s = poll_ms / 1000 if remaining_s is None else max(0.0, min(poll_ms / 1000, remaining_s - POLL_MARGIN_S))
         deadline = loop.time() + poll_s
         while True:
-            handed, dead = self.consumers.receive(group, topic, queue_ids, request.batch_size, invisible_ms, tag_filter)
+            picked, dead_picked = self.consumers.receive(group, topic, queue_ids, request.batch_size, invisible_ms, tag_filter)
+            handed = await self._read_picked(group, topic, picked, tag_filter)
+            dead = await self._read_picked(group, topic, dead_picked, tag_filter)
             for one in dead:
                 try:
                     await self._to_dead_letters(group, topic, one.record, one.attempt, one.receipt_handle, peer_address(context))
@@ -871,7 +885,41 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
                 left_s = min(left_s, max(0.0, (visible_ms - _now_ms()) / 1000) + 0.005)
             await self.wakeup.wait(topic, None, left_s)
 
-    def _message(self, one: Handed, resource: v2.Resource) -> v2.Message:
+    async def _read_picked(self, group: str, topic: str, picked: list[Picked], tag_filter: TagFilter) -> list[Handed]:
+        """The records of the messages picked, read off the loop unless they are small;
+        those the filter does not take after all, or retention removed, are unpicked."""
+        if not picked:
+            return []
+        if sum(one.size for one in picked) <= INLINE_READ_BYTES_MAX:
+            records = self.consumers.read(picked)
+        else:
+            records = await self._blocking(functools.partial(self.consumers.read, picked))
+        handed = []
+        for one, record in zip(picked, records):
+            if record is None or not tag_filter.admits(record.tags):
+                self.consumers.unpick(group, topic, one)
+            else:
+                handed.append(one.handed(record))
+        return handed
+
+    async def _answers(self, handed: list[Handed], resource: v2.Resource) -> list[v2s.ReceiveMessageResponse]:
+        """The answers carrying ``handed`` (each body's MD5 and copy), made off the loop
+        unless small."""
+        if sum(len(one.record.body) for one in handed) <= INLINE_READ_BYTES_MAX:
+            return self._make_answers(handed, resource)
+        return await self._blocking(functools.partial(self._make_answers, handed, resource))
+
+    def _make_answers(self, handed: list[Handed], resource: v2.Resource) -> list[v2s.ReceiveMessageResponse]:
+        answers = []
+        for one in handed:
+            answer = v2s.ReceiveMessageResponse()
+            self._message(one, resource, answer.message)
+            answers.append(answer)
+        return answers
+
+    def _message(self, one: Handed, resource: v2.Resource, into: v2.Message) -> None:
+        """Write ``one`` as a v2 message into ``into`` (the answer's own field: its body
+        is copied once)."""
         record = one.record
         system = v2.SystemProperties(
             message_id=record.uniq_key or offset_msg_id(record.store_host, record.commitlog_offset),
@@ -908,9 +956,10 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         trace_context = properties.pop(TRACEPARENT, "")
         if trace_context:
             system.trace_context = trace_context
-        return v2.Message(
-            topic=resource, user_properties=properties, system_properties=system, body=record.body
-        )
+        into.topic.CopyFrom(resource)
+        into.user_properties.update(properties)
+        into.system_properties.CopyFrom(system)
+        into.body = record.body
 
     async def AckMessage(self, request: v2s.AckMessageRequest, context: grpc.aio.ServicerContext) -> v2s.AckMessageResponse:
         try:
@@ -1085,16 +1134,18 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             yield v2s.PullMessageResponse(status=v2.Status(code=v2.MESSAGE_NOT_FOUND, message="no new message"))
         else:
             yield v2s.PullMessageResponse(status=ok_status())
-        for message in messages:
-            yield v2s.PullMessageResponse(message=message)
+        messages.reverse()
+        while messages:
+            yield messages.pop()  # each answer freed once sent
         yield v2s.PullMessageResponse(next_offset=next_offset)
 
     async def _pull(
         self, topic: str, queue_id: int, offset: int, batch_size: int, tag_filter: TagFilter, poll_ms: int,
         context: grpc.aio.ServicerContext,
-    ) -> tuple[list[v2.Message], int]:  # fmt: skip
-        """The messages from ``offset`` on that pass the filter, and the offset after the
-        last unit looked at (past the filtered-out ones too)."""
+    ) -> tuple[list[v2s.PullMessageResponse], int]:  # fmt: skip
+        """The answers carrying the messages from ``offset`` on that pass the filter (up
+        to the response budget), and the offset after the last unit looked at (past the
+        filtered-out ones too)."""
         loop = asyncio.get_running_loop()
         remaining_s = context.time_remaining()
         poll_s = poll_ms / 1000 if remaining_s is None else max(0.0, min(poll_ms / 1000, remaining_s - POLL_MARGIN_S))
@@ -1103,30 +1154,47 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         codes = tag_filter.codes
         while True:
             queue = self.writer.queues.find(topic, queue_id)
-            out: list[v2.Message] = []
+            units: list[tuple[int, int]] = []  # (queue offset, commit log offset) to read
+            size_bytes = 0  # theirs
             next_offset = offset
             if queue is not None:
                 next_offset = min(queue.max_offset, offset + SCAN_UNITS_MAX)
                 for position, unit in queue.units(offset, next_offset):
-                    if len(out) >= batch_size:
+                    if len(units) >= batch_size or (units and size_bytes + unit.size > RECEIVE_BYTES_MAX):
                         next_offset = position
                         break
                     if codes is not None and unit.tags_code not in codes:
                         continue
-                    record = self.writer.log.read(unit.commitlog_offset)
-                    if tag_filter.admits(record.tags):
-                        out.append(self._pulled(record, queue_id, position, resource))
+                    units.append((position, unit.commitlog_offset))
+                    size_bytes += unit.size
             left_s = deadline - loop.time()
-            if out or next_offset > offset or left_s <= 0 or self._stopping.is_set():
-                return out, next_offset
+            if units or next_offset > offset or left_s <= 0 or self._stopping.is_set():
+                read = functools.partial(self._pulled_messages, units, queue_id, tag_filter, resource)
+                if size_bytes <= INLINE_READ_BYTES_MAX:
+                    return read(), next_offset
+                return await self._blocking(read), next_offset
             await self.wakeup.wait(topic, queue_id, left_s)
 
-    def _pulled(self, record: Record, queue_id: int, queue_offset: int, resource: v2.Resource) -> v2.Message:
-        message = self._message(Handed(record, queue_id, queue_offset, 1, "", _now_ms()), resource)
-        message.system_properties.ClearField("receipt_handle")
-        message.system_properties.ClearField("invisible_duration")
-        message.system_properties.ClearField("delivery_attempt")
-        return message
+    def _pulled_messages(
+        self, units: list[tuple[int, int]], queue_id: int, tag_filter: TagFilter, resource: v2.Resource
+    ) -> list[v2s.PullMessageResponse]:
+        """The answers carrying the messages at these units that pass the filter (a unit's
+        tag hash may match a tag the filter does not take): the commit log only, so any
+        thread may call it."""
+        out = []
+        for position, commitlog_offset in units:
+            record = self.writer.log.read(commitlog_offset)
+            if tag_filter.admits(record.tags):
+                answer = v2s.PullMessageResponse()
+                self._pulled(record, queue_id, position, resource, answer.message)
+                out.append(answer)
+        return out
+
+    def _pulled(self, record: Record, queue_id: int, queue_offset: int, resource: v2.Resource, into: v2.Message) -> None:
+        self._message(Handed(record, queue_id, queue_offset, 1, "", _now_ms()), resource, into)
+        into.system_properties.ClearField("receipt_handle")
+        into.system_properties.ClearField("invisible_duration")
+        into.system_properties.ClearField("delivery_attempt")
 
     async def EndTransaction(self, request: Any, context: grpc.aio.ServicerContext) -> v2s.EndTransactionResponse:
         return v2s.EndTransactionResponse(status=_not_served("EndTransaction"))

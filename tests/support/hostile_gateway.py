@@ -7,11 +7,14 @@ KIND:
 
 * ``polls``: COUNT ReceiveMessage long polls (30 s) of GROUP on TOPIC, each issued
   again when it ends, on 8 connections;
-* ``watch``: COUNT grpc health Watch streams, each read once, on 16 connections.
+* ``watch``: COUNT grpc health Watch streams, each read once, on 16 connections;
+* ``big``: COUNT ReceiveMessage calls (each of a group of its own) and COUNT PullMessage
+  calls from offset 0, all at once, each asking ``BIG_BATCH`` messages of TOPIC's queue 0.
 
 The client prints one JSON line, {"event": "open", "count": n, "refused": {...}} once every
 call is issued (a Watch once its first answer came), then holds them until its stdin
-closes, and exits without ending them.
+closes, and exits without ending them; for ``big``, once every call is answered,
+{"event": "answered", "receive": [[body sizes], ...], "pull": [[[body sizes], next offset], ...]}.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from rmqstore.rocketmq_v2 import service_pb2_grpc
 
 OPEN_TIMEOUT_S = 120.0
 POLL_S = 30
+BIG_BATCH = 40
 
 
 def channels(endpoint: str, count: int) -> list[grpc.aio.Channel]:
@@ -73,6 +77,31 @@ async def watch(channel: grpc.aio.Channel, refused: Counter[str]) -> Any:
     return call
 
 
+async def big_receive(channel: grpc.aio.Channel, topic: str, group: str) -> list[int]:
+    request = v2s.ReceiveMessageRequest(
+        group=v2.Resource(name=group),
+        message_queue=v2.MessageQueue(topic=v2.Resource(name=topic), id=0),
+        filter_expression=v2.FilterExpression(type=v2.TAG, expression="*"),
+        batch_size=BIG_BATCH,
+        invisible_duration=duration_pb2.Duration(seconds=60),
+        long_polling_timeout=duration_pb2.Duration(seconds=0),
+    )
+    answers = [a async for a in service_pb2_grpc.MessagingServiceStub(channel).ReceiveMessage(request, timeout=OPEN_TIMEOUT_S)]
+    return [len(a.message.body) for a in answers if a.HasField("message")]
+
+
+async def big_pull(channel: grpc.aio.Channel, topic: str, group: str) -> tuple[list[int], list[int]]:
+    request = v2s.PullMessageRequest(
+        group=v2.Resource(name=group),
+        message_queue=v2.MessageQueue(topic=v2.Resource(name=topic), id=0),
+        offset=0,
+        batch_size=BIG_BATCH,
+        filter_expression=v2.FilterExpression(type=v2.TAG, expression="*"),
+    )
+    answers = [a async for a in service_pb2_grpc.MessagingServiceStub(channel).PullMessage(request, timeout=OPEN_TIMEOUT_S)]
+    return [len(a.message.body) for a in answers if a.HasField("message")], [a.next_offset for a in answers if a.HasField("next_offset")]
+
+
 async def main(endpoint: str, kind: str, count: int, topic: str, group: str) -> None:
     refused: Counter[str] = Counter()
     held: list[Any] = []
@@ -89,6 +118,13 @@ async def main(endpoint: str, kind: str, count: int, topic: str, group: str) -> 
         held = await asyncio.wait_for(
             asyncio.gather(*(watch(connections[i % len(connections)], refused) for i in range(count))), OPEN_TIMEOUT_S
         )
+    elif kind == "big":
+        connection = grpc.aio.insecure_channel(endpoint, options=[("grpc.max_receive_message_length", 64 << 20)])
+        receives = [big_receive(connection, topic, f"{group}{i}") for i in range(count)]
+        pulls = [big_pull(connection, topic, group) for _ in range(count)]
+        answered = await asyncio.wait_for(asyncio.gather(*receives, *pulls), OPEN_TIMEOUT_S)
+        print(json.dumps({"event": "answered", "receive": answered[:count], "pull": answered[count:]}), flush=True)
+        return
     else:
         raise SystemExit(f"unknown kind {kind}")
     print(json.dumps({"event": "open", "count": count, "refused": dict(refused)}), flush=True)

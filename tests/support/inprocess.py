@@ -19,6 +19,7 @@ from rmqstore.query.service import AsyncQueryServicer
 from rmqstore.query.view import StoreView
 from rmqstore.rocketmq_v2 import service_pb2_grpc
 from rmqstore.service.acl import Acl
+from rmqstore.service.limits import CallLimits
 from rmqstore.service.server import AsyncServing
 from rmqstore.v1 import query_pb2_grpc, writer_pb2_grpc
 from rmqstore.writer.config import WriterConfig
@@ -108,13 +109,13 @@ class QueryNode:
         sizes: StoreSizes = SMALL,
         *,
         stalled_write_s: float | None = None,
-        streams_max: int | None = None,
+        limits: CallLimits | None = None,
         acl: Acl | None = None,
         **view_options: Any,
     ):
         self.view = StoreView(str(root), sizes, **view_options)
         servicer_options = {} if stalled_write_s is None else {"stalled_write_s": stalled_write_s}
-        serving_options: dict[str, Any] = {} if streams_max is None else {"streams_max": streams_max}
+        serving_options: dict[str, Any] = {} if limits is None else {"limits": limits}
         try:
             self.serving = AsyncServing(
                 lambda s: query_pb2_grpc.add_QueryServiceServicer_to_server(AsyncQueryServicer(self.view, **servicer_options), s),

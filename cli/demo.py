@@ -23,6 +23,12 @@ START_TIMEOUT_S = 60.0
 # its own says a previous demo made it, so that a mistyped --store never costs a user data.
 DEMO_MARKER = ".rmqstore-demo"
 STOP_TIMEOUT_S = 30.0
+# The demo's store on small files: every file is allocated at its full size, and RocketMQ's
+# defaults (a 1 GiB commit log file, 420 MB index files: README, Sizes) would take 1.4 GB of
+# disk for seven messages. The writer records the sizes; the query node and check read them.
+DEMO_SIZE_ARGS = (
+    "--commitlog-file-size", str(1 << 20), "--cq-file-units", "1000", "--index-slots", "1000", "--index-entries", "4000",
+)  # fmt: skip
 
 
 def _rmqstore(*args: str) -> list[str]:
@@ -85,7 +91,10 @@ SAMPLES: list[dict[str, Any]] = [
 
 def prepare_store(store: str) -> None:
     """Empty ``store`` for a new demo run, or refuse: only a missing or empty directory, or
-    one a previous demo marked as its own, is (re)created."""
+    one a previous demo marked as its own and no process holds the lock of (an earlier
+    demo still running), is (re)created."""
+    from rmqstore.common.files.lockfile import LOCK_FILE, holding_store_lock
+
     if os.path.lexists(store):
         if not os.path.isdir(store) or os.path.islink(store):
             raise InvalidArgument(f"--store {store} exists and is not a directory; give a new or empty directory")
@@ -95,7 +104,17 @@ def prepare_store(store: str) -> None:
                     f"--store {store} is not empty and is not a demo store (no {DEMO_MARKER} file); "
                     "nothing was deleted: give a new or empty directory"
                 )
-            shutil.rmtree(store)
+            # Held while deleting: a writer starting meanwhile is refused. The lock file
+            # goes last, still held.
+            with holding_store_lock(store, "--store", create=True, refused="nothing was deleted"):
+                for entry in os.scandir(store):
+                    if entry.name == LOCK_FILE:
+                        continue
+                    if entry.is_dir(follow_symlinks=False):
+                        shutil.rmtree(entry.path)
+                    else:
+                        os.unlink(entry.path)
+                os.unlink(os.path.join(store, LOCK_FILE))
     os.makedirs(store, exist_ok=True)
     with open(os.path.join(store, DEMO_MARKER), "w", encoding="utf-8") as handle:
         handle.write("made by rmqstore demo; the next demo run on this directory deletes it\n")
@@ -105,7 +124,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     store = os.path.abspath(args.store)
     prepare_store(store)
     print(f"store directory: {store}")
-    writer = Node("writer", _rmqstore("writer", "serve", "--store", store, "--port", "0", "--flush", "sync"))
+    # --init: the store directory holds the demo's marker file, and no store yet.
+    writer = Node("writer", _rmqstore("writer", "serve", "--store", store, "--init", "--port", "0", "--flush", "sync", *DEMO_SIZE_ARGS))
     nodes = [writer]
     try:
         query = Node("query node", _rmqstore("query", "serve", "--store", store, "--port", "0"))

@@ -67,9 +67,9 @@ def _add_store(parser: argparse.ArgumentParser) -> None:
 
 
 def _store_root(args: argparse.Namespace) -> None:
-    """The one store directory named; a missing one is a usage error (exit 2), not a
-    lookup that found nothing."""
-    from rmqstore.common.errors import InvalidArgument, NotFound
+    """The one store directory named; one that is missing or not a store is a usage error
+    (exit 2), not a lookup that found nothing."""
+    from rmqstore.common.errors import InvalidArgument
     from rmqstore.pipeline import splits
 
     given = [path for path in (args.store, args.store_flag) if path is not None]
@@ -77,16 +77,13 @@ def _store_root(args: argparse.Namespace) -> None:
         raise InvalidArgument("give the store directory: DIR or --store DIR")
     if len(given) == 2 and given[0] != given[1]:
         raise InvalidArgument(f"two store directories given ({given[0]} and --store {given[1]}); give one")
-    args.store = given[0]
-    try:
-        splits.store_root(args.store)
-    except NotFound as error:
-        raise InvalidArgument(str(error)) from None
+    args.store = splits.store_root(given[0], "store directory" if args.store is not None else "--store")
 
 
 @_needs_extra
 def cmd_reindex(args: argparse.Namespace) -> int:
     from rmqstore.common.files.commitlog import StopReason
+    from rmqstore.common.files.lockfile import holding_store_lock
     from rmqstore.pipeline import reindex
 
     _store_root(args)
@@ -110,7 +107,9 @@ def cmd_reindex(args: argparse.Namespace) -> int:
             print(f"rmqstore: {summary.stop.describe()}", file=sys.stderr)
         return EXIT_DISAGREE if summary.stop.reason is StopReason.CORRUPT else EXIT_OK
 
-    return _with_spark(args, "reindex", job)
+    # OUT may be a store: never one a writer runs on.
+    with holding_store_lock(args.out, "--out", create=False, refused="nothing was written"):
+        return _with_spark(args, "reindex", job)
 
 
 @_needs_extra
@@ -151,11 +150,13 @@ def cmd_export(args: argparse.Namespace) -> int:
 def cmd_load(args: argparse.Namespace) -> int:
     import os
 
-    from rmqstore.common.errors import NotFound
+    from rmqstore.common.errors import InvalidArgument
     from rmqstore.pipeline import load
 
     if not os.path.exists(args.input):
-        raise NotFound(f"{args.input}: no such input")
+        raise InvalidArgument(f"{args.input}: no such input")
+    if args.target_store is not None:
+        exits.existing_store(args.target_store, "--target-store")
     load.writer_status(args.endpoint)  # an unreachable writer fails before Spark starts
 
     def job(spark: Any, progress: Any) -> int:

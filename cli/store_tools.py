@@ -44,7 +44,7 @@ def store_from(args: argparse.Namespace) -> str:
         raise InvalidArgument("give the store directory: DIR or --store DIR")
     if len(given) == 2 and given[0] != given[1]:
         raise InvalidArgument(f"two store directories given ({given[0]} and --store {given[1]}); give one")
-    path = exits.existing_store(given[0], "store directory")
+    path = exits.existing_store(given[0], "store directory" if args.dir is not None else "--store")
     args.dir = path
     return path
 
@@ -156,6 +156,7 @@ def cmd_dump_consumequeue(args: argparse.Namespace) -> int:
 
 def cmd_reindex(args: argparse.Namespace) -> int:
     from rmqstore.common.files.commitlog import StopReason
+    from rmqstore.common.files.lockfile import holding_store_lock
     from rmqstore.common.files.store import StorePaths, reindex
 
     store_from(args)
@@ -164,7 +165,9 @@ def cmd_reindex(args: argparse.Namespace) -> int:
     if not os.path.isdir(log_dir) or not os.listdir(log_dir):
         raise InvalidArgument(f"store directory {args.dir}: no commit log files under commitlog/, nothing to reindex")
     sizes = sizes_from(args, args.dir)
-    result = reindex(args.dir, args.out, sizes)
+    # OUT may be a store: never one a writer runs on.
+    with holding_store_lock(args.out, "--out", create=False, refused="nothing was written"):
+        result = reindex(args.dir, args.out, sizes)
     summary = {"records": result.records, "endOffset": result.stop.end_offset, "stop": result.stop.reason.value}
     _line(sys.stdout, summary)
     if result.stop.reason is not StopReason.END:

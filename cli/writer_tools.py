@@ -129,6 +129,7 @@ def cmd_writer_serve(args: argparse.Namespace) -> int:
     serve(
         WriterOptions(
             store=args.store,
+            init=args.init,
             listen=listen_options_from(args),
             sizes=requested_sizes(args),
             flush=FlushPolicy(args.flush),
@@ -354,7 +355,12 @@ def register(commands: argparse._SubParsersAction) -> None:  # type: ignore[type
         "serve",
         help="own a store directory and serve WriterService (and RocketMQ 5's MessagingService) over gRPC",
     )
-    serve.add_argument("--store", required=True, help="store directory (created if missing)")
+    serve.add_argument("--store", required=True, help="store directory: a store, or a new or empty directory (created if missing)")
+    serve.add_argument(
+        "--init",
+        action="store_true",
+        help="make a store in a --store directory that is neither a store nor empty (default: refuse it, writing nothing)",
+    )
     serve.add_argument("--host", type=exits.host, default="127.0.0.1", help="address to listen on (default 127.0.0.1; an IPv6 one bare or in brackets)")
     serve.add_argument("--port", type=exits.port, default=0, help="port (default 0: any free port, printed at start)")
     serve.add_argument("--flush", choices=["sync", "async"], default="async", help="flush policy (default async)")

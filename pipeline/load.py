@@ -47,6 +47,7 @@ from rmqstore.common.codec import properties as props
 from rmqstore.common.codec import sysflag
 from rmqstore.common.codec.topic import NOT_ALLOWED_SEND_TOPICS
 from rmqstore.common.errors import InvalidArgument, StoreError
+from rmqstore.common.files.directories import existing_store
 from rmqstore.common.files.store import StorePaths, StoreSizes, resolve_sizes
 from rmqstore.pipeline.export import read_store
 from rmqstore.pipeline.progress import Progress
@@ -339,6 +340,8 @@ def _dedupe_mode(endpoint: str, status: Any, target_store: str | None, query_end
     if query_endpoint:
         _check_query_node(query_endpoint)
         return "query", None
+    if target_store:
+        existing_store(target_store, "--target-store")
     root = target_store or status.store
     if not root or not os.path.isdir(root):
         raise InvalidArgument(

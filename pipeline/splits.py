@@ -41,6 +41,7 @@ from rmqstore.common.codec.record import (
 )
 from rmqstore.common.errors import Corruption, InvalidArgument, NotFound
 from rmqstore.common.files.commitlog import CommitLog
+from rmqstore.common.files.directories import existing_store
 from rmqstore.common.files.mapped import MappedFile
 from rmqstore.common.files.store import StorePaths, infer_commitlog_file_size, resolve_sizes
 
@@ -136,12 +137,13 @@ class _Walk:
     data_end: int = 0  # one past the last record walked
 
 
-def store_root(path: str) -> str:
-    """The store directory ``path`` names; a clear error if it is not one."""
-    if not os.path.isdir(path):
-        raise NotFound(f"{path}: no such store directory")
+def store_root(path: str, option: str = "store directory") -> str:
+    """The store directory ``path`` names (the shared check,
+    common.files.directories.existing_store); a clear error if it is not one or has no
+    commit log yet."""
+    existing_store(path, option)
     if not os.path.isdir(StorePaths(path).commitlog):
-        raise NotFound(f"{path} is not a store directory: it has no commitlog/")
+        raise InvalidArgument(f"{option} {path}: the store has no commit log yet (no commitlog/)")
     return path
 
 

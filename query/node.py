@@ -64,7 +64,7 @@ def check(options: QueryOptions) -> CheckedQueryOptions:
     naming the option otherwise)."""
     credentials = server_credentials(options.listen)
     acl = access(options.listen)
-    existing_store(options.store, "--store")
+    existing_store(options.store, "--store", empty_ok=True)
     check_ports(options.listen)
     return CheckedQueryOptions(options, credentials, acl)
 

@@ -127,7 +127,8 @@ def test_exit_2_missing_or_unreadable_store(tmp_path: Path, capsys: pytest.Captu
     for command in (["check"], ["inspect"], ["dump", "commitlog"], ["dump", "consumequeue"], ["reindex", "--out", str(tmp_path / "o")]):
         for path, why in ((missing, "no such directory"), (a_file, "not a directory")):
             where = [str(path)] if place == "positional" else ["--store", str(path)]
-            assert run(capsys, *command, *where) == (2, "", f"rmqstore: error: store directory {path}: {why}\n"), command
+            option = "store directory" if place == "positional" else "--store"
+            assert run(capsys, *command, *where) == (2, "", f"rmqstore: error: {option} {path}: {why}\n"), command
     for lookup in (["queryMsgByKey", "-t", "T", "-k", "k"], ["topicList"]):
         assert run(capsys, *lookup, "--store", str(a_file)) == (2, "", f"rmqstore: error: --store {a_file}: not a directory\n")
     assert not (tmp_path / "o").exists()
@@ -661,7 +662,7 @@ def test_tools_and_jobs_take_the_store_as_dir_or_store_flag(tmp_path: Path, caps
         out = [] if job == "stats" else ["--out", str(tmp_path / "out")]
         assert run(capsys, "pipeline", job, *out) == (2, "", "rmqstore: error: give the store directory: DIR or --store DIR\n")
         assert run(capsys, "pipeline", job, "--store", str(tmp_path / "nowhere"), *out) == (
-            2, "", f"rmqstore: error: {tmp_path / 'nowhere'}: no such store directory\n"
+            2, "", f"rmqstore: error: --store {tmp_path / 'nowhere'}: no such directory\n"
         )
 
 
@@ -686,7 +687,8 @@ def test_a_batch_the_writer_refuses_mid_file_is_one_line_saying_what_was_stored(
 
 
 def test_reindex_refuses_an_empty_store_and_an_out_that_is_a_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    (tmp_path / "empty").mkdir()
+    # A store a writer opened and never wrote to: its checkpoint, no commit log file.
+    (tmp_path / "empty" / "commitlog").mkdir(parents=True)
     (tmp_path / "f").write_text("x")
     assert run(capsys, "reindex", str(tmp_path / "empty"), "--out", str(tmp_path / "out")) == (
         2, "", f"rmqstore: error: store directory {tmp_path / 'empty'}: no commit log files under commitlog/, nothing to reindex\n"

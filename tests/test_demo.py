@@ -46,6 +46,13 @@ def test_demo_runs_writer_and_query_node_and_every_lookup(tmp_path: Path) -> Non
         r"console: http://127\.0\.0\.1:\d+/ \(stopped with the nodes; `rmqstore demo --console` keeps it up until Ctrl-C\)", last
     ), last
     assert not (tmp_path / "demo-samples.jsonl").exists()
+    # On small files: a few MB of disk, where RocketMQ's default sizes took 1.4 GB.
+    geometry = json.loads((store / "config" / "rmqstore-geometry.json").read_text())
+    assert (geometry["commitLogFileSize"], geometry["cqFileUnits"], geometry["indexSlots"], geometry["indexEntries"]) == (
+        1 << 20, 1000, 1000, 4000
+    )
+    disk_bytes = sum(path.stat().st_blocks * 512 for path in store.rglob("*") if path.is_file())
+    assert disk_bytes < 4 << 20, disk_bytes
 
 
 @pytest.mark.slow

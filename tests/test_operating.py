@@ -3,14 +3,18 @@ at once after a kill, and a store is never deleted or reset while a process hold
 
 from __future__ import annotations
 
+import signal
+import subprocess
 from pathlib import Path
 
 import pytest
-from support.cli import run, run_cli
+from conftest import CLEAN, FIXTURE_SIZE_ARGS
+from support.cli import quiet_env, rmqstore, run, run_cli
 from support.http import get
 from support.nodes import Nodes
 from support.wait import wait_until
 
+from rmqstore.common.files.lockfile import lock_holder
 from rmqstore.v1 import messages_pb2, query_pb2, writer_pb2
 
 # Small files: the tests' stores cost the disk little.
@@ -158,3 +162,165 @@ def test_an_ipv6_node_is_reached_at_its_bracketed_endpoint(nodes: Nodes, tmp_pat
     listed = run_cli(["topicList", "--endpoint", f"[::1]:{query.port}"])
     assert (listed.returncode, listed.stdout, listed.stderr) == (0, "Orders\n", "")
     writer.stop()
+
+
+# A path that is not a store: refused by whatever reads a store, never an empty answer.
+
+STORE_READERS: list[list[str]] = [
+    ["dump", "commitlog", "{dir}"],
+    ["dump", "consumequeue", "--store", "{dir}"],
+    ["reindex", "{dir}", "--out", "{out}"],
+    ["inspect", "{dir}"],
+    ["check", "--store", "{dir}"],
+    ["queryMsgByKey", "--store", "{dir}", "-t", "T", "-k", "k"],
+    ["queryMsgByUniqueKey", "--store", "{dir}", "-t", "T", "-i", "x"],
+    ["queryMsgById", "--store", "{dir}", "-i", "x"],
+    ["queryMsgByOffset", "--store", "{dir}", "-t", "T", "-q", "0", "-o", "0"],
+    ["searchOffset", "--store", "{dir}", "-t", "T", "-q", "0", "--timestamp", "0"],
+    ["printMsg", "--store", "{dir}", "-t", "T"],
+    ["topicList", "--store", "{dir}"],
+    ["topicStatus", "--store", "{dir}", "-t", "T"],
+    ["consumerProgress", "--store", "{dir}"],
+    ["pipeline", "reindex", "{dir}", "--out", "{out}"],
+    ["pipeline", "export", "--store", "{dir}", "--out", "{out}"],
+    ["pipeline", "stats", "{dir}"],
+]
+
+
+def test_every_command_that_reads_a_store_refuses_a_directory_that_is_not_one(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """An empty directory and one of a user's own, given where a store is read: exit 2,
+    one line saying it is not a store directory, nothing printed or written (the issue:
+    topicList printed nothing, check said "ok: 0 records", both exit 0). The user's
+    directory through the command's process, the empty one in this process."""
+    empty, mine = tmp_path / "empty", tmp_path / "mine"
+    empty.mkdir()
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep me")
+    out = tmp_path / "out"
+    for directory in (empty, mine):
+        for argv in STORE_READERS:
+            given = [a.format(dir=directory, out=out) for a in argv]
+            if directory == mine:
+                done = run_cli(given)
+                answer = (done.returncode, done.stdout, done.stderr)
+            else:
+                answer = run(capsys, *given)
+            option = "--store" if "--store" in argv else "store directory"
+            assert answer == (
+                2, "", f"rmqstore: error: {option} {directory}: not a store directory (it has neither commitlog/ nor checkpoint)\n"
+            ), argv  # fmt: skip
+    # A query node: an empty directory is a store to come (it follows the writer that makes
+    # it); one holding anything else is refused.
+    done = run_cli(["query", "serve", "--store", str(mine), "--port", "0"])
+    assert (done.returncode, done.stdout, done.stderr) == (
+        2, "", f"rmqstore: error: --store {mine}: not a store directory (it has neither commitlog/ nor checkpoint)\n"
+    )  # fmt: skip
+    done = run_cli(["pipeline", "load", str(mine / "notes.txt"), "--endpoint", "127.0.0.1:1", "--target-store", str(mine)])
+    assert (done.returncode, done.stdout, done.stderr) == (
+        2, "", f"rmqstore: error: --target-store {mine}: not a store directory (it has neither commitlog/ nor checkpoint)\n"
+    )  # fmt: skip
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["empty", "mine"]
+    assert [p.name for p in mine.iterdir()] == ["notes.txt"] and not any(empty.iterdir())
+
+
+def test_a_store_a_writer_opened_is_a_store_to_every_reader(nodes: Nodes, tmp_path: Path) -> None:
+    """What makes a store is what a writer writes on opening one: a store never written to
+    is read as an empty store, not refused."""
+    store = tmp_path / "store"
+    nodes.start("writer", store, *SIZE_ARGS).stop()
+    assert not (store / "commitlog").exists()
+    done = run_cli(["topicList", "--store", str(store)])
+    assert (done.returncode, done.stdout, done.stderr) == (0, "", "")
+    done = run_cli(["check", str(store)])
+    assert (done.returncode, done.stdout, done.stderr) == (0, "ok: 0 records, 0 consume queue units and 0 index keys agree\n", "")
+
+
+def test_writer_serve_refuses_a_directory_of_other_files_unless_told_to_init(nodes: Nodes, tmp_path: Path) -> None:
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep me")
+    done = run_cli(["writer", "serve", "--store", str(mine), "--port", "0"])
+    assert (done.returncode, done.stdout, done.stderr) == (
+        2, "", f"rmqstore: error: --store {mine}: not a store directory (it has neither commitlog/ nor checkpoint) and not empty; "
+        "give a new or empty directory, or --init to make a store in it beside what it holds\n",
+    )  # fmt: skip
+    assert [p.name for p in mine.iterdir()] == ["notes.txt"]
+    # Told to, it makes its store there, beside the user's file; from then on it is a store.
+    nodes.start("writer", mine, "--init", *SIZE_ARGS).stop()
+    assert (mine / "notes.txt").read_text() == "keep me" and (mine / "checkpoint").exists()
+    nodes.start("writer", mine, *SIZE_ARGS).stop()
+    # An empty directory, and a missing one, as before.
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    nodes.start("writer", empty, *SIZE_ARGS).stop()
+    nodes.start("writer", tmp_path / "new" / "store", *SIZE_ARGS).stop()
+    assert (empty / "checkpoint").exists() and (tmp_path / "new" / "store" / "checkpoint").exists()
+
+
+# No store is deleted or reset while a process holds its lock.
+
+
+def test_a_demo_refuses_the_store_of_a_demo_still_running_and_deletes_nothing(tmp_path: Path) -> None:
+    """The issue's case: `rmqstore demo --console --store D` running, a second demo on D
+    (`bash run.sh D`) is refused while the first one's writer holds D's lock; the first
+    goes on serving and ends cleanly, its store whole."""
+    store = tmp_path / "demo"
+    first = subprocess.Popen(
+        rmqstore("demo", "--store", str(store), "--console"), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL, text=True, cwd=tmp_path, env=quiet_env(),
+    )  # fmt: skip
+    try:
+        assert first.stdout is not None
+        lines = []
+        while not lines or not lines[-1].startswith("console: "):
+            line = first.stdout.readline()
+            assert line, f"the first demo ended before it showed the console: {first.stderr.read() if first.stderr else ''}"
+            lines.append(line)
+        writer_endpoint = next(line for line in lines if line.startswith("writer serving on ")).split()[3].rstrip(",")
+        before = sorted(str(p.relative_to(store)) for p in store.rglob("*"))
+        log = store / "commitlog" / "00000000000000000000"
+        log_bytes = log.read_bytes()
+        second = run_cli(["demo", "--store", str(store)])
+        assert (second.returncode, second.stdout) == (2, "")
+        assert second.stderr == (
+            f"rmqstore: error: --store {store}: a running writer (pid {_writer_pid(store)}) holds the store's lock "
+            f"({store / 'lock'}); stop it first: nothing was deleted\n"
+        )
+        assert sorted(str(p.relative_to(store)) for p in store.rglob("*")) == before and log.read_bytes() == log_bytes
+        # The first demo's writer still stores what it acknowledges.
+        sent = run_cli(["send", "--endpoint", writer_endpoint, "-t", "Orders", "--body", "after the refusal"])
+        assert sent.returncode == 0, sent.stderr
+        first.send_signal(signal.SIGINT)
+        rest, errors = first.communicate(timeout=120)
+        assert first.returncode == 0, errors[-2000:]
+        assert "ok: 8 records, 8 consume queue units and 21 index keys agree" in rest
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.communicate(timeout=30)
+
+
+def _writer_pid(store: Path) -> int:
+    holder = lock_holder(str(store / "lock"))
+    assert holder is not None
+    return holder
+
+
+def test_reindex_refuses_an_out_a_writer_runs_on(nodes: Nodes, tmp_path: Path) -> None:
+    """`reindex --out` (and the pipeline's) rewrites a store's queues and index: never
+    under a running writer, even one whose store has none yet."""
+    store = tmp_path / "store"
+    writer = nodes.start("writer", store, *SIZE_ARGS)
+    for command in (["reindex"], ["pipeline", "reindex"]):
+        done = run_cli([*command, str(CLEAN), *FIXTURE_SIZE_ARGS, "--out", str(store)])
+        assert (done.returncode, done.stdout) == (2, ""), done.stderr
+        assert done.stderr == (
+            f"rmqstore: error: --out {store}: a running writer (pid {writer.proc.pid}) holds the store's lock "
+            f"({store / 'lock'}); stop it first: nothing was written\n"
+        )
+    assert not (store / "consumequeue").exists() and not (store / "index").exists()
+    writer.stop()
+    # With the writer stopped, the same command writes its output there.
+    done = run_cli(["reindex", str(CLEAN), *FIXTURE_SIZE_ARGS, "--out", str(store)])
+    assert done.returncode == 0, done.stderr
+    assert (store / "consumequeue").is_dir() and (store / "index").is_dir()

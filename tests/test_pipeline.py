@@ -609,11 +609,11 @@ def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.Complet
 def test_bad_store_unreachable_writer_and_missing_java_are_one_line_each(tmp_path: Path) -> None:
     bad = run_cli("pipeline", "stats", str(tmp_path / "nowhere"))
     assert bad.returncode == 2
-    assert bad.stderr.strip().splitlines() == [f"rmqstore: error: {tmp_path / 'nowhere'}: no such store directory"]
+    assert bad.stderr.strip().splitlines() == [f"rmqstore: error: store directory {tmp_path / 'nowhere'}: no such directory"]
     (tmp_path / "empty").mkdir()
     not_store = run_cli("pipeline", "reindex", str(tmp_path / "empty"), "--out", str(tmp_path / "o"))
     assert not_store.returncode == 2 and len(not_store.stderr.strip().splitlines()) == 1
-    assert "has no commitlog/" in not_store.stderr
+    assert f"store directory {tmp_path / 'empty'}: not a store directory" in not_store.stderr
     writer = run_cli("pipeline", "load", str(CLEAN), "--endpoint", "127.0.0.1:1")
     assert writer.returncode == 2 and len(writer.stderr.strip().splitlines()) == 1
     assert "the writer at 127.0.0.1:1 is unreachable" in writer.stderr

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import grpc
 
 from rmqstore.common.errors import InvalidArgument
-from rmqstore.common.files.directories import creatable_dir
+from rmqstore.common.files.directories import writer_store
 from rmqstore.common.files.store import RequestedSizes, checked_sizes
 from rmqstore.common.transport import endpoint_text
 from rmqstore.service.listen import (
@@ -51,6 +51,9 @@ class WriterOptions:
     defaults these are)."""
 
     store: str  # the store directory, created if missing
+    # Make a store in a non-empty directory that holds none (else refused: a mistyped path
+    # never gets a store's files written beside a user's own).
+    init: bool = False
     listen: ListenOptions = field(default_factory=ListenOptions)
     sizes: RequestedSizes = field(default_factory=RequestedSizes)
     flush: FlushPolicy = FlushPolicy.ASYNC
@@ -88,7 +91,7 @@ def check(options: WriterOptions) -> CheckedWriterOptions:
     listen = options.listen
     credentials = server_credentials(listen)
     acl = access(listen)
-    creatable_dir(options.store, "--store")
+    writer_store(options.store, "--store", init=options.init)
     check_ports(listen)
     port = listen.port
     if port == 0 and options.store_host is None:

@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import fcntl
 import os
-import struct
 from typing import Any
 
 from rmqstore.common.files.checkpoint import read_checkpoint
 from rmqstore.common.files.commitlog import CommitLog
 from rmqstore.common.files.consumequeue import ConsumeQueueSet
 from rmqstore.common.files.index import IndexFileList
+from rmqstore.common.files.lockfile import lock_holder
 from rmqstore.common.files.store import StorePaths, StoreSizes
 
 
@@ -30,26 +29,6 @@ def _commitlog_end(log: CommitLog) -> dict[str, Any]:
     }
 
 
-# struct flock on Linux: l_type, l_whence, l_start, l_len, l_pid (native alignment).
-_FLOCK = struct.Struct("hhqqi4x")
-
-
-def lock_held(path: str) -> bool:
-    """Whether a process (a running writer) holds the store lock: the lock file itself
-    stays after every exit, clean or not, so only the lock says a writer is alive. Asked
-    with F_GETLK on a read-only descriptor, which takes no lock and writes nothing."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except FileNotFoundError:
-        return False
-    try:
-        query = _FLOCK.pack(fcntl.F_WRLCK, os.SEEK_SET, 0, 1, 0)
-        answer = fcntl.fcntl(fd, fcntl.F_GETLK, query)
-    finally:
-        os.close(fd)
-    return bool(_FLOCK.unpack(answer)[0] != fcntl.F_UNLCK)
-
-
 def inspect_store(root: str, sizes: StoreSizes) -> dict[str, Any]:
     paths = StorePaths(root)
     log = CommitLog(paths.commitlog, sizes.commitlog_file_size_bytes)
@@ -67,7 +46,7 @@ def inspect_store(root: str, sizes: StoreSizes) -> dict[str, Any]:
             },
             "abort": os.path.exists(paths.abort),
             "lock": os.path.exists(paths.lock),
-            "lockHeld": lock_held(paths.lock),
+            "lockHeld": lock_holder(paths.lock) is not None,
             "commitlog": {
                 "files": [mapped.name for mapped in log.files],
                 "minOffset": log.min_offset,

@@ -31,7 +31,7 @@ def span(
 ) -> AbstractContextManager[trace.Span]:
     """``tracer.start_as_current_span(name)``, or a do-nothing span while no SDK tracer
     provider is installed: the no-op API still attaches a context per span, a cost the
-    one-message append path notices (about 5 µs a span)."""
+    one-message append path notices (benchmarks/TRACING.md)."""
     if isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
         return nullcontext(trace.INVALID_SPAN)
     return tracer.start_as_current_span(name, kind=kind, links=links)

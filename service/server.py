@@ -54,9 +54,8 @@ REFLECTION_V1_SERVICE = "grpc.reflection.v1.ServerReflection"
 class AsyncTracingInterceptor(grpc.aio.ServerInterceptor):
     """OpenTelemetry's asyncio server interceptor, for the calls made while a tracer
     provider is installed. Without one its spans record nothing, yet it costs each call
-    20-40 µs here (measured on the thread-pool server the nodes once served on: a Ping's
-    p50 about 380 µs through it, 355 µs past it); the check costs well under 1 µs. A
-    provider installed after the server started counts from its next call."""
+    far more than the check does (benchmarks/TRACING.md). A provider installed after the
+    server started counts from its next call."""
 
     def __init__(self) -> None:
         self._traced = aio_server_interceptor()

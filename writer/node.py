@@ -248,9 +248,9 @@ def serve(options: WriterOptions) -> None:
 def _tune_collector() -> None:
     # A batch's columns are thousands of short-lived objects, freed by their reference
     # counts (no cycles), yet each 700 allocations set the cyclic collector off over the
-    # young objects, and often enough over the whole heap (a few per cent of the intake's
-    # CPU, profiled). What is alive once serving (modules, the store's state) is moved out of
-    # its passes, and the youngest generation is collected every 10,000 allocations.
+    # young objects, and often enough over the whole heap (its cost: benchmarks/WRITE_PATH.md).
+    # What is alive once serving (modules, the store's state) is moved out of its passes,
+    # and the youngest generation is collected every 10,000 allocations.
     gc.freeze()
     gc.set_threshold(10_000, 10, 10)
 

@@ -1,8 +1,8 @@
 """The writer's span of a group of requests: one ``rmqstore.append`` span covering the
 group's append to the commit log and its dispatch to the consume queues and index.
 
-One span a group, not one per step: each span the SDK makes costs the event loop tens
-of µs, paid once per group of requests (benchmarks/TRACING.md). The span carries the
+One span a group, not one per step: each span the SDK makes costs the event loop time,
+paid once per group of requests (benchmarks/TRACING.md). The span carries the
 group's messaging attributes, a link to each distinct producer context its messages
 carry (their ``traceparent`` property), and an event ``rmqstore.dispatch`` where the
 dispatch begins. It is a child of the current span (the first request's server span)

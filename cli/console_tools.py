@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import ipaddress
 import json
 import signal
 import socket
@@ -15,19 +14,11 @@ from collections.abc import Iterator
 from rmqstore.cli import exits
 from rmqstore.cli.writer_tools import add_client_tls_options, channel_from
 from rmqstore.common.errors import InvalidArgument
+from rmqstore.service.listen import is_loopback
 
 EXIT_OK = 0
 DEFAULT_PORT = 8080
 RPC_TIMEOUT_S = 10.0
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def _listening_socket(host: str, port: int) -> socket.socket:

@@ -15,7 +15,7 @@ from rmqstore.client import QueryClient, WriterClient, connect
 from rmqstore.common.errors import InvalidArgument
 from rmqstore.common.files.store import RequestedSizes
 from rmqstore.query.node import QueryNode, QueryOptions
-from rmqstore.service.listen import ListenOptions
+from rmqstore.service.listen import ListenOptions, is_loopback
 from rmqstore.v1 import messages_pb2, query_pb2
 from rmqstore.writer.config import FlushPolicy
 from rmqstore.writer.node import WriterNode, WriterOptions
@@ -71,3 +71,15 @@ def test_options_are_checked_before_the_store_is_created(tmp_path: Path) -> None
     with pytest.raises(InvalidArgument, match=r"--store .*: no such directory"):
         QueryNode.start(QueryOptions(store=str(store)))
     assert not store.exists()
+
+
+@pytest.mark.parametrize(
+    ("host", "loopback"),
+    [("localhost", True), ("127.0.0.1", True), ("127.1.2.3", True), ("::1", True), ("[::1]", True),
+     ("0.0.0.0", False), ("::", False), ("[::]", False), ("10.0.0.1", False), ("example.com", False)],
+)  # fmt: skip
+def test_the_loopback_rule_of_every_listener(host: str, loopback: bool) -> None:
+    """What a node's --host and the console's --host count as reachable from this machine
+    only (service.listen.is_loopback, the one rule both use): IPv6 with or without
+    brackets, a name other than localhost never (it may resolve anywhere)."""
+    assert is_loopback(host) is loopback

@@ -75,8 +75,17 @@ def cmd_console(args: argparse.Namespace) -> int:
     users = read_users(args.users) if args.users else None
     allowed_hosts = trusted_hosts(args.host, args.allowed_host or [])
     sock = _listening_socket(args.host, args.port)
-    query = channel_from(args, args.query_endpoint)
-    writer = channel_from(args, args.writer_endpoint) if args.writer_endpoint else None
+    try:
+        query = channel_from(args, args.query_endpoint)
+    except BaseException:  # a bad TLS file: the socket is closed, not left to the collector
+        sock.close()
+        raise
+    try:
+        writer = channel_from(args, args.writer_endpoint) if args.writer_endpoint else None
+    except BaseException:
+        sock.close()
+        query.close()
+        raise
     backend = Backend(Endpoints(query, writer, args.timeout))
     port = sock.getsockname()[1]
     shown_host = f"[{args.host}]" if ":" in args.host else args.host

@@ -87,6 +87,7 @@ def cmd_reindex(args: argparse.Namespace) -> int:
     from rmqstore.pipeline import reindex
 
     _store_root(args)
+    exits.creatable_dir(args.out, "--out")
     reindex.check_output(args.out)
     sizes = sizes_from(args, args.store)
 
@@ -121,7 +122,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
     _store_root(args)
     if os.path.exists(args.out):
-        raise InvalidArgument(f"{args.out} already exists; export writes a new directory")
+        raise InvalidArgument(f"--out {args.out} already exists; export writes a new directory")
 
     def job(spark: Any, progress: Any) -> int:
         summary = export.run(

@@ -64,12 +64,16 @@ def add_user(path: str, name: str, password: str) -> None:
     _check_name(name)
     if not password:
         raise InvalidArgument("the password is empty")
+    directory = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        raise InvalidArgument(f"users file {path} is a directory")
+    if not os.path.isdir(directory):
+        raise InvalidArgument(f"users file {path}: no such directory {directory}")
     lines: list[str] = []
     if os.path.exists(path):
         with open(path, encoding="utf-8") as handle:
             lines = [line for line in handle.read().splitlines() if line.partition(":")[0] != name]
     lines.append(f"{name}:{_HASHER.hash(password)}")
-    directory = os.path.dirname(os.path.abspath(path))
     descriptor, temporary = tempfile.mkstemp(dir=directory, prefix=".users-")
     try:
         with os.fdopen(descriptor, "w", encoding="utf-8") as handle:

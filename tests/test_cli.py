@@ -24,6 +24,7 @@ import pytest
 from conftest import CLEAN, FIXTURE_SIZE_ARGS
 from support.cli import rmqstore, run
 from support.nodes import Nodes, ProcessNode
+from support.pki import make_pki
 
 from rmqstore.cli.main import build_parser
 from rmqstore.common.codec import index as ix
@@ -280,6 +281,158 @@ def test_every_command_refuses_a_bad_input_in_one_line(cluster: Cluster, tmp_pat
         assert done.stdout == "", command
     assert (tmp_path / "notes.txt").read_text() == "keep"
     assert not (tmp_path / "users").exists()
+
+
+# Every path and endpoint argument of every command, each given a bad value: the exact exit
+# code and first line. The table is checked against the parser, so that a new command or
+# argument cannot go without its line; it runs in this process (console-passwd, which reads
+# its password from stdin first, as a process), the table above runs each command's process.
+
+PATH_ARGUMENTS = {
+    "dir", "store", "store_flag", "out", "target_store", "input", "users", "acl", "body_file", "file",
+    "tls_cert", "tls_key", "tls_client_ca", "tls_ca", "tls_client_cert", "tls_client_key",
+}  # fmt: skip
+ENDPOINT_ARGUMENTS = {
+    "endpoint", "query_endpoint", "writer_endpoint", "advertise", "store_host", "host", "port", "health_port",
+    "metrics_port", "console_port",
+}  # fmt: skip
+LOOKUPS = {
+    "queryMsgByKey": ["-t", "T", "-k", "k"], "queryMsgByUniqueKey": ["-t", "T", "-i", "x"], "queryMsgById": ["-i", "x"],
+    "queryMsgByOffset": ["-t", "T", "-q", "0", "-o", "0"], "searchOffset": ["-t", "T", "-q", "0", "--timestamp", "0"],
+    "printMsg": ["-t", "T"], "topicList": [], "topicStatus": ["-t", "T"], "consumerProgress": [],
+}  # fmt: skip
+NOT_A_STORE = "not a store directory (it has neither commitlog/ nor checkpoint)"
+NO_FILE = "cannot read: No such file or directory"
+
+
+def _path_and_endpoint_arguments() -> set[tuple[str, str]]:
+    found = set()
+
+    def walk(parser: argparse.ArgumentParser, prefix: str) -> None:
+        actions = [a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction"]
+        if not actions:
+            found.update((prefix, a.dest) for a in parser._actions if a.dest in PATH_ARGUMENTS | ENDPOINT_ARGUMENTS)
+            return
+        for name, child in actions[0].choices.items():
+            walk(child, f"{prefix} {name}".strip())
+
+    walk(build_parser(), "")
+    return found
+
+
+def _bad_arguments(d: dict[str, str]) -> dict[tuple[str, str], tuple[list[str], int, str]]:
+    """(command, argument) → (argv, exit code, first line of stderr), for the paths in ``d``."""
+
+    def usage(command: str, flag: str, why: str) -> tuple[int, str]:
+        return 2, f"rmqstore: error: {command}: argument {flag}: {why} (see rmqstore {command} --help)"
+
+    def error(line: str, code: int = 2) -> tuple[int, str]:
+        return code, f"rmqstore: error: {line}"
+
+    no_port = "'localhost' is not HOST:PORT: no port"
+    big_port = "70000 is outside [0, 65535] (a TCP port)"
+    with_port = "'127.0.0.1:80' is not a host: give the address alone (the port has a flag of its own)"
+    empty, notes, missing, clean = d["empty"], d["notes"], d["missing"], d["clean"]
+    table: dict[tuple[str, str], tuple[list[str], tuple[int, str]]] = {}
+    for tool in ("dump commitlog", "dump consumequeue", "reindex", "inspect", "check"):
+        out = ["--out", d["tmp"] + "/out"] if tool == "reindex" else []
+        table[(tool, "dir")] = ([*tool.split(), empty, *out], error(f"store directory {empty}: {NOT_A_STORE}"))
+        table[(tool, "store_flag")] = ([*tool.split(), "--store", missing, *out], error(f"--store {missing}: no such directory"))
+    table[("reindex", "out")] = (["reindex", *clean, "--out", d["file"]], error(f"--out {d['file']}: not a directory"))
+    for job in ("pipeline reindex", "pipeline export", "pipeline stats"):
+        out = [] if job == "pipeline stats" else ["--out", d["tmp"] + "/out"]
+        table[(job, "store")] = ([*job.split(), empty, *out], error(f"store directory {empty}: {NOT_A_STORE}"))
+        table[(job, "store_flag")] = ([*job.split(), "--store", d["file"], *out], error(f"--store {d['file']}: not a directory"))
+    table[("pipeline reindex", "out")] = (["pipeline", "reindex", *clean, "--out", d["file"]], error(f"--out {d['file']}: not a directory"))
+    table[("pipeline export", "out")] = (
+        ["pipeline", "export", clean[0], "--out", notes], error(f"--out {notes} already exists; export writes a new directory")
+    )
+    load = ["pipeline", "load", d["file"], "--endpoint", "127.0.0.1:1"]
+    table[("pipeline load", "input")] = (["pipeline", "load", missing, "--endpoint", "127.0.0.1:1"], error(f"{missing}: no such input"))
+    table[("pipeline load", "endpoint")] = (["pipeline", "load", d["file"], "--endpoint", "localhost"], usage("pipeline load", "--endpoint", no_port))
+    table[("pipeline load", "query_endpoint")] = ([*load, "--query-endpoint", "localhost"], usage("pipeline load", "--query-endpoint", no_port))
+    table[("pipeline load", "target_store")] = ([*load, "--target-store", empty], error(f"--target-store {empty}: {NOT_A_STORE}"))
+    # The servers.
+    for node in ("writer serve", "query serve"):
+        serve = [*node.split(), "--store", d["tmp"] + "/never-made"]
+        if node == "writer serve":
+            why = f"{NOT_A_STORE} and not empty; give a new or empty directory, or --init to make a store in it beside what it holds"
+        else:
+            why = NOT_A_STORE
+        table[(node, "store")] = ([*node.split(), "--store", notes], error(f"--store {notes}: {why}"))
+        table[(node, "host")] = ([*serve, "--host", "127.0.0.1:80"], usage(node, "--host", with_port))
+        for flag in ("--port", "--health-port", "--metrics-port"):
+            table[(node, flag[2:].replace("-", "_"))] = ([*serve, flag, "70000"], usage(node, flag, big_port))
+        table[(node, "acl")] = ([*serve, "--acl", missing], error(f"--acl {missing}: {NO_FILE}"))
+        table[(node, "tls_cert")] = ([*serve, "--tls-cert", missing, "--tls-key", d["key"]], error(f"--tls-cert {missing}: {NO_FILE}"))
+        table[(node, "tls_key")] = ([*serve, "--tls-cert", d["cert"], "--tls-key", missing], error(f"--tls-key {missing}: {NO_FILE}"))
+        table[(node, "tls_client_ca")] = (
+            [*serve, "--tls-cert", d["cert"], "--tls-key", d["key"], "--tls-client-ca", missing], error(f"--tls-client-ca {missing}: {NO_FILE}")
+        )
+    writer = ["writer", "serve", "--store", d["tmp"] + "/never-made"]
+    table[("writer serve", "store_host")] = (
+        [*writer, "--store-host", "writer:1"], usage("writer serve", "--store-host", "'writer:1' is not IP:PORT: 'writer' is not an IP address")
+    )
+    table[("writer serve", "advertise")] = ([*writer, "--advertise", "localhost"], usage("writer serve", "--advertise", no_port))
+    # The clients: an endpoint, and the TLS files of the channel to it.
+    clients = {name: ([name], rest) for name, rest in LOOKUPS.items()}
+    clients["send"] = (["send"], ["-t", "T", "--body", "x"])
+    clients["updateTopic"] = (["updateTopic"], ["-t", "T"])
+    clients["console"] = (["console", "--port", "0"], [])
+    for name, (command, rest) in clients.items():
+        flag = "--query-endpoint" if name == "console" else "--endpoint"
+        at = [*command, flag, "127.0.0.1:1", *rest]
+        table[(name, flag[2:].replace("-", "_"))] = ([*command, flag, "localhost", *rest], usage(name, flag, no_port))
+        table[(name, "tls_ca")] = ([*at, "--tls-ca", missing], error(f"--tls-ca {missing}: {NO_FILE}"))
+        table[(name, "tls_client_cert")] = (
+            [*at, "--tls-client-cert", missing, "--tls-client-key", d["key"]], error(f"--tls-client-cert {missing}: {NO_FILE}")
+        )
+        table[(name, "tls_client_key")] = (
+            [*at, "--tls-client-cert", d["cert"], "--tls-client-key", missing], error(f"--tls-client-key {missing}: {NO_FILE}")
+        )
+    for name, rest in LOOKUPS.items():
+        table[(name, "store")] = ([name, "--store", empty, *rest], error(f"--store {empty}: {NOT_A_STORE}"))
+    table[("send", "body_file")] = (
+        ["send", "--endpoint", "127.0.0.1:1", "-t", "T", "--body-file", missing], error(f"--body-file {missing}: No such file or directory")
+    )
+    table[("send", "file")] = (["send", "--endpoint", "127.0.0.1:1", "--file", empty], error(f"--file {empty}: is a directory, not a JSONL file"))
+    console = ["console", "--query-endpoint", "127.0.0.1:1"]
+    table[("console", "writer_endpoint")] = ([*console, "--writer-endpoint", "localhost"], usage("console", "--writer-endpoint", no_port))
+    table[("console", "host")] = ([*console, "--host", "127.0.0.1:80"], usage("console", "--host", with_port))
+    table[("console", "port")] = ([*console, "--port", "70000"], usage("console", "--port", big_port))
+    table[("console", "users")] = ([*console, "--port", "0", "--users", missing], error(f"users file {missing}: No such file or directory"))
+    table[("console-passwd", "users")] = (
+        ["console-passwd", "--users", missing + "/users", "--user", "a"], error(f"users file {missing}/users: no such directory {missing}")
+    )
+    table[("demo", "store")] = (["demo", "--store", d["file"]], error(f"--store {d['file']} exists and is not a directory; give a new or empty directory"))
+    table[("demo", "console_port")] = (["demo", "--console-port", "70000"], usage("demo", "--console-port", big_port))
+    return {key: (argv, *expected) for key, (argv, expected) in table.items()}
+
+
+def test_every_path_and_endpoint_argument_refuses_a_bad_value_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "pki").mkdir()
+    pki = make_pki(tmp_path / "pki")
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "notes.txt").write_text("keep me")
+    (tmp_path / "f").write_text("x")
+    paths = {
+        "empty": str(tmp_path / "empty"), "notes": str(tmp_path / "notes"), "missing": str(tmp_path / "nowhere"),
+        "file": str(tmp_path / "f"), "tmp": str(tmp_path), "clean": [str(CLEAN), *FIXTURE_SIZE_ARGS],
+        "cert": str(pki.server_cert), "key": str(pki.server_key),
+    }  # fmt: skip
+    table = _bad_arguments(paths)  # type: ignore[arg-type]
+    assert set(table) == _path_and_endpoint_arguments()
+    for (command, argument), (argv, code, line) in table.items():
+        if command == "console-passwd":
+            done = subprocess.run(rmqstore(*argv), input="a password\n", capture_output=True, text=True, timeout=120, check=False)
+            answer = (done.returncode, done.stdout, done.stderr.splitlines()[:1])
+        else:
+            got, out, err = run(capsys, *argv)
+            answer = (got, out, err.splitlines()[:1])
+        assert answer == (code, "", [line]), (command, argument, argv)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["empty", "f", "notes", "pki"]
+    assert [p.name for p in (tmp_path / "notes").iterdir()] == ["notes.txt"] and not any((tmp_path / "empty").iterdir())
 
 
 def test_numbers_a_node_cannot_use_are_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -151,11 +151,11 @@ def encode_messages_properties(
         fill, join = template.format, KEY_SEPARATOR.join
         return [fill(*in_order((*values, join(k), t, u))).encode("utf-8") for k, t, u in zip(keys, tags, uniq_keys)]
     if users and all(keys) and all(tags):
-        names = set(map(tuple, users))
-        if len(names) == 1:
+        orders = set(map(tuple, users))
+        if len(orders) == 1:
             # Every message names the same properties in the same order, each with values of
             # its own (an exporter's messages): one template, filled a message at a time.
-            (own,) = names
+            (own,) = orders
             if KEYS not in own and TAGS not in own and UNIQ_KEY not in own:
                 template, in_order = _broker_template((*own, KEYS, TAGS, UNIQ_KEY))
                 fill, join = template.format, KEY_SEPARATOR.join

@@ -22,6 +22,7 @@ from rmqstore.common import errors
 # Store directories named on the command line, checked as the nodes check theirs.
 from rmqstore.common.files.directories import creatable_dir as creatable_dir
 from rmqstore.common.files.directories import existing_store as existing_store
+from rmqstore.common.times import parse_time_ms
 from rmqstore.common.transport import parse_endpoint, parse_host
 from rmqstore.service.stopping import EXIT_STOP_STALLED as EXIT_STOP_STALLED
 
@@ -119,7 +120,6 @@ def _bounded(kind: str, low: int, high: int) -> Callable[[str], int]:
 
 queue_id = _bounded("a queue id", 0, INT32_MAX)
 offset = _bounded("an offset", 0, INT64_MAX)
-epoch_ms = _bounded("epoch milliseconds", 0, INT64_MAX)
 port = _bounded("a TCP port", 0, 65535)
 positive = _bounded("a count of at least 1", 1, INT32_MAX)
 size = _bounded("a size of at least 1", 1, INT64_MAX)
@@ -145,6 +145,19 @@ def _endpoint_parts(text: str) -> tuple[str, int]:
         return parse_endpoint(text)
     except errors.InvalidArgument as error:
         raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def time_ms(text: str) -> int:
+    """A time argument, in the one syntax every command takes (common/times.py)."""
+    try:
+        return parse_time_ms(text)
+    except errors.InvalidArgument as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+time_ms.__name__ = "a time"
+# What every time argument's help says it takes.
+TIME_HELP = "epoch ms, ISO 8601 (UTC without a zone) or yyyy-MM-dd#HH:mm:ss:SSS (local time)"
 
 
 def host(text: str) -> str:

@@ -8,7 +8,6 @@ object per message.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import itertools
 import json
 import sys
@@ -26,8 +25,9 @@ from rmqstore.cli.writer_tools import (
     channel_from,
     listen_options_from,
 )
-from rmqstore.client.shown import local_time, message_json, message_rows
+from rmqstore.client.shown import message_json, message_rows
 from rmqstore.common.errors import InvalidArgument, NotFound
+from rmqstore.common.times import iso_time
 from rmqstore.query.groups import BROKER_NAME_DEFAULT
 from rmqstore.v1 import (
     messages_pb2,
@@ -140,23 +140,6 @@ class StoreBackend(Backend):
 
     def close(self) -> None:
         self.view.close()
-
-
-MQADMIN_TIME_FORMAT = "%Y-%m-%d#%H:%M:%S:%f"
-
-
-def moment_ms(text: str) -> int:
-    """A time as epoch ms, or as mqadmin writes one: yyyy-MM-dd#HH:mm:ss:SSS, local time."""
-    if text.isdigit():
-        return exits.epoch_ms(text)
-    try:
-        moment = dt.datetime.strptime(text, MQADMIN_TIME_FORMAT)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is neither epoch ms nor a time like 2024-05-01#13:45:00:000 (yyyy-MM-dd#HH:mm:ss:SSS)"
-        ) from None
-    # Whole seconds through the float timestamp, milliseconds added exactly.
-    return int(moment.replace(microsecond=0).timestamp()) * 1000 + moment.microsecond // 1000
 
 
 def message_text(message: messages_pb2.StoredMessage) -> str:
@@ -293,7 +276,7 @@ def cmd_print_msg(args: argparse.Namespace) -> int:
     begin = 0 if args.begin is None else args.begin
     end = exits.INT64_MAX if args.end is None else args.end
     if end < begin:
-        raise InvalidArgument(f"--end {end} is before --begin {begin}")
+        raise InvalidArgument(f"--end {iso_time(end)} is before --begin {iso_time(begin)}")
 
     def action(backend: Backend) -> int:
         if args.queue is not None:
@@ -344,7 +327,7 @@ def cmd_topic_status(args: argparse.Namespace) -> int:
             return EXIT_OK
         sys.stdout.write(f"{'#QID':<6} {'#Min Offset':>20} {'#Max Offset':>20}  #Last Updated\n")
         for queue_id, low, high, last_ms in rows:
-            sys.stdout.write(f"{queue_id:<6} {low:>20} {high:>20}  {local_time(last_ms) if last_ms else ''}\n")
+            sys.stdout.write(f"{queue_id:<6} {low:>20} {high:>20}  {iso_time(last_ms, local=True) if last_ms else ''}\n")
         return EXIT_OK
 
     return _run(args, action)
@@ -508,8 +491,8 @@ def register(commands: argparse._SubParsersAction) -> None:  # type: ignore[type
     by_key = _lookup_parser(commands, "queryMsgByKey", "messages whose KEYS hold a key, newest first")
     by_key.add_argument("-t", "--topic", required=True, help="the topic")
     by_key.add_argument("-k", "--key", required=True, help="one key (KEYS are split on spaces)")
-    by_key.add_argument("--begin", type=exits.epoch_ms, metavar="MS", help="earliest store time, epoch ms (inclusive)")
-    by_key.add_argument("--end", type=exits.epoch_ms, metavar="MS", help="latest store time, epoch ms (inclusive)")
+    by_key.add_argument("--begin", type=exits.time_ms, metavar="TIME", help=f"earliest store time (inclusive): {exits.TIME_HELP}")
+    by_key.add_argument("--end", type=exits.time_ms, metavar="TIME", help=f"latest store time (inclusive): {exits.TIME_HELP}")
     by_key.add_argument("--max", type=exits.positive, metavar="N", help="at most this many messages (default: all)")
     by_key.set_defaults(handler=cmd_query_by_key)
 
@@ -534,7 +517,7 @@ def register(commands: argparse._SubParsersAction) -> None:  # type: ignore[type
     )
     search.add_argument("-t", "--topic", required=True, help="the topic")
     search.add_argument("-q", "--queue", type=exits.queue_id, required=True, help="queue id")
-    search.add_argument("--timestamp", type=exits.epoch_ms, required=True, metavar="MS", help="store time, epoch ms")
+    search.add_argument("--timestamp", type=exits.time_ms, required=True, metavar="TIME", help=f"store time: {exits.TIME_HELP}")
     search.add_argument(
         "--boundary",
         choices=["lower", "upper"],
@@ -548,9 +531,8 @@ def register(commands: argparse._SubParsersAction) -> None:  # type: ignore[type
     )
     print_msg.add_argument("-t", "--topic", required=True, help="the topic")
     print_msg.add_argument("-q", "--queue", type=exits.queue_id, help="only this queue id (default: every queue)")
-    times = "epoch ms or mqadmin's yyyy-MM-dd#HH:mm:ss:SSS (local time)"
-    print_msg.add_argument("-b", "--begin", type=moment_ms, metavar="TIME", help=f"earliest store time, {times} (default: the start)")
-    print_msg.add_argument("-e", "--end", type=moment_ms, metavar="TIME", help=f"latest store time, {times} (default: now and on)")
+    print_msg.add_argument("-b", "--begin", type=exits.time_ms, metavar="TIME", help=f"earliest store time, {exits.TIME_HELP} (default: the start)")
+    print_msg.add_argument("-e", "--end", type=exits.time_ms, metavar="TIME", help=f"latest store time, {exits.TIME_HELP} (default: now and on)")
     print_msg.set_defaults(handler=cmd_print_msg)
 
     topic_list = _lookup_parser(commands, "topicList", "the store's topics, one a line", json_help="print one JSON list", bodies=False)

@@ -1,21 +1,16 @@
 """How a stored message is shown: its JSON form (``--json``, the console's API) and the
-fields of mqadmin's queryMsgById, shared by the command line and the console."""
+fields of mqadmin's queryMsgById (its times in ISO 8601, local time with the offset),
+shared by the command line and the console."""
 
 from __future__ import annotations
 
 import base64
-import datetime as dt
 import hashlib
 import json
 from typing import Any
 
+from rmqstore.common.times import iso_time
 from rmqstore.v1 import messages_pb2
-
-
-def local_time(epoch_ms: int) -> str:
-    """Epoch ms as mqadmin prints a time: yyyy-MM-dd HH:mm:ss,SSS in local time."""
-    moment = dt.datetime.fromtimestamp(epoch_ms / 1000)
-    return moment.strftime("%Y-%m-%d %H:%M:%S,") + f"{epoch_ms % 1000:03d}"
 
 
 def message_json(message: messages_pb2.StoredMessage, with_body: bool) -> dict[str, Any]:
@@ -57,8 +52,8 @@ def message_rows(message: messages_pb2.StoredMessage) -> list[tuple[str, object]
         ("Queue Offset:", message.queue_offset),
         ("CommitLog Offset:", message.commitlog_offset),
         ("Reconsume Times:", message.reconsume_times),
-        ("Born Timestamp:", local_time(message.born_timestamp_ms)),
-        ("Store Timestamp:", local_time(message.store_timestamp_ms)),
+        ("Born Timestamp:", iso_time(message.born_timestamp_ms, local=True)),
+        ("Store Timestamp:", iso_time(message.store_timestamp_ms, local=True)),
         ("Born Host:", message.born_host),
         ("Store Host:", message.store_host),
         ("System Flag:", message.sys_flag),

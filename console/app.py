@@ -29,13 +29,13 @@ from starlette.responses import (
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
+from rmqstore.common.times import iso_time
 from rmqstore.console.auth import FAILURE_REFILL_S, Outcome, PasswordChecks
 from rmqstore.console.backend import (
     Backend,
     BadInput,
     ConsoleError,
     body_views,
-    utc_text,
 )
 from rmqstore.console.chart import bar_chart, svg
 
@@ -131,7 +131,8 @@ class Pages:
         self.templates = Environment(
             loader=FileSystemLoader(HERE / "templates"), autoescape=select_autoescape(default=True, default_for_string=True)
         )
-        self.templates.filters["utc"] = lambda ms: "" if ms is None else utc_text(int(ms))
+        # Times for people, and in links (what a form then shows), as ISO 8601 in UTC.
+        self.templates.filters["utc"] = lambda ms: "" if ms is None else iso_time(int(ms))
         self.templates.globals["svg"] = svg
 
     def render(self, name: str, status: int = 200, **context: Any) -> HTMLResponse:

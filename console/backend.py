@@ -9,7 +9,6 @@ status is mapped to an HTTP status in one table (:data:`HTTP_STATUS`).
 from __future__ import annotations
 
 import base64
-import datetime as dt
 import itertools
 import json
 import re
@@ -20,6 +19,7 @@ from typing import Any
 import grpc
 
 from rmqstore.client.shown import message_json, message_rows
+from rmqstore.common import times
 from rmqstore.common.codec.msgid import decode_offset_msg_id
 from rmqstore.common.codec.topic import topic_problem
 from rmqstore.common.errors import InvalidArgument
@@ -91,25 +91,13 @@ def _from_rpc(error: grpc.RpcError) -> ConsoleError:
 
 
 def parse_time_ms(text: str, name: str) -> int | None:
-    """Epoch milliseconds, or an ISO 8601 time (UTC unless it names an offset); blank: none."""
-    text = text.strip()
-    if not text:
+    """A time in the one syntax every time argument takes (common/times.py); blank: none."""
+    if not text.strip():
         return None
-    if text.isdigit():
-        value = int(text)
-    else:
-        try:
-            moment = dt.datetime.fromisoformat(text)
-        except ValueError:
-            raise BadInput(f"{name}: {text!r} is neither epoch milliseconds nor an ISO 8601 time") from None
-        if moment.tzinfo is None:
-            moment = moment.replace(tzinfo=dt.UTC)
-        value = int(moment.timestamp() * 1000)
-        if value < 0:
-            raise BadInput(f"{name}: {text!r} is before 1970")
-    if value > _MS_MAX:
-        raise BadInput(f"{name}: {text!r} is too large")
-    return value
+    try:
+        return times.parse_time_ms(text)
+    except InvalidArgument as error:
+        raise BadInput(f"{name}: {error}") from None
 
 
 def parse_int(text: str, name: str, low: int, high: int, default: int | None = None) -> int:
@@ -138,7 +126,7 @@ def parse_range(begin_text: str, end_text: str) -> tuple[int | None, int | None]
     begin = parse_time_ms(begin_text, "begin")
     end = parse_time_ms(end_text, "end")
     if begin is not None and end is not None and end < begin:
-        raise BadInput(f"the range is reversed: end {end} is before begin {begin}")
+        raise BadInput(f"the range is reversed: end {times.iso_time(end)} is before begin {times.iso_time(begin)}")
     return begin, end
 
 
@@ -164,6 +152,25 @@ def tag_filter(text: str) -> Callable[[str], bool] | None:
 # Shapes of what the pages show.
 
 
+# How much of a body a list shows.
+BODY_PREVIEW_CHARS = 80
+BODY_PREVIEW_HEX_BYTES = 24
+
+
+def body_preview(body: bytes) -> str:
+    """The start of a body on one line: its text, whitespace runs as one space, or, for a
+    body that is not UTF-8 (its first bytes), hex; "…" where it goes on."""
+    try:
+        text = " ".join(body[: BODY_PREVIEW_CHARS * 4].decode("utf-8").split())
+    except UnicodeDecodeError as error:
+        if error.start < len(body[: BODY_PREVIEW_CHARS * 4]) - 3:  # not a character cut at the end
+            shown = body[:BODY_PREVIEW_HEX_BYTES].hex(" ")
+            return shown + (" …" if len(body) > BODY_PREVIEW_HEX_BYTES else "")
+        text = " ".join(body[: error.start].decode("utf-8").split())
+    cut = len(text) > BODY_PREVIEW_CHARS or len(body) > BODY_PREVIEW_CHARS * 4
+    return text[:BODY_PREVIEW_CHARS] + ("…" if cut else "")
+
+
 def summary(message: messages_pb2.StoredMessage) -> dict[str, Any]:
     return {
         "msgId": message.offset_msg_id,
@@ -175,16 +182,8 @@ def summary(message: messages_pb2.StoredMessage) -> dict[str, Any]:
         "keys": " ".join(message.keys) if message.keys else None,
         "uniqKey": message.uniq_key or None,
         "bodyLen": len(message.body),
+        "bodyPreview": body_preview(message.body),
     }
-
-
-def utc_text(epoch_ms: int) -> str:
-    """A time as the pages show it; one past year 9999 (any int64 is a valid input) stays a number."""
-    try:
-        moment = dt.datetime.fromtimestamp(epoch_ms / 1000, dt.UTC)
-    except (ValueError, OverflowError, OSError):
-        return f"{epoch_ms} ms (past year 9999)"
-    return moment.strftime("%Y-%m-%d %H:%M:%S.") + f"{epoch_ms % 1000:03d} UTC"
 
 
 @dataclass(frozen=True)

@@ -3,10 +3,11 @@ markup the template writes out (each bar carries its count, for readers and test
 
 from __future__ import annotations
 
-import datetime as dt
 from dataclasses import dataclass
 
 from markupsafe import Markup, escape
+
+from rmqstore.common.times import iso_time
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,14 +42,6 @@ def bar_chart(counts: list[int], starts_ms: list[int], width: int, height: int) 
     return Chart(width, height, bars, peak)
 
 
-def _utc(epoch_ms: int) -> str:
-    try:
-        moment = dt.datetime.fromtimestamp(epoch_ms / 1000, dt.UTC)
-    except (ValueError, OverflowError, OSError):
-        return f"{epoch_ms} ms"
-    return moment.strftime("%Y-%m-%d %H:%M:%S UTC")
-
-
 def svg(chart: Chart, element_id: str, css_class: str, label: str) -> Markup:
     """The chart as inline SVG. Written here rather than in a template: a day at one-minute
     intervals is 1,440 bars per chart, and a template loop took most of the page's time.
@@ -60,7 +53,7 @@ def svg(chart: Chart, element_id: str, css_class: str, label: str) -> Markup:
     ]
     parts.extend(
         f'<rect x="{b.x}" y="{b.y}" width="{b.width}" height="{b.height}" data-count="{b.count}" data-start="{b.start_ms}">'
-        f"<title>{_utc(b.start_ms)}: {b.count}</title></rect>"
+        f"<title>{iso_time(b.start_ms)}: {b.count}</title></rect>"
         for b in chart.bars
     )
     parts.append("</svg>")

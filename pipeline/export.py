@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rmqstore.common.errors import InvalidArgument
+from rmqstore.common.times import iso_time
 from rmqstore.pipeline import splits as planning
 from rmqstore.pipeline.progress import Progress
 from rmqstore.pipeline.source import FORMAT_NAME
@@ -89,7 +90,7 @@ def run(
     if os.path.exists(out):
         raise InvalidArgument(f"{out} already exists; export writes a new directory")
     if begin_ms is not None and end_ms is not None and end_ms < begin_ms:
-        raise InvalidArgument(f"--end {end_ms} is before --begin {begin_ms}")
+        raise InvalidArgument(f"--end {iso_time(end_ms)} is before --begin {iso_time(begin_ms)}")
     frame = read_store(spark, [store], file_size_bytes=file_size_bytes)
     if topic is not None:
         frame = frame.where(F.col("topic") == topic)

@@ -15,6 +15,7 @@ from typing import Any
 from rmqstore.common.codec import index as ix
 from rmqstore.common.files.index import IndexFile
 from rmqstore.common.files.store import StorePaths, StoreSizes
+from rmqstore.common.times import iso_time
 from rmqstore.pipeline import splits as planning
 from rmqstore.pipeline.export import read_store
 from rmqstore.pipeline.progress import Progress
@@ -155,30 +156,34 @@ def _report(
     }
 
 
+def _time(epoch_ms: int | None) -> str:
+    return "-" if epoch_ms is None else iso_time(epoch_ms)
+
+
 def render(report: dict[str, Any]) -> str:
-    """The report as tables for a terminal."""
+    """The report as tables for a terminal (times in ISO 8601, UTC; ``--json`` keeps epoch ms)."""
     lines = [
         f"store     {report['store']}",
         f"messages  {report['messages']:,} ({report['bytes']:,} B in records, {report['bodyBytes']:,} B of bodies)",
-        f"times     [{report['beginTimestamp']}, {report['endTimestamp']}]",
+        f"times     [{_time(report['beginTimestamp'])}, {_time(report['endTimestamp'])}]",
         "",
     ]
     header = (
         f"{'topic/queue':<40} {'messages':>10} {'bytes':>14} {'keys':>9}  "
-        f"{'first store time':>16}  {'last store time':>16}  offsets"
+        f"{'first store time':<24}  {'last store time':<24}  offsets"
     )
     lines.append(header)
     lines.append("-" * len(header))
     for topic in report["topics"]:
         lines.append(
             f"{topic['topic'][:40]:<40} {topic['messages']:>10,} {topic['bytes']:>14,} {topic['distinctKeys']:>9,}  "
-            f"{topic['beginTimestamp']:>16}  {topic['endTimestamp']:>16}"
+            f"{_time(topic['beginTimestamp']):<24}  {_time(topic['endTimestamp']):<24}"
         )
         for queue in topic["queues"]:
             name = f"  {topic['topic'][:30]}/{queue['queueId']}"
             lines.append(
                 f"{name:<40} {queue['messages']:>10,} {queue['bytes']:>14,} {queue['distinctKeys']:>9,}  "
-                f"{queue['beginTimestamp']:>16}  {queue['endTimestamp']:>16}  [{queue['minQueueOffset']}, {queue['maxQueueOffset']}]"
+                f"{_time(queue['beginTimestamp']):<24}  {_time(queue['endTimestamp']):<24}  [{queue['minQueueOffset']}, {queue['maxQueueOffset']}]"
             )
     lines.append("")
     lines.append("hottest keys")

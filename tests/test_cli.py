@@ -435,6 +435,68 @@ def test_every_path_and_endpoint_argument_refuses_a_bad_value_in_one_line(tmp_pa
     assert [p.name for p in (tmp_path / "notes").iterdir()] == ["notes.txt"] and not any((tmp_path / "empty").iterdir())
 
 
+TIME_SYNTAX = (
+    "give epoch milliseconds, ISO 8601 (2026-11-29T04:12:00Z; UTC without a zone) "
+    "or mqadmin's yyyy-MM-dd#HH:mm:ss:SSS (local time)"
+)
+
+
+# Every time argument of every command: the one syntax (common/times.py), and for what it
+# cannot read the same exit code and first line, naming the flag.
+TIME_ARGUMENTS: dict[str, tuple[list[str], list[str]]] = {
+    # command: (the command with everything but the time, the time's flags)
+    "queryMsgByKey": (["queryMsgByKey", "--store", "{store}", "-t", TOPIC, "-k", "k"], ["--begin", "--end"]),
+    "searchOffset": (["searchOffset", "--store", "{store}", "-t", TOPIC, "-q", "0"], ["--timestamp"]),
+    "printMsg": (["printMsg", "--endpoint", "{query}", "-t", TOPIC], ["-b/--begin", "-e/--end"]),
+    "pipeline export": (["pipeline", "export", "{store}", "--out", "{tmp}/out", "--topic", TOPIC], ["--begin", "--end"]),
+}
+BAD_TIMES = {
+    "yesterday": f"'yesterday' is not a time: {TIME_SYNTAX}",
+    "2026-11-31": f"'2026-11-31' is not a time: {TIME_SYNTAX}",
+    "2026-11-29#25:00:00:000": f"'2026-11-29#25:00:00:000' is not a time: {TIME_SYNTAX}",
+    "-5": f"'-5' is not a time: {TIME_SYNTAX}",
+    "1969-12-31T23:59:59Z": "'1969-12-31T23:59:59Z' is before 1970-01-01T00:00:00Z, the earliest time",
+    "99999999999999999999": "'99999999999999999999' is past the largest time, 9223372036854775807 ms",
+}
+
+
+def test_every_time_argument_refuses_what_it_cannot_read_in_one_line(
+    cluster: Cluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from rmqstore.cli import exits
+
+    # Every argument that takes a time takes it through the one parser, and is listed here.
+    timed = set()
+
+    def walk(parser: argparse.ArgumentParser, prefix: str) -> None:
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for name, child in action.choices.items():
+                    walk(child, f"{prefix} {name}".strip())
+            elif action.type is exits.time_ms or action.metavar == "TIME" or action.dest in ("begin", "end", "timestamp"):
+                assert action.type is exits.time_ms, (prefix, action.option_strings)
+                timed.add((prefix, "/".join(action.option_strings)))
+
+    walk(build_parser(), "")
+    assert timed == {(command, flag) for command, (_, flags) in TIME_ARGUMENTS.items() for flag in flags}
+    fill = {"store": str(cluster.store), "query": cluster.query.endpoint, "tmp": str(tmp_path)}
+    bad = list(BAD_TIMES.items())
+    for command, (argv, flags) in TIME_ARGUMENTS.items():
+        for flag in flags:
+            given = [a.format(**fill) for a in argv] + [flag.split("/")[-1]]
+            for text, why in bad:
+                line = f"rmqstore: error: {command}: argument {flag}: {why} (see rmqstore {command} --help)"
+                assert run(capsys, *given, text) == (2, "", line + "\n"), (command, flag, text)
+            # And as a process, one bad time a flag in turn.
+            text, why = bad[0]
+            bad.append(bad.pop(0))
+            done = subprocess.run(rmqstore(*given, text), stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120,
+                                  check=False)  # fmt: skip
+            assert (done.returncode, done.stdout) == (2, ""), (command, flag, text, done)
+            assert done.stderr.splitlines()[0] == f"rmqstore: error: {command}: argument {flag}: {why} (see rmqstore {command} --help)"
+    assert not (tmp_path / "out").exists()
+
+
 def test_numbers_a_node_cannot_use_are_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     serve = ["writer", "serve", "--store", str(tmp_path / "store")]
     for flag, value, why in (
@@ -664,9 +726,52 @@ def test_print_msg_covers_every_queue_with_mqadmin_dates(cluster: Cluster, capsy
     code, out, _ = both(cluster, capsys, "printMsg", "-t", TOPIC, "-q", "1", "--json")
     assert [json.loads(line)["queueId"] for line in out.splitlines()] == [1, 1, 1]
     assert run(capsys, "printMsg", "--store", str(cluster.store), "-t", TOPIC, "-b", "2024-13-01#00:00:00:000") == (
-        2, "", ("rmqstore: error: printMsg: argument -b/--begin: '2024-13-01#00:00:00:000' is neither epoch ms nor a time "
-                "like 2024-05-01#13:45:00:000 (yyyy-MM-dd#HH:mm:ss:SSS) (see rmqstore printMsg --help)\n"),
+        2, "", (f"rmqstore: error: printMsg: argument -b/--begin: '2024-13-01#00:00:00:000' is not a time: {TIME_SYNTAX} "
+                "(see rmqstore printMsg --help)\n"),
     )
+
+
+def _spellings(epoch_ms: int) -> list[str]:
+    """One time written every way a time argument takes it."""
+    utc = dt.datetime.fromtimestamp(epoch_ms / 1000, dt.UTC)
+    plus_one = utc.astimezone(dt.timezone(dt.timedelta(hours=1)))
+    return [
+        str(epoch_ms),
+        utc.isoformat(timespec="milliseconds").replace("+00:00", "Z"),
+        utc.replace(tzinfo=None).isoformat(timespec="milliseconds"),
+        plus_one.isoformat(sep=" ", timespec="milliseconds"),
+        _mqadmin_time(epoch_ms),
+    ]
+
+
+def test_every_time_argument_takes_one_syntax_and_times_print_as_iso_8601(
+    cluster: Cluster, capsys: pytest.CaptureFixture[str]
+) -> None:
+    stamps = sorted(int(str(a["storeTimestamp"])) for a in cluster.acks)
+    first, last = stamps[0], stamps[-1]
+    everything = both(cluster, capsys, "queryMsgByKey", "-t", TOPIC, "-k", "shared")
+    printed = both(cluster, capsys, "printMsg", "-t", TOPIC, "--json")
+    lower = both(cluster, capsys, "searchOffset", "-t", TOPIC, "-q", "0", "--timestamp", str(last), "--json")
+    assert everything[0] == printed[0] == lower[0] == 0 and len(everything[1].splitlines()) == 7
+    for begin, end, at in zip(_spellings(first), _spellings(last), _spellings(last)):
+        assert both(cluster, capsys, "queryMsgByKey", "-t", TOPIC, "-k", "shared", "--begin", begin, "--end", end) == everything, begin
+        assert both(cluster, capsys, "printMsg", "-t", TOPIC, "-b", begin, "-e", end, "--json") == printed, begin
+        assert both(cluster, capsys, "searchOffset", "-t", TOPIC, "-q", "0", "--timestamp", at, "--json") == lower, at
+    # A date alone is its midnight (UTC): the day after the messages holds none of them.
+    day_after = (dt.datetime.fromtimestamp(last / 1000, dt.UTC).date() + dt.timedelta(days=1)).isoformat()
+    code, out, _ = both(cluster, capsys, "queryMsgByKey", "-t", TOPIC, "-k", "shared", "--begin", day_after)
+    assert (code, out.splitlines()[1:]) == (0, [])
+    # Printed for people as ISO 8601 (local time with its offset), which reads back as given.
+    code, out, _ = both(cluster, capsys, "queryMsgByOffset", "-t", TOPIC, "-i", "1", "-o", "0")
+    store_time = next(line.split("Store Timestamp:", 1)[1].strip() for line in out.splitlines() if line.startswith("Store Timestamp:"))
+    ack = next(a for a in cluster.acks if a["queueId"] == 1 and a["queueOffset"] == 0)
+    expected = dt.datetime.fromtimestamp(int(str(ack["storeTimestamp"])) / 1000).astimezone().isoformat(timespec="milliseconds")
+    assert code == 0 and store_time == expected, out
+    code, out, _ = both(cluster, capsys, "searchOffset", "-t", TOPIC, "-q", "1", "--timestamp", store_time, "--json")
+    assert (code, json.loads(out)) == (0, {"offset": 0, "found": True})
+    code, out, _ = both(cluster, capsys, "topicStatus", "-t", TOPIC)
+    newest = max(int(str(a["storeTimestamp"])) for a in cluster.acks if a["queueId"] == 0)
+    assert out.splitlines()[1].split()[3] == dt.datetime.fromtimestamp(newest / 1000).astimezone().isoformat(timespec="milliseconds")
 
 
 def test_update_topic_topic_list_and_topic_status(cluster: Cluster, capsys: pytest.CaptureFixture[str]) -> None:

@@ -10,6 +10,7 @@ stores whatever bytes a client sent).
 from __future__ import annotations
 
 import base64
+import datetime as dt
 import http.client
 import json
 import os
@@ -59,6 +60,10 @@ TAG_INVALID = b"tag\xff\xfe\xc3(badd"
 PROP_PLACEHOLDER = b"PROPNOTUTF8"
 PROP_INVALID = b"prop\xc3\x28\xa0\xa1xyz"
 BODY_INVALID = SCRIPT.encode() + b" \xff\xfe\x80 " + IMG.encode()
+TIME_SYNTAX = (
+    "give epoch milliseconds, ISO 8601 (2026-11-29T04:12:00Z; UTC without a zone) "
+    "or mqadmin's yyyy-MM-dd#HH:mm:ss:SSS (local time)"
+)
 CSP = "default-src 'none'; style-src 'self'; img-src 'self'; form-action 'self'; base-uri 'none'; frame-ancestors 'none'"
 
 
@@ -222,6 +227,41 @@ def test_time_search_pages_every_queue_in_the_range(store: Store) -> None:
             break
         cursor = data["cursor"]
     assert got == want
+
+
+def _spellings(epoch_ms: int) -> list[str]:
+    """One time written every way a time input takes it (common/times.py)."""
+    utc = dt.datetime.fromtimestamp(epoch_ms / 1000, dt.UTC)
+    local = utc.astimezone()
+    return [
+        str(epoch_ms),
+        utc.isoformat(timespec="milliseconds").replace("+00:00", "Z"),
+        utc.replace(tzinfo=None).isoformat(timespec="milliseconds"),
+        utc.astimezone(dt.timezone(dt.timedelta(hours=-5))).isoformat(timespec="milliseconds"),
+        local.strftime("%Y-%m-%d#%H:%M:%S:") + f"{epoch_ms % 1000:03d}",
+    ]
+
+
+def test_time_inputs_take_the_one_syntax_and_pages_show_and_link_iso_8601(store: Store) -> None:
+    begin, end = store.window
+    _, want = api(store, "search", mode="time", topic=TOPIC, begin=begin, end=end, pageSize=1000)
+    _, lower = api(store, "search", mode="timeoffset", topic=TOPIC, queue=0, timestamp=end, boundary="UPPER")
+    for begin_text, end_text in zip(_spellings(begin), _spellings(end)):
+        assert api(store, "search", mode="time", topic=TOPIC, begin=begin_text, end=end_text, pageSize=1000) == (200, want)
+        status, data = api(store, "search", mode="timeoffset", topic=TOPIC, queue=0, timestamp=end_text, boundary="UPPER")
+        assert (status, data["offset"]) == (200, lower["offset"])
+    # JSON keeps epoch ms; a page shows ISO 8601 and links with it.
+    assert want["messages"][0]["storeTimestamp"] == min(a.store_timestamp_ms for a in store.acks[TOPIC] if begin <= a.store_timestamp_ms)
+    newest = max(a.store_timestamp_ms for a in store.acks[TOPIC])
+    status, _, page = get(store.url + "/topics")
+    html = page.decode()
+    iso_newest = dt.datetime.fromtimestamp(newest / 1000, dt.UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    iso_hour_before = dt.datetime.fromtimestamp((newest - 3_600_000) / 1000, dt.UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    link = (f"/search?mode=time&amp;topic={TOPIC}&amp;begin={urllib.parse.quote(iso_hour_before)}"
+            f"&amp;end={urllib.parse.quote(iso_newest)}")  # fmt: skip
+    assert status == 200 and f"<td>{iso_newest}</td>" in html and link in html
+    status, _, page = get(store.url + link.replace("&amp;", "&"))
+    assert status == 200 and f'value="{iso_newest}"' in page.decode()
 
 
 def test_id_search_recognises_offset_msg_id_and_uniq_key(store: Store) -> None:
@@ -393,14 +433,15 @@ BAD_INPUTS = [
     ("mode=key&topic=&key=k", 400, "topic: give a topic"),
     ("mode=key&topic=Orders&key=", 400, "key: give a key"),
     ("mode=key&topic=Orders&key=a%20b", 400, "key: a key holds no space (KEYS are split on spaces)"),
-    ("mode=key&topic=Orders&key=k&begin=20&end=10", 400, "the range is reversed: end 10 is before begin 20"),
-    ("mode=key&topic=Orders&key=k&begin=yesterday", 400, "begin: 'yesterday' is neither epoch milliseconds nor an ISO 8601 time"),
+    ("mode=key&topic=Orders&key=k&begin=20&end=10", 400,
+     "the range is reversed: end 1970-01-01T00:00:00.010Z is before begin 1970-01-01T00:00:00.020Z"),
+    ("mode=key&topic=Orders&key=k&begin=yesterday", 400, f"begin: 'yesterday' is not a time: {TIME_SYNTAX}"),
     ("mode=key&topic=Orders&key=k&cursor=garbage", 400, "the cursor is malformed or belongs to another query"),
     ("mode=key&topic=NoSuchTopic&key=k", 404, "topic NoSuchTopic does not exist in this store"),
     ("mode=key&topic=bad%20topic&key=k", 400, None),
     ("mode=key&topic=Orders&key=k&pageSize=0", 400, "pageSize: 0 is outside [1, 1000]"),
     ("mode=time&topic=Orders&begin=2026-01-02T00:00:00&end=2026-01-01T00:00:00", 400,
-     "the range is reversed: end 1767225600000 is before begin 1767312000000"),
+     "the range is reversed: end 2026-01-01T00:00:00.000Z is before begin 2026-01-02T00:00:00.000Z"),
     ("mode=time&topic=Orders&begin=1", 400, "a time search needs both begin and end"),
     ("mode=time&topic=NoSuchTopic&begin=1&end=2", 404, "topic NoSuchTopic does not exist in this store"),
     ("mode=time&topic=Orders&begin=1&end=2&cursor=x", 400, "cursor: 'x' is not a time search cursor"),
@@ -417,9 +458,9 @@ BAD_INPUTS = [
     ("mode=timeoffset&topic=Orders&queue=0&timestamp=5&boundary=MIDDLE", 400, "boundary: 'MIDDLE' is neither LOWER nor UPPER"),
     ("mode=timeoffset&topic=NoSuchTopic&queue=0&timestamp=5", 404, "topic NoSuchTopic does not exist in this store"),
     ("mode=nonsense", 400, "mode: 'nonsense' is not one of time, key, id, offset, timeoffset"),
-    ("mode=key&topic=Orders&key=k&begin=99999999999999999999999", 400, "begin: '99999999999999999999999' is too large"),
-    ("mode=key&topic=Orders&key=k&begin=1969-12-31T00:00:00", 400, "begin: '1969-12-31T00:00:00' is before 1970"),
-    ("mode=time&topic=Orders&begin=-5&end=3", 400, "begin: '-5' is neither epoch milliseconds nor an ISO 8601 time"),
+    ("mode=key&topic=Orders&key=k&begin=99999999999999999999999", 400, "begin: '99999999999999999999999' is past the largest time, 9223372036854775807 ms"),
+    ("mode=key&topic=Orders&key=k&begin=1969-12-31T00:00:00", 400, "begin: '1969-12-31T00:00:00' is before 1970-01-01T00:00:00Z, the earliest time"),
+    ("mode=time&topic=Orders&begin=-5&end=3", 400, f"begin: '-5' is not a time: {TIME_SYNTAX}"),
     ("mode=key&topic=%E2%82%AC&key=k", 400, "topic: the topic '€' contains characters outside [%|a-zA-Z0-9_-]"),
 ]
 
@@ -449,7 +490,7 @@ def test_bad_search_input_gets_an_inline_error_and_a_4xx(store: Store, query: st
         ("/message?topic=Orders&queue=0&offset=0&view=pdf", 400, "view: 'pdf' is not one of text, json, hex"),
         ("/rate?topic=Orders&interval=fast", 400, "interval: 'fast' is not a duration such as 30s, 1m, 5m or 1h"),
         ("/rate?topic=Orders&interval=100ms", 400, "interval: '100ms' is shorter than one second"),
-        ("/rate?topic=Orders&begin=10&end=5", 400, "the range is reversed: end 5 is before begin 10"),
+        ("/rate?topic=Orders&begin=10&end=5", 400, "the range is reversed: end 1970-01-01T00:00:00.005Z is before begin 1970-01-01T00:00:00.010Z"),
         ("/rate?topic=Orders&begin=0&end=86400000000&interval=1s", 400,
          "86400000 intervals: at most 10000; choose a longer interval or a shorter range"),
         ("/rate?topic=NoSuchTopic", 404, "topic NoSuchTopic does not exist in this store"),
@@ -468,7 +509,7 @@ def test_bad_page_input_gets_an_inline_error_and_a_4xx(store: Store, path: str, 
 def test_times_past_the_calendar_are_shown_as_numbers(store: Store) -> None:
     top = 2**63 - 1
     status, _, page = get(f"{store.url}/search?mode=timeoffset&topic={TOPIC}&queue=0&timestamp={top}&boundary=UPPER")
-    assert status == 200 and f"{top} ms (past year 9999)" in page.decode()
+    assert status == 200 and f"at {top} ms:" in page.decode()
     assert f'<strong class="offset">{GROUP_SIZE * 3 // 4 - 1}</strong>' in page.decode()
 
 
@@ -740,6 +781,10 @@ def _submit(driver: Any, form_id: str, values: dict[str, str]) -> None:
     from selenium.webdriver.common.by import By
 
     form = driver.find_element(By.ID, form_id)
+    # A page with results shows the forms folded: unfold this one as a user would.
+    for fold in driver.find_elements(By.ID, "fold-" + form_id.removeprefix("form-")):
+        if fold.get_attribute("open") is None:
+            fold.find_element(By.TAG_NAME, "summary").click()
     for name, value in values.items():
         box = form.find_element(By.NAME, name)
         box.clear()
@@ -839,6 +884,44 @@ def test_browser_finds_messages_on_every_page(store: Store, browser: Any) -> Non
     assert [e for e in driver.get_log("browser") if "Content Security Policy" in e["message"]] == []
 
 
+def test_browser_search_shows_results_first_with_previews_and_both_ids(store: Store, browser: Any) -> None:
+    """The results come first, the forms folded under them; each row shows the client's
+    message id (UNIQ_KEY) beside the offsetMsgId and the start of its body."""
+    from selenium.webdriver.common.by import By
+
+    driver = browser
+    begin, end = store.window
+    driver.get(f"{store.url}/search?mode=time&topic={TOPIC}&begin={begin}&end={end}&pageSize=10")
+    results = driver.find_element(By.ID, "results")
+    forms = driver.find_element(By.ID, "forms")
+    rows = driver.find_elements(By.CSS_SELECTOR, "#messages tr.message")
+    assert len(rows) == 10
+    # Right under the page's heading (they began some 650 px down, under five forms).
+    assert results.location["y"] < 200 and forms.location["y"] > rows[-1].location["y"]
+    folds = driver.find_elements(By.CSS_SELECTOR, "#forms details")
+    assert len(folds) == 5 and all(f.get_attribute("open") is None for f in folds)
+    assert not driver.find_element(By.CSS_SELECTOR, "#form-key input[name=key]").is_displayed()
+    by_id = {ack.offset_msg_id: (ack, message) for ack, message in zip(store.acks[TOPIC], store.sent[TOPIC])}
+    for row in rows:
+        ack, message = by_id[row.get_attribute("data-msgid")]
+        assert row.find_element(By.CSS_SELECTOR, "td.uniq").text == ack.uniq_key != ""
+        assert row.find_element(By.CSS_SELECTOR, "a.detail").text == ack.offset_msg_id
+        assert row.find_element(By.CSS_SELECTOR, "td.preview").text == message.body.decode()
+    headers = [th.text for th in driver.find_elements(By.CSS_SELECTOR, "#messages thead th")]
+    assert headers[:2] == ["Message id (UNIQ_KEY)", "offsetMsgId"] and "Body" in headers
+    # Unfolding a form and searching again.
+    _submit(driver, "form-id", {"id": store.acks[TOPIC][3].uniq_key, "topic": ""})
+    (row,) = driver.find_elements(By.CSS_SELECTOR, "#messages tr.message")
+    assert row.find_element(By.CSS_SELECTOR, "td.uniq").text == store.acks[TOPIC][3].uniq_key
+    # A body that is not UTF-8 previews as hex; one that is, as text, cut with "…".
+    driver.get(f"{store.url}/search?mode=key&topic={HOSTILE_TOPIC}&key=patched")
+    assert [r.text for r in driver.find_elements(By.CSS_SELECTOR, "#messages td.preview")] == ["patched"]
+    driver.get(f"{store.url}/search?mode=time&topic={HOSTILE_TOPIC}&begin=0&end={store.acks[HOSTILE_TOPIC][1].store_timestamp_ms}")
+    previews = [r.text for r in driver.find_elements(By.CSS_SELECTOR, "#messages td.preview")]
+    assert previews == [BODY_INVALID[:24].hex(" ") + " …", "patched"]
+    assert driver.find_elements(By.TAG_NAME, "script") == [] and driver.find_elements(By.TAG_NAME, "img") == []
+
+
 def test_browser_shows_hostile_content_as_text(store: Store, browser: Any) -> None:
     from selenium.common.exceptions import NoAlertPresentException
     from selenium.webdriver.common.by import By
@@ -869,12 +952,12 @@ def test_browser_bad_input_shows_inline_errors_and_the_console_goes_on(store: St
 
     driver = browser
     cases = [
-        ("form-time", {"topic": TOPIC, "begin": "20", "end": "10"}, "the range is reversed: end 10 is before begin 20"),
+        ("form-time", {"topic": TOPIC, "begin": "20", "end": "10"}, "the range is reversed: end 1970-01-01T00:00:00.010Z is before begin 1970-01-01T00:00:00.020Z"),
         ("form-key", {"topic": "NoSuchTopic", "key": "k"}, "topic NoSuchTopic does not exist in this store"),
         ("form-id", {"id": "has space"}, "id: 'has space' is not a message id (printable, no spaces, at most 128 characters)"),
         ("form-offset", {"topic": TOPIC, "queue": "0", "offset": "x"}, "offset: 'x' is not a whole number"),
         ("form-timeoffset", {"topic": TOPIC, "queue": "0", "timestamp": "noon"},
-         "timestamp: 'noon' is neither epoch milliseconds nor an ISO 8601 time"),
+         f"timestamp: 'noon' is not a time: {TIME_SYNTAX}"),
     ]  # fmt: skip
     for form, values, message in cases:
         driver.get(store.url + "/search")

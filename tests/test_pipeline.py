@@ -30,6 +30,7 @@ from rmqstore.common.errors import Corruption
 from rmqstore.common.files.commitlog import CommitLog, StopReason
 from rmqstore.common.files.index import IndexFile
 from rmqstore.common.files.store import StoreSizes, reindex
+from rmqstore.common.times import iso_time
 from rmqstore.pipeline import export, load, session, splits, stats
 from rmqstore.pipeline import reindex as spark_reindex
 from rmqstore.pipeline.source import RmqstoreDataSource, read_split
@@ -447,6 +448,14 @@ def test_export_command_with_topic_and_time(tmp_path: Path, capsys: pytest.Captu
     assert summary["rows"] == len(wanted) > 0
     assert main(args) == 2  # the directory exists now
     assert "already exists" in capsys.readouterr().err
+    # The same range as ISO 8601 (with and without a zone) and as mqadmin writes a time.
+    iso = ["--begin", "2026-11-22T03:02:53Z", "--end", "2026-11-22 03:02:56.000"]
+    mqadmin = ["--begin", iso_time(begin, local=True).replace("T", "#").replace(".", ":")[:23]]
+    for n, times in enumerate((iso, mqadmin + ["--end", str(end)])):
+        again = tmp_path / f"out-{n}"
+        assert main([*args[:4], str(again), *args[5:7], *times, "--quiet"]) == 0
+        assert json.loads(capsys.readouterr().out)["rows"] == len(wanted)
+        assert [row["commitLogOffset"] for row in exported(again)] == wanted
 
 
 # load
@@ -594,7 +603,13 @@ def test_stats_command_prints_a_table_and_json(capsys: pytest.CaptureFixture[str
     table = capsys.readouterr().out
     assert "hottest keys" in table and "index files" in table and "TopicTest/0" in table
     assert main(["pipeline", "stats", str(CRASHED), *FIXTURE_SIZE_ARGS, "--quiet", "--json"]) == 0
-    assert json.loads(capsys.readouterr().out)["messages"] == 795
+    report = json.loads(capsys.readouterr().out)
+    assert report["messages"] == 795
+    # Times for people in ISO 8601 (UTC), epoch ms in the JSON.
+    assert f"times     [{iso_time(report['beginTimestamp'])}, {iso_time(report['endTimestamp'])}]" in table.splitlines()
+    topic = next(t for t in report["topics"] if t["topic"] == "TopicTest")
+    [row] = [line for line in table.splitlines() if line.startswith("TopicTest ")]
+    assert row.split()[-2:] == [iso_time(topic["beginTimestamp"]), iso_time(topic["endTimestamp"])]
 
 
 # errors, in one line

@@ -370,7 +370,8 @@ def test_a_damaged_consumer_offset_file_stops_the_writer_with_its_reason(tmp_pat
     config.mkdir(parents=True)
     (config / "consumerOffset.json").write_text("{garbage")
     done = subprocess.run(
-        [sys.executable, "-m", "rmqstore.cli.main", "writer", "serve", "--store", str(tmp_path / "store"), "--port", "0"],
+        # --init: the directory holds only config/, which writer serve otherwise refuses as no store.
+        [sys.executable, "-m", "rmqstore.cli.main", "writer", "serve", "--store", str(tmp_path / "store"), "--port", "0", "--init"],
         capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
     assert (done.returncode, done.stdout) == (1, "")

@@ -1,4 +1,5 @@
-/* Int64 columns: borrowed from a caller's buffers, or grown and returned as bytes. */
+/* Int64 columns, borrowed from a caller's buffers or grown and returned as bytes; integer
+ * arguments. */
 #include "speedups.h"
 
 int column_push(Column *column, int64_t value) {
@@ -36,4 +37,17 @@ const void *take_buffer(Buffers *buffers, PyObject *object, Py_ssize_t item, Py_
     }
     *items = view->len / item;
     return view->buf;
+}
+
+int long_long_args(PyObject *const *args, int count, ...) {
+    va_list out;
+    va_start(out, count);
+    int converted = 1;
+    for (int i = 0; i < count && converted; i++) {
+        long long *value = va_arg(out, long long *);
+        *value = PyLong_AsLongLong(args[i]);
+        converted = !(*value == -1 && PyErr_Occurred());
+    }
+    va_end(out);
+    return converted;
 }

@@ -10,10 +10,7 @@ enum { PREFETCH_BYTES = 4096 };
  * record's that fits the buffer) and the next start is before limit; columnar.walk's
  * loop, which then says why it ended. starts: a bytearray of native int64s. */
 PyObject *walk_starts(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 4) {
-        PyErr_SetString(PyExc_TypeError, "walk_starts takes (buf, position, limit, rows_max)");
-        return NULL;
-    }
+    if (!arity(nargs, 4, "walk_starts takes (buf, position, limit, rows_max)")) return NULL;
     Py_ssize_t position = PyNumber_AsSsize_t(args[1], PyExc_OverflowError);
     Py_ssize_t limit = PyNumber_AsSsize_t(args[2], PyExc_OverflowError);
     Py_ssize_t rows_max = PyNumber_AsSsize_t(args[3], PyExc_OverflowError);
@@ -50,10 +47,7 @@ done:
  * (zlib's CRC-32 & 0x7FFFFFFF, 0 for an empty body), as native int64s; at and length
  * are int64 buffers. */
 PyObject *body_crcs(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 3) {
-        PyErr_SetString(PyExc_TypeError, "body_crcs takes (data, at, length)");
-        return NULL;
-    }
+    if (!arity(nargs, 3, "body_crcs takes (data, at, length)")) return NULL;
     Py_buffer data, at, length;
     if (PyObject_GetBuffer(args[0], &data, PyBUF_SIMPLE) < 0) return NULL;
     if (PyObject_GetBuffer(args[1], &at, PyBUF_SIMPLE) < 0) {

@@ -15,19 +15,11 @@
  * unit is a filler, points outside that file or at no record header: the caller's Python
  * bisection then reads that unit and says what is wrong. */
 PyObject *first_stored_after(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 8) {
-        PyErr_SetString(PyExc_TypeError,
-                        "first_stored_after takes (units, lo, hi, timestamp, strict, fd, file_start, file_size)");
-        return NULL;
-    }
-    long long low = PyLong_AsLongLong(args[1]);
-    long long high = PyLong_AsLongLong(args[2]);
-    long long timestamp = PyLong_AsLongLong(args[3]);
+    if (!arity(nargs, 8, "first_stored_after takes (units, lo, hi, timestamp, strict, fd, file_start, file_size)")) return NULL;
+    long long low, high, timestamp, fd, file_start, file_size;
+    if (!long_long_args(args + 1, 3, &low, &high, &timestamp)) return NULL;
     int strict = PyObject_IsTrue(args[4]);
-    long fd = PyLong_AsLong(args[5]);
-    long long file_start = PyLong_AsLongLong(args[6]);
-    long long file_size = PyLong_AsLongLong(args[7]);
-    if (PyErr_Occurred() || strict < 0) return NULL;
+    if (strict < 0 || !long_long_args(args + 5, 3, &fd, &file_start, &file_size)) return NULL;
     if (fd < INT_MIN || fd > INT_MAX || file_start < 0 || file_size < 0) {
         PyErr_SetString(PyExc_ValueError, "first_stored_after: fd, file_start or file_size out of range");
         return NULL;
@@ -99,11 +91,8 @@ static int unit_field(PyObject *value, long long low, long long high, long long 
 }
 
 PyObject *queue_unit_blocks(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 6) {
-        PyErr_SetString(PyExc_TypeError, "queue_unit_blocks takes (topics, queue_ids, queue_offsets, commitlog_offsets, "
-                                         "sizes, tags_codes)");
+    if (!arity(nargs, 6, "queue_unit_blocks takes (topics, queue_ids, queue_offsets, commitlog_offsets, sizes, tags_codes)"))
         return NULL;
-    }
     const char *names[6] = {"topics", "queue_ids", "queue_offsets", "commitlog_offsets", "sizes", "tags_codes"};
     PyObject *columns[6] = {NULL}, *topic_numbers = NULL, *result = NULL;
     QueueSlot *slots = NULL;
@@ -191,9 +180,9 @@ PyObject *queue_unit_blocks(PyObject *module, PyObject *const *args, Py_ssize_t 
             goto not_plain;
         }
         QueueGroup *group = &groups[group_of[i]];
-        put_be64(group->out, offset);
+        put_be64(group->out, (uint64_t)offset);
         put_be32(group->out + 8, (uint32_t)size);
-        put_be64(group->out + 12, tags_code);
+        put_be64(group->out + 12, (uint64_t)tags_code);
         group->out += CQ_UNIT_SIZE;
     }
     goto done;

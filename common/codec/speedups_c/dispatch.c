@@ -7,10 +7,7 @@
  * ("replace") for each span, None where at is negative. Spans repeat (topics, tags): the
  * distinct texts of the call are shared. */
 PyObject *span_texts(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 3) {
-        PyErr_SetString(PyExc_TypeError, "span_texts takes (data, at, length)");
-        return NULL;
-    }
+    if (!arity(nargs, 3, "span_texts takes (data, at, length)")) return NULL;
     Buffers buffers = {.count = 0};
     Py_ssize_t size, rows, rows_length;
     PyObject *result = NULL;
@@ -65,6 +62,21 @@ static inline int64_t index_hash_of(uint32_t h) {
     return signed_h == INT32_MIN ? 0 : (signed_h < 0 ? -(int64_t)signed_h : signed_h);
 }
 
+/* The (hashes, counts) a key-hash call returns, hashes cut to its first emitted int64s;
+ * NULL with an error set. */
+static PyObject *hashes_and_counts(PyObject **hashes, PyObject *counts, Py_ssize_t emitted) {
+    if (_PyBytes_Resize(hashes, emitted * 8) < 0) return NULL;
+    return PyTuple_Pack(2, *hashes, counts);
+}
+
+/* result, once a key-hash call has let go of what it held. */
+static PyObject *released(PyObject *result, PyObject *hashes, PyObject *counts, Buffers *buffers) {
+    Py_XDECREF(hashes);
+    Py_XDECREF(counts);
+    release_buffers(buffers);
+    return result;
+}
+
 /* span_key_hashes(data, prefixes, uniq_at, uniq_length, keys_at, keys_length)
  *     -> (hashes, counts) | None
  *
@@ -75,11 +87,7 @@ static inline int64_t index_hash_of(uint32_t h) {
  * None if a value holds a byte above 0x7F: then UTF-16 code units are not the bytes, and
  * the caller hashes decoded strings. */
 PyObject *span_key_hashes(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 6) {
-        PyErr_SetString(PyExc_TypeError,
-                        "span_key_hashes takes (data, prefixes, uniq_at, uniq_length, keys_at, keys_length)");
-        return NULL;
-    }
+    if (!arity(nargs, 6, "span_key_hashes takes (data, prefixes, uniq_at, uniq_length, keys_at, keys_length)")) return NULL;
     Buffers buffers = {.count = 0};
     Py_ssize_t size, counts_of[5];
     const int64_t *columns[5];
@@ -140,13 +148,9 @@ PyObject *span_key_hashes(PyObject *module, PyObject *const *args, Py_ssize_t na
         }
         count_out[row] = emitted - first;
     }
-    if (_PyBytes_Resize(&hashes, emitted * 8) < 0) goto done;
-    result = PyTuple_Pack(2, hashes, counts);
+    result = hashes_and_counts(&hashes, counts, emitted);
 done:
-    Py_XDECREF(hashes);
-    Py_XDECREF(counts);
-    release_buffers(&buffers);
-    return result;
+    return released(result, hashes, counts, &buffers);
 }
 
 /* ---- Dispatch plans of a writer's batch (dispatch.DispatchBatch.of_messages) -------- */
@@ -235,11 +239,7 @@ PyObject *message_key_hashes(PyObject *module, PyObject *const *args, Py_ssize_t
         Py_DECREF(parts);
         count_out[row] = 1 + part_count;
     }
-    if (_PyBytes_Resize(&hashes, emitted * 8) < 0) goto done;
-    result = PyTuple_Pack(2, hashes, counts);
+    result = hashes_and_counts(&hashes, counts, emitted);
 done:
-    Py_XDECREF(hashes);
-    Py_XDECREF(counts);
-    release_buffers(&buffers);
-    return result;
+    return released(result, hashes, counts, &buffers);
 }

@@ -17,18 +17,11 @@ static inline int entry_inside(long long entries_at, long long number, Py_ssize_
 }
 
 PyObject *matching_offsets(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 7) {
-        PyErr_SetString(PyExc_TypeError,
-                        "matching_offsets takes (buf, slots, entries, key_hash, number, steps, max_count)");
-        return NULL;
-    }
-    long long slots = PyLong_AsLongLong(args[1]);
-    long long entries = PyLong_AsLongLong(args[2]);
-    long long key_hash = PyLong_AsLongLong(args[3]);
-    long long number = PyLong_AsLongLong(args[4]);
-    long long steps = PyLong_AsLongLong(args[5]);
+    if (!arity(nargs, 7, "matching_offsets takes (buf, slots, entries, key_hash, number, steps, max_count)")) return NULL;
+    long long slots, entries, key_hash, number, steps;
+    if (!long_long_args(args + 1, 5, &slots, &entries, &key_hash, &number, &steps)) return NULL;
     Py_ssize_t max_count = PyLong_AsSsize_t(args[6]);
-    if (PyErr_Occurred()) return NULL;
+    if (max_count == -1 && PyErr_Occurred()) return NULL;
     if (slots <= 0 || key_hash < 0 || number < 0 || steps < 0 || max_count < 1) Py_RETURN_NONE;
     Py_buffer view;
     if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0) return NULL;
@@ -101,15 +94,9 @@ done:
  * repairs that chain) or an entry would fall outside the buffer. key_hashes, phy_offsets
  * and timestamps are native int64s of one length. */
 PyObject *index_put_keys(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 7) {
-        PyErr_SetString(PyExc_TypeError,
-                        "index_put_keys takes (buf, slots, start, begin_ts, key_hashes, phy_offsets, timestamps)");
-        return NULL;
-    }
-    long long slots = PyLong_AsLongLong(args[1]);
-    long long start = PyLong_AsLongLong(args[2]);
-    long long begin_ts = PyLong_AsLongLong(args[3]);
-    if (PyErr_Occurred()) return NULL;
+    if (!arity(nargs, 7, "index_put_keys takes (buf, slots, start, begin_ts, key_hashes, phy_offsets, timestamps)")) return NULL;
+    long long slots, start, begin_ts;
+    if (!long_long_args(args + 1, 3, &slots, &start, &begin_ts)) return NULL;
     Buffers buffers = {.count = 0};
     Py_ssize_t count, offsets_count, times_count;
     PyObject *result = NULL;
@@ -147,8 +134,7 @@ PyObject *index_put_keys(PyObject *module, PyObject *const *args, Py_ssize_t nar
         }
         unsigned char *entry = buf + entries_at + number * INDEX_ENTRY_SIZE;
         put_be32(entry, (uint32_t)hashes[i]);
-        put_be32(entry + 4, (uint32_t)((uint64_t)offsets[i] >> 32));
-        put_be32(entry + 8, (uint32_t)offsets[i]);
+        put_be64(entry + 4, (uint64_t)offsets[i]);
         put_be32(entry + 12, (uint32_t)diff);
         put_be32(entry + 16, (uint32_t)previous);
         put_be32(slot, (uint32_t)number);

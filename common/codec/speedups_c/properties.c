@@ -188,10 +188,7 @@ static int names_may_repeat(const unsigned char *data, const int64_t *name_at, c
  * and UNIQ_KEY (or -1), and the rows whose names may repeat (their pairs are as found;
  * the caller applies the dictionary's rules to them). */
 PyObject *property_pairs(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 3) {
-        PyErr_SetString(PyExc_TypeError, "property_pairs takes (data, at, length)");
-        return NULL;
-    }
+    if (!arity(nargs, 3, "property_pairs takes (data, at, length)")) return NULL;
     Buffers buffers = {.count = 0};
     Py_ssize_t size, rows, rows_length;
     PyObject *result = NULL, *named[3] = {NULL, NULL, NULL}, *ends = NULL, *spans[5] = {NULL};

@@ -115,10 +115,7 @@ static PyObject *decode_at(const unsigned char *buf, Py_ssize_t pos, Py_ssize_t 
                            const Match *match);
 
 PyObject *decode_record(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 4) {
-        PyErr_SetString(PyExc_TypeError, "decode_record takes (buf, pos, check_crc, end)");
-        return NULL;
-    }
+    if (!arity(nargs, 4, "decode_record takes (buf, pos, check_crc, end)")) return NULL;
     if (record_type == NULL) {
         PyErr_SetString(PyExc_RuntimeError, "_speedups.configure was not called");
         return NULL;
@@ -363,7 +360,7 @@ static int host_fields(PyObject *host, PyObject **ip, long *port) {
 static inline unsigned char *put_host(unsigned char *p, PyObject *ip, long port) {
     Py_ssize_t width = PyBytes_GET_SIZE(ip);
     memcpy(p, PyBytes_AS_STRING(ip), width);
-    put32(p + width, (uint32_t)port);
+    put_be32(p + width, (uint32_t)port);
     return p + width + 4;
 }
 
@@ -377,10 +374,7 @@ static inline unsigned char *put_host(unsigned char *p, PyObject *ip, long port)
  * bytes; the caller has validated their lengths (a topic ≤ 127 UTF-8 bytes, properties
  * ≤ 32767). */
 PyObject *encode_records(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 12) {
-        PyErr_SetString(PyExc_TypeError, "encode_records takes 12 arguments");
-        return NULL;
-    }
+    if (!arity(nargs, 12, "encode_records takes 12 arguments")) return NULL;
     long long first_offset = PyLong_AsLongLong(args[0]);
     long long store_timestamp = PyLong_AsLongLong(args[9]);
     long long now = PyLong_AsLongLong(args[11]);
@@ -467,21 +461,21 @@ PyObject *encode_records(PyObject *module, PyObject *const *args, Py_ssize_t nar
         if (body_length > 0) /* UtilAll.crc32: zlib's CRC-32 & 0x7FFFFFFF, 0 for no body */
             crc = crc32_of((const unsigned char *)PyBytes_AS_STRING(body), body_length) & 0x7FFFFFFF;
         int born_v6 = PyBytes_GET_SIZE(born_ip) == 16;
-        put32(p, (uint32_t)size);
-        put32(p + 4, MAGIC_V1);
-        put32(p + 8, crc);
-        put32(p + 12, (uint32_t)queue_id);
-        put32(p + 16, (uint32_t)flag);
-        put64(p + 20, (uint64_t)queue_offset);
-        put64(p + 28, (uint64_t)offset);
-        put32(p + 36, (born_v6 ? BORNHOST_V6 : 0) | (store_v6 ? STOREHOST_V6 : 0));
-        put64(p + 40, (uint64_t)(born_timestamp ? born_timestamp : now));
+        put_be32(p, (uint32_t)size);
+        put_be32(p + 4, MAGIC_V1);
+        put_be32(p + 8, crc);
+        put_be32(p + 12, (uint32_t)queue_id);
+        put_be32(p + 16, (uint32_t)flag);
+        put_be64(p + 20, (uint64_t)queue_offset);
+        put_be64(p + 28, (uint64_t)offset);
+        put_be32(p + 36, (born_v6 ? BORNHOST_V6 : 0) | (store_v6 ? STOREHOST_V6 : 0));
+        put_be64(p + 40, (uint64_t)(born_timestamp ? born_timestamp : now));
         unsigned char *q = put_host(p + PREFIX_SIZE, born_ip, born_port);
-        put64(q, (uint64_t)store_timestamp);
+        put_be64(q, (uint64_t)store_timestamp);
         q = put_host(q + 8, store_ip, store_port);
-        put32(q, 0);      /* RECONSUMETIMES */
-        put64(q + 4, 0);  /* PREPAREDTRANSACTIONOFFSET */
-        put32(q + 12, (uint32_t)body_length);
+        put_be32(q, 0);      /* RECONSUMETIMES */
+        put_be64(q + 4, 0);  /* PREPAREDTRANSACTIONOFFSET */
+        put_be32(q + 12, (uint32_t)body_length);
         q += 16;
         memcpy(q, PyBytes_AS_STRING(body), body_length);
         q += body_length;

@@ -13,6 +13,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <structmember.h>
+#include <stdarg.h>
 #include <stdint.h>
 #include <string.h>
 #include <unistd.h>
@@ -49,18 +50,6 @@ static inline int64_t be64(const unsigned char *p) { return (int64_t)((uint64_t)
 
 static inline int16_t be16(const unsigned char *p) { return (int16_t)((uint16_t)p[0] << 8 | (uint16_t)p[1]); }
 
-static inline void put32(unsigned char *p, uint32_t v) {
-    p[0] = v >> 24;
-    p[1] = v >> 16;
-    p[2] = v >> 8;
-    p[3] = v;
-}
-
-static inline void put64(unsigned char *p, uint64_t v) {
-    put32(p, v >> 32);
-    put32(p + 4, (uint32_t)v);
-}
-
 static inline void put_be32(unsigned char *p, uint32_t v) {
     p[0] = (unsigned char)(v >> 24);
     p[1] = (unsigned char)(v >> 16);
@@ -68,12 +57,23 @@ static inline void put_be32(unsigned char *p, uint32_t v) {
     p[3] = (unsigned char)v;
 }
 
-static inline void put_be64(unsigned char *p, long long v) {
-    put_be32(p, (uint32_t)((uint64_t)v >> 32));
+static inline void put_be64(unsigned char *p, uint64_t v) {
+    put_be32(p, (uint32_t)(v >> 32));
     put_be32(p + 4, (uint32_t)v);
 }
 
 /* ---- Shared helpers ------------------------------------------------------------------ */
+
+/* Whether a call got the count of arguments it takes; else a TypeError quoting signature. */
+static inline int arity(Py_ssize_t nargs, Py_ssize_t expected, const char *signature) {
+    if (nargs == expected) return 1;
+    PyErr_SetString(PyExc_TypeError, signature);
+    return 0;
+}
+
+/* buffers.c: args[0..count) as long longs, each into the next of the long long pointers
+ * that follow; 0 with the error set at the first that is not an int of that range. */
+int long_long_args(PyObject *const *args, int count, ...);
 
 /* javahash.c: h = 31*h + unit over the UTF-16 code units of text (mod 2^32), continuing from h. */
 uint32_t hash_units(uint32_t h, PyObject *text);

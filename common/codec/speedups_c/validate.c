@@ -16,11 +16,9 @@ static inline int ascii_text(PyObject *text) { return PyUnicode_Check(text) && P
  * message-by-message check, which words the first problem (also for a value of an
  * unexpected type). */
 PyObject *screen_batch(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 9) {
-        PyErr_SetString(PyExc_TypeError, "screen_batch takes (bodies, keys, tags, uniq_keys, queue_ids, max_body, "
-                                         "max_keys, max_key_length, max_tags_length)");
+    if (!arity(nargs, 9, "screen_batch takes (bodies, keys, tags, uniq_keys, queue_ids, max_body, max_keys, "
+                         "max_key_length, max_tags_length)"))
         return NULL;
-    }
     Py_ssize_t max_body = PyLong_AsSsize_t(args[5]), max_keys = PyLong_AsSsize_t(args[6]);
     Py_ssize_t max_key_length = PyLong_AsSsize_t(args[7]), max_tags_length = PyLong_AsSsize_t(args[8]);
     if (PyErr_Occurred()) return NULL;

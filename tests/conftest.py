@@ -28,6 +28,19 @@ FIXTURE_SIZES = StoreSizes(
 FIXTURE_SIZE_ARGS = ["--index-slots", "500", "--index-entries", "1500"]
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """On a pytest-xdist worker (.ci/run: ``-n 2 --dist loadfile --no-loadscope-reorder``,
+    which hands out whole modules in collection order), the modules holding a test marked
+    slow or spark first, then the rest, each group in pytest's order: the long modules
+    start early and the many short ones fill both workers up to the end, instead of a long
+    module handed out last running alone on one worker. A module's tests keep their order;
+    a run without workers keeps pytest's order."""
+    if not hasattr(config, "workerinput"):
+        return
+    long_modules = {item.path for item in items if item.get_closest_marker("slow") or item.get_closest_marker("spark")}
+    items.sort(key=lambda item: item.path not in long_modules)
+
+
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
     with open(path, encoding="utf-8") as handle:
         return [json.loads(line) for line in handle]

@@ -60,9 +60,11 @@ class Background:
         home = tmp_path / "client-home"
         home.mkdir(exist_ok=True)
         self.out_path = tmp_path / f"{name}.out"
+        self.err_path = tmp_path / f"{name}.err"
         self._out = open(self.out_path, "wb")
+        self._err = open(self.err_path, "wb")
         self.proc = subprocess.Popen(
-            consumer_command(*args), stdout=self._out, stderr=subprocess.DEVNULL, env=client_env(home), cwd=tmp_path
+            consumer_command(*args), stdout=self._out, stderr=self._err, env=client_env(home), cwd=tmp_path
         )
 
     def lines(self) -> list[dict[str, Any]]:
@@ -97,6 +99,10 @@ class Background:
             self.proc.kill()
             self.proc.wait(timeout=30)
         self._out.close()
+        self._err.close()
+
+    def exited_ok(self) -> bool:
+        return self.proc.returncode == 0
 
 
 def produce(tmp_path: Path, endpoint: str, count: int) -> list[dict[str, Any]]:
@@ -125,27 +131,31 @@ def test_simple_consumer_gets_every_message_once_a_tag_filter_its_subset_fifo_in
     store = tmp_path / "store"
     writer = nodes.start("writer", store, *SIZE_ARGS, "--fifo-group", "fifo")
     sent = produce(tmp_path, writer.endpoint, PYTHON_CLIENT_MESSAGES)
-    # Group "all": a consumer for each topic, side by side (one consumer of both would
-    # alternate its receives between them, waiting out its poll on the drained one).
     counts = Counter(line["topic"] for line in sent)
-    per_topic = [
-        Background(tmp_path, f"all-{topic}", "simple", writer.endpoint, "all", topic, "--expect", str(counts[topic]))
-        for topic in ("Orders", "Carts")
-    ]
+    wanted = [line["body"] for line in sent if line.get("tag") in ("Tag0", "Tag2")]
+    fifo_count = sum(1 for line in sent if "group" in line)
+    # Three groups at once, each consumer in its own process: "all" with a consumer for each
+    # topic (one consumer of both would alternate its receives between them, waiting out its
+    # poll on the drained one), "tagged" filtering Orders by tag, "fifo" on the FIFO topic.
+    consumers = [
+        Background(tmp_path, "all-Orders", "simple", writer.endpoint, "all", "Orders", "--expect", str(counts["Orders"])),
+        Background(tmp_path, "all-Carts", "simple", writer.endpoint, "all", "Carts", "--expect", str(counts["Carts"])),
+        Background(tmp_path, "tagged", "simple", writer.endpoint, "tagged", "Orders", "--tag", "Tag0||Tag2", "--expect", str(len(wanted))),
+        Background(tmp_path, "fifo", "simple", writer.endpoint, "fifo", "Carts", "--expect", str(fifo_count)),
+    ]  # fmt: skip
     try:
-        everything = [line for consumer in per_topic for line in consumer.wait()]
+        all_orders, all_carts, tagged, fifo = (consumer.wait() for consumer in consumers)
     finally:
-        for consumer in per_topic:
+        for consumer in consumers:
             consumer.close()
+    for consumer in consumers:
+        assert consumer.exited_ok(), f"consumer failed: {consumer.err_path.read_text(errors='replace')[-3000:]}"
+    everything = all_orders + all_carts
     assert Counter(bodies(everything)) == Counter(bodies(sent))  # each exactly once
     assert {line["attempt"] for line in everything} == {1} and all(line["acked"] for line in everything)
-    wanted = [line["body"] for line in sent if line.get("tag") in ("Tag0", "Tag2")]
-    tagged = consume(tmp_path, "simple", writer.endpoint, "tagged", "Orders", "--tag", "Tag0||Tag2", "--expect", str(len(wanted)))
     assert sorted(bodies(tagged)) == sorted(wanted)
     assert {line["tag"] for line in tagged} == {"Tag0", "Tag2"}
     # A FIFO group gets each message group's messages in their send order.
-    fifo_count = sum(1 for line in sent if "group" in line)
-    fifo = consume(tmp_path, "simple", writer.endpoint, "fifo", "Carts", "--expect", str(fifo_count))
     assert len(fifo) == fifo_count
     received: dict[str, list[int]] = defaultdict(list)
     for line in fifo:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from google.protobuf import duration_pb2
 from support.nodes import Nodes
 from support.rmq5 import (
     CLIENT_TIMEOUT_S,
@@ -30,6 +31,9 @@ from support.stores import SIZE_ARGS
 from support.wait import wait_until
 
 from rmqstore.common.files.consumer_offsets import read_offsets
+from rmqstore.rocketmq_v2 import definition_pb2 as v2
+from rmqstore.rocketmq_v2 import service_pb2 as v2s
+from rmqstore.rocketmq_v2 import service_pb2_grpc
 from rmqstore.v1 import messages_pb2, query_pb2, writer_pb2
 
 RPC_TIMEOUT_S = 15.0
@@ -451,3 +455,61 @@ def test_offsets_past_the_queues_end_after_a_power_cut_are_moved_back_and_nothin
     again.stop()
     assert "committed offset 82 is past the queue's end 57" in again.stderr_text()
     assert subprocess.run([sys.executable, "-m", "rmqstore.cli.main", "check", str(cut)], capture_output=True, timeout=120).returncode == 0
+
+
+def test_a_writer_process_guards_its_group_files_and_names(nodes: Nodes, tmp_path: Path) -> None:
+    """Issue 40's smaller findings against `writer serve` processes: the state file is owner
+    only; consumerOffset.json and its .bak lost while the state file names the group: the
+    offsets come from it, with a warning (before: every message again from offset 0); a
+    corrupt state file set aside; queue -1, a group too long for its %DLQ% topic and a
+    route query for a system name refused, none creating a topic."""
+    store = tmp_path / "store"
+    config = store / "config"
+
+    def gateway(node: Any) -> Any:
+        return service_pb2_grpc.MessagingServiceStub(nodes.channel(node))
+
+    def receive(stub: Any, group: str = "g", queue_id: int = 0) -> tuple[int, list[Any]]:
+        request = v2s.ReceiveMessageRequest(
+            group=v2.Resource(name=group), message_queue=v2.MessageQueue(topic=v2.Resource(name="Orders"), id=queue_id),
+            filter_expression=v2.FilterExpression(type=v2.TAG, expression="*"), batch_size=32,
+            invisible_duration=duration_pb2.Duration(seconds=60), long_polling_timeout=duration_pb2.Duration(seconds=0),
+        )  # fmt: skip
+        answers = list(stub.ReceiveMessage(request, timeout=RPC_TIMEOUT_S))
+        (status,) = [a.status for a in answers if a.HasField("status")]
+        return status.code, [a.message for a in answers if a.HasField("message")]
+
+    writer = nodes.start("writer", store, *SIZE_ARGS)
+    _send_v1(nodes, writer, "first", 8)
+    stub = gateway(writer)
+    _, handed = receive(stub)
+    entries = [v2s.AckMessageEntry(message_id=m.system_properties.message_id, receipt_handle=m.system_properties.receipt_handle) for m in handed]
+    assert stub.AckMessage(v2s.AckMessageRequest(group=v2.Resource(name="g"), topic=v2.Resource(name="Orders"), entries=entries), timeout=RPC_TIMEOUT_S).status.code == v2.OK
+    assert receive(stub, queue_id=-1)[0] == v2.BAD_REQUEST
+    assert receive(stub, group="g" * 121)[0] == v2.ILLEGAL_CONSUMER_GROUP
+    for name in ("TBW102", "RMQ_SYS_TRACE_TOPIC", "%DLQ%g"):
+        answer = stub.QueryRoute(v2s.QueryRouteRequest(topic=v2.Resource(name=name)), timeout=RPC_TIMEOUT_S)
+        assert answer.status.code == v2.TOPIC_NOT_FOUND, name
+    writer.stop()
+    assert (config / "consumerState.json").stat().st_mode & 0o777 == 0o600
+    assert not any((store / "consumequeue" / name).exists() for name in ("TBW102", "RMQ_SYS_TRACE_TOPIC", "%DLQ%g"))
+    committed = read_offsets(str(config))[("Orders", "g")][0]
+    assert committed == 2  # queue 0 held messages 0 and 4
+
+    (config / "consumerOffset.json").unlink()
+    (config / "consumerOffset.json.bak").unlink(missing_ok=True)
+    again = nodes.start("writer", store, *SIZE_ARGS)
+    offset = gateway(again).GetOffset(
+        v2s.GetOffsetRequest(group=v2.Resource(name="g"), message_queue=v2.MessageQueue(topic=v2.Resource(name="Orders"), id=0)),
+        timeout=RPC_TIMEOUT_S,
+    ).offset
+    assert offset == committed  # not 0: the group did not start over
+    again.stop()
+    assert "consumerOffset.json (and its .bak) is missing or empty" in again.stderr_text()
+
+    damaged = (config / "consumerState.json").read_text()[:-10]
+    (config / "consumerState.json").write_text(damaged)
+    third = nodes.start("writer", store, *SIZE_ARGS)
+    third.stop()
+    (aside,) = config.glob("consumerState.json.corrupt-*")
+    assert aside.read_text() == damaged and "set aside as" in third.stderr_text()

@@ -69,13 +69,22 @@ def fail(message: str) -> None:
     print(PREFIX + " ".join(message.split("\n")), file=sys.stderr, flush=True)
 
 
-def status_exit(error: grpc.RpcError | LocalRpcError, note: str = "") -> int:
+# What gRPC answers for a method the server does not serve.
+METHOD_NOT_FOUND = "Method not found!"
+# The node each kind of command talks to, and the one it is most often confused with.
+OTHER_NODE = {"writer": "a query node", "query node": "a writer"}
+
+
+def status_exit(error: grpc.RpcError | LocalRpcError, note: str = "", *, node: str | None = None, endpoint: str | None = None) -> int:
     """Report a node's (or the in-process servicer's) status, with ``note`` after it on the
-    same line; its exit code."""
+    same line; its exit code. ``node``, the kind of node the command needs (``writer``,
+    ``query node``) at ``endpoint``, names what answered a call it does not serve."""
     code: grpc.StatusCode = error.code()
     details = error.details() or ""
     if code == grpc.StatusCode.UNAVAILABLE:
         details = f"no node answers ({details})"
+    elif code == grpc.StatusCode.UNIMPLEMENTED and details == METHOD_NOT_FOUND and node in OTHER_NODE:
+        details = f"{endpoint} is not a {node}: it does not serve the {node}'s calls (is it {OTHER_NODE[node]}'s port?)"
     fail(f"{code.name}: {details}{note}")
     return STATUS_EXITS.get(code, EXIT_USAGE)
 
@@ -196,5 +205,6 @@ class Parser(argparse.ArgumentParser):
     """argparse, with usage errors as one line and exit code 2 like every other failure."""
 
     def error(self, message: str) -> NoReturn:
-        fail(f"{self.prog.removeprefix('rmqstore').strip() or 'rmqstore'}: {message} (see {self.prog} --help)")
+        command = self.prog.removeprefix("rmqstore").strip()
+        fail(f"{command + ': ' if command else ''}{message} (see {self.prog} --help)")
         sys.exit(EXIT_USAGE)

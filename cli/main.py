@@ -60,7 +60,8 @@ def build_parser(command: str | None = None) -> exits.Parser:
         prog="rmqstore",
         description="Apache RocketMQ 4.9's on-disk message store: tools, writer and query nodes.",
         epilog="exit codes: 0 success; 1 the data disagrees (check failed, corruption); 2 usage, or a "
-        "missing or unreadable store; 3 not found (topic, queue, id, no message at an offset); 130 interrupted",
+        "missing or unreadable store; 3 not found (topic, queue, id, no message at an offset); 4 a node's stop "
+        "stalled (every thread's stack on stderr); 130 interrupted",
     )
     parser.add_argument("--version", action=VersionAction, help="show the version and exit")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -81,7 +82,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except StoreError as error:
         return exits.store_error_exit(error)
     except (grpc.RpcError, exits.LocalRpcError) as error:
-        return exits.status_exit(error)
+        return exits.status_exit(error, node=getattr(args, "node", None), endpoint=getattr(args, "endpoint", None))
     except BrokenPipeError:
         # The reader (e.g. `head`) went away: stop quietly, as Unix tools do.
         devnull = os.open(os.devnull, os.O_WRONLY)

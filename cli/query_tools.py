@@ -180,6 +180,9 @@ def _backend(args: argparse.Namespace) -> Backend:
 
 def _run(args: argparse.Namespace, action: Any) -> int:
     """Run a lookup; a node's status or the servicer's error ends it through main's table."""
+    if getattr(args, "body", False) and not args.json:
+        # The text output has no place for a body: the flag would do nothing.
+        raise InvalidArgument("--body adds the body to --json output: give --json too")
     backend = _backend(args)
     try:
         return int(action(backend))
@@ -457,10 +460,11 @@ def _lookup_parser(
     where.add_argument("--store", help="a store directory, read directly")
     parser.add_argument("--json", action="store_true", help=json_help)
     if bodies:
-        parser.add_argument("--body", action="store_true", help="with --json, include the body")
+        parser.add_argument("--body", action="store_true", help="with --json (needed), include the body")
     parser.add_argument("--timeout", type=exits.seconds, default=30.0, help="seconds per call to a node (default 30)")
     add_client_tls_options(parser)
     add_size_options(parser)
+    parser.set_defaults(node="query node")
     return parser
 
 
@@ -566,4 +570,4 @@ def register(commands: argparse._SubParsersAction) -> None:  # type: ignore[type
     update.add_argument("-w", "--write-queues", type=exits.positive, metavar="N", help="write queue count (default: the writer's, 8)")
     update.add_argument("--timeout", type=exits.seconds, default=30.0, help="seconds before giving up (default 30)")
     add_client_tls_options(update)
-    update.set_defaults(handler=cmd_update_topic)
+    update.set_defaults(handler=cmd_update_topic, node="writer")

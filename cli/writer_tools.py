@@ -152,7 +152,7 @@ def cmd_writer_serve(args: argparse.Namespace) -> int:
 
 
 JSONL_FIELDS_HELP = (
-    "one JSON object a line: topic (required); body (text) or bodyBase64 (bytes); keys (a list, or one "
+    "one JSON object a line: topic (required); body (text) or bodyBase64 (bytes), one of them required; keys (a list, or one "
     "space-separated string); tags; queueId; properties (an object of strings); uniqKey. Blank lines are skipped"
 )
 
@@ -189,11 +189,19 @@ def _one_message(args: argparse.Namespace) -> messages_pb2.Message:
     if args.body is not None and args.body_file is not None:
         raise InvalidArgument("give --body or --body-file, not both")
     if args.body_file is not None:
+        largest = client_limits().max_body_bytes
         try:
             with open(args.body_file, "rb") as handle:
-                body = handle.read()
+                # The size first, then at most one byte past the limit: a body too large is
+                # refused without reading it (a file that grows meanwhile, or a pipe, too).
+                size = os.fstat(handle.fileno()).st_size
+                if size > largest:
+                    raise InvalidArgument(f"--body-file {args.body_file}: the body is {size} bytes; at most {largest} allowed")
+                body = handle.read(largest + 1)
         except OSError as error:
             raise InvalidArgument(f"--body-file {args.body_file}: {error.strerror or error}") from None
+        if len(body) > largest:
+            raise InvalidArgument(f"--body-file {args.body_file}: the body is over {largest} bytes; at most {largest} allowed")
     elif args.body is not None:
         body = args.body.encode("utf-8")
     else:
@@ -336,7 +344,7 @@ def _send(args: argparse.Namespace, message: messages_pb2.Message | None, span: 
         if span is not None:
             tracing.failed(span, error)
         note = f" ({progress.acked} of {progress.total} messages were acknowledged before it)" if progress.acked else ""
-        return exits.status_exit(error, note)
+        return exits.status_exit(error, note, node="writer", endpoint=args.endpoint)
     out.flush()
     progress.finish()
     if batches is not None:

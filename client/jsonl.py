@@ -64,4 +64,7 @@ def message_from_json(line_number: int, document: Any) -> messages_pb2.Message:
         if not 0 <= queue_id <= QUEUE_ID_MAX:
             raise InvalidArgument(f"{where}: queueId {queue_id} is outside [0, {QUEUE_ID_MAX}]")
         message.queue_id = queue_id
+    if "body" not in document and "bodyBase64" not in document:
+        # As send -t refuses a message without --body: an empty body is said, not implied.
+        raise InvalidArgument(f'{where}: give the body: body (text) or bodyBase64 (bytes) ("body": "" sends an empty one)')
     return message

@@ -189,9 +189,13 @@ def _queue_id_column(queue_ids: list[Any], kinds: set[type]) -> list[int]:
 
 
 def _bodies(documents: list[Any], given: frozenset[str], count: int) -> list[bytes] | None:
-    """Each message's body: its ``body`` as UTF-8, or its ``bodyBase64`` decoded, or empty;
-    None where one is of the wrong type, not base64, or a message gives both."""
+    """Each message's body: its ``body`` as UTF-8, or its ``bodyBase64`` decoded; None
+    where one is of the wrong type, not base64, or a message gives both or neither."""
     texts: list[Any] = []
+    given_body = sum(map(operator.contains, documents, repeat("body"))) if "body" in given else 0
+    given_base64 = sum(map(operator.contains, documents, repeat("bodyBase64"))) if "bodyBase64" in given else 0
+    if given_body + given_base64 < count:  # a message without a body (first_problem names it)
+        return None
     if "body" in given:
         texts = list(map(dict.get, documents, repeat("body"), repeat("")))
         if not _all(texts, str):
@@ -267,7 +271,8 @@ def first_problem(path: str, lines: Sequence[bytes], limits: Limits, shared_prop
         try:
             document = orjson.loads(text)
         except orjson.JSONDecodeError as error:
-            raise InvalidArgument(f"line {number}: not JSON: {error}") from None
+            # orjson counts lines and columns in what it was given, the one line: its column.
+            raise InvalidArgument(f"line {number}, column {error.colno}: not JSON: {error.msg}") from None
         message = message_from_json(number, document)
         candidate = MessageInput(
             topic=message.topic,

@@ -212,8 +212,9 @@ def _parse_json_batches(batches: Iterator[Any], schema: Any) -> Iterator[Any]:
             where = f"line {order}"
             try:
                 document = json.loads(text)
-            except ValueError as error:
-                raise InvalidArgument(f"{where}: not JSON: {error}") from None
+            except json.JSONDecodeError as error:
+                # Python counts lines and columns in the one line it was given: its column.
+                raise InvalidArgument(f"{where}, column {error.colno}: not JSON: {error.msg}") from None
             message = message_from_json(order, document)
             rows["topic"].append(message.topic)
             rows["queueId"].append(message.queue_id if message.HasField("queue_id") else None)

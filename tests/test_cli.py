@@ -9,6 +9,7 @@ import datetime as dt
 import json
 import os
 import pty
+import resource
 import select
 import shutil
 import signal
@@ -550,7 +551,7 @@ def test_send_refuses_bad_files_and_flags_naming_them(cluster: Cluster, tmp_path
     non_utf8 = tmp_path / "latin1.jsonl"
     non_utf8.write_bytes(b'{"topic": "T", "body": "a"}\n{"topic": "T", "body": "caf\xe9"}\n')
     bad_line = tmp_path / "bad.jsonl"
-    bad_line.write_text("".join(json.dumps({"topic": "T", "body": "x"}) + "\n" for _ in range(4)) + '{"topic": "T", "keys": ["a b"]}\n')
+    bad_line.write_text("".join(json.dumps({"topic": "T", "body": "x"}) + "\n" for _ in range(4)) + '{"topic": "T", "body": "", "keys": ["a b"]}\n')
     cases = [
         ([*w, "--file", str(tmp_path / "nope.jsonl")], f"--file {tmp_path / 'nope.jsonl'}: No such file or directory"),
         ([*w, "--file", str(tmp_path)], f"--file {tmp_path}: is a directory, not a JSONL file"),
@@ -574,7 +575,7 @@ def test_send_refuses_bad_files_and_flags_naming_them(cluster: Cluster, tmp_path
         ('{"topic": "T", "uniqKey": 7}', "line 1: uniqKey must be a string"),
         ('{"topic": "T", "queueId": true}', "line 1: queueId must be an integer"),
         ('{"topic": "T", "queueId": 99999999999}', "line 1: queueId 99999999999 is outside [0, 2147483647]"),
-        ('{"topic": "T"} {"topic": "U"}', "line 1: not JSON: unexpected content after document: line 1 column 16 (char 15)"),
+        ('{"topic": "T"} {"topic": "U"}', "line 1, column 16: not JSON: unexpected content after document"),
         ('{"topic": "T", "body": "x", "bodyBase64": "AA=="}', "line 1: give body or bodyBase64, not both"),
     ):
         wrong.write_text(line + "\n")
@@ -828,6 +829,66 @@ def test_update_topic_makes_a_topic_every_lookup_shows_at_once_with_all_its_queu
         "note": "queue counts never shrink: Created keeps its 6 queues (their messages stay addressable)",
     }  # fmt: skip
     assert len(status()) == 6
+
+
+def test_a_newcomers_smaller_stumbles_each_get_a_clear_answer(cluster: Cluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 39's smaller things, as processes: a node of the other kind named; a JSON line
+    without a body refused as send -t without one is; one line and column in a JSON error;
+    a bare rmqstore; --help's exit codes; a body file refused by its size before it is
+    read; --body without --json refused; a msgId between records not found."""
+    writer, query = cluster.writer.endpoint, cluster.query.endpoint
+
+    def cli(*argv: str) -> tuple[int, str, str]:
+        done = subprocess.run(rmqstore(*argv), stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120, check=False)
+        return done.returncode, done.stdout, done.stderr
+
+    not_a_writer = f"{query} is not a writer: it does not serve the writer's calls (is it a query node's port?)"
+    assert cli("send", "--endpoint", query, "-t", TOPIC, "--body", "x") == (2, "", f"rmqstore: error: UNIMPLEMENTED: {not_a_writer}\n")
+    assert cli("updateTopic", "--endpoint", query, "-t", TOPIC) == (2, "", f"rmqstore: error: UNIMPLEMENTED: {not_a_writer}\n")
+    not_a_query_node = f"{writer} is not a query node: it does not serve the query node's calls (is it a writer's port?)"
+    assert cli("topicList", "--endpoint", writer) == (2, "", f"rmqstore: error: UNIMPLEMENTED: {not_a_query_node}\n")
+    assert cli("queryMsgByKey", "--endpoint", writer, "-t", TOPIC, "-k", "k") == (
+        2, "", f"rmqstore: error: UNIMPLEMENTED: {not_a_query_node}\n"
+    )
+    # No body is no message, in a file as on the command line.
+    bodiless = tmp_path / "bodiless.jsonl"
+    bodiless.write_text('{"topic": "Orders", "body": "x"}\n{"topic": "Orders"}\n')
+    assert cli("send", "--endpoint", writer, "--file", str(bodiless)) == (
+        2, "", 'rmqstore: error: line 2: give the body: body (text) or bodyBase64 (bytes) ("body": "" sends an empty one)\n'
+    )
+    assert cli("send", "--endpoint", writer, "-t", TOPIC) == (
+        2, "", "rmqstore: error: give the body: --body TEXT or --body-file F (--body '' sends an empty one)\n"
+    )
+    # The file's line, and the column in it.
+    bodiless.write_text('{"topic": "Orders", "body": "x"}\n{"topic": "T", "body": ""} {"topic": "U"}\n')
+    assert cli("send", "--endpoint", writer, "--file", str(bodiless)) == (
+        2, "", "rmqstore: error: line 2, column 28: not JSON: unexpected content after document\n"
+    )
+    assert cli() == (2, "", "rmqstore: error: the following arguments are required: COMMAND (see rmqstore --help)\n")
+    code, out, _ = cli("--help")
+    assert code == 0 and "4 a node's stop stalled (every thread's stack on stderr); 130 interrupted" in " ".join(out.split())
+    # 200 MB of body file: refused by its size, never read (the process stays small).
+    big = tmp_path / "big.bin"
+    with open(big, "wb") as handle:
+        handle.truncate(200 * 1024 * 1024)
+    process = subprocess.Popen(rmqstore("send", "--endpoint", writer, "-t", TOPIC, "--body-file", str(big)),
+                               stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    out, err = process.communicate(timeout=120)
+    rusage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    assert (process.returncode, out) == (2, "")
+    assert err == f"rmqstore: error: --body-file {big}: the body is 209715200 bytes; at most 4194304 allowed\n"
+    assert rusage.ru_maxrss < 190 * 1024  # KiB: the biggest child so far, nodes included, read no 200 MB
+    # --body only means something with --json.
+    for where in cluster.where().values():
+        assert cli("queryMsgByKey", *where, "-t", TOPIC, "-k", "shared", "--body") == (
+            2, "", "rmqstore: error: --body adds the body to --json output: give --json too\n"
+        )
+    # A msgId between two records names no message: NOT_FOUND, exit 3 (docs/query.md).
+    first = str(cluster.acks[0]["offsetMsgId"])
+    inside = first[:-16] + f"{int(first[-16:], 16) + 4:016X}"
+    for where in cluster.where().values():
+        code, out, err = cli("queryMsgById", *where, "-i", inside)
+        assert (code, out) == (3, "") and err.startswith(f"rmqstore: error: NOT_FOUND: no message with msgId {inside}: "), err
 
 
 # The geometry file

@@ -70,7 +70,7 @@ def expected(data: bytes, shared: dict[str, str] | None = None) -> MessageBatch:
 EVERY_FIELD = lines(
     {"topic": "Orders", "body": "héllo \"quoted\" \\ / \t", "keys": ["a", "b"], "tags": "t", "queueId": 2, "uniqKey": "AB12"},
     {"topic": "Orders", "bodyBase64": base64.b64encode(bytes(range(256))).decode(), "keys": "c  d\te", "queueId": 0},
-    {"topic": "U", "properties": {"color": "blue", "size": "XL"}, "tags": None, "uniqKey": None, "queueId": None},
+    {"topic": "U", "body": "", "properties": {"color": "blue", "size": "XL"}, "tags": None, "uniqKey": None, "queueId": None},
     {"queueId": 2147483647, "topic": "U", "body": "\U0001f600 emoji, \u0000 nul, \u2028", "keys": []},
     {"topic": "Orders", "bodyBase64": "", "keys": "", "properties": {"only": "one"}},
 )  # fmt: skip
@@ -100,7 +100,7 @@ def test_the_columns_are_the_contracts(tmp_path: Path) -> None:
     assert list(made.property_counts) == [0, 0, 2, 0, 1]
     assert list(made.property_names) == ["color", "size", "only"] and list(made.property_values) == ["blue", "XL", "one"]
     assert made.bodies[1] == bytes(range(256)) and made.bodies[4] == b""
-    [plain] = sent(read(tmp_path, lines({"topic": "T", "body": "x"}, {"topic": "T"})), 10)
+    [plain] = sent(read(tmp_path, lines({"topic": "T", "body": "x"}, {"topic": "T", "body": ""})), 10)
     columns = plain.columns
     assert list(columns.topics) == ["T"] and list(columns.bodies) == [b"x", b""]
     assert not (columns.queue_ids or columns.keys or columns.tags or columns.uniq_keys or columns.property_counts)
@@ -113,8 +113,8 @@ def test_spacing_escapes_blank_lines_and_crlf_read_as_json_does(tmp_path: Path) 
     data = (
         b'  {"topic":"T","body":"\\u00e9\\ud83d\\ude00\\n\\"\\/\\b\\f\\r\\t","keys":[ "k1" ,"k\\u0032" ]}  \r\n'
         b"\n   \t\n"
-        b'{ "t\\u006fpic" : "T" , "tags" : "a\\u0062" , "queueId" : 0 }\r\n'
-        b'{"topic": "T"}'  # no newline at the end
+        b'{ "t\\u006fpic" : "T" , "tags" : "a\\u0062" , "queueId" : 0, "body": "" }\r\n'
+        b'{"topic": "T", "body": ""}'  # no newline at the end
         b"\n\n \n"
     )
     batch = stored(sent(read(tmp_path, data), 2))
@@ -125,7 +125,7 @@ def test_spacing_escapes_blank_lines_and_crlf_read_as_json_does(tmp_path: Path) 
 def test_a_valid_message_the_screen_declines_is_sent_all_the_same(tmp_path: Path) -> None:
     """The batch screen passes ASCII keys only; a key outside ASCII is the rules' to judge,
     and they accept it."""
-    data = lines({"topic": "T", "keys": ["clé", "k"], "tags": "étiquette"}, {"topic": "T", "body": "x"})
+    data = lines({"topic": "T", "body": "", "keys": ["clé", "k"], "tags": "étiquette"}, {"topic": "T", "body": "x"})
     assert stored(sent(read(tmp_path, data), 5)) == expected(data)
 
 
@@ -135,14 +135,14 @@ def test_an_empty_file_has_no_message(tmp_path: Path) -> None:
 
 
 BAD_LINES = [
-    (b'{"topic": "T", "tags": 5}', "line 3: tags must be a string"),
-    (b'{"topic": "T", "uniqKey": 7}', "line 3: uniqKey must be a string"),
-    (b'{"topic": "T", "queueId": true}', "line 3: queueId must be an integer"),
-    (b'{"topic": "T", "queueId": 1.0}', "line 3: queueId must be an integer"),
-    (b'{"topic": "T", "queueId": "1"}', "line 3: queueId must be an integer"),
-    (b'{"topic": "T", "queueId": -1}', "line 3: queueId -1 is outside [0, 2147483647]"),
-    (b'{"topic": "T", "queueId": 2147483648}', "line 3: queueId 2147483648 is outside [0, 2147483647]"),
-    (b'{"topic": "T"} {"topic": "U"}', "line 3: not JSON: unexpected content after document: line 1 column 16 (char 15)"),
+    (b'{"topic": "T", "body": "", "tags": 5}', "line 3: tags must be a string"),
+    (b'{"topic": "T", "body": "", "uniqKey": 7}', "line 3: uniqKey must be a string"),
+    (b'{"topic": "T", "body": "", "queueId": true}', "line 3: queueId must be an integer"),
+    (b'{"topic": "T", "body": "", "queueId": 1.0}', "line 3: queueId must be an integer"),
+    (b'{"topic": "T", "body": "", "queueId": "1"}', "line 3: queueId must be an integer"),
+    (b'{"topic": "T", "body": "", "queueId": -1}', "line 3: queueId -1 is outside [0, 2147483647]"),
+    (b'{"topic": "T", "body": "", "queueId": 2147483648}', "line 3: queueId 2147483648 is outside [0, 2147483647]"),
+    (b'{"topic": "T"} {"topic": "U"}', "line 3, column 16: not JSON: unexpected content after document"),
     (b'{"topic": "T", "body": "x", "bodyBase64": "AA=="}', "line 3: give body or bodyBase64, not both"),
     (b'{"topic": "T", "bodyBase64": "AA="}', "line 3: bodyBase64 is not base64: Incorrect padding"),
     (b'{"topic": "T", "bodyBase64": "AA*A"}', "line 3: bodyBase64 is not base64: Only base64 data is allowed"),
@@ -152,27 +152,29 @@ BAD_LINES = [
      "line 3: bodyBase64 is not base64: argument should be a bytes-like object or ASCII string, not 'NoneType'"),
     (b'{"topic": "T", "body": 5}', "line 3: body must be a string (use bodyBase64 for bytes)"),
     (b'{"topic": "T", "body": null}', "line 3: body must be a string (use bodyBase64 for bytes)"),
-    (b'{"topic": "T", "keys": [1]}', "line 3: keys must be a string or a list of strings"),
-    (b'{"topic": "T", "keys": {"a": "b"}}', "line 3: keys must be a string or a list of strings"),
-    (b'{"topic": "T", "keys": ["a b"]}', "line 3: key 'a b' contains a space; KEYS are space-separated"),
-    (b'{"topic": "T", "keys": ["a", ""]}', "line 3: a key is empty"),
-    (b'{"topic": "T", "properties": {"a": 1}}', "line 3: properties must be an object of strings"),
-    (b'{"topic": "T", "properties": ["a"]}', "line 3: properties must be an object of strings"),
-    (b'{"topic": "T", "properties": {"KEYS": "x"}}', "line 3: property KEYS is reserved; use the message's own fields"),
-    (b'{"topic": "T", "properties": {"a": ""}}',
+    (b'{"topic": "T", "body": "", "keys": [1]}', "line 3: keys must be a string or a list of strings"),
+    (b'{"topic": "T", "body": "", "keys": {"a": "b"}}', "line 3: keys must be a string or a list of strings"),
+    (b'{"topic": "T", "body": "", "keys": ["a b"]}', "line 3: key 'a b' contains a space; KEYS are space-separated"),
+    (b'{"topic": "T", "body": "", "keys": ["a", ""]}', "line 3: a key is empty"),
+    (b'{"topic": "T", "body": "", "properties": {"a": 1}}', "line 3: properties must be an object of strings"),
+    (b'{"topic": "T", "body": "", "properties": ["a"]}', "line 3: properties must be an object of strings"),
+    (b'{"topic": "T", "body": "", "properties": {"KEYS": "x"}}', "line 3: property KEYS is reserved; use the message's own fields"),
+    (b'{"topic": "T", "body": "", "properties": {"a": ""}}',
      "line 3: property a has an empty value, which RocketMQ's format cannot keep"),
-    (b'{"topic": "T", "properties": {"": "v"}}', "line 3: a property name is empty"),
-    (b'{"topic": "T", "properties": {"a": "x\\u0001"}}',
+    (b'{"topic": "T", "body": "", "properties": {"": "v"}}', "line 3: a property name is empty"),
+    (b'{"topic": "T", "body": "", "properties": {"a": "x\\u0001"}}',
      "line 3: property a contains a 0x01 or 0x02 character, which would corrupt the properties"),
-    (b'{"topic": "T", "other": 1}',
+    (b'{"topic": "T", "body": "", "other": 1}',
      "line 3: unknown field(s) ['other']; known: ['body', 'bodyBase64', 'keys', 'properties', 'queueId', 'tags', 'topic', 'uniqKey']"),
     (b'{"body": "no topic"}', "line 3: topic (a string) is required"),
+    (b'{"topic": "T"}', 'line 3: give the body: body (text) or bodyBase64 (bytes) ("body": "" sends an empty one)'),
+    (b'{"topic": "T", "keys": "a"}', 'line 3: give the body: body (text) or bodyBase64 (bytes) ("body": "" sends an empty one)'),
     (b"[]", "line 3: expected a JSON object"),
     (b'"text"', "line 3: expected a JSON object"),
-    (b'{"topic": "bad topic"}', "line 3: the topic name contains characters other than [%|a-zA-Z0-9_-]: 'bad topic'"),
-    (b'{"topic": "T", "uniqKey": "not-alnum"}', "line 3: uniq key must be 1-128 ASCII letters and digits"),
+    (b'{"topic": "bad topic", "body": ""}', "line 3: the topic name contains characters other than [%|a-zA-Z0-9_-]: 'bad topic'"),
+    (b'{"topic": "T", "body": "", "uniqKey": "not-alnum"}', "line 3: uniq key must be 1-128 ASCII letters and digits"),
     (b'{"topic": "T", "body": "' + b"x" * (4 * 1024 * 1024 + 1) + b'"}', "line 3: body is 4194305 bytes; at most 4194304 allowed"),
-    (b'{"topic": "T", "keys": [' + b",".join(b'"k%d"' % n for n in range(33)) + b"]}", "line 3: 33 keys; at most 32 allowed"),
+    (b'{"topic": "T", "body": "", "keys": [' + b",".join(b'"k%d"' % n for n in range(33)) + b"]}", "line 3: 33 keys; at most 32 allowed"),
 ]
 
 
@@ -189,13 +191,13 @@ def test_each_error_names_its_line(tmp_path: Path, line: bytes, message: str) ->
 def test_the_first_bad_line_is_named_whatever_its_problem(tmp_path: Path) -> None:
     """A type error on line 2 comes before a line that is not JSON on line 3 and a rule
     broken on line 1 before both: the file is judged line by line, in order."""
-    good = b'{"topic": "T"}\n'
+    good = b'{"topic": "T", "body": ""}\n'
     assert refusal(tmp_path, good + b'{"topic": "T", "tags": 5}\n{"topic": \n') == "line 2: tags must be a string"
-    assert refusal(tmp_path, b'{"topic": "T", "keys": ["a b"]}\n{"topic": \n') == (
+    assert refusal(tmp_path, b'{"topic": "T", "body": "", "keys": ["a b"]}\n{"topic": \n') == (
         "line 1: key 'a b' contains a space; KEYS are space-separated"
     )
     # Blank lines before it count: the line is the file's.
-    data = good + b"\n \r\n" + lines({"topic": "T", "keys": ["clé"]}, {"topic": "T", "keys": ["a", "b c"]})
+    data = good + b"\n \r\n" + lines({"topic": "T", "body": "", "keys": ["clé"]}, {"topic": "T", "body": "", "keys": ["a", "b c"]})
     assert refusal(tmp_path, data) == "line 5: key 'b c' contains a space; KEYS are space-separated"
 
 
@@ -213,7 +215,7 @@ def test_the_shared_context_counts_against_each_messages_room(tmp_path: Path) ->
     """Checked as stored: a message's own properties with the send's trace context, which
     may tip it over what a record holds."""
     room = 32767 - 64 - 128 - 10  # about what a message may bring beside a long traceparent
-    data = lines({"topic": "T", "properties": {"big": "x" * room}})
+    data = lines({"topic": "T", "body": "", "properties": {"big": "x" * room}})
     assert len(read(tmp_path, data)) == 1
     assert refusal(tmp_path, data, {"traceparent": "y" * 300}).startswith("line 1: properties take ")
 

@@ -76,11 +76,20 @@ HTTP_STATUS: dict[grpc.StatusCode, type[ConsoleError]] = {
 }
 
 
-def _from_rpc(error: grpc.RpcError) -> ConsoleError:
+# What gRPC answers for a method the server does not serve, and the node an endpoint of the
+# other kind is (a query endpoint given a writer's port, or the reverse).
+METHOD_NOT_FOUND = "Method not found!"
+OTHER_NODE = {"query node": "a writer", "writer": "a query node"}
+
+
+def _from_rpc(error: grpc.RpcError, node: str) -> ConsoleError:
     # grpc ships no types: a failed call's error is also its Call, with code() and details().
     call: Any = error
     code: grpc.StatusCode = call.code()
     details: str = call.details() or ""
+    if code == grpc.StatusCode.UNIMPLEMENTED and details == METHOD_NOT_FOUND:
+        flag = "--query-endpoint" if node == "query node" else "--writer-endpoint"
+        return NodeUnavailable(f"{flag} is not a {node}: it does not serve the {node}'s calls (is it {OTHER_NODE[node]}'s port?)")
     kind = HTTP_STATUS.get(code, NodeUnavailable)
     if kind is NodeUnavailable:
         return NodeUnavailable(f"the node answered {code.name}: {details}")
@@ -203,11 +212,11 @@ class Backend:
             self.writer = writer_pb2_grpc.WriterServiceStub(endpoints.writer)  # type: ignore[no-untyped-call]
         self.timeout_s = endpoints.timeout_s
 
-    def _call(self, method: Callable[..., Any], request: Any) -> Any:
+    def _call(self, method: Callable[..., Any], request: Any, node: str = "query node") -> Any:
         try:
             return method(request, timeout=self.timeout_s)
         except grpc.RpcError as error:
-            raise _from_rpc(error) from None
+            raise _from_rpc(error, node) from None
 
     def ping(self) -> None:
         self._call(self.query.Ping, query_pb2.PingRequest())
@@ -267,7 +276,7 @@ class Backend:
         end = now_ms if end is None else end
         begin = end - 3_600_000 if begin is None else begin
         if end <= begin:
-            raise BadInput(f"the range is empty: end {end} is not after begin {begin}")
+            raise BadInput(f"the range is empty: end {times.iso_time(end)} is not after begin {times.iso_time(begin)}")
         buckets = -(-(end - begin) // interval_ms)
         if buckets > RATE_BUCKETS_MAX:
             raise BadInput(f"{buckets} intervals: at most {RATE_BUCKETS_MAX}; choose a longer interval or a shorter range")
@@ -502,7 +511,7 @@ class Backend:
         writer: dict[str, Any] | None = None
         if self.writer is not None:
             try:
-                status = self._call(self.writer.Status, writer_pb2.StatusRequest())
+                status = self._call(self.writer.Status, writer_pb2.StatusRequest(), node="writer")
                 writer = {
                     "store": status.store,
                     "commitlogMinOffset": status.commitlog_min_offset,

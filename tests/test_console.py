@@ -709,6 +709,27 @@ def test_readyz_says_when_the_query_node_is_gone(nodes: Nodes) -> None:
         console.stop()
 
 
+def test_an_endpoint_of_the_other_kind_of_node_is_named(store: Store, nodes: Nodes) -> None:
+    """A query endpoint given a writer's port, or a writer endpoint a query node's: the
+    page says which, not UNIMPLEMENTED: Method not found!"""
+    console = nodes.console("--query-endpoint", store.writer_endpoint, "--writer-endpoint", store.query_endpoint)
+    try:
+        status, _, body = get(console.url + "/api/topics")
+        assert (status, json.loads(body)) == (502, {
+            "error": "--query-endpoint is not a query node: it does not serve the query node's calls (is it a writer's port?)"
+        })  # fmt: skip
+    finally:
+        console.stop()
+    console = nodes.console("--query-endpoint", store.query_endpoint, "--writer-endpoint", store.query_endpoint)
+    try:
+        status, _, body = get(console.url + "/api/nodes")
+        assert status == 200 and json.loads(body)["writer"] == {
+            "error": "--writer-endpoint is not a writer: it does not serve the writer's calls (is it a query node's port?)"
+        }
+    finally:
+        console.stop()
+
+
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["sigterm", "ctrl-c"])
 def test_sigterm_and_ctrl_c_stop_the_console_as_docs_console_md_says(store: Store, nodes: Nodes, signum: int) -> None:
     """docs/console.md: SIGTERM or Ctrl-C (SIGINT, as a terminal sends it) stops it with its

@@ -38,8 +38,11 @@ class ConsumeQueue:
         self.file_units = file_units
         self.directory = os.path.join(root, topic, str(queue_id))
         # The writer appends units page by page (read-ahead over the holes only costs);
-        # a reader scans the written pages, which read-ahead serves.
-        self.files = MappedFileQueue(self.directory, file_units * UNIT_SIZE, writable=writable, read_ahead=not writable)
+        # a reader scans the written pages, which read-ahead serves. The files are sparse:
+        # a queue's disk use follows its units (a page for its first), not its file size.
+        self.files = MappedFileQueue(
+            self.directory, file_units * UNIT_SIZE, writable=writable, read_ahead=not writable, sparse=True
+        )
         self.writable = writable
         self._end_position = 0
         self._min_position = 0
@@ -304,6 +307,13 @@ class ConsumeQueue:
         end = (last_queue_offset + 1) * UNIT_SIZE
         while last.end_offset < end:
             last = self.files.create(last.end_offset)
+        # The units' blocks too: the files are sparse.
+        position = self._end_position
+        while position < end:
+            mapped = self.files.find(position)
+            assert mapped is not None
+            mapped.reserve(min(end, mapped.end_offset) - mapped.start_offset)
+            position = mapped.end_offset
 
     def continues_at(self, queue_offset: int) -> bool:
         """Whether a unit at ``queue_offset`` goes right after the queue's last one, in a

@@ -67,17 +67,30 @@ _datasync = getattr(os, "fdatasync", os.fsync)
 
 # Writes of at least this many bytes go through pwrite rather than the mapping.
 WRITE_THROUGH_FILE_BYTES = 64 * 1024
+# A sparse file's first blocks: a page. Each later reservation at least doubles what the
+# file holds, so a file of N bytes of data takes at most 2N of disk, in log(N) steps.
+SPARSE_RESERVE_MIN_BYTES = 4096
 
 
 class MappedFile:
     """One fixed-size file, memory-mapped for reading or for reading and writing."""
 
-    def __init__(self, path: str, file_size_bytes: int, start_offset: int, *, writable: bool, read_ahead: bool = True):
+    def __init__(
+        self, path: str, file_size_bytes: int, start_offset: int, *, writable: bool, read_ahead: bool = True, sparse: bool = False
+    ):
         """``read_ahead=False`` (madvise RANDOM) for a file written page by page in
         order: a write fault on a page the file has not stored yet otherwise starts the
         kernel's read-ahead over the hole around it, which allocates and zeroes that
-        whole window at once (what that costs: benchmarks/FILES.md)."""
+        whole window at once (what that costs: benchmarks/FILES.md).
+
+        ``sparse``: the file was created with its size but not its blocks (a consume
+        queue's: its disk use follows its data); every write first gives the bytes it
+        writes their blocks (:meth:`reserve`), so that no write through the mapping can
+        meet a full disk."""
         self.path = path
+        self.sparse = sparse
+        # Below this position every byte has its blocks (None: not looked up yet).
+        self._reserved_end: int | None = None if sparse else file_size_bytes
         self.file_size_bytes = file_size_bytes
         self.start_offset = start_offset
         self.writable = writable
@@ -116,9 +129,11 @@ class MappedFile:
         *,
         read_ahead: bool = True,
         spare: str | None = None,
+        sparse: bool = False,
     ) -> MappedFile:
-        """Create a new zero-filled file of the full size, its blocks allocated, and map
-        it writable.
+        """Create a new zero-filled file of the full size, its blocks allocated (with
+        ``sparse``, none but those of its ``initial`` bytes: :meth:`reserve` gives the
+        rest theirs as they are written), and map it writable.
 
         The file is sized and allocated, and its ``initial`` bytes (position, data)
         written, under a hidden temporary name, then renamed into place: neither a reader
@@ -136,7 +151,8 @@ class MappedFile:
         try:
             if not spare:
                 os.ftruncate(fd, file_size_bytes)
-                allocate(fd, file_size_bytes)
+                if not sparse:
+                    allocate(fd, file_size_bytes)
             for position, data in initial:
                 os.pwrite(fd, data, position)
             os.fsync(fd)  # the size is metadata: a data-only sync would not persist it
@@ -148,7 +164,10 @@ class MappedFile:
         os.close(fd)
         os.rename(temp, path)
         fsync_directory(directory)
-        return cls(path, file_size_bytes, start_offset, writable=True, read_ahead=read_ahead)
+        mapped = cls(path, file_size_bytes, start_offset, writable=True, read_ahead=read_ahead, sparse=sparse)
+        if sparse and not spare:
+            mapped._reserved_end = 0  # made here without blocks: no need to look for them
+        return mapped
 
     @staticmethod
     def allocate_spare(path: str, file_size_bytes: int) -> None:
@@ -175,10 +194,30 @@ class MappedFile:
     def name(self) -> str:
         return os.path.basename(self.path)
 
+    def reserve(self, end: int) -> None:
+        """Give the file's bytes up to ``end`` their disk blocks (a sparse file's; a full
+        file has all of its own): ``ENOSPC`` here, where a write through the mapping
+        would get SIGBUS. Grows by at least what the file holds, a page at the least."""
+        reserved = self._reserved_end
+        if reserved is None:
+            # Blocks already given: up to the file's trailing hole (after a restart).
+            reserved = self._reserved_end = self._allocated_end()
+        if end <= reserved:
+            return
+        target = min(self.file_size_bytes, max(end + -end % mmap.PAGESIZE, 2 * reserved, SPARSE_RESERVE_MIN_BYTES))
+        fd, owned = self._take_descriptor()
+        try:
+            allocate(fd, target - reserved, reserved)
+        finally:
+            self._give_descriptor(fd, owned)
+        self._reserved_end = target
+
     def write(self, position: int, data: bytes | bytearray | memoryview) -> None:
         if not self.writable:
             raise ReadOnly(f"{self.path} is mapped read-only")
         invariant(position >= 0 and position + len(data) <= self.file_size_bytes, "write past file end")
+        if self.sparse:
+            self.reserve(position + len(data))
         self.dirty = True
         if len(data) < WRITE_THROUGH_FILE_BYTES:
             self.buf[position : position + len(data)] = data
@@ -432,10 +471,13 @@ READ_DESCRIPTORS = ReadDescriptors(READ_DESCRIPTORS_MAX)
 class MappedFileQueue:
     """A directory of fixed-size files named by their 20-digit start offset."""
 
-    def __init__(self, directory: str, file_size_bytes: int, *, writable: bool, read_ahead: bool = True):
+    def __init__(self, directory: str, file_size_bytes: int, *, writable: bool, read_ahead: bool = True, sparse: bool = False):
+        """``sparse``: the files are made without their blocks, which each write gives
+        the bytes it writes (see MappedFile)."""
         if file_size_bytes <= 0:
             raise InvalidArgument(f"file size must be positive, got {file_size_bytes}")
         self.directory = directory
+        self.sparse = sparse
         self.file_size_bytes = file_size_bytes
         self.writable = writable
         self.read_ahead = read_ahead  # see MappedFile
@@ -492,6 +534,7 @@ class MappedFileQueue:
                     start,
                     writable=self.writable,
                     read_ahead=self.read_ahead,
+                    sparse=self.sparse and self.writable,
                 )
             )
             added = True
@@ -552,6 +595,7 @@ class MappedFileQueue:
             self.file_size_bytes,
             start_offset,
             read_ahead=self.read_ahead,
+            sparse=self.sparse,
         )
         self.files.append(mapped)
         return mapped

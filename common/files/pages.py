@@ -84,21 +84,22 @@ class Pages:
         self.view.release()
 
 
-def allocate(fd: int, size: int) -> None:
-    """Give the file's first ``size`` bytes their disk blocks now, so that a write through
-    a mapping can never find the file system full: that write would get SIGBUS, and kill
-    the process, where a full disk at creation is an ``ENOSPC`` the caller refuses cleanly.
-    File systems without ``fallocate`` get zeros written instead."""
+def allocate(fd: int, size: int, offset: int = 0) -> None:
+    """Give the file's bytes ``offset`` to ``offset + size`` their disk blocks now, so that
+    a write through a mapping can never find the file system full: that write would get
+    SIGBUS, and kill the process, where a full disk here is an ``ENOSPC`` the caller
+    refuses cleanly. File systems without ``fallocate`` get zeros written instead (the
+    caller names only bytes that hold nothing yet)."""
     try:
-        os.posix_fallocate(fd, 0, size)
+        os.posix_fallocate(fd, offset, size)
         return
     except OSError as error:
         if error.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
             raise
     chunk = bytes(1 << 20)
-    position = 0
-    while position < size:
-        written = os.pwrite(fd, memoryview(chunk)[: min(len(chunk), size - position)], position)
+    position = offset
+    while position < offset + size:
+        written = os.pwrite(fd, memoryview(chunk)[: min(len(chunk), offset + size - position)], position)
         if written <= 0:  # a regular file takes at least a byte or raises; never spin
             raise OSError(errno.EIO, f"a write at {position} stored nothing")
         position += written

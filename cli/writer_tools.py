@@ -136,6 +136,9 @@ def cmd_writer_serve(args: argparse.Namespace) -> int:
             flush_interval_ms=args.flush_interval_ms,
             store_host=args.store_host,
             auto_create_topics=not args.no_auto_create,
+            max_topics=args.max_topics,
+            max_queues=args.max_queues,
+            max_groups=args.max_groups,
             advertise=args.advertise,
             broker_name=args.broker_name,
             consumer_flush_interval_ms=args.consumer_flush_interval_ms,
@@ -381,6 +384,18 @@ def register(commands: argparse._SubParsersAction) -> None:  # type: ignore[type
     )
     serve.add_argument("--no-auto-create", action="store_true", help="refuse messages to unknown topics")
     serve.add_argument(
+        "--max-topics",
+        type=exits.positive,
+        default=10_000,
+        help="topics the writer makes at most, by any call (default 10000; past it: RESOURCE_EXHAUSTED, v2 TOO_MANY_REQUESTS)",
+    )
+    serve.add_argument(
+        "--max-queues",
+        type=exits.positive,
+        default=100_000,
+        help="queues of all topics at most (default 100000; past it a topic is neither made nor grown)",
+    )
+    serve.add_argument(
         "--advertise",
         type=exits.endpoint,
         metavar="HOST:PORT",
@@ -410,6 +425,12 @@ def register(commands: argparse._SubParsersAction) -> None:  # type: ignore[type
         default=None,
         metavar="S,S,...",
         help="seconds before each retry of a failed message (default 1,5,10,30,60,...,7200: Apache's levels)",
+    )
+    consumers.add_argument(
+        "--max-groups",
+        type=exits.positive,
+        default=1_000,
+        help="consumer groups the writer keeps progress for at most (default 1000; a receive of one more: TOO_MANY_REQUESTS)",
     )
     consumers.add_argument(
         "--fifo-group",

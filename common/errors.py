@@ -62,6 +62,11 @@ class StoreFull(StoreError):
     """The disk is above the configured full ratio, or a file cannot grow."""
 
 
+class LimitReached(StoreFull):
+    """A configured cap on what the store holds (topics, queues, consumer groups) is
+    reached: nothing more of that kind is made until an operator raises it."""
+
+
 class OutOfResources(StoreError):
     """The process ran out of something the operating system grants (file descriptors,
     memory): retry once it returns."""

@@ -145,9 +145,15 @@ def call(channel: grpc.Channel, path: str, method: Any, payload: bytes) -> grpc.
     return grpc.StatusCode.OK
 
 
+# The writer's caps on topics, queues and consumer groups, set low so that fuzzed calls
+# meet them (RESOURCE_EXHAUSTED on rmqstore.v1, TOO_MANY_REQUESTS in a v2 status).
+CAPS = {"max_topics": 3, "max_queues": 8}
+GROUPS_MAX = 3
+
+
 class Nodes:
     def __init__(self, root: Path):
-        self.writer: WriterNode = WriterNode(root / "store", auto_create_queue_count=2, default_queue_count=2)
+        self.writer: WriterNode = WriterNode(root / "store", auto_create_queue_count=2, default_queue_count=2, **CAPS)
         self.writer.stub.SendBatch(
             writer_pb2.SendBatchRequest(
                 messages=[messages_pb2.Message(topic="TopicA", keys=["k"], body=b"seed") for _ in range(20)]
@@ -158,7 +164,8 @@ class Nodes:
         self.query = QueryNode(root / "store")
         self.query_channel = self.query.channel
         # The writer's RocketMQ 5 gateway (apache.rocketmq.v2.MessagingService), on a store of its own.
-        self.gateway = gateway_node(root / "gateway-store", auto_create_queue_count=2, default_queue_count=2)
+        self.gateway = gateway_node(root / "gateway-store", auto_create_queue_count=2, default_queue_count=2, **CAPS)
+        self.gateway.messaging.consumers.max_groups = GROUPS_MAX
 
     def close(self) -> None:
         self.gateway.close()

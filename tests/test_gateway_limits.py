@@ -210,3 +210,105 @@ def test_unauthenticated_health_streams_leave_signed_streams_their_own(nodes: No
         assert hostile.poll() is None
     finally:
         stop(hostile)
+
+
+def test_topics_queues_and_groups_are_capped_by_their_flags(nodes: Nodes, tmp_path: Path) -> None:
+    """Finding 6: past --max-topics, --max-queues and --max-groups no call makes more
+    (v1: RESOURCE_EXHAUSTED; v2: TOO_MANY_REQUESTS), across a restart too; what exists is
+    served as before."""
+    store = tmp_path / "store"
+    caps = ("--max-topics", "3", "--max-queues", "10", "--max-groups", "2")
+    writer = nodes.start("writer", store, *caps)
+    producer = nodes.writer(writer)
+
+    def create(name: str, queue_count: int) -> Any:
+        return producer.CreateTopic(writer_pb2.CreateTopicRequest(name=name, queue_count=queue_count), timeout=RPC_TIMEOUT_S)
+
+    def refused(call: Callable[[], Any]) -> tuple[grpc.StatusCode, str]:
+        with pytest.raises(grpc.RpcError) as raised:
+            call()
+        error: Any = raised.value
+        return error.code(), error.details()
+
+    create("A", 4)
+    create("B", 4)
+    assert refused(lambda: create("C", 4)) == (
+        grpc.StatusCode.RESOURCE_EXHAUSTED, "topic C with 4 queues would make 12 queues in all, past the writer's limit (--max-queues 10)"
+    )
+    create("C", 2)
+    too_many_topics = "the writer holds 3 topics, its limit (--max-topics 3): topic D is not created"
+    assert refused(lambda: create("D", 1)) == (grpc.StatusCode.RESOURCE_EXHAUSTED, too_many_topics)
+    send_d = writer_pb2.SendRequest(message=messages_pb2.Message(topic="D", body=b"d"))
+    assert refused(lambda: producer.Send(send_d, timeout=RPC_TIMEOUT_S)) == (grpc.StatusCode.RESOURCE_EXHAUSTED, too_many_topics)
+    gateway = service_pb2_grpc.MessagingServiceStub(nodes.channel(writer))
+    route = gateway.QueryRoute(v2s.QueryRouteRequest(topic=v2.Resource(name="D")), timeout=RPC_TIMEOUT_S)
+    assert (route.status.code, route.status.message) == (v2.TOO_MANY_REQUESTS, too_many_topics)
+    producer.Send(writer_pb2.SendRequest(message=messages_pb2.Message(topic="A", body=b"a")), timeout=RPC_TIMEOUT_S)
+
+    def receive(stub: service_pb2_grpc.MessagingServiceStub, group: str) -> v2.Status:
+        request = v2s.ReceiveMessageRequest(
+            group=v2.Resource(name=group), message_queue=v2.MessageQueue(topic=v2.Resource(name="A"), id=0),
+            filter_expression=v2.FilterExpression(type=v2.TAG, expression="*"), batch_size=1,
+            invisible_duration=duration_pb2.Duration(seconds=30), long_polling_timeout=duration_pb2.Duration(seconds=0),
+        )  # fmt: skip
+        (status,) = [a.status for a in stub.ReceiveMessage(request, timeout=RPC_TIMEOUT_S) if a.HasField("status")]
+        return status
+
+    assert receive(gateway, "g1").code == v2.OK
+    assert receive(gateway, "g2").code == v2.OK
+    too_many_groups = "the writer holds 2 consumer groups, its limit (--max-groups 2): group g3 is not made"
+    assert (receive(gateway, "g3").code, receive(gateway, "g3").message) == (v2.TOO_MANY_REQUESTS, too_many_groups)
+    writer.stop()
+    again = nodes.start("writer", store, *caps)
+    gateway = service_pb2_grpc.MessagingServiceStub(nodes.channel(again))
+    assert receive(gateway, "g3").message == too_many_groups
+    assert receive(gateway, "g1").code == v2.MESSAGE_NOT_FOUND  # its message is in flight
+    assert refused(lambda: nodes.writer(again).CreateTopic(writer_pb2.CreateTopicRequest(name="D", queue_count=1), timeout=RPC_TIMEOUT_S)) == (
+        grpc.StatusCode.RESOURCE_EXHAUSTED, too_many_topics
+    )
+
+
+IN_FLIGHT = 65_536
+REPOLLERS = 2
+# Before the index of what is next visible, each empty receive scanned the 65,536 in
+# flight on the writer's loop: two clients re-polling made a send 10-50 times slower.
+IN_FLIGHT_SLOWDOWN_MAX = 2.5
+
+
+@pytest.mark.slow
+def test_a_large_set_in_flight_makes_empty_receives_cost_others_nothing(nodes: Nodes, tmp_path: Path) -> None:
+    """Finding 5: a group holds 65,536 messages in flight (12 h invisibility) and two of
+    its clients re-poll without a pause: each empty receive looks at no message, so a
+    send beside them is as fast as alone."""
+    writer = nodes.start("writer", tmp_path / "store")
+    create_topic(writer, nodes, "Flight", 1)
+    producer = nodes.writer(writer)
+    for start in range(0, IN_FLIGHT, 8192):
+        batch = [messages_pb2.Message(topic="Flight", queue_id=0, body=b"f") for _ in range(min(8192, IN_FLIGHT - start))]
+        producer.SendBatch(writer_pb2.SendBatchRequest(messages=batch), timeout=RPC_TIMEOUT_S)
+    gateway = service_pb2_grpc.MessagingServiceStub(nodes.channel(writer))
+    request = v2s.ReceiveMessageRequest(
+        group=v2.Resource(name="hoarders"), message_queue=v2.MessageQueue(topic=v2.Resource(name="Flight"), id=0),
+        filter_expression=v2.FilterExpression(type=v2.TAG, expression="*"), batch_size=1024,
+        invisible_duration=duration_pb2.Duration(seconds=43_200), long_polling_timeout=duration_pb2.Duration(seconds=0),
+    )  # fmt: skip
+    held = 0
+    while held < IN_FLIGHT:
+        taken = sum(a.HasField("message") for a in gateway.ReceiveMessage(request, timeout=RPC_TIMEOUT_S))
+        assert taken, f"{held} in flight, then nothing"
+        held += taken
+    send = writer_pb2.SendRequest(message=messages_pb2.Message(topic="Busy", body=b"b" * 100))
+
+    def sent() -> Any:
+        return producer.Send(send, timeout=RPC_TIMEOUT_S)
+
+    unloaded_s = median_s(sent, 200)
+    hostile, opened = open_hostile(writer, "repoll", str(REPOLLERS), "Flight", "hoarders")
+    try:
+        assert opened == {"event": "open", "count": REPOLLERS, "refused": {}}
+        loaded_s = median_s(sent, 200)
+        assert hostile.poll() is None
+    finally:
+        stop(hostile)
+    print(f"send p50 {unloaded_s * 1000:.2f} ms alone, {loaded_s * 1000:.2f} ms beside {REPOLLERS} clients re-polling over {IN_FLIGHT} in flight")
+    assert loaded_s <= IN_FLIGHT_SLOWDOWN_MAX * unloaded_s + 0.001, (unloaded_s, loaded_s)

@@ -31,6 +31,9 @@ class WriterConfig:
     auto_create_topics: bool = True
     auto_create_queue_count: int = 4  # min(producer 4, TBW102 8)
     default_queue_count: int = 8  # mqadmin updateTopic
+    # Caps on what clients may make (LimitReached past them): topics, and their queues in all.
+    max_topics: int = 10_000
+    max_queues: int = 100_000
     # Retention (fileReservedTime, deleteWhen, diskMaxUsedSpaceRatio, the full ratio).
     retention_hours: float = 72.0
     retention_delete_hours: tuple[int, ...] = (4,)

@@ -42,6 +42,7 @@ import base64
 import binascii
 import functools
 import hashlib
+import heapq
 import hmac
 import json
 import logging
@@ -56,11 +57,12 @@ from typing import Any
 
 from opentelemetry import metrics
 
-from rmqstore.common.codec.consumequeue import tags_code
+from rmqstore.common.codec.consumequeue import Unit, tags_code
 from rmqstore.common.codec.record import Record
 from rmqstore.common.codec.topic import TOPIC_LENGTH_MAX
-from rmqstore.common.errors import Corruption, InvalidArgument, NotFound
+from rmqstore.common.errors import Corruption, InvalidArgument, LimitReached, NotFound
 from rmqstore.common.files import consumer_offsets
+from rmqstore.common.files.consumequeue import ConsumeQueue
 from rmqstore.common.files.mapped import fsync_directory
 from rmqstore.service.metrics import METER_NAME
 from rmqstore.writer.store import Writer
@@ -90,6 +92,7 @@ RECEIVE_BYTES_MAX = 16 * 1024 * 1024
 INVISIBLE_MS_MIN = 1_000
 INVISIBLE_MS_MAX = 12 * 3600 * 1000  # Apache's proxy bounds invisible_duration the same way
 DEFAULT_FLUSH_INTERVAL_MS = 1_000
+DEFAULT_MAX_GROUPS = 1_000
 # Apache's maxReconsumeTimes 16: 17 deliveries.
 DEFAULT_MAX_ATTEMPTS = 17
 # A message bound for the dead-letter topic stays invisible while it is written there.
@@ -168,9 +171,55 @@ class Delivery:
 
 @dataclass
 class QueueProgress:
+    """A group's progress in one queue, and its index of what comes next: ``fresh``, the
+    first offset never handed out (below it every message is done or in flight), and
+    ``due``, a heap of (visible_at_ms, offset) of the deliveries in flight (an entry whose
+    delivery is gone or was moved since is stale and skipped). A receive looks only at
+    what the heap says is visible again and at the queue from ``fresh`` on, so a large
+    set in flight costs it nothing."""
+
     committed: int
     acked: set[int] = field(default_factory=set)
     inflight: dict[int, Delivery] = field(default_factory=dict)
+    fresh: int = -1  # at least committed (set there when made)
+    due: list[tuple[int, int]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.fresh = max(self.fresh, self.committed)
+
+    def hold(self, offset: int, delivery: Delivery) -> None:
+        """Put a message in flight until ``delivery.visible_at_ms``."""
+        self.inflight[offset] = delivery
+        heapq.heappush(self.due, (delivery.visible_at_ms, offset))
+
+    def moved(self, offset: int, delivery: Delivery) -> None:
+        """``delivery``'s visible_at_ms has changed (its earlier heap entry is now stale)."""
+        heapq.heappush(self.due, (delivery.visible_at_ms, offset))
+
+    def reindex(self) -> None:
+        """Rebuild the index from ``inflight`` (loaded from the state file): every
+        offset from ``committed`` on is looked at once more by the next receive."""
+        self.fresh = self.committed
+        self.due = [(d.visible_at_ms, o) for o, d in self.inflight.items()]
+        heapq.heapify(self.due)
+
+    def soonest_due(self) -> tuple[int, int] | None:
+        """The heap's first live entry, the stale ones before it dropped."""
+        due = self.due
+        while due:
+            visible_at, offset = due[0]
+            delivery = self.inflight.get(offset)
+            if delivery is not None and delivery.visible_at_ms == visible_at:
+                return due[0]
+            heapq.heappop(due)
+        return None
+
+    def reset(self, offset: int) -> None:
+        """Start over at ``offset``: nothing acknowledged above it, nothing in flight."""
+        self.committed = self.fresh = offset
+        self.acked.clear()
+        self.inflight.clear()
+        self.due.clear()
 
     def advance(self) -> None:
         while self.committed in self.acked:
@@ -188,7 +237,7 @@ class QueueProgress:
     def move_to(self, offset: int) -> None:
         """Set the committed offset (the queue's floor, or a client's UpdateOffset): what
         lies below is forgotten, what lies above stays as it is."""
-        self.committed = offset
+        self.committed = self.fresh = offset  # what lies above is looked at again, once
         self.acked = {o for o in self.acked if o >= offset}
         self.inflight = {o: d for o, d in self.inflight.items() if o >= offset}
         self.advance()
@@ -252,8 +301,13 @@ class ConsumerGroups:
         flush_interval_ms: int = DEFAULT_FLUSH_INTERVAL_MS,
         fifo_groups: frozenset[str] = frozenset(),
         max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+        max_groups: int | None = DEFAULT_MAX_GROUPS,
     ):
         self.writer = writer
+        # A cap on the groups clients may make (each costs memory and every flush's
+        # snapshot); groups the store already has are kept past it.
+        self.max_groups = max_groups
+        self.groups: set[str] = set()
         self.config_dir = config_dir
         self.state_path = os.path.join(config_dir, STATE_FILE_NAME)
         self.flush_interval_ms = flush_interval_ms
@@ -289,8 +343,10 @@ class ConsumerGroups:
                 for o, attempt, visible, nonce, group_name in entry["inflight"]
             }
             progress.advance()
+            progress.reindex()
         for (group, topic, queue_id), progress in self.progress.items():
             self._within_queue(group, topic, queue_id, progress)
+        self.groups = {group for group, _, _ in self.progress}
         if not state:
             self.dirty = True  # write the secret down with the first flush
 
@@ -323,9 +379,7 @@ class ConsumerGroups:
             group, topic, queue_id, progress.committed, end, end,
         )  # fmt: skip
         _offsets_corrected().add(1, {"messaging.consumer.group.name": group, "messaging.destination.name": topic})
-        progress.committed = end
-        progress.acked.clear()
-        progress.inflight.clear()
+        progress.reset(end)
         self.dirty = True
 
     def _read_state(self) -> dict[str, Any] | None:
@@ -432,6 +486,13 @@ class ConsumerGroups:
         queue = self.writer.queues.find(topic, queue_id)
         floor = queue.min_offset if queue is not None else 0
         if progress is None:
+            if group not in self.groups:
+                if self.max_groups is not None and len(self.groups) >= self.max_groups:
+                    raise LimitReached(
+                        f"the writer holds {len(self.groups)} consumer groups, its limit (--max-groups {self.max_groups}): "
+                        f"group {group} is not made"
+                    )
+                self.groups.add(group)
             # A new group starts at the queue's oldest message.
             progress = self.progress[key] = QueueProgress(floor)
             self.dirty = True
@@ -497,6 +558,113 @@ class ConsumerGroups:
         if queue is None or (queue.max_offset == queue.min_offset and (group, topic, queue_id) not in self.progress):
             return []  # nothing to hand out: a group becomes known in a queue once it holds a message
         progress = self._progress(group, topic, queue_id)
+        if fifo:
+            return self._scan_fifo(group, topic, queue_id, queue, progress, wanted, now, invisible_ms, tag_filter, dead, budget, first)
+        out: list[Picked] = []
+        codes = tag_filter.codes
+
+        def full(unit: Unit) -> bool:
+            return unit.size > budget[0] and not (first and not out)
+
+        # What comes back: deliveries in flight whose invisibility has ended, soonest first.
+        while len(out) < wanted and budget[0] > 0:
+            entry = progress.soonest_due()
+            if entry is None or entry[0] > now:
+                break
+            offset = entry[1]
+            unit = queue.read(offset)
+            if unit is not None and full(unit):
+                break  # the answer is full; the rest waits for the next receive
+            heapq.heappop(progress.due)
+            if unit is None:
+                progress.done(offset)  # removed by retention since it was handed out
+                self.dirty = True
+                continue
+            handed = len(out)
+            self._hand(group, topic, queue_id, progress, offset, unit, progress.inflight[offset], now, invisible_ms, codes, "", None, out, dead)
+            budget[0] -= sum(one.size for one in out[handed:])
+        # Then what was never handed out, from the index's fresh offset on.
+        start = max(progress.fresh, progress.committed)
+        stop = min(queue.max_offset, progress.committed + SCAN_UNITS_MAX)
+        if len(out) < wanted and budget[0] > 0 and start < stop:
+            for offset, unit in queue.units(start, stop):
+                if offset in progress.acked:
+                    progress.fresh = offset + 1
+                    continue
+                delivery = progress.inflight.get(offset)
+                if delivery is not None and delivery.visible_at_ms > now:
+                    progress.fresh = offset + 1
+                    continue
+                if full(unit):
+                    break  # the answer is full; the rest waits for the next receive
+                handed = len(out)
+                self._hand(group, topic, queue_id, progress, offset, unit, delivery, now, invisible_ms, codes, "", None, out, dead)
+                budget[0] -= sum(one.size for one in out[handed:])
+                progress.fresh = offset + 1
+                if len(out) >= wanted or budget[0] <= 0:
+                    break
+        return out
+
+    def _hand(
+        self,
+        group: str,
+        topic: str,
+        queue_id: int,
+        progress: QueueProgress,
+        offset: int,
+        unit: Unit,
+        delivery: Delivery | None,
+        now: int,
+        invisible_ms: int,
+        codes: frozenset[int] | None,
+        message_group: str,
+        record: Record | None,
+        out: list[Picked],
+        dead: list[Picked],
+    ) -> None:
+        """Hand out the message at ``offset`` (its ``delivery`` so far, if any) into
+        ``out``, or into ``dead`` once its deliveries are used up; a message retention
+        removed, or that the filter's tag codes leave out, is done instead."""
+        if unit.commitlog_offset < self.writer.log.min_offset:
+            progress.done(offset)  # removed by retention before the group read it
+            self.dirty = True
+            return
+        if codes is not None and unit.tags_code not in codes:
+            progress.done(offset)  # not the group's: consumed by skipping
+            self.dirty = True
+            return
+        attempt = delivery.attempt + 1 if delivery is not None else 1
+        nonce = secrets.randbits(62)
+        self.dirty = True
+        if attempt > self.max_attempts:
+            visible_at = now + DEAD_LETTER_HOLD_MS
+            progress.hold(offset, Delivery(attempt - 1, visible_at, nonce, message_group))
+            handle = self.make_handle(group, topic, queue_id, offset, nonce)
+            dead.append(Picked(queue_id, offset, unit.commitlog_offset, unit.size, attempt - 1, handle, visible_at, record))
+            return
+        visible_at = now + invisible_ms
+        progress.hold(offset, Delivery(attempt, visible_at, nonce, message_group))
+        handle = self.make_handle(group, topic, queue_id, offset, nonce)
+        out.append(Picked(queue_id, offset, unit.commitlog_offset, unit.size, attempt, handle, visible_at, record))
+
+    def _scan_fifo(
+        self,
+        group: str,
+        topic: str,
+        queue_id: int,
+        queue: ConsumeQueue,
+        progress: QueueProgress,
+        wanted: int,
+        now: int,
+        invisible_ms: int,
+        tag_filter: TagFilter,
+        dead: list[Picked],
+        budget: list[int],
+        first: bool,
+    ) -> list[Picked]:
+        """A FIFO group's receive: the queue in order from the committed offset, since a
+        message group's next message waits for the one before it in flight (each record
+        is read here for its message group)."""
         codes = tag_filter.codes
         blocked: set[str] = set()  # FIFO message groups with an earlier message in flight
         out: list[Picked] = []
@@ -506,47 +674,27 @@ class ConsumerGroups:
                 continue
             delivery = progress.inflight.get(offset)
             if delivery is not None and delivery.visible_at_ms > now:
-                if fifo and delivery.message_group:
+                if delivery.message_group:
                     blocked.add(delivery.message_group)
                 continue
-            if unit.commitlog_offset < self.writer.log.min_offset:
-                progress.done(offset)  # removed by retention before the group read it
-                self.dirty = True
-                continue
-            if codes is not None and unit.tags_code not in codes:
-                progress.done(offset)  # not the group's: consumed by skipping
-                self.dirty = True
+            if unit.commitlog_offset < self.writer.log.min_offset or (codes is not None and unit.tags_code not in codes):
+                self._hand(group, topic, queue_id, progress, offset, unit, delivery, now, invisible_ms, codes, "", None, out, dead)
                 continue
             if unit.size > budget[0] and not (first and not out):
                 break  # the answer is full; the rest waits for the next receive
-            record: Record | None = None
-            message_group = ""
-            if fifo:
-                # The message group decides what may be handed out: read here.
-                record = self.writer.log.read(unit.commitlog_offset)
-                if not tag_filter.admits(record.tags):
-                    progress.done(offset)
-                    self.dirty = True
-                    continue
-                message_group = record.properties.get(SHARDING_KEY, "")
-                if message_group:
-                    if message_group in blocked:
-                        continue
-                    blocked.add(message_group)
-            attempt = delivery.attempt + 1 if delivery is not None else 1
-            nonce = secrets.randbits(62)
-            self.dirty = True
-            if attempt > self.max_attempts:
-                visible_at = now + DEAD_LETTER_HOLD_MS
-                progress.inflight[offset] = Delivery(attempt - 1, visible_at, nonce, message_group)
-                handle = self.make_handle(group, topic, queue_id, offset, nonce)
-                dead.append(Picked(queue_id, offset, unit.commitlog_offset, unit.size, attempt - 1, handle, visible_at, record))
+            record = self.writer.log.read(unit.commitlog_offset)
+            if not tag_filter.admits(record.tags):
+                progress.done(offset)
+                self.dirty = True
                 continue
-            visible_at = now + invisible_ms
-            progress.inflight[offset] = Delivery(attempt, visible_at, nonce, message_group)
-            handle = self.make_handle(group, topic, queue_id, offset, nonce)
-            out.append(Picked(queue_id, offset, unit.commitlog_offset, unit.size, attempt, handle, visible_at, record))
-            budget[0] -= unit.size
+            message_group = record.properties.get(SHARDING_KEY, "")
+            if message_group:
+                if message_group in blocked:
+                    continue
+                blocked.add(message_group)
+            handed = len(out)
+            self._hand(group, topic, queue_id, progress, offset, unit, delivery, now, invisible_ms, codes, message_group, record, out, dead)
+            budget[0] -= sum(one.size for one in out[handed:])
             if len(out) >= wanted or budget[0] <= 0:
                 break
         return out
@@ -601,11 +749,12 @@ class ConsumerGroups:
 
     def change_invisible(self, group: str, topic: str, handle: str, invisible_ms: int) -> str:
         """Make the delivery invisible for ``invisible_ms`` from now; a new handle for it."""
-        receipt, _, delivery = self._current(group, topic, handle)
+        receipt, progress, delivery = self._current(group, topic, handle)
         if delivery is None:
             raise InvalidReceiptHandle("the message is already acknowledged")
         delivery.visible_at_ms = now_ms() + invisible_ms
         delivery.nonce = secrets.randbits(62)
+        progress.moved(receipt.queue_offset, delivery)
         self.dirty = True
         return self.make_handle(group, topic, receipt.queue_id, receipt.queue_offset, delivery.nonce)
 
@@ -621,11 +770,9 @@ class ConsumerGroups:
         soonest: int | None = None
         for queue_id in queue_ids:
             progress = self.progress.get((group, topic, queue_id))
-            if progress is None:
-                continue
-            for delivery in progress.inflight.values():
-                if soonest is None or delivery.visible_at_ms < soonest:
-                    soonest = delivery.visible_at_ms
+            entry = progress.soonest_due() if progress is not None else None
+            if entry is not None and (soonest is None or entry[0] < soonest):
+                soonest = entry[0]
         return soonest
 
     def committed(self, group: str, topic: str, queue_id: int) -> int:

@@ -61,6 +61,9 @@ class WriterOptions:
     # ip:port written into records and msgIds (None: 127.0.0.1 and the port served on).
     store_host: str | None = None
     auto_create_topics: bool = True
+    max_topics: int = 10_000  # topics clients may make, in all
+    max_queues: int = 100_000  # queues of all topics
+    max_groups: int = 1_000  # consumer groups the gateway keeps progress for
     # HOST:PORT RocketMQ 5 clients are routed to by QueryRoute (None: the listen address).
     advertise: str | None = None
     broker_name: str = "rmqstore-0"
@@ -132,6 +135,8 @@ class WriterNode(ServingNode):
             flush_interval_ms=options.flush_interval_ms,
             store_host=options.store_host or f"127.0.0.1:{port}",
             auto_create_topics=options.auto_create_topics,
+            max_topics=options.max_topics,
+            max_queues=options.max_queues,
             retention_hours=options.retention_hours,
             disk_clean_ratio=options.disk_clean_ratio,
             disk_full_ratio=options.disk_full_ratio,
@@ -157,6 +162,7 @@ class WriterNode(ServingNode):
                 writer.paths.config,
                 flush_interval_ms=options.consumer_flush_interval_ms,
                 fifo_groups=frozenset(options.fifo_groups),
+                max_groups=options.max_groups,
             )
         except BaseException:
             writer.close()

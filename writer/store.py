@@ -290,7 +290,13 @@ class Writer:
         self.queues.open_all()
         self.index = IndexFileList(self.paths.index, sizes.index_slots, sizes.index_entries, writable=True)
         self.dispatcher = Dispatcher(self.queues, self.index)
-        self.topics = TopicTable(self.paths.config, self.paths.consumequeue, self.queues.discover())
+        self.topics = TopicTable(
+            self.paths.config,
+            self.paths.consumequeue,
+            self.queues.discover(),
+            max_topics=self.config.max_topics,
+            max_queues=self.config.max_queues,
+        )
         ensure_cursor_key(self.paths.config)  # the store's query nodes sign page cursors with it
         self.publisher = ProgressPublisher(self.config.store)
         self.uniq_keys = UniqKeyGenerator()

@@ -21,7 +21,7 @@ import threading
 import zlib
 
 from rmqstore.common.codec.topic import validate_topic
-from rmqstore.common.errors import Corruption, InvalidArgument
+from rmqstore.common.errors import Corruption, InvalidArgument, LimitReached
 from rmqstore.common.files.mapped import fsync_directory, makedirs_durable
 
 FILE_NAME = "rmqstore-topics.json"
@@ -35,7 +35,21 @@ def _canonical(topics: dict[str, int]) -> bytes:
 
 
 class TopicTable:
-    def __init__(self, config_dir: str, consumequeue_dir: str, discovered: list[tuple[str, int]]):
+    """The writer's topics and their queue counts. ``max_topics`` and ``max_queues`` (in
+    all) cap what :meth:`create` makes; a store that already holds more (the caps lowered
+    since) keeps them and makes none."""
+
+    def __init__(
+        self,
+        config_dir: str,
+        consumequeue_dir: str,
+        discovered: list[tuple[str, int]],
+        *,
+        max_topics: int | None = None,
+        max_queues: int | None = None,
+    ):
+        self.max_topics = max_topics
+        self.max_queues = max_queues
         self.config_dir = config_dir
         self.consumequeue_dir = consumequeue_dir
         self.path = os.path.join(config_dir, FILE_NAME)
@@ -114,6 +128,17 @@ class TopicTable:
             current = self.topics.get(topic, 0)
             if current >= queue_count:
                 return False
+            if not current and self.max_topics is not None and len(self.topics) >= self.max_topics:
+                raise LimitReached(
+                    f"the writer holds {len(self.topics)} topics, its limit (--max-topics {self.max_topics}): "
+                    f"topic {topic} is not created"
+                )
+            queues = sum(self.topics.values()) - current + queue_count
+            if self.max_queues is not None and queues > self.max_queues:
+                raise LimitReached(
+                    f"topic {topic} with {queue_count} queues would make {queues} queues in all, past the writer's "
+                    f"limit (--max-queues {self.max_queues})"
+                )
             self._make_queue_dirs(topic, queue_count)
             self.topics[topic] = queue_count
             self._save()

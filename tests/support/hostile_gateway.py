@@ -8,6 +8,8 @@ KIND:
 * ``polls``: COUNT ReceiveMessage long polls (30 s) of GROUP on TOPIC, each issued
   again when it ends, on 8 connections;
 * ``watch``: COUNT grpc health Watch streams, each read once, on 16 connections;
+* ``repoll``: COUNT clients, each sending ReceiveMessage calls of GROUP on TOPIC without
+  a long poll, ``REPOLL_PAUSE_S`` apart, for as long as it runs;
 * ``big``: COUNT ReceiveMessage calls (each of a group of its own) and COUNT PullMessage
   calls from offset 0, all at once, each asking ``BIG_BATCH`` messages of TOPIC's queue 0.
 
@@ -36,6 +38,7 @@ from rmqstore.rocketmq_v2 import service_pb2_grpc
 OPEN_TIMEOUT_S = 120.0
 POLL_S = 30
 BIG_BATCH = 40
+REPOLL_PAUSE_S = 0.01
 
 
 def channels(endpoint: str, count: int) -> list[grpc.aio.Channel]:
@@ -66,6 +69,24 @@ async def poll_forever(channel: grpc.aio.Channel, topic: str, group: str, issued
         except grpc.RpcError as error:
             refused[str(error.code())] += 1  # type: ignore[attr-defined]
             await asyncio.sleep(1)
+
+
+async def repoll_forever(channel: grpc.aio.Channel, topic: str, group: str, issued: asyncio.Event, refused: Counter[str]) -> None:
+    stub = service_pb2_grpc.MessagingServiceStub(channel)
+    request = v2s.ReceiveMessageRequest(
+        group=v2.Resource(name=group),
+        message_queue=v2.MessageQueue(topic=v2.Resource(name=topic), id=0),
+        filter_expression=v2.FilterExpression(type=v2.TAG, expression="*"),
+        batch_size=32,
+        invisible_duration=duration_pb2.Duration(seconds=43_200),
+        long_polling_timeout=duration_pb2.Duration(seconds=0),
+    )
+    while True:
+        async for answer in stub.ReceiveMessage(request, timeout=OPEN_TIMEOUT_S):
+            if answer.HasField("status") and answer.status.code not in (v2.OK, v2.MESSAGE_NOT_FOUND):
+                refused[str(answer.status.code)] += 1
+        issued.set()
+        await asyncio.sleep(REPOLL_PAUSE_S)
 
 
 async def watch(channel: grpc.aio.Channel, refused: Counter[str]) -> Any:
@@ -112,6 +133,11 @@ async def main(endpoint: str, kind: str, count: int, topic: str, group: str) -> 
             asyncio.ensure_future(poll_forever(connections[i % len(connections)], topic, group, events[i], refused))
             for i in range(count)
         ]
+        await asyncio.wait_for(asyncio.gather(*(event.wait() for event in events)), OPEN_TIMEOUT_S)
+    elif kind == "repoll":
+        connections = channels(endpoint, count)
+        events = [asyncio.Event() for _ in range(count)]
+        held = [asyncio.ensure_future(repoll_forever(connections[i], topic, group, events[i], refused)) for i in range(count)]
         await asyncio.wait_for(asyncio.gather(*(event.wait() for event in events)), OPEN_TIMEOUT_S)
     elif kind == "watch":
         connections = channels(endpoint, 16)

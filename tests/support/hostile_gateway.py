@@ -10,6 +10,9 @@ KIND:
 * ``watch``: COUNT grpc health Watch streams, each read once, on 16 connections;
 * ``repoll``: COUNT clients, each sending ReceiveMessage calls of GROUP on TOPIC without
   a long poll, ``REPOLL_PAUSE_S`` apart, for as long as it runs;
+* ``greedy``: COUNT clients, each asking GREEDY_BATCH messages of TOPIC's queue 0 for as
+  long as it runs, by ReceiveMessage (1 s invisibility: they come back) and PullMessage
+  from offset 0 in turn (benchmarks/gateway_under_fire.py);
 * ``big``: COUNT ReceiveMessage calls (each of a group of its own) and COUNT PullMessage
   calls from offset 0, all at once, each asking ``BIG_BATCH`` messages of TOPIC's queue 0.
 
@@ -38,6 +41,7 @@ from rmqstore.rocketmq_v2 import service_pb2_grpc
 OPEN_TIMEOUT_S = 120.0
 POLL_S = 30
 BIG_BATCH = 40
+GREEDY_BATCH = 100
 REPOLL_PAUSE_S = 0.01
 
 
@@ -89,6 +93,27 @@ async def repoll_forever(channel: grpc.aio.Channel, topic: str, group: str, issu
         await asyncio.sleep(REPOLL_PAUSE_S)
 
 
+async def greedy_forever(channel: grpc.aio.Channel, topic: str, group: str, issued: asyncio.Event, refused: Counter[str]) -> None:
+    stub = service_pb2_grpc.MessagingServiceStub(channel)
+    queue = v2.MessageQueue(topic=v2.Resource(name=topic), id=0)
+    everything = v2.FilterExpression(type=v2.TAG, expression="*")
+    receive = v2s.ReceiveMessageRequest(
+        group=v2.Resource(name=group), message_queue=queue, filter_expression=everything, batch_size=GREEDY_BATCH,
+        invisible_duration=duration_pb2.Duration(seconds=1), long_polling_timeout=duration_pb2.Duration(seconds=0),
+    )  # fmt: skip
+    pull = v2s.PullMessageRequest(
+        group=v2.Resource(name=group), message_queue=queue, offset=0, batch_size=GREEDY_BATCH, filter_expression=everything
+    )
+    while True:
+        for call in (stub.ReceiveMessage(receive, timeout=OPEN_TIMEOUT_S), stub.PullMessage(pull, timeout=OPEN_TIMEOUT_S)):
+            try:
+                async for _ in call:
+                    pass
+            except grpc.RpcError as error:
+                refused[str(error.code())] += 1  # type: ignore[attr-defined]
+            issued.set()
+
+
 async def watch(channel: grpc.aio.Channel, refused: Counter[str]) -> Any:
     call = health_pb2_grpc.HealthStub(channel).Watch(health_pb2.HealthCheckRequest(service=""))
     try:
@@ -138,6 +163,14 @@ async def main(endpoint: str, kind: str, count: int, topic: str, group: str) -> 
         connections = channels(endpoint, count)
         events = [asyncio.Event() for _ in range(count)]
         held = [asyncio.ensure_future(repoll_forever(connections[i], topic, group, events[i], refused)) for i in range(count)]
+        await asyncio.wait_for(asyncio.gather(*(event.wait() for event in events)), OPEN_TIMEOUT_S)
+    elif kind == "greedy":
+        connections = [
+            grpc.aio.insecure_channel(endpoint, options=[("grpc.max_receive_message_length", 64 << 20), ("rmqstore.connection", i)])
+            for i in range(count)
+        ]
+        events = [asyncio.Event() for _ in range(count)]
+        held = [asyncio.ensure_future(greedy_forever(connections[i], topic, f"{group}{i}", events[i], refused)) for i in range(count)]
         await asyncio.wait_for(asyncio.gather(*(event.wait() for event in events)), OPEN_TIMEOUT_S)
     elif kind == "watch":
         connections = channels(endpoint, 16)

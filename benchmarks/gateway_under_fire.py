@@ -1,0 +1,182 @@
+"""Issue 40's acceptance 2: a writer's send latency and memory under every hostile client
+of the RocketMQ 5 gateway at once, measured in one run.
+
+    .venv/bin/python benchmarks/gateway_under_fire.py [--sends N] [--out FILE.json]
+
+A writer process on a fresh store in a temporary directory; its send p50/p99 (rmqstore.v1
+Send of 100 bytes, one at a time, from this process) and resident memory measured alone,
+then beside, each from a process of its own (tests/support/hostile_gateway.py):
+
+* 2,048 unauthenticated health Watch streams;
+* 500 idle ReceiveMessage long polls on a topic of their own;
+* a group holding 65,536 messages in flight (12 h) whose two clients re-poll every 10 ms;
+* two clients asking 100 messages of 4 MiB, by ReceiveMessage and PullMessage in turn.
+
+Prints one JSON document (and writes it to --out): the figures and the targets (send p99
+at most 2x alone, RSS growth at most 256 MiB). benchmarks/GATEWAY.md records runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import selectors
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import grpc
+from google.protobuf import duration_pb2
+
+from rmqstore.rocketmq_v2 import definition_pb2 as v2
+from rmqstore.rocketmq_v2 import service_pb2 as v2s
+from rmqstore.rocketmq_v2 import service_pb2_grpc
+from rmqstore.v1 import messages_pb2, writer_pb2, writer_pb2_grpc
+
+ROOT = Path(__file__).resolve().parent.parent
+HOSTILE = ROOT / "tests" / "support" / "hostile_gateway.py"
+RPC_TIMEOUT_S = 120.0
+OPEN_TIMEOUT_S = 300.0
+IN_FLIGHT = 65_536
+BIG_MESSAGES = 100
+BIG_BODY_BYTES = 4 * 1024 * 1024 - 1024
+RSS_GROWTH_MAX_BYTES = 256 << 20
+P99_RATIO_MAX = 2.0
+
+
+def rss_bytes(pid: int) -> int:
+    with open(f"/proc/{pid}/status", encoding="ascii") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError(f"no VmRSS for {pid}")
+
+
+def start_writer(store: Path) -> tuple[subprocess.Popen[bytes], int]:
+    writer = subprocess.Popen(
+        [sys.executable, "-m", "rmqstore.cli.main", "writer", "serve", "--store", str(store), "--port", "0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+    )
+    assert writer.stdout is not None
+    serving = json.loads(writer.stdout.readline())
+    return writer, int(serving["port"])
+
+
+def open_hostile(endpoint: str, *args: str) -> subprocess.Popen[bytes]:
+    hostile = subprocess.Popen(
+        [sys.executable, str(HOSTILE), endpoint, *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+    )
+    assert hostile.stdout is not None
+    with selectors.DefaultSelector() as selector:
+        selector.register(hostile.stdout, selectors.EVENT_READ)
+        if not selector.select(OPEN_TIMEOUT_S):
+            raise RuntimeError(f"hostile {args} opened nothing within {OPEN_TIMEOUT_S} s")
+    opened = json.loads(hostile.stdout.readline())
+    print(f"hostile {' '.join(args)}: {opened}", file=sys.stderr)
+    return hostile
+
+
+def seed(channel: grpc.Channel) -> None:
+    writer = writer_pb2_grpc.WriterServiceStub(channel)
+    for name, queues in (("Idle", 8), ("Flight", 1), ("Big", 1)):
+        writer.CreateTopic(writer_pb2.CreateTopicRequest(name=name, queue_count=queues), timeout=RPC_TIMEOUT_S)
+    for start in range(0, IN_FLIGHT, 8192):
+        batch = [messages_pb2.Message(topic="Flight", queue_id=0, body=b"f") for _ in range(min(8192, IN_FLIGHT - start))]
+        writer.SendBatch(writer_pb2.SendBatchRequest(messages=batch), timeout=RPC_TIMEOUT_S)
+    for i in range(BIG_MESSAGES):
+        message = messages_pb2.Message(topic="Big", queue_id=0, body=bytes([i]) * BIG_BODY_BYTES)
+        writer.Send(writer_pb2.SendRequest(message=message), timeout=RPC_TIMEOUT_S)
+    gateway = service_pb2_grpc.MessagingServiceStub(channel)
+    request = v2s.ReceiveMessageRequest(
+        group=v2.Resource(name="hoarders"), message_queue=v2.MessageQueue(topic=v2.Resource(name="Flight"), id=0),
+        filter_expression=v2.FilterExpression(type=v2.TAG, expression="*"), batch_size=1024,
+        invisible_duration=duration_pb2.Duration(seconds=43_200), long_polling_timeout=duration_pb2.Duration(seconds=0),
+    )  # fmt: skip
+    held = 0
+    while held < IN_FLIGHT:
+        held += sum(a.HasField("message") for a in gateway.ReceiveMessage(request, timeout=RPC_TIMEOUT_S))
+
+
+def sends(channel: grpc.Channel, count: int, pid: int) -> dict[str, float]:
+    """``count`` sends one at a time: their p50 and p99 (ms) and the writer's peak RSS."""
+    writer = writer_pb2_grpc.WriterServiceStub(channel)
+    request = writer_pb2.SendRequest(message=messages_pb2.Message(topic="Busy", body=b"b" * 100))
+    for _ in range(20):
+        writer.Send(request, timeout=RPC_TIMEOUT_S)
+    peak = [rss_bytes(pid)]
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.wait(0.05):
+            peak[0] = max(peak[0], rss_bytes(pid))
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    timings = []
+    for _ in range(count):
+        started = time.perf_counter()
+        writer.Send(request, timeout=RPC_TIMEOUT_S)
+        timings.append(time.perf_counter() - started)
+    done.set()
+    watcher.join()
+    timings.sort()
+    return {
+        "p50_ms": round(timings[len(timings) // 2] * 1000, 2),
+        "p99_ms": round(timings[int(len(timings) * 0.99) - 1] * 1000, 2),
+        "rss_peak_mib": round(peak[0] / 2**20, 1),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sends", type=int, default=2000)
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="gateway-under-fire-") as scratch:
+        writer, port = start_writer(Path(scratch) / "store")
+        endpoint = f"127.0.0.1:{port}"
+        channel = grpc.insecure_channel(endpoint, options=[("grpc.max_receive_message_length", 64 << 20)])
+        hostiles: list[subprocess.Popen[bytes]] = []
+        try:
+            seed(channel)
+            time.sleep(2)  # the consumer groups' first flush of the 65,536 in flight is behind us
+            alone = sends(channel, args.sends, writer.pid)
+            rss_before = rss_bytes(writer.pid)
+            hostiles.append(open_hostile(endpoint, "watch", "2048"))
+            hostiles.append(open_hostile(endpoint, "polls", "500", "Idle", "idlers"))
+            hostiles.append(open_hostile(endpoint, "repoll", "2", "Flight", "hoarders"))
+            hostiles.append(open_hostile(endpoint, "greedy", "2", "Big", "greedy"))
+            time.sleep(2)
+            beside = sends(channel, args.sends, writer.pid)
+            alive = all(hostile.poll() is None for hostile in hostiles)
+        finally:
+            for hostile in hostiles:
+                hostile.kill()
+                hostile.wait()
+            channel.close()
+            writer.terminate()
+            writer.wait()
+    growth_mib = round(beside["rss_peak_mib"] - rss_before / 2**20, 1)
+    result: dict[str, Any] = {
+        "alone": alone,
+        "beside": beside,
+        "hostile_clients_alive": alive,
+        "p99_ratio": round(beside["p99_ms"] / alone["p99_ms"], 2),
+        "rss_growth_mib": growth_mib,
+        "targets": {"p99_ratio_max": P99_RATIO_MAX, "rss_growth_mib_max": RSS_GROWTH_MAX_BYTES >> 20},
+        "cpus": os.cpu_count(),
+    }
+    text = json.dumps(result, indent=1)
+    print(text)
+    if args.out is not None:
+        args.out.write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -235,7 +235,7 @@ def test_power_loss_async_consumer_offsets_are_moved_back_and_nothing_after_is_s
                 new = [MessageInput(topic=GROUP_TOPIC, body=b"after", uniq_key=f"AF{point:04X}{number:04X}{i:022X}") for i in range(12)]
                 writer.append(new)
                 handed, _ = groups.receive(GROUP, GROUP_TOPIC, GROUP_QUEUES, 1024, 60_000, TagFilter(None))
-                got = {one.record.uniq_key for one in handed}
+                got = {writer.log.read(one.commitlog_offset).uniq_key for one in handed}
                 assert {m.uniq_key for m in new} <= got, f"point {point} state {number}: {len({m.uniq_key for m in new} - got)} skipped"
                 groups.flush()
             finally:

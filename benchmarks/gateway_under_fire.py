@@ -1,7 +1,7 @@
 """Issue 40's acceptance 2: a writer's send latency and memory under every hostile client
 of the RocketMQ 5 gateway at once, measured in one run.
 
-    .venv/bin/python benchmarks/gateway_under_fire.py [--sends N] [--out FILE.json]
+    .venv/bin/python benchmarks/gateway_under_fire.py [--sends N] [--loads watch,polls,repoll,greedy] [--out FILE.json]
 
 A writer process on a fresh store in a temporary directory; its send p50/p99 (rmqstore.v1
 Send of 100 bytes, one at a time, from this process) and resident memory measured alone,
@@ -46,6 +46,13 @@ IN_FLIGHT = 65_536
 BIG_MESSAGES = 100
 BIG_BODY_BYTES = 4 * 1024 * 1024 - 1024
 RSS_GROWTH_MAX_BYTES = 256 << 20
+# Each hostile load: hostile_gateway.py's arguments.
+LOADS = {
+    "watch": ("watch", "2048"),
+    "polls": ("polls", "500", "Idle", "idlers"),
+    "repoll": ("repoll", "2", "Flight", "hoarders"),
+    "greedy": ("greedy", "2", "Big", "greedy"),
+}
 P99_RATIO_MAX = 2.0
 
 
@@ -136,8 +143,12 @@ def sends(channel: grpc.Channel, count: int, pid: int) -> dict[str, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sends", type=int, default=2000)
+    parser.add_argument("--loads", default=",".join(LOADS), help="the hostile loads to run (default: all four)")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
+    loads = [load for load in args.loads.split(",") if load]
+    if not loads or any(load not in LOADS for load in loads):
+        parser.error(f"--loads: some of {','.join(LOADS)}")
     with tempfile.TemporaryDirectory(prefix="gateway-under-fire-") as scratch:
         writer, port = start_writer(Path(scratch) / "store")
         endpoint = f"127.0.0.1:{port}"
@@ -148,10 +159,8 @@ def main() -> None:
             time.sleep(2)  # the consumer groups' first flush of the 65,536 in flight is behind us
             alone = sends(channel, args.sends, writer.pid)
             rss_before = rss_bytes(writer.pid)
-            hostiles.append(open_hostile(endpoint, "watch", "2048"))
-            hostiles.append(open_hostile(endpoint, "polls", "500", "Idle", "idlers"))
-            hostiles.append(open_hostile(endpoint, "repoll", "2", "Flight", "hoarders"))
-            hostiles.append(open_hostile(endpoint, "greedy", "2", "Big", "greedy"))
+            for load in loads:
+                hostiles.append(open_hostile(endpoint, *LOADS[load]))
             time.sleep(2)
             beside = sends(channel, args.sends, writer.pid)
             alive = all(hostile.poll() is None for hostile in hostiles)
@@ -164,6 +173,7 @@ def main() -> None:
             writer.wait()
     growth_mib = round(beside["rss_peak_mib"] - rss_before / 2**20, 1)
     result: dict[str, Any] = {
+        "loads": loads,
         "alone": alone,
         "beside": beside,
         "hostile_clients_alive": alive,

@@ -424,8 +424,8 @@ def test_python_client_sends_over_tls_when_the_writer_serves_it(nodes: Nodes, tm
 @pytest.mark.parametrize(
     ("options", "line"),
     [
-        (["--advertise", "nope"], "rmqstore: error: --advertise 'nope': expected HOST:PORT with a port in 1-65535"),
-        (["--advertise", "writer:70000"], "rmqstore: error: --advertise 'writer:70000': expected HOST:PORT with a port in 1-65535"),
+        (["--advertise", "nope"], "rmqstore: error: writer serve: argument --advertise: 'nope' is not HOST:PORT: no port (see rmqstore writer serve --help)"),
+        (["--advertise", "writer:70000"], "rmqstore: error: writer serve: argument --advertise: 'writer:70000' is not HOST:PORT: the port 70000 is outside [1, 65535] (see rmqstore writer serve --help)"),
         (["--broker-name", ""], "rmqstore: error: --broker-name '': expected a non-empty name without spaces"),
     ],
 )

@@ -13,7 +13,8 @@ code measured); given more than once, the rounds alternate between them, so an o
 new tree are compared in the same run under the same load. ``--shape`` (once per
 ``--python``, in the same order; ``messages`` where not given) is how that writer's
 requests carry their messages: one Message each (``messages``) or as
-``SendBatchRequest.columns`` (``columns``). Prints one JSON line: every round's figures,
+``SendBatchRequest.columns`` (``columns``, every column given, as tests/support/columns.py
+builds them for the writer's tests). Prints one JSON line: every round's figures,
 the median per interpreter (and shape, where shapes are given), and the ratio of each
 one's median CPU per message to the first's.
 
@@ -36,11 +37,13 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent / "tests"))
 
 import grpc  # noqa: E402
 from bench_common import Nodes  # noqa: E402
 from bench_grpc import create_topics  # noqa: E402
 from grpc_clients import CHANNEL_OPTIONS, SEND_STREAM  # noqa: E402
+from support.columns import as_columns_of  # noqa: E402
 from workload import Workload, WorkloadSpec  # noqa: E402
 
 from rmqstore.v1 import writer_pb2  # noqa: E402
@@ -66,23 +69,11 @@ def encoded_batches(batches: int, body_bytes: int, shape: str = "messages") -> l
     for indexes in workload.batches(BATCH_MESSAGES):
         messages = workload.proto_messages(indexes)
         if shape == "columns":
-            request = writer_pb2.SendBatchRequest(columns=as_columns(messages), compact_results=True)
+            request = writer_pb2.SendBatchRequest(columns=as_columns_of(messages), compact_results=True)
         else:
             request = writer_pb2.SendBatchRequest(messages=messages, compact_results=True)
         requests.append(request.SerializeToString())
     return requests
-
-
-def as_columns(messages: list[Any]) -> writer_pb2.MessageColumns:
-    """Proto messages (no properties, no born host: the workload's) as MessageColumns."""
-    return writer_pb2.MessageColumns(
-        bodies=[m.body for m in messages],
-        topics=[m.topic for m in messages],
-        queue_ids=[m.queue_id if m.HasField("queue_id") else -1 for m in messages],
-        keys=[" ".join(m.keys) for m in messages],
-        tags=[m.tags for m in messages],
-        uniq_keys=[m.uniq_key for m in messages],
-    )
 
 
 def one_round(python: str, payloads: list[bytes], work: Path, label: str) -> dict[str, Any]:

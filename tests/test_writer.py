@@ -18,6 +18,7 @@ import grpc
 import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
+from support.columns import as_columns_of
 from support.inprocess import WriterNode
 from support.stores import SMALL
 
@@ -774,25 +775,6 @@ def test_a_requests_shared_properties_are_each_messages_unless_it_sets_its_own(n
     expected = [{**shared, **p} for p in own]
     assert user == expected + expected
     assert user[1]["traceparent"] == own[1]["traceparent"]
-
-
-def as_columns_of(messages: list[messages_pb2.Message]) -> writer_pb2.MessageColumns:
-    """``messages`` as a columnar request's columns (MessageColumns' contract)."""
-    properties = [list(m.properties.items()) for m in messages]
-    return writer_pb2.MessageColumns(
-        bodies=[m.body for m in messages],
-        topics=[m.topic for m in messages],
-        queue_ids=[m.queue_id if m.HasField("queue_id") else -1 for m in messages],
-        keys=[" ".join(m.keys) for m in messages],
-        tags=[m.tags for m in messages],
-        uniq_keys=[m.uniq_key for m in messages],
-        flags=[m.flag for m in messages],
-        born_timestamps_ms=[m.born_timestamp_ms for m in messages],
-        born_hosts=[m.born_host for m in messages],
-        property_counts=[len(p) for p in properties],
-        property_names=[name for p in properties for name, _ in p],
-        property_values=[value for p in properties for _, value in p],
-    )
 
 
 def records_without_store_time(store: Path) -> list[bytes]:

@@ -56,6 +56,18 @@ def test_a_writer_and_a_query_node_from_options(tmp_path: Path) -> None:
         assert recovered["uncleanShutdown"] is False and recovered["endOffset"] == sent.size
 
 
+def test_a_writers_store_is_a_store_before_its_first_message(tmp_path: Path) -> None:
+    """A writer that has stored nothing has made neither the commit log's directory nor a
+    checkpoint, only its abort file: a query node serves that store (visible offset 0),
+    and the writer takes it again after a stop."""
+    store = tmp_path / "store"
+    with WriterNode.start(WriterOptions(store=str(store), sizes=SIZES)):
+        assert not (store / "commitlog").exists() and not (store / "checkpoint").exists()
+        with QueryNode.start(QueryOptions(store=str(store), sizes=SIZES)) as query:
+            assert query.serving_line()["visibleOffset"] == 0
+    with WriterNode.start(WriterOptions(store=str(store), sizes=SIZES)) as again:
+        assert again.serving_line()["recovered"]["endOffset"] == 0
+
 def test_options_are_checked_before_the_store_is_created(tmp_path: Path) -> None:
     store = tmp_path / "store"
     with socket.socket() as taken:

@@ -9,10 +9,11 @@ import os
 
 from rmqstore.common.errors import InvalidArgument
 
-# What a store holds from the first time a writer opened it: the checkpoint (RocketMQ's
-# broker and our writer both write it on opening a store) or the commit log's directory
-# (all a store copied for its data may keep).
-STORE_ENTRIES = ("commitlog", "checkpoint")
+# What a store holds from the first time a writer opened it: the abort file (from its
+# opening until a clean close, RocketMQ's broker's and our writer's alike), the checkpoint
+# (written by that close) or the commit log's directory (all a store copied for its data
+# may keep). A writer that has stored nothing yet has made the abort file only.
+STORE_ENTRIES = ("commitlog", "checkpoint", "abort")
 
 
 def is_store(path: str) -> bool:

@@ -15,25 +15,13 @@ import grpc
 from rmqstore.common.files.directories import existing_store
 from rmqstore.common.files.store import RequestedSizes, checked_sizes
 from rmqstore.query.groups import BROKER_NAME_DEFAULT
-from rmqstore.service.listen import (
-    ListenOptions,
-    access,
-    check_ports,
-    listening,
-    server_credentials,
-)
-from rmqstore.service.process import ServingNode, run_node
+from rmqstore.service import process
+from rmqstore.service.limits import ServerLimits
+from rmqstore.service.listen import ListenOptions
 
 if TYPE_CHECKING:
     from rmqstore.query.view import StoreView
-    from rmqstore.service.acl import Acl
     from rmqstore.service.metrics import MetricsEndpoint
-
-SERVICE = "rmqstore-query"
-# Open requests get this long to finish once the node is told to stop.
-SHUTDOWN_GRACE_S = 5.0
-# The whole stop within this, else stop_watchdog ends the process.
-STOP_WITHIN_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -48,6 +36,9 @@ class QueryOptions:
     # MAPPED_RESIDENT_BUDGET_BYTES).
     mapped_budget_mb: int | None = None
     broker_name: str = BROKER_NAME_DEFAULT  # what consumerProgress shows: the writer's broker name
+    # A lookup's response bytes at the most (None: query.view's RESPONSE_BYTES_MAX).
+    response_bytes_max: int | None = None
+    limits: ServerLimits = field(default_factory=ServerLimits)
 
 
 @dataclass(frozen=True)
@@ -55,30 +46,30 @@ class CheckedQueryOptions:
     """Options whose files and ports were checked, before the store is mapped."""
 
     options: QueryOptions
-    credentials: grpc.ServerCredentials | None
-    acl: Acl | None
+    listen: process.CheckedListen
 
 
 def check(options: QueryOptions) -> CheckedQueryOptions:
-    """The options' TLS files, ACL, store directory and ports, checked (InvalidArgument
+    """The options' TLS files, ACL, ports and store directory, checked (InvalidArgument
     naming the option otherwise)."""
-    credentials = server_credentials(options.listen)
-    acl = access(options.listen)
+    listen = process.check_listen(options.listen)
     existing_store(options.store, "--store", empty_ok=True)
-    check_ports(options.listen)
-    return CheckedQueryOptions(options, credentials, acl)
+    return CheckedQueryOptions(options, listen)
 
 
-class QueryNode(ServingNode):
+class QueryNode(process.ServingNode):
     """A query node serving: its view of the store open, the QueryService on a gRPC server
     (asyncio, on a thread of its own)."""
+
+    KIND = process.NodeKind(
+        name="query", service_name="rmqstore-query", watchdog_name="query node", shutdown_grace_s=5.0, stop_within_s=30.0
+    )
 
     def __init__(self, checked: CheckedQueryOptions, metrics: MetricsEndpoint | None = None):
         """Map the store and serve. ``metrics``: the endpoint the process's metrics are
         served on, named in the serving line."""
         from rmqstore.query.service import SERVICE_NAME, AsyncQueryServicer
         from rmqstore.query.view import StoreView
-        from rmqstore.service.server import AsyncServing
         from rmqstore.v1 import query_pb2_grpc
 
         options, listen = checked.options, checked.options.listen
@@ -88,29 +79,20 @@ class QueryNode(ServingNode):
             options.store,
             checked_sizes(options.store, options.sizes),
             mapped_budget_bytes=None if budget is None else budget << 20,
+            response_bytes_max=options.response_bytes_max,
         )
 
         def register(server: grpc.aio.Server) -> None:
-            servicer = AsyncQueryServicer(view, broker_name=options.broker_name)
+            servicer = AsyncQueryServicer(view, stalled_write_s=options.limits.stalled_write_s, broker_name=options.broker_name)
             query_pb2_grpc.add_QueryServiceServicer_to_server(servicer, server)  # type: ignore[no-untyped-call]  # generated
 
         try:
-            with listening(listen, listen.port):
-                serving = AsyncServing(
-                    register,
-                    [SERVICE_NAME],
-                    host=listen.host,
-                    port=listen.port,
-                    credentials=checked.credentials,
-                    health_port=listen.health_port,
-                    workers=listen.workers,
-                    acl=checked.acl,
-                )
+            serving = process.start_serving(register, [SERVICE_NAME], checked.listen, listen.port, options.limits)
         except BaseException:
             view.close()
             raise
         self.view: StoreView = view
-        super().__init__(serving, listen, metrics, SHUTDOWN_GRACE_S)
+        super().__init__(serving, listen, metrics)
 
     @classmethod
     def start(cls, options: QueryOptions, metrics: MetricsEndpoint | None = None) -> QueryNode:
@@ -139,11 +121,4 @@ class QueryNode(ServingNode):
 def serve(options: QueryOptions) -> None:
     """Run a query node in this process until SIGTERM or SIGINT (service.process.run_node)."""
     checked = check(options)
-    run_node(
-        SERVICE,
-        "query",
-        options.listen,
-        lambda metrics: QueryNode(checked, metrics),
-        stop_within_s=STOP_WITHIN_S,
-        watchdog_name="query node",
-    )
+    process.run_node(QueryNode.KIND, options.listen, lambda metrics: QueryNode(checked, metrics))

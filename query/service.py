@@ -32,6 +32,7 @@ from rmqstore.query.metrics import QueryMetrics
 from rmqstore.query.view import TIME_MAX_MS, TIME_MIN_MS, StoreView
 from rmqstore.service.acl import may_see_paths
 from rmqstore.service.errors import abort_with, abort_with_async, mapped
+from rmqstore.service.limits import STALLED_WRITE_S
 from rmqstore.v1 import messages_pb2, query_pb2, query_pb2_grpc
 
 SERVICE_NAME = "rmqstore.v1.QueryService"
@@ -231,9 +232,6 @@ class QueryServicer(query_pb2_grpc.QueryServiceServicer):
         )
 
 
-# A stream's reader that takes none of the next message for this long is a stalled
-# client: its stream ends with RESOURCE_EXHAUSTED instead of holding a lookup open.
-STALLED_WRITE_S = 30.0
 # Records a stream reads from the store at a time, on the executor, between writes: what a
 # stream whose reader has stopped holds (with grpc's 64 KiB window), about 150 KB of
 # memory for records of 1 KiB.

@@ -137,10 +137,10 @@ class StoreView:
         sizes: StoreSizes | None = None,
         *,
         mapped_budget_bytes: int | None = None,
-        response_bytes_max: int = RESPONSE_BYTES_MAX,
+        response_bytes_max: int | None = None,
     ):
         self.root = root
-        self.response_bytes_max = response_bytes_max
+        self.response_bytes_max = RESPONSE_BYTES_MAX if response_bytes_max is None else response_bytes_max
         self.mapped_budget_bytes = MAPPED_RESIDENT_BUDGET_BYTES if mapped_budget_bytes is None else mapped_budget_bytes
         self.paths = StorePaths(root)
         self.sizes = sizes or resolve_sizes(root)

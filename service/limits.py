@@ -20,8 +20,10 @@ asyncio server).
   ``KEEPALIVE_TIMEOUT_MS``, and a connection with no call for ``CONNECTION_IDLE_MAX_MS``
   is closed.
 * A stream's unread messages: HTTP/2 flow control holds a stream whose reader stops; the
-  stream's handler waits holding one message and, after a node-specific time, ends the
+  stream's handler waits holding one message and, after ``STALLED_WRITE_S``, ends the
   stream with RESOURCE_EXHAUSTED (the query node's StreamByTime, the writer's SendStream acks).
+
+A node is started with these as :class:`ServerLimits`.
 """
 
 from __future__ import annotations
@@ -52,6 +54,10 @@ PRINCIPAL_CALLS_MAX = 2048
 KEEPALIVE_TIME_MS = 60_000
 KEEPALIVE_TIMEOUT_MS = 20_000
 CONNECTION_IDLE_MAX_MS = 300_000
+# A stream's reader that takes none of the next message for this long is a stalled client:
+# its stream ends with RESOURCE_EXHAUSTED (a SendStream's messages so far are stored; the
+# acks it did not read are lost to it) instead of holding its handler open.
+STALLED_WRITE_S = 30.0
 
 CONNECTION_OPTIONS: list[tuple[str, int]] = [
     ("grpc.max_concurrent_streams", STREAMS_PER_CONNECTION_MAX),
@@ -72,6 +78,15 @@ class CallLimits:
 
 
 DEFAULT_CALL_LIMITS = CallLimits()
+
+
+@dataclass(frozen=True)
+class ServerLimits:
+    """The limits a node serves its clients under (this module's defaults)."""
+
+    calls: CallLimits = DEFAULT_CALL_LIMITS  # streams and calls open at once
+    connection_idle_max_ms: int = CONNECTION_IDLE_MAX_MS  # a connection with no call is closed after this
+    stalled_write_s: float = STALLED_WRITE_S  # a stream whose reader takes nothing for this long ends
 
 
 class AsyncStreamLimit(grpc.aio.ServerInterceptor):

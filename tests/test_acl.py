@@ -28,7 +28,7 @@ from rmqstore.client.channels import open_channel
 from rmqstore.client.signing import sign, signing_channel
 from rmqstore.common.errors import InvalidArgument
 from rmqstore.service.acl import load_acl
-from rmqstore.service.channels import load_server_credentials
+from rmqstore.service.listen import ListenOptions
 from rmqstore.v1 import messages_pb2, query_pb2, query_pb2_grpc, writer_pb2, writer_pb2_grpc
 
 RPC_TIMEOUT_S = 10.0
@@ -306,10 +306,8 @@ def test_a_client_certificate_is_a_subject_under_mutual_tls(tmp_path: Path, pki:
         + "      - {resource: 'Topic:tls-*', actions: [Pub, Get]}\n"
         + "      - {resource: Cluster, actions: [Get]}\n"
     )
-    node = WriterNode(
-        tmp_path / "store", credentials=load_server_credentials(str(pki.server_cert), str(pki.server_key), str(pki.ca)),
-        acl=load_acl(str(acl_path)),
-    )  # fmt: skip
+    listen = ListenOptions(tls_cert=str(pki.server_cert), tls_key=str(pki.server_key), tls_client_ca=str(pki.ca), acl=str(acl_path))
+    node = WriterNode(tmp_path / "store", listen=listen)
     channel = open_channel(node.endpoint, ca=str(pki.ca), client_cert=str(pki.client_cert), client_key=str(pki.client_key))
     try:
         stub = writer_pb2_grpc.WriterServiceStub(channel)

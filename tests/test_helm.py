@@ -369,10 +369,10 @@ def test_security_context(rendering: Rendering) -> None:
 
 def test_grace_period_outlasts_the_writers_stop(rendering: Rendering) -> None:
     writer = rendering.one("StatefulSet", WRITER)["spec"]["template"]["spec"]
-    assert writer["terminationGracePeriodSeconds"] >= writer_node.SHUTDOWN_GRACE_S + FINAL_FLUSH_BUDGET_S
+    assert writer["terminationGracePeriodSeconds"] >= writer_node.WriterNode.KIND.shutdown_grace_s + FINAL_FLUSH_BUDGET_S
     for deployment in rendering.kinds("Deployment"):
         grace = deployment["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
-        assert grace > query_node.SHUTDOWN_GRACE_S
+        assert grace > query_node.QueryNode.KIND.shutdown_grace_s
 
 
 def test_resources_are_set(rendering: Rendering) -> None:

@@ -30,10 +30,9 @@ from rmqstore.common.files.cursorkey import FILE_NAME, MAGIC, ensure_cursor_key,
 from rmqstore.query.cursor import CURSOR_CHARS, decode_cursor, encode_cursor, query_digest
 from rmqstore.query.service import AsyncQueryServicer
 from rmqstore.query.view import StoreView
-from rmqstore.service.acl import load_acl
 from rmqstore.service.errors import REASON_KEY
-from rmqstore.service.limits import CallLimits
-from rmqstore.service.server import AsyncServing
+from rmqstore.service.limits import CallLimits, ServerLimits
+from rmqstore.service.listen import ListenOptions
 from rmqstore.v1 import messages_pb2, query_pb2, query_pb2_grpc, writer_pb2, writer_pb2_grpc
 from rmqstore.writer.service import WriterServicer
 
@@ -528,7 +527,7 @@ def test_a_stream_whose_reader_stalls_ends_with_resource_exhausted(tmp_path: Pat
         for _ in range(6):
             writer.stub.SendBatch(batch, timeout=RPC_TIMEOUT_S)
         writer.writer.flush_thoroughly()
-        node = QueryNode(tmp_path / "s", sizes, stalled_write_s=1.0)
+        node = QueryNode(tmp_path / "s", sizes, limits=ServerLimits(stalled_write_s=1.0))
         try:
             request = query_pb2.StreamByTimeRequest(topic="TopicA", queue_id=0, begin_ms=0, end_ms=2**62)
             assert len(list(node.stub.StreamByTime(request, timeout=RPC_TIMEOUT_S))) == 3000
@@ -556,7 +555,7 @@ def test_a_stream_whose_reader_stalls_ends_with_resource_exhausted(tmp_path: Pat
 def test_streams_past_the_limit_are_refused_and_unary_calls_still_answer(writer: WriterNode, tmp_path: Path) -> None:
     # More than flow control lets a stream send unread: a stream not read stays open.
     send(writer, "TopicA", 1000, body=b"s" * 1024, queue_id=0)
-    node = QueryNode(tmp_path / "store", limits=CallLimits(streams_max=3, unauthenticated_streams_max=2))
+    node = QueryNode(tmp_path / "store", limits=ServerLimits(calls=CallLimits(streams_max=3, unauthenticated_streams_max=2)))
     health = health_pb2_grpc.HealthStub(node.channel)
     try:
         stream = query_pb2.StreamByTimeRequest(topic="TopicA", queue_id=0, begin_ms=0, end_ms=2**62)
@@ -603,7 +602,8 @@ def test_one_principal_cannot_take_the_streams_and_calls_of_all(writer: WriterNo
     send(writer, "TopicA", 1000, body=b"s" * 1024, queue_id=0)
     acl_path = tmp_path / "acl.yaml"
     acl_path.write_text(ACL)
-    node = QueryNode(tmp_path / "store", acl=load_acl(str(acl_path)), limits=CallLimits(principal_streams_max=2, principal_calls_max=2))
+    limits = ServerLimits(calls=CallLimits(principal_streams_max=2, principal_calls_max=2))
+    node = QueryNode(tmp_path / "store", listen=ListenOptions(acl=str(acl_path)), limits=limits)
     channels = {user: signing_channel(grpc.insecure_channel(node.endpoint), user, SECRETS[user]) for user in ("reader", "local")}
     stubs = {user: query_pb2_grpc.QueryServiceStub(channel) for user, channel in channels.items()}
     stream = query_pb2.StreamByTimeRequest(topic="TopicA", queue_id=0, begin_ms=0, end_ms=2**62)
@@ -649,7 +649,7 @@ def test_a_producer_that_reads_no_acks_is_held_then_closed(tmp_path: Path) -> No
     stall limit the stream ends with RESOURCE_EXHAUSTED. The acks the producer then reads
     each name a stored message."""
     sizes = dataclasses.replace(SMALL, commitlog_file_size_bytes=8 * 1024 * 1024, cq_file_units=40_000)
-    node = WriterNode(tmp_path / "p", sizes=sizes, stalled_write_s=1.0)
+    node = WriterNode(tmp_path / "p", sizes=sizes, limits=ServerLimits(stalled_write_s=1.0))
     store = node.writer
     offered = 0
     channel = grpc.insecure_channel(node.endpoint, options=[("grpc.http2.bdp_probe", 0)])
@@ -729,13 +729,12 @@ def test_every_method_is_served_and_has_an_acl_rule(servicer: type, base: type, 
         assert f"/{service.full_name}/{method.name}" in NEEDS, f"{method.name} has no ACL rule"
 
 
-def test_an_idle_connection_is_closed_by_the_node() -> None:
+def test_an_idle_connection_is_closed_by_the_node(writer: WriterNode, tmp_path: Path) -> None:
     """A connection with no call for the idle limit is closed by the node (GOAWAY): the
     client's channel falls back from READY to IDLE by itself, and reconnects when used."""
-    serving = AsyncServing(lambda server: None, [], host="127.0.0.1", port=0, credentials=None, health_port=None,
-                           connection_idle_max_ms=300)  # fmt: skip
+    node = QueryNode(tmp_path / "store", limits=ServerLimits(connection_idle_max_ms=300))
     states: list[grpc.ChannelConnectivity] = []
-    channel = grpc.insecure_channel(f"127.0.0.1:{serving.port}")
+    channel = grpc.insecure_channel(node.endpoint)
     try:
         channel.subscribe(states.append, try_to_connect=False)
         check = health_pb2_grpc.HealthStub(channel).Check
@@ -748,4 +747,4 @@ def test_an_idle_connection_is_closed_by_the_node() -> None:
         assert check(health_pb2.HealthCheckRequest(), timeout=RPC_TIMEOUT_S).status == health_pb2.HealthCheckResponse.SERVING
     finally:
         channel.close()
-        serving.stop(None)
+        node.close()

@@ -25,7 +25,7 @@ from rmqstore.client.signing import signing_channel
 from rmqstore.rocketmq_v2 import definition_pb2 as v2
 from rmqstore.rocketmq_v2 import service_pb2 as v2s
 from rmqstore.rocketmq_v2 import service_pb2_grpc
-from rmqstore.service.acl import load_acl
+from rmqstore.service.listen import ListenOptions
 from rmqstore.v1 import query_pb2, query_pb2_grpc
 from rmqstore.writer.rocketmq5 import SERVICE_NAME as MESSAGING_SERVICE
 
@@ -162,7 +162,7 @@ class Gateway:
     `writer serve --acl` runs them: its denials can be read."""
 
     def __init__(self, root: Path, acl_path: Path):
-        self.node = WriterNode(root, acl=load_acl(str(acl_path)))
+        self.node = WriterNode(root, listen=ListenOptions(acl=str(acl_path)))
         self.writer = self.node.writer
         self.serving = self.node.serving
         self.endpoint = self.node.endpoint

@@ -26,6 +26,7 @@ from rmqstore.cli.main import main
 from rmqstore.client.channels import open_channel
 from rmqstore.common.errors import InvalidArgument
 from rmqstore.service.channels import load_server_credentials
+from rmqstore.service.listen import ListenOptions
 from rmqstore.v1 import messages_pb2, writer_pb2, writer_pb2_grpc
 from rmqstore.writer.config import FlushPolicy
 from rmqstore.writer.service import SERVICE_NAME as WRITER_SERVICE
@@ -40,8 +41,9 @@ VISIBLE_WITHIN_S = 30.0
 
 def writer_node_with_tls(store: Path, pki: Pki, client_auth: bool) -> WriterNode:
     """A writer in process: TLS on its port, grpc.health.v1 in plaintext on a second one."""
-    credentials = load_server_credentials(str(pki.server_cert), str(pki.server_key), str(pki.ca) if client_auth else None)
-    return WriterNode(store, flush=FlushPolicy.SYNC, credentials=credentials, health_port=0)
+    client_ca = str(pki.ca) if client_auth else None
+    listen = ListenOptions(tls_cert=str(pki.server_cert), tls_key=str(pki.server_key), tls_client_ca=client_ca, health_port=0)
+    return WriterNode(store, flush=FlushPolicy.SYNC, listen=listen)
 
 
 @pytest.fixture

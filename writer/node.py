@@ -18,31 +18,17 @@ from rmqstore.common.errors import InvalidArgument
 from rmqstore.common.files.directories import writer_store
 from rmqstore.common.files.store import RequestedSizes, checked_sizes
 from rmqstore.common.transport import endpoint_text
-from rmqstore.service.listen import (
-    ListenOptions,
-    access,
-    check_ports,
-    free_port,
-    listening,
-    server_credentials,
-)
-from rmqstore.service.process import ServingNode, run_node
+from rmqstore.service import process
+from rmqstore.service.limits import ServerLimits
+from rmqstore.service.listen import ListenOptions, free_port
 from rmqstore.writer.config import FlushPolicy, WriterConfig
 
 if TYPE_CHECKING:
-    from rmqstore.service.acl import Acl
     from rmqstore.service.metrics import MetricsEndpoint
     from rmqstore.writer.consumers import ConsumerGroups
     from rmqstore.writer.rocketmq5 import MessagingServicer
     from rmqstore.writer.service import WriterServicer
     from rmqstore.writer.store import Writer
-
-SERVICE = "rmqstore-writer"
-# Open requests get this long to finish once the node is told to stop.
-SHUTDOWN_GRACE_S = 10.0
-# The whole stop, the final flush and checkpoint included, within this (else
-# stop_watchdog ends the process): within the chart's default termination grace, 60 s.
-STOP_WITHIN_S = 50.0
 
 
 @dataclass(frozen=True)
@@ -72,9 +58,16 @@ class WriterOptions:
     consumer_retry_delays_s: tuple[int, ...] | None = None  # None: Apache's levels
     fifo_groups: tuple[str, ...] = ()  # consumer groups that consume FIFO
     retention_hours: float = 72.0
+    retention_delete_hours: tuple[int, ...] = WriterConfig.retention_delete_hours  # hours of day files expire in
     disk_clean_ratio: float = 0.75
     disk_full_ratio: float = 0.90
     truncate_corrupt_tail: bool = False
+    auto_create_queue_count: int = WriterConfig.auto_create_queue_count  # queues of a topic a send creates
+    default_queue_count: int = WriterConfig.default_queue_count  # queues of a topic created without a count
+    limits: ServerLimits = field(default_factory=ServerLimits)
+    # The periodic flushes and retention; False leaves them to whoever drives the store
+    # (a test calling flush and run_retention itself).
+    background: bool = True
 
 
 @dataclass(frozen=True)
@@ -83,36 +76,41 @@ class CheckedWriterOptions:
     file, ACL, directory or taken port costs no recovery."""
 
     options: WriterOptions
-    credentials: grpc.ServerCredentials | None
-    acl: Acl | None
+    listen: process.CheckedListen
     port: int  # to listen on: the option's, or with port 0 and no store host a free one taken now
 
 
 def check(options: WriterOptions) -> CheckedWriterOptions:
-    """The options' TLS files, ACL, store directory and ports, checked (InvalidArgument
+    """The options' TLS files, ACL, ports and store directory, checked (InvalidArgument
     naming the option otherwise)."""
-    listen = options.listen
-    credentials = server_credentials(listen)
-    acl = access(listen)
+    listen = process.check_listen(options.listen)
     writer_store(options.store, "--store", init=options.init)
-    check_ports(listen)
-    port = listen.port
+    port = options.listen.port
     if port == 0 and options.store_host is None:
         # Records and msgIds carry the store host's port: take the port now, so that they
         # name the one the node serves on rather than a placeholder.
-        port = free_port(listen.host)
-    return CheckedWriterOptions(options, credentials, acl, port)
+        port = free_port(options.listen.host)
+    return CheckedWriterOptions(options, listen, port)
 
 
-class WriterNode(ServingNode):
+class WriterNode(process.ServingNode):
     """A writer node serving: its store recovered and its background tasks running, its
     services on a gRPC server (asyncio, on a thread of its own)."""
+
+    KIND = process.NodeKind(
+        name="writer",
+        service_name="rmqstore-writer",
+        watchdog_name="writer",
+        shutdown_grace_s=10.0,
+        # The final flush and checkpoint included: within the chart's default termination
+        # grace, 60 s.
+        stop_within_s=50.0,
+    )
 
     def __init__(self, checked: CheckedWriterOptions, metrics: MetricsEndpoint | None = None):
         """Open the store (recovery), start its background tasks and serve. ``metrics``:
         the endpoint the process's metrics are served on, named in the serving line."""
         from rmqstore.rocketmq_v2 import service_pb2_grpc as messaging_pb2_grpc
-        from rmqstore.service.server import AsyncServing
         from rmqstore.v1 import writer_pb2_grpc
         from rmqstore.writer.consumers import ConsumerGroups, check_group
         from rmqstore.writer.rocketmq5 import (
@@ -137,7 +135,10 @@ class WriterNode(ServingNode):
             auto_create_topics=options.auto_create_topics,
             max_topics=options.max_topics,
             max_queues=options.max_queues,
+            auto_create_queue_count=options.auto_create_queue_count,
+            default_queue_count=options.default_queue_count,
             retention_hours=options.retention_hours,
+            retention_delete_hours=options.retention_delete_hours,
             disk_clean_ratio=options.disk_clean_ratio,
             disk_full_ratio=options.disk_full_ratio,
             truncate_corrupt_tail=options.truncate_corrupt_tail,
@@ -167,8 +168,9 @@ class WriterNode(ServingNode):
         except BaseException:
             writer.close()
             raise
-        writer.start_background()
-        servicer = WriterServicer(writer)
+        if options.background:
+            writer.start_background()
+        servicer = WriterServicer(writer, stalled_write_s=options.limits.stalled_write_s)
         # RocketMQ 5's producers share the WriterService's group commit: one appender per loop.
         messaging = MessagingServicer(writer, servicer.appender, route, groups, policy)
 
@@ -176,19 +178,9 @@ class WriterNode(ServingNode):
             writer_pb2_grpc.add_WriterServiceServicer_to_server(servicer, server)  # type: ignore[no-untyped-call]  # generated
             messaging_pb2_grpc.add_MessagingServiceServicer_to_server(messaging, server)  # type: ignore[no-untyped-call]  # generated
 
+        names = [SERVICE_NAME, MESSAGING_SERVICE_NAME]
         try:
-            with listening(listen, port):
-                serving = AsyncServing(
-                    register,
-                    [SERVICE_NAME, MESSAGING_SERVICE_NAME],
-                    host=listen.host,
-                    port=port,
-                    credentials=checked.credentials,
-                    health_port=listen.health_port,
-                    workers=listen.workers,
-                    acl=checked.acl,
-                    acl_rules=acl_rules(writer),
-                )
+            serving = process.start_serving(register, names, checked.listen, port, options.limits, acl_rules(writer))
         except BaseException:
             servicer.close()
             writer.close()
@@ -200,7 +192,7 @@ class WriterNode(ServingNode):
         self.groups: ConsumerGroups = groups
         self.servicer: WriterServicer = servicer
         self.messaging: MessagingServicer = messaging
-        super().__init__(serving, listen, metrics, SHUTDOWN_GRACE_S)
+        super().__init__(serving, listen, metrics)
 
     @classmethod
     def start(cls, options: WriterOptions, metrics: MetricsEndpoint | None = None) -> WriterNode:
@@ -240,15 +232,7 @@ class WriterNode(ServingNode):
 def serve(options: WriterOptions) -> None:
     """Run a writer node in this process until SIGTERM or SIGINT (service.process.run_node)."""
     checked = check(options)
-    run_node(
-        SERVICE,
-        "writer",
-        options.listen,
-        lambda metrics: WriterNode(checked, metrics),
-        stop_within_s=STOP_WITHIN_S,
-        watchdog_name="writer",
-        before_serving=_tune_collector,
-    )
+    process.run_node(WriterNode.KIND, options.listen, lambda metrics: WriterNode(checked, metrics), before_serving=_tune_collector)
 
 
 def _tune_collector() -> None:

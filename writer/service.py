@@ -19,6 +19,7 @@ from rmqstore.common.codec.hosts import SocketAddress
 from rmqstore.common.errors import InvalidArgument, StoreError
 from rmqstore.service.acl import may_see_paths
 from rmqstore.service.errors import abort_with_async, mapped_async
+from rmqstore.service.limits import STALLED_WRITE_S
 from rmqstore.v1 import messages_pb2, writer_pb2, writer_pb2_grpc
 from rmqstore.writer.group_commit import GroupAppender
 from rmqstore.writer.intake import request_batch, respond_for, send_response, to_batch
@@ -26,9 +27,6 @@ from rmqstore.writer.metrics import WriterMetrics
 from rmqstore.writer.store import Writer
 
 SERVICE_NAME = "rmqstore.v1.WriterService"
-# A SendStream whose producer takes none of its acks for this long ends with
-# RESOURCE_EXHAUSTED (its messages so far are stored; the acks it did not read are lost to it).
-STALLED_WRITE_S = 30.0
 T = TypeVar("T")
 
 

@@ -10,8 +10,8 @@ import grpc
 import pytest
 
 from rmqstore.client.signing import signing_channel
-from rmqstore.service.acl import load_acl
 from rmqstore.service.errors import REASON_KEY
+from rmqstore.service.listen import ListenOptions
 from rmqstore.v1 import query_pb2_grpc, writer_pb2_grpc
 from support.inprocess import QueryNode, WriterNode
 
@@ -59,12 +59,12 @@ class Guarded:
     """A writer and a query node of one store, in this process, both under the ACL."""
 
     def __init__(self, root: Path, acl_path: Path):
-        acl = load_acl(str(acl_path))
-        self.writer_node = WriterNode(root, acl=acl)
+        listen = ListenOptions(acl=str(acl_path))
+        self.writer_node = WriterNode(root, listen=listen)
         self.writer = self.writer_node.writer
         self.writer_serving = self.writer_node.serving
         try:
-            self.query_node = QueryNode(root, acl=acl)
+            self.query_node = QueryNode(root, listen=listen)
         except BaseException:
             self.writer_node.close()
             raise

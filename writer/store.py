@@ -421,7 +421,10 @@ class Writer:
             last = f.last_entry_phy_offset()
             return last >= end if trust_entries else max(last, f.end_phy_offset) >= end
 
-        doomed = [f for f in self.index.files if f.index_count > 1 and written_past(f)]
+        # After a power cut a file without entries counts too: its header (synced when the
+        # file was made) can name a record past the durable end while the entries of the
+        # file before it, never synced, are gone; re-indexing must start before them.
+        doomed = [f for f in self.index.files if (f.index_count > 1 or not trust_entries) and written_past(f)]
         if doomed and not trust_entries:
             # Every newer file goes too (an empty newest one included): re-indexing then
             # starts from the last entry of a file that is kept whole.

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import functools
 import hashlib
 import heapq
@@ -445,10 +446,15 @@ class ConsumerGroups:
         # Owner only, from its creation: it holds the receipt handles' secret.
         descriptor = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, STATE_FILE_MODE)
         os.fchmod(descriptor, STATE_FILE_MODE)  # a .tmp left by a crash keeps its mode otherwise
-        with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
-            handle.write(state_text)
-            handle.flush()
-            os.fsync(handle.fileno())
+        try:
+            with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
+                handle.write(state_text)
+                handle.flush()
+                os.fsync(handle.fileno())
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.unlink(temp)  # the state file before it stays whole
+            raise
         os.replace(temp, self.state_path)
         fsync_directory(self.config_dir)
         consumer_offsets.write_offsets(self.config_dir, table)

@@ -9,6 +9,7 @@ RocketMQ 5's MessagingService on one gRPC server, and its stop in order.
 from __future__ import annotations
 
 import gc
+import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -30,6 +31,8 @@ if TYPE_CHECKING:
     from rmqstore.writer.service import WriterServicer
     from rmqstore.writer.store import Writer
 
+
+log = logging.getLogger("rmqstore.writer")
 
 @dataclass(frozen=True)
 class WriterOptions:
@@ -225,7 +228,12 @@ class WriterNode(process.ServingNode):
         self.serving.call(self.messaging.end_streams())
         self.serving.stop(grace_s)
         self.servicer.close()
-        self.groups.flush()  # no handler runs now: the groups' progress as it stands
+        try:
+            self.groups.flush()  # no handler runs now: the groups' progress as it stands
+        except OSError as error:
+            # A full disk, say: the files keep the last progress written whole (each is
+            # replaced by a rename), and the store still closes cleanly.
+            log.error("the consumer groups' progress could not be written at the stop: %s", error)
         self.writer.close()
 
 

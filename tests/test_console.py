@@ -32,7 +32,7 @@ from typing import Any
 import pytest
 from support.cli import quiet_env
 from support.http import HTTP_TIMEOUT_S, get
-from support.nodes import Nodes, ProcessNode, send_all
+from support.nodes import Nodes, ProcessNode, rss_bytes, send_all
 from support.wait import clock_past
 
 from rmqstore.common.files.consumer_offsets import write_offsets
@@ -604,13 +604,6 @@ def _get_from(url: str, source: str, host: str | None = None, auth: tuple[str, s
         connection.close()
 
 
-def _rss_bytes(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    raise AssertionError("no VmRSS")
-
-
 def test_a_request_naming_another_host_is_refused_dns_rebinding(store: Store) -> None:
     """A loopback console without a password, reached by a page of attacker.example whose
     name now resolves to 127.0.0.1: the browser sends Host: attacker.example. Refused
@@ -657,13 +650,13 @@ def test_password_checks_are_bounded_and_cost_the_same_for_unknown_users(store: 
     try:
         url = console.url + "/api/topics"
         assert _get_from(url, "127.0.0.5", auth=("alice", "s3cret pass"))[0] == 200  # warm: the first check's allocations
-        baseline = _rss_bytes(console.proc.pid)
+        baseline = rss_bytes(console.proc.pid)
         peak = [baseline]
         flooding = threading.Event()
 
         def sample() -> None:
             while flooding.is_set():
-                peak[0] = max(peak[0], _rss_bytes(console.proc.pid))
+                peak[0] = max(peak[0], rss_bytes(console.proc.pid))
                 time.sleep(0.01)
 
         flood_started = time.monotonic()

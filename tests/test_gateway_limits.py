@@ -34,14 +34,6 @@ RPC_TIMEOUT_S = 30.0
 pytestmark = pytest.mark.serial
 
 
-def rss_bytes(pid: int) -> int:
-    with open(f"/proc/{pid}/status", encoding="ascii") as status:
-        for line in status:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    raise AssertionError(f"no VmRSS for {pid}")
-
-
 def rss_anon_bytes(pid: int) -> int:
     """The process's anonymous resident memory (its heap: not the store's mapped pages)."""
     with open(f"/proc/{pid}/status", encoding="ascii") as status:

@@ -17,7 +17,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from support.cli import quiet_env
-from support.nodes import Nodes, ProcessNode
+from support.nodes import Nodes, ProcessNode, rss_bytes
 from support.wait import wait_until
 
 from rmqstore.v1 import messages_pb2, query_pb2, query_pb2_grpc, writer_pb2
@@ -36,14 +36,6 @@ RPC_TIMEOUT_S = 10.0
 VISIBLE_WITHIN_S = 10.0
 # The p99 bound is a node's, not a loaded machine's: .ci/run runs this module alone.
 pytestmark = pytest.mark.serial
-
-
-def rss_bytes(pid: int) -> int:
-    with open(f"/proc/{pid}/status", encoding="ascii") as status:
-        for line in status:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    raise AssertionError(f"no VmRSS for {pid}")
 
 
 def p99_s(call: Callable[[], Any]) -> float:

@@ -34,6 +34,15 @@ class NodeFailed(AssertionError):
     """A node process did not start, stop or answer as it must; its stderr is in the message."""
 
 
+def rss_bytes(pid: int) -> int:
+    """A running process's resident set size (``VmRSS`` of /proc/PID/status)."""
+    with open(f"/proc/{pid}/status", encoding="ascii") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError(f"no VmRSS for {pid}")
+
+
 def sigterm_caught(pid: int) -> bool:
     """Whether process ``pid`` has a handler for SIGTERM (/proc/PID/status SigCgt)."""
     try:

@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import selectors
 import subprocess
 import sys
 import tempfile
@@ -30,16 +29,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-import grpc
-from google.protobuf import duration_pb2
-
-from rmqstore.rocketmq_v2 import definition_pb2 as v2
-from rmqstore.rocketmq_v2 import service_pb2 as v2s
-from rmqstore.rocketmq_v2 import service_pb2_grpc
-from rmqstore.v1 import messages_pb2, writer_pb2, writer_pb2_grpc
-
 ROOT = Path(__file__).resolve().parent.parent
-HOSTILE = ROOT / "tests" / "support" / "hostile_gateway.py"
+sys.path.insert(0, str(ROOT / "tests"))
+
+import grpc  # noqa: E402
+from support import gateway_load  # noqa: E402
+from support.nodes import rss_bytes  # noqa: E402
+
+from rmqstore.v1 import messages_pb2, writer_pb2, writer_pb2_grpc  # noqa: E402
+
 RPC_TIMEOUT_S = 120.0
 OPEN_TIMEOUT_S = 300.0
 IN_FLIGHT = 65_536
@@ -56,14 +54,6 @@ LOADS = {
 P99_RATIO_MAX = 2.0
 
 
-def rss_bytes(pid: int) -> int:
-    with open(f"/proc/{pid}/status", encoding="ascii") as status:
-        for line in status:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError(f"no VmRSS for {pid}")
-
-
 def start_writer(store: Path) -> tuple[subprocess.Popen[bytes], int]:
     writer = subprocess.Popen(
         [sys.executable, "-m", "rmqstore.cli.main", "writer", "serve", "--store", str(store), "--port", "0"],
@@ -76,15 +66,7 @@ def start_writer(store: Path) -> tuple[subprocess.Popen[bytes], int]:
 
 
 def open_hostile(endpoint: str, *args: str) -> subprocess.Popen[bytes]:
-    hostile = subprocess.Popen(
-        [sys.executable, str(HOSTILE), endpoint, *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE
-    )
-    assert hostile.stdout is not None
-    with selectors.DefaultSelector() as selector:
-        selector.register(hostile.stdout, selectors.EVENT_READ)
-        if not selector.select(OPEN_TIMEOUT_S):
-            raise RuntimeError(f"hostile {args} opened nothing within {OPEN_TIMEOUT_S} s")
-    opened = json.loads(hostile.stdout.readline())
+    hostile, opened = gateway_load.open_hostile(endpoint, args, OPEN_TIMEOUT_S)
     print(f"hostile {' '.join(args)}: {opened}", file=sys.stderr)
     return hostile
 
@@ -93,21 +75,10 @@ def seed(channel: grpc.Channel) -> None:
     writer = writer_pb2_grpc.WriterServiceStub(channel)
     for name, queues in (("Idle", 8), ("Flight", 1), ("Big", 1)):
         writer.CreateTopic(writer_pb2.CreateTopicRequest(name=name, queue_count=queues), timeout=RPC_TIMEOUT_S)
-    for start in range(0, IN_FLIGHT, 8192):
-        batch = [messages_pb2.Message(topic="Flight", queue_id=0, body=b"f") for _ in range(min(8192, IN_FLIGHT - start))]
-        writer.SendBatch(writer_pb2.SendBatchRequest(messages=batch), timeout=RPC_TIMEOUT_S)
     for i in range(BIG_MESSAGES):
         message = messages_pb2.Message(topic="Big", queue_id=0, body=bytes([i]) * BIG_BODY_BYTES)
         writer.Send(writer_pb2.SendRequest(message=message), timeout=RPC_TIMEOUT_S)
-    gateway = service_pb2_grpc.MessagingServiceStub(channel)
-    request = v2s.ReceiveMessageRequest(
-        group=v2.Resource(name="hoarders"), message_queue=v2.MessageQueue(topic=v2.Resource(name="Flight"), id=0),
-        filter_expression=v2.FilterExpression(type=v2.TAG, expression="*"), batch_size=1024,
-        invisible_duration=duration_pb2.Duration(seconds=43_200), long_polling_timeout=duration_pb2.Duration(seconds=0),
-    )  # fmt: skip
-    held = 0
-    while held < IN_FLIGHT:
-        held += sum(a.HasField("message") for a in gateway.ReceiveMessage(request, timeout=RPC_TIMEOUT_S))
+    gateway_load.hold_in_flight(channel, "Flight", "hoarders", IN_FLIGHT, RPC_TIMEOUT_S)
 
 
 def sends(channel: grpc.Channel, count: int, pid: int) -> dict[str, float]:
@@ -166,8 +137,7 @@ def main() -> None:
             alive = all(hostile.poll() is None for hostile in hostiles)
         finally:
             for hostile in hostiles:
-                hostile.kill()
-                hostile.wait()
+                gateway_load.stop_hostile(hostile)
             channel.close()
             writer.terminate()
             writer.wait()

@@ -5,7 +5,6 @@ calls from this process, and an unrelated producer timed meanwhile."""
 from __future__ import annotations
 
 import json
-import selectors
 import subprocess
 import sys
 import time
@@ -16,8 +15,10 @@ from typing import Any
 import grpc
 import pytest
 from google.protobuf import duration_pb2
+from support import gateway_load
 from support.acl import ACL, SECRETS
 from support.cli import quiet_env
+from support.gateway_load import stop_hostile
 from support.nodes import Nodes, ProcessNode
 
 from rmqstore.client.signing import signing_channel
@@ -27,7 +28,6 @@ from rmqstore.rocketmq_v2 import service_pb2_grpc
 from rmqstore.service.limits import UNAUTHENTICATED_STREAMS_MAX
 from rmqstore.v1 import messages_pb2, writer_pb2, writer_pb2_grpc
 
-HOSTILE = Path(__file__).parent / "support" / "hostile_gateway.py"
 OPEN_TIMEOUT_S = 180.0
 RPC_TIMEOUT_S = 30.0
 # Latency bounds are a node's, not a loaded machine's: .ci/run runs this module alone.
@@ -55,30 +55,9 @@ def median_s(call: Callable[[], Any], samples: int) -> float:
     return timings[len(timings) // 2]
 
 
-def stop(hostile: subprocess.Popen[bytes]) -> None:
-    hostile.kill()
-    hostile.wait()
-    for pipe in (hostile.stdin, hostile.stdout):
-        if pipe is not None:
-            pipe.close()
-
-
 def open_hostile(node: ProcessNode, *args: str) -> tuple[subprocess.Popen[bytes], dict[str, Any]]:
     """The hostile client against ``node``, once it says its calls are open."""
-    hostile = subprocess.Popen(
-        [sys.executable, str(HOSTILE), node.endpoint, *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=quiet_env()
-    )
-    assert hostile.stdout is not None
-    with selectors.DefaultSelector() as selector:
-        selector.register(hostile.stdout, selectors.EVENT_READ)
-        if not selector.select(OPEN_TIMEOUT_S):
-            stop(hostile)
-            raise AssertionError(f"the hostile client opened nothing within {OPEN_TIMEOUT_S} s")
-    line = hostile.stdout.readline()
-    if not line:
-        stop(hostile)
-        raise AssertionError(f"the hostile client exited ({hostile.wait()})")
-    return hostile, json.loads(line)
+    return gateway_load.open_hostile(node.endpoint, args, OPEN_TIMEOUT_S, quiet_env())
 
 
 def create_topic(node: ProcessNode, nodes: Nodes, name: str, queue_count: int) -> None:
@@ -110,7 +89,7 @@ def test_idle_long_polls_on_another_topic_cost_an_append_nothing(nodes: Nodes, t
         loaded_s = median_s(send, 300)
         assert hostile.poll() is None
     finally:
-        stop(hostile)
+        stop_hostile(hostile)
     print(f"send p50 {unloaded_s * 1000:.2f} ms alone, {loaded_s * 1000:.2f} ms beside {IDLE_POLLS} idle polls")
     assert loaded_s <= IDLE_POLL_SLOWDOWN_MAX * unloaded_s + 0.001, (unloaded_s, loaded_s)
 
@@ -140,7 +119,7 @@ def test_receive_and_pull_answer_within_the_response_budget_and_hold_no_send_up(
     median_s(lambda: producer.Send(small, timeout=RPC_TIMEOUT_S), 20)
     anon_before = rss_anon_bytes(writer.proc.pid)
     hostile = subprocess.Popen(
-        [sys.executable, str(HOSTILE), writer.endpoint, "big", "2", "Big", "greedy"], stdout=subprocess.PIPE, env=quiet_env()
+        [sys.executable, str(gateway_load.HOSTILE), writer.endpoint, "big", "2", "Big", "greedy"], stdout=subprocess.PIPE, env=quiet_env()
     )
     sends_s = []
     peak = anon_before
@@ -153,7 +132,7 @@ def test_receive_and_pull_answer_within_the_response_budget_and_hold_no_send_up(
             time.sleep(0.005)
         out, _ = hostile.communicate(timeout=OPEN_TIMEOUT_S)
     finally:
-        stop(hostile)
+        stop_hostile(hostile)
     assert hostile.returncode == 0, out
     answered = json.loads(out)
     grown = peak - anon_before
@@ -201,7 +180,7 @@ def test_unauthenticated_health_streams_leave_signed_streams_their_own(nodes: No
         assert [len(ack.results) for ack in acks] == [1]
         assert hostile.poll() is None
     finally:
-        stop(hostile)
+        stop_hostile(hostile)
 
 
 def test_topics_queues_and_groups_are_capped_by_their_flags(nodes: Nodes, tmp_path: Path) -> None:
@@ -275,20 +254,7 @@ def test_a_large_set_in_flight_makes_empty_receives_cost_others_nothing(nodes: N
     writer = nodes.start("writer", tmp_path / "store")
     create_topic(writer, nodes, "Flight", 1)
     producer = nodes.writer(writer)
-    for start in range(0, IN_FLIGHT, 8192):
-        batch = [messages_pb2.Message(topic="Flight", queue_id=0, body=b"f") for _ in range(min(8192, IN_FLIGHT - start))]
-        producer.SendBatch(writer_pb2.SendBatchRequest(messages=batch), timeout=RPC_TIMEOUT_S)
-    gateway = service_pb2_grpc.MessagingServiceStub(nodes.channel(writer))
-    request = v2s.ReceiveMessageRequest(
-        group=v2.Resource(name="hoarders"), message_queue=v2.MessageQueue(topic=v2.Resource(name="Flight"), id=0),
-        filter_expression=v2.FilterExpression(type=v2.TAG, expression="*"), batch_size=1024,
-        invisible_duration=duration_pb2.Duration(seconds=43_200), long_polling_timeout=duration_pb2.Duration(seconds=0),
-    )  # fmt: skip
-    held = 0
-    while held < IN_FLIGHT:
-        taken = sum(a.HasField("message") for a in gateway.ReceiveMessage(request, timeout=RPC_TIMEOUT_S))
-        assert taken, f"{held} in flight, then nothing"
-        held += taken
+    gateway_load.hold_in_flight(nodes.channel(writer), "Flight", "hoarders", IN_FLIGHT, RPC_TIMEOUT_S)
     send = writer_pb2.SendRequest(message=messages_pb2.Message(topic="Busy", body=b"b" * 100))
 
     def sent() -> Any:
@@ -301,6 +267,6 @@ def test_a_large_set_in_flight_makes_empty_receives_cost_others_nothing(nodes: N
         loaded_s = median_s(sent, 200)
         assert hostile.poll() is None
     finally:
-        stop(hostile)
+        stop_hostile(hostile)
     print(f"send p50 {unloaded_s * 1000:.2f} ms alone, {loaded_s * 1000:.2f} ms beside {REPOLLERS} clients re-polling over {IN_FLIGHT} in flight")
     assert loaded_s <= IN_FLIGHT_SLOWDOWN_MAX * unloaded_s + 0.001, (unloaded_s, loaded_s)

@@ -28,6 +28,7 @@ import asyncio
 import json
 import sys
 from collections import Counter
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import grpc
@@ -53,16 +54,21 @@ def channels(endpoint: str, count: int) -> list[grpc.aio.Channel]:
     ]
 
 
-async def poll_forever(channel: grpc.aio.Channel, topic: str, group: str, issued: asyncio.Event, refused: Counter[str]) -> None:
-    stub = service_pb2_grpc.MessagingServiceStub(channel)
-    request = v2s.ReceiveMessageRequest(
+def receive_request(topic: str, group: str, batch: int, invisible_s: int, poll_s: int) -> v2s.ReceiveMessageRequest:
+    """A ReceiveMessage of every tag on queue 0 of ``topic``."""
+    return v2s.ReceiveMessageRequest(
         group=v2.Resource(name=group),
         message_queue=v2.MessageQueue(topic=v2.Resource(name=topic), id=0),
         filter_expression=v2.FilterExpression(type=v2.TAG, expression="*"),
-        batch_size=32,
-        invisible_duration=duration_pb2.Duration(seconds=60),
-        long_polling_timeout=duration_pb2.Duration(seconds=POLL_S),
+        batch_size=batch,
+        invisible_duration=duration_pb2.Duration(seconds=invisible_s),
+        long_polling_timeout=duration_pb2.Duration(seconds=poll_s),
     )
+
+
+async def poll_forever(channel: grpc.aio.Channel, topic: str, group: str, issued: asyncio.Event, refused: Counter[str]) -> None:
+    stub = service_pb2_grpc.MessagingServiceStub(channel)
+    request = receive_request(topic, group, 32, 60, POLL_S)
     while True:
         call = stub.ReceiveMessage(request, timeout=POLL_S + 10)
         issued.set()
@@ -77,14 +83,7 @@ async def poll_forever(channel: grpc.aio.Channel, topic: str, group: str, issued
 
 async def repoll_forever(channel: grpc.aio.Channel, topic: str, group: str, issued: asyncio.Event, refused: Counter[str]) -> None:
     stub = service_pb2_grpc.MessagingServiceStub(channel)
-    request = v2s.ReceiveMessageRequest(
-        group=v2.Resource(name=group),
-        message_queue=v2.MessageQueue(topic=v2.Resource(name=topic), id=0),
-        filter_expression=v2.FilterExpression(type=v2.TAG, expression="*"),
-        batch_size=32,
-        invisible_duration=duration_pb2.Duration(seconds=43_200),
-        long_polling_timeout=duration_pb2.Duration(seconds=0),
-    )
+    request = receive_request(topic, group, 32, 43_200, 0)
     while True:
         async for answer in stub.ReceiveMessage(request, timeout=OPEN_TIMEOUT_S):
             if answer.HasField("status") and answer.status.code not in (v2.OK, v2.MESSAGE_NOT_FOUND):
@@ -97,10 +96,7 @@ async def greedy_forever(channel: grpc.aio.Channel, topic: str, group: str, issu
     stub = service_pb2_grpc.MessagingServiceStub(channel)
     queue = v2.MessageQueue(topic=v2.Resource(name=topic), id=0)
     everything = v2.FilterExpression(type=v2.TAG, expression="*")
-    receive = v2s.ReceiveMessageRequest(
-        group=v2.Resource(name=group), message_queue=queue, filter_expression=everything, batch_size=GREEDY_BATCH,
-        invisible_duration=duration_pb2.Duration(seconds=1), long_polling_timeout=duration_pb2.Duration(seconds=0),
-    )  # fmt: skip
+    receive = receive_request(topic, group, GREEDY_BATCH, 1, 0)
     pull = v2s.PullMessageRequest(
         group=v2.Resource(name=group), message_queue=queue, offset=0, batch_size=GREEDY_BATCH, filter_expression=everything
     )
@@ -124,14 +120,7 @@ async def watch(channel: grpc.aio.Channel, refused: Counter[str]) -> Any:
 
 
 async def big_receive(channel: grpc.aio.Channel, topic: str, group: str) -> list[int]:
-    request = v2s.ReceiveMessageRequest(
-        group=v2.Resource(name=group),
-        message_queue=v2.MessageQueue(topic=v2.Resource(name=topic), id=0),
-        filter_expression=v2.FilterExpression(type=v2.TAG, expression="*"),
-        batch_size=BIG_BATCH,
-        invisible_duration=duration_pb2.Duration(seconds=60),
-        long_polling_timeout=duration_pb2.Duration(seconds=0),
-    )
+    request = receive_request(topic, group, BIG_BATCH, 60, 0)
     answers = [a async for a in service_pb2_grpc.MessagingServiceStub(channel).ReceiveMessage(request, timeout=OPEN_TIMEOUT_S)]
     return [len(a.message.body) for a in answers if a.HasField("message")]
 
@@ -148,30 +137,29 @@ async def big_pull(channel: grpc.aio.Channel, topic: str, group: str) -> tuple[l
     return [len(a.message.body) for a in answers if a.HasField("message")], [a.next_offset for a in answers if a.HasField("next_offset")]
 
 
+async def hold(count: int, call: Callable[[int, asyncio.Event], Awaitable[None]]) -> list[Any]:
+    """``count`` tasks of ``call(i, issued)``, once each has set its ``issued``."""
+    events = [asyncio.Event() for _ in range(count)]
+    held = [asyncio.ensure_future(call(i, events[i])) for i in range(count)]
+    await asyncio.wait_for(asyncio.gather(*(event.wait() for event in events)), OPEN_TIMEOUT_S)
+    return held
+
+
 async def main(endpoint: str, kind: str, count: int, topic: str, group: str) -> None:
     refused: Counter[str] = Counter()
     held: list[Any] = []
     if kind == "polls":
         connections = channels(endpoint, 8)
-        events = [asyncio.Event() for _ in range(count)]
-        held = [
-            asyncio.ensure_future(poll_forever(connections[i % len(connections)], topic, group, events[i], refused))
-            for i in range(count)
-        ]
-        await asyncio.wait_for(asyncio.gather(*(event.wait() for event in events)), OPEN_TIMEOUT_S)
+        held = await hold(count, lambda i, issued: poll_forever(connections[i % len(connections)], topic, group, issued, refused))
     elif kind == "repoll":
         connections = channels(endpoint, count)
-        events = [asyncio.Event() for _ in range(count)]
-        held = [asyncio.ensure_future(repoll_forever(connections[i], topic, group, events[i], refused)) for i in range(count)]
-        await asyncio.wait_for(asyncio.gather(*(event.wait() for event in events)), OPEN_TIMEOUT_S)
+        held = await hold(count, lambda i, issued: repoll_forever(connections[i], topic, group, issued, refused))
     elif kind == "greedy":
         connections = [
             grpc.aio.insecure_channel(endpoint, options=[("grpc.max_receive_message_length", 64 << 20), ("rmqstore.connection", i)])
             for i in range(count)
         ]
-        events = [asyncio.Event() for _ in range(count)]
-        held = [asyncio.ensure_future(greedy_forever(connections[i], topic, f"{group}{i}", events[i], refused)) for i in range(count)]
-        await asyncio.wait_for(asyncio.gather(*(event.wait() for event in events)), OPEN_TIMEOUT_S)
+        held = await hold(count, lambda i, issued: greedy_forever(connections[i], topic, f"{group}{i}", issued, refused))
     elif kind == "watch":
         connections = channels(endpoint, 16)
         held = await asyncio.wait_for(

@@ -6,14 +6,13 @@ import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 
 import pytest
+from support.cli import console_demo
 
 from rmqstore.cli.demo import DEMO_MARKER, prepare_store
 from rmqstore.cli.main import main
@@ -57,31 +56,13 @@ def test_demo_runs_writer_and_query_node_and_every_lookup(tmp_path: Path) -> Non
 
 @pytest.mark.slow
 def test_demo_console_serves_the_demo_store_until_interrupted(tmp_path: Path) -> None:
-    demo = subprocess.Popen(
-        [sys.executable, "-m", "rmqstore.cli.main", "demo", "--store", str(tmp_path / "demo"), "--console"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True, cwd=tmp_path,
-    )  # fmt: skip
-    try:
-        assert demo.stdout is not None
-        url = None
-        deadline = time.monotonic() + 300
-        while url is None and time.monotonic() < deadline:
-            line = demo.stdout.readline()
-            assert line, "the demo ended before it showed the console"
-            found = re.fullmatch(r"console: (http://127\.0\.0\.1:\d+/)    \(Ctrl-C stops the console and both nodes\)\n", line)
-            url = found.group(1) if found else None
-        assert url is not None
-        with urllib.request.urlopen(url + "api/topics", timeout=30) as response:
+    with console_demo(tmp_path / "demo", tmp_path) as demo:
+        found = re.fullmatch(r"console: (http://127\.0\.0\.1:\d+/)    \(Ctrl-C stops the console and both nodes\)\n", demo.console_line)
+        assert found is not None, demo.console_line
+        with urllib.request.urlopen(found.group(1) + "api/topics", timeout=30) as response:
             topics = json.load(response)["topics"]
         assert {t["name"]: t["messages"] for t in topics} == {"Orders": 5, "Payments": 2}
-        demo.send_signal(signal.SIGINT)
-        rest, errors = demo.communicate(timeout=120)
-        assert demo.returncode == 0, errors[-2000:]
-        assert "ok: 7 records, 7 consume queue units and 20 index keys agree" in rest
-    finally:
-        if demo.poll() is None:
-            demo.kill()
-            demo.communicate(timeout=30)
+        assert "ok: 7 records, 7 consume queue units and 20 index keys agree" in demo.interrupt()
 
 
 def test_demo_refuses_a_non_empty_directory_and_deletes_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

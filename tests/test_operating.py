@@ -4,13 +4,11 @@ at once after a kill, and a store is never deleted or reset while a process hold
 from __future__ import annotations
 
 import http.client
-import signal
-import subprocess
 from pathlib import Path
 
 import pytest
 from conftest import CLEAN, FIXTURE_SIZE_ARGS
-from support.cli import quiet_env, rmqstore, run, run_cli
+from support.cli import console_demo, run, run_cli
 from support.http import get
 from support.nodes import Nodes
 from support.wait import wait_until
@@ -273,18 +271,7 @@ def test_a_demo_refuses_the_store_of_a_demo_still_running_and_deletes_nothing(tm
     (`bash run.sh D`) is refused while the first one's writer holds D's lock; the first
     goes on serving and ends cleanly, its store whole."""
     store = tmp_path / "demo"
-    first = subprocess.Popen(
-        rmqstore("demo", "--store", str(store), "--console"), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        stdin=subprocess.DEVNULL, text=True, cwd=tmp_path, env=quiet_env(),
-    )  # fmt: skip
-    try:
-        assert first.stdout is not None
-        lines = []
-        while not lines or not lines[-1].startswith("console: "):
-            line = first.stdout.readline()
-            assert line, f"the first demo ended before it showed the console: {first.stderr.read() if first.stderr else ''}"
-            lines.append(line)
-        writer_endpoint = next(line for line in lines if line.startswith("writer serving on ")).split()[3].rstrip(",")
+    with console_demo(store, tmp_path) as first:
         before = sorted(str(p.relative_to(store)) for p in store.rglob("*"))
         log = store / "commitlog" / "00000000000000000000"
         log_bytes = log.read_bytes()
@@ -296,16 +283,9 @@ def test_a_demo_refuses_the_store_of_a_demo_still_running_and_deletes_nothing(tm
         )
         assert sorted(str(p.relative_to(store)) for p in store.rglob("*")) == before and log.read_bytes() == log_bytes
         # The first demo's writer still stores what it acknowledges.
-        sent = run_cli(["send", "--endpoint", writer_endpoint, "-t", "Orders", "--body", "after the refusal"])
+        sent = run_cli(["send", "--endpoint", first.writer_endpoint, "-t", "Orders", "--body", "after the refusal"])
         assert sent.returncode == 0, sent.stderr
-        first.send_signal(signal.SIGINT)
-        rest, errors = first.communicate(timeout=120)
-        assert first.returncode == 0, errors[-2000:]
-        assert "ok: 8 records, 8 consume queue units and 21 index keys agree" in rest
-    finally:
-        if first.poll() is None:
-            first.kill()
-            first.communicate(timeout=30)
+        assert "ok: 8 records, 8 consume queue units and 21 index keys agree" in first.interrupt()
 
 
 def _writer_pid(store: Path) -> int:

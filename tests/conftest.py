@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,6 +14,7 @@ import pytest
 from support.acl import ACL, Guarded
 from support.nodes import Nodes
 from support.pki import Pki, make_pki
+from support.tmpfs import can_mount, tmpfs
 
 from rmqstore.common.files.store import StoreSizes
 
@@ -65,15 +65,10 @@ SMALL_FS_BYTES = 1 << 20
 def small_fs(tmp_path: Path) -> Iterator[Path]:
     """A tmpfs of SMALL_FS_BYTES mounted for the test (a disk that fills up), unmounted
     after it. Mounting needs root, which CI has."""
-    if os.geteuid() != 0:
+    if not can_mount():
         pytest.skip("mounting a small file system needs root (CI runs as root)")
-    mount = tmp_path / "fs"
-    mount.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={SMALL_FS_BYTES}", "tmpfs", str(mount)], check=True)
-    try:
+    with tmpfs(tmp_path / "fs", SMALL_FS_BYTES) as mount:
         yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=True)
 
 
 MEMORY_FS_BYTES = 2 << 30
@@ -84,16 +79,11 @@ def memory_fs(tmp_path: Path) -> Iterator[Path]:
     """A directory on a tmpfs (up to MEMORY_FS_BYTES, in memory) for a test whose subject
     is not the disk but which creates and syncs many files: their fsyncs cost nothing
     there. Mounted where the test runs as root (CI does), else the test's tmp_path."""
-    if os.geteuid() != 0:
+    if not can_mount():
         yield tmp_path
         return
-    mount = tmp_path / "memory"
-    mount.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={MEMORY_FS_BYTES}", "tmpfs", str(mount)], check=True)
-    try:
+    with tmpfs(tmp_path / "memory", MEMORY_FS_BYTES) as mount:
         yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=True)
 
 
 @pytest.fixture(autouse=True)

@@ -6,12 +6,12 @@ the store's files then counted by their blocks. The files keep RocketMQ's size a
 from __future__ import annotations
 
 import os
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from support.nodes import Nodes
+from support.tmpfs import can_mount, tmpfs
 
 from rmqstore.common.codec import consumequeue as cq
 from rmqstore.common.files.consumequeue import ConsumeQueue
@@ -30,15 +30,10 @@ SIZE_ARGS = ["--commitlog-file-size", str(16 << 20), "--index-slots", "5000", "-
 def volume(tmp_path: Path) -> Iterator[Path]:
     """A tmpfs of FS_BYTES: a volume the test owns, which a store reserving 6 MB per
     queue would fill after about 80 queues."""
-    if os.geteuid() != 0:
+    if not can_mount():
         pytest.skip("mounting a file system needs root (CI runs as root)")
-    mount = tmp_path / "volume"
-    mount.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={FS_BYTES}", "tmpfs", str(mount)], check=True)
-    try:
+    with tmpfs(tmp_path / "volume", FS_BYTES) as mount:
         yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=True)
 
 
 def blocks_bytes(root: Path) -> int:

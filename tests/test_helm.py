@@ -66,6 +66,9 @@ CUSTOM_STORE = {
     "diskCleanRatio": 0.6,
     "diskFullRatio": 0.85,
     "autoCreateTopics": False,
+    "maxTopics": 300,
+    "maxQueues": 2400,
+    "maxGroups": 50,
     "storeHost": "10.1.2.3:10911",
     "sizes": {"commitlogFileSizeBytes": 65536, "cqFileUnits": 1000, "indexSlots": 512, "indexEntries": 2048},
 }
@@ -398,6 +401,8 @@ BAD_VALUES = {
     "size not an integer": ({"store": {"sizes": {"cqFileUnits": 1.5}}}, "/store/sizes/cqFileUnits"),
     "commit log file below the library's minimum": ({"store": {"sizes": {"commitlogFileSizeBytes": 512}}}, "commitlogFileSizeBytes"),
     "store host without a port": ({"store": {"storeHost": "10.0.0.1"}}, "/store/storeHost"),
+    "no topics allowed": ({"store": {"maxTopics": 0}}, "/store/maxTopics"),
+    "fractional queue cap": ({"store": {"maxQueues": 1.5}}, "/store/maxQueues"),
     "root user": ({"podSecurityContext": {"runAsNonRoot": False}}, "/podSecurityContext/runAsNonRoot"),
     "writable root file system": ({"securityContext": {"readOnlyRootFilesystem": False}}, "readOnlyRootFilesystem"),
     "added capability": ({"securityContext": {"capabilities": {"add": ["NET_ADMIN"]}}}, "/securityContext/capabilities/add"),
@@ -585,6 +590,7 @@ def test_store_values_reach_the_writers_command_line(chart: helm.Chart) -> None:
     assert args.retention_hours == 0.5
     assert (args.disk_clean_ratio, args.disk_full_ratio) == (0.6, 0.85)
     assert args.no_auto_create is True
+    assert (args.max_topics, args.max_queues, args.max_groups) == (300, 2400, 50)
     assert args.store_host == "10.1.2.3:10911"
     sizes = CUSTOM_STORE["sizes"]
     assert (args.commitlog_file_size, args.cq_file_units, args.index_slots, args.index_entries) == (
@@ -621,6 +627,8 @@ def test_default_command_lines_use_rocketmqs_sizes_without_float_notation(chart:
     args = parse_cli(writer["args"])
     assert StoreSizes(args.commitlog_file_size, args.cq_file_units, args.index_slots, args.index_entries) == StoreSizes()
     assert (args.flush, args.no_auto_create, args.store_host) == ("async", False, None)
+    # The caps are the writer's own defaults.
+    assert (args.max_topics, args.max_queues, args.max_groups) == (10_000, 100_000, 1_000)
 
 
 # OpenTelemetry and TLS

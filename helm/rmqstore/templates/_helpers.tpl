@@ -161,6 +161,12 @@ TLS flags of a server, and its plaintext health port, when tls.enabled; call wit
 {{- if not .Values.store.autoCreateTopics }}
 - --no-auto-create
 {{- end }}
+- --max-topics
+- {{ int64 .Values.store.maxTopics | quote }}
+- --max-queues
+- {{ int64 .Values.store.maxQueues | quote }}
+- --max-groups
+- {{ int64 .Values.store.maxGroups | quote }}
 {{- if .Values.store.storeHost }}
 - --store-host
 - {{ .Values.store.storeHost | quote }}

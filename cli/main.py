@@ -21,6 +21,7 @@ from rmqstore.common.errors import StoreError
 COMMAND_MODULES: dict[str, tuple[str, ...]] = {
     "store_tools": ("dump", "reindex", "inspect", "check"),
     "writer_tools": ("writer", "send"),
+    "replica_tools": ("replicas",),
     "query_tools": (
         "query", "queryMsgByKey", "queryMsgByUniqueKey", "queryMsgById", "queryMsgByOffset", "searchOffset",
         "printMsg", "topicList", "topicStatus", "consumerProgress", "updateTopic",

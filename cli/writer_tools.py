@@ -125,7 +125,24 @@ def retry_delays(text: str) -> tuple[int, ...]:
 def cmd_writer_serve(args: argparse.Namespace) -> int:
     from rmqstore.writer.config import FlushPolicy
     from rmqstore.writer.node import WriterOptions, serve
+    from rmqstore.writer.replication.group import GroupOptions, Replication, parse_replicas
 
+    group = None
+    if args.group is not None:
+        if args.replica_id is None or args.replicas is None:
+            raise InvalidArgument("--group needs --replica-id and --replicas")
+        group = GroupOptions(
+            name=args.group,
+            replica_id=args.replica_id,
+            replicas=parse_replicas(args.replicas),
+            replication=Replication(args.replication),
+            min_insync=args.min_insync,
+            replica_lag_max_ms=args.replica_lag_max_ms,
+            etcd=tuple(e for e in (args.etcd or "").split(",") if e),
+            lease_ttl_s=args.lease_ttl_s,
+        )
+    elif any(v is not None for v in (args.replica_id, args.replicas, args.etcd)):
+        raise InvalidArgument("--replica-id, --replicas and --etcd belong to a writer group: give --group too")
     serve(
         WriterOptions(
             store=args.store,
@@ -149,6 +166,7 @@ def cmd_writer_serve(args: argparse.Namespace) -> int:
             disk_clean_ratio=args.disk_clean_ratio,
             disk_full_ratio=args.disk_full_ratio,
             truncate_corrupt_tail=args.truncate_corrupt_tail,
+            group=group,
         )
     )
     return EXIT_OK
@@ -361,7 +379,7 @@ def _send(args: argparse.Namespace, message: messages_pb2.Message | None, span: 
 
 def register(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     writer = commands.add_parser("writer", help="the writer node")
-    writer_commands = writer.add_subparsers(dest="writer_command", required=True, metavar="serve")
+    writer_commands = writer.add_subparsers(dest="writer_command", required=True, metavar="serve|promote")
     serve = writer_commands.add_parser(
         "serve",
         help="own a store directory and serve WriterService (and RocketMQ 5's MessagingService) over gRPC",
@@ -447,9 +465,21 @@ def register(commands: argparse._SubParsersAction) -> None:  # type: ignore[type
         action="store_true",
         help="accept losing everything after mid-log corruption found at start (default: refuse to start)",
     )
+    replication = serve.add_argument_group("a writer group: replicas and failover (docs/replication.md)")
+    replication.add_argument("--group", metavar="NAME", help="the writer group this replica belongs to (default: a single node)")
+    replication.add_argument("--replica-id", type=exits.queue_id, metavar="K", help="this replica's id in --replicas")
+    replication.add_argument("--replicas", metavar="0=HOST:PORT,1=HOST:PORT,...", help="every replica of the group")
+    replication.add_argument("--replication", choices=["sync", "async"], default="async", help="acknowledge after the in-sync replicas store a send (sync) or after the primary's own flush (async, the default)")
+    replication.add_argument("--min-insync", type=exits.positive, default=1, help="sync: replicas, the primary included, that must be in sync for a send to be taken (default 1)")
+    replication.add_argument("--replica-lag-max-ms", type=exits.positive, default=5000, help="a follower not caught up within this leaves the in-sync set (default 5000)")
+    replication.add_argument("--etcd", metavar="HOST:PORT[,HOST:PORT...]", help="etcd v3 members: the primary is elected there (default: none; fail over with writer promote)")
+    replication.add_argument("--lease-ttl-s", type=exits.positive, default=5, help="the primary's etcd lease, seconds (default 5)")
     add_server_tls_options(serve)
     add_size_options(serve)
     serve.set_defaults(handler=cmd_writer_serve)
+    from rmqstore.cli.replica_tools import register_promote
+
+    register_promote(writer_commands)
 
     send = commands.add_parser(
         "send",

@@ -81,6 +81,20 @@ class Unavailable(StoreError):
     retriable = True
 
 
+class NotPrimary(Unavailable):
+    """This replica of a writer group is not its primary: writes go to the one named
+    (``primary``, HOST:PORT, None while none is known)."""
+
+    def __init__(self, message: str, *, primary: str | None = None):
+        super().__init__(message)
+        self.primary = primary
+
+
+class NotInSync(Unavailable):
+    """Fewer replicas of a writer group than its --min-insync are in sync: a send is
+    refused (or, if already appended, not acknowledged) rather than acknowledged unsafely."""
+
+
 class StoreLocked(StoreError):
     """Another writer holds the store directory's lock."""
 

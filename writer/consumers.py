@@ -64,7 +64,7 @@ from rmqstore.common.codec.topic import TOPIC_LENGTH_MAX
 from rmqstore.common.errors import Corruption, InvalidArgument, LimitReached, NotFound
 from rmqstore.common.files import consumer_offsets
 from rmqstore.common.files.consumequeue import ConsumeQueue
-from rmqstore.common.files.mapped import fsync_directory
+from rmqstore.common.files.mapped import fsync_directory, replace_file
 from rmqstore.service.metrics import METER_NAME
 from rmqstore.writer.store import Writer
 
@@ -319,6 +319,9 @@ class ConsumerGroups:
         self.dirty = False
         self.secret = b""
         self._write_lock = threading.Lock()
+        # A writer group's follower writes nothing of its own: its files are the primary's,
+        # replicated (writer.replication), and read again once it is promoted.
+        self.following = False
         self._load()
 
     # Loading and flushing
@@ -438,7 +441,28 @@ class ConsumerGroups:
     def write(self, table: consumer_offsets.OffsetTable, state_text: str) -> None:
         """Write a snapshot: the state file first, then consumerOffset.json (see the module's note)."""
         with self._write_lock:  # the final flush at a stop may meet a periodic one still writing
-            self._write(table, state_text)
+            if not self.following:
+                self._write(table, state_text)
+
+    def follow(self) -> None:
+        """Write nothing from now on (a follower: the primary's files are replicated here)."""
+        with self._write_lock:
+            self.following = True
+            self.dirty = False
+
+    def write_replicated(self, name: str, content: bytes) -> None:
+        """Replace one of the group files with the primary's copy (temp file, fsync,
+        rename, fsync directory)."""
+        with self._write_lock:
+            replace_file(self.config_dir, name, content)
+
+    def lead(self) -> None:
+        """Read the files again (as replicated) and write them from now on (promoted)."""
+        with self._write_lock:
+            self.progress = {}
+            self.groups = set()
+            self._load()
+            self.following = False
 
     def _write(self, table: consumer_offsets.OffsetTable, state_text: str) -> None:
         os.makedirs(self.config_dir, exist_ok=True)

@@ -5,10 +5,11 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextvars
+import functools
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 from opentelemetry import trace
 
@@ -62,6 +63,21 @@ class _Stored(NamedTuple):
     results: AppendResults
 
 
+class AckGate(Protocol):
+    """What holds acknowledgements back until replicas have the bytes (a writer group's
+    primary: writer.replication.primary.SyncTracker). On the loop."""
+
+    def check_writable(self) -> None:
+        """Raise why a send is refused now (not the primary; too few replicas in sync)."""
+
+    def appended(self) -> None:
+        """Records were appended (the followers' streams have bytes to send)."""
+
+    def hold(self, end_offset: int, release: Callable[[BaseException | None], None]) -> None:
+        """Call ``release(None)`` once the commit log below ``end_offset`` may be
+        acknowledged, or ``release(error)`` once it may not."""
+
+
 class GroupAppender:
     """The writer's group commit: appends for the handlers of one event loop, as
     RocketMQ's group commit takes them.
@@ -89,6 +105,8 @@ class GroupAppender:
         # Called on the loop with each request's results once its messages are stored (the
         # consumers' long polls on those queues wake).
         self.listeners: list[Callable[[AppendResults], None]] = []
+        # A writer group's primary: acknowledgements wait for the replicas (None: a single node).
+        self.gate: AckGate | None = None
         # Appended, waiting for an fsync (SYNC only), each request with its outcome.
         self._appended = threading.Condition()
         self._unflushed: list[tuple[_Pending, _Stored | BaseException]] = []
@@ -102,6 +120,8 @@ class GroupAppender:
         ``respond(results)`` once they are stored, or the error that refused them."""
         if self._closed:
             raise InvalidArgument("the writer is closed")
+        if self.gate is not None:
+            self.gate.check_writable()
         loop = asyncio.get_running_loop()
         if self._loop is None:
             self._loop = loop
@@ -130,6 +150,8 @@ class GroupAppender:
             outcomes: list[_Stored | BaseException] = group[0].context.run(self._store, group)
         except BaseException as error:  # never leave a caller waiting
             outcomes = [error] * len(group)
+        if self.gate is not None:
+            self.gate.appended()
         if self._flusher is None:
             self._settle(list(zip(group, outcomes)))
         else:
@@ -183,18 +205,33 @@ class GroupAppender:
 
     def _settle(self, done: list[tuple[_Pending, _Stored | BaseException]]) -> None:
         """Acknowledge (or refuse) each request, then wake the listeners: on the loop."""
+        gate = self.gate
         for pending, outcome in done:
             if pending.future.done():
                 continue  # the call was cancelled (its client went away)
             if isinstance(outcome, _Stored):
-                self.metrics.appended(outcome.results, pending.started)
-                pending.future.set_result(outcome.response)
+                if gate is None:
+                    self._acknowledge(pending, outcome, None)
+                else:
+                    results = outcome.results
+                    end = results.commitlog_offsets[-1] + results.sizes[-1]
+                    gate.hold(end, functools.partial(self._acknowledge, pending, outcome))
             else:
                 pending.future.set_exception(outcome)
         for _, outcome in done:
             if isinstance(outcome, _Stored):
                 for listener in self.listeners:
                     listener(outcome.results)
+
+    def _acknowledge(self, pending: _Pending, stored: _Stored, refusal: BaseException | None) -> None:
+        """Settle a stored request's future: its response, or ``refusal`` (not acknowledged)."""
+        if pending.future.done():
+            return
+        if refusal is not None:
+            pending.future.set_exception(refusal)
+            return
+        self.metrics.appended(stored.results, pending.started)
+        pending.future.set_result(stored.response)
 
     def close(self) -> None:
         """Flush and acknowledge what is appended, then stop the flusher; later appends

@@ -8,6 +8,7 @@ RocketMQ 5's MessagingService on one gRPC server, and its stop in order.
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import logging
 from dataclasses import dataclass, field
@@ -27,6 +28,9 @@ from rmqstore.writer.config import FlushPolicy, WriterConfig
 if TYPE_CHECKING:
     from rmqstore.service.metrics import MetricsEndpoint
     from rmqstore.writer.consumers import ConsumerGroups
+    from rmqstore.writer.replication.follower import Follower
+    from rmqstore.writer.replication.group import GroupOptions
+    from rmqstore.writer.replication.replica import Replica
     from rmqstore.writer.rocketmq5 import MessagingServicer
     from rmqstore.writer.service import WriterServicer
     from rmqstore.writer.store import Writer
@@ -71,6 +75,8 @@ class WriterOptions:
     # The periodic flushes and retention; False leaves them to whoever drives the store
     # (a test calling flush and run_retention itself).
     background: bool = True
+    # A replica of a writer group (docs/replication.md); None: a single node.
+    group: GroupOptions | None = None
 
 
 @dataclass(frozen=True)
@@ -114,8 +120,9 @@ class WriterNode(process.ServingNode):
         """Open the store (recovery), start its background tasks and serve. ``metrics``:
         the endpoint the process's metrics are served on, named in the serving line."""
         from rmqstore.rocketmq_v2 import service_pb2_grpc as messaging_pb2_grpc
-        from rmqstore.v1 import writer_pb2_grpc
+        from rmqstore.v1 import replication_pb2_grpc, writer_pb2_grpc
         from rmqstore.writer.consumers import ConsumerGroups, check_group
+        from rmqstore.writer.replication.service import SERVICE_NAME as REPLICATION_SERVICE_NAME
         from rmqstore.writer.rocketmq5 import (
             DEFAULT_RETRY_DELAYS_S,
             ConsumerPolicy,
@@ -176,12 +183,24 @@ class WriterNode(process.ServingNode):
         servicer = WriterServicer(writer, stalled_write_s=options.limits.stalled_write_s)
         # RocketMQ 5's producers share the WriterService's group commit: one appender per loop.
         messaging = MessagingServicer(writer, servicer.appender, route, groups, policy)
+        replica: Replica | None = None
+        if options.group is not None:
+            from rmqstore.writer.replication.replica import Replica
+            from rmqstore.writer.replication.service import ReplicationServicer
+
+            replica = Replica(options.group, writer, groups)
+            servicer.appender.gate = replica.tracker
+            replication = ReplicationServicer(replica)
 
         def register(server: grpc.aio.Server) -> None:
             writer_pb2_grpc.add_WriterServiceServicer_to_server(servicer, server)  # type: ignore[no-untyped-call]  # generated
             messaging_pb2_grpc.add_MessagingServiceServicer_to_server(messaging, server)  # type: ignore[no-untyped-call]  # generated
+            if replica is not None:
+                replication_pb2_grpc.add_ReplicationServiceServicer_to_server(replication, server)  # type: ignore[no-untyped-call]  # generated
 
         names = [SERVICE_NAME, MESSAGING_SERVICE_NAME]
+        if replica is not None:
+            names.append(REPLICATION_SERVICE_NAME)
         try:
             serving = process.start_serving(register, names, checked.listen, port, options.limits, acl_rules(writer))
         except BaseException:
@@ -191,6 +210,10 @@ class WriterNode(process.ServingNode):
         if not options.advertise:
             messaging.route = RouteConfig(route.advertise_host, serving.port, route.broker_name)
         serving.call(messaging.start_flushing())
+        self.replica: Replica | None = replica
+        self.follower: Follower | None = None
+        if replica is not None:
+            self.follower = _start_replica(replica, serving, messaging)
         self.writer: Writer = writer
         self.groups: ConsumerGroups = groups
         self.servicer: WriterServicer = servicer
@@ -225,6 +248,8 @@ class WriterNode(process.ServingNode):
     def close(self, grace_s: float) -> None:
         """End the streams, stop the server (open requests get ``grace_s``), then write the
         groups' progress, the final flush and the checkpoint."""
+        if self.follower is not None:
+            self.follower.stop()
         self.serving.call(self.messaging.end_streams())
         self.serving.stop(grace_s)
         self.servicer.close()
@@ -235,6 +260,31 @@ class WriterNode(process.ServingNode):
             # replaced by a rename), and the store still closes cleanly.
             log.error("the consumer groups' progress could not be written at the stop: %s", error)
         self.writer.close()
+
+
+def _start_replica(replica: Replica, serving: Any, messaging: MessagingServicer) -> Follower:
+    """A group's replica, once its server serves: the tracker's clock on the loop, the
+    RocketMQ 5 routes following the primary, and the replication thread."""
+    from rmqstore.common.transport import parse_endpoint
+    from rmqstore.writer.replication.follower import Follower
+    from rmqstore.writer.rocketmq5 import RouteConfig
+
+    async def start_tracker() -> None:
+        replica.loop = asyncio.get_running_loop()
+        replica.tracker.start()
+
+    serving.call(start_tracker())
+    broker_name = messaging.route.broker_name
+
+    def route_to(endpoint: str) -> None:
+        host, port = parse_endpoint(endpoint)
+        messaging.route = RouteConfig(host, port, broker_name)
+
+    replica.on_primary.append(route_to)
+    assert replica.options is not None
+    follower = Follower(replica, manual=not replica.options.etcd)
+    follower.start()
+    return follower
 
 
 def serve(options: WriterOptions) -> None:

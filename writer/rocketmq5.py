@@ -46,7 +46,14 @@ from rmqstore.common.conventions import (
     ROCKETMQ,
     TRACEPARENT,
 )
-from rmqstore.common.errors import InvalidArgument, NotFound, StoreError, StoreFull
+from rmqstore.common.errors import (
+    InvalidArgument,
+    NotFound,
+    NotInSync,
+    NotPrimary,
+    StoreError,
+    StoreFull,
+)
 from rmqstore.common.files.consumequeue import Boundary
 from rmqstore.common.tracing import leaf_span, links_from_messages, tracing_on
 from rmqstore.common.transport import parse_endpoint
@@ -151,6 +158,9 @@ def status_for(error: BaseException) -> v2.Status:
     if isinstance(error, StoreFull):
         # The clients stop retrying on TOO_MANY_REQUESTS: a full disk is not a blip.
         return v2.Status(code=v2.TOO_MANY_REQUESTS, message=str(error))
+    if isinstance(error, (NotPrimary, NotInSync)):
+        # Apache's proxy answers a broker's SLAVE_NOT_AVAILABLE with HA_NOT_AVAILABLE.
+        return v2.Status(code=v2.HA_NOT_AVAILABLE, message=str(error))
     if isinstance(error, NotFound):
         return v2.Status(code=v2.TOPIC_NOT_FOUND, message=str(error))
     if isinstance(error, InvalidArgument):

@@ -310,6 +310,9 @@ class Writer:
         # are). While set, writes are refused; each write and each periodic flush tries
         # to complete the dispatch.
         self.dispatch_pending: str | None = None
+        # Why this writer takes no writes of its own (a writer group's follower: the
+        # error names the primary); None while it takes them.
+        self.refusal: StoreError | None = None
         with open(self.paths.abort, "wb") as handle:
             handle.write(self.boot_id.encode("ascii", "replace"))
             handle.flush()
@@ -521,6 +524,8 @@ class Writer:
         with self._append_lock:
             if self._closed:
                 raise InvalidArgument("the writer is closed")
+            if self.refusal is not None:
+                raise self.refusal
             self._complete_dispatch()
             self._check_disk()
             if combined is not None:
@@ -618,6 +623,88 @@ class Writer:
             raise Unavailable(f"writes are refused until the {self.dispatch_pending}") from error
         self.dispatch_pending = None
         self._publish_dispatched()
+
+    # Replication (writer.replication: a writer group's follower)
+
+    def check_writable(self) -> None:
+        """Raise the refusal of a replica that takes no writes of its own."""
+        refusal = self.refusal
+        if refusal is not None:
+            raise refusal
+
+    def replicate(self, offset: int, data: bytes) -> int:
+        """Append a primary's commit log bytes at ``offset`` (this log's end) and dispatch
+        them with the code recovery uses, so the consume queues and index come out as the
+        primary's; returns the new end. Under SYNC they are fsynced before it returns."""
+        with self._append_lock:
+            if self._closed:
+                raise InvalidArgument("the writer is closed")
+            if offset != self.log.write_offset:
+                raise InvalidArgument(f"replicated bytes start at {offset}, but this commit log ends at {self.log.write_offset}")
+            end = offset + len(data)
+            self.log.write_replicated(offset, data)
+            scan = ColumnScan(self.log, offset, end)
+            try:
+                self.dispatcher.dispatch_columns(scan)
+            except Exception as error:
+                # As for a write of our own: the records stay; the dispatch completes later.
+                self.dispatch_pending = f"dispatch of commit log [{offset}, {end}) failed: {_describe(error)}"
+                raise Unavailable(f"the replicated bytes are stored but their {self.dispatch_pending}") from error
+            if scan.stop is not None:
+                self.log.abandon(offset, end)
+                raise Corruption(f"replicated bytes at {offset} do not decode: {scan.stop.describe()}", offset=offset)
+            self._last_store_ts = max(self._last_store_ts, self.dispatcher.last_dispatched_timestamp_ms)
+            self._publish_dispatched()
+        if self.config.flush is FlushPolicy.SYNC:
+            self.flush()
+        return end
+
+    def truncate_replica(self, end: int) -> None:
+        """Cut the commit log at ``end`` (a record boundary) for a replica that rejoins its
+        group, durably: the bytes past it are zeroed and synced and later files deleted
+        (their directory synced), the consume queue units and index files past it go, the
+        index is rebuilt from the log up to it, and the progress file names ``end`` -
+        all before this returns, so no crash can bring the cut records back."""
+        with self._append_lock:
+            invariant(self.dispatch_pending is None, "a replica truncates with its dispatch complete")
+            if end >= (self.log.write_offset or 0):
+                return
+            self.log.truncate(end)
+            self.log.flush()
+            for queue in self.queues.queues.values():
+                if queue.max_commitlog_end > end:
+                    queue.truncate_to_commitlog(end)
+                    for mapped in queue.files.files[-1:]:
+                        mapped.flush()  # the zeroed units are on disk
+            self._drop_index_files_past(end)
+            fsync_directory(self.paths.index)
+            self._repair_newest_index_header(end)
+            reindex_from = self.log.min_offset
+            if self.index.files:
+                reindex_from = max(self.index.files[-1].last_entry_phy_offset(), self.log.min_offset)
+            if reindex_from < end:
+                reindex_from = self._record_boundary_at_or_before(reindex_from)
+                self.dispatcher.dispatch_columns(ColumnScan(self.log, reindex_from, end, check_crc=False))
+            self.dispatcher.flush()
+            self._next_queue_offset = {key: queue.max_offset for key, queue in self.queues.queues.items()}
+            self.flushed_offset = min(self.flushed_offset, end)
+            self.durable_offset = min(self.durable_offset, end)
+            self._publish_dispatched()
+            self.publisher.sync()
+
+    def resume_writing(self) -> None:
+        """Take writes of our own again (a follower promoted): the queues' next offsets
+        and the topic table as replication left them."""
+        with self._append_lock:
+            self._next_queue_offset = {key: queue.max_offset for key, queue in self.queues.queues.items()}
+            self.topics = TopicTable(
+                self.paths.config,
+                self.paths.consumequeue,
+                self.queues.discover(),
+                max_topics=self.config.max_topics,
+                max_queues=self.config.max_queues,
+            )
+            self.refusal = None
 
     def retry_dispatch(self) -> bool:
         """Try to complete a pending dispatch now; whether none is pending afterwards."""

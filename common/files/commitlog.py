@@ -532,6 +532,20 @@ class CommitLog:
             position += end - offset
             first = last
 
+    def write_replicated(self, offset: int, data: bytes | bytearray | memoryview) -> None:
+        """Write a primary's bytes at ``offset``, the end of this log: whole records (a
+        file's closing BLANK among them) that lie in one file, as the primary's file holds
+        them."""
+        invariant(offset == self.write_offset, "replicated bytes continue the log at its end")
+        if not data:
+            return
+        if offset % self.file_size_bytes + len(data) > self.file_size_bytes:
+            raise InvalidArgument(f"replicated bytes at {offset} cross the end of a commit log file")
+        mapped = self._file_for_write(offset)
+        mapped.write(offset - mapped.start_offset, data)
+        self._dirty.add(mapped)
+        self.write_offset = offset + len(data)
+
     def abandon(self, start: int, end: int) -> None:
         """Undo a write that failed part-way (``write_laid_out`` raised): clear what it
         may have written of [start, end) and append from ``start`` again, so neither a

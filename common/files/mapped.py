@@ -38,6 +38,19 @@ def fsync_directory(path: str) -> None:
         os.close(fd)
 
 
+def replace_file(directory: str, name: str, content: bytes) -> None:
+    """Replace ``directory/name`` with ``content`` atomically and durably: a temp file,
+    fsync, rename, fsync of the directory."""
+    path = os.path.join(directory, name)
+    temp = path + ".tmp"
+    with open(temp, "wb") as handle:
+        handle.write(content)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(temp, path)
+    fsync_directory(directory)
+
+
 def makedirs_durable(path: str) -> None:
     """``os.makedirs``, then fsync the parent of each directory it made: a directory's
     entry lives in its parent and survives a power cut only once the parent is synced

@@ -1,0 +1,206 @@
+"""Writer groups (docs/replication.md): real writer processes on 127.0.0.1 replicating one
+store; followers' commit logs, consume queues and index files byte for byte the
+primary's; acknowledgements held for the in-sync replicas; failover and rejoin."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from support.cli import run_cli
+from support.nodes import Nodes, ProcessNode
+from support.wait import wait_until
+
+from rmqstore.common.files.commitlog import CommitLog
+from rmqstore.service.listen import free_port
+from rmqstore.v1 import messages_pb2, replication_pb2, replication_pb2_grpc, writer_pb2
+
+# Small files: the test crosses commit log, consume queue and index file boundaries.
+SIZES = ("--commitlog-file-size", str(256 * 1024), "--cq-file-units", "2000", "--index-slots", "100", "--index-entries", "4000")
+
+
+class Group:
+    """The replicas of one writer group, as processes, each with its own store."""
+
+    def __init__(self, nodes: Nodes, root: Path, count: int, *extra: str, name: str = "g1"):
+        self.nodes = nodes
+        self.root = root
+        self.extra = extra
+        self.name = name
+        self.ports = {k: free_port("127.0.0.1") for k in range(count)}
+        self.replicas = ",".join(f"{k}=127.0.0.1:{p}" for k, p in self.ports.items())
+        self.procs: dict[int, ProcessNode] = {}
+
+    def store(self, replica_id: int) -> Path:
+        return self.root / f"replica-{replica_id}"
+
+    def start(self, replica_id: int) -> ProcessNode:
+        node = self.nodes.spawn("writer", [
+            "writer", "serve", "--store", str(self.store(replica_id)), "--host", "127.0.0.1",
+            "--port", str(self.ports[replica_id]), "--group", self.name, "--replica-id", str(replica_id),
+            "--replicas", self.replicas, *SIZES, *self.extra,
+        ])  # fmt: skip
+        node.wait_serving()
+        self.procs[replica_id] = node
+        return node
+
+    def stub(self, replica_id: int) -> replication_pb2_grpc.ReplicationServiceStub:
+        channel = grpc.insecure_channel(f"127.0.0.1:{self.ports[replica_id]}")
+        self.nodes.channels.append(channel)
+        return replication_pb2_grpc.ReplicationServiceStub(channel)
+
+    def status(self, replica_id: int) -> replication_pb2.ReplicaStatusResponse:
+        return self.stub(replica_id).ReplicaStatus(replication_pb2.ReplicaStatusRequest(), timeout=5)
+
+    def primary(self) -> int:
+        def found() -> int | None:
+            for k in self.procs:
+                try:
+                    status = self.status(k)
+                except grpc.RpcError:
+                    continue
+                if status.role == "primary":
+                    return k + 1
+            return None
+
+        return wait_until(found, 30, "a primary") - 1
+
+    def in_sync(self, primary: int, count: int) -> None:
+        def enough() -> bool:
+            status = self.status(primary)
+            return sum(f.in_sync for f in status.followers) >= count
+
+        wait_until(enough, 30, f"{count} followers in sync")
+
+
+def _file_bytes(root: Path) -> dict[str, bytes]:
+    """The commit log, consume queue and index files of a store, by relative path."""
+    files = {}
+    for part in ("commitlog", "consumequeue", "index"):
+        for path in sorted((root / part).rglob("*")):
+            if path.is_file():
+                files[str(path.relative_to(root))] = path.read_bytes()
+    return files
+
+
+def _assert_identical_over_common_length(stores: list[Path]) -> None:
+    reference = _file_bytes(stores[0])
+    assert any(name.startswith("commitlog") for name in reference)
+    for other in stores[1:]:
+        theirs = _file_bytes(other)
+        assert set(theirs) == set(reference), (other, set(theirs) ^ set(reference))
+        for name, data in reference.items():
+            common = min(len(data), len(theirs[name]))
+            assert theirs[name][:common] == data[:common], f"{other}/{name} differs"
+
+
+def _produce(endpoint: str, producer: int, count: int, batch: int) -> list[tuple[str, int]]:
+    """Send ``count`` messages in batches; the acked (uniq key, commit log offset) pairs."""
+    from rmqstore.v1 import writer_pb2_grpc
+
+    acked = []
+    with grpc.insecure_channel(endpoint) as channel:
+        stub = writer_pb2_grpc.WriterServiceStub(channel)
+        for start in range(0, count, batch):
+            messages = [
+                messages_pb2.Message(topic=f"T{(producer + i) % 3}", body=os.urandom(64 + (i % 5) * 40), keys=[f"p{producer}-{start + i}"])
+                for i in range(batch)
+            ]
+            response = stub.SendBatch(writer_pb2.SendBatchRequest(messages=messages), timeout=30)
+            acked += [(r.uniq_key, r.commitlog_offset) for r in response.results]
+    return acked
+
+
+def test_a_sync_group_replicates_byte_for_byte(nodes: Nodes, tmp_path: Path) -> None:
+    group = Group(nodes, tmp_path, 3, "--replication", "sync", "--min-insync", "2", "--flush", "sync")
+    for k in range(3):
+        group.start(k)
+    primary = group.primary()
+    assert primary == 0  # a new group's lowest id leads without etcd
+    group.in_sync(primary, 2)
+    endpoint = f"127.0.0.1:{group.ports[primary]}"
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        sent = list(pool.map(lambda p: _produce(endpoint, p, 2500, 50), range(4)))
+    acked = [pair for part in sent for pair in part]
+    assert len(acked) == 10_000
+
+    # A follower refuses writes, naming the primary.
+    follower = next(k for k in range(3) if k != primary)
+    with pytest.raises(grpc.RpcError) as refused:
+        _produce(f"127.0.0.1:{group.ports[follower]}", 9, 1, 1)
+    assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert endpoint in (refused.value.details() or "")
+
+    end = group.status(primary).end_offset
+    wait_until(lambda: all(group.status(k).end_offset == end for k in range(3)), 30, "the followers to catch up")
+    status = group.status(primary)
+    assert [(f.replica_id, f.in_sync, f.lag_bytes) for f in status.followers] == [(k, True, 0) for k in range(3) if k != primary]
+    for k in range(3):
+        group.procs[k].stop()
+    _assert_identical_over_common_length([group.store(k) for k in range(3)])
+    for k in range(3):
+        checked = run_cli(["check", str(group.store(k))])
+        assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
+def _replicas(endpoints: str) -> dict[str, Any]:
+    shown = run_cli(["replicas", "--endpoint", endpoints, "--json"])
+    assert shown.returncode == 0, shown.stderr
+    return json.loads(shown.stdout)  # type: ignore[no-any-return]
+
+
+def test_manual_failover_truncates_the_old_primarys_unreplicated_tail(nodes: Nodes, tmp_path: Path) -> None:
+    """ASYNC, no etcd: the primary acknowledges 60 sends its followers never got, and dies;
+    replica 1 is promoted and takes 40 more; the old primary rejoins as a follower and
+    cuts exactly those 60 (the loss ASYNC allows: past the new primary's end at the
+    switch), durably, and the three stores agree byte for byte."""
+    group = Group(nodes, tmp_path, 3, "--replication", "async")
+    for k in range(3):
+        group.start(k)
+    assert group.primary() == 0
+    group.in_sync(0, 2)
+    first = _produce(f"127.0.0.1:{group.ports[0]}", 0, 100, 10)
+    switch = group.status(0).end_offset
+    wait_until(lambda: all(group.status(k).end_offset == switch for k in (1, 2)), 30, "the followers to catch up")
+    for k in (1, 2):
+        group.procs[k].stop()
+    lost = _produce(f"127.0.0.1:{group.ports[0]}", 1, 60, 10)  # acknowledged by the primary alone
+    assert min(offset for _, offset in lost) == switch
+    group.procs[0].kill()
+    for k in (1, 2):
+        group.start(k)
+    # Neither follower leads on its own: the last primary was replica 0.
+    assert all(group.status(k).role == "follower" for k in (1, 2))
+    promoted = run_cli(["writer", "promote", "--endpoint", f"127.0.0.1:{group.ports[1]}"])
+    assert promoted.returncode == 0, promoted.stderr
+    assert json.loads(promoted.stdout)["startOffset"] == switch
+    after = _produce(f"127.0.0.1:{group.ports[1]}", 2, 40, 10)
+    assert min(offset for _, offset in after) == switch
+    group.start(0)
+    end = group.status(1).end_offset
+    wait_until(lambda: all(group.status(k).end_offset == end for k in (0, 2)), 30, "the old primary to rejoin")
+    shown = _replicas(",".join(f"127.0.0.1:{p}" for p in group.ports.values()))
+    assert [(r["id"], r["role"], r["endOffset"], r["inSync"]) for r in shown["replicas"]] == [
+        (0, "follower", end, True), (1, "primary", end, True), (2, "follower", end, True)
+    ]
+    assert {r["epoch"] for r in shown["replicas"]} == {2}
+    for k in range(3):
+        group.procs[k].stop()
+    _assert_identical_over_common_length([group.store(k) for k in range(3)])
+    for k in range(3):
+        checked = run_cli(["check", str(group.store(k))])
+        assert checked.returncode == 0, checked.stdout + checked.stderr
+    # Every acknowledged send but the 60 is where it was acknowledged, on every replica;
+    # the 60 are nowhere.
+    for k in range(3):
+        log = CommitLog(str(group.store(k) / "commitlog"), 256 * 1024)
+        stored = {record.uniq_key for record in log.records()}
+        for uniq_key, offset in first + after:
+            assert log.read(offset).uniq_key == uniq_key
+        assert not stored & {uniq_key for uniq_key, _ in lost}
+        log.close()

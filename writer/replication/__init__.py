@@ -1,0 +1,1 @@
+"""A writer group: replicas of one store, one of them the primary (docs/replication.md)."""

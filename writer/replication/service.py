@@ -1,0 +1,180 @@
+"""ReplicationService (protos/rmqstore/v1/replication.proto) on the writer's asyncio
+server: a primary streams its commit log and config files to each follower; every
+replica answers for its role; a group without etcd is failed over by Promote."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+from collections.abc import AsyncIterator
+
+import grpc
+
+from rmqstore.common.codec import columnar
+from rmqstore.common.codec.columnar import WalkEnd
+from rmqstore.common.errors import Corruption, InvalidArgument, OutOfRange
+from rmqstore.common.files.commitlog import CommitLog
+from rmqstore.service.errors import abort_with_async, mapped_async
+from rmqstore.v1 import replication_pb2, replication_pb2_grpc
+from rmqstore.writer.replication.epochs import Epoch, consistent_end
+from rmqstore.writer.replication.replica import Replica, Role
+
+SERVICE_NAME = "rmqstore.v1.ReplicationService"
+CHUNK_BYTES_MAX = 1024 * 1024
+IDLE_WAIT_S = 0.05
+FILES_CHECK_S = 0.2
+# The files of config/ a follower takes from its primary: the consumer groups' progress
+# (Apache's and ours) and the topic table.
+REPLICATED_FILES = ("consumerOffset.json", "consumerState.json", "rmqstore-topics.json")
+
+
+def chunk_end(log: CommitLog, offset: int, end: int) -> int:
+    """Where the bytes sent from ``offset`` stop: a record boundary at most about
+    CHUNK_BYTES_MAX on, never past ``end`` (a record boundary) nor across a file (a
+    file's BLANK is sent with the records before it)."""
+    mapped = log.files.find(offset)
+    if mapped is None:
+        raise OutOfRange(f"commit log offset {offset} is not in this replica's log (retention deleted it?)")
+    base = mapped.start_offset
+    stop = min(end, mapped.end_offset)
+    found = columnar.walk(mapped.buf, offset - base, stop=stop - base, rows_max=1 << 20, bytes_max=CHUNK_BYTES_MAX)
+    if found.end is WalkEnd.BLANK:
+        return mapped.end_offset
+    if found.position > offset - base:
+        return base + found.position
+    raise Corruption(f"no record at commit log offset {offset} below the published end {end}", offset=offset)
+
+
+def epoch_messages(epochs: list[Epoch]) -> list[replication_pb2.Epoch]:
+    return [replication_pb2.Epoch(epoch=e.epoch, start_offset=e.start_offset, primary_id=e.primary_id) for e in epochs]
+
+
+class ReplicationServicer(replication_pb2_grpc.ReplicationServiceServicer):
+    def __init__(self, replica: Replica):
+        self.replica = replica
+
+    async def Replicate(
+        self, request_iterator: AsyncIterator[replication_pb2.ReplicateRequest], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[replication_pb2.ReplicateResponse]:
+        replica = self.replica
+        options, tracker, writer = replica.options, replica.tracker, replica.writer
+        requests = request_iterator.__aiter__()
+        first = await requests.__anext__()
+        if first.group != options.name or first.replica_id not in options.peers:
+            await abort_with_async(context, InvalidArgument(
+                f"replica {first.replica_id} of group {first.group!r} is not a follower of this group ({options.name})"
+            ))
+            return
+        if replica.role is not Role.PRIMARY:
+            await abort_with_async(context, replica._not_primary())
+            return
+        history = replica.history.epochs
+        theirs = [Epoch(first.last_epoch.epoch, first.last_epoch.start_offset, first.last_epoch.primary_id)] if first.HasField("last_epoch") else []
+        start = first.start_offset
+        if consistent_end(theirs, history, start, tracker.end_offset()) != start:
+            await abort_with_async(context, InvalidArgument(
+                f"replica {first.replica_id}'s log (to {start}, epoch {theirs[-1].epoch if theirs else 0}) is not a prefix "
+                "of the primary's: it must truncate first"
+            ))
+            return
+        if start < writer.log.min_offset:
+            await abort_with_async(context, OutOfRange(f"offset {start} is below the primary's oldest ({writer.log.min_offset})"))
+            return
+        state = tracker.attach(first.replica_id, start)
+
+        async def read_acks() -> None:
+            async for request in requests:
+                tracker.stored(state, request.stored_offset)
+
+        reader = asyncio.get_running_loop().create_task(read_acks())
+        sent_files: dict[str, tuple[int, int]] = {}
+        files_checked = 0.0
+        try:
+            yield replication_pb2.ReplicateResponse(epochs=epoch_messages(history), primary_end_offset=tracker.end_offset())
+            offset = start
+            while replica.role is Role.PRIMARY and not reader.done():
+                now = asyncio.get_running_loop().time()
+                files = []
+                if now - files_checked >= FILES_CHECK_S:
+                    files_checked = now
+                    files = self._changed_files(sent_files)
+                end = tracker.end_offset()
+                if offset < end:
+                    stop = chunk_end(writer.log, offset, end)
+                    mapped = writer.log.files.find(offset)
+                    assert mapped is not None
+                    data = bytes(mapped.buf[offset - mapped.start_offset : stop - mapped.start_offset])
+                    tracker.sent(state, stop)
+                    yield replication_pb2.ReplicateResponse(offset=offset, data=data, primary_end_offset=end, files=files)
+                    offset = stop
+                elif files:
+                    yield replication_pb2.ReplicateResponse(offset=offset, primary_end_offset=end, files=files)
+                else:
+                    state.wake.clear()
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(state.wake.wait(), IDLE_WAIT_S)
+        finally:
+            reader.cancel()
+            tracker.detach(state)
+
+    def _changed_files(self, sent: dict[str, tuple[int, int]]) -> list[replication_pb2.ConfigFile]:
+        config = self.replica.writer.paths.config
+        changed = []
+        for name in REPLICATED_FILES:
+            path = os.path.join(config, name)
+            try:
+                stat = os.stat(path)
+                seen = (stat.st_mtime_ns, stat.st_size)
+                if sent.get(name) == seen:
+                    continue
+                with open(path, "rb") as handle:
+                    content = handle.read()
+            except FileNotFoundError:
+                continue
+            sent[name] = seen
+            changed.append(replication_pb2.ConfigFile(name=name, content=content))
+        return changed
+
+    @mapped_async
+    async def ReplicaStatus(
+        self, request: replication_pb2.ReplicaStatusRequest, context: grpc.aio.ServicerContext
+    ) -> replication_pb2.ReplicaStatusResponse:
+        replica = self.replica
+        options, tracker = replica.options, replica.tracker
+        followers = []
+        if replica.role is Role.PRIMARY:
+            end = tracker.end_offset()
+            for state in tracker.followers.values():
+                followers.append(replication_pb2.FollowerStatus(
+                    replica_id=state.replica_id,
+                    connected=state.connected,
+                    stored_offset=state.stored_offset,
+                    lag_bytes=max(end - state.stored_offset, 0),
+                    lag_ms=tracker.lag_ms(state),
+                    in_sync=state.replica_id in tracker.in_sync,
+                ))  # fmt: skip
+        return replication_pb2.ReplicaStatusResponse(
+            group=options.name,
+            replica_id=options.replica_id,
+            role=replica.role.value,
+            epoch=replica.epoch,
+            end_offset=replica.end_offset(),
+            primary_id=replica.primary_id,
+            primary_endpoint=replica.primary_endpoint or "",
+            replicas=options.replicas,
+            followers=followers,
+            replication=options.replication.value,
+            min_insync=options.min_insync,
+            epochs=epoch_messages(replica.history.epochs),
+        )
+
+    @mapped_async
+    async def Promote(self, request: replication_pb2.PromoteRequest, context: grpc.aio.ServicerContext) -> replication_pb2.PromoteResponse:
+        replica = self.replica
+        if replica.options.etcd:
+            raise InvalidArgument(f"writer group {replica.options.name} elects its primary through etcd: promote is for a group without --etcd")
+        if replica.role is Role.PRIMARY:
+            return replication_pb2.PromoteResponse(epoch=replica.epoch, start_offset=replica.history.epochs[-1].start_offset)
+        promoted = await asyncio.get_running_loop().run_in_executor(None, replica.promote_manually)
+        return replication_pb2.PromoteResponse(epoch=promoted.epoch, start_offset=promoted.start_offset)

@@ -1,0 +1,187 @@
+"""The primary's view of its followers: how far each has stored, which are in sync, and
+the acknowledgements held until the in-sync replicas have the bytes (a GroupAppender's
+gate). Everything here runs on the server's event loop.
+
+A follower is in sync while it is connected and was caught up (it had stored everything
+the primary had when its last bytes were read for it) within ``--replica-lag-max-ms``:
+Kafka's rule. Under SYNC replication a record is acknowledged once every in-sync replica
+holds it and the in-sync replicas, the primary included, are at least ``--min-insync``;
+with fewer, sends are refused (:class:`NotInSync`). A follower that falls behind leaves
+the set, so it holds acknowledgements back for at most that long.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from rmqstore.common.errors import NotInSync, StoreError
+from rmqstore.writer.replication.group import GroupOptions
+from rmqstore.writer.store import Writer
+
+TICK_S = 0.05
+# A held acknowledgement is refused once it has waited this long past the lag bound.
+HOLD_GRACE_MS = 1000
+
+
+@dataclass
+class FollowerState:
+    replica_id: int
+    connected: bool = False
+    stored_offset: int = 0
+    caught_up_at: float = 0.0  # monotonic: when it last held all the primary had
+    # Bytes sent, not yet acknowledged: their end → (the primary's end, monotonic time) when read.
+    in_flight: dict[int, tuple[int, float]] = field(default_factory=dict)
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+class SyncTracker:
+    """The followers of a primary and its held acknowledgements (writer.group_commit.AckGate)."""
+
+    def __init__(self, options: GroupOptions, writer: Writer, clock: Callable[[], float] = time.monotonic):
+        self.options = options
+        self.writer = writer
+        self.clock = clock
+        self.followers: dict[int, FollowerState] = {k: FollowerState(k) for k in options.peers}
+        self.in_sync: set[int] = set()
+        self._held: list[tuple[int, float, Callable[[BaseException | None], None]]] = []
+        # Why this replica takes no writes (not the primary), None while it is the primary.
+        self.refusal: StoreError | None = None
+        self._ticking: asyncio.TimerHandle | None = None
+        self.in_sync_changes = 0
+
+    def start(self) -> None:
+        self._ticking = asyncio.get_running_loop().call_later(TICK_S, self._tick)
+
+    def stop(self) -> None:
+        if self._ticking is not None:
+            self._ticking.cancel()
+
+    # The primary's end
+
+    def end_offset(self) -> int:
+        last = self.writer.publisher.last
+        return last.dispatched_offset if last is not None else 0
+
+    # Followers
+
+    def attach(self, replica_id: int, start_offset: int) -> FollowerState:
+        state = self.followers[replica_id]
+        state.connected = True
+        state.stored_offset = start_offset
+        state.in_flight.clear()
+        self._caught_up(state, self.clock())
+        return state
+
+    def detach(self, state: FollowerState) -> None:
+        state.connected = False
+        state.in_flight.clear()
+        self._refresh()
+
+    def sent(self, state: FollowerState, end: int) -> None:
+        state.in_flight[end] = (self.end_offset(), self.clock())
+
+    def stored(self, state: FollowerState, offset: int) -> None:
+        state.stored_offset = max(state.stored_offset, offset)
+        for end in [e for e in state.in_flight if e <= offset]:
+            primary_end, read_at = state.in_flight.pop(end)
+            if offset >= primary_end:
+                state.caught_up_at = max(state.caught_up_at, read_at)
+        self._caught_up(state, self.clock())
+        self._refresh()
+        self._release()
+
+    def _caught_up(self, state: FollowerState, now: float) -> None:
+        if state.stored_offset >= self.end_offset():
+            state.caught_up_at = now
+
+    def lag_ms(self, state: FollowerState) -> int:
+        if not state.connected:
+            return -1
+        if state.stored_offset >= self.end_offset():
+            return 0
+        return int((self.clock() - state.caught_up_at) * 1000)
+
+    def _refresh(self) -> None:
+        now = self.clock()
+        lag_max_s = self.options.replica_lag_max_ms / 1000
+        in_sync = set()
+        for state in self.followers.values():
+            if state.connected:
+                self._caught_up(state, now)
+                if now - state.caught_up_at <= lag_max_s:
+                    in_sync.add(state.replica_id)
+        if in_sync != self.in_sync:
+            self.in_sync = in_sync
+            self.in_sync_changes += 1
+
+    def _tick(self) -> None:
+        self._refresh()
+        self._release()
+        now = self.clock()
+        if self._held and self._held[0][1] <= now:
+            expired = [h for h in self._held if h[1] <= now]
+            self._held = [h for h in self._held if h[1] > now]
+            error = NotInSync(
+                f"not acknowledged: fewer than --min-insync {self.options.min_insync} replicas stored it within "
+                f"{self.options.replica_lag_max_ms + HOLD_GRACE_MS} ms (in sync: {self.in_sync_text()})"
+            )
+            for _, _, release in expired:
+                release(error)
+        self._ticking = asyncio.get_running_loop().call_later(TICK_S, self._tick)
+
+    def in_sync_text(self) -> str:
+        return ", ".join(str(k) for k in sorted({self.options.replica_id, *self.in_sync}))
+
+    # The gate (writer.group_commit.AckGate)
+
+    def check_writable(self) -> None:
+        if self.refusal is not None:
+            raise self.refusal
+        if self.options.waits_for_followers and len(self.in_sync) + 1 < self.options.min_insync:
+            raise NotInSync(
+                f"sends are refused: {len(self.in_sync) + 1} of the group's replicas are in sync "
+                f"({self.in_sync_text()}), fewer than --min-insync {self.options.min_insync}"
+            )
+
+    def appended(self) -> None:
+        for state in self.followers.values():
+            if state.connected:
+                state.wake.set()
+
+    def confirmed_offset(self) -> int:
+        """Below this the commit log may be acknowledged: every in-sync follower holds it
+        (-1 while fewer than --min-insync replicas are in sync)."""
+        if len(self.in_sync) + 1 < self.options.min_insync:
+            return -1
+        return min((self.followers[k].stored_offset for k in self.in_sync), default=self.end_offset())
+
+    def hold(self, end_offset: int, release: Callable[[BaseException | None], None]) -> None:
+        if self.refusal is not None:
+            release(self.refusal)
+        elif not self.options.waits_for_followers or self.confirmed_offset() >= end_offset:
+            release(None)
+        else:
+            deadline = self.clock() + (self.options.replica_lag_max_ms + HOLD_GRACE_MS) / 1000
+            self._held.append((end_offset, deadline, release))
+
+    def _release(self) -> None:
+        if not self._held:
+            return
+        confirmed = self.confirmed_offset()
+        done = [h for h in self._held if h[0] <= confirmed]
+        if done:
+            self._held = [h for h in self._held if h[0] > confirmed]
+            for _, _, release in done:
+                release(None)
+
+    def refuse(self, refusal: StoreError | None) -> None:
+        """Take no writes (``refusal`` says why) or take them again (None); what is held
+        is refused."""
+        self.refusal = refusal
+        if refusal is not None:
+            held, self._held = self._held, []
+            for _, _, release in held:
+                release(refusal)

@@ -167,6 +167,7 @@ def cmd_writer_serve(args: argparse.Namespace) -> int:
             disk_full_ratio=args.disk_full_ratio,
             truncate_corrupt_tail=args.truncate_corrupt_tail,
             group=group,
+            timer_max_delay_ms=args.timer_max_delay * 1000,
         )
     )
     return EXIT_OK
@@ -456,6 +457,13 @@ def register(commands: argparse._SubParsersAction) -> None:  # type: ignore[type
         default=[],
         metavar="GROUP",
         help="a consumer group that consumes FIFO: a message group's next message waits for the one in flight (repeatable)",
+    )
+    serve.add_argument(
+        "--timer-max-delay",
+        type=exits.positive,
+        default=259_200,
+        metavar="SECONDS",
+        help="how far ahead a timed message may be due, in seconds (default 259200, 3 days: Apache's timerMaxDelaySec)",
     )
     serve.add_argument("--retention-hours", type=exits.hours, default=72.0, help="commit log file reserved time (default 72)")
     serve.add_argument("--disk-clean-ratio", type=exits.ratio, default=0.75, help="delete old files above this disk use (default 0.75)")

@@ -23,13 +23,12 @@ from rmqstore.common.errors import InvalidArgument
 from rmqstore.common.sequences import all_equal
 
 # Properties the writer sets itself, or whose meaning the store would have to act on
-# (delays, transactions, re-delivery) — rmqstore does not, so it refuses them.
+# (transactions, re-delivery) — rmqstore does not, so it refuses them.
 RESERVED_PROPERTIES = frozenset(
     {
         props.KEYS,
         props.TAGS,
         props.UNIQ_KEY,
-        props.DELAY,
         props.REAL_TOPIC,
         props.REAL_QID,
         props.TRAN_MSG,
@@ -38,13 +37,20 @@ RESERVED_PROPERTIES = frozenset(
         "MIN_OFFSET",
         "MAX_OFFSET",
         "__STARTDELIVERTIME",
-        "TIMER_DELIVER_MS",
-        "TIMER_DELAY_SEC",
-        "TIMER_DELAY_MS",
+        props.TIMER_OUT_MS,
+        props.TIMER_ENQUEUE_MS,
+        props.TIMER_DEQUEUE_MS,
+        props.TIMER_DEL_UNIQKEY,
         "INNER_NUM",
         "INNER_BASE",
     }
 )
+# Properties that schedule a message (writer.schedule): an Apache delay level, or RocketMQ
+# 5's delivery time (a time, or a delay from now). Each value is a whole number of at most
+# 18 digits; what it means (a level past the last, a time beyond --timer-max-delay) is the
+# writer's to judge, as it knows the time and its settings.
+SCHEDULING_PROPERTIES = frozenset({props.DELAY, props.TIMER_DELIVER_MS, props.TIMER_DELAY_SEC, props.TIMER_DELAY_MS})
+SCHEDULING_DIGITS_MAX = 18
 _SEPARATORS = ("\x01", "\x02")
 UNIQ_KEY_LENGTH_MAX = 128
 
@@ -127,6 +133,10 @@ def validate_message(message: MessageInput, limits: Limits, position: int = 0) -
             raise InvalidArgument(f"{where}property {name} is reserved; use the message's own fields")
         if not value:
             raise InvalidArgument(f"{where}property {name} has an empty value, which RocketMQ's format cannot keep")
+        if name in SCHEDULING_PROPERTIES and not _whole_number(value):
+            raise InvalidArgument(
+                f"{where}property {name} is {value[:40]!r}; it must be a whole number of 1-{SCHEDULING_DIGITS_MAX} digits"
+            )
         _no_separators(name, f"{where}property name {name!r}")
         _no_separators(value, f"{where}property {name}")
         stored[name] = value
@@ -291,6 +301,8 @@ def plain_property_columns(counts: Sequence[int], names: Sequence[str], values: 
         return 0
     if "" in names or "" in values or not RESERVED_PROPERTIES.isdisjoint(names):
         return None
+    if not SCHEDULING_PROPERTIES.isdisjoint(names):
+        return None  # their values are checked one message at a time
     name_text, value_text = "".join(names), "".join(values)
     if not _plain_text(name_text) or not _plain_text(value_text):
         return None
@@ -315,7 +327,13 @@ def _screen_properties(items: tuple[tuple[str, str], ...]) -> int | None:
     for name, value in items:
         if not name or not value or name in RESERVED_PROPERTIES or not _plain_text(name) or not _plain_text(value):
             return None
+        if name in SCHEDULING_PROPERTIES and not _whole_number(value):
+            return None
     return len(props.encode_properties(dict(items)))
+
+
+def _whole_number(text: str) -> bool:
+    return text.isascii() and text.isdigit() and len(text) <= SCHEDULING_DIGITS_MAX
 
 
 def _plain_text(text: str) -> bool:

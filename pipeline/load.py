@@ -53,7 +53,7 @@ from rmqstore.pipeline.export import read_store
 from rmqstore.pipeline.progress import Progress
 from rmqstore.query.view import StoreView
 from rmqstore.v1 import messages_pb2, query_pb2, query_pb2_grpc, writer_pb2, writer_pb2_grpc
-from rmqstore.writer.validate import RESERVED_PROPERTIES
+from rmqstore.writer.validate import RESERVED_PROPERTIES, SCHEDULING_PROPERTIES
 
 BATCH_MESSAGES_DEFAULT = 1000
 BATCH_BYTES_MAX = 8 * 1024 * 1024
@@ -243,7 +243,7 @@ def to_message(row: dict[str, Any], keep_queue_id: bool) -> Any:
         body=row.get("body") or b"",
         keys=props.split_keys(row.get("keys")),
         tags=row.get("tags") or "",
-        properties={name: value for name, value in items if value and name not in RESERVED_PROPERTIES},
+        properties={name: value for name, value in items if value and name not in RESERVED_PROPERTIES and name not in SCHEDULING_PROPERTIES},
         uniq_key=row["uniqKey"],
         flag=row.get("flag") or 0,
         born_timestamp_ms=row.get("bornTimestamp") or 0,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import gzip
 import hashlib
 import ipaddress
+import time
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
@@ -328,9 +329,11 @@ BAD_V2 = {
     "properties too large": (_with(v2_message(), user_properties={"big": "v" * 33000}), v2.MESSAGE_PROPERTIES_TOO_LARGE, "more than the 32767 bytes"),
     "FIFO without a group": (_with(v2_message(), message_type=v2.FIFO), v2.ILLEGAL_MESSAGE_GROUP, "a FIFO message needs a message_group"),
     "NORMAL with a group": (_with(v2_message(), message_group="g"), v2.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE, "a NORMAL message has no message_group"),
-    "DELAY": (_with(v2_message(), message_type=v2.DELAY), v2.UNSUPPORTED, "DELAY messages are not supported"),
     "TRANSACTION": (_with(v2_message(), message_type=v2.TRANSACTION), v2.UNSUPPORTED, "TRANSACTION messages are not supported"),
-    "delivery timestamp": (_with(v2_message(), delivery_timestamp=timestamp_pb2.Timestamp(seconds=9)), v2.UNSUPPORTED, "delivery_timestamp (a DELAY message) is not supported"),
+    "delivery time beyond the timer": (
+        _with(v2_message(), message_type=v2.DELAY, delivery_timestamp=timestamp_pb2.Timestamp(seconds=int(time.time()) + 4 * 86400)),
+        v2.ILLEGAL_DELIVERY_TIME, "the max delay time of message is too large, max is 259200000",
+    ),
     "unknown message type": (_with(v2_message(), message_type=99), v2.BAD_REQUEST, "message_type 99 is not a message type"),
     "unknown encoding": (_with(v2_message(), body_encoding=7), v2.BAD_REQUEST, "body_encoding 7 is not IDENTITY or GZIP"),
     "unknown digest type": (_with(v2_message(), body_digest=v2.Digest(type=9, checksum="x")), v2.BAD_REQUEST, "body_digest type 9 is not"),  # type: ignore[arg-type]
@@ -376,7 +379,6 @@ def test_disk_full_is_too_many_requests(tmp_path: Path) -> None:
     ("call", "request_type", "streams"),
     [
         ("EndTransaction", v2s.EndTransactionRequest, False),
-        ("RecallMessage", v2s.RecallMessageRequest, False),
         ("SyncLiteSubscription", v2s.SyncLiteSubscriptionRequest, False),
     ],
 )

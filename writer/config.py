@@ -42,6 +42,8 @@ class WriterConfig:
     retention_interval_ms: int = 10_000
     # Mid-log corruption stops the writer from starting unless the loss is accepted.
     truncate_corrupt_tail: bool = False
+    # How far ahead a timed message's delivery time may be (Apache's timerMaxDelaySec, 3 days).
+    timer_max_delay_ms: int = 3 * 24 * 3600 * 1000
     # The machine's boot (None: the kernel's boot id). Written into ``abort``: a start
     # that finds another boot's there knows the page cache may have lost unsynced pages.
     boot_id: str | None = None

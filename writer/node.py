@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from rmqstore.writer.replication.replica import Replica
     from rmqstore.writer.rocketmq5 import MessagingServicer
     from rmqstore.writer.service import WriterServicer
-    from rmqstore.writer.store import Writer
+    from rmqstore.writer.store import AppendResults, Writer
 
 
 log = logging.getLogger("rmqstore.writer")
@@ -72,6 +72,8 @@ class WriterOptions:
     auto_create_queue_count: int = WriterConfig.auto_create_queue_count  # queues of a topic a send creates
     default_queue_count: int = WriterConfig.default_queue_count  # queues of a topic created without a count
     limits: ServerLimits = field(default_factory=ServerLimits)
+    # How far ahead a timed message may be due (--timer-max-delay; Apache's timerMaxDelaySec).
+    timer_max_delay_ms: int = WriterConfig.timer_max_delay_ms
     # The periodic flushes and retention; False leaves them to whoever drives the store
     # (a test calling flush and run_retention itself).
     background: bool = True
@@ -133,6 +135,7 @@ class WriterNode(process.ServingNode):
         from rmqstore.writer.rocketmq5 import SERVICE_NAME as MESSAGING_SERVICE_NAME
         from rmqstore.writer.service import SERVICE_NAME, WriterServicer
         from rmqstore.writer.store import Writer
+        from rmqstore.writer.timers import ScheduledDelivery
 
         options, listen, port = checked.options, checked.options.listen, checked.port
         self.options = options
@@ -152,6 +155,7 @@ class WriterNode(process.ServingNode):
             disk_clean_ratio=options.disk_clean_ratio,
             disk_full_ratio=options.disk_full_ratio,
             truncate_corrupt_tail=options.truncate_corrupt_tail,
+            timer_max_delay_ms=options.timer_max_delay_ms,
         )
         self.config = config
         # Checked before recovery, like the TLS files; without an advertised endpoint the
@@ -168,6 +172,7 @@ class WriterNode(process.ServingNode):
         )
         writer = Writer(config)
         try:
+            scheduled = ScheduledDelivery(writer)
             groups = ConsumerGroups(
                 writer,
                 writer.paths.config,
@@ -210,6 +215,15 @@ class WriterNode(process.ServingNode):
         if not options.advertise:
             messaging.route = RouteConfig(route.advertise_host, serving.port, route.broker_name)
         serving.call(messaging.start_flushing())
+        # Released messages wake the long polls on their real topics, on the server's loop.
+
+        def released(results: AppendResults) -> None:
+            serving.loop.call_soon_threadsafe(messaging.wakeup.appended, results)
+
+        scheduled.released = released
+        if options.background:
+            scheduled.start()
+        self.scheduled: ScheduledDelivery = scheduled
         self.replica: Replica | None = replica
         self.follower: Follower | None = None
         if replica is not None:
@@ -252,6 +266,7 @@ class WriterNode(process.ServingNode):
             self.follower.stop()
         self.serving.call(self.messaging.end_streams())
         self.serving.stop(grace_s)
+        self.scheduled.stop()  # its progress written while the writer is open
         self.servicer.close()
         try:
             self.groups.flush()  # no handler runs now: the groups' progress as it stands

@@ -5,8 +5,8 @@ calls of its simple and push consumers, over the groups' progress in
 :mod:`rmqstore.writer.consumers`.
 
 Every answer carries a v2 ``Status``: the clients read the status field, never the gRPC
-code, so a refusal is an OK gRPC call whose status names the problem. Only transactions,
-recall and lite topics answer NOT_IMPLEMENTED (docs/rocketmq5.md).
+code, so a refusal is an OK gRPC call whose status names the problem. Only transactions
+and lite topics answer NOT_IMPLEMENTED (docs/rocketmq5.md).
 The servicer holds no access control of its own: with ``--acl`` the node's ACL
 interceptor checks every call first, by the rules :func:`acl_rules` gives it."""
 
@@ -29,6 +29,7 @@ from google.protobuf import duration_pb2, timestamp_pb2
 from opentelemetry import trace
 
 from rmqstore.common.codec import properties as props
+from rmqstore.common.codec.consumequeue import TIMER_TOPIC
 from rmqstore.common.codec.hosts import SocketAddress
 from rmqstore.common.codec.msgid import offset_msg_id
 from rmqstore.common.codec.record import PROPERTIES_LENGTH_MAX, Record
@@ -79,6 +80,7 @@ from rmqstore.writer.consumers import (
 )
 from rmqstore.writer.consumers import DEFAULT_MAX_ATTEMPTS as DEFAULT_CONSUMER_MAX_ATTEMPTS
 from rmqstore.writer.group_commit import GroupAppender
+from rmqstore.writer.schedule import parse_recall_handle, recall_handle, recall_marker
 from rmqstore.writer.service import peer_address
 from rmqstore.writer.store import AppendResults, Writer
 from rmqstore.writer.validate import (
@@ -326,6 +328,9 @@ class MessageReader:
         self._check_properties(properties)
         if group:
             properties[SHARDING_KEY] = group
+        if system.HasField("delivery_timestamp"):
+            # SendMessageActivity.fillDelayMessageProperty: the writer moves it to the timer.
+            properties[props.TIMER_DELIVER_MS] = str(self._delivery_ms(system.delivery_timestamp))
         if system.trace_context and not _has_separator(system.trace_context):
             # The producer's trace context, kept as an ordinary property: the writer's
             # append span links to it, and so can a consumer's receive span.
@@ -347,6 +352,14 @@ class MessageReader:
             born_timestamp_ms=born.seconds * 1000 + born.nanos // 1_000_000,
             born_host=_born_host(system.born_host, peer),
         )
+
+    def _delivery_ms(self, timestamp: timestamp_pb2.Timestamp) -> int:
+        """SendMessageActivity.validateDelayTime: at most the timer's maximum delay ahead."""
+        delivery_ms = timestamp.seconds * 1000 + timestamp.nanos // 1_000_000
+        max_delay_ms = self.writer.config.timer_max_delay_ms
+        if delivery_ms - _now_ms() > max_delay_ms:
+            raise V2Refusal(v2.ILLEGAL_DELIVERY_TIME, f"the max delay time of message is too large, max is {max_delay_ms}")
+        return max(delivery_ms, 0)
 
     def _body(self, message: v2.Message) -> bytes:
         """The body to store: its digest checked, gzip decoded, its size checked."""
@@ -405,14 +418,10 @@ def _message_group(system: v2.SystemProperties) -> str:
     """The FIFO group ("" for a NORMAL message), once the type is one rmqstore stores."""
     kind = system.message_type
     group = system.message_group if system.HasField("message_group") else ""
-    if kind in (v2.DELAY, v2.TRANSACTION, v2.LITE, v2.PRIORITY):
+    if kind in (v2.TRANSACTION, v2.LITE, v2.PRIORITY):
         name = v2.MessageType.Name(kind)
-        raise V2Refusal(v2.UNSUPPORTED, f"{name} messages are not supported: rmqstore stores NORMAL and FIFO messages")
-    if system.HasField("delivery_timestamp"):
-        raise V2Refusal(
-            v2.UNSUPPORTED, "delivery_timestamp (a DELAY message) is not supported: rmqstore stores NORMAL and FIFO messages"
-        )
-    if kind not in (v2.MESSAGE_TYPE_UNSPECIFIED, v2.NORMAL, v2.FIFO):
+        raise V2Refusal(v2.UNSUPPORTED, f"{name} messages are not supported: rmqstore stores NORMAL, FIFO and DELAY messages")
+    if kind not in (v2.MESSAGE_TYPE_UNSPECIFIED, v2.NORMAL, v2.FIFO, v2.DELAY):
         raise V2Refusal(v2.BAD_REQUEST, f"message_type {kind} is not a message type")
     if kind == v2.FIFO and not group:
         raise V2Refusal(v2.ILLEGAL_MESSAGE_GROUP, "a FIFO message needs a message_group")
@@ -473,6 +482,17 @@ def send_response(results: AppendResults) -> v2s.SendMessageResponse:
     add = response.entries.add
     for uniq_key, queue_offset in zip(results.uniq_keys, results.queue_offsets):
         add(status=ok_status(), message_id=uniq_key, offset=queue_offset)
+    return response
+
+
+def timed_send_response(messages: MessageBatch, broker_name: str, results: AppendResults) -> v2s.SendMessageResponse:
+    """:func:`send_response`, each timed message's entry with its recall handle
+    (SendMessageProcessor.attachRecallHandle; a batch gets none, as in Apache)."""
+    response = send_response(results)
+    if len(results) != 1 or results.topics[0] != TIMER_TOPIC:
+        return response
+    due = int(messages.properties[0][props.TIMER_DELIVER_MS])
+    response.entries[0].recall_handle = recall_handle(messages.topics[0], broker_name, due, results.uniq_keys[0])
     return response
 
 
@@ -671,7 +691,10 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             peer = peer_address(context)
             language = next((v for k, v in context.invocation_metadata() or () if k == LANGUAGE_HEADER), "")
             messages = self.reader.read(request.messages, peer, language not in LANGUAGES_WITHOUT_QUEUE_ID)
-            return await self.appender.append(messages, peer, send_response)  # type: ignore[no-any-return]
+            respond = send_response
+            if len(messages.topics) == 1 and props.TIMER_DELIVER_MS in messages.properties[0]:
+                respond = functools.partial(timed_send_response, messages, self.route.broker_name)
+            return await self.appender.append(messages, peer, respond)  # type: ignore[no-any-return]
         except Exception as error:  # every answer is a v2 status; a cancelled call is not an answer
             status = status_for(error)
             if status.code == v2.INTERNAL_SERVER_ERROR:
@@ -1209,8 +1232,36 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
     async def EndTransaction(self, request: Any, context: grpc.aio.ServicerContext) -> v2s.EndTransactionResponse:
         return v2s.EndTransactionResponse(status=_not_served("EndTransaction"))
 
-    async def RecallMessage(self, request: Any, context: grpc.aio.ServicerContext) -> v2s.RecallMessageResponse:
-        return v2s.RecallMessageResponse(status=_not_served("RecallMessage"))
+    async def RecallMessage(self, request: v2s.RecallMessageRequest, context: grpc.aio.ServicerContext) -> v2s.RecallMessageResponse:
+        """RocketMQ 5.3's recall (RecallMessageProcessor): a marker in the timer, due with
+        the message, that cancels it. Refusals carry Apache's remarks, with the code its
+        proxy gives a broker's refusal (INTERNAL_SERVER_ERROR)."""
+        try:
+            topic = _topic(request.topic)
+            if self.writer.topics.queue_count(topic) is None:
+                raise V2Refusal(v2.TOPIC_NOT_FOUND, f"recall failed, the topic[{topic}] not exist")
+            try:
+                handle = parse_recall_handle(request.recall_handle)
+            except InvalidArgument as error:
+                raise V2Refusal(v2.INTERNAL_SERVER_ERROR, str(error)) from None
+            if handle.topic != topic:
+                raise V2Refusal(v2.INTERNAL_SERVER_ERROR, "recall failed, topic not match")
+            if handle.broker_name != self.route.broker_name:
+                raise V2Refusal(v2.INTERNAL_SERVER_ERROR, "recall failed, broker service not available")
+            time_left_ms = handle.timestamp_ms - _now_ms()
+            if handle.timestamp_ms < 0 or time_left_ms <= 0 or time_left_ms >= self.writer.config.timer_max_delay_ms:
+                raise V2Refusal(v2.INTERNAL_SERVER_ERROR, "recall failed, timestamp invalid")
+            marker = MessageBatch.of([recall_marker(handle, _now_ms())])
+            try:
+                await self._blocking(functools.partial(self.writer.append_released, marker, schedule=True))
+            except InvalidArgument as error:
+                raise V2Refusal(v2.INTERNAL_SERVER_ERROR, str(error)) from None
+            return v2s.RecallMessageResponse(status=ok_status(), message_id=handle.message_id)
+        except Exception as error:
+            status = status_for(error)
+            if status.code == v2.INTERNAL_SERVER_ERROR and not isinstance(error, V2Refusal):
+                log.exception("RecallMessage failed")
+            return v2s.RecallMessageResponse(status=status)
 
     async def SyncLiteSubscription(
         self, request: Any, context: grpc.aio.ServicerContext

@@ -23,7 +23,7 @@ from opentelemetry import trace
 
 from rmqstore.common.codec import properties as props
 from rmqstore.common.codec.checkpoint import Checkpoint
-from rmqstore.common.codec.dispatch import DispatchBatch
+from rmqstore.common.codec.dispatch import DEFAULT_DELAY_LEVELS_MS, DispatchBatch
 from rmqstore.common.codec.hosts import SocketAddress
 from rmqstore.common.codec.msgid import offset_msg_id, offset_msg_ids
 from rmqstore.common.codec.record import encode_records, set_physical_offsets
@@ -52,6 +52,7 @@ from rmqstore.writer.background import PeriodicTask
 from rmqstore.writer.config import FlushPolicy, WriterConfig
 from rmqstore.writer.ids import UniqKeyGenerator
 from rmqstore.writer.lock import StoreLock
+from rmqstore.writer.schedule import Scheduling, reroute, scheduled_rows
 from rmqstore.writer.spans import append_span, dispatching
 from rmqstore.writer.topics import TopicTable
 from rmqstore.writer.validate import (
@@ -201,14 +202,17 @@ class WriterStatus(TypedDict):
 class _AppendRequest:
     """One caller's batch in a group (Writer.append_group)."""
 
-    __slots__ = ("batch", "count", "error", "peer", "results")
+    __slots__ = ("batch", "count", "error", "peer", "released", "results")
 
-    def __init__(self, batch: MessageBatch | None, peer: SocketAddress | None, count: int = 0):
+    def __init__(self, batch: MessageBatch | None, peer: SocketAddress | None, count: int = 0, *, released: bool = False):
         # No batch of its own: a part of a group given as one batch, sliced out only if
         # the parts must be taken one by one.
         self.batch = batch
         self.count = batch.message_count if batch is not None else count
         self.peer = peer
+        # The store's own copies of released scheduled messages (always alone in a group):
+        # stored where they say, never scheduled again by the DELAY they keep.
+        self.released = released
         self.results: AppendResults | None = None
         self.error: BaseException | None = None
 
@@ -263,6 +267,7 @@ class Writer:
         self.paths = StorePaths(config.store)
         self.store_host = SocketAddress.parse(config.store_host)
         self.limits = Limits(config.max_body_bytes, config.max_keys, config.max_key_length, config.max_batch_messages)
+        self.scheduling = Scheduling(DEFAULT_DELAY_LEVELS_MS, config.timer_max_delay_ms)
         makedirs_durable(config.store)
         self._lock_file = StoreLock(self.paths.lock)
         self._append_lock = threading.Lock()
@@ -477,6 +482,20 @@ class Writer:
             raise outcome
         return outcome
 
+    def append_released(self, batch: MessageBatch, *, schedule: bool = False) -> AppendResults:
+        """Append the store's own messages, which carry properties producers may not set:
+        delayed and timed messages released to their real topics (stored where they say:
+        the DELAY a released copy keeps, as Apache's does, schedules nothing), or with
+        ``schedule`` recall markers (moved to the timer as a producer's timed message is).
+        Not checked by the producers' rules, but admitted (their topics checked or
+        created) and stored as any batch, under SYNC fsynced before this returns."""
+        request = _AppendRequest(batch, None, released=not schedule)
+        self._commit([request])
+        if request.error is not None:
+            raise request.error
+        assert request.results is not None
+        return request.results
+
     def append_group(
         self, batch: MessageBatch, parts: Sequence[tuple[int, SocketAddress | None]], *, flush: bool = True
     ) -> list[AppendResults | BaseException]:
@@ -574,7 +593,7 @@ class Writer:
             batch, peer = combined, None
         assert batch is not None
         with append_span(batch) as current:
-            plans, results = self._append_batch(batch, peer)
+            plans, results = self._append_batch(batch, peer, schedule=not requests[0].released)
             dispatching(current, results.uniq_keys)
             try:
                 self.dispatcher.dispatch_batch(plans)
@@ -748,7 +767,9 @@ class Writer:
                     raise
                 raise typed from error
 
-    def _append_batch(self, batch: MessageBatch, peer: SocketAddress | None) -> tuple[DispatchBatch, AppendResults]:
+    def _append_batch(
+        self, batch: MessageBatch, peer: SocketAddress | None, *, schedule: bool = True
+    ) -> tuple[DispatchBatch, AppendResults]:
         """Encode the messages, lay them out in the commit log, write them in one go and
         plan their dispatch, column by column. A batch shares one store time (never
         before the last one)."""
@@ -771,8 +792,22 @@ class Writer:
         else:
             uniq_keys = [given or self.uniq_keys.next(born.ip, now) for given, born in zip(batch.uniq_keys, born_hosts)]
         queue_ids = self._assign_queues(topics, batch.queue_ids)
+        user_properties = batch.properties
+        scheduled: dict[int, int] | None = None
+        rows = scheduled_rows(user_properties) if schedule else []
+        if rows:
+            # Delayed and timed messages go to their system topics (writer.schedule),
+            # REAL_QID naming the queue just assigned.
+            moved = reroute(topics, queue_ids, user_properties, rows, store_ts, self.scheduling)
+            topics, queue_ids, user_properties, scheduled = moved.topics, moved.queue_ids, moved.properties, moved.tags_codes
         queue_offsets, next_queue_offsets = self._plan_queue_offsets(topics, queue_ids)
-        properties = props.encode_messages_properties(batch.properties, keys, tags, uniq_keys)
+        if schedule:
+            properties = props.encode_messages_properties(user_properties, keys, tags, uniq_keys)
+        else:
+            # A released copy's properties are all of them (KEYS, TAGS and UNIQ_KEY too) in
+            # the order its record held them: a Java HashMap filled in that order, as
+            # Apache's copy is, iterates them in the same order.
+            properties = [props.encode_properties(props.broker_order(mapping)) for mapping in user_properties]
         start = self.log.write_offset
         assert start is not None
         records: bytes | bytearray
@@ -785,7 +820,9 @@ class Writer:
             # The batch starts a new file part-way: the records after the BLANK move on.
             records = set_physical_offsets(records, sizes, offsets)
         timestamps = [store_ts] * count
-        plans = DispatchBatch.of_messages(topics, queue_ids, queue_offsets, offsets, sizes, timestamps, tags, uniq_keys, keys)
+        plans = DispatchBatch.of_messages(
+            topics, queue_ids, queue_offsets, offsets, sizes, timestamps, tags, uniq_keys, keys, scheduled
+        )
         self._prepare_dispatch(next_queue_offsets, sum(plans.key_counts))
         try:
             self.log.write_laid_out(offsets, sizes, records)

@@ -10,6 +10,7 @@ from rmqstore.common.errors import InvalidArgument
 from rmqstore.common.message_rules import DEFAULT_LIMITS as DEFAULT_LIMITS
 from rmqstore.common.message_rules import EMPTY_PROPERTIES as EMPTY_PROPERTIES
 from rmqstore.common.message_rules import RESERVED_PROPERTIES as RESERVED_PROPERTIES
+from rmqstore.common.message_rules import SCHEDULING_PROPERTIES as SCHEDULING_PROPERTIES
 from rmqstore.common.message_rules import UNIQ_KEY_LENGTH_MAX as UNIQ_KEY_LENGTH_MAX
 from rmqstore.common.message_rules import Limits as Limits
 from rmqstore.common.message_rules import MessageBatch as MessageBatch

@@ -34,6 +34,10 @@ FILLER = UNIT.pack(0, FILLER_SIZE, 0)
 DEFAULT_FILE_UNITS = 300_000
 
 SCHEDULE_TOPIC = "SCHEDULE_TOPIC_XXXX"
+# RocketMQ 5's timer topic (TimerMessageStore.TIMER_TOPIC): rmqstore keeps timed messages
+# there, each unit's tagsCode holding its due time (TIMER_OUT_MS), as SCHEDULE_TOPIC_XXXX's
+# hold their deliver time.
+TIMER_TOPIC = "rmq_sys_wheel_timer"
 DEFAULT_DELAY_LEVELS = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"
 _UNIT_MS = {"s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
 

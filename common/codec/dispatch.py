@@ -7,7 +7,8 @@ store/index/IndexService.java, 4.9.8):
 
 * only NOT and COMMIT records get a consume queue unit, at their QUEUEOFFSET;
 * tagsCode is String.hashCode(TAGS), except in SCHEDULE_TOPIC_XXXX where a DELAY level > 0
-  makes it the deliver time (store time + the level's delay);
+  makes it the deliver time (store time + the level's delay), and in rmq_sys_wheel_timer
+  (rmqstore's timed messages) where it is the due time, TIMER_OUT_MS;
 * every record but ROLLBACK is indexed: first ``topic#UNIQ_KEY``, then ``topic#part`` for
   each non-empty space-separated part of KEYS, repeats kept, under the stored topic.
 
@@ -30,6 +31,7 @@ from rmqstore.common.codec import sysflag
 from rmqstore.common.codec.columnar import RecordColumns
 from rmqstore.common.codec.consumequeue import (
     SCHEDULE_TOPIC,
+    TIMER_TOPIC,
     deliver_timestamp,
     parse_delay_levels,
     tags_code,
@@ -78,6 +80,9 @@ def _utf8(data: bytes) -> str:
 _text = functools.lru_cache(maxsize=4096)(_utf8)
 
 
+_SCHEDULED_TOPICS = frozenset((SCHEDULE_TOPIC, TIMER_TOPIC))
+
+
 def _tags_code_of(
     topic: str,
     properties: Mapping[str, str],
@@ -92,6 +97,10 @@ def _tags_code_of(
             level = min(int(delay), max(delay_levels_ms, default=0))
             if level > 0:
                 return deliver_timestamp(level, store_timestamp_ms, delay_levels_ms)
+    elif topic == TIMER_TOPIC:
+        due = properties.get(props.TIMER_OUT_MS)
+        if due is not None and due.isascii() and due.isdigit() and len(due) <= 18:
+            return int(due)
     return _cached_tags_code(properties.get(props.TAGS))
 
 
@@ -257,13 +266,38 @@ class DispatchBatch:
         tags: Sequence[str],
         uniq_keys: Sequence[str],
         keys: Sequence[Sequence[str]],
+        scheduled_tags_codes: Mapping[int, int] | None = None,
     ) -> DispatchBatch:
         """The plans of plain messages as a writer stores them — sysFlag NOT (every one
-        gets a unit), not in SCHEDULE_TOPIC_XXXX, KEYS already split — built column-wise:
-        the same plans :meth:`add` makes, without a properties map per record. A batch of
-        ``SMALL_BATCH_RECORDS`` or more keeps only its keys' hashes when the codecs are
-        compiled."""
-        invariant(SCHEDULE_TOPIC not in topics, "producers may not send to the schedule topic")
+        gets a unit), KEYS already split — built column-wise: the same plans :meth:`add`
+        makes, without a properties map per record. A batch of ``SMALL_BATCH_RECORDS`` or
+        more keeps only its keys' hashes when the codecs are compiled. The rows in
+        SCHEDULE_TOPIC_XXXX or rmq_sys_wheel_timer are those of ``scheduled_tags_codes``,
+        each with the tagsCode the one-record rule gives it (its deliver or due time)."""
+        invariant(
+            set(scheduled_tags_codes or ()) == {i for i, topic in enumerate(topics) if topic in _SCHEDULED_TOPICS}
+            if scheduled_tags_codes or not _SCHEDULED_TOPICS.isdisjoint(topics)
+            else True,
+            "the scheduled rows are those in the schedule and timer topics",
+        )
+        plans = cls._of_messages(topics, queue_ids, queue_offsets, commitlog_offsets, sizes, store_timestamps_ms, tags, uniq_keys, keys)
+        for row, code in (scheduled_tags_codes or {}).items():
+            plans.tags_codes[row] = code
+        return plans
+
+    @classmethod
+    def _of_messages(
+        cls,
+        topics: list[str],
+        queue_ids: list[int],
+        queue_offsets: list[int],
+        commitlog_offsets: list[int],
+        sizes: list[int],
+        store_timestamps_ms: list[int],
+        tags: Sequence[str],
+        uniq_keys: Sequence[str],
+        keys: Sequence[Sequence[str]],
+    ) -> DispatchBatch:
         if _speedups is not None and len(topics) >= SMALL_BATCH_RECORDS:
             # Hashed here, without the flat list of key strings (a batch this large is
             # dispatched as arrays, which need only the hashes).
@@ -315,9 +349,11 @@ class DispatchBatch:
         transaction = columns.sys_flag & sysflag.TRANSACTION_MASK
         store_timestamps = columns.store_timestamp_ms.tolist()
         tags_codes = _speedups.tags_codes(tags) if _speedups is not None else [_cached_tags_code(t) for t in tags]
-        delayed = [i for i, topic in enumerate(topics) if topic == SCHEDULE_TOPIC] if SCHEDULE_TOPIC in topics else []
+        scheduled = SCHEDULE_TOPIC in topics or TIMER_TOPIC in topics
+        delayed = [i for i, topic in enumerate(topics) if topic in _SCHEDULED_TOPICS] if scheduled else []
         for row in delayed:
-            # Delayed messages: tagsCode from DELAY, read as the one-record rule reads it.
+            # Delayed and timed messages: tagsCode from DELAY or TIMER_OUT_MS, read as the
+            # one-record rule reads it.
             at, length = int(columns.properties.at[row]), int(columns.properties.length[row])
             properties = props.decode_properties(raw[at : at + length])
             tags_codes[row] = _tags_code_of(topics[row], properties, store_timestamps[row], delay_levels_ms)

@@ -24,6 +24,16 @@ REAL_QID = "REAL_QID"
 UNIQ_KEY = "UNIQ_KEY"
 CLUSTER = "CLUSTER"
 TRAN_MSG = "TRAN_MSG"
+# RocketMQ 5's timer (MessageConst, 5.x): a producer's delivery time, as a time or a delay;
+# the due time the broker keeps (TIMER_OUT_MS); when the timer took and released it; and a
+# recall's key of the message it cancels (TimerMessageStore.buildDeleteKey).
+TIMER_DELIVER_MS = "TIMER_DELIVER_MS"
+TIMER_DELAY_SEC = "TIMER_DELAY_SEC"
+TIMER_DELAY_MS = "TIMER_DELAY_MS"
+TIMER_OUT_MS = "TIMER_OUT_MS"
+TIMER_ENQUEUE_MS = "TIMER_ENQUEUE_MS"
+TIMER_DEQUEUE_MS = "TIMER_DEQUEUE_MS"
+TIMER_DEL_UNIQKEY = "TIMER_DEL_UNIQKEY"
 
 
 def encode_properties(properties: Mapping[str, str]) -> bytes:

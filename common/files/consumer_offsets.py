@@ -36,7 +36,9 @@ def path_in(config_dir: str) -> str:
     return os.path.join(config_dir, FILE_NAME)
 
 
-def _quote_keys(text: str) -> str:
+def quote_integer_keys(text: str) -> str:
+    """fastjson's bare integer object keys quoted, so that the text reads as JSON."""
+
     def quoted(match: re.Match[str]) -> str:
         if match.group(2) is None:
             return match.group(0)
@@ -49,7 +51,7 @@ def parse_offsets(text: str, *, path: str = FILE_NAME) -> OffsetTable:
     """The table in a consumerOffset.json's text (Apache's bare integer keys or quoted ones).
     Raises Corruption naming what does not fit."""
     try:
-        document = json.loads(_quote_keys(text))
+        document = json.loads(quote_integer_keys(text))
     except ValueError as error:
         raise Corruption(f"{path} is not readable JSON: {error}", path=path) from None
     if not isinstance(document, dict):
@@ -118,11 +120,16 @@ def read_offsets(config_dir: str) -> OffsetTable:
 def write_offsets(config_dir: str, table: OffsetTable) -> None:
     """Replace the file atomically (temporary file, fsync, rename, fsync of the directory),
     keeping the previous one as ``.bak`` as the broker does."""
+    replace_keeping_backup(config_dir, path_in(config_dir), render_offsets(table))
+
+
+def replace_keeping_backup(config_dir: str, path: str, text: str) -> None:
+    """Replace ``path`` (in ``config_dir``) by ``text`` atomically, the previous file kept
+    as ``.bak``: Apache's ConfigManager layout for its config files."""
     os.makedirs(config_dir, exist_ok=True)
-    path = path_in(config_dir)
     temp = path + ".tmp"
     with open(temp, "w", encoding="utf-8") as handle:
-        handle.write(render_offsets(table))
+        handle.write(text)
         handle.flush()
         os.fsync(handle.fileno())
     if os.path.exists(path):

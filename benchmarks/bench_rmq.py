@@ -67,9 +67,11 @@ class InProcessLookups:
     """The lookups of the query sets on a read-only StoreView (what a query node runs)."""
 
     def __init__(self, store: Path):
+        from rmqstore.common.files.consumequeue import Boundary
         from rmqstore.query.view import StoreView
 
         self.view = StoreView(str(store))
+        self.boundaries = {"lower": Boundary.LOWER, "upper": Boundary.UPPER}
 
     def by_key(self, topic: str, key: str) -> Answer:
         page = self.view.by_key(topic, key, page_size=KEY_PAGE_SIZE)
@@ -82,10 +84,7 @@ class InProcessLookups:
         return (self.view.by_queue_offset(topic, queue_id, queue_offset).uniq_key,)
 
     def search_offset(self, topic: str, queue_id: int, timestamp_ms: int, boundary: str) -> Answer:
-        from rmqstore.common.files.consumequeue import Boundary
-
-        side = Boundary.LOWER if boundary == "lower" else Boundary.UPPER
-        return self.view.search_offset(topic, queue_id, timestamp_ms, side).offset
+        return self.view.search_offset(topic, queue_id, timestamp_ms, self.boundaries[boundary]).offset
 
     def close(self) -> None:
         self.view.close()

@@ -23,7 +23,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Literal
 
-from rmqstore.common.codec import consumequeue as cq
 from rmqstore.common.codec import index as ix
 from rmqstore.common.codec import sysflag
 from rmqstore.common.codec.javahash import topic_key_hash
@@ -39,6 +38,7 @@ from rmqstore.common.files.index import MATCHING_OFFSETS_FIRST_CHUNK, IndexFileL
 from rmqstore.common.files.progress import read_progress
 from rmqstore.common.files.store import StorePaths, StoreSizes, resolve_sizes
 from rmqstore.query.cursor import decode_cursor, encode_cursor, query_digest
+from rmqstore.query.timeindex import QueueTimes
 
 TIME_MIN_MS = 0
 TIME_MAX_MS = 2**63 - 1
@@ -46,6 +46,8 @@ PAGE_SIZE_MAX = 10_000
 PULL_COUNT_MAX = 10_000
 # A day at one-minute intervals is 1,441 boundaries; two weeks fit.
 OFFSETS_BY_TIME_MAX = 20_000
+# Taken once: an Enum member looked up on its class costs about a time search's bisection.
+_UPPER = Boundary.UPPER
 
 # Every answer that can grow (a key page, a UNIQ_KEY page, a pull) stops adding records
 # past this many bytes of them, after its first: well under the 64 MiB a gRPC message may
@@ -101,7 +103,7 @@ class KeyPage:
     complete: bool
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: a frozen class's construction costs a time search a fifth
 class OffsetSearch:
     offset: int
     found: bool  # a message at ``offset`` satisfies the boundary
@@ -164,6 +166,8 @@ class StoreView:
         self._queues_seen_at_offset: dict[tuple[str, int], int] = {}
         self._queue_bounds: dict[tuple[str, int], tuple[tuple[int, int, int, int], tuple[int, int]]] = {}
         self._unindexed: dict[tuple[str, str], list[int]] = {}
+        # (topic, queue id) -> ((visible offset, min offset), its time index, low, high)
+        self._times: dict[tuple[str, int], tuple[tuple[int, int], QueueTimes, int, int]] = {}
         self._unindexed_scanned = 0
         self._cursor_key_value = secrets.token_bytes(KEY_BYTES)
         self._cursor_key_shared = False
@@ -368,19 +372,26 @@ class StoreView:
             raise InvalidArgument(f"timestamp {timestamp_ms} is negative")
         self.refresh()
         with self._lock:
-            queue = self._queue(topic, queue_id)
-            low, high = self._bounds(topic, queue_id, queue)
+            times, low, high = self._queue_times(topic, queue_id)
+            strict = boundary is _UPPER
+            first_after = times.first_stored_after(low, high, timestamp_ms, strict)
+            # UPPER: the offset before the first one stored after t
+            offset = first_after - 1 if strict else first_after
+            return OffsetSearch(offset, low <= offset < high)
 
-            def store_time(unit: cq.Unit) -> int:
-                # Units below ``high`` point at visible records: the header is enough.
-                return self.log.store_timestamp(unit.commitlog_offset)
-
-            offset = queue.offset_by_time(
-                timestamp_ms, store_time, boundary, commitlog_min_offset=self.min_offset, stop=high,
-                bisect_file=self.log.first_stored_after,
-            )  # fmt: skip
-            found = low <= offset < high
-            return OffsetSearch(offset, found)
+    def _queue_times(self, topic: str, queue_id: int) -> tuple[QueueTimes, int, int]:
+        """The queue's time index brought to its visible range [low, high), and the range
+        (kept while the view's visible range stays: the queue's bounds follow from it)."""
+        key = (topic, queue_id)
+        known = self._times.get(key)
+        if known is not None and known[0] == (self.visible_offset, self.min_offset):
+            return known[1], known[2], known[3]
+        queue = self._queue(topic, queue_id)
+        low, high = self._bounds(topic, queue_id, queue)
+        times = QueueTimes() if known is None else known[1]
+        times.follow(queue, self.log, low, high)
+        self._times[key] = ((self.visible_offset, self.min_offset), times, low, high)
+        return times, low, high
 
     def offsets_by_time(self, topic: str, queue_id: int, timestamps_ms: list[int]) -> list[int]:
         """For each ascending time, the first offset stored at or after it (max if none):
@@ -393,25 +404,28 @@ class StoreView:
             raise InvalidArgument("the timestamps must be in ascending order")
         self.refresh()
         with self._lock:
-            queue = self._queue(topic, queue_id)
-            low, high = self._bounds(topic, queue_id, queue)
-
-            def store_time(unit: cq.Unit) -> int:
-                return self.log.store_timestamp(unit.commitlog_offset)
-
-            first, last = queue.read(low), queue.read(high - 1) if high > low else None
-            if first is None or last is None:
+            times, low, high = self._queue_times(topic, queue_id)
+            if high <= low:
                 return [high] * len(timestamps_ms)
             # The search assumes store times ascend along the queue; so do these bounds. A
             # chart's edges mostly lie before the first or after the last message: no search.
-            first_ms, last_ms = store_time(first), store_time(last)
+            first_ms, last_ms = times.at(low), times.at(high - 1)
             before = sum(1 for t in timestamps_ms if t <= first_ms)
             after = sum(1 for t in timestamps_ms if t > last_ms)
             inside = timestamps_ms[before : len(timestamps_ms) - after]
-            searched = queue.first_offsets_stored_from(
-                inside, store_time, low=low, high=high, bisect_file=self.log.first_stored_after
-            )
-            return [low] * before + searched + [high] * after
+            # The middle time is searched first; the times before it then search only
+            # below its answer, the times after it only above.
+            found = [high] * len(inside)
+            pending = [(0, len(inside), low, high)]
+            while pending:
+                first, end, lo, hi = pending.pop()
+                if first >= end:
+                    continue
+                middle = (first + end) // 2
+                at = found[middle] = times.first_stored_after(lo, hi, inside[middle], False)
+                pending.append((first, middle, lo, at))
+                pending.append((middle + 1, end, at, hi))
+            return [low] * before + found + [high] * after
 
     def newest_store_timestamp(self, topic: str, queue_id: int) -> int:
         """Store time of a queue's last visible message; 0 when it has none."""

@@ -21,7 +21,7 @@ from rmqstore.common.files.commitlog import CommitLog
 from rmqstore.common.files.consumequeue import Boundary, ConsumeQueueSet
 from rmqstore.common.files.index import IndexFileList
 from rmqstore.common.files.store import Dispatcher, StoreSizes
-from rmqstore.query.view import StoreView
+from rmqstore.query.view import OffsetSearch, StoreView
 from rmqstore.v1 import query_pb2, query_pb2_grpc
 
 QUERIES = [q for q in read_jsonl(FIXTURES / "queries.jsonl") if q["kind"] == "queryMessage"]
@@ -460,3 +460,65 @@ def test_offsets_by_time_with_repeated_and_outside_times(apache: QueryNode) -> N
     edges = [0, first - 1, first, middle, middle, middle + 1, last, last + 1, 2**62]
     response = apache.stub.OffsetsByTime(query_pb2.OffsetsByTimeRequest(topic="TopicTest", queue_id=0, timestamps_ms=edges))
     assert list(response.offsets) == [next((i for i, t in enumerate(times) if t >= edge), len(times)) for edge in edges]
+
+
+def test_time_search_follows_a_live_writer_exactly(tmp_path: Path) -> None:
+    """A view searching between a writer's appends: LOWER and UPPER agree with the acks'
+    store times at every time, its neighbours, before and after all, as the queue grows
+    across consume queue and commit log files (a batch shares one store time: runs of
+    equal times); the queue no message went to answers empty."""
+    import bisect
+    import time
+
+    from rmqstore.common.message_rules import MessageInput
+    from rmqstore.writer.config import WriterConfig
+    from rmqstore.writer.store import Writer
+
+    sizes = StoreSizes(commitlog_file_size_bytes=64 << 10, cq_file_units=8, index_slots=100, index_entries=400)
+    writer = Writer(WriterConfig(store=str(tmp_path), sizes=sizes))
+    writer.topics.create("T", 2)
+    view = StoreView(str(tmp_path), sizes)
+    acked: list[int] = []
+    try:
+        assert view.search_offset("T", 0, 5, Boundary.LOWER) == OffsetSearch(0, False)
+        for batch in range(9):
+            acks = writer.append([MessageInput("T", b"b" * 4000, queue_id=0)] * (1 + batch % 4))
+            acked += [ack.store_timestamp_ms for ack in acks]
+            if batch % 3:
+                time.sleep(0.002)
+            view.refresh(force=True)
+            for probe in sorted({t + d for t in acked for d in (-1, 0, 1)} | {0, 2**62}):
+                lower = bisect.bisect_left(acked, probe)
+                upper = bisect.bisect_right(acked, probe) - 1
+                assert view.search_offset("T", 0, probe, Boundary.LOWER) == OffsetSearch(lower, lower < len(acked))
+                assert view.search_offset("T", 0, probe, Boundary.UPPER) == OffsetSearch(upper, upper >= 0)
+            edges = [0, acked[0], acked[len(acked) // 2], acked[-1] + 1]
+            assert view.offsets_by_time("T", 0, edges) == [bisect.bisect_left(acked, edge) for edge in edges]
+            assert view.search_offset("T", 1, acked[0], Boundary.LOWER) == OffsetSearch(0, False)
+            assert view.search_offset("T", 1, acked[0], Boundary.UPPER) == OffsetSearch(-1, False)
+        assert len(view.log.files) > 1 and len(acked) > 2 * sizes.cq_file_units
+    finally:
+        view.close()
+        writer.close()
+
+
+def test_queue_times_follow_a_moving_visible_range(tmp_path: Path) -> None:
+    """The time index of a queue as its visible range grows, shrinks (a writer restarted
+    with less of the log) and loses its first units (retention): it holds exactly the
+    store times of the range's units."""
+    from rmqstore.query.timeindex import QueueTimes
+
+    times = [(0, 1000 + n // 3) for n in range(23)]
+    sizes = _build_store(tmp_path, times)
+    log = CommitLog(str(tmp_path / "commitlog"), sizes.commitlog_file_size_bytes)
+    queues = ConsumeQueueSet(str(tmp_path / "consumequeue"), sizes.cq_file_units)
+    queue = queues.get("T", 0)
+    index = QueueTimes()
+    try:
+        for low, high in [(0, 0), (0, 4), (0, 23), (0, 9), (0, 17), (6, 17), (6, 6), (11, 23), (2, 23), (23, 23)]:
+            index.follow(queue, log, low, high)
+            assert [index.at(offset) for offset in range(low, high)] == [t for _, t in times[low:high]]
+            assert index.first_stored_after(low, high, 1004, False) == max(low, min(high, 12))
+    finally:
+        queues.close()
+        log.close()

@@ -404,9 +404,9 @@ def test_time_bisection_hands_back_what_it_cannot_read(tmp_path: Path) -> None:
 
 
 def test_time_search_over_a_damaged_record_fails_alike_both_ways(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A queue unit pointing where no record starts, probed first by the compiled pass:
-    the pass hands the search back, and the Python step that probes the same unit raises
-    the error the Python steps alone raise."""
+    """A queue unit pointing where no record starts: the compiled read of the queue's store
+    times (query.timeindex) stops there and hands that unit back, and the Python read of it
+    raises the error the Python reads alone raise."""
     import shutil
 
     from rmqstore.common.errors import NotFound
@@ -418,18 +418,8 @@ def test_time_search_over_a_damaged_record_fails_alike_both_ways(tmp_path: Path,
     view = StoreView(str(tmp_path / "store"), FIXTURE_SIZES)
     low, high = view.queue_bounds("TopicTest", 3)
     queue = view._queue("TopicTest", 3)
-    target = view.log.store_timestamp(queue.read(high - 1).commitlog_offset)  # the search runs to the end
-
-    def log_file(queue_offset: int) -> int:
-        return queue.read(queue_offset).commitlog_offset // FIXTURE_SIZES.commitlog_file_size_bytes
-
-    while log_file(low) != log_file(high - 1):  # the Python steps, until one log file holds the rest
-        mid = (low + high) // 2
-        if view.log.store_timestamp(queue.read(mid).commitlog_offset) >= target:
-            high = mid
-        else:
-            low = mid + 1
-    damaged = (low + high) // 2  # the compiled pass's first probe
+    target = view.log.store_timestamp(queue.read(high - 1).commitlog_offset)
+    damaged = (low + high) // 2
     offset = queue.read(damaged).commitlog_offset
     view.close()
     queue_file = tmp_path / "store" / "consumequeue" / "TopicTest" / "3" / "00000000000000000000"
@@ -437,14 +427,14 @@ def test_time_search_over_a_damaged_record_fails_alike_both_ways(tmp_path: Path,
     struct.pack_into(">q", units, damaged * 20, offset + 1)
     queue_file.write_bytes(bytes(units))
 
-    passes: list[int | None] = []
-    original = commitlog_module.CommitLog.first_stored_after
+    passes: list[tuple[int, int]] = []  # (first unit asked for, units read)
+    original = commitlog_module.CommitLog.store_times_of_units
 
-    def first_stored_after(self, *args):  # type: ignore[no-untyped-def]
-        passes.append(original(self, *args))
-        return passes[-1]
+    def store_times_of_units(self, units, lo, hi, out):  # type: ignore[no-untyped-def]
+        passes.append((lo, original(self, units, lo, hi, out)))
+        return passes[-1][1]
 
-    monkeypatch.setattr(commitlog_module.CommitLog, "first_stored_after", first_stored_after)
+    monkeypatch.setattr(commitlog_module.CommitLog, "store_times_of_units", store_times_of_units)
     errors = []
     for compiled in (True, False):
         with monkeypatch.context() as patch:
@@ -455,9 +445,33 @@ def test_time_search_over_a_damaged_record_fails_alike_both_ways(tmp_path: Path,
                 view.search_offset("TopicTest", 3, target, Boundary.LOWER)
             errors.append(str(raised.value))
             view.close()
-        if compiled:
-            assert passes and passes[-1] is None and all(found is None for found in passes)
+        if compiled:  # the compiled reads took every unit before the damaged one
+            assert passes and sum(read for _, read in passes) == damaged - low
     assert errors[0] == errors[1] == f"no record at commit log offset {offset + 1}"
+
+
+def test_store_times_read_each_units_record_and_stop_where_they_cannot(tmp_path: Path) -> None:
+    from array import array
+
+    from rmqstore.common.codec import consumequeue as cq
+
+    times = [10, 20, 20, 40, 50]
+    fd, size, units, offsets = _timed_log(tmp_path, times, born_host=V6)
+    out = array("q", bytes(8 * 5))
+    try:
+        assert _speedups.store_times(units, 0, 5, fd, 0, size, out) == 5 and list(out) == times
+        out = array("q", bytes(8 * 5))
+        assert _speedups.store_times(units, 1, 4, fd, 0, size, out) == 3 and list(out[:3]) == times[1:4]
+        damaged = units[: 3 * cq.UNIT_SIZE] + struct.pack(">qiq", offsets[3] + 1, 100, 0) + units[4 * cq.UNIT_SIZE :]
+        assert _speedups.store_times(damaged, 0, 5, fd, 0, size, out) == 3  # no record at the fourth
+        assert _speedups.store_times(units, 0, 5, fd, 0, offsets[2], out) == 2  # the third lies past the file
+        assert _speedups.store_times(cq.FILLER + units, 0, 5, fd, 0, size, out) == 0
+        with pytest.raises(ValueError, match="fewer int64s"):
+            _speedups.store_times(units, 0, 5, fd, 0, size, array("q", bytes(8 * 4)))
+        with pytest.raises(ValueError, match="outside the units"):
+            _speedups.store_times(units, 0, 6, fd, 0, size, array("q", bytes(8 * 6)))
+    finally:
+        os.close(fd)
 
 
 def _sample_record(**changes: object) -> bytes:

@@ -125,6 +125,7 @@ def _good_calls(fd: int) -> dict[str, tuple[Any, ...]]:
         "encode_records": (0, [1, 2], [0, 0], [5, 6], [None, 3], [HOST, HOST_V6], [b"ab", b""], ["T", "T"],
                            [b"p", b""], 9, HOST, 8),  # fmt: skip
         "first_stored_after": (units, 0, 3, 1_795_000_000_007, False, fd, 0, len(LOG)),
+        "store_times": (units, 0, 3, fd, 0, len(LOG), bytearray(24)),
         "queue_unit_blocks": (["A", "B", "A"], [0, 1, 0], [4, 0, 5], [1, 2, 3], [1, 2, 3], [1, 2, 3]),
         "encode_common_properties": (props._COMMON_ORDER, [["a", "b"]], ["t"], ["u"]),
         "property_pairs": (log, at, length),
@@ -220,7 +221,7 @@ def _mutated(data: st.DataObject, value: Any) -> Any:
 def _mutated_call(name: str, data: st.DataObject, good: tuple[Any, ...]) -> tuple[Any, ...]:
     args = list(good)
     for position, value in enumerate(args):
-        if name in ("read_records", "first_stored_after") and position == (0 if name == "read_records" else 5):
+        if position == {"read_records": 0, "first_stored_after": 5, "store_times": 3}.get(name):
             if data.draw(st.integers(0, 3)) == 0:
                 args[position] = data.draw(FDS)
             continue

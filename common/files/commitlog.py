@@ -24,6 +24,7 @@ from typing import Literal
 import numpy as np
 
 from rmqstore.common.codec import columnar
+from rmqstore.common.codec import consumequeue as cq
 from rmqstore.common.codec.properties import split_keys
 from rmqstore.common.codec.record import (
     END_FILE_MIN_BLANK_LENGTH,
@@ -287,6 +288,30 @@ class CommitLog:
                 units, lo, hi, timestamp_ms, strict, descriptor, mapped.start_offset, mapped.file_size_bytes
             )
         return found  # type: ignore[no-any-return]
+
+    def store_times_of_units(self, units: memoryview, lo: int, hi: int, out: memoryview) -> int:
+        """The store time of the record of each unit in [lo, hi) of one consume queue
+        file's bytes, read from its header as :meth:`store_timestamp` reads it, into
+        ``out[unit - lo]`` (native int64s) in compiled passes, one per log file. Returns how
+        many units from ``lo`` it read: fewer than all without the compiled codecs or at a
+        unit that names no record (the caller reads that one with :meth:`store_timestamp`,
+        which says what is wrong)."""
+        if _speedups is None:
+            return 0
+        at = lo
+        while at < hi:
+            offset, _, _ = cq.UNIT.unpack_from(units, at * cq.UNIT_SIZE)
+            mapped = self.files.find(offset)
+            if mapped is None:
+                break
+            with mapped.reading() as descriptor, out[at - lo :] as rest:
+                done = _speedups.store_times(
+                    units, at, hi, descriptor, mapped.start_offset, mapped.file_size_bytes, rest
+                )
+            if done == 0:
+                break
+            at += done
+        return at - lo
 
     @property
     def max_file_offset(self) -> int:

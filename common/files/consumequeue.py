@@ -181,32 +181,6 @@ class ConsumeQueue:
         # UPPER: the offset before the first one stored after t
         return first_after - 1 if strict else first_after
 
-    def first_offsets_stored_from(
-        self,
-        timestamps_ms: list[int],
-        store_time_of: Callable[[cq.Unit], int],
-        *,
-        low: int,
-        high: int,
-        bisect_file: FileBisect | None = None,
-    ) -> list[int]:
-        """For ascending times, the first offset in [low, high) stored at or after each
-        (``high`` if none). The middle time is searched first; the times before it then
-        search only below its answer, the times after it only above: with E times over N
-        units a search probes about log2(N / E) units, not log2(N)."""
-        found = [high] * len(timestamps_ms)
-        pending = [(0, len(timestamps_ms), low, high)]
-        while pending:
-            first, end, lo, hi = pending.pop()
-            if first >= end:
-                continue
-            middle = (first + end) // 2
-            at = self._first_stored_after(lo, hi, timestamps_ms[middle], False, store_time_of, bisect_file)
-            found[middle] = at
-            pending.append((first, middle, lo, at))
-            pending.append((middle + 1, end, at, hi))
-        return found
-
     def _first_stored_after(
         self,
         low: int,

@@ -14,16 +14,43 @@
  * size) and takes STORETIMESTAMP as record.store_timestamp_at does. None when a probed
  * unit is a filler, points outside that file or at no record header: the caller's Python
  * bisection then reads that unit and says what is wrong. */
+/* The store time of the record that the unit at `unit` points at, read with pread from the
+ * commit log file (fd, file_start, file_size) into *stored: 1, or 0 when the unit is a
+ * filler, points outside that file or at no record header. */
+static int unit_store_time(const unsigned char *unit, int fd, long long file_start, long long file_size, int64_t *stored) {
+    unsigned char header[STORE_TIME_HEADER_MAX];
+    if (be32(unit + 8) == CQ_FILLER_SIZE) return 0; /* a filler, or a torn unit */
+    long long offset = be64(unit);
+    if (offset < file_start || offset - file_start >= file_size) return 0;
+    long long position = offset - file_start;
+    long long wanted = file_size - position < STORE_TIME_HEADER_MAX ? file_size - position : STORE_TIME_HEADER_MAX;
+    ssize_t got = pread(fd, header, (size_t)wanted, (off_t)position);
+    if (got < OFFSET_SYSFLAG + 4) return 0;
+    long long size = (int32_t)be32(header);
+    uint32_t magic = be32(header + 4);
+    if (magic != MAGIC_V1 && magic != MAGIC_V2) return 0;
+    long long at = PREFIX_SIZE + ((be32(header + OFFSET_SYSFLAG) & BORNHOST_V6) ? 20 : 8);
+    if (at + 8 > size || at + 8 > got) return 0;
+    *stored = (int64_t)be64(header + at);
+    return 1;
+}
+
+static int log_file_args(PyObject *const *args, long long *fd, long long *file_start, long long *file_size,
+                         const char *name) {
+    if (!long_long_args(args, 3, fd, file_start, file_size)) return 0;
+    if (*fd < INT_MIN || *fd > INT_MAX || *file_start < 0 || *file_size < 0) {
+        PyErr_Format(PyExc_ValueError, "%s: fd, file_start or file_size out of range", name);
+        return 0;
+    }
+    return 1;
+}
+
 PyObject *first_stored_after(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     if (!arity(nargs, 8, "first_stored_after takes (units, lo, hi, timestamp, strict, fd, file_start, file_size)")) return NULL;
     long long low, high, timestamp, fd, file_start, file_size;
     if (!long_long_args(args + 1, 3, &low, &high, &timestamp)) return NULL;
     int strict = PyObject_IsTrue(args[4]);
-    if (strict < 0 || !long_long_args(args + 5, 3, &fd, &file_start, &file_size)) return NULL;
-    if (fd < INT_MIN || fd > INT_MAX || file_start < 0 || file_size < 0) {
-        PyErr_SetString(PyExc_ValueError, "first_stored_after: fd, file_start or file_size out of range");
-        return NULL;
-    }
+    if (strict < 0 || !log_file_args(args + 5, &fd, &file_start, &file_size, "first_stored_after")) return NULL;
     Py_buffer units;
     if (PyObject_GetBuffer(args[0], &units, PyBUF_SIMPLE) < 0) return NULL;
     PyObject *result = NULL;
@@ -32,33 +59,63 @@ PyObject *first_stored_after(PyObject *module, PyObject *const *args, Py_ssize_t
         goto done;
     }
     const unsigned char *base = units.buf;
-    unsigned char header[STORE_TIME_HEADER_MAX];
     while (low < high) {
         long long mid = low + (high - low) / 2;
-        const unsigned char *unit = base + mid * CQ_UNIT_SIZE;
-        if (be32(unit + 8) == CQ_FILLER_SIZE) goto slow; /* a filler, or a torn unit */
-        long long offset = be64(unit);
-        if (offset < file_start || offset - file_start >= file_size) goto slow;
-        long long position = offset - file_start;
-        long long wanted = file_size - position < STORE_TIME_HEADER_MAX ? file_size - position : STORE_TIME_HEADER_MAX;
-        ssize_t got = pread((int)fd, header, (size_t)wanted, (off_t)position);
-        if (got < OFFSET_SYSFLAG + 4) goto slow;
-        long long size = (int32_t)be32(header);
-        uint32_t magic = be32(header + 4);
-        if (magic != MAGIC_V1 && magic != MAGIC_V2) goto slow;
-        long long at = PREFIX_SIZE + ((be32(header + OFFSET_SYSFLAG) & BORNHOST_V6) ? 20 : 8);
-        if (at + 8 > size || at + 8 > got) goto slow;
-        int64_t stored = be64(header + at);
+        int64_t stored;
+        if (!unit_store_time(base + mid * CQ_UNIT_SIZE, (int)fd, file_start, file_size, &stored)) {
+            result = Py_NewRef(Py_None);
+            goto done;
+        }
         if (strict ? stored > timestamp : stored >= timestamp)
             high = mid;
         else
             low = mid + 1;
     }
     result = PyLong_FromLongLong(low);
-    goto done;
-slow:
-    result = Py_NewRef(Py_None);
 done:
+    PyBuffer_Release(&units);
+    return result;
+}
+
+/* store_times(units, lo, hi, fd, file_start, file_size, out) -> int
+ *
+ * query.timeindex's read of a queue's store times: for units [lo, hi) of one consume
+ * queue file's bytes, the store time of each unit's record (read as first_stored_after
+ * reads it) into out[unit - lo], a writable buffer of native int64s. Returns how many
+ * units from lo it read: it stops at the first unit that is a filler, points outside the
+ * commit log file or at no record header (the caller reads that one in Python, which says
+ * what is wrong, or goes on in the log's next file). */
+PyObject *store_times(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (!arity(nargs, 7, "store_times takes (units, lo, hi, fd, file_start, file_size, out)")) return NULL;
+    long long low, high, fd, file_start, file_size;
+    if (!long_long_args(args + 1, 2, &low, &high) || !log_file_args(args + 3, &fd, &file_start, &file_size, "store_times"))
+        return NULL;
+    Py_buffer units, out;
+    if (PyObject_GetBuffer(args[0], &units, PyBUF_SIMPLE) < 0) return NULL;
+    if (PyObject_GetBuffer(args[6], &out, PyBUF_WRITABLE) < 0) {
+        PyBuffer_Release(&units);
+        return NULL;
+    }
+    PyObject *result = NULL;
+    if (low < 0 || high < low || high > units.len / CQ_UNIT_SIZE) {
+        PyErr_SetString(PyExc_ValueError, "store_times: the range is outside the units");
+        goto done;
+    }
+    if ((high - low) > out.len / (Py_ssize_t)sizeof(int64_t)) {
+        PyErr_SetString(PyExc_ValueError, "store_times: out holds fewer int64s than the range has units");
+        goto done;
+    }
+    const unsigned char *base = units.buf;
+    unsigned char *into = out.buf;
+    long long unit = low;
+    for (; unit < high; unit++) {
+        int64_t stored;
+        if (!unit_store_time(base + unit * CQ_UNIT_SIZE, (int)fd, file_start, file_size, &stored)) break;
+        memcpy(into + (unit - low) * sizeof(int64_t), &stored, sizeof(int64_t));
+    }
+    result = PyLong_FromLongLong(unit - low);
+done:
+    PyBuffer_Release(&out);
     PyBuffer_Release(&units);
     return result;
 }

@@ -8,6 +8,7 @@
  *   decode_record                      record.decode_record
  *   read_records                       commitlog.CommitLog._read_through_file, for many offsets
  *   first_stored_after                 files.consumequeue.ConsumeQueue.offset_by_time's bisection
+ *   store_times                        files.commitlog.CommitLog.store_times_of_units
  *   encode_records                     record.encode_record over a writer's batch
  *   encode_common_properties           properties.encode_messages_properties (KEYS, TAGS, UNIQ_KEY)
  *   walk_starts, body_crcs             columnar.walk's loop, the bodies' CRCs of columnar.decode
@@ -42,6 +43,8 @@ static PyMethodDef methods[] = {
      "read_records(fd, positions, file_size, start_offset, read_ahead, check_crc, match) -> list[Record | None | False]."},
     {"first_stored_after", (PyCFunction)(void (*)(void))first_stored_after, METH_FASTCALL,
      "first_stored_after(units, lo, hi, timestamp, strict, fd, file_start, file_size) -> int | None."},
+    {"store_times", (PyCFunction)(void (*)(void))store_times, METH_FASTCALL,
+     "store_times(units, lo, hi, fd, file_start, file_size, out) -> int."},
     {"walk_starts", (PyCFunction)(void (*)(void))walk_starts, METH_FASTCALL,
      "walk_starts(buf, position, limit, rows_max) -> (starts, position)."},
     {"body_crcs", (PyCFunction)(void (*)(void))body_crcs, METH_FASTCALL,

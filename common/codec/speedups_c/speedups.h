@@ -151,6 +151,7 @@ FASTCALL(read_records);
 FASTCALL(encode_records);
 /* consumequeue.c */
 FASTCALL(first_stored_after);
+FASTCALL(store_times);
 FASTCALL(queue_unit_blocks);
 /* properties.c */
 FASTCALL(encode_common_properties);

@@ -33,6 +33,19 @@ if ! { command -v chromium && command -v chromedriver; } > /dev/null 2>&1; then
         exit 1
     fi
 fi
+# A writer group's election tests run a real etcd v3 (Debian's etcd-server), installed
+# from the OS's packages if missing.
+if ! command -v etcd > /dev/null 2>&1; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get > /dev/null; then
+        if ! { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq etcd-server; } > "$VENV/apt-etcd.log" 2>&1; then
+            cat "$VENV/apt-etcd.log" >&2
+            exit 1
+        fi
+    else
+        echo "test.sh: the writer group tests need etcd; install etcd-server (Debian)" >&2
+        exit 1
+    fi
+fi
 # The official RocketMQ 5 Python client, in a virtualenv of its own (it bundles its own
 # copy of the apache.rocketmq.v2 protos): tests/test_rocketmq5_clients.py runs it as a
 # separate process. Made once; a later run only checks it is there.

@@ -28,6 +28,7 @@ from rmqstore.writer.config import FlushPolicy, WriterConfig
 if TYPE_CHECKING:
     from rmqstore.service.metrics import MetricsEndpoint
     from rmqstore.writer.consumers import ConsumerGroups
+    from rmqstore.writer.replication.election import EtcdElection
     from rmqstore.writer.replication.follower import Follower
     from rmqstore.writer.replication.group import GroupOptions
     from rmqstore.writer.replication.replica import Replica
@@ -226,8 +227,9 @@ class WriterNode(process.ServingNode):
         self.scheduled: ScheduledDelivery = scheduled
         self.replica: Replica | None = replica
         self.follower: Follower | None = None
+        self.election: EtcdElection | None = None
         if replica is not None:
-            self.follower = _start_replica(replica, serving, messaging)
+            self.follower, self.election = _start_replica(replica, serving, messaging)
         self.writer: Writer = writer
         self.groups: ConsumerGroups = groups
         self.servicer: WriterServicer = servicer
@@ -262,6 +264,8 @@ class WriterNode(process.ServingNode):
     def close(self, grace_s: float) -> None:
         """End the streams, stop the server (open requests get ``grace_s``), then write the
         groups' progress, the final flush and the checkpoint."""
+        if self.election is not None:
+            self.election.stop()
         if self.follower is not None:
             self.follower.stop()
         self.serving.call(self.messaging.end_streams())
@@ -277,9 +281,10 @@ class WriterNode(process.ServingNode):
         self.writer.close()
 
 
-def _start_replica(replica: Replica, serving: Any, messaging: MessagingServicer) -> Follower:
+def _start_replica(replica: Replica, serving: Any, messaging: MessagingServicer) -> tuple[Follower, EtcdElection | None]:
     """A group's replica, once its server serves: the tracker's clock on the loop, the
-    RocketMQ 5 routes following the primary, and the replication thread."""
+    RocketMQ 5 routes following the primary, the replication thread and, with etcd, the
+    election's."""
     from rmqstore.common.transport import parse_endpoint
     from rmqstore.writer.replication.follower import Follower
     from rmqstore.writer.rocketmq5 import RouteConfig
@@ -296,10 +301,15 @@ def _start_replica(replica: Replica, serving: Any, messaging: MessagingServicer)
         messaging.route = RouteConfig(host, port, broker_name)
 
     replica.on_primary.append(route_to)
-    assert replica.options is not None
     follower = Follower(replica, manual=not replica.options.etcd)
     follower.start()
-    return follower
+    election = None
+    if replica.options.etcd:
+        from rmqstore.writer.replication.election import EtcdElection
+
+        election = EtcdElection(replica)
+        election.start()
+    return follower, election
 
 
 def serve(options: WriterOptions) -> None:

@@ -24,13 +24,16 @@ log = logging.getLogger("rmqstore.writer.replication")
 STATUS_TIMEOUT_S = 1.0
 RETRY_S = 0.2
 PEER_CHECK_S = 0.5
+# Each channel to a peer connects afresh: grpc's process-wide subchannel pool would hand a
+# new channel the backoff of an old one to a replica that was down (and is back now).
+CHANNEL_OPTIONS = (("grpc.use_local_subchannel_pool", 1),)
 
 
 def peer_statuses(replica: Replica) -> dict[int, replication_pb2.ReplicaStatusResponse]:
     """What each reachable peer says of itself."""
     answers = {}
     for replica_id, endpoint in replica.options.peers.items():
-        with grpc.insecure_channel(endpoint) as channel:
+        with grpc.insecure_channel(endpoint, options=CHANNEL_OPTIONS) as channel:
             try:
                 answers[replica_id] = replication_pb2_grpc.ReplicationServiceStub(channel).ReplicaStatus(  # type: ignore[no-untyped-call]  # generated
                     replication_pb2.ReplicaStatusRequest(), timeout=STATUS_TIMEOUT_S
@@ -123,7 +126,7 @@ class Follower:
         replica = self.replica
         options, writer = replica.options, replica.writer
         endpoint = options.replicas[primary_id]
-        with grpc.insecure_channel(endpoint) as channel:
+        with grpc.insecure_channel(endpoint, options=CHANNEL_OPTIONS) as channel:
             stub = replication_pb2_grpc.ReplicationServiceStub(channel)  # type: ignore[no-untyped-call]  # generated
             status = stub.ReplicaStatus(replication_pb2.ReplicaStatusRequest(), timeout=STATUS_TIMEOUT_S)
             if status.role != Role.PRIMARY.value:

@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from rmqstore.common.errors import NotInSync, StoreError
+from rmqstore.common.errors import NotInSync, NotPrimary, StoreError
 from rmqstore.writer.replication.group import GroupOptions
 from rmqstore.writer.store import Writer
 
@@ -51,6 +51,12 @@ class SyncTracker:
         self.refusal: StoreError | None = None
         self._ticking: asyncio.TimerHandle | None = None
         self.in_sync_changes = 0
+        # With etcd (writer.replication.election): the monotonic time this primary stops
+        # acknowledging unless its lease is renewed, and the in-sync set last written
+        # there (followers only). A follower dropped from the set here keeps holding
+        # acknowledgements back until etcd no longer names it: it may be elected.
+        self.fence_until: float | None = None
+        self.persisted_in_sync: set[int] | None = None
 
     def start(self) -> None:
         self._ticking = asyncio.get_running_loop().call_later(TICK_S, self._tick)
@@ -137,9 +143,25 @@ class SyncTracker:
 
     # The gate (writer.group_commit.AckGate)
 
+    def _fenced(self) -> NotPrimary | None:
+        if self.fence_until is not None and self.clock() >= self.fence_until:
+            return NotPrimary(
+                f"replica {self.options.replica_id} could not renew its etcd lease in time: it acknowledges nothing "
+                "until it knows whether it is still the primary"
+            )
+        return None
+
+    def persist_in_sync(self, followers: set[int]) -> None:
+        """etcd now names these followers in sync (on the loop)."""
+        self.persisted_in_sync = followers
+        self._release()
+
     def check_writable(self) -> None:
         if self.refusal is not None:
             raise self.refusal
+        fenced = self._fenced()
+        if fenced is not None:
+            raise fenced
         if self.options.waits_for_followers and len(self.in_sync) + 1 < self.options.min_insync:
             raise NotInSync(
                 f"sends are refused: {len(self.in_sync) + 1} of the group's replicas are in sync "
@@ -156,11 +178,13 @@ class SyncTracker:
         (-1 while fewer than --min-insync replicas are in sync)."""
         if len(self.in_sync) + 1 < self.options.min_insync:
             return -1
-        return min((self.followers[k].stored_offset for k in self.in_sync), default=self.end_offset())
+        members = self.in_sync | (self.persisted_in_sync or set())
+        return min((self.followers[k].stored_offset for k in members), default=self.end_offset())
 
     def hold(self, end_offset: int, release: Callable[[BaseException | None], None]) -> None:
-        if self.refusal is not None:
-            release(self.refusal)
+        refusal = self.refusal or self._fenced()
+        if refusal is not None:
+            release(refusal)
         elif not self.options.waits_for_followers or self.confirmed_offset() >= end_offset:
             release(None)
         else:
@@ -169,6 +193,10 @@ class SyncTracker:
 
     def _release(self) -> None:
         if not self._held:
+            return
+        fenced = self._fenced()
+        if fenced is not None:
+            self.refuse_held(fenced)
             return
         confirmed = self.confirmed_offset()
         done = [h for h in self._held if h[0] <= confirmed]
@@ -182,6 +210,9 @@ class SyncTracker:
         is refused."""
         self.refusal = refusal
         if refusal is not None:
-            held, self._held = self._held, []
-            for _, _, release in held:
-                release(refusal)
+            self.refuse_held(refusal)
+
+    def refuse_held(self, refusal: StoreError) -> None:
+        held, self._held = self._held, []
+        for _, _, release in held:
+            release(refusal)

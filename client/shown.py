@@ -9,8 +9,32 @@ import hashlib
 import json
 from typing import Any
 
+from rmqstore.common.codec import properties as props
+from rmqstore.common.codec.consumequeue import (
+    DEFAULT_DELAY_LEVELS,
+    SCHEDULE_TOPIC,
+    TIMER_TOPIC,
+    deliver_timestamp,
+    parse_delay_levels,
+)
 from rmqstore.common.times import iso_time
 from rmqstore.v1 import messages_pb2
+
+_DELAY_LEVELS_MS = parse_delay_levels(DEFAULT_DELAY_LEVELS)
+
+
+def pending_due_ms(message: messages_pb2.StoredMessage) -> int | None:
+    """For a delayed or timed message's scheduled record (docs/format.md §16), the time it
+    is released at; None for any other record. A lookup finds such a record only while no
+    copy of its message is in its real topic: it is pending (or was recalled)."""
+    if message.topic == TIMER_TOPIC:
+        due = message.properties.get(props.TIMER_OUT_MS, "")
+        return int(due) if due.isascii() and due.isdigit() else None
+    if message.topic == SCHEDULE_TOPIC:
+        level = message.properties.get(props.DELAY, "")
+        if level.isascii() and level.isdigit() and int(level) > 0:
+            return deliver_timestamp(min(int(level), max(_DELAY_LEVELS_MS)), message.store_timestamp_ms, _DELAY_LEVELS_MS)
+    return None
 
 
 def message_json(message: messages_pb2.StoredMessage, with_body: bool) -> dict[str, Any]:
@@ -31,6 +55,10 @@ def message_json(message: messages_pb2.StoredMessage, with_body: bool) -> dict[s
         "bodyLen": len(message.body),
         "bodySha256": hashlib.sha256(message.body).hexdigest(),
     }
+    due = pending_due_ms(message)
+    if due is not None:
+        document["pending"] = True
+        document["dueTimestamp"] = due
     if with_body:
         try:
             document["body"] = message.body.decode("utf-8")
@@ -60,4 +88,10 @@ def message_rows(message: messages_pb2.StoredMessage) -> list[tuple[str, object]
         ("Properties:", json.dumps(dict(sorted(message.properties.items())), ensure_ascii=False)),
         ("Body Length:", len(message.body)),
         ("Body SHA-256:", hashlib.sha256(message.body).hexdigest()),
+        *pending_rows(message),
     ]
+
+
+def pending_rows(message: messages_pb2.StoredMessage) -> list[tuple[str, object]]:
+    due = pending_due_ms(message)
+    return [] if due is None else [("Pending Until:", iso_time(due, local=True))]

@@ -27,7 +27,7 @@ from rmqstore.common.codec import index as ix
 from rmqstore.common.codec import sysflag
 from rmqstore.common.codec.javahash import topic_key_hash
 from rmqstore.common.codec.msgid import decode_offset_msg_id, offset_msg_id
-from rmqstore.common.codec.properties import split_keys
+from rmqstore.common.codec.properties import REAL_TOPIC, TIMER_DEL_UNIQKEY, split_keys
 from rmqstore.common.codec.record import Record
 from rmqstore.common.codec.topic import cached_topic_problem as topic_problem
 from rmqstore.common.errors import Corruption, InvalidArgument, NotFound, OutOfRange
@@ -617,6 +617,9 @@ class StoreView:
                         return KeyPage(records, self._cursor(records[-1].commitlog_offset, query), False)
                     records.append(record)
                     used_bytes += record.size
+            if not records and not cursor:
+                # Not released yet: its scheduled records, one page (a message has one or two).
+                records = self._pending_with_uniq_key(topic, uniq_key)
             return KeyPage(records, "", True)
 
     def _cursor_key(self) -> bytes:
@@ -647,20 +650,30 @@ class StoreView:
 
     def by_uniq_key(self, topic: str, uniq_key: str) -> list[Record]:
         """Every record of the topic with that UNIQ_KEY (a producer retry can store two),
-        newest first, at any age."""
+        newest first, at any age; for a delayed or timed message not released yet, its
+        record in SCHEDULE_TOPIC_XXXX or rmq_sys_wheel_timer (docs/format.md §16), which
+        the shown message marks pending with its due time."""
         self._check_uniq_key(topic, uniq_key)
         self.refresh()
         with self._lock:
-            offsets = [
-                offset
-                for chunk in self._all_candidates(topic, uniq_key, self.visible_offset, TIME_MIN_MS)
-                for offset in chunk
-            ]
-            return [
-                record
-                for record in self._matching_many(topic, offsets)
-                if record is not None and record.uniq_key == uniq_key
-            ]
+            return self._with_uniq_key(topic, uniq_key) or self._pending_with_uniq_key(topic, uniq_key)
+
+    def _with_uniq_key(self, topic: str, uniq_key: str) -> list[Record]:
+        offsets = [
+            offset
+            for chunk in self._all_candidates(topic, uniq_key, self.visible_offset, TIME_MIN_MS)
+            for offset in chunk
+        ]
+        return [record for record in self._matching_many(topic, offsets) if record is not None and record.uniq_key == uniq_key]
+
+    def _pending_with_uniq_key(self, topic: str, uniq_key: str) -> list[Record]:
+        """The scheduled records of ``topic``'s message ``uniq_key`` (recall markers aside)."""
+        return [
+            record
+            for scheduled in (cq.TIMER_TOPIC, cq.SCHEDULE_TOPIC)
+            for record in self._with_uniq_key(scheduled, uniq_key)
+            if record.properties.get(REAL_TOPIC) == topic and TIMER_DEL_UNIQKEY not in record.properties
+        ]
 
     def by_msg_id(self, msg_id: str) -> Record:
         """The record an offsetMsgId names, if this store holds it."""

@@ -11,7 +11,8 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import CLEAN, FIXTURE_SIZES, read_jsonl
+from conftest import CLEAN, FIXTURE_SIZE_ARGS, FIXTURE_SIZES, read_jsonl
+from support.cli import run
 
 from rmqstore.common.codec import properties as props
 from rmqstore.common.codec.consumequeue import SCHEDULE_TOPIC, TIMER_TOPIC, tags_code
@@ -306,3 +307,32 @@ def test_a_store_without_timers_opens_without_them(tmp_path: Path) -> None:
         assert delivery.run_once() is None
     finally:
         writer.close()
+
+
+def test_lookups_show_a_pending_message_with_its_due_time_then_its_released_copy(
+    writer: Writer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    now = now_ms()
+    [timer] = writer.append([timed("Orders", b"later", now + 60_000)])
+    [level] = writer.append([MessageInput("Orders", b"level 2", properties={"DELAY": "2"})])
+    writer.flush_thoroughly()
+    store = ["--store", writer.config.store, *FIXTURE_SIZE_ARGS]
+
+    def shown(uniq_key: str) -> dict[str, object]:
+        code, out, err = run(capsys, "queryMsgByUniqueKey", "-t", "Orders", "-i", uniq_key, "--json", *store)
+        assert code == 0, err
+        [line] = out.splitlines()
+        return json.loads(line)  # type: ignore[no-any-return]
+
+    pending = shown(timer.uniq_key)
+    assert (pending["topic"], pending["pending"], pending["dueTimestamp"]) == (TIMER_TOPIC, True, now + 60_000)
+    delayed = shown(level.uniq_key)
+    assert (delayed["topic"], delayed["pending"], delayed["dueTimestamp"]) == (SCHEDULE_TOPIC, True, level.store_timestamp_ms + 5000)
+    code, out, _ = run(capsys, "queryMsgByUniqueKey", "-t", "Orders", "-i", timer.uniq_key, *store)
+    assert code == 0 and "Pending Until:" in out
+    delivery = ScheduledDelivery(writer)
+    delivery.run_once(now + 60_000)
+    writer.flush_thoroughly()
+    released = shown(timer.uniq_key)
+    assert released["topic"] == "Orders" and "pending" not in released
+    assert shown(level.uniq_key)["topic"] == "Orders"

@@ -185,6 +185,17 @@ def endpoint(text: str) -> str:
     return text
 
 
+def endpoints(text: str) -> str:
+    """``HOST:PORT[,HOST:PORT…]``: a writer group's replicas (the command finds the
+    primary among them), or one endpoint; as given, once each is checked."""
+    parts = [part.strip() for part in text.split(",")]
+    if not all(parts):
+        raise argparse.ArgumentTypeError(f"{text!r} is not HOST:PORT[,HOST:PORT...]: an empty endpoint")
+    for part in parts:
+        _endpoint_parts(part)
+    return ",".join(parts)
+
+
 def ip_endpoint(text: str) -> str:
     """``IP:PORT``: an endpoint whose host is an address (``--store-host``: records carry
     the address's bytes, never a name)."""

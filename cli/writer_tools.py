@@ -282,6 +282,12 @@ class _Progress:
 def cmd_send(args: argparse.Namespace) -> int:
     from rmqstore.client import tracing
 
+    if "," in args.endpoint:
+        # A writer group's replicas: the primary among them takes the send.
+        from rmqstore.cli.replica_tools import endpoints_of, find_primary
+
+        args.endpoint = find_primary(args, endpoints_of(args.endpoint))[0]
+
     if args.file is not None:
         given = [flag for flag, value in (("-t", args.topic), ("-k", args.keys), ("--tags", args.tags), ("--body", args.body),
                                           ("--body-file", args.body_file), ("-q", args.queue)) if value is not None]
@@ -496,7 +502,7 @@ def register(commands: argparse._SubParsersAction) -> None:  # type: ignore[type
         "each ack is printed as one JSON line (--acks).",
         epilog=f"--file format: {JSONL_FIELDS_HELP}.",
     )
-    send.add_argument("--endpoint", required=True, type=exits.endpoint, metavar="HOST:PORT", help="the writer")
+    send.add_argument("--endpoint", required=True, type=exits.endpoints, metavar="HOST:PORT[,HOST:PORT...]", help="the writer, or a writer group's replicas (the primary among them takes the send)")
     send.add_argument("-t", "--topic", help="topic of the one message")
     send.add_argument("-k", "--keys", help='space-separated keys, e.g. "KEY1 KEY2"')
     send.add_argument("--tags", help="tags")

@@ -22,8 +22,17 @@ from support.nodes import Nodes, ProcessNode
 from support.wait import wait_until
 
 from rmqstore.common.files.commitlog import CommitLog
+from rmqstore.rocketmq_v2 import definition_pb2 as v2
+from rmqstore.rocketmq_v2 import service_pb2 as v2s
+from rmqstore.rocketmq_v2 import service_pb2_grpc
 from rmqstore.service.listen import free_port
-from rmqstore.v1 import messages_pb2, replication_pb2, replication_pb2_grpc, writer_pb2
+from rmqstore.v1 import (
+    messages_pb2,
+    replication_pb2,
+    replication_pb2_grpc,
+    writer_pb2,
+    writer_pb2_grpc,
+)
 
 # Small files: the test crosses commit log, consume queue and index file boundaries.
 SIZES = ("--commitlog-file-size", str(256 * 1024), "--cq-file-units", "2000", "--index-slots", "100", "--index-entries", "4000")
@@ -131,9 +140,9 @@ def test_a_sync_group_replicates_byte_for_byte(nodes: Nodes, tmp_path: Path) -> 
     group.in_sync(primary, 2)
     endpoint = f"127.0.0.1:{group.ports[primary]}"
     with concurrent.futures.ThreadPoolExecutor(4) as pool:
-        sent = list(pool.map(lambda p: _produce(endpoint, p, 2500, 50), range(4)))
+        sent = list(pool.map(lambda p: _produce(endpoint, p, 1000, 25), range(4)))
     acked = [pair for part in sent for pair in part]
-    assert len(acked) == 10_000
+    assert len(acked) == 4000
 
     # A follower refuses writes, naming the primary.
     follower = next(k for k in range(3) if k != primary)
@@ -141,6 +150,18 @@ def test_a_sync_group_replicates_byte_for_byte(nodes: Nodes, tmp_path: Path) -> 
         _produce(f"127.0.0.1:{group.ports[follower]}", 9, 1, 1)
     assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
     assert endpoint in (refused.value.details() or "")
+    channel = grpc.insecure_channel(f"127.0.0.1:{group.ports[follower]}")
+    nodes.channels.append(channel)
+    with pytest.raises(grpc.RpcError) as refused:
+        writer_pb2_grpc.WriterServiceStub(channel).CreateTopic(writer_pb2.CreateTopicRequest(name="New", queue_count=2))
+    assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+    # RocketMQ 5 clients asking a follower for routes are sent to the primary, for a
+    # topic the group has and for one the primary will create.
+    messaging = service_pb2_grpc.MessagingServiceStub(channel)
+    for topic in ("T1", "NotYet"):
+        route = messaging.QueryRoute(v2s.QueryRouteRequest(topic=v2.Resource(name=topic)), timeout=5)
+        assert route.status.code == v2.OK
+        assert {(a.host, a.port) for q in route.message_queues for a in q.broker.endpoints.addresses} == {("127.0.0.1", group.ports[primary])}
 
     end = group.status(primary).end_offset
     wait_until(lambda: all(group.status(k).end_offset == end for k in range(3)), 30, "the followers to catch up")
@@ -187,6 +208,11 @@ def test_manual_failover_truncates_the_old_primarys_unreplicated_tail(nodes: Nod
     assert json.loads(promoted.stdout)["startOffset"] == switch
     after = _produce(f"127.0.0.1:{group.ports[1]}", 2, 40, 10)
     assert min(offset for _, offset in after) == switch
+    # The CLI given every replica finds the primary.
+    every = ",".join(f"127.0.0.1:{p}" for p in group.ports.values())
+    cli_send = run_cli(["send", "--endpoint", every, "-t", "T0", "--body", "via the list"])
+    assert cli_send.returncode == 0, cli_send.stderr
+    after += [(json.loads(cli_send.stdout)["uniqKey"], json.loads(cli_send.stdout)["commitLogOffset"])]
     group.start(0)
     end = group.status(1).end_offset
     wait_until(lambda: all(group.status(k).end_offset == end for k in (0, 2)), 30, "the old primary to rejoin")

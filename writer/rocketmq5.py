@@ -650,6 +650,10 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         reserved = reserved_topic_problem(topic)
         if reserved is not None:
             raise V2Refusal(v2.TOPIC_NOT_FOUND, reserved)
+        if self.writer.refusal is not None:
+            # A writer group's follower: the route names the primary, which creates the
+            # topic with these queues at its first send.
+            return config.auto_create_queue_count
         await self._blocking(lambda: self.writer.topics.create(topic, config.auto_create_queue_count))
         return self.writer.topics.queue_count(topic) or config.auto_create_queue_count
 

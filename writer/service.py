@@ -105,6 +105,7 @@ class WriterServicer(writer_pb2_grpc.WriterServiceServicer):
         self, request: writer_pb2.CreateTopicRequest, context: grpc.aio.ServicerContext
     ) -> writer_pb2.CreateTopicResponse:
         count = request.queue_count or self.writer.config.default_queue_count
+        self.writer.check_writable()
         created = await self._blocking(lambda: self.writer.topics.create(request.name, count))
         return writer_pb2.CreateTopicResponse(
             topic=messages_pb2.Topic(name=request.name, queue_count=self.writer.topics.queue_count(request.name) or count),

@@ -716,14 +716,18 @@ class Writer:
         and the topic table as replication left them."""
         with self._append_lock:
             self._next_queue_offset = {key: queue.max_offset for key, queue in self.queues.queues.items()}
-            self.topics = TopicTable(
-                self.paths.config,
-                self.paths.consumequeue,
-                self.queues.discover(),
-                max_topics=self.config.max_topics,
-                max_queues=self.config.max_queues,
-            )
+            self.reload_topics()
             self.refusal = None
+
+    def reload_topics(self) -> None:
+        """Read the topic table again (a follower's, replaced by its primary's copy)."""
+        self.topics = TopicTable(
+            self.paths.config,
+            self.paths.consumequeue,
+            self.queues.discover(),
+            max_topics=self.config.max_topics,
+            max_queues=self.config.max_queues,
+        )
 
     def retry_dispatch(self) -> bool:
         """Try to complete a pending dispatch now; whether none is pending afterwards."""

@@ -18,6 +18,7 @@ from rmqstore.v1 import replication_pb2, replication_pb2_grpc
 from rmqstore.writer.replication.epochs import Epoch, consistent_end
 from rmqstore.writer.replication.replica import Replica, Role
 from rmqstore.writer.replication.service import REPLICATED_FILES
+from rmqstore.writer.topics import FILE_NAME as TOPICS_FILE_NAME
 
 log = logging.getLogger("rmqstore.writer.replication")
 
@@ -178,6 +179,8 @@ class Follower:
             for file in response.files:
                 if file.name in REPLICATED_FILES:
                     replica.groups.write_replicated(file.name, file.content)
+                if file.name == TOPICS_FILE_NAME:
+                    replica.writer.reload_topics()  # routes answered here name the primary's topics
             if response.data:
                 replica.writer.replicate(response.offset, response.data)
             self.primary_end_offset = response.primary_end_offset

@@ -8,6 +8,7 @@ import concurrent.futures
 import contextlib
 import json
 import os
+import signal
 import threading
 import time
 from collections.abc import Iterator
@@ -53,15 +54,24 @@ class Group:
     def store(self, replica_id: int) -> Path:
         return self.root / f"replica-{replica_id}"
 
-    def start(self, replica_id: int) -> ProcessNode:
-        node = self.nodes.spawn("writer", [
-            "writer", "serve", "--store", str(self.store(replica_id)), "--host", "127.0.0.1",
-            "--port", str(self.ports[replica_id]), "--group", self.name, "--replica-id", str(replica_id),
-            "--replicas", self.replicas, *SIZES, *self.extra,
-        ])  # fmt: skip
-        node.wait_serving()
-        self.procs[replica_id] = node
-        return node
+    def start(self, *replica_ids: int) -> None:
+        """Start these replicas at once (processes start in parallel), each once serving."""
+        for replica_id in replica_ids:
+            self.procs[replica_id] = self.nodes.spawn("writer", [
+                "writer", "serve", "--store", str(self.store(replica_id)), "--host", "127.0.0.1",
+                "--port", str(self.ports[replica_id]), "--group", self.name, "--replica-id", str(replica_id),
+                "--replicas", self.replicas, *SIZES, *self.extra,
+            ])  # fmt: skip
+        for replica_id in replica_ids:
+            self.procs[replica_id].wait_serving()
+
+    def stop(self, *replica_ids: int) -> None:
+        """SIGTERM to these replicas at once; each stops cleanly."""
+        for replica_id in replica_ids:
+            self.procs[replica_id].wait_until_sigterm_is_caught()
+            self.procs[replica_id].proc.send_signal(signal.SIGTERM)
+        for replica_id in replica_ids:
+            self.procs[replica_id].wait_stopped()
 
     def stub(self, replica_id: int) -> replication_pb2_grpc.ReplicationServiceStub:
         # A channel of its own (no backoff inherited from a channel to a replica that was down).
@@ -133,8 +143,7 @@ def _produce(endpoint: str, producer: int, count: int, batch: int) -> list[tuple
 
 def test_a_sync_group_replicates_byte_for_byte(nodes: Nodes, tmp_path: Path) -> None:
     group = Group(nodes, tmp_path, 3, "--replication", "sync", "--min-insync", "2", "--flush", "sync")
-    for k in range(3):
-        group.start(k)
+    group.start(0, 1, 2)
     primary = group.primary()
     assert primary == 0  # a new group's lowest id leads without etcd
     group.in_sync(primary, 2)
@@ -167,8 +176,7 @@ def test_a_sync_group_replicates_byte_for_byte(nodes: Nodes, tmp_path: Path) -> 
     wait_until(lambda: all(group.status(k).end_offset == end for k in range(3)), 30, "the followers to catch up")
     status = group.status(primary)
     assert [(f.replica_id, f.in_sync, f.lag_bytes) for f in status.followers] == [(k, True, 0) for k in range(3) if k != primary]
-    for k in range(3):
-        group.procs[k].stop()
+    group.stop(0, 1, 2)
     _assert_identical_over_common_length([group.store(k) for k in range(3)])
     for k in range(3):
         checked = run_cli(["check", str(group.store(k))])
@@ -187,20 +195,17 @@ def test_manual_failover_truncates_the_old_primarys_unreplicated_tail(nodes: Nod
     cuts exactly those 60 (the loss ASYNC allows: past the new primary's end at the
     switch), durably, and the three stores agree byte for byte."""
     group = Group(nodes, tmp_path, 3, "--replication", "async")
-    for k in range(3):
-        group.start(k)
+    group.start(0, 1, 2)
     assert group.primary() == 0
     group.in_sync(0, 2)
     first = _produce(f"127.0.0.1:{group.ports[0]}", 0, 100, 10)
     switch = group.status(0).end_offset
     wait_until(lambda: all(group.status(k).end_offset == switch for k in (1, 2)), 30, "the followers to catch up")
-    for k in (1, 2):
-        group.procs[k].stop()
+    group.stop(1, 2)
     lost = _produce(f"127.0.0.1:{group.ports[0]}", 1, 60, 10)  # acknowledged by the primary alone
     assert min(offset for _, offset in lost) == switch
     group.procs[0].kill()
-    for k in (1, 2):
-        group.start(k)
+    group.start(1, 2)
     # Neither follower leads on its own: the last primary was replica 0.
     assert all(group.status(k).role == "follower" for k in (1, 2))
     promoted = run_cli(["writer", "promote", "--endpoint", f"127.0.0.1:{group.ports[1]}"])
@@ -221,8 +226,7 @@ def test_manual_failover_truncates_the_old_primarys_unreplicated_tail(nodes: Nod
         (0, "follower", end, True), (1, "primary", end, True), (2, "follower", end, True)
     ]
     assert {r["epoch"] for r in shown["replicas"]} == {2}
-    for k in range(3):
-        group.procs[k].stop()
+    group.stop(0, 1, 2)
     _assert_identical_over_common_length([group.store(k) for k in range(3)])
     for k in range(3):
         checked = run_cli(["check", str(group.store(k))])
@@ -302,8 +306,7 @@ def test_killing_the_primary_loses_no_acknowledged_message(nodes: Nodes, tmp_pat
         nodes, tmp_path, 3, "--replication", "sync", "--min-insync", "2", "--flush", "sync",
         "--etcd", etcd.endpoint, "--lease-ttl-s", "2", "--replica-lag-max-ms", "1000",
     )  # fmt: skip
-    for k in range(3):
-        group.start(k)
+    group.start(0, 1, 2)
     first = group.primary()
     group.in_sync(first, 2)
     producers = [Producer(group, n) for n in range(2)]
@@ -328,6 +331,23 @@ def test_killing_the_primary_loses_no_acknowledged_message(nodes: Nodes, tmp_pat
     wait_until(lambda: group.status(first).role == "follower" and group.status(first).primary_id == second, 30, "the old primary to follow")
     count_before_stop = sum(len(p.acked) for p in producers)
     wait_until(lambda: sum(len(p.acked) for p in producers) >= count_before_stop + 200, 30, "acks after the rejoin")
+
+    # A partition as the primary sees it: SIGSTOP longer than its lease. Another in-sync
+    # replica is elected; the stopped one, continued, acknowledges nothing more (its
+    # answers to the sends it held are refusals) and rejoins as a follower.
+    group.in_sync(second, 2)
+    group.procs[second].proc.send_signal(signal.SIGSTOP)
+    stopped_at = time.monotonic()
+    try:
+        survivors = [k for k in range(3) if k != second]
+        third = wait_until(new_primary, 30, "a primary elected past the stopped one") - 1
+        wait_until(lambda: all(any(t > stopped_at for t in p.ack_times) for p in producers), 30, "acks from the new primary")
+    finally:
+        group.procs[second].proc.send_signal(signal.SIGCONT)
+    wait_until(lambda: group.status(second).role == "follower" and group.status(second).primary_id == third, 30, "the stopped primary to step down")
+    count_before_stop = sum(len(p.acked) for p in producers)
+    wait_until(lambda: sum(len(p.acked) for p in producers) >= count_before_stop + 200, 30, "acks after the partition")
+    second = third
     for producer in producers:
         producer.stopped.set()
     for producer in producers:
@@ -336,8 +356,7 @@ def test_killing_the_primary_loses_no_acknowledged_message(nodes: Nodes, tmp_pat
     wait_until(lambda: all(group.status(k).end_offset == end for k in range(3)), 30, "every replica to catch up")
     epochs = {group.status(k).epoch for k in range(3)}
     assert len(epochs) == 1 and group.status(second).epochs[-1].primary_id == second
-    for k in range(3):
-        group.procs[k].stop()
+    group.stop(0, 1, 2)
     acked: dict[int, str] = {}
     for producer in producers:
         for offset, uniq_key in producer.acked.items():

@@ -9,6 +9,9 @@ lies past the last commit log flush before the cut (docs/writer.md). A consumer 
 acknowledging under ASYNC: after the cut no committed offset is past its queue's end and
 nothing appended after the restart is skipped (docs/rocketmq5.md, "Durable progress").
 
+The stores live on a tmpfs (``memory_fs``): the tool emulates the cuts from the syncs it
+records, so what a real disk's syncs cost is not the subject.
+
 ``RMQSTORE_POWERLOSS_STATES`` sets the number of states of the slow test (default 1,000).
 """
 
@@ -146,23 +149,23 @@ def run(tmp_path: Path, flush: FlushPolicy, crash_points: int, states_per_point:
     return states, lost, dropped_entries
 
 
-def test_power_loss_sync_smoke(tmp_path: Path) -> None:
-    states, lost, dropped = run(tmp_path, FlushPolicy.SYNC, 6, 5)
+def test_power_loss_sync_smoke(memory_fs: Path) -> None:
+    states, lost, dropped = run(memory_fs, FlushPolicy.SYNC, 6, 5)
     assert (states, lost) == (30, 0)
     assert dropped > 0  # the states really differ from the live store
 
 
-def test_power_loss_async_smoke(tmp_path: Path) -> None:
-    states, _, _ = run(tmp_path, FlushPolicy.ASYNC, 6, 5)
+def test_power_loss_async_smoke(memory_fs: Path) -> None:
+    states, _, _ = run(memory_fs, FlushPolicy.ASYNC, 6, 5)
     assert states == 30
 
 
 @pytest.mark.slow
-def test_power_loss_sync_1000_states(tmp_path: Path) -> None:
+def test_power_loss_sync_1000_states(memory_fs: Path) -> None:
     total = int(os.environ.get("RMQSTORE_POWERLOSS_STATES", "1000"))
     points = 40
     per_point = -(-total // points)
-    states, lost, _ = run(tmp_path, FlushPolicy.SYNC, points, per_point)
+    states, lost, _ = run(memory_fs, FlushPolicy.SYNC, points, per_point)
     print(f"power loss, SYNC: {states} crash states, {lost} acknowledged messages lost")
     assert states >= total and lost == 0
 
@@ -210,17 +213,17 @@ def group_workload(root: Path, crash_points: int) -> list[Snapshot]:
     return [snapshots[int(i * stride)] for i in range(crash_points)]
 
 
-def test_power_loss_async_consumer_offsets_are_moved_back_and_nothing_after_is_skipped(tmp_path: Path) -> None:
+def test_power_loss_async_consumer_offsets_are_moved_back_and_nothing_after_is_skipped(memory_fs: Path) -> None:
     """Over crash states of the workload above: after recovery no committed offset is past
     its queue's end, and every message appended after the restart is handed to the group
     (before the fix, those landing below an offset the cut left too high never were);
     check is clean once the group's corrected offsets are written."""
-    snapshots = group_workload(tmp_path / "live", 6)
+    snapshots = group_workload(memory_fs / "live", 6)
     rng = random.Random(SEED + 3)
     corrected_states = 0
     for point, snapshot in enumerate(snapshots):
         for number in range(5):
-            state = tmp_path / "state"
+            state = memory_fs / "state"
             write_crash_state(snapshot, str(state), rng)
             writer = Writer(WriterConfig(store=str(state), sizes=SMALL, flush=FlushPolicy.ASYNC, boot_id="the-boot-after-the-cut"))
             try:

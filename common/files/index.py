@@ -588,9 +588,7 @@ class IndexFileList:
         matches (hash collisions and other topics share chains)."""
         key_hash = index_key_hash(index_key(topic, key))
         for index_file in reversed(self.files):
-            for _, entry in index_file.chain(key_hash):
-                if entry.key_hash == key_hash:
-                    yield entry.phy_offset
+            yield from index_file.matching_offsets(key_hash)
 
     def delete_expired(self, commitlog_min_offset: int) -> list[str]:
         """IndexService.deleteExpiredFile: oldest first, delete files whose entries all

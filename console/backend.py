@@ -18,7 +18,7 @@ from typing import Any
 
 import grpc
 
-from rmqstore.client.shown import message_json, message_rows
+from rmqstore.client.shown import message_json, message_rows, pending_due_ms
 from rmqstore.common import times
 from rmqstore.common.codec.msgid import decode_offset_msg_id
 from rmqstore.common.codec.topic import topic_problem
@@ -192,6 +192,8 @@ def summary(message: messages_pb2.StoredMessage) -> dict[str, Any]:
         "uniqKey": message.uniq_key or None,
         "bodyLen": len(message.body),
         "bodyPreview": body_preview(message.body),
+        # A delayed or timed message not released yet: when it will be (None otherwise).
+        "pendingUntil": pending_due_ms(message),
     }
 
 

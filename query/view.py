@@ -25,6 +25,7 @@ from typing import Literal
 
 from rmqstore.common.codec import index as ix
 from rmqstore.common.codec import sysflag
+from rmqstore.common.codec.consumequeue import SCHEDULE_TOPIC, TIMER_TOPIC
 from rmqstore.common.codec.javahash import topic_key_hash
 from rmqstore.common.codec.msgid import decode_offset_msg_id, offset_msg_id
 from rmqstore.common.codec.properties import REAL_TOPIC, TIMER_DEL_UNIQKEY, split_keys
@@ -670,7 +671,7 @@ class StoreView:
         """The scheduled records of ``topic``'s message ``uniq_key`` (recall markers aside)."""
         return [
             record
-            for scheduled in (cq.TIMER_TOPIC, cq.SCHEDULE_TOPIC)
+            for scheduled in (TIMER_TOPIC, SCHEDULE_TOPIC)
             for record in self._with_uniq_key(scheduled, uniq_key)
             if record.properties.get(REAL_TOPIC) == topic and TIMER_DEL_UNIQKEY not in record.properties
         ]

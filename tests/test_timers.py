@@ -274,7 +274,7 @@ def test_a_recalled_message_is_never_released(writer: Writer) -> None:
     delivery.run_once(now + 6000)
     assert [r.body for r in records_from(writer, end)] == [b"keep"]
     assert delivery.wheel.pending_count == 0
-    for bad in ("", "djE=", "!!!", base64.urlsafe_b64encode(b"v2 a b 1 c").decode()):
+    for bad in ("", "djE=", "!!!", "é", *(base64.urlsafe_b64encode(raw).decode() for raw in (b"v2 a b 1 c", b"v1 a b 1 c\x01d"))):
         with pytest.raises(InvalidArgument, match="recall handle is invalid"):
             parse_recall_handle(bad)
     late = parse_recall_handle(recall_handle("Orders", "broker-a", now - 10, "X"))

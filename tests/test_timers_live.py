@@ -5,7 +5,9 @@ recalled."""
 
 from __future__ import annotations
 
+import json
 import time
+import urllib.parse
 import uuid
 from collections import Counter
 from pathlib import Path
@@ -13,6 +15,7 @@ from pathlib import Path
 import grpc
 import pytest
 from google.protobuf import duration_pb2, timestamp_pb2
+from support.http import get
 from support.nodes import Nodes, ProcessNode
 
 from rmqstore.rocketmq_v2 import definition_pb2 as v2
@@ -188,3 +191,22 @@ def test_channel_errors_are_not_swallowed(nodes: Nodes, tmp_path: Path) -> None:
     writer.kill()
     with pytest.raises(grpc.RpcError):
         receive_until(messaging, 1, timeout_s=2)
+
+
+def test_the_console_shows_a_pending_timed_message_with_its_due_time(nodes: Nodes, tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    writer = writer_node(nodes, store)
+    create_topic(nodes, writer)
+    due = int(time.time() * 1000) + 3_600_000
+    message = timed_message(7, due)
+    response = stub(nodes, writer).SendMessage(v2s.SendMessageRequest(messages=[message]), timeout=RPC_TIMEOUT_S)
+    assert response.status.code == v2.OK
+    query_node = nodes.start("query", store)
+    console = nodes.console("--query-endpoint", query_node.endpoint)
+    params = urllib.parse.urlencode({"mode": "id", "id": message.system_properties.message_id, "topic": TOPIC})
+    status, _, body = get(f"{console.url}/api/search?{params}")
+    assert status == 200, body
+    [found] = json.loads(body)["messages"]
+    assert (found["topic"], found["pendingUntil"]) == ("rmq_sys_wheel_timer", due)
+    status, _, page = get(f"{console.url}/search?{params}")
+    assert status == 200 and b"pending until" in page

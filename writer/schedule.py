@@ -28,7 +28,7 @@ from rmqstore.common.codec import properties as props
 from rmqstore.common.codec.consumequeue import SCHEDULE_TOPIC, TIMER_TOPIC, deliver_timestamp
 from rmqstore.common.codec.record import Record
 from rmqstore.common.errors import InvalidArgument
-from rmqstore.common.message_rules import SCHEDULING_PROPERTIES, MessageInput
+from rmqstore.common.message_rules import SCHEDULING_PROPERTIES, UNIQ_KEY_LENGTH_MAX, MessageInput
 from rmqstore.common.sequences import all_equal
 
 # Apache's timerMaxDelaySec: 3 days.
@@ -212,6 +212,10 @@ def parse_recall_handle(handle: str) -> RecallHandle:
         raise InvalidArgument("recall handle is invalid") from None
     items = raw.split(" ")
     if not handle or len(items) < 5 or items[0] != RECALL_HANDLE_VERSION:
+        raise InvalidArgument("recall handle is invalid")
+    message_id = items[4]
+    if not (message_id.isascii() and message_id.isalnum() and len(message_id) <= UNIQ_KEY_LENGTH_MAX):
+        # Only a message id the writer could have stored: it goes into a property value.
         raise InvalidArgument("recall handle is invalid")
     timestamp = items[3]
     return RecallHandle(items[1], items[2], int(timestamp) if timestamp.isascii() and timestamp.isdigit() else -1, items[4])

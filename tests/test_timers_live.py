@@ -21,7 +21,7 @@ from support.nodes import Nodes, ProcessNode
 from rmqstore.rocketmq_v2 import definition_pb2 as v2
 from rmqstore.rocketmq_v2 import service_pb2 as v2s
 from rmqstore.rocketmq_v2 import service_pb2_grpc
-from rmqstore.v1 import writer_pb2
+from rmqstore.v1 import messages_pb2, writer_pb2
 
 pytestmark = pytest.mark.slow
 
@@ -210,3 +210,21 @@ def test_the_console_shows_a_pending_timed_message_with_its_due_time(nodes: Node
     assert (found["topic"], found["pendingUntil"]) == ("rmq_sys_wheel_timer", due)
     status, _, page = get(f"{console.url}/search?{params}")
     assert status == 200 and b"pending until" in page
+
+
+def test_delay_levels_one_to_three_come_after_their_delays(nodes: Nodes, tmp_path: Path) -> None:
+    """Apache 4.9's levels through WriterService (the DELAY property): each message is
+    received once, no earlier than its store time plus its level's delay (1 s, 5 s, 10 s)."""
+    writer = writer_node(nodes, tmp_path / "store")
+    create_topic(nodes, writer)
+    messages = [
+        messages_pb2.Message(topic=TOPIC, body=f"{level} 0".encode(), queue_id=level, properties={"DELAY": str(level)})
+        for level in (1, 2, 3)
+    ]
+    acks = nodes.writer(writer).SendBatch(writer_pb2.SendBatchRequest(messages=messages), timeout=RPC_TIMEOUT_S).results
+    assert [(a.topic, a.queue_id) for a in acks] == [("SCHEDULE_TOPIC_XXXX", 0), ("SCHEDULE_TOPIC_XXXX", 1), ("SCHEDULE_TOPIC_XXXX", 2)]
+    received = receive_until(stub(nodes, writer), 3, timeout_s=20)
+    assert sorted(number for number, _, _ in received) == [1, 2, 3]
+    stored_ms = acks[0].store_timestamp_ms
+    for level, _, at in received:
+        assert at >= stored_ms + {1: 1000, 2: 5000, 3: 10_000}[level]

@@ -139,9 +139,12 @@ class DelayLevels:
             log.error("delayed message at commit log offset %d has no REAL_TOPIC/REAL_QID and is skipped", commitlog_offset)
         return copy
 
+    def changed(self) -> bool:
+        return self.offsets != self._written
+
     def checkpoint(self) -> None:
         """Write delayOffset.json (the caller has flushed the releases) when it changed."""
-        if self.offsets != self._written:
+        if self.changed():
             write_delay_offsets(self.config_dir, self.offsets)
             self._written = dict(self.offsets)
 
@@ -324,10 +327,18 @@ class TimerWheel:
 
     def progress(self, now: int) -> TimerProgress:
         """What may be written once the releases so far are flushed: every registered
-        timer due at or before the last one released, or before any still pending."""
+        timer due at or before the last one released and before any still pending is
+        released (``now`` bounds it: nothing due later was looked at)."""
         soonest = self._soonest()
-        up_to = now if soonest is None else min(now, soonest - 1)
+        up_to = min(self.released_up_to_ms, now)
+        if soonest is not None:
+            up_to = min(up_to, soonest - 1)
         return TimerProgress(max(up_to, 0), self.registered_end, self.pending_from())
+
+    @property
+    def written(self) -> TimerProgress:
+        """The progress last written (or read at the start)."""
+        return self._written
 
     def checkpoint(self, progress: TimerProgress) -> None:
         if progress != self._written:
@@ -399,10 +410,12 @@ class ScheduledDelivery:
         if self._following or self.writer.refusal is not None:
             return
         progress = self.wheel.progress(now)
+        self._checkpointed_at = now
+        if progress == self.wheel.written and not self.levels.changed():
+            return  # nothing released since: no flush, no file written
         self.writer.flush()
         self.levels.checkpoint()
         self.wheel.checkpoint(progress)
-        self._checkpointed_at = now
 
     def _run(self) -> None:
         while not self._stop.is_set():

@@ -688,6 +688,18 @@ class Writer:
             invariant(self.dispatch_pending is None, "a replica truncates with its dispatch complete")
             if end >= (self.log.write_offset or 0):
                 return
+            # First the progress file: nothing past ``end`` is dispatched or durable. A
+            # crash (or power cut) inside the cut then leaves a tail that recovery takes
+            # for a torn one, not mid-log corruption, whatever of it reached the disk.
+            self.flushed_offset = min(self.flushed_offset, end)
+            self.durable_offset = min(self.durable_offset, end)
+            self.publisher.publish(
+                dispatched_offset=end,
+                durable_offset=self.durable_offset,
+                commitlog_min_offset=self.log.min_offset,
+                last_store_timestamp_ms=self._last_store_ts,
+            )
+            self.publisher.sync()
             self.log.truncate(end)
             self.log.flush()
             for queue in self.queues.queues.values():
@@ -706,8 +718,6 @@ class Writer:
                 self.dispatcher.dispatch_columns(ColumnScan(self.log, reindex_from, end, check_crc=False))
             self.dispatcher.flush()
             self._next_queue_offset = {key: queue.max_offset for key, queue in self.queues.queues.items()}
-            self.flushed_offset = min(self.flushed_offset, end)
-            self.durable_offset = min(self.durable_offset, end)
             self._publish_dispatched()
             self.publisher.sync()
 

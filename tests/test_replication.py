@@ -11,13 +11,15 @@ import os
 import signal
 import threading
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
-from support.cli import run_cli
+from prometheus_client.parser import text_string_to_metric_families
+from support.cli import quiet_env, run_cli
 from support.etcd import Etcd
 from support.nodes import Nodes, ProcessNode
 from support.wait import wait_until
@@ -42,7 +44,8 @@ SIZES = ("--commitlog-file-size", str(256 * 1024), "--cq-file-units", "2000", "-
 class Group:
     """The replicas of one writer group, as processes, each with its own store."""
 
-    def __init__(self, nodes: Nodes, root: Path, count: int, *extra: str, name: str = "g1"):
+    def __init__(self, nodes: Nodes, root: Path, count: int, *extra: str, name: str = "g1", env: dict[str, str] | None = None):
+        self.env = env
         self.nodes = nodes
         self.root = root
         self.extra = extra
@@ -61,7 +64,7 @@ class Group:
                 "writer", "serve", "--store", str(self.store(replica_id)), "--host", "127.0.0.1",
                 "--port", str(self.ports[replica_id]), "--group", self.name, "--replica-id", str(replica_id),
                 "--replicas", self.replicas, *SIZES, *self.extra,
-            ])  # fmt: skip
+            ], env=self.env)  # fmt: skip
         for replica_id in replica_ids:
             self.procs[replica_id].wait_serving()
 
@@ -142,7 +145,8 @@ def _produce(endpoint: str, producer: int, count: int, batch: int) -> list[tuple
 
 
 def test_a_sync_group_replicates_byte_for_byte(nodes: Nodes, tmp_path: Path) -> None:
-    group = Group(nodes, tmp_path, 3, "--replication", "sync", "--min-insync", "2", "--flush", "sync")
+    prometheus = {**quiet_env(), "OTEL_SDK_DISABLED": "false", "OTEL_METRICS_EXPORTER": "prometheus", "OTEL_TRACES_EXPORTER": "none", "OTEL_LOGS_EXPORTER": "none"}
+    group = Group(nodes, tmp_path, 3, "--replication", "sync", "--min-insync", "2", "--flush", "sync", "--metrics-port", "0", env=prometheus)
     group.start(0, 1, 2)
     primary = group.primary()
     assert primary == 0  # a new group's lowest id leads without etcd
@@ -176,6 +180,12 @@ def test_a_sync_group_replicates_byte_for_byte(nodes: Nodes, tmp_path: Path) -> 
     wait_until(lambda: all(group.status(k).end_offset == end for k in range(3)), 30, "the followers to catch up")
     status = group.status(primary)
     assert [(f.replica_id, f.in_sync, f.lag_bytes) for f in status.followers] == [(k, True, 0) for k in range(3) if k != primary]
+    # The gauges: the primary's in-sync count and lag, every replica's epoch.
+    with urllib.request.urlopen(f"http://127.0.0.1:{group.procs[primary].serving['metricsPort']}/metrics", timeout=10) as page:
+        scraped = {(s.name, s.labels.get("rmqstore_replica")): s.value for f in text_string_to_metric_families(page.read().decode()) for s in f.samples}
+    assert scraped[("rmqstore_replication_in_sync", str(primary))] == 3
+    assert scraped[("rmqstore_replication_lag_bytes", str(primary))] == 0
+    assert scraped[("rmqstore_replication_epoch", str(primary))] == 1
     group.stop(0, 1, 2)
     _assert_identical_over_common_length([group.store(k) for k in range(3)])
     for k in range(3):

@@ -287,6 +287,7 @@ def _start_replica(replica: Replica, serving: Any, messaging: MessagingServicer)
     election's."""
     from rmqstore.common.transport import parse_endpoint
     from rmqstore.writer.replication.follower import Follower
+    from rmqstore.writer.replication.metrics import watch_replica
     from rmqstore.writer.rocketmq5 import RouteConfig
 
     async def start_tracker() -> None:
@@ -302,6 +303,7 @@ def _start_replica(replica: Replica, serving: Any, messaging: MessagingServicer)
 
     replica.on_primary.append(route_to)
     follower = Follower(replica, manual=not replica.options.etcd)
+    watch_replica(replica, follower)
     follower.start()
     election = None
     if replica.options.etcd:

@@ -99,6 +99,8 @@ class Replica:
             if self.role is Role.FOLLOWER and self.primary_id == primary_id:
                 return
             was_primary = self.role is Role.PRIMARY
+            if was_primary:
+                self.epoch_changes += 1
             self.role = Role.FOLLOWER
             self.primary_id = primary_id
             self.groups.follow()

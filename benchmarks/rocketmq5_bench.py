@@ -40,6 +40,16 @@ TARGET = 0.8
 TIMEOUT_S = 1800.0
 
 
+def create_topic(endpoint: str, topic: str) -> None:
+    """The topic, as ``rmqstore updateTopic -t TOPIC`` makes it (a NORMAL topic)."""
+    import grpc
+
+    from rmqstore.v1 import writer_pb2, writer_pb2_grpc
+
+    with grpc.insecure_channel(endpoint) as channel:
+        writer_pb2_grpc.WriterServiceStub(channel).CreateTopic(writer_pb2.CreateTopicRequest(name=topic), timeout=60)
+
+
 def own_send(endpoint: str, topic: str, count: int, concurrency: int, protocol: str = "v1") -> dict[str, Any]:
     """``count`` one-message sends from ``concurrency`` threads, each waiting for its ack:
     WriterService.Send (``v1``), or v2 SendMessage as the official client makes it (``v2``)."""
@@ -182,6 +192,7 @@ def main() -> None:
             for round_number in range(args.rounds):
                 for way, values in rates.items():
                     writer = nodes.start("writer", work / f"store-{way}-{round_number}")
+                    create_topic(writer.endpoint, "Bench")  # RocketMQ 5 routes create none
                     if way == "official_python_client":
                         command = [str(rmq5), str(REPO / "tests" / "rocketmq5" / "python_producer.py"), "bench",
                                    writer.endpoint, "Bench", str(args.messages), str(args.concurrency)]  # fmt: skip

@@ -24,7 +24,7 @@ COMMAND_MODULES: dict[str, tuple[str, ...]] = {
     "replica_tools": ("replicas",),
     "query_tools": (
         "query", "queryMsgByKey", "queryMsgByUniqueKey", "queryMsgById", "queryMsgByOffset", "searchOffset",
-        "printMsg", "topicList", "topicStatus", "consumerProgress", "updateTopic",
+        "printMsg", "topicList", "topicStatus", "consumerProgress", "updateTopic", "updateSubGroup",
     ),  # fmt: skip
     "console_tools": ("console", "console-passwd"),
     "demo": ("demo",),

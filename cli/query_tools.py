@@ -27,6 +27,7 @@ from rmqstore.cli.writer_tools import (
 )
 from rmqstore.client.shown import message_json, message_rows
 from rmqstore.common.errors import InvalidArgument, NotFound
+from rmqstore.common.files.broker_config import MESSAGE_TYPES
 from rmqstore.common.times import iso_time
 from rmqstore.query.groups import BROKER_NAME_DEFAULT
 from rmqstore.v1 import (
@@ -190,16 +191,24 @@ def _run(args: argparse.Namespace, action: Any) -> int:
         backend.close()
 
 
-def _topics(backend: Backend) -> dict[str, list[query_pb2.QueueInfo]]:
+def _topic_infos(backend: Backend) -> dict[str, query_pb2.TopicInfo]:
     response = backend.call("ListTopics", query_pb2.ListQueryTopicsRequest())
-    return {topic.name: list(topic.queues) for topic in response.topics}
+    return {topic.name: topic for topic in response.topics}
+
+
+def _topics(backend: Backend) -> dict[str, list[query_pb2.QueueInfo]]:
+    return {name: list(topic.queues) for name, topic in _topic_infos(backend).items()}
+
+
+def _known_topic_info(backend: Backend, topic: str) -> query_pb2.TopicInfo:
+    info = _topic_infos(backend).get(topic)
+    if info is None:
+        raise NotFound(f"topic {topic} does not exist in this store")
+    return info
 
 
 def _known_topic(backend: Backend, topic: str) -> list[query_pb2.QueueInfo]:
-    queues = _topics(backend).get(topic)
-    if queues is None:
-        raise NotFound(f"topic {topic} does not exist in this store")
-    return queues
+    return list(_known_topic_info(backend, topic).queues)
 
 
 def cmd_query_by_key(args: argparse.Namespace) -> int:
@@ -300,11 +309,13 @@ def cmd_print_msg(args: argparse.Namespace) -> int:
 
 def cmd_topic_list(args: argparse.Namespace) -> int:
     def action(backend: Backend) -> int:
-        names = sorted(_topics(backend))
+        topics = _topic_infos(backend)
+        names = sorted(topics)
         if args.json:
             print(json.dumps(names, ensure_ascii=False))
         else:
-            sys.stdout.write("".join(f"{name}\n" for name in names))
+            # The name first, so that a script taking each line's first field keeps working.
+            sys.stdout.write("".join(f"{name}  {topics[name].message_type}\n" for name in names))
         return EXIT_OK
 
     return _run(args, action)
@@ -316,7 +327,8 @@ def cmd_topic_status(args: argparse.Namespace) -> int:
 
     def action(backend: Backend) -> int:
         rows = []
-        for queue in sorted(_known_topic(backend, args.topic), key=lambda q: q.queue_id):
+        info = _known_topic_info(backend, args.topic)
+        for queue in sorted(info.queues, key=lambda q: q.queue_id):
             last_ms = 0
             if queue.max_offset > queue.min_offset:
                 request = query_pb2.QueryByQueueOffsetRequest(
@@ -331,24 +343,49 @@ def cmd_topic_status(args: argparse.Namespace) -> int:
         sys.stdout.write(f"{'#QID':<6} {'#Min Offset':>20} {'#Max Offset':>20}  #Last Updated\n")
         for queue_id, low, high, last_ms in rows:
             sys.stdout.write(f"{queue_id:<6} {low:>20} {high:>20}  {iso_time(last_ms, local=True) if last_ms else ''}\n")
+        sys.stdout.write(f"#Message Type  {info.message_type}\n")
         return EXIT_OK
 
     return _run(args, action)
 
 
+def _message_type_attribute(text: str) -> str:
+    """The message type of mqadmin's ``-a`` (``+message.type=FIFO``): the one attribute
+    rmqstore keeps; mqadmin's others (``queue.type``, ``cleanup.policy``, …) are refused."""
+    found = None
+    for item in text.strip().split(","):
+        key, separator, value = item.strip().partition("=")
+        if key != "+message.type" or not separator:
+            raise InvalidArgument(
+                f"-a {text}: rmqstore keeps one topic attribute, set as +message.type=NORMAL|FIFO|DELAY|TRANSACTION|MIXED"
+            )
+        if found is not None:
+            raise InvalidArgument(f"-a {text}: message.type is given twice")
+        found = value.strip()
+    if found not in MESSAGE_TYPES:
+        raise InvalidArgument(f"-a {text}: message.type must be one of {', '.join(MESSAGE_TYPES)}")
+    return found
+
+
 def cmd_update_topic(args: argparse.Namespace) -> int:
-    """mqadmin's updateTopic: a topic's queue count, through the writer. rmqstore keeps one
-    queue count per topic, so -r and -w, when both given, must agree."""
+    """mqadmin's updateTopic: a topic's queue count and message type, through the writer.
+    rmqstore keeps one queue count per topic, so -r and -w, when both given, must agree."""
     counts = {count for count in (args.read_queues, args.write_queues) if count is not None}
     if len(counts) > 1:
         raise InvalidArgument(
             f"-r {args.read_queues} and -w {args.write_queues} differ; rmqstore keeps one queue count per topic"
         )
     asked = counts.pop() if counts else 0
-    request = writer_pb2.CreateTopicRequest(name=args.topic, queue_count=asked)
+    message_type = _message_type_attribute(args.attributes) if args.attributes is not None else ""
+    request = writer_pb2.CreateTopicRequest(name=args.topic, queue_count=asked, message_type=message_type)
     with channel_from(args, args.endpoint) as channel:
         response = writer_pb2_grpc.WriterServiceStub(channel).CreateTopic(request, timeout=args.timeout)  # type: ignore[no-untyped-call]  # generated, untyped
-    document: dict[str, object] = {"topic": response.topic.name, "queueCount": response.topic.queue_count, "changed": response.created}
+    document: dict[str, object] = {
+        "topic": response.topic.name,
+        "queueCount": response.topic.queue_count,
+        "messageType": response.topic.message_type,
+        "changed": response.created,
+    }
     if asked and response.topic.queue_count > asked:
         # Not an error (the topic has at least the queues asked for), but not what was asked.
         document["note"] = (
@@ -357,6 +394,26 @@ def cmd_update_topic(args: argparse.Namespace) -> int:
         )
     print(json.dumps(document, ensure_ascii=False))
     return EXIT_OK
+
+
+def cmd_update_sub_group(args: argparse.Namespace) -> int:
+    """mqadmin's updateSubGroup: a consumer group's configuration, through the writer; the
+    one field rmqstore acts on is consumeMessageOrderly (-o true: the group consumes FIFO)."""
+    request = writer_pb2.UpdateSubscriptionGroupRequest(group=args.group)
+    if args.consume_orderly is not None:
+        request.consume_orderly = args.consume_orderly
+    with channel_from(args, args.endpoint) as channel:
+        response = writer_pb2_grpc.WriterServiceStub(channel).UpdateSubscriptionGroup(request, timeout=args.timeout)  # type: ignore[no-untyped-call]  # generated, untyped
+    document = {"groupName": response.group, "consumeMessageOrderly": response.consume_orderly, "changed": response.changed}
+    print(json.dumps(document, ensure_ascii=False))
+    return EXIT_OK
+
+
+def _boolean(text: str) -> bool:
+    """mqadmin's true|false."""
+    if text not in ("true", "false"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not true or false")
+    return text == "true"
 
 
 PROGRESS_HEADER = ("#Topic", "#Broker Name", "#QID", "#Broker Offset", "#Consumer Offset", "#Diff")
@@ -568,6 +625,27 @@ def register(commands: argparse._SubParsersAction) -> None:  # type: ignore[type
     update.add_argument("-t", "--topic", required=True, help="the topic")
     update.add_argument("-r", "--read-queues", type=exits.positive, metavar="N", help="read queue count")
     update.add_argument("-w", "--write-queues", type=exits.positive, metavar="N", help="write queue count (default: the writer's, 8)")
+    update.add_argument(
+        "-a", "--attributes", metavar="+message.type=TYPE",
+        help="the topic's message type, NORMAL, FIFO, DELAY, TRANSACTION or MIXED (default: a new topic is NORMAL, "
+        "an existing one keeps its type)",
+    )
     update.add_argument("--timeout", type=exits.seconds, default=30.0, help="seconds before giving up (default 30)")
     add_client_tls_options(update)
     update.set_defaults(handler=cmd_update_topic, node="writer")
+
+    sub_group = commands.add_parser(
+        "updateSubGroup",
+        help="create a consumer group's configuration or change it, through the writer",
+        description="Create or change a consumer group's configuration (config/subscriptionGroup.json), through "
+        "the writer. -o true makes the group consume FIFO, as --fifo-group does.",
+    )
+    sub_group.add_argument("--endpoint", required=True, type=exits.endpoint, metavar="HOST:PORT", help="the writer")
+    sub_group.add_argument("-g", "--group", "--groupName", required=True, help="the consumer group")
+    sub_group.add_argument(
+        "-o", "--consume-orderly", "--consumeMessageOrderly", type=_boolean, metavar="true|false",
+        help="consume orderly (FIFO) or not (default: a new group is not orderly, an existing one keeps its setting)",
+    )
+    sub_group.add_argument("--timeout", type=exits.seconds, default=30.0, help="seconds before giving up (default 30)")
+    add_client_tls_options(sub_group)
+    sub_group.set_defaults(handler=cmd_update_sub_group, node="writer")

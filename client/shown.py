@@ -48,6 +48,8 @@ def message_json(message: messages_pb2.StoredMessage, with_body: bool) -> dict[s
         "queueOffset": message.queue_offset,
         "storeTimestamp": message.store_timestamp_ms,
         "bornTimestamp": message.born_timestamp_ms,
+        "bornHost": message.born_host,
+        "storeHost": message.store_host,
         "keys": " ".join(message.keys) if message.keys else None,
         "tags": message.tags or None,
         "uniqKey": message.uniq_key or None,

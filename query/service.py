@@ -19,6 +19,7 @@ from rmqstore.common.codec.properties import split_keys
 from rmqstore.common.codec.record import Record
 from rmqstore.common.conventions import MESSAGING_DESTINATION_NAME, MESSAGING_SYSTEM, ROCKETMQ
 from rmqstore.common.errors import InvalidArgument, StoreError
+from rmqstore.common.files.broker_config import NORMAL, read_topic_types
 from rmqstore.common.files.consumequeue import Boundary
 from rmqstore.common.tracing import span
 from rmqstore.query.groups import (
@@ -164,6 +165,7 @@ class QueryServicer(query_pb2_grpc.QueryServiceServicer):
     @mapped
     def ListTopics(self, request: query_pb2.ListQueryTopicsRequest, context: grpc.ServicerContext) -> query_pb2.ListQueryTopicsResponse:
         topics = []
+        types = read_topic_types(self.view.paths.config)
         for name, queue_ids in self.view.topics().items():
             queues = []
             for queue_id in queue_ids:
@@ -172,7 +174,7 @@ class QueryServicer(query_pb2_grpc.QueryServiceServicer):
                 queues.append(
                     query_pb2.QueueInfo(queue_id=queue_id, min_offset=low, max_offset=high, newest_store_timestamp_ms=newest)
                 )
-            topics.append(query_pb2.TopicInfo(name=name, queues=queues))
+            topics.append(query_pb2.TopicInfo(name=name, queues=queues, message_type=types.get(name, NORMAL)))
         return query_pb2.ListQueryTopicsResponse(topics=topics)
 
     @mapped

@@ -268,7 +268,10 @@ class MethodRule:
     """How a method is authorized: what it needs, and optionally how a refusal is answered.
     With ``answer``, a refused call gets ``answer(request, refused)`` as its response on an
     OK call rather than a gRPC error: for protocols whose clients read the status in the
-    response (RocketMQ 5's). A request stream's refusals are always gRPC errors."""
+    response (RocketMQ 5's). In a request stream, each refused item (every item, when the
+    caller is not authenticated) reaches the handler as an :class:`Answered` in its place,
+    which the handler sends, and the stream stays open (RocketMQ 5's Telemetry, whose
+    clients act on a status-only reply). Without ``answer``, a refusal is a gRPC error."""
 
     need: Need
     answer: Callable[[Any, Refused], Any] | None = None
@@ -288,6 +291,7 @@ NEEDS: dict[str, Need] = {
     "/rmqstore.v1.WriterService/SendStream": lambda r: [("Pub", f"Topic:{t}") for t in _batch_topics(r)],
     "/rmqstore.v1.WriterService/CreateTopic": lambda r: [("Create", f"Topic:{r.name}")],
     "/rmqstore.v1.WriterService/ListTopics": _cluster("List"),
+    "/rmqstore.v1.WriterService/UpdateSubscriptionGroup": lambda r: [("Update", f"Group:{r.group}")],
     "/rmqstore.v1.WriterService/Flush": _cluster("Update"),
     "/rmqstore.v1.WriterService/Status": _cluster("Get"),
     "/rmqstore.v1.QueryService/QueryByKey": _topic("Sub"),
@@ -386,7 +390,7 @@ class AsyncAclInterceptor(grpc.aio.ServerInterceptor):
                 raise Refused(grpc.StatusCode.PERMISSION_DENIED, "Denied", f"{principal.subject} may not {wanted} {resource}")
 
 
-class _Answered:
+class Answered:
     """A refusal answered with a response of the method's own (see MethodRule.answer)."""
 
     __slots__ = ("response",)
@@ -399,20 +403,45 @@ def _checked(handler: Handler, acl: AsyncAclInterceptor, rule: MethodRule | None
     behavior = handler_behavior(handler)
     generates = inspect.isasyncgenfunction(behavior)
     need = rule.need if rule is not None else None
-    answer = rule.answer if rule is not None and not handler.request_streaming else None
+    answer = rule.answer if rule is not None else None
 
-    async def refused_with(context: AsyncContext, request: Any, refused: Refused) -> _Answered:
+    async def refused_with(context: AsyncContext, request: Any, refused: Refused) -> Answered:
         # A request that did not parse cannot shape an answer: it gets the gRPC error.
-        if answer is not None and not isinstance(request, Malformed):
+        if answer is not None and not handler.request_streaming and not isinstance(request, Malformed):
             acl.note(context, refused)
-            return _Answered(answer(request, refused))
+            return Answered(answer(request, refused))
         await acl.refuse(context, refused)
         raise refused  # not reached: the abort above ends the call by raising
+
+    async def each(
+        requests: AsyncIterator[Any], context: AsyncContext, principal: Principal | None, unauthenticated: Refused | None
+    ) -> AsyncIterator[Any]:
+        """A request stream's items, each authorized; ``principal`` None: the caller was not
+        authenticated (``unauthenticated`` says why), which refuses every item."""
+        async for item in requests:
+            if isinstance(item, Malformed):  # the guard answers those
+                yield item
+                continue
+            refused = unauthenticated
+            if principal is not None:
+                try:
+                    acl.authorize(principal, need, item, context.peer())
+                except Refused as denied:
+                    refused = denied
+            if refused is None:
+                yield item
+            elif answer is None:
+                await acl.refuse(context, refused)
+            else:
+                acl.note(context, refused)
+                yield Answered(answer(item, refused))
 
     async def admitted(request: Any, context: AsyncContext) -> Any:
         try:
             principal = acl.principal(context, metadata)
         except Refused as refused:
+            if handler.request_streaming and answer is not None:
+                return each(request, context, None, refused)
             return await refused_with(context, request, refused)
         current_principal.set(principal)
         if not handler.request_streaming:
@@ -422,23 +451,13 @@ def _checked(handler: Handler, acl: AsyncAclInterceptor, rule: MethodRule | None
                 except Refused as refused:
                     return await refused_with(context, request, refused)
             return request
-
-        async def each(requests: AsyncIterator[Any]) -> AsyncIterator[Any]:
-            async for item in requests:
-                if not isinstance(item, Malformed):
-                    try:
-                        acl.authorize(principal, need, item, context.peer())
-                    except Refused as refused:
-                        await acl.refuse(context, refused)
-                yield item
-
-        return each(request)
+        return each(request, context, principal, None)
 
     if generates:
 
         async def generating(request: Any, context: AsyncContext) -> AsyncIterator[Any]:
             checked = await admitted(request, context)
-            if isinstance(checked, _Answered):
+            if isinstance(checked, Answered):
                 yield checked.response
                 return
             async for response in behavior(checked, context):
@@ -449,7 +468,7 @@ def _checked(handler: Handler, acl: AsyncAclInterceptor, rule: MethodRule | None
 
         async def answering(request: Any, context: AsyncContext) -> Any:
             checked = await admitted(request, context)
-            if isinstance(checked, _Answered):
+            if isinstance(checked, Answered):
                 return checked.response
             return await behavior(checked, context)
 

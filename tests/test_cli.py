@@ -234,6 +234,7 @@ BAD_INPUTS: dict[str, list[str]] = {
     "topicStatus": ["topicStatus", "--store", "{file}", "-t", "T"],
     "consumerProgress": ["consumerProgress", "--endpoint", "{query}", "-g", "no-such-group"],
     "updateTopic": ["updateTopic", "--endpoint", "{writer}", "-t", "T", "-r", "2", "-w", "4"],
+    "updateSubGroup": ["updateSubGroup", "--endpoint", "{writer}", "-g", "bad group"],
     "demo": ["demo", "--store", "{tmp}"],
     "console": ["console", "--query-endpoint", "{query}", "--users", "{missing}", "--port", "0"],
     "console-passwd": ["console-passwd", "--users", "{tmp}/users", "--user", "a:b"],
@@ -381,6 +382,7 @@ def _bad_arguments(d: dict[str, str]) -> dict[tuple[str, str], tuple[list[str], 
     clients = {name: ([name], rest) for name, rest in LOOKUPS.items()}
     clients["send"] = (["send"], ["-t", "T", "--body", "x"])
     clients["updateTopic"] = (["updateTopic"], ["-t", "T"])
+    clients["updateSubGroup"] = (["updateSubGroup"], ["-g", "G"])
     clients["console"] = (["console", "--port", "0"], [])
     for name, (command, rest) in clients.items():
         flag = "--query-endpoint" if name == "console" else "--endpoint"
@@ -529,7 +531,7 @@ def test_every_lookup_flag_has_help() -> None:
     parser = build_parser()
     commands = next(a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction").choices  # type: ignore[attr-defined]
     for name in ("queryMsgByKey", "queryMsgByUniqueKey", "queryMsgById", "queryMsgByOffset", "searchOffset", "printMsg",
-                 "topicList", "topicStatus", "consumerProgress", "updateTopic", "send"):  # fmt: skip
+                 "topicList", "topicStatus", "consumerProgress", "updateTopic", "updateSubGroup", "send"):  # fmt: skip
         for action in commands[name]._actions:
             assert action.help, (name, action.option_strings)
     search = {o for a in commands["searchOffset"]._actions for o in a.option_strings}
@@ -782,13 +784,30 @@ def test_every_time_argument_takes_one_syntax_and_times_print_as_iso_8601(
 
 def test_update_topic_topic_list_and_topic_status(cluster: Cluster, capsys: pytest.CaptureFixture[str]) -> None:
     update = ["updateTopic", "--endpoint", cluster.writer.endpoint, "-t", "Fresh"]
-    assert run(capsys, *update, "-r", "3", "-w", "3") == (0, '{"topic": "Fresh", "queueCount": 3, "changed": true}\n', "")
-    assert run(capsys, *update, "-w", "3") == (0, '{"topic": "Fresh", "queueCount": 3, "changed": false}\n', "")
+    assert run(capsys, *update, "-r", "3", "-w", "3") == (
+        0, '{"topic": "Fresh", "queueCount": 3, "messageType": "NORMAL", "changed": true}\n', ""
+    )
+    assert run(capsys, *update, "-w", "3") == (0, '{"topic": "Fresh", "queueCount": 3, "messageType": "NORMAL", "changed": false}\n', "")
+    # mqadmin's -a: the message type; without -w an existing topic keeps its queues.
+    assert run(capsys, *update, "-a", "+message.type=FIFO") == (
+        0, '{"topic": "Fresh", "queueCount": 3, "messageType": "FIFO", "changed": true}\n', ""
+    )
+    for attributes, problem in (
+        ("+message.type=ORDERED", "-a +message.type=ORDERED: message.type must be one of NORMAL, FIFO, DELAY, TRANSACTION, MIXED"),
+        ("+queue.type=BatchCQ", "-a +queue.type=BatchCQ: rmqstore keeps one topic attribute, set as "
+         "+message.type=NORMAL|FIFO|DELAY|TRANSACTION|MIXED"),
+        ("-message.type", "-a -message.type: rmqstore keeps one topic attribute, set as +message.type=NORMAL|FIFO|DELAY|TRANSACTION|MIXED"),
+        ("+message.type=FIFO,+message.type=NORMAL", "-a +message.type=FIFO,+message.type=NORMAL: message.type is given twice"),
+    ):  # fmt: skip
+        assert run(capsys, *update, f"--attributes={attributes}") == (2, "", f"rmqstore: error: {problem}\n")
     assert run(capsys, *update, "-r", "2", "-w", "3") == (
         2, "", "rmqstore: error: -r 2 and -w 3 differ; rmqstore keeps one queue count per topic\n"
     )
     code, out, _ = both(cluster, capsys, "topicList")
-    assert code == 0 and TOPIC in out.splitlines()
+    # Each topic and its message type (a topic made by a v1 send is NORMAL).
+    assert code == 0 and f"{TOPIC}  NORMAL" in out.splitlines() and "Fresh  FIFO" in out.splitlines()
+    code, out, _ = both(cluster, capsys, "topicList", "--json")
+    assert code == 0 and "Fresh" in json.loads(out)
     code, out, _ = both(cluster, capsys, "topicStatus", "-t", TOPIC, "--json")
     last = {q: max(int(str(a["storeTimestamp"])) for a in cluster.acks if a["queueId"] == q) for q in (0, 1)}
     # The topic was made by its first send, with the 4 queues a send makes: all are shown.
@@ -800,6 +819,26 @@ def test_update_topic_topic_list_and_topic_status(cluster: Cluster, capsys: pyte
     code, out, _ = both(cluster, capsys, "topicStatus", "-t", TOPIC)
     assert out.splitlines()[0].split() == ["#QID", "#Min", "Offset", "#Max", "Offset", "#Last", "Updated"]
     assert out.splitlines()[1].split()[:3] == ["0", "0", "3"]
+    assert out.splitlines()[-1] == "#Message Type  NORMAL"
+    code, out, _ = both(cluster, capsys, "topicStatus", "-t", "Fresh")
+    assert out.splitlines()[-1] == "#Message Type  FIFO"
+
+
+def test_update_sub_group_with_mqadmins_flags(cluster: Cluster, capsys: pytest.CaptureFixture[str]) -> None:
+    update = ["updateSubGroup", "--endpoint", cluster.writer.endpoint]
+    assert run(capsys, *update, "-g", "Billing", "-o", "true") == (
+        0, '{"groupName": "Billing", "consumeMessageOrderly": true, "changed": true}\n', ""
+    )
+    assert run(capsys, *update, "--groupName", "Billing") == (
+        0, '{"groupName": "Billing", "consumeMessageOrderly": true, "changed": false}\n', ""
+    )
+    assert run(capsys, *update, "-g", "Billing", "--consumeMessageOrderly", "false") == (
+        0, '{"groupName": "Billing", "consumeMessageOrderly": false, "changed": true}\n', ""
+    )
+    code, _, err = run(capsys, *update, "-g", "Billing", "-o", "yes")
+    assert code == 2 and "argument -o/--consume-orderly/--consumeMessageOrderly: 'yes' is not true or false" in err
+    code, _, err = run(capsys, *update, "-g", "no/such")
+    assert code == 2 and err.startswith("rmqstore: error: INVALID_ARGUMENT: consumer group 'no/such' must be 1-")
 
 
 def test_update_topic_makes_a_topic_every_lookup_shows_at_once_with_all_its_queues(
@@ -815,22 +854,22 @@ def test_update_topic_makes_a_topic_every_lookup_shows_at_once_with_all_its_queu
         assert (code, err) == (0, "")
         return [(q["queueId"], q["minOffset"], q["maxOffset"]) for q in json.loads(out)]
 
-    assert run(capsys, *update, "-w", "4") == (0, '{"topic": "Created", "queueCount": 4, "changed": true}\n', "")
+    assert run(capsys, *update, "-w", "4") == (0, '{"topic": "Created", "queueCount": 4, "messageType": "NORMAL", "changed": true}\n', "")
     code, out, _ = both(cluster, capsys, "topicList")
-    assert code == 0 and "Created" in out.splitlines()
+    assert code == 0 and "Created  NORMAL" in out.splitlines()
     assert status() == [(q, 0, 0) for q in range(4)]
     code, out, _ = both(cluster, capsys, "topicStatus", "-t", "Created")
-    assert [line.split() for line in out.splitlines()[1:]] == [[str(q), "0", "0"] for q in range(4)]
+    assert [line.split() for line in out.splitlines()[1:-1]] == [[str(q), "0", "0"] for q in range(4)]
     assert both(cluster, capsys, "printMsg", "-t", "Created") == (0, "", "")
     sent = subprocess.run(rmqstore("send", "--endpoint", cluster.writer.endpoint, "-t", "Created", "-q", "2", "--body", "x"),
                           capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
     assert sent.returncode == 0, sent.stderr
     assert status() == [(0, 0, 0), (1, 0, 0), (2, 0, 1), (3, 0, 0)]
-    assert run(capsys, *update, "-w", "6") == (0, '{"topic": "Created", "queueCount": 6, "changed": true}\n', "")
+    assert run(capsys, *update, "-w", "6") == (0, '{"topic": "Created", "queueCount": 6, "messageType": "NORMAL", "changed": true}\n', "")
     assert status() == [(0, 0, 0), (1, 0, 0), (2, 0, 1), (3, 0, 0), (4, 0, 0), (5, 0, 0)]
     code, out, err = run(capsys, *update, "-w", "2")
     assert (code, err) == (0, "") and json.loads(out) == {
-        "topic": "Created", "queueCount": 6, "changed": False,
+        "topic": "Created", "queueCount": 6, "messageType": "NORMAL", "changed": False,
         "note": "queue counts never shrink: Created keeps its 6 queues (their messages stay addressable)",
     }  # fmt: skip
     assert len(status()) == 6

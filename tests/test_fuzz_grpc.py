@@ -164,7 +164,10 @@ class Nodes:
         self.query = QueryNode(root / "store")
         self.query_channel = self.query.channel
         # The writer's RocketMQ 5 gateway (apache.rocketmq.v2.MessagingService), on a store of its own.
-        self.gateway = gateway_node(root / "gateway-store", auto_create_queue_count=2, default_queue_count=2, **CAPS)
+        # TopicA takes every message type, so that fuzzed sends reach past the topic checks.
+        self.gateway = gateway_node(
+            root / "gateway-store", topics={"TopicA": (2, "MIXED")}, auto_create_queue_count=2, default_queue_count=2, **CAPS
+        )
         self.gateway.messaging.consumers.max_groups = GROUPS_MAX
 
     def close(self) -> None:

@@ -406,7 +406,7 @@ def test_json_of_a_query_line(apache: QueryNode, capsys: pytest.CaptureFixture[s
     document = json.loads(capsys.readouterr().out)
     assert list(document) == [
         "commitLogOffset", "msgId", "topic", "queueId", "queueOffset", "storeTimestamp", "bornTimestamp",
-        "keys", "tags", "uniqKey", "properties", "bodyLen", "bodySha256",
+        "bornHost", "storeHost", "keys", "tags", "uniqKey", "properties", "bodyLen", "bodySha256",
     ]
     assert (document["commitLogOffset"], document["keys"], document["bodySha256"]) == (
         line["commitLogOffset"], line["keys"], line["storedBodySha256"])

@@ -918,7 +918,7 @@ CLI_TOPIC = "Cli_T-1"
 CLI_MESSAGES = 40
 JSON_FIELDS = {
     "commitLogOffset", "msgId", "topic", "queueId", "queueOffset", "storeTimestamp", "bornTimestamp",
-    "keys", "tags", "uniqKey", "properties", "bodyLen", "bodySha256",
+    "bornHost", "storeHost", "keys", "tags", "uniqKey", "properties", "bodyLen", "bodySha256",
 }  # fmt: skip
 
 
@@ -962,6 +962,8 @@ def expected_json(message: messages_pb2.Message, ack: messages_pb2.SendResult, b
         "queueOffset": ack.queue_offset,
         "storeTimestamp": ack.store_timestamp_ms,
         "bornTimestamp": message.born_timestamp_ms,
+        "bornHost": message.born_host,
+        "storeHost": f"127.0.0.1:{STORE_PORT}",
         "keys": " ".join(message.keys) or None,
         "tags": message.tags or None,
         "uniqKey": ack.uniq_key,

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import gzip
 import hashlib
-import ipaddress
 import time
 import zlib
 from collections.abc import Iterator
@@ -14,14 +13,14 @@ from typing import Any
 
 import grpc
 import pytest
-from google.protobuf import timestamp_pb2
+from google.protobuf import duration_pb2, timestamp_pb2
 from support.inprocess import WriterNode, gateway_node
 from support.stores import GATEWAY_SIZES
 
 from rmqstore.common.files.check import check_store
 from rmqstore.rocketmq_v2 import definition_pb2 as v2
 from rmqstore.rocketmq_v2 import service_pb2 as v2s
-from rmqstore.v1 import writer_pb2
+from rmqstore.v1 import messages_pb2, writer_pb2
 from rmqstore.writer.config import FlushPolicy
 from rmqstore.writer.rocketmq5 import SERVICE_NAME as MESSAGING
 from rmqstore.writer.rocketmq5 import RouteConfig
@@ -32,7 +31,8 @@ MESSAGE_ID = "01AABBCCDDEEFF0001000000000000000A"
 
 @pytest.fixture
 def node(tmp_path: Path) -> Iterator[WriterNode]:
-    started = gateway_node(tmp_path / "store", flush=FlushPolicy.SYNC)
+    # Orders takes every type, so that each refusal below is the one its case is about.
+    started = gateway_node(tmp_path / "store", topics={"Orders": (4, "MIXED")}, flush=FlushPolicy.SYNC)
     yield started
     started.close()
 
@@ -47,7 +47,16 @@ def send(node: WriterNode, *messages: v2.Message) -> v2s.SendMessageResponse:
     return node.v2.SendMessage(v2s.SendMessageRequest(messages=messages), timeout=10)
 
 
-def test_query_route_creates_the_topic_and_routes_to_the_advertised_writer(node: WriterNode) -> None:
+def not_found(topic: str) -> tuple[int, str]:
+    """Apache's proxy's answer for a topic it has no route for."""
+    return (
+        v2.TOPIC_NOT_FOUND,
+        f"CODE: 17  DESC: No topic route info in name server for the topic: {topic}\n"
+        "For more information, please visit the url, https://rocketmq.apache.org/docs/bestPractice/06FAQ",
+    )
+
+
+def test_query_route_routes_to_the_advertised_writer_with_the_topics_types(node: WriterNode) -> None:
     response = node.v2.QueryRoute(v2s.QueryRouteRequest(topic=v2.Resource(name="Orders", resource_namespace="ns")))
     assert (response.status.code, response.status.message) == (v2.OK, "OK")
     assert [q.id for q in response.message_queues] == [0, 1, 2, 3]
@@ -56,11 +65,87 @@ def test_query_route_creates_the_topic_and_routes_to_the_advertised_writer(node:
         assert queue.topic == v2.Resource(name="Orders", resource_namespace="ns")
         assert queue.permission == v2.READ_WRITE
         assert queue.broker == v2.Broker(name="broker-a", id=0, endpoints=endpoints)
-        assert list(queue.accept_message_types) == [v2.NORMAL, v2.FIFO]
-    assert node.writer.topics.queue_count("Orders") == 4
+        assert list(queue.accept_message_types) == [v2.NORMAL, v2.FIFO, v2.DELAY, v2.TRANSACTION]
+    # RouteActivity.parseTopicMessageType: each type accepts itself; a topic made without
+    # a type is NORMAL.
     node.stub.CreateTopic(writer_pb2.CreateTopicRequest(name="Wide", queue_count=6))
     wide = node.v2.QueryRoute(v2s.QueryRouteRequest(topic=v2.Resource(name="Wide")))
-    assert [q.id for q in wide.message_queues] == [0, 1, 2, 3, 4, 5]
+    assert [(q.id, list(q.accept_message_types)) for q in wide.message_queues] == [(q, [v2.NORMAL]) for q in range(6)]
+    for kind in ("FIFO", "DELAY", "TRANSACTION", "NORMAL"):
+        node.stub.CreateTopic(writer_pb2.CreateTopicRequest(name=f"T{kind}", queue_count=2, message_type=kind))
+        route = node.v2.QueryRoute(v2s.QueryRouteRequest(topic=v2.Resource(name=f"T{kind}")))
+        assert [list(q.accept_message_types) for q in route.message_queues] == [[v2.MessageType.Value(kind)]] * 2
+
+
+def test_query_route_and_send_create_no_topic_and_answer_apaches_not_found(node: WriterNode) -> None:
+    """The writer auto-creates topics by default, for v1 sends; the v2 gateway never does."""
+    unknown = node.v2.QueryRoute(v2s.QueryRouteRequest(topic=v2.Resource(name="Unknown")))
+    assert (unknown.status.code, unknown.status.message) == not_found("Unknown")
+    assert not unknown.message_queues
+    refused = send(node, v2_message(topic="Unknown"))
+    assert (refused.status.code, refused.status.message) == not_found("Unknown")
+    assert [e.status.code for e in refused.entries] == [v2.TOPIC_NOT_FOUND]
+    assert node.writer.topics.queue_count("Unknown") is None
+    assert not (node.store / "consumequeue" / "Unknown").exists()
+    assert node.stub.ListTopics(writer_pb2.ListTopicsRequest()).topics == [
+        messages_pb2.Topic(name="Orders", queue_count=4, message_type="MIXED")
+    ]
+
+
+TYPED_SENDS = {
+    # topic type, message: the proxy's expected and actual types (DefaultTopicMessageTypeValidator)
+    "FIFO message to a NORMAL topic": ("NORMAL", {"message_type": v2.FIFO, "message_group": "g"}, "NORMAL", "FIFO"),
+    "NORMAL message to a FIFO topic": ("FIFO", {}, "FIFO", "NORMAL"),
+    "DELAY message to a NORMAL topic": (
+        "NORMAL", {"message_type": v2.DELAY, "delivery_timestamp": timestamp_pb2.Timestamp(seconds=9)}, "NORMAL", "DELAY",
+    ),
+    "FIFO message to a DELAY topic": ("DELAY", {"message_type": v2.FIFO, "message_group": "g"}, "DELAY", "FIFO"),
+    "NORMAL message to a DELAY topic": ("DELAY", {}, "DELAY", "NORMAL"),
+    "NORMAL message to a TRANSACTION topic": ("TRANSACTION", {}, "TRANSACTION", "NORMAL"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(TYPED_SENDS))
+def test_a_send_the_topics_type_does_not_accept_is_refused_as_apaches_proxy_refuses_it(node: WriterNode, case: str) -> None:
+    topic_type, system, expected, actual = TYPED_SENDS[case]
+    node.writer.topics.create("Typed", 2, topic_type)
+    response = send(node, _with(v2_message(topic="Typed"), **system))
+    assert (response.status.code, response.status.message) == (
+        v2.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE,
+        "org.apache.rocketmq.proxy.common.ProxyException: TopicMessageType validate failed, "
+        f"the expected type is {expected}, but actual type is {actual}",
+    )
+    assert [e.status.code for e in response.entries] == [v2.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE]
+    assert node.records() == []
+
+
+def test_the_type_check_reads_a_message_as_apaches_proxy_does() -> None:
+    """TopicMessageType.parseFromMessageProperty: transactional first, then timed, then
+    with a message group; a MIXED topic takes each (sends of transactional messages are
+    another part's: here the check alone)."""
+    from rmqstore.writer.rocketmq5 import V2Refusal, check_message_type
+
+    transactional = _with(v2_message(), message_type=v2.TRANSACTION, message_group="g")
+    timed_fifo = _with(v2_message(), message_type=v2.DELAY, message_group="g", delivery_timestamp=timestamp_pb2.Timestamp(seconds=9))
+    for message, kind in ((transactional, "TRANSACTION"), (timed_fifo, "DELAY")):
+        check_message_type(kind, message)
+        check_message_type("MIXED", message)
+        with pytest.raises(V2Refusal) as refused:
+            check_message_type("FIFO", message)
+        assert (refused.value.code, str(refused.value)) == (
+            v2.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE,
+            "org.apache.rocketmq.proxy.common.ProxyException: TopicMessageType validate failed, "
+            f"the expected type is FIFO, but actual type is {kind}",
+        )
+
+
+def test_typed_topics_take_their_own_type(node: WriterNode) -> None:
+    node.writer.topics.create("Plain", 2, "NORMAL")
+    node.writer.topics.create("Ordered", 2, "FIFO")
+    assert send(node, v2_message(topic="Plain")).status.code == v2.OK
+    fifo = _with(v2_message(topic="Ordered", message_id="01AABBCCDDEEFF0001000000000000000B"), message_type=v2.FIFO, message_group="g")
+    assert send(node, fifo).status.code == v2.OK
+    assert [r.topic for r in node.records()] == ["Plain", "Ordered"]
 
 
 def test_route_endpoints_scheme_follows_the_advertised_host() -> None:
@@ -96,13 +181,15 @@ def test_query_route_refuses_illegal_and_unknown_topics(tmp_path: Path) -> None:
         assert not bad.message_queues
         system = closed.v2.QueryRoute(v2s.QueryRouteRequest(topic=v2.Resource(name="SCHEDULE_TOPIC_XXXX")))
         assert system.status.code == v2.ILLEGAL_TOPIC
+        for reserved in ("TBW102", "RMQ_SYS_TRACE_TOPIC", "%DLQ%G", "%RETRY%G"):
+            route = closed.v2.QueryRoute(v2s.QueryRouteRequest(topic=v2.Resource(name=reserved)))
+            assert (route.status.code, route.status.message) == not_found(reserved)
         unknown = closed.v2.QueryRoute(v2s.QueryRouteRequest(topic=v2.Resource(name="Orders")))
-        assert unknown.status.code == v2.TOPIC_NOT_FOUND
-        assert unknown.status.message == "topic Orders does not exist and the writer does not create topics (--no-auto-create)"
+        assert (unknown.status.code, unknown.status.message) == not_found("Orders")
         refused = send(closed, v2_message())
-        assert refused.status.code == v2.TOPIC_NOT_FOUND
+        assert (refused.status.code, refused.status.message) == not_found("Orders")
         assert [e.status.code for e in refused.entries] == [v2.TOPIC_NOT_FOUND]
-        assert closed.writer.topics.queue_count("Orders") is None
+        assert closed.writer.topics.snapshot() == {}
     finally:
         closed.close()
 
@@ -203,34 +290,51 @@ def test_send_message_stores_a_rocketmq_record(node: WriterNode) -> None:
     )
     response = send(node, plain, fifo)
     assert (response.status.code, response.status.message) == (v2.OK, "OK")
-    assert [(e.status.code, e.message_id, e.offset) for e in response.entries] == [
-        (v2.OK, MESSAGE_ID, 0),
-        (v2.OK, MESSAGE_ID[:-1] + "B", 1),  # the round robin's first queue is 0 too
+    # The transaction id is the message id, as Apache's broker and proxy answer it.
+    assert [(e.status.code, e.message_id, e.transaction_id, e.offset) for e in response.entries] == [
+        (v2.OK, MESSAGE_ID, MESSAGE_ID, 0),
+        (v2.OK, MESSAGE_ID[:-1] + "B", MESSAGE_ID[:-1] + "B", 1),  # the round robin's first queue is 0 too
     ]
     first, second = node.records()
     assert first.topic == "Orders" and first.body == b"order 1"
     assert first.properties == {
-        "UNIQ_KEY": MESSAGE_ID, "KEYS": "order-1 customer-7", "TAGS": "TagA", "region": "eu",
+        "UNIQ_KEY": MESSAGE_ID, "KEYS": "order-1 customer-7", "TAGS": "TagA", "region": "eu", "__BORNHOST": "192.0.2.7",
     }  # fmt: skip
     assert first.born_timestamp_ms == 1_700_000_000_123
-    assert first.born_host.ip == bytes([192, 0, 2, 7]) and first.born_host.port > 0  # with the connection's port
+    assert first.born_host.ip == bytes([127, 0, 0, 1]) and first.born_host.port > 0  # the connection
     # The queue id a client sends (0 here, from a caller that names no language) is kept.
     assert (second.queue_id, second.queue_offset, second.properties["__SHARDINGKEY"]) == (0, 1, "cart-9")
     assert check_store(str(node.store), GATEWAY_SIZES).ok
 
 
-def test_born_host_is_the_clients_ip_with_the_connections_port_else_the_connection(node: WriterNode) -> None:
-    """An IP the client names (v4 or v6) is kept with the connection's port; a host name
-    (as the Java and WriterNode.js clients send) or none gives the connection's own address."""
+def test_born_host_is_kept_as_the_client_sent_it_and_the_record_holds_the_connection(node: WriterNode) -> None:
+    """As Apache's proxy (SendMessageActivity): the client's born host, an IP or a host name
+    (the Java and Node.js clients send their host name), is the __BORNHOST property, else
+    the connection's address; the record's born host is the connection's address, which
+    existed (not the client's IP with the connection's port). A receive hands back
+    __BORNHOST as the born host."""
     given = ["192.0.2.7", "2001:db8::7", "laptop.example", ""]
     messages = [v2_message(message_id=f"{MESSAGE_ID[:-1]}{n}", born_host=host) for n, host in enumerate(given)]
     response = send(node, *messages)
     assert [e.status.code for e in response.entries] == [v2.OK] * 4
-    hosts = [record.born_host for record in node.records()]
+    records = node.records()
+    hosts = [record.born_host for record in records]
     port = hosts[0].port
-    assert port > 0 and all(host.port == port for host in hosts)  # one connection, one port
-    loopback = bytes([127, 0, 0, 1])
-    assert [host.ip for host in hosts] == [bytes([192, 0, 2, 7]), ipaddress.ip_address("2001:db8::7").packed, loopback, loopback]
+    assert port > 0 and all(host == hosts[0] for host in hosts)  # one connection
+    assert hosts[0].ip == bytes([127, 0, 0, 1])
+    assert [r.properties["__BORNHOST"] for r in records] == ["192.0.2.7", "2001:db8::7", "laptop.example", f"127.0.0.1:{port}"]
+    request = v2s.ReceiveMessageRequest(
+        group=v2.Resource(name="g"), message_queue=v2.MessageQueue(topic=v2.Resource(name="Orders"), id=0),
+        filter_expression=v2.FilterExpression(type=v2.TAG, expression="*"), batch_size=8,
+        invisible_duration=duration_pb2.Duration(seconds=30), long_polling_timeout=duration_pb2.Duration(),
+    )  # fmt: skip
+    received = [a.message for a in node.v2.ReceiveMessage(request, timeout=10) if a.HasField("message")]
+    assert [(m.system_properties.born_host, dict(m.user_properties)) for m in received] == [
+        ("192.0.2.7", {}), ("2001:db8::7", {}), ("laptop.example", {}), (f"127.0.0.1:{port}", {}),
+    ]  # fmt: skip
+    refused = send(node, _with(v2_message(), user_properties={"__BORNHOST": "x"}))
+    assert refused.status.code == v2.ILLEGAL_MESSAGE_PROPERTY_KEY
+    assert refused.status.message == "user property name '__BORNHOST' is empty, reserved or holds 0x01/0x02"
 
 
 def test_fifo_queue_chosen_by_the_client_is_kept(node: WriterNode) -> None:
@@ -366,7 +470,7 @@ def test_empty_request_is_a_bad_request(node: WriterNode) -> None:
 
 
 def test_disk_full_is_too_many_requests(tmp_path: Path) -> None:
-    full = gateway_node(tmp_path / "store", disk_full_ratio=0.0)
+    full = gateway_node(tmp_path / "store", topics={"Orders": (4, "NORMAL")}, disk_full_ratio=0.0)
     try:
         response = send(full, v2_message())
         assert response.status.code == v2.TOO_MANY_REQUESTS

@@ -26,7 +26,7 @@ from rmqstore.rocketmq_v2 import definition_pb2 as v2
 from rmqstore.rocketmq_v2 import service_pb2 as v2s
 from rmqstore.rocketmq_v2 import service_pb2_grpc
 from rmqstore.service.listen import ListenOptions
-from rmqstore.v1 import query_pb2, query_pb2_grpc
+from rmqstore.v1 import query_pb2, query_pb2_grpc, writer_pb2, writer_pb2_grpc
 from rmqstore.writer.rocketmq5 import SERVICE_NAME as MESSAGING_SERVICE
 
 RPC_TIMEOUT_S = 15.0
@@ -101,8 +101,11 @@ def test_the_official_python_client_is_accepted_with_its_key_and_refused_without
     writer = nodes.start("writer", store, *SIZE_ARGS, "--acl", str(acl_path))
     assert writer.serving["acl"] is True
     client = Client(tmp_path, writer.endpoint)
+    with signing_channel(grpc.insecure_channel(writer.endpoint), "ops", SECRETS["ops"]) as ops:
+        for topic in ("orders-1", "orders-2"):
+            writer_pb2_grpc.WriterServiceStub(ops).CreateTopic(writer_pb2.CreateTopicRequest(name=topic, queue_count=4), timeout=RPC_TIMEOUT_S)
 
-    # The right key and secret: sent (creating both topics, which orders may) and acknowledged.
+    # The right key and secret: sent and acknowledged.
     sent, _ = client.send("orders", SECRETS["orders"], "orders-1", "orders-2")
     accepted = {receipt(sent[0], "orders-1"): "orders-1", receipt(sent[1], "orders-2"): "orders-2"}
 
@@ -123,12 +126,12 @@ def test_the_official_python_client_is_accepted_with_its_key_and_refused_without
     assert sent == [no_route("orders-1")]
     assert re.search(r"query topic raise exception, 40100, the call was signed at \d{8}T\d{6}Z, more than 300 s from this node's clock", log), log[-2000:]
 
-    # Pub on orders-* only: an existing orders topic takes the send; a new one would be
-    # created, which needs Create; another topic is out of its patterns.
+    # Pub on orders-* only: an existing orders topic takes the send; an unknown one is
+    # NotFound (no route query creates a topic); another topic is out of its patterns.
     sent, log = client.send("pubonly", SECRETS["pubonly"], "orders-1", "orders-new", "payments")
     accepted[receipt(sent[0], "orders-1")] = "orders-1"
     assert sent[1:] == [no_route("orders-new"), no_route("payments")]
-    assert "query topic raise exception, 40300, User:pubonly may not Create Topic:orders-new" in log
+    assert "query topic raise exception, 40402, CODE: 17  DESC: No topic route info in name server for the topic: orders-new" in log
     assert "query topic raise exception, 40300, User:pubonly may not Pub or Sub Topic:payments" in log
 
     # Sub on orders-*: the route may be read (a consumer's right), the send is FORBIDDEN,
@@ -195,6 +198,7 @@ def gateway(tmp_path: Path) -> Iterator[Gateway]:
 
 
 def test_the_official_clients_refusals_are_counted(gateway: Gateway, tmp_path: Path) -> None:
+    gateway.writer.topics.create("orders-1", 4)
     client = Client(tmp_path, gateway.endpoint)
     sent, _ = client.send("orders", SECRETS["orders"], "orders-1")
     receipt(sent[0], "orders-1")
@@ -226,6 +230,7 @@ def test_the_official_nodejs_client_reports_each_refusal_by_its_code(gateway: Ga
         output = run_node(tmp_path, "acl_producer.js", gateway.endpoint, access_key, secret_key, topic)
         return json.loads(output.splitlines()[-1])  # type: ignore[no-any-return]
 
+    gateway.writer.topics.create("orders-1", 4)
     sent = send("orders", SECRETS["orders"], "orders-1")
     assert (sent["topic"], sent["offset"]) == ("orders-1", 0) and sent["message_id"]
 
@@ -267,12 +272,13 @@ def test_an_unsigned_or_badly_signed_v2_call_is_answered_unauthorized(gateway: G
     send = gateway.stub(None).SendMessage(v2s.SendMessageRequest(messages=[message("orders-1"), message("orders-2")]), timeout=RPC_TIMEOUT_S)
     refused = v2.Status(code=UNAUTHORIZED, message="this node needs signed calls: give an access key and secret key")
     assert send == v2s.SendMessageResponse(status=refused, entries=[v2s.SendResultEntry(status=refused)] * 2)
-    # Telemetry, a stream both ways, ends with a gRPC error (the clients log it).
-    with pytest.raises(grpc.RpcError) as raised:
-        list(gateway.stub(None).Telemetry(iter([v2s.TelemetryCommand(settings=v2.Settings(client_type=v2.PRODUCER))]), timeout=RPC_TIMEOUT_S))
-    error: Any = raised.value
-    assert (error.code(), error.details()) == (grpc.StatusCode.UNAUTHENTICATED, "this node needs signed calls: give an access key and secret key")
-    assert gateway.denials == {("UNAUTHENTICATED", "Unsigned"): 3, ("UNAUTHENTICATED", "BadSignature"): 1}
+    # Telemetry, a stream both ways: each command gets a status-only reply on the open
+    # stream, as Apache's proxy answers it.
+    settings = v2s.TelemetryCommand(settings=v2.Settings(client_type=v2.PRODUCER))
+    answers = list(gateway.stub(None).Telemetry(iter([settings, settings]), timeout=RPC_TIMEOUT_S))
+    unsigned = v2s.TelemetryCommand(status=v2.Status(code=UNAUTHORIZED, message="this node needs signed calls: give an access key and secret key"))
+    assert answers == [unsigned, unsigned]
+    assert gateway.denials == {("UNAUTHENTICATED", "Unsigned"): 4, ("UNAUTHENTICATED", "BadSignature"): 1}
     assert gateway.writer.topics.snapshot() == {}
 
 
@@ -306,24 +312,27 @@ def test_every_message_of_a_send_is_checked(gateway: Gateway) -> None:
         status=refused, entries=[v2s.SendResultEntry(status=refused)] * 3
     )
     assert gateway.writer.topics.snapshot() == {}  # nothing stored, nothing created
+    for topic in ("orders-1", "orders-2"):
+        gateway.writer.topics.create(topic, 4)
     both = orders.SendMessage(v2s.SendMessageRequest(messages=[message("orders-1"), message("orders-2")]), timeout=RPC_TIMEOUT_S)
     assert status(both) == (v2.OK, "OK")
     assert [entry.message_id for entry in both.entries] == [message_id("orders-1"), message_id("orders-2")]
-    # Pub without Create: an existing topic takes it, a new one is not made.
+    # Pub: an existing topic takes it; an unknown one is NotFound, after the ACL passed it.
     pubonly = gateway.stub("pubonly")
     assert status(pubonly.SendMessage(v2s.SendMessageRequest(messages=[message("orders-1")]), timeout=RPC_TIMEOUT_S)) == (v2.OK, "OK")
-    assert status(pubonly.SendMessage(v2s.SendMessageRequest(messages=[message("orders-3")]), timeout=RPC_TIMEOUT_S)) == (
-        FORBIDDEN, "User:pubonly may not Create Topic:orders-3"
-    )  # fmt: skip
+    missing = status(pubonly.SendMessage(v2s.SendMessageRequest(messages=[message("orders-3")]), timeout=RPC_TIMEOUT_S))
+    assert missing[0] == v2.TOPIC_NOT_FOUND and "No topic route info in name server for the topic: orders-3" in missing[1]
     assert sorted(gateway.writer.topics.snapshot()) == ["orders-1", "orders-2"]
-    assert gateway.denials == {("PERMISSION_DENIED", "Denied"): 2}
+    assert gateway.denials == {("PERMISSION_DENIED", "Denied"): 1}
 
 
 def test_route_heartbeat_and_termination_need_what_rocketmq_5_asks(gateway: Gateway) -> None:
     orders, watcher, pubonly = gateway.stub("orders"), gateway.stub("watcher"), gateway.stub("pubonly")
     route = v2s.QueryRouteRequest(topic=v2.Resource(name="orders-1"))
-    assert status(pubonly.QueryRoute(route, timeout=RPC_TIMEOUT_S)) == (FORBIDDEN, "User:pubonly may not Create Topic:orders-1")
-    assert status(orders.QueryRoute(route, timeout=RPC_TIMEOUT_S)) == (v2.OK, "OK")  # created
+    # Allowed, and NotFound: no route query creates a topic, whoever asks.
+    assert status(orders.QueryRoute(route, timeout=RPC_TIMEOUT_S))[0] == v2.TOPIC_NOT_FOUND
+    gateway.writer.topics.create("orders-1", 4)
+    assert status(orders.QueryRoute(route, timeout=RPC_TIMEOUT_S)) == (v2.OK, "OK")
     assert status(pubonly.QueryRoute(route, timeout=RPC_TIMEOUT_S)) == (v2.OK, "OK")  # Pub will do
     assert status(watcher.QueryRoute(route, timeout=RPC_TIMEOUT_S)) == (v2.OK, "OK")  # so will Sub
     other = v2s.QueryRouteRequest(topic=v2.Resource(name="payments"))
@@ -336,7 +345,7 @@ def test_route_heartbeat_and_termination_need_what_rocketmq_5_asks(gateway: Gate
     assert status(pubonly.Heartbeat(consumer, timeout=RPC_TIMEOUT_S)) == (FORBIDDEN, "User:pubonly may not Sub Group:audit")
     goodbye = v2s.NotifyClientTerminationRequest(group=v2.Resource(name="billing"))
     assert status(watcher.NotifyClientTermination(goodbye, timeout=RPC_TIMEOUT_S)) == (FORBIDDEN, "User:watcher may not Sub Group:billing")
-    assert gateway.denials == {("PERMISSION_DENIED", "Denied"): 4}
+    assert gateway.denials == {("PERMISSION_DENIED", "Denied"): 3}
 
 
 def test_consumer_calls_are_authorized_before_they_are_answered(gateway: Gateway) -> None:
@@ -401,10 +410,12 @@ def test_telemetry_settings_need_pub_on_the_producers_topics(gateway: Gateway) -
 
     answers = list(gateway.stub("orders").Telemetry(iter([settings("orders-1", "orders-2")]), timeout=RPC_TIMEOUT_S))
     assert [status(a) for a in answers] == [(v2.OK, "OK")]
-    with pytest.raises(grpc.RpcError) as raised:
-        list(gateway.stub("orders").Telemetry(iter([settings("orders-1"), settings("orders-1", "payments")]), timeout=RPC_TIMEOUT_S))
-    error: Any = raised.value
-    assert (error.code(), error.details()) == (grpc.StatusCode.PERMISSION_DENIED, "User:orders may not Pub Topic:payments")
+    # A refused command gets a status-only reply, and the stream stays open for the next.
+    commands = [settings("orders-1"), settings("orders-1", "payments"), settings("orders-2")]
+    answers = list(gateway.stub("orders").Telemetry(iter(commands), timeout=RPC_TIMEOUT_S))
+    assert [(status(a), a.HasField("settings")) for a in answers] == [
+        ((v2.OK, "OK"), True), ((FORBIDDEN, "User:orders may not Pub Topic:payments"), False), ((v2.OK, "OK"), True),
+    ]  # fmt: skip
     subscribing = v2s.TelemetryCommand(
         settings=v2.Settings(
             client_type=v2.SIMPLE_CONSUMER,
@@ -413,8 +424,26 @@ def test_telemetry_settings_need_pub_on_the_producers_topics(gateway: Gateway) -
     )
     answers = list(gateway.stub("watcher").Telemetry(iter([subscribing]), timeout=RPC_TIMEOUT_S))
     assert [status(a)[0] for a in answers] == [v2.OK]  # allowed
-    with pytest.raises(grpc.RpcError) as raised:
-        list(gateway.stub("orders").Telemetry(iter([subscribing]), timeout=RPC_TIMEOUT_S))
-    error = raised.value
-    assert (error.code(), error.details()) == (grpc.StatusCode.PERMISSION_DENIED, "User:orders may not Sub Group:audit")
+    answers = list(gateway.stub("orders").Telemetry(iter([subscribing]), timeout=RPC_TIMEOUT_S))
+    assert answers == [v2s.TelemetryCommand(status=v2.Status(code=FORBIDDEN, message="User:orders may not Sub Group:audit"))]
     assert gateway.denials == {("PERMISSION_DENIED", "Denied"): 2}
+
+
+def test_a_nodejs_simple_consumer_whose_group_is_forbidden_fails_its_startup(gateway: Gateway, tmp_path: Path) -> None:
+    """The status-only Telemetry reply is what the Node.js client acts on: its startup()
+    is rejected with the status (a stream ended by a gRPC error left it reconnecting every
+    second, startup() pending for ever)."""
+    gateway.writer.topics.create("orders-1", 4)
+
+    def start(access_key: str, group: str) -> dict[str, Any]:
+        output = run_node(tmp_path, "acl_consumer.js", gateway.endpoint, access_key, SECRETS[access_key], "orders-1", group)
+        return json.loads(output.splitlines()[-1])  # type: ignore[no-any-return]
+
+    assert start("watcher", "audit") == {"topic": "orders-1", "group": "audit", "started": True}
+    failed = start("orders", "audit")
+    assert (failed["error"], failed["code"]) == ("Error", None), failed
+    assert re.fullmatch(
+        r"Startup the rocketmq client failed, clientId=\S+, error=ForbiddenException: "
+        r"\[request-id=undefined, response-code=40300\] User:orders may not Sub Group:audit",
+        failed["message"],
+    ), failed

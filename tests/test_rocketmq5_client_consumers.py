@@ -24,6 +24,7 @@ from support.rmq5 import (
     DRIVERS,
     PYTHON_CLIENT_MESSAGES,
     client_env,
+    make_topics,
     rmq5_python,
     run_python_client,
 )
@@ -112,6 +113,7 @@ class Background:
 def produce(tmp_path: Path, endpoint: str, count: int) -> list[dict[str, Any]]:
     """``count`` messages from the official producer: three quarters to Orders (tags
     Tag0-2), a quarter to Carts as FIFO (eight message groups)."""
+    make_topics(endpoint, {"Orders": "NORMAL", "Carts": "FIFO"})
     lines = run_python_client(tmp_path, "send", endpoint, "Orders", "Carts", str(count))
     assert len(lines) == count
     return lines
@@ -446,6 +448,7 @@ def test_offsets_past_the_queues_end_after_a_power_cut_are_moved_back_and_nothin
     assert "consumer offset past the queue's end in Orders/0 (82 > 57)" in progress.stderr
 
     again = nodes.start("writer", cut, *SIZE_ARGS, *flush)
+    make_topics(again.endpoint, {"Orders": "NORMAL", "Carts": "FIFO"})
     sent = run_python_client(tmp_path, "send", again.endpoint, "Orders", "Carts", "400")
     orders = {line["body"] for line in sent if line["topic"] == "Orders"}
     assert len(orders) == 300

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from support.cli import run_cli
 from support.nodes import Nodes
-from support.rmq5 import NODE_CLIENT_MESSAGES, run_node
+from support.rmq5 import NODE_CLIENT_MESSAGES, make_topics, run_node
 from support.stores import SIZE_ARGS
 from support.wait import wait_until
 
@@ -29,6 +29,7 @@ PROGRESS_WAIT_S = 15.0
 def test_official_nodejs_simple_consumer_receives_and_acks_each_message_once(nodes: Nodes, tmp_path: Path) -> None:
     store = tmp_path / "store"
     writer = nodes.start("writer", store, *SIZE_ARGS)
+    make_topics(writer.endpoint, {TOPIC: "NORMAL"})
     sent = [json.loads(line) for line in run_node(tmp_path, "official_producer.js", writer.endpoint, TOPIC, str(NODE_CLIENT_MESSAGES)).splitlines()]
     assert len({s["message_id"] for s in sent}) == NODE_CLIENT_MESSAGES
     output = run_node(tmp_path, "official_simple_consumer.js", writer.endpoint, TOPIC, GROUP, str(NODE_CLIENT_MESSAGES))

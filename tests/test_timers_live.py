@@ -100,7 +100,9 @@ def writer_node(nodes: Nodes, store: Path) -> ProcessNode:
 
 
 def create_topic(nodes: Nodes, node: ProcessNode) -> None:
-    nodes.writer(node).CreateTopic(writer_pb2.CreateTopicRequest(name=TOPIC, queue_count=QUEUES), timeout=RPC_TIMEOUT_S)
+    # Typed DELAY: the topic takes timed messages, as Apache's proxy checks them.
+    request = writer_pb2.CreateTopicRequest(name=TOPIC, queue_count=QUEUES, message_type="DELAY")
+    nodes.writer(node).CreateTopic(request, timeout=RPC_TIMEOUT_S)
 
 
 def test_a_thousand_timed_messages_are_received_no_earlier_than_due_each_once(nodes: Nodes, tmp_path: Path) -> None:
@@ -173,6 +175,7 @@ def test_a_recalled_message_is_never_delivered(nodes: Nodes, tmp_path: Path) -> 
 
 def test_a_delivery_time_beyond_the_maximum_is_refused_as_apaches_proxy_refuses_it(nodes: Nodes, tmp_path: Path) -> None:
     writer = nodes.start("writer", tmp_path / "store", "--timer-max-delay", "60")
+    create_topic(nodes, writer)
     messaging = stub(nodes, writer)
     too_far = timed_message(0, int(time.time() * 1000) + 120_000)
     response = messaging.SendMessage(v2s.SendMessageRequest(messages=[too_far]), timeout=RPC_TIMEOUT_S)

@@ -452,7 +452,7 @@ def test_failed_batch_creates_no_topic(tmp_path: Path) -> None:
             node.stub.SendBatch(writer_pb2.SendBatchRequest(messages=[message("Fresh"), message("Fresh", queue_id=4)]))
         assert caught.value.details() == "message 2: queue id 4 is out of range: topic Fresh has 4 queues"
         assert node.stub.ListTopics(writer_pb2.ListTopicsRequest()).topics == []
-        assert not (store / "config" / "rmqstore-topics.json").exists()
+        assert not (store / "config" / "topics.json").exists()
     finally:
         node.close()
 

@@ -312,6 +312,8 @@ class ConsumerGroups:
         self.config_dir = config_dir
         self.state_path = os.path.join(config_dir, STATE_FILE_NAME)
         self.flush_interval_ms = flush_interval_ms
+        # --fifo-group's groups; the groups configured orderly (updateSubGroup -o true)
+        # consume FIFO as well.
         self.fifo_groups = fifo_groups
         # Deliveries of a message before it goes to the group's dead-letter topic.
         self.max_attempts = max_attempts
@@ -323,6 +325,10 @@ class ConsumerGroups:
         # replicated (writer.replication), and read again once it is promoted.
         self.following = False
         self._load()
+
+    def is_fifo(self, group: str) -> bool:
+        """Whether the group consumes FIFO: named by --fifo-group, or configured orderly."""
+        return group in self.fifo_groups or group in self.writer.subscription_groups.orderly
 
     # Loading and flushing
 
@@ -560,7 +566,7 @@ class ConsumerGroups:
         now = now_ms()
         out: list[Picked] = []
         dead: list[Picked] = []
-        fifo = group in self.fifo_groups
+        fifo = self.is_fifo(group)
         budget = [bytes_max]
         for queue_id in queue_ids:
             if len(out) >= batch_size or (out and budget[0] <= 0):

@@ -208,7 +208,7 @@ class WriterNode(process.ServingNode):
         if replica is not None:
             names.append(REPLICATION_SERVICE_NAME)
         try:
-            serving = process.start_serving(register, names, checked.listen, port, options.limits, acl_rules(writer))
+            serving = process.start_serving(register, names, checked.listen, port, options.limits, acl_rules())
         except BaseException:
             servicer.close()
             writer.close()

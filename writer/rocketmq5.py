@@ -35,7 +35,6 @@ from rmqstore.common.codec.msgid import offset_msg_id
 from rmqstore.common.codec.record import PROPERTIES_LENGTH_MAX, Record
 from rmqstore.common.codec.topic import (
     NOT_ALLOWED_SEND_TOPICS,
-    reserved_topic_problem,
     topic_problem,
 )
 from rmqstore.common.conventions import (
@@ -61,7 +60,7 @@ from rmqstore.common.transport import parse_endpoint
 from rmqstore.rocketmq_v2 import definition_pb2 as v2
 from rmqstore.rocketmq_v2 import service_pb2 as v2s
 from rmqstore.rocketmq_v2 import service_pb2_grpc
-from rmqstore.service.acl import MethodRule, Need, Refused, Requirement
+from rmqstore.service.acl import Answered, MethodRule, Need, Refused, Requirement
 from rmqstore.writer.consumers import (
     BATCH_MAX,
     DLQ_PREFIX,
@@ -94,13 +93,28 @@ SERVICE_NAME = "apache.rocketmq.v2.MessagingService"
 DEFAULT_BROKER_NAME = "rmqstore-0"
 # RocketMQ's property for a FIFO message's group (MessageConst.PROPERTY_SHARDING_KEY).
 SHARDING_KEY = "__SHARDINGKEY"
+# MessageConst.PROPERTY_BORN_HOST: the born host as the client gave it (or, without one,
+# the connection's address), kept as Apache's proxy keeps it and handed back on receive.
+BORN_HOST = "__BORNHOST"
 # The send retry policy handed to producers: Apache's proxy hands out the same shape, and
 # the Java client refuses settings without one.
 BACKOFF_INITIAL_MS = 10
 BACKOFF_MAX_MS = 1_000
 BACKOFF_MULTIPLIER = 2.0
 DEFAULT_MAX_ATTEMPTS = 3
-ACCEPTED_TYPES = (v2.NORMAL, v2.FIFO)
+# The message types a route says a topic accepts, by its message.type (RouteActivity's
+# parseTopicMessageType); a type Apache does not know (UNSPECIFIED) accepts none.
+ACCEPTED_TYPES: dict[str, tuple[v2.MessageType, ...]] = {
+    "NORMAL": (v2.NORMAL,),
+    "FIFO": (v2.FIFO,),
+    "DELAY": (v2.DELAY,),
+    "TRANSACTION": (v2.TRANSACTION,),
+    "MIXED": (v2.NORMAL, v2.FIFO, v2.DELAY, v2.TRANSACTION),
+}
+UNSPECIFIED_TYPES: tuple[v2.MessageType, ...] = (v2.MESSAGE_TYPE_UNSPECIFIED,)
+# Apache's proxy's answer for a topic it has no route for (TopicRouteService, an
+# MQClientException of TOPIC_NOT_EXIST, 17, with FAQUrl.attachDefaultURL's tail).
+FAQ_URL = "https://rocketmq.apache.org/docs/bestPractice/06FAQ"
 # The header every official client names its language in, and the languages whose clients
 # send no queue id with a message (see MessageReader._queue_id).
 LANGUAGE_HEADER = "x-mq-language"
@@ -201,6 +215,41 @@ class RouteConfig:
         return v2.Endpoints(scheme=scheme, addresses=[v2.Address(host=self.advertise_host, port=self.advertise_port)])
 
 
+def topic_not_found(topic: str) -> V2Refusal:
+    return V2Refusal(
+        v2.TOPIC_NOT_FOUND,
+        f"CODE: 17  DESC: No topic route info in name server for the topic: {topic}\n"
+        f"For more information, please visit the url, {FAQ_URL}",
+    )
+
+
+def _sent_type(message: v2.Message) -> str:
+    """The message's type as Apache's proxy reads it from the properties it makes of the
+    message (TopicMessageType.parseFromMessageProperty): transactional, else timed, else
+    with a message group FIFO, else NORMAL."""
+    system = message.system_properties
+    if system.message_type == v2.TRANSACTION:
+        return "TRANSACTION"
+    if system.HasField("delivery_timestamp") or system.message_type == v2.DELAY:
+        return "DELAY"
+    if system.HasField("message_group") and system.message_group:
+        return "FIFO"
+    return "NORMAL"
+
+
+def check_message_type(topic_type: str, message: v2.Message) -> None:
+    """DefaultTopicMessageTypeValidator: a topic takes messages of its own type, a MIXED
+    topic any; refused with the proxy's code and words (a ProxyException wrapped in a
+    GrpcProxyException, whose message is the ProxyException's toString)."""
+    sent = _sent_type(message)
+    if sent != topic_type and topic_type != "MIXED":
+        raise V2Refusal(
+            v2.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE,
+            "org.apache.rocketmq.proxy.common.ProxyException: TopicMessageType validate failed, "
+            f"the expected type is {topic_type}, but actual type is {sent}",
+        )
+
+
 def _topic(resource: v2.Resource) -> str:
     name = resource.name
     problem = topic_problem(name)
@@ -264,21 +313,14 @@ def decode_body(encoding: int, body: bytes, max_body_bytes: int) -> bytes:
     return plain
 
 
-def _born_host(text: str, peer: SocketAddress | None) -> SocketAddress | None:
-    """The client's address when it gives an IP (with the connection's port), else None,
-    which the writer fills with the connection's address: the Java and Node.js clients
-    send a host name, which a record cannot hold."""
-    return _ip_address(text, peer.port if peer is not None else 0)
-
-
-@functools.lru_cache(maxsize=1024)  # a client sends the same born host with every message
-def _ip_address(text: str, port: int) -> SocketAddress | None:
-    """``text`` with ``port`` as a socket address if ``text`` is an IP address, else None."""
-    try:
-        address = ipaddress.ip_address(text)
-    except ValueError:
-        return None
-    return SocketAddress(address.packed, port)
+def _born_host_text(text: str, peer: SocketAddress | None) -> str:
+    """What the record's ``__BORNHOST`` keeps (SendMessageActivity): the client's born host
+    as it sent it (an IP, or the host name the Java and Node.js clients send), else the
+    connection's address; "" when there is neither or it cannot be a property value."""
+    text = text.strip()
+    if not text and peer is not None:
+        text = peer.java_text()
+    return "" if _has_separator(text) else text
 
 
 class MessageReader:
@@ -314,10 +356,6 @@ class MessageReader:
     def _one(self, message: v2.Message, peer: SocketAddress | None, sends_queue_id: bool) -> MessageInput:
         system = message.system_properties
         topic = _topic(message.topic)
-        if self.writer.topics.queue_count(topic) is None:
-            reserved = reserved_topic_problem(topic)
-            if reserved is not None:  # as QueryRoute answers for it
-                raise V2Refusal(v2.TOPIC_NOT_FOUND, reserved)
         group = _message_group(system)
         message_id = _message_id(system)
         body = self._body(message)
@@ -331,6 +369,9 @@ class MessageReader:
         if system.HasField("delivery_timestamp"):
             # SendMessageActivity.fillDelayMessageProperty: the writer moves it to the timer.
             properties[props.TIMER_DELIVER_MS] = str(self._delivery_ms(system.delivery_timestamp))
+        born_host = _born_host_text(system.born_host, peer)
+        if born_host:
+            properties[BORN_HOST] = born_host
         if system.trace_context and not _has_separator(system.trace_context):
             # The producer's trace context, kept as an ordinary property: the writer's
             # append span links to it, and so can a consumer's receive span.
@@ -339,6 +380,12 @@ class MessageReader:
             raise V2Refusal(
                 v2.MESSAGE_PROPERTIES_TOO_LARGE, f"the properties take more than the {PROPERTIES_LENGTH_MAX} bytes a record holds"
             )
+        # As Apache's proxy: the message is checked first (SendMessageActivity), then its
+        # type against the topic's and the topic's existence (ProducerProcessor).
+        topic_type = self.writer.topics.message_type(topic)
+        if topic_type is None:  # a send creates no topic, as a route query does not
+            raise topic_not_found(topic)
+        check_message_type(topic_type, message)
         born = system.born_timestamp
         return MessageInput(
             topic=topic,
@@ -350,7 +397,9 @@ class MessageReader:
             uniq_key=message_id,
             flag=0,
             born_timestamp_ms=born.seconds * 1000 + born.nanos // 1_000_000,
-            born_host=_born_host(system.born_host, peer),
+            # The record's own born host is the connection's address (None: the writer
+            # fills in the same), an address that existed; __BORNHOST keeps the client's.
+            born_host=peer,
         )
 
     def _delivery_ms(self, timestamp: timestamp_pb2.Timestamp) -> int:
@@ -387,7 +436,7 @@ class MessageReader:
     @staticmethod
     def _check_properties(properties: dict[str, str]) -> None:
         for name, value in properties.items():
-            if not name or name in RESERVED_PROPERTIES or name == SHARDING_KEY or _has_separator(name):
+            if not name or name in RESERVED_PROPERTIES or name in (SHARDING_KEY, BORN_HOST) or _has_separator(name):
                 raise V2Refusal(
                     v2.ILLEGAL_MESSAGE_PROPERTY_KEY, f"user property name {name!r} is empty, reserved or holds 0x01/0x02"
                 )
@@ -480,8 +529,10 @@ def _properties_size(properties: dict[str, str], keys: list[str], tag: str) -> i
 def send_response(results: AppendResults) -> v2s.SendMessageResponse:
     response = v2s.SendMessageResponse(status=ok_status())
     add = response.entries.add
+    # Apache's broker answers the message id as the transaction id too
+    # (SendMessageProcessor: MessageClientIDSetter.getUniqID), and the proxy passes it on.
     for uniq_key, queue_offset in zip(results.uniq_keys, results.queue_offsets):
-        add(status=ok_status(), message_id=uniq_key, offset=queue_offset)
+        add(status=ok_status(), message_id=uniq_key, transaction_id=uniq_key, offset=queue_offset)
     return response
 
 
@@ -637,30 +688,18 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
     async def _blocking(call: Callable[[], T]) -> T:
         return await asyncio.get_running_loop().run_in_executor(None, call)
 
-    async def _queue_count(self, topic: str) -> int:
-        """The topic's queue count, creating it as a first send would."""
-        count = self.writer.topics.queue_count(topic)
-        if count is not None:
-            return count
-        config = self.writer.config
-        if not config.auto_create_topics:
-            raise V2Refusal(
-                v2.TOPIC_NOT_FOUND, f"topic {topic} does not exist and the writer does not create topics (--no-auto-create)"
-            )
-        reserved = reserved_topic_problem(topic)
-        if reserved is not None:
-            raise V2Refusal(v2.TOPIC_NOT_FOUND, reserved)
-        if self.writer.refusal is not None:
-            # A writer group's follower: the route names the primary, which creates the
-            # topic with these queues at its first send.
-            return config.auto_create_queue_count
-        await self._blocking(lambda: self.writer.topics.create(topic, config.auto_create_queue_count))
-        return self.writer.topics.queue_count(topic) or config.auto_create_queue_count
+    def accepted_types(self, topic: str) -> tuple[v2.MessageType, ...]:
+        return ACCEPTED_TYPES.get(self.writer.topics.message_type(topic) or "", UNSPECIFIED_TYPES)
 
     async def QueryRoute(self, request: v2s.QueryRouteRequest, context: grpc.aio.ServicerContext) -> v2s.QueryRouteResponse:
+        """The topic's queues and the message types it accepts. A topic the writer does not
+        have is not created: Apache's proxy answers NotFound (and a route query that made
+        topics let any client fill the store's disk with queues)."""
         try:
             topic = _topic(request.topic)
-            count = await self._queue_count(topic)
+            count = self.writer.topics.queue_count(topic)
+            if count is None:
+                raise topic_not_found(topic)
         except (V2Refusal, StoreError) as error:  # every answer is a v2 status
             return v2s.QueryRouteResponse(status=status_for(error))
         except Exception as error:
@@ -668,12 +707,11 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             return v2s.QueryRouteResponse(status=status_for(error))
         broker = v2.Broker(name=self.route.broker_name, id=0, endpoints=self.route.endpoints())
         resource = v2.Resource(name=topic, resource_namespace=request.topic.resource_namespace)
+        accepted = self.accepted_types(topic)
         return v2s.QueryRouteResponse(
             status=ok_status(),
             message_queues=[
-                v2.MessageQueue(
-                    topic=resource, id=queue_id, permission=v2.READ_WRITE, broker=broker, accept_message_types=ACCEPTED_TYPES
-                )
+                v2.MessageQueue(topic=resource, id=queue_id, permission=v2.READ_WRITE, broker=broker, accept_message_types=accepted)
                 for queue_id in range(count)
             ],
         )
@@ -747,7 +785,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             )
         )
         subscription = answer.subscription
-        subscription.fifo = group in self.consumers.fifo_groups
+        subscription.fifo = self.consumers.is_fifo(group)
         if not subscription.HasField("long_polling_timeout") or not (
             subscription.long_polling_timeout.seconds or subscription.long_polling_timeout.nanos
         ):
@@ -757,12 +795,15 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         return answer
 
     async def Telemetry(
-        self, request_iterator: AsyncIterator[v2s.TelemetryCommand], context: grpc.aio.ServicerContext
+        self, request_iterator: AsyncIterator[v2s.TelemetryCommand | Answered], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[v2s.TelemetryCommand]:
         """Answer each Settings; the stream stays open until the client ends it. The
         client's other commands (thread stack traces, verify results) answer the server's
         own commands, which the writer never sends: they are read and dropped."""
         async for command in self._until_stopping(request_iterator):
+            if isinstance(command, Answered):  # refused by the ACL: its status-only reply
+                yield command.response
+                continue
             if command.WhichOneof("command") != "settings":
                 continue
             settings = command.settings
@@ -786,7 +827,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
                 continue
             yield v2s.TelemetryCommand(status=ok_status(), settings=self._settings(settings))
 
-    async def _until_stopping(self, commands: AsyncIterator[v2s.TelemetryCommand]) -> AsyncIterator[v2s.TelemetryCommand]:
+    async def _until_stopping(self, commands: AsyncIterator[T]) -> AsyncIterator[T]:
         """The client's commands until it ends the stream or the writer stops."""
         iterator = commands.__aiter__()
         stopping = asyncio.ensure_future(self._stopping.wait())
@@ -824,12 +865,13 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             return v2s.QueryAssignmentResponse(status=self._failed("QueryAssignment", error))
         broker = v2.Broker(name=self.route.broker_name, id=0, endpoints=self.route.endpoints())
         resource = v2.Resource(name=topic, resource_namespace=request.topic.resource_namespace)
+        accepted = self.accepted_types(topic)
         return v2s.QueryAssignmentResponse(
             status=ok_status(),
             assignments=[
                 v2.Assignment(
                     message_queue=v2.MessageQueue(
-                        topic=resource, id=queue_id, permission=v2.READ_WRITE, broker=broker, accept_message_types=ACCEPTED_TYPES
+                        topic=resource, id=queue_id, permission=v2.READ_WRITE, broker=broker, accept_message_types=accepted
                     )
                 )
                 for queue_id in range(count)
@@ -966,7 +1008,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             body_digest=v2.Digest(type=v2.MD5, checksum=hashlib.md5(record.body).hexdigest().upper()),
             body_encoding=v2.IDENTITY,
             born_timestamp=_timestamp(record.born_timestamp_ms),
-            born_host=record.born_host.host_text(),
+            born_host=record.properties.get(BORN_HOST) or record.born_host.host_text(),
             store_timestamp=_timestamp(record.store_timestamp_ms),
             store_host=record.store_host.java_text(),
             receipt_handle=one.receipt_handle,
@@ -989,6 +1031,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         else:
             system.message_type = v2.NORMAL
         properties.pop(props.UNIQ_KEY, None)
+        properties.pop(BORN_HOST, None)
         # The producer's trace context goes back where the RocketMQ 5 clients read it.
         trace_context = properties.pop(TRACEPARENT, "")
         if trace_context:
@@ -1014,7 +1057,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             except Exception as error:
                 status = self._failed("AckMessage", error)
             entries.append(v2s.AckMessageResultEntry(message_id=entry.message_id, receipt_handle=entry.receipt_handle, status=status))
-        if group in self.consumers.fifo_groups:
+        if self.consumers.is_fifo(group):
             # An acknowledgement in a FIFO group frees its message group's next message.
             self.wakeup.notify(topic)
         return v2s.AckMessageResponse(status=_overall(entries), entries=entries)
@@ -1046,7 +1089,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         batch = MessageBatch.of([_dead_letter(record, dlq, attempt)])
         await self.appender.append(batch, peer, lambda results: results)
         self.consumers.ack(group, topic, handle)
-        if group in self.consumers.fifo_groups:
+        if self.consumers.is_fifo(group):
             self.wakeup.notify(topic)
 
     async def ForwardMessageToDeadLetterQueue(
@@ -1408,26 +1451,20 @@ def _telemetry_needs(command: v2s.TelemetryCommand) -> list[Requirement]:
     return needs
 
 
-def acl_rules(writer: Writer) -> dict[str, MethodRule]:
+def acl_rules() -> dict[str, MethodRule]:
     """The ACL's rules for every MessagingService method, by full method name.
 
-    A topic that a route query or a send would create (it does not exist and the writer
-    auto-creates) needs Create too: without it, anyone allowed to publish to a pattern
-    could make topics without bound. The consumer calls, which answer NOT_IMPLEMENTED,
-    are authorized all the same, so that serving them later opens nothing unchecked."""
-
-    def created(topic: str) -> list[Requirement]:
-        new = writer.config.auto_create_topics and writer.topics.queue_count(topic) is None and reserved_topic_problem(topic) is None
-        return [("Create", f"Topic:{topic}")] if new else []
+    No MessagingService call creates a topic (an unknown one is NotFound), so none needs
+    Create. The consumer calls are authorized all the same, so that serving them later
+    opens nothing unchecked."""
 
     def query_route(request: v2s.QueryRouteRequest) -> list[Requirement]:
-        topic = request.topic.name
-        return [(("Pub", "Sub"), f"Topic:{topic}"), *created(topic)]
+        return [(("Pub", "Sub"), f"Topic:{request.topic.name}")]
 
     def send_message(request: v2s.SendMessageRequest) -> list[Requirement]:
         # Every message's topic, each once, in the order of the request.
         topics = list(dict.fromkeys(message.topic.name for message in request.messages))
-        return [need for topic in topics for need in (("Pub", f"Topic:{topic}"), *created(topic))]
+        return [("Pub", f"Topic:{topic}") for topic in topics]
 
     def heartbeat(request: v2s.HeartbeatRequest) -> list[Requirement]:
         return [("Sub", f"Group:{request.group.name}")] if request.client_type in CONSUMER_TYPES else []
@@ -1455,7 +1492,9 @@ def acl_rules(writer: Writer) -> dict[str, MethodRule]:
     }
     rules = {_METHOD + name: MethodRule(need, _answer(response)) for name, (need, response) in needs.items()}
     rules[_METHOD + "SendMessage"] = MethodRule(send_message, _send_refused)
-    # Telemetry is a stream both ways: a refusal ends it with a gRPC error, which the
-    # clients log with its code; a status inside a settings answer they drop unread.
-    rules[_METHOD + "Telemetry"] = MethodRule(_telemetry_needs)
+    # Telemetry: a refused command is answered on the open stream with a status-only
+    # command, as Apache's proxy answers it (GrpcMessagingApplication.telemetry); the
+    # clients act on it (the Node.js client's startup() fails with the status), where a
+    # stream ended by a gRPC error only makes them reconnect.
+    rules[_METHOD + "Telemetry"] = MethodRule(_telemetry_needs, _answer(v2s.TelemetryCommand))
     return rules

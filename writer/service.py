@@ -21,6 +21,7 @@ from rmqstore.service.acl import may_see_paths
 from rmqstore.service.errors import abort_with_async, mapped_async
 from rmqstore.service.limits import STALLED_WRITE_S
 from rmqstore.v1 import messages_pb2, writer_pb2, writer_pb2_grpc
+from rmqstore.writer.consumers import check_group
 from rmqstore.writer.group_commit import GroupAppender
 from rmqstore.writer.intake import request_batch, respond_for, send_response, to_batch
 from rmqstore.writer.metrics import WriterMetrics
@@ -104,11 +105,18 @@ class WriterServicer(writer_pb2_grpc.WriterServiceServicer):
     async def CreateTopic(
         self, request: writer_pb2.CreateTopicRequest, context: grpc.aio.ServicerContext
     ) -> writer_pb2.CreateTopicResponse:
-        count = request.queue_count or self.writer.config.default_queue_count
+        topics = self.writer.topics
+        # No count: a new topic gets the default, an existing one keeps its count.
+        count = request.queue_count or topics.queue_count(request.name) or self.writer.config.default_queue_count
+        message_type = request.message_type or None
         self.writer.check_writable()
-        created = await self._blocking(lambda: self.writer.topics.create(request.name, count))
+        created = await self._blocking(lambda: topics.create(request.name, count, message_type))
         return writer_pb2.CreateTopicResponse(
-            topic=messages_pb2.Topic(name=request.name, queue_count=self.writer.topics.queue_count(request.name) or count),
+            topic=messages_pb2.Topic(
+                name=request.name,
+                queue_count=topics.queue_count(request.name) or count,
+                message_type=topics.message_type(request.name) or "",
+            ),
             created=created,
         )
 
@@ -116,8 +124,24 @@ class WriterServicer(writer_pb2_grpc.WriterServiceServicer):
     async def ListTopics(
         self, request: writer_pb2.ListTopicsRequest, context: grpc.aio.ServicerContext
     ) -> writer_pb2.ListTopicsResponse:
+        types = self.writer.topics.types_snapshot()
         return writer_pb2.ListTopicsResponse(
-            topics=[messages_pb2.Topic(name=n, queue_count=c) for n, c in sorted(self.writer.topics.snapshot().items())]
+            topics=[
+                messages_pb2.Topic(name=n, queue_count=c, message_type=types.get(n, ""))
+                for n, c in sorted(self.writer.topics.snapshot().items())
+            ]
+        )
+
+    @mapped_async
+    async def UpdateSubscriptionGroup(
+        self, request: writer_pb2.UpdateSubscriptionGroupRequest, context: grpc.aio.ServicerContext
+    ) -> writer_pb2.UpdateSubscriptionGroupResponse:
+        check_group(request.group)
+        self.writer.check_writable()
+        orderly = request.consume_orderly if request.HasField("consume_orderly") else None
+        entry, changed = await self._blocking(lambda: self.writer.subscription_groups.update(request.group, orderly))
+        return writer_pb2.UpdateSubscriptionGroupResponse(
+            group=request.group, consume_orderly=entry["consumeMessageOrderly"] is True, changed=changed
         )
 
     @mapped_async

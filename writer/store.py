@@ -54,6 +54,7 @@ from rmqstore.writer.ids import UniqKeyGenerator
 from rmqstore.writer.lock import StoreLock
 from rmqstore.writer.schedule import Scheduling, reroute, scheduled_rows
 from rmqstore.writer.spans import append_span, dispatching
+from rmqstore.writer.subscription_groups import SubscriptionGroupTable
 from rmqstore.writer.topics import TopicTable
 from rmqstore.writer.validate import (
     Limits,
@@ -302,6 +303,7 @@ class Writer:
             max_topics=self.config.max_topics,
             max_queues=self.config.max_queues,
         )
+        self.subscription_groups = SubscriptionGroupTable(self.paths.config)
         ensure_cursor_key(self.paths.config)  # the store's query nodes sign page cursors with it
         self.publisher = ProgressPublisher(self.config.store)
         self.uniq_keys = UniqKeyGenerator()
@@ -738,6 +740,10 @@ class Writer:
             max_topics=self.config.max_topics,
             max_queues=self.config.max_queues,
         )
+
+    def reload_subscription_groups(self) -> None:
+        """Read the groups' configuration again (a follower's, replaced by its primary's copy)."""
+        self.subscription_groups = SubscriptionGroupTable(self.paths.config)
 
     def retry_dispatch(self) -> bool:
         """Try to complete a pending dispatch now; whether none is pending afterwards."""

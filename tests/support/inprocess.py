@@ -65,10 +65,14 @@ class WriterNode:
         self.node.stop(0)  # open calls are cut short, as the test ends
 
 
-def gateway_node(store: Path, **options: Any) -> WriterNode:
+def gateway_node(store: Path, topics: dict[str, tuple[int, str]] | None = None, **options: Any) -> WriterNode:
     """A writer as the RocketMQ 5 tests use it: 1 MiB commit log files, advertising
-    writer.example:8081 as broker-a. ``options`` are WriterNode's."""
-    return WriterNode(store, **{"sizes": GATEWAY_SIZES, "advertise": "writer.example:8081", "broker_name": "broker-a", **options})
+    writer.example:8081 as broker-a, with ``topics`` (name: queue count, message type)
+    made as updateTopic makes them (the gateway creates none). ``options`` are WriterNode's."""
+    node = WriterNode(store, **{"sizes": GATEWAY_SIZES, "advertise": "writer.example:8081", "broker_name": "broker-a", **options})
+    for name, (queue_count, message_type) in (topics or {}).items():
+        node.writer.topics.create(name, queue_count, message_type)
+    return node
 
 
 class QueryNode:

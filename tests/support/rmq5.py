@@ -71,3 +71,18 @@ def run_node(tmp_path: Path, script: str, *args: str) -> bytes:
     )  # fmt: skip
     assert done.returncode == 0, f"{script} failed: {done.stderr.decode(errors='replace')[-3000:]}"
     return done.stdout
+
+
+def make_topics(endpoint: str, topics: dict[str, str], queue_count: int = 4, ca: str | None = None) -> None:
+    """Create ``topics`` (name: message type) through the writer at ``endpoint`` (TLS when
+    ``ca`` is given), as ``rmqstore updateTopic -t NAME -w 4 -a +message.type=TYPE`` does:
+    the RocketMQ 5 gateway answers a route query for an unknown topic NotFound, as
+    Apache's proxy does."""
+    from rmqstore.client.channels import open_channel
+    from rmqstore.v1 import writer_pb2, writer_pb2_grpc
+
+    with open_channel(endpoint, ca=ca) as channel:
+        stub = writer_pb2_grpc.WriterServiceStub(channel)
+        for name, message_type in topics.items():
+            request = writer_pb2.CreateTopicRequest(name=name, queue_count=queue_count, message_type=message_type)
+            stub.CreateTopic(request, timeout=30)

@@ -14,11 +14,11 @@ from collections.abc import Iterable
 import grpc
 
 from rmqstore.common.errors import NotPrimary, StoreError
+from rmqstore.common.files.broker_config import GROUPS_FILE_NAME, TOPICS_FILE_NAME
 from rmqstore.v1 import replication_pb2, replication_pb2_grpc
 from rmqstore.writer.replication.epochs import Epoch, consistent_end
 from rmqstore.writer.replication.replica import Replica, Role
 from rmqstore.writer.replication.service import REPLICATED_FILES
-from rmqstore.writer.topics import FILE_NAME as TOPICS_FILE_NAME
 
 log = logging.getLogger("rmqstore.writer.replication")
 
@@ -181,6 +181,8 @@ class Follower:
                     replica.groups.write_replicated(file.name, file.content)
                 if file.name == TOPICS_FILE_NAME:
                     replica.writer.reload_topics()  # routes answered here name the primary's topics
+                if file.name == GROUPS_FILE_NAME:
+                    replica.writer.reload_subscription_groups()
             if response.data:
                 replica.writer.replicate(response.offset, response.data)
             self.primary_end_offset = response.primary_end_offset

@@ -25,9 +25,11 @@ CHUNK_BYTES_MAX = 1024 * 1024
 IDLE_WAIT_S = 0.05
 FILES_CHECK_S = 0.2
 # The files of config/ a follower takes from its primary: the consumer groups' progress
-# (Apache's and ours), the topic table, and the scheduled messages' release progress.
+# (Apache's and ours), the topics and the groups' configuration (Apache's topics.json and
+# subscriptionGroup.json), and the scheduled messages' release progress.
 REPLICATED_FILES = (
-    "consumerOffset.json", "consumerState.json", "rmqstore-topics.json", "delayOffset.json", "rmqstore-timers.json",
+    "consumerOffset.json", "consumerState.json", "topics.json", "subscriptionGroup.json", "delayOffset.json",
+    "rmqstore-timers.json",
 )
 
 

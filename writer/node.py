@@ -279,6 +279,8 @@ class WriterNode(process.ServingNode):
             # replaced by a rename), and the store still closes cleanly.
             log.error("the consumer groups' progress could not be written at the stop: %s", error)
         self.writer.close()
+        if self.election is not None:
+            self.election.release()
 
 
 def _start_replica(replica: Replica, serving: Any, messaging: MessagingServicer) -> tuple[Follower, EtcdElection | None]:

@@ -77,15 +77,19 @@ class EtcdElection:
         self._thread.start()
 
     def stop(self) -> None:
+        """Stop campaigning and renewing (the lease runs on until :meth:`release`)."""
         self._stopped.set()
         self._thread.join()
-        if self._lease is not None and self.replica.role is Role.PRIMARY:
-            # A clean stop hands the group over at once rather than after the TTL.
-            self.replica.become_follower(-1)
-            try:
-                self._lease.revoke()
-            except (etcd3gw.exceptions.Etcd3Exception, requests.RequestException) as error:
-                log.info("revoking the lease failed (it expires by itself): %s", error)
+
+    def release(self) -> None:
+        """Revoke the lease of a primary whose store is closed: a clean stop hands the
+        group over at once rather than after the TTL."""
+        if self._lease is None or self.replica.role is not Role.PRIMARY:
+            return
+        try:
+            self._lease.revoke()
+        except (etcd3gw.exceptions.Etcd3Exception, requests.RequestException) as error:
+            log.info("revoking the lease failed (it expires by itself): %s", error)
 
     def _run(self) -> None:
         while not self._stopped.is_set():
@@ -121,8 +125,8 @@ class EtcdElection:
             return
         if not self._eligible():
             return
+        sent = time.monotonic()  # before the grant: etcd's TTL runs from a moment after it
         lease = self.client.lease(self.ttl_s)
-        sent = time.monotonic()
         value = json.dumps({"replicaId": replica.options.replica_id, "endpoint": replica.options.endpoint})
         if not self.client.create(self.key, value, lease=lease):
             lease.revoke()

@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import gc
+import itertools
 import json
 import shlex
 import shutil
@@ -41,6 +42,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(HERE))
 
+import bare_unary  # noqa: E402
 import bench_grpc  # noqa: E402
 import bench_rmq  # noqa: E402
 import ceilings  # noqa: E402
@@ -346,13 +348,21 @@ def section_lookups(
                   [their_oracle.answer(q) for q in queries.times], "synthetic-time oracle")  # fmt: skip
 
     memory = None
-    with Nodes(ctx.logs) as nodes:
-        query = nodes.start("query", store)
-        remote = bench_grpc.GrpcLookups(query.endpoint)
-        grpc_figures = _run_lookups(remote, queries, ours_oracle, warmup, ping=remote.ping)
-        remote.close()
-        memory = bench_grpc.query_node_memory(query)
-        query.stop()
+    bare = {kind: bare_unary.BareServer(kind) for kind in bare_unary.KINDS}
+    try:
+        with Nodes(ctx.logs) as nodes:
+            query = nodes.start("query", store)
+            remote = bench_grpc.GrpcLookups(query.endpoint)
+            bare_clients = {kind: bench_grpc.GrpcLookups(server.endpoint) for kind, server in bare.items()}
+            floors = {"node": remote.ping, **{kind: client.ping for kind, client in bare_clients.items()}}
+            grpc_figures = _run_lookups(remote, queries, ours_oracle, warmup, floors=floors)
+            for client in (remote, *bare_clients.values()):
+                client.close()
+            memory = bench_grpc.query_node_memory(query)
+            query.stop()
+    finally:
+        for server in bare.values():
+            server.close()
     log("  lookups: gRPC done")
     _cross_check(check, f"{size}/grpc", queries, grpc_figures, sql, ours_oracle)
 
@@ -364,7 +374,10 @@ def section_lookups(
         "sqlite_query_plans": plans,
         "in_process": inproc["summary"],
         "grpc": grpc_figures["summary"],
-        "ping": grpc_figures["ping"],
+        "ping": grpc_figures["floors"]["node"],
+        # The same client's no-op unary call on plain grpcio servers (benchmarks/bare_unary.py),
+        # taking turns with the node's Ping after each lookup.
+        "bare_unary": {kind: grpc_figures["floors"][kind] for kind in bare_unary.KINDS},
         "sqlite": sql["summary"],
     }
     rss = None
@@ -374,20 +387,33 @@ def section_lookups(
     return result, rss
 
 
-def _run_lookups(target: Any, queries: QuerySets, oracle: TimeOracle, warmup: int, ping: Any = None) -> dict[str, Any]:
+def _run_lookups(
+    target: Any, queries: QuerySets, oracle: TimeOracle, warmup: int, floors: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """Each lookup kind timed call by call; with ``floors`` (no-op calls by name), one of
+    them after each lookup, taking turns, each timed too: floors measured under the
+    lookups' conditions."""
     calls = bench_rmq.lookup_calls(target, queries, oracle.first_ms, oracle.last_ms)
     answers: dict[str, list[Any]] = {}
     summary: dict[str, Any] = {}
-    floor: list[int] = []
+    floor_samples: dict[str, list[int]] = {name: [] for name in floors or {}}
+    turns = itertools.cycle(list((floors or {}).items()))
+    clock = time.perf_counter_ns
+
+    def floor() -> None:
+        name, call = next(turns)
+        started = clock()
+        call()
+        floor_samples[name].append(clock() - started)
+
     for kind, kind_calls in calls.items():
-        latencies, answers[kind], kind_floor = bench_rmq.timed_calls(kind_calls, warmup=warmup, between=ping)
-        floor.extend(kind_floor)
+        latencies, answers[kind], _ = bench_rmq.timed_calls(kind_calls, warmup=warmup, between=floor if floors else None)
         summary[kind] = latency_summary(latencies)
         if kind == "key":
             for sub in ("order", "hot", "miss"):
                 picked = [lat for lat, q in zip(latencies, queries.keys) if q.kind == sub]
                 summary[f"key_{sub}"] = latency_summary(picked)
-    return {"answers": answers, "summary": summary, "ping": latency_summary(floor) if ping else None}
+    return {"answers": answers, "summary": summary, "floors": {n: latency_summary(v) for n, v in floor_samples.items()}}
 
 
 def _cross_check(

@@ -40,6 +40,8 @@ SERVICE_NAME = "rmqstore.v1.QueryService"
 _TRACER = trace.get_tracer("rmqstore.query")
 
 
+_BOUNDARIES = {query_pb2.BOUNDARY_LOWER: Boundary.LOWER, query_pb2.BOUNDARY_UPPER: Boundary.UPPER}
+
 # Hosts repeat from record to record; formatting one is the slowest part of a message.
 _java_text = functools.lru_cache(maxsize=4096)(SocketAddress.java_text)
 
@@ -145,8 +147,7 @@ class QueryServicer(query_pb2_grpc.QueryServiceServicer):
 
     @mapped
     def SearchOffset(self, request: query_pb2.SearchOffsetRequest, context: grpc.ServicerContext) -> query_pb2.SearchOffsetResponse:
-        boundaries = {query_pb2.BOUNDARY_LOWER: Boundary.LOWER, query_pb2.BOUNDARY_UPPER: Boundary.UPPER}
-        boundary = boundaries.get(request.boundary)
+        boundary = _BOUNDARIES.get(request.boundary)
         if boundary is None:
             # proto3 keeps an enum value it does not know: it is the client's mistake, not LOWER.
             raise InvalidArgument(f"boundary {request.boundary} is neither BOUNDARY_LOWER (0) nor BOUNDARY_UPPER (1)")
@@ -244,12 +245,25 @@ def _take(records: Iterator[Record], count: int) -> list[messages_pb2.StoredMess
     return [to_stored(record) for record in itertools.islice(records, count)]
 
 
-def _unary(name: str) -> Callable[..., Awaitable[Any]]:
-    """An asyncio handler running QueryServicer's lookup ``name`` on the loop's executor."""
+# A key page of at most this many records may be answered on the event loop.
+INLINE_KEY_PAGE_MAX = 32
+
+
+def _unary(name: str, inline: Callable[[StoreView, Any], bool] | None = None) -> Callable[..., Awaitable[Any]]:
+    """An asyncio handler running QueryServicer's lookup ``name`` on the loop's executor,
+    or on the loop itself when ``inline`` says the request reads a record or a few and the
+    view's lock is free: a hop to a thread and back costs more than such a lookup, and the
+    loop never waits on the lock (a long Pull holding it sends the lookup to a thread)."""
     lookup = getattr(QueryServicer, name).__wrapped__  # the lookup under its error mapping
 
     async def handler(self: AsyncQueryServicer, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
         try:
+            view = self.lookups.view
+            if inline is not None and inline(view, request) and view.lock.acquire(blocking=False):
+                try:
+                    return lookup(self.lookups, request, context)  # in the call's context already
+                finally:
+                    view.lock.release()
             # In the call's context: the lookup's span is the server span's child.
             return await asyncio.get_running_loop().run_in_executor(
                 None, contextvars.copy_context().run, lookup, self.lookups, request, context
@@ -261,23 +275,41 @@ def _unary(name: str) -> Callable[..., Awaitable[Any]]:
     return handler
 
 
+def _always(view: StoreView, request: Any) -> bool:
+    return True
+
+
+def _short_key_page(view: StoreView, request: query_pb2.QueryByKeyRequest) -> bool:
+    return request.page_size <= INLINE_KEY_PAGE_MAX and view.walks_little_first()
+
+
+def _uniq_key_page(view: StoreView, request: query_pb2.QueryByUniqKeyRequest) -> bool:
+    return view.walks_little_first()
+
+
+def _indexed_time_search(view: StoreView, request: query_pb2.SearchOffsetRequest) -> bool:
+    return view.has_time_index(request.topic, request.queue_id)
+
+
 class AsyncQueryServicer(query_pb2_grpc.QueryServiceServicer):
     """:class:`QueryServicer` on grpc's asyncio server (service.server.AsyncServing): a
-    lookup is short CPU work under the view's lock and runs on the loop's executor, while
-    waiting holds no thread: an idle connection, a stream whose reader has stopped, or
-    a thousand of them leave the executor to the lookups and the loop to Ping and health."""
+    lookup is short CPU work under the view's lock; a point lookup that reads little runs
+    on the loop (_unary), the others on the loop's executor, while waiting holds no thread:
+    an idle connection, a stream whose reader has stopped, or a thousand of them leave the
+    executor to the lookups and the loop to Ping, health and the point lookups."""
 
     def __init__(self, view: StoreView, *, stalled_write_s: float = STALLED_WRITE_S, broker_name: str = BROKER_NAME_DEFAULT):
         self.lookups = QueryServicer(view, broker_name=broker_name)
         self.stalled_write_s = stalled_write_s
 
-    QueryByKey = _unary("QueryByKey")
-    QueryByUniqKey = _unary("QueryByUniqKey")
-    QueryByMsgId = _unary("QueryByMsgId")
-    QueryByQueueOffset = _unary("QueryByQueueOffset")
+    # Point lookups on the loop when they read little (_unary); the rest on the executor.
+    QueryByKey = _unary("QueryByKey", _short_key_page)
+    QueryByUniqKey = _unary("QueryByUniqKey", _uniq_key_page)
+    QueryByMsgId = _unary("QueryByMsgId", _always)
+    QueryByQueueOffset = _unary("QueryByQueueOffset", _always)
     Pull = _unary("Pull")
     QueueBounds = _unary("QueueBounds")
-    SearchOffset = _unary("SearchOffset")
+    SearchOffset = _unary("SearchOffset", _indexed_time_search)
     ListTopics = _unary("ListTopics")
     OffsetsByTime = _unary("OffsetsByTime")
     ListGroups = _unary("ListGroups")

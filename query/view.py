@@ -147,7 +147,7 @@ class StoreView:
         self.mapped_budget_bytes = MAPPED_RESIDENT_BUDGET_BYTES if mapped_budget_bytes is None else mapped_budget_bytes
         self.paths = StorePaths(root)
         self.sizes = sizes or resolve_sizes(root)
-        self._lock = threading.RLock()
+        self._lock: threading.RLock = threading.RLock()
         self.log = CommitLog(self.paths.commitlog, self.sizes.commitlog_file_size_bytes)
         # Lookups land anywhere in the log: each record is read with pread, which leaves
         # the log's pages out of the node's resident set (the mapped-page budget below
@@ -246,6 +246,25 @@ class StoreView:
                 (time.monotonic() - self._refreshed_at) * 1000,
                 self.last_store_timestamp_ms,
             )
+
+    # What a lookup would do first
+
+    @property
+    def lock(self) -> threading.RLock:
+        """The lock every lookup and refresh holds (a server that must never wait on it
+        takes it without blocking, or leaves the lookup to a thread)."""
+        return self._lock
+
+    def walks_little_first(self) -> bool:
+        """Whether a key or UNIQ_KEY lookup finds at most ``CATCH_UP_RELEASE_BYTES`` of the
+        log to walk for ROLLBACK records' keys before it answers (a node's first one walks
+        the whole log)."""
+        return self.visible_offset - max(self._unindexed_scanned, self.min_offset) <= CATCH_UP_RELEASE_BYTES
+
+    def has_time_index(self, topic: str, queue_id: int) -> bool:
+        """Whether the queue's time index is built (a queue's first time search reads the
+        header of each of its records)."""
+        return (topic, queue_id) in self._times
 
     # Records
 

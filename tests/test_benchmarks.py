@@ -164,7 +164,9 @@ def test_latency_sections_are_complete(smoke: tuple[dict[str, Any], str, list[st
             if expected is not None:
                 assert summary["count"] == expected, (where, kind)
             assert summary["count"] == 0 or summary["p50_us"] <= summary["p99_us"], (where, kind)
-    assert lookups["ping"]["count"] == 3 * LOOKUPS + TIME_SEARCHES
+    floors = [lookups["ping"], *(lookups["bare_unary"][kind] for kind in ("threaded", "asyncio"))]
+    assert sum(floor["count"] for floor in floors) == 3 * LOOKUPS + TIME_SEARCHES  # one after each lookup, in turn
+    assert all(floor["count"] > 0 and floor["p50_us"] <= floor["p99_us"] for floor in floors)
     assert all("USING" in plan and "INDEX" in plan for plan in lookups["sqlite_query_plans"].values())
     lag = results["once"]["lag"]
     assert lag["rmqstore"]["lag"]["count"] + lag["rmqstore"]["timeouts"] == 10

@@ -522,3 +522,24 @@ def test_queue_times_follow_a_moving_visible_range(tmp_path: Path) -> None:
     finally:
         queues.close()
         log.close()
+
+
+def test_a_point_lookup_never_makes_the_loop_wait_for_the_views_lock(apache: QueryNode) -> None:
+    """While a thread holds the view's lock (a long Pull would), a point lookup the node
+    answers on its event loop goes to a thread instead: Ping still answers at once, and
+    the lookup answers once the lock is free."""
+    import concurrent.futures
+    import time
+
+    line = MANIFEST[1]
+    request = query_pb2.QueryByQueueOffsetRequest(topic=line["storedTopic"], queue_id=line["queueId"], queue_offset=line["queueOffset"])
+    assert apache.stub.QueryByQueueOffset(request).message.uniq_key == line["uniqKey"]  # answered on the loop
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        with apache.view.lock:
+            pending = pool.submit(apache.stub.QueryByQueueOffset, request, timeout=30)
+            time.sleep(0.3)
+            assert not pending.done()
+            started = time.monotonic()
+            apache.stub.Ping(query_pb2.PingRequest(), timeout=10)
+            assert time.monotonic() - started < 2.0  # the loop is free
+        assert pending.result().message.uniq_key == line["uniqKey"]

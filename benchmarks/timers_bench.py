@@ -86,6 +86,7 @@ def lateness(nodes: Nodes, work: Path, messages: int, spread_s: float) -> dict[s
     first_due = now_ms() + int(max(LEAD_S, messages / SEND_RATE_FLOOR) * 1000)
     dues = [first_due + (n * int(spread_s * 1000)) // messages for n in range(messages)]
     late_ms: list[float] = []
+    released_late_ms: list[float] = []  # the writer's release (TIMER_DEQUEUE_MS) − due
     early: list[int] = []
     seen: set[int] = set()
     stop = threading.Event()
@@ -112,6 +113,9 @@ def lateness(nodes: Nodes, work: Path, messages: int, spread_s: float) -> dict[s
                     continue
                 seen.add(number)
                 (early.append(number) if at < due else late_ms.append(at - due))
+                dequeued = answer.message.user_properties.get("TIMER_DEQUEUE_MS")
+                if dequeued is not None:
+                    released_late_ms.append(int(dequeued) - due)
                 entries.append(v2s.AckMessageEntry(
                     message_id=answer.message.system_properties.message_id,
                     receipt_handle=answer.message.system_properties.receipt_handle,
@@ -147,6 +151,11 @@ def lateness(nodes: Nodes, work: Path, messages: int, spread_s: float) -> dict[s
             "p99": percentile(late_ms, 99),
             "max": max(late_ms),
         } if late_ms else None,
+        "released_lateness_ms": {
+            "count": len(released_late_ms),
+            "p50": percentile(released_late_ms, 50),
+            "p99": percentile(released_late_ms, 99),
+        } if released_late_ms else None,
         "writer_memory_kib_after": memory,
         "p99_target_ms": P99_TARGET_MS,
     }

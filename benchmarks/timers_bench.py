@@ -81,7 +81,9 @@ def percentile(values: list[float], q: int) -> float:
 def lateness(nodes: Nodes, work: Path, messages: int, spread_s: float) -> dict[str, Any]:
     writer = nodes.start("writer", work / "lateness")
     channel = grpc.insecure_channel(writer.endpoint)
-    writer_pb2_grpc.WriterServiceStub(channel).CreateTopic(writer_pb2.CreateTopicRequest(name=TOPIC, queue_count=QUEUES))
+    writer_pb2_grpc.WriterServiceStub(channel).CreateTopic(
+        writer_pb2.CreateTopicRequest(name=TOPIC, queue_count=QUEUES, message_type="DELAY")
+    )
     messaging = service_pb2_grpc.MessagingServiceStub(channel)
     first_due = now_ms() + int(max(LEAD_S, messages / SEND_RATE_FLOOR) * 1000)
     dues = [first_due + (n * int(spread_s * 1000)) // messages for n in range(messages)]

@@ -6,6 +6,7 @@ recalled."""
 from __future__ import annotations
 
 import json
+import subprocess
 import time
 import urllib.parse
 import uuid
@@ -17,6 +18,7 @@ import pytest
 from google.protobuf import duration_pb2, timestamp_pb2
 from support.http import get
 from support.nodes import Nodes, ProcessNode
+from support.rmq5 import DRIVERS, client_env, rmq5_python, run_python_client
 
 from rmqstore.rocketmq_v2 import definition_pb2 as v2
 from rmqstore.rocketmq_v2 import service_pb2 as v2s
@@ -231,3 +233,24 @@ def test_delay_levels_one_to_three_come_after_their_delays(nodes: Nodes, tmp_pat
     stored_ms = acks[0].store_timestamp_ms
     for level, _, at in received:
         assert at >= stored_ms + {1: 1000, 2: 5000, 3: 10_000}[level]
+
+
+def test_the_official_python_client_sends_timed_messages_and_recalls_some(nodes: Nodes, tmp_path: Path) -> None:
+    """rocketmq-python-client, unmodified: DELAY messages to a topic typed DELAY
+    (``updateTopic -a +message.type=DELAY``), a third of them recalled through its
+    recall_message with the receipt's handle; its SimpleConsumer receives every other one,
+    each once and no earlier than due, and no recalled one."""
+    writer = writer_node(nodes, tmp_path / "store")
+    create_topic(nodes, writer)
+    sent = run_python_client(tmp_path, "timed", writer.endpoint, TOPIC, "30", "3000", "3")
+    assert len(sent) == 30 and sum(line["recalled"] for line in sent) == 10
+    home = tmp_path / "client-home"
+    consumer = [rmq5_python(), str(DRIVERS / "python_consumer.py"), "simple", writer.endpoint, "timed-readers", TOPIC,
+                "--expect", "20", "--idle-s", "8"]  # fmt: skip
+    done = subprocess.run(consumer, capture_output=True, timeout=120, env=client_env(home), cwd=tmp_path, check=False)
+    assert done.returncode == 0, done.stderr.decode(errors="replace")[-3000:]
+    received = [json.loads(line) for line in done.stdout.splitlines()]
+    due = {line["body"]: line["due"] for line in sent}
+    wanted = sorted(line["body"] for line in sent if not line["recalled"])
+    assert sorted(line["body"] for line in received) == wanted
+    assert [line["body"] for line in received if line["t"] * 1000 < due[line["body"]]] == []

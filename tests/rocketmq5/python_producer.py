@@ -6,12 +6,16 @@ was sent and the receipt), so a process killed mid-loop has reported every OK re
     python python_producer.py send ENDPOINT TOPIC FIFO_TOPIC COUNT
     python python_producer.py loop ENDPOINT TOPIC SECONDS
     python python_producer.py bench ENDPOINT TOPIC COUNT CONCURRENCY
+    python python_producer.py timed ENDPOINT TOPIC COUNT DELAY_MS RECALL_EVERY
 
 ``send``: COUNT messages, three quarters to TOPIC (tag, two keys, user properties; sync
 and async sends alternating in blocks) and a quarter to FIFO_TOPIC (eight message groups,
 sent synchronously so each group's order is the send order). ``loop``: synchronous sends
 until SECONDS pass or the process is killed. ``bench``: COUNT async sends with
-CONCURRENCY in flight; prints {"messages", "seconds"}."""
+CONCURRENCY in flight; prints {"messages", "seconds"}. ``timed``: COUNT DELAY messages
+("message N to TOPIC"), message N due DELAY_MS + 10·N ms after it is sent, rounded up to
+the second (``delivery_timestamp``, which this client takes in seconds), every RECALL_EVERY-th (from 0) recalled by its receipt's recall
+handle at once; each line adds "due" (ms) and "recalled"."""
 
 from __future__ import annotations
 
@@ -131,10 +135,32 @@ def bench(endpoint: str, topic: str, count: int, concurrency: int) -> None:
         producer.shutdown()
 
 
+def timed(endpoint: str, topic: str, count: int, delay_ms: int, recall_every: int) -> None:
+    producer = producer_for(endpoint, topic)
+    try:
+        for n in range(count):
+            message = Message()
+            message.topic = topic
+            message.body = f"message {n} to {topic}".encode()
+            # The client takes whole seconds (it fills the Timestamp's seconds with it).
+            due_s = -(-(int(time.time() * 1000) + delay_ms + 10 * n) // 1000)
+            message.delivery_timestamp = due_s
+            due = due_s * 1000
+            receipt = producer.send(message)
+            recalled = recall_every > 0 and n % recall_every == 0
+            if recalled:
+                producer.recall_message(topic, receipt.recall_handle)
+            report({"topic": topic, "body": message.body.decode(), "n": n, "due": due, "recalled": recalled}, receipt, "sync")
+    finally:
+        producer.shutdown()
+
+
 def main() -> None:
     command, endpoint, *rest = sys.argv[1:]
     if command == "send":
         send(endpoint, rest[0], rest[1], int(rest[2]))
+    elif command == "timed":
+        timed(endpoint, rest[0], int(rest[1]), int(rest[2]), int(rest[3]))
     elif command == "loop":
         loop(endpoint, rest[0], float(rest[1]))
     elif command == "bench":

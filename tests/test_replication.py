@@ -21,6 +21,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from support.cli import quiet_env, run_cli
 from support.etcd import Etcd
+from support.rmq5 import make_topics, run_python_client
 from support.nodes import Nodes, ProcessNode
 from support.wait import wait_until
 
@@ -106,6 +107,12 @@ class Group:
         wait_until(enough, 30, f"{count} followers in sync")
 
 
+def _has_topics(store: Path, *topics: str) -> bool:
+    """Whether the store's topic table (config/topics.json, Apache's) names ``topics``."""
+    table = store / "config" / "topics.json"
+    return table.exists() and set(topics) <= set(json.loads(table.read_text())["topicConfigTable"])
+
+
 def _file_bytes(root: Path) -> dict[str, bytes]:
     """The commit log, consume queue and index files of a store, by relative path."""
     files = {}
@@ -152,13 +159,20 @@ def test_a_sync_group_replicates_byte_for_byte(nodes: Nodes, tmp_path: Path) -> 
     assert primary == 0  # a new group's lowest id leads without etcd
     group.in_sync(primary, 2)
     endpoint = f"127.0.0.1:{group.ports[primary]}"
-    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+    # The official RocketMQ 5 Python client, given a follower's endpoint only, among the
+    # producers: the follower's routes send it to the primary.
+    make_topics(endpoint, {"Orders": "NORMAL", "Carts": "FIFO"})
+    follower = next(k for k in range(3) if k != primary)
+    wait_until(lambda: _has_topics(group.store(follower), "Orders", "Carts"), 30, "the topics on the follower")
+    with concurrent.futures.ThreadPoolExecutor(5) as pool:
+        official = pool.submit(run_python_client, tmp_path, "send", f"127.0.0.1:{group.ports[follower]}", "Orders", "Carts", "400")
         sent = list(pool.map(lambda p: _produce(endpoint, p, 1000, 25), range(4)))
+        lines = official.result()
     acked = [pair for part in sent for pair in part]
     assert len(acked) == 4000
+    assert len(lines) == 400  # every receipt OK (the driver stops at the first error)
 
     # A follower refuses writes, naming the primary.
-    follower = next(k for k in range(3) if k != primary)
     with pytest.raises(grpc.RpcError) as refused:
         _produce(f"127.0.0.1:{group.ports[follower]}", 9, 1, 1)
     assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
@@ -192,6 +206,14 @@ def test_a_sync_group_replicates_byte_for_byte(nodes: Nodes, tmp_path: Path) -> 
     for k in range(3):
         checked = run_cli(["check", str(group.store(k))])
         assert checked.returncode == 0, checked.stdout + checked.stderr
+        log = CommitLog(str(group.store(k) / "commitlog"), 256 * 1024)
+        try:
+            official_keys = {r.uniq_key for r in log.records() if r.topic in ("Orders", "Carts")}
+            assert len(official_keys) == 400 and {line["message_id"] for line in lines} <= official_keys
+            for uniq_key, offset in acked:
+                assert log.read(offset).uniq_key == uniq_key
+        finally:
+            log.close()
 
 
 def _replicas(endpoints: str) -> dict[str, Any]:

@@ -22,6 +22,11 @@ from rmqstore.writer.replication.replica import Replica, Role
 
 SERVICE_NAME = "rmqstore.v1.ReplicationService"
 CHUNK_BYTES_MAX = 1024 * 1024
+# Messages sent to a follower and not yet acknowledged, at most: while they are out, what
+# the primary appends gathers into the next one, so a follower's writes and fsyncs come in
+# batches as large as the load makes them (one a group commit would cap it at one fsync's
+# worth of group commits).
+IN_FLIGHT_MAX = 2
 IDLE_WAIT_S = 0.05
 FILES_CHECK_S = 0.2
 # The files of config/ a follower takes from its primary: the consumer groups' progress
@@ -104,7 +109,7 @@ class ReplicationServicer(replication_pb2_grpc.ReplicationServiceServicer):
                     files_checked = now
                     files = self._changed_files(sent_files)
                 end = tracker.end_offset()
-                if offset < end:
+                if offset < end and len(state.in_flight) < IN_FLIGHT_MAX:
                     stop = chunk_end(writer.log, offset, end)
                     mapped = writer.log.files.find(offset)
                     assert mapped is not None

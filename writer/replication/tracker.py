@@ -98,6 +98,7 @@ class SyncTracker:
         self._caught_up(state, self.clock())
         self._refresh()
         self._release()
+        state.wake.set()  # room for the next bytes
 
     def _caught_up(self, state: FollowerState, now: float) -> None:
         if state.stored_offset >= self.end_offset():

@@ -33,8 +33,10 @@ from array import array
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
+
 from rmqstore.common.codec import properties as props
-from rmqstore.common.codec.consumequeue import SCHEDULE_TOPIC, TIMER_TOPIC
+from rmqstore.common.codec.consumequeue import FILLER_SIZE, SCHEDULE_TOPIC, TIMER_TOPIC
 from rmqstore.common.codec.record import Record
 from rmqstore.common.errors import Corruption, InvalidArgument, NotFound, StoreError
 from rmqstore.common.files.delay_offsets import read_delay_offsets, write_delay_offsets
@@ -240,25 +242,43 @@ class TimerWheel:
 
     def _register(self, released_below: int = 0, released_up_to_ms: int = -1) -> None:
         """Take the units appended since the last look into the buckets (units below
-        ``released_below`` due at or before ``released_up_to_ms`` are released already)."""
+        ``released_below`` due at or before ``released_up_to_ms`` are released already),
+        column-wise: a restart takes a million pending timers in without a Python step
+        each."""
         queue = self.writer.queues.find(TIMER_TOPIC, TIMER_QUEUE_ID)
         if queue is None:
             return
         end = queue.max_offset
         if end <= self.registered_end:
             return
-        for queue_offset, unit in queue.units(self.registered_end, end):
-            due = unit.tags_code
-            if queue_offset < released_below and due <= released_up_to_ms:
-                continue
-            second = due // BUCKET_MS
+        for first, units in queue.unit_columns(self.registered_end, end):
+            offsets = np.arange(first, first + len(units), dtype=np.int64)
+            due = units["tags_code"].astype(np.int64)
+            filler = (units["commitlog_offset"] == 0) & (units["size"] == FILLER_SIZE) & (due == 0)
+            keep = ~filler & ~((offsets < released_below) & (due <= released_up_to_ms))
+            rows = np.column_stack(
+                (due[keep], units["commitlog_offset"][keep].astype(np.int64), units["size"][keep].astype(np.int64), offsets[keep])
+            )
+            self._add(rows)
+        self.registered_end = end
+
+    def _add(self, rows: np.ndarray) -> None:
+        """Rows of (due, commit log offset, size, queue offset), in queue order, into their
+        buckets (each bucket stays in queue order)."""
+        if not len(rows):
+            return
+        seconds = rows[:, 0] // BUCKET_MS
+        order = np.argsort(seconds, kind="stable")
+        rows, seconds = rows[order], seconds[order]
+        starts = np.flatnonzero(np.diff(seconds, prepend=seconds[0] - 1))
+        for begin, stop in zip(starts.tolist(), [*starts[1:].tolist(), len(rows)]):
+            second = int(seconds[begin])
             bucket = self._buckets.get(second)
             if bucket is None:
                 bucket = self._buckets[second] = array("q")
                 heapq.heappush(self._bucket_heap, second)
-            bucket.extend((due, unit.commitlog_offset, unit.size, queue_offset))
-            self.pending_count += 1
-        self.registered_end = end
+            bucket.frombytes(np.ascontiguousarray(rows[begin:stop], dtype=np.int64).tobytes())
+        self.pending_count += len(rows)
 
     def pending_from(self) -> int:
         """The lowest queue offset of a pending timer (each bucket is in queue order)."""

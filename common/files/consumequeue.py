@@ -153,6 +153,23 @@ class ConsumeQueue:
                     yield position // UNIT_SIZE, unit
                 position += UNIT_SIZE
 
+    def unit_columns(self, start: int, stop: int) -> Iterator[tuple[int, np.ndarray]]:
+        """The units in [start, stop) (within the queue's bounds) as ``cq.UNIT_DTYPE``
+        arrays, a file's part at a time with the queue offset it starts at: copies, which
+        outlive the mapping; fillers included (``is_filler``'s test, column-wise, is the
+        caller's)."""
+        position = max(start, self.min_offset) * UNIT_SIZE
+        end = min(stop, self.max_offset) * UNIT_SIZE
+        while position < end:
+            mapped = self.files.find(position)
+            assert mapped is not None
+            chunk_end = min(end, mapped.end_offset)
+            at = position - mapped.start_offset
+            units = np.frombuffer(mapped.buf, dtype=cq.UNIT_DTYPE, count=(chunk_end - position) // UNIT_SIZE, offset=at)
+            yield position // UNIT_SIZE, units.copy()
+            del units
+            position = chunk_end
+
     def offset_by_time(
         self,
         timestamp_ms: int,

@@ -21,8 +21,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from support.cli import quiet_env, run_cli
 from support.etcd import Etcd
-from support.rmq5 import make_topics, run_python_client
 from support.nodes import Nodes, ProcessNode
+from support.rmq5 import make_topics, run_python_client
 from support.wait import wait_until
 
 from rmqstore.common.files.commitlog import CommitLog

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -256,3 +257,19 @@ def test_an_added_import_is_caught_or_allowed_by_its_rule(file: str, added: str,
     before = module_violations(module, source, path.name == "__init__.py")
     after = module_violations(module, source + "\n" + added, path.name == "__init__.py")
     assert sorted({v.rule for v in after} - {v.rule for v in before}) == ([] if rule is None else [rule])
+
+
+def test_every_folder_of_modules_is_installed() -> None:
+    """setuptools installs the packages pyproject.toml lists and no other: a folder of
+    modules missing there imports from the source tree (tests, an editable install) but
+    not from ``pip install .`` (the Dockerfile's, .ci/smoke's)."""
+    setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    folders: dict[str, str] = setuptools["package-dir"]
+    listed = set(setuptools["packages"])
+    found = set()
+    for name, folder in folders.items():
+        for init in (ROOT / folder).rglob("__init__.py"):
+            if "__pycache__" not in init.parts:
+                found.add(".".join([name, *init.parent.relative_to(ROOT / folder).parts]))
+    assert found - listed == set()
+    assert set(folders) <= listed

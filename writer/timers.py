@@ -56,6 +56,9 @@ DEFAULT_CHECKPOINT_INTERVAL_MS = 1000
 # batches of this many).
 RELEASE_BATCH_MAX = 1024
 BUCKET_MS = 1000
+# Units taken into the wheel a slice at a time (the numpy temporaries of one slice are
+# what a restart's rebuild holds beside the wheel).
+REGISTER_CHUNK_UNITS = 65_536
 _FIELDS = 4  # due ms, commit log offset, size, queue offset
 
 
@@ -251,16 +254,20 @@ class TimerWheel:
         end = queue.max_offset
         if end <= self.registered_end:
             return
-        for first, units in queue.unit_columns(self.registered_end, end):
-            offsets = np.arange(first, first + len(units), dtype=np.int64)
-            due = units["tags_code"].astype(np.int64)
-            filler = (units["commitlog_offset"] == 0) & (units["size"] == FILLER_SIZE) & (due == 0)
-            keep = ~filler & ~((offsets < released_below) & (due <= released_up_to_ms))
-            rows = np.column_stack(
-                (due[keep], units["commitlog_offset"][keep].astype(np.int64), units["size"][keep].astype(np.int64), offsets[keep])
-            )
-            self._add(rows)
+        for file_first, file_units in queue.unit_columns(self.registered_end, end):
+            for at in range(0, len(file_units), REGISTER_CHUNK_UNITS):
+                self._add_units(file_first + at, file_units[at : at + REGISTER_CHUNK_UNITS], released_below, released_up_to_ms)
         self.registered_end = end
+
+    def _add_units(self, first: int, units: np.ndarray, released_below: int, released_up_to_ms: int) -> None:
+        offsets = np.arange(first, first + len(units), dtype=np.int64)
+        due = units["tags_code"].astype(np.int64)
+        filler = (units["commitlog_offset"] == 0) & (units["size"] == FILLER_SIZE) & (due == 0)
+        keep = ~filler & ~((offsets < released_below) & (due <= released_up_to_ms))
+        rows = np.column_stack(
+            (due[keep], units["commitlog_offset"][keep].astype(np.int64), units["size"][keep].astype(np.int64), offsets[keep])
+        )
+        self._add(rows)
 
     def _add(self, rows: np.ndarray) -> None:
         """Rows of (due, commit log offset, size, queue offset), in queue order, into their

@@ -11,12 +11,21 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import settings
 from support.acl import ACL, Guarded
 from support.nodes import Nodes
 from support.pki import Pki, make_pki
 from support.tmpfs import can_mount, tmpfs
 
 from rmqstore.common.files.store import StoreSizes
+
+# Hypothesis's deadline (200 ms an example by default) times the machine, not the code:
+# CI's two workers share two cores with the static checks and other jobs, and a stalled
+# example failed a pure function's round trip. No test means a deadline; a profile loaded
+# before this one (.ci/sanitize's, which has none) stays.
+if settings().deadline is not None:
+    settings.register_profile("shared-machine", deadline=None)
+    settings.load_profile("shared-machine")
 
 FIXTURES = Path(__file__).parent / "fixtures" / "rocketmq-4.9.4-dev"
 CLEAN = FIXTURES / "store-clean"

@@ -22,6 +22,7 @@ COMMAND_MODULES: dict[str, tuple[str, ...]] = {
     "store_tools": ("dump", "reindex", "inspect", "check"),
     "writer_tools": ("writer", "send"),
     "replica_tools": ("replicas",),
+    "proxy_tools": ("proxy",),
     "query_tools": (
         "query", "queryMsgByKey", "queryMsgByUniqueKey", "queryMsgById", "queryMsgByOffset", "searchOffset",
         "printMsg", "topicList", "topicStatus", "consumerProgress", "updateTopic", "updateSubGroup",

@@ -237,6 +237,7 @@ BAD_INPUTS: dict[str, list[str]] = {
     "updateSubGroup": ["updateSubGroup", "--endpoint", "{writer}", "-g", "bad group"],
     "demo": ["demo", "--store", "{tmp}"],
     "console": ["console", "--query-endpoint", "{query}", "--users", "{missing}", "--port", "0"],
+    "proxy serve": ["proxy", "serve", "--cluster", "{missing}"],
     "console-passwd": ["console-passwd", "--users", "{tmp}/users", "--user", "a:b"],
     "pipeline reindex": ["pipeline", "reindex", "{missing}", "--out", "{tmp}/out"],
     "pipeline export": ["pipeline", "export", "{missing}", "--out", "{tmp}/out"],
@@ -294,7 +295,7 @@ def test_every_command_refuses_a_bad_input_in_one_line(cluster: Cluster, tmp_pat
 
 PATH_ARGUMENTS = {
     "dir", "store", "store_flag", "out", "target_store", "input", "users", "acl", "body_file", "file",
-    "tls_cert", "tls_key", "tls_client_ca", "tls_ca", "tls_client_cert", "tls_client_key",
+    "tls_cert", "tls_key", "tls_client_ca", "tls_ca", "tls_client_cert", "tls_client_key", "cluster",
 }  # fmt: skip
 ENDPOINT_ARGUMENTS = {
     "endpoint", "query_endpoint", "writer_endpoint", "advertise", "store_host", "host", "port", "health_port",
@@ -378,6 +379,11 @@ def _bad_arguments(d: dict[str, str]) -> dict[tuple[str, str], tuple[list[str], 
         [*writer, "--store-host", "writer:1"], usage("writer serve", "--store-host", "'writer:1' is not IP:PORT: 'writer' is not an IP address")
     )
     table[("writer serve", "advertise")] = ([*writer, "--advertise", "localhost"], usage("writer serve", "--advertise", no_port))
+    proxy = ["proxy", "serve", "--cluster", missing]
+    table[("proxy serve", "cluster")] = (proxy, error(f"--cluster {missing}: No such file or directory"))
+    table[("proxy serve", "host")] = ([*proxy, "--host", "127.0.0.1:80"], usage("proxy serve", "--host", with_port))
+    table[("proxy serve", "port")] = ([*proxy, "--port", "70000"], usage("proxy serve", "--port", big_port))
+    table[("proxy serve", "advertise")] = ([*proxy, "--advertise", "127.0.0.1:1,localhost"], usage("proxy serve", "--advertise", no_port))
     # The clients: an endpoint, and the TLS files of the channel to it.
     clients = {name: ([name], rest) for name, rest in LOOKUPS.items()}
     clients["send"] = (["send"], ["-t", "T", "--body", "x"])

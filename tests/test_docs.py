@@ -6,7 +6,7 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-SCOPE = ["README.md", "docs", "common", "writer", "query", "service", "cli", "client", "pipeline", "benchmarks", "tests", "protos/rmqstore"]
+SCOPE = ["README.md", "docs", "common", "writer", "query", "service", "cli", "client", "pipeline", "proxy", "benchmarks", "tests", "protos/rmqstore"]
 # What a clone does not have: the planning notes outside the repository, and issue numbers.
 # (Written so that this line does not match itself: "[ ]" is a space.)
 OUTSIDE = re.compile(r"\.\./shared|FORMAT\.md|DESIGN\.md|issue[ ]#")

@@ -7,7 +7,8 @@ read through an imported module.
   within it the codecs never import the file layers.
 * client and service build on common only: neither imports the other.
 * writer and query build on common and service.
-* console builds on client; pipeline on client, writer and query.
+* console builds on client; pipeline on client, writer and query; proxy on common, service
+  and writer (the writer's v2 gateway reader).
 * cli may import anything, and nothing imports cli but a package's ``__main__`` (an entry
   point, like the command line itself).
 * No module uses another module's private (underscore) name, except that a package's own
@@ -26,7 +27,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 # The folders installed as rmqstore.<name> (pyproject.toml's package-dir).
-PACKAGES = ("common", "client", "service", "writer", "query", "console", "pipeline", "cli")
+PACKAGES = ("common", "client", "service", "writer", "query", "console", "pipeline", "proxy", "cli")
 # Compiled from protos/ at install: any package but common may use the contracts.
 GENERATED = frozenset({"v1", "rocketmq_v2"})
 # What each package may import besides itself and the generated contracts.
@@ -38,6 +39,7 @@ ALLOWED: dict[str, frozenset[str]] = {
     "query": frozenset({"common", "service"}),
     "console": frozenset({"common", "client"}),
     "pipeline": frozenset({"common", "client", "writer", "query"}),
+    "proxy": frozenset({"common", "service", "writer"}),
     "cli": frozenset(PACKAGES),
 }
 # Entry points (``python -m rmqstore.<package>``) are command lines: they may import cli.

@@ -22,7 +22,7 @@ import zlib
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import grpc
 from google.protobuf import duration_pb2, timestamp_pb2
@@ -61,6 +61,7 @@ from rmqstore.rocketmq_v2 import definition_pb2 as v2
 from rmqstore.rocketmq_v2 import service_pb2 as v2s
 from rmqstore.rocketmq_v2 import service_pb2_grpc
 from rmqstore.service.acl import Answered, MethodRule, Need, Refused, Requirement
+from rmqstore.writer.config import WriterConfig
 from rmqstore.writer.consumers import (
     BATCH_MAX,
     DLQ_PREFIX,
@@ -323,13 +324,30 @@ def _born_host_text(text: str, peer: SocketAddress | None) -> str:
     return "" if _has_separator(text) else text
 
 
+class ReaderTopics(Protocol):
+    def queue_count(self, topic: str) -> int | None: ...
+
+    def message_type(self, topic: str) -> str | None: ...
+
+
+class ReaderSource(Protocol):
+    """What :class:`MessageReader` reads of a writer: its limits and its topics' queue
+    counts and message types (a proxy gives its own: rmqstore.proxy)."""
+
+    @property
+    def config(self) -> WriterConfig: ...
+
+    @property
+    def topics(self) -> ReaderTopics: ...
+
+
 class MessageReader:
     """v2 messages as the writer's columns (the batch a ``WriterService`` request is read
     into, with no proto of ours built in between), each checked with the code a RocketMQ
     5 client understands (the writer's validation then finds nothing left to refuse but
     what only the store knows)."""
 
-    def __init__(self, writer: Writer):
+    def __init__(self, writer: ReaderSource):
         self.writer = writer
         self.limits = writer.config
 

@@ -1,0 +1,1 @@
+"""Cluster mode: a stateless RocketMQ 5 proxy in front of writer groups (docs/cluster.md)."""

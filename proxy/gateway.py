@@ -1,0 +1,344 @@
+"""apache.rocketmq.v2.MessagingService for producers, in front of writer groups (cluster
+mode, docs/cluster.md). QueryRoute asks every group's writer for the topic's route (the
+writer makes the topic as a first send would) and answers with every answering group's
+queues, each under its broker name, all reached through the proxies' endpoints. A send
+goes to one group's queue chosen here, as Apache's proxy chooses (a FIFO message group by
+its hash over every group's queues, so a group stays on one queue; other messages round
+robin over the groups that are up), and is stored through that group's coalesced batch
+stream (:mod:`rmqstore.proxy.coalesce`). Messages are read and checked by the writer's own
+gateway reader (:class:`rmqstore.writer.rocketmq5.MessageReader`), so they are stored as
+the writer's gateway stores them."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import itertools
+import logging
+import time
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+
+import grpc
+from google.protobuf import duration_pb2
+
+from rmqstore.proxy.cluster import GroupEndpoints
+from rmqstore.proxy.coalesce import UNREACHABLE, BatchFailed, GroupSender
+from rmqstore.rocketmq_v2 import definition_pb2 as v2
+from rmqstore.rocketmq_v2 import service_pb2 as v2s
+from rmqstore.rocketmq_v2 import service_pb2_grpc
+from rmqstore.writer.config import WriterConfig
+from rmqstore.writer.rocketmq5 import (
+    ACCEPTED_TYPES,
+    BACKOFF_INITIAL_MS,
+    BACKOFF_MAX_MS,
+    BACKOFF_MULTIPLIER,
+    DEFAULT_MAX_ATTEMPTS,
+    SHARDING_KEY,
+    MessageReader,
+    V2Refusal,
+    ok_status,
+    status_for,
+)
+from rmqstore.writer.service import peer_address
+
+# A topic's route is asked of the groups again after this long (the clients ask every 30 s).
+ROUTE_TTL_S = 10.0
+# How long a group's writer has to answer a route question before it is left out.
+ROUTE_TIMEOUT_S = 3.0
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Route:
+    """A topic's queue count and accepted message types in each group that answered for it."""
+
+    queue_counts: dict[str, int] = field(default_factory=dict)
+    accepted: dict[str, tuple[v2.MessageType, ...]] = field(default_factory=dict)
+    fetched_at: float = 0.0
+
+
+# The writers' accepted types (their routes') as the topic's message type.
+_TYPE_OF_ACCEPTED = {accepted: name for name, accepted in ACCEPTED_TYPES.items()}
+
+
+class _RouteTopics:
+    """What the message reader asks of topics, from the routes known: the most queues
+    any group has, and the message type of the first group (by name) that answered."""
+
+    def __init__(self, routes: dict[str, _Route]):
+        self.routes = routes
+
+    def queue_count(self, topic: str) -> int | None:
+        route = self.routes.get(topic)
+        return max(route.queue_counts.values(), default=None) if route is not None else None
+
+    def message_type(self, topic: str) -> str | None:
+        route = self.routes.get(topic)
+        if route is None or not route.accepted:
+            return None
+        return _TYPE_OF_ACCEPTED.get(route.accepted[min(route.accepted)], "NORMAL")
+
+
+@dataclass
+class _ReaderSource:
+    config: WriterConfig
+    topics: _RouteTopics
+
+
+class _Group:
+    """A writer group as the proxy reaches it: its batch stream and a v2 channel for routes."""
+
+    def __init__(self, endpoints: GroupEndpoints, linger_s: float, batch_max: int):
+        self.endpoints = endpoints
+        self.sender = GroupSender(endpoints.name, endpoints.writers, linger_s, batch_max)
+        self.channel = grpc.aio.insecure_channel(endpoints.writers[0])
+        self.messaging = service_pb2_grpc.MessagingServiceStub(self.channel)  # type: ignore[no-untyped-call]  # generated
+
+    async def close(self) -> None:
+        await self.sender.close()
+        await self.channel.close()
+
+
+class ProxyServicer(service_pb2_grpc.MessagingServiceServicer):
+    """The producer's calls of MessagingService; the consumers' are not served yet (their
+    gRPC answer is UNIMPLEMENTED)."""
+
+    def __init__(
+        self, groups: Sequence[GroupEndpoints], advertise: v2.Endpoints, *, linger_s: float, batch_max: int,
+        limits: WriterConfig | None = None,
+    ):  # fmt: skip
+        self.advertise = advertise
+        self.linger_s = linger_s
+        self.batch_max = batch_max
+        self.limits = limits or WriterConfig(store="")
+        self.routes: dict[str, _Route] = {}
+        self.reader = MessageReader(_ReaderSource(self.limits, _RouteTopics(self.routes)))
+        self.groups: dict[str, _Group] = {}
+        self._round_robin = itertools.count()
+        self._stopping = asyncio.Event()
+        self._pending_groups = tuple(groups)
+
+    async def start(self) -> None:
+        """Open the groups' channels (on the server's loop)."""
+        await self.set_groups(self._pending_groups)
+
+    async def set_groups(self, groups: Sequence[GroupEndpoints]) -> None:
+        """Route to ``groups`` from now on (a reloaded cluster file): new groups are
+        opened, removed or changed ones closed (their unanswered sends fail)."""
+        wanted = {group.name: group for group in groups}
+        for name in list(self.groups):
+            if wanted.get(name) != self.groups[name].endpoints:
+                await self.groups.pop(name).close()
+        for name, endpoints in wanted.items():
+            if name not in self.groups:
+                self.groups[name] = _Group(endpoints, self.linger_s, self.batch_max)
+        for route in self.routes.values():
+            for name in list(route.queue_counts):
+                if name not in self.groups:
+                    del route.queue_counts[name]
+                    route.accepted.pop(name, None)
+
+    async def close(self) -> None:
+        self._stopping.set()
+        for group in self.groups.values():
+            await group.close()
+
+    # Routes
+
+    async def _ask_route(self, group: _Group, request: v2s.QueryRouteRequest) -> v2s.QueryRouteResponse | None:
+        try:
+            answer: v2s.QueryRouteResponse = await group.messaging.QueryRoute(request, timeout=ROUTE_TIMEOUT_S)
+        except grpc.aio.AioRpcError as error:
+            if error.code() in UNREACHABLE:
+                group.sender.mark_down(f"QueryRoute: {error.code().name}")
+            return None
+        return answer
+
+    async def _fetch_route(self, request: v2s.QueryRouteRequest) -> tuple[_Route, v2.Status | None]:
+        """Ask every group; the route of the groups that answered OK (and the first
+        refusal, when none did)."""
+        topic = request.topic.name
+        groups = list(self.groups.values())
+        answers = await asyncio.gather(*(self._ask_route(group, request) for group in groups))
+        route = self.routes.setdefault(topic, _Route())
+        refusal: v2.Status | None = None
+        answered = False
+        for group, answer in zip(groups, answers):
+            if answer is None:
+                continue
+            if answer.status.code != v2.OK:
+                refusal = refusal or answer.status
+                continue
+            brokers = {queue.broker.name for queue in answer.message_queues}
+            if brokers != {group.endpoints.name}:
+                log.error("writer group %s answers QueryRoute as broker %s: left out (its --broker-name must be its name)",
+                          group.endpoints.name, ", ".join(sorted(brokers)))
+                continue
+            route.queue_counts[group.endpoints.name] = len(answer.message_queues)
+            route.accepted[group.endpoints.name] = tuple(answer.message_queues[0].accept_message_types) if answer.message_queues else ()
+            answered = True
+        route.fetched_at = time.monotonic()
+        if not route.queue_counts:
+            self.routes.pop(topic, None)
+        return route, None if answered else refusal
+
+    async def _route(self, topic: str, namespace: str) -> _Route:
+        route = self.routes.get(topic)
+        if route is None or time.monotonic() - route.fetched_at > ROUTE_TTL_S:
+            request = v2s.QueryRouteRequest(topic=v2.Resource(name=topic, resource_namespace=namespace))
+            route, refusal = await self._fetch_route(request)
+            if not route.queue_counts:
+                raise V2Refusal(refusal.code, refusal.message) if refusal is not None else self._no_group(topic)
+        return route
+
+    @staticmethod
+    def _no_group(topic: str) -> V2Refusal:
+        return V2Refusal(v2.HA_NOT_AVAILABLE, f"no writer group answered for topic {topic}")
+
+    def _live(self, route: _Route) -> list[tuple[str, int]]:
+        return sorted(
+            (name, count) for name, count in route.queue_counts.items()
+            if name in self.groups and self.groups[name].sender.available
+        )  # fmt: skip
+
+    async def QueryRoute(self, request: v2s.QueryRouteRequest, context: grpc.aio.ServicerContext) -> v2s.QueryRouteResponse:
+        try:
+            route, refusal = await self._fetch_route(request)
+        except Exception as error:
+            log.exception("QueryRoute failed")
+            return v2s.QueryRouteResponse(status=status_for(error))
+        live = self._live(route)
+        if not live:
+            return v2s.QueryRouteResponse(status=refusal or status_for(self._no_group(request.topic.name)))
+        resource = v2.Resource(name=request.topic.name, resource_namespace=request.topic.resource_namespace)
+        queues = []
+        for name, count in live:
+            broker = v2.Broker(name=name, id=0, endpoints=self.advertise)
+            queues += [
+                v2.MessageQueue(
+                    topic=resource, id=queue_id, permission=v2.READ_WRITE, broker=broker, accept_message_types=route.accepted.get(name, ())
+                )
+                for queue_id in range(count)
+            ]
+        return v2s.QueryRouteResponse(status=ok_status(), message_queues=queues)
+
+    # Sends
+
+    def _pick(self, route: _Route, message_group: str) -> tuple[str, int]:
+        """The (group, queue id) a request's messages go to."""
+        if message_group:
+            every = [(name, q) for name, count in sorted(route.queue_counts.items()) for q in range(count)]
+            name, queue_id = every[int.from_bytes(hashlib.sha256(message_group.encode()).digest(), "big") % len(every)]
+            if not self.groups[name].sender.available:
+                raise V2Refusal(v2.HA_NOT_AVAILABLE, f"message group {message_group}'s queue is on writer group {name}, which is down")
+            return name, queue_id
+        live = self._live(route)
+        if not live:
+            raise V2Refusal(v2.HA_NOT_AVAILABLE, "every writer group of the topic is down")
+        slot = next(self._round_robin) % sum(count for _, count in live)
+        for name, count in live:
+            if slot < count:
+                return name, slot
+            slot -= count
+        raise AssertionError("unreachable: the slot is below the queues' total")
+
+    async def SendMessage(self, request: v2s.SendMessageRequest, context: grpc.aio.ServicerContext) -> v2s.SendMessageResponse:
+        try:
+            return await self._send(request, context)
+        except Exception as error:  # every answer is a v2 status
+            status = _send_status(error)
+            if status.code == v2.INTERNAL_SERVER_ERROR:
+                log.exception("SendMessage failed")
+            return v2s.SendMessageResponse(status=status, entries=[v2s.SendResultEntry(status=status) for _ in request.messages])
+
+    async def _send(self, request: v2s.SendMessageRequest, context: grpc.aio.ServicerContext) -> v2s.SendMessageResponse:
+        messages = request.messages
+        if not messages:
+            raise V2Refusal(v2.BAD_REQUEST, "the request has no messages")
+        topics = {m.topic.name for m in messages}
+        if len(topics) > 1:
+            raise V2Refusal(v2.BAD_REQUEST, "the messages of a request go to one topic")
+        topic = messages[0].topic
+        route = await self._route(topic.name, topic.resource_namespace)  # first: the reader's topic checks read it
+        peer = peer_address(context)
+        batch = self.reader.read(messages, peer, sends_queue_id=False)
+        groups = {p.get(SHARDING_KEY, "") for p in batch.properties}
+        if len(groups) > 1:
+            raise V2Refusal(v2.BAD_REQUEST, "the messages of a request belong to one message group")
+        name, queue_id = self._pick(route, groups.pop())
+        peer_text = peer.java_text() if peer is not None else ""
+        born_hosts = [host.java_text() if host is not None else peer_text for host in batch.born_hosts]
+        uniq_keys, offsets = await self.groups[name].sender.send(batch, queue_id, born_hosts)
+        response = v2s.SendMessageResponse(status=ok_status())
+        for uniq_key, offset in zip(uniq_keys, offsets):
+            response.entries.add(status=ok_status(), message_id=uniq_key, offset=offset)
+        return response
+
+    # The client's session
+
+    async def Heartbeat(self, request: v2s.HeartbeatRequest, context: grpc.aio.ServicerContext) -> v2s.HeartbeatResponse:
+        if request.client_type not in v2.ClientType.values():
+            return v2s.HeartbeatResponse(status=v2.Status(code=v2.BAD_REQUEST, message=f"unknown client type {request.client_type}"))
+        return v2s.HeartbeatResponse(status=ok_status())
+
+    async def NotifyClientTermination(
+        self, request: v2s.NotifyClientTerminationRequest, context: grpc.aio.ServicerContext
+    ) -> v2s.NotifyClientTerminationResponse:
+        return v2s.NotifyClientTerminationResponse(status=ok_status())
+
+    async def Telemetry(
+        self, request_iterator: AsyncIterator[v2s.TelemetryCommand], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[v2s.TelemetryCommand]:
+        """Answer each producer's Settings as the writer's gateway does; consumers are told
+        they are not served through a proxy yet. Other commands are read and dropped."""
+        async for command in request_iterator:
+            if self._stopping.is_set():
+                return
+            if command.WhichOneof("command") != "settings":
+                continue
+            settings = command.settings
+            if settings.client_type not in (v2.CLIENT_TYPE_UNSPECIFIED, v2.PRODUCER):
+                name = v2.ClientType.Name(settings.client_type) if settings.client_type in v2.ClientType.values() else str(settings.client_type)
+                yield v2s.TelemetryCommand(
+                    status=v2.Status(code=v2.NOT_IMPLEMENTED, message=f"{name} clients are not served by an rmqstore proxy yet"),
+                    settings=settings,
+                )
+                continue
+            yield v2s.TelemetryCommand(status=ok_status(), settings=self._settings(settings))
+
+    def _settings(self, settings: v2.Settings) -> v2.Settings:
+        answer = v2.Settings()
+        answer.CopyFrom(settings)
+        attempts = settings.backoff_policy.max_attempts if settings.HasField("backoff_policy") else 0
+        answer.backoff_policy.CopyFrom(
+            v2.RetryPolicy(
+                max_attempts=attempts or DEFAULT_MAX_ATTEMPTS,
+                exponential_backoff=v2.ExponentialBackoff(
+                    initial=duration_pb2.Duration(nanos=BACKOFF_INITIAL_MS * 1_000_000),
+                    max=duration_pb2.Duration(seconds=BACKOFF_MAX_MS // 1000),
+                    multiplier=BACKOFF_MULTIPLIER,
+                ),
+            )
+        )
+        answer.publishing.max_body_size = self.limits.max_body_bytes
+        answer.publishing.validate_message_type = settings.publishing.validate_message_type
+        return answer
+
+
+# A writer's refusal of a batch, as the v2 status its callers get (a RocketMQ client sends
+# again on another queue for any but TOO_MANY_REQUESTS).
+_BATCH_CODES = {
+    grpc.StatusCode.INVALID_ARGUMENT: v2.BAD_REQUEST,
+    grpc.StatusCode.NOT_FOUND: v2.TOPIC_NOT_FOUND,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: v2.TOO_MANY_REQUESTS,
+    grpc.StatusCode.FAILED_PRECONDITION: v2.HA_NOT_AVAILABLE,
+}
+
+
+def _send_status(error: BaseException) -> v2.Status:
+    if isinstance(error, BatchFailed):
+        code = _BATCH_CODES.get(error.code, v2.HA_NOT_AVAILABLE)
+        return v2.Status(code=code, message=f"the writer group did not store the batch: {error.code.name}: {error}")
+    return status_for(error)

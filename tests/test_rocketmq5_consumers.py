@@ -170,7 +170,8 @@ def test_an_empty_long_poll_waits_its_timeout_then_message_not_found(node: Write
 
 def test_unacknowledged_comes_back_after_its_invisibility_with_a_higher_attempt(node: WriterNode) -> None:
     send(node, 2)
-    _, first = receive(node, invisible_s=1)
+    # Long enough for the acknowledgement below to come before it expires, on a loaded machine.
+    _, first = receive(node, invisible_s=3)
     assert [m.system_properties.delivery_attempt for m in first] == [1, 1]
     assert receive(node)[1] == []  # invisible
     assert ack(node, first[1]).status.code == v2.OK
@@ -200,6 +201,23 @@ def test_change_invisible_duration_keeps_a_message_away_and_returns_a_new_handle
     assert zero.status.code == v2.OK
     _, again = receive(node)
     assert bodies(again) == [b"m0"] and again[0].system_properties.delivery_attempt == 2
+
+
+def test_an_expired_receipt_handle_is_refused_for_ack_and_change_as_apache_refuses_it(node: WriterNode) -> None:
+    """ConsumerProcessor.validateReceiptHandle: once its invisible duration is over, a
+    handle neither acknowledges nor hides its message; the message comes back."""
+    send(node, 1)
+    _, (message,) = receive(node, invisible_s=1)
+    handle = message.system_properties.receipt_handle
+    time.sleep(1.2)
+    expired = (v2.INVALID_RECEIPT_HANDLE, "org.apache.rocketmq.proxy.common.ProxyException: receipt handle is expired")
+    assert ack_handle(node, handle) == expired
+    changed = change(node, handle, 30)
+    assert (changed.status.code, changed.status.message, changed.receipt_handle) == (*expired, "")
+    assert node.messaging.consumers.committed("audit", "Orders", 0) == 0
+    _, again = receive(node)
+    assert bodies(again) == [b"m0"] and again[0].system_properties.delivery_attempt == 2
+    assert ack(node, again[0]).status.code == v2.OK
 
 
 def test_receipt_handles_forged_or_of_another_group_are_refused(node: WriterNode) -> None:
@@ -313,7 +331,7 @@ def test_fifo_group_holds_a_message_group_while_one_is_in_flight(node: WriterNod
             ),
             timeout=RPC_TIMEOUT_S,
         )
-    _, first = receive(node, invisible_s=1)
+    _, first = receive(node, invisible_s=3)  # m1's acknowledgement comes before it expires
     assert bodies(first) == [b"m0", b"m1"]  # one of each message group
     assert [m.system_properties.message_group for m in first] == ["g0", "g1"]
     assert first[0].system_properties.message_type == v2.FIFO

@@ -116,12 +116,22 @@ class InvalidReceiptHandle(InvalidArgument):
     """A receipt handle that is not one this store gave out, or not the message's latest."""
 
 
+class ExpiredReceiptHandle(InvalidReceiptHandle):
+    """A receipt handle whose invisible duration is over (Apache's ReceiptHandle.isExpired):
+    the message may be handed out again, so the handle no longer acknowledges or hides it."""
+
+
 class IllegalFilter(InvalidArgument):
     """A subscription expression the writer does not evaluate (SQL92) or cannot read."""
 
 
 class IllegalGroup(InvalidArgument):
     """A consumer group name outside RocketMQ's rule."""
+
+
+def _check_unexpired(delivery: Delivery) -> None:
+    if delivery.visible_at_ms <= now_ms():
+        raise ExpiredReceiptHandle("receipt handle is expired")
 
 
 def check_group(group: str) -> str:
@@ -777,9 +787,11 @@ class ConsumerGroups:
         return receipt, progress, delivery
 
     def ack(self, group: str, topic: str, handle: str) -> None:
-        """Acknowledge a delivery; acknowledging it again is no error."""
+        """Acknowledge a delivery; acknowledging it again is no error. A delivery whose
+        invisible duration is over is refused, as Apache's proxy refuses it."""
         receipt, progress, delivery = self._current(group, topic, handle)
         if delivery is not None:
+            _check_unexpired(delivery)
             progress.done(receipt.queue_offset)
             self.dirty = True
 
@@ -788,6 +800,7 @@ class ConsumerGroups:
         receipt, progress, delivery = self._current(group, topic, handle)
         if delivery is None:
             raise InvalidReceiptHandle("the message is already acknowledged")
+        _check_unexpired(delivery)
         delivery.visible_at_ms = now_ms() + invisible_ms
         delivery.nonce = secrets.randbits(62)
         progress.moved(receipt.queue_offset, delivery)

@@ -70,6 +70,7 @@ from rmqstore.writer.consumers import (
     RECEIVE_BYTES_MAX,
     SCAN_UNITS_MAX,
     ConsumerGroups,
+    ExpiredReceiptHandle,
     Handed,
     IllegalFilter,
     IllegalGroup,
@@ -166,6 +167,9 @@ def status_for(error: BaseException) -> v2.Status:
     here (the edge's one table for this protocol), anything else is the server's fault."""
     if isinstance(error, V2Refusal):
         return v2.Status(code=error.code, message=str(error))  # type: ignore[arg-type]
+    if isinstance(error, ExpiredReceiptHandle):
+        # The words of Apache's proxy (its ProxyException, wrapped as its gRPC answer shows it).
+        return v2.Status(code=v2.INVALID_RECEIPT_HANDLE, message=f"org.apache.rocketmq.proxy.common.ProxyException: {error}")
     if isinstance(error, InvalidReceiptHandle):
         return v2.Status(code=v2.INVALID_RECEIPT_HANDLE, message=str(error))
     if isinstance(error, IllegalFilter):

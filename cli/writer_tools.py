@@ -161,6 +161,7 @@ def cmd_writer_serve(args: argparse.Namespace) -> int:
             consumer_flush_interval_ms=args.consumer_flush_interval_ms,
             consumer_max_attempts=args.consumer_max_attempts,
             consumer_retry_delays_s=args.consumer_retry_delays,
+            consumer_min_invisible_ms=args.consumer_min_invisible * 1000,
             fifo_groups=tuple(args.fifo_group),
             retention_hours=args.retention_hours,
             disk_clean_ratio=args.disk_clean_ratio,
@@ -450,6 +451,14 @@ def register(commands: argparse._SubParsersAction) -> None:  # type: ignore[type
         default=None,
         metavar="S,S,...",
         help="seconds before each retry of a failed message (default 1,5,10,30,60,...,7200: Apache's levels)",
+    )
+    consumers.add_argument(
+        "--consumer-min-invisible",
+        type=exits.positive,
+        default=10,
+        metavar="S",
+        help="the shortest invisible duration a receive may ask, in seconds (default 10: Apache's proxy's "
+        "minInvisibleTimeMillsForRecv); shorter ones are refused ILLEGAL_INVISIBLE_TIME",
     )
     consumers.add_argument(
         "--max-groups",

@@ -110,6 +110,10 @@ class Background:
         return self.proc.returncode == 0
 
 
+# Receives of 3 or 5 s, under Apache's 10 s minimum (writer serve --consumer-min-invisible).
+SHORT_INVISIBLE = ("--consumer-min-invisible", "1")
+
+
 def produce(tmp_path: Path, endpoint: str, count: int) -> list[dict[str, Any]]:
     """``count`` messages from the official producer: three quarters to Orders (tags
     Tag0-2), a quarter to Carts as FIFO (eight message groups)."""
@@ -183,7 +187,7 @@ def test_simple_consumer_gets_every_message_once_a_tag_filter_its_subset_fifo_in
 
 
 def test_unacknowledged_come_back_with_a_higher_attempt_and_a_renewed_one_stays_away(nodes: Nodes, tmp_path: Path) -> None:
-    writer = nodes.start("writer", tmp_path / "store", *SIZE_ARGS)
+    writer = nodes.start("writer", tmp_path / "store", *SIZE_ARGS, *SHORT_INVISIBLE)
     sent = produce(tmp_path, writer.endpoint, 40)
     orders = sorted(line["body"] for line in sent if line["topic"] == "Orders")
     # Nothing acknowledged, invisible 5 s; the first handled is renewed for 60 s.
@@ -236,7 +240,7 @@ def test_push_consumer_success_for_all_and_failures_retried_then_in_the_dead_let
 
 def test_sigterm_mid_consumption_delivers_no_acknowledged_message_again(nodes: Nodes, tmp_path: Path) -> None:
     store = tmp_path / "store"
-    writer = nodes.start("writer", store, *SIZE_ARGS)
+    writer = nodes.start("writer", store, *SIZE_ARGS, *SHORT_INVISIBLE)
     sent = produce(tmp_path, writer.endpoint, 400)
     orders = {line["body"] for line in sent if line["topic"] == "Orders"}
     # Paced, so that the stop comes while it is consuming.
@@ -249,7 +253,7 @@ def test_sigterm_mid_consumption_delivers_no_acknowledged_message_again(nodes: N
         before = running.stop()
     acked = {line["body"] for line in before if line.get("acked")}
     assert 100 <= len(acked) < len(orders)
-    again = nodes.start("writer", store, *SIZE_ARGS)
+    again = nodes.start("writer", store, *SIZE_ARGS, *SHORT_INVISIBLE)
     after = consume_the_rest(tmp_path, again.endpoint, orders - set(acked))
     assert not acked & set(bodies(after))
     assert acked | set(bodies(after)) == orders
@@ -257,7 +261,7 @@ def test_sigterm_mid_consumption_delivers_no_acknowledged_message_again(nodes: N
 
 def test_sigkill_loses_no_message_and_redelivers_only_the_last_flush_intervals_acks(nodes: Nodes, tmp_path: Path) -> None:
     store = tmp_path / "store"
-    flush = ["--consumer-flush-interval-ms", str(FLUSH_INTERVAL_MS)]
+    flush = ["--consumer-flush-interval-ms", str(FLUSH_INTERVAL_MS), *SHORT_INVISIBLE]
     writer = nodes.start("writer", store, *SIZE_ARGS, *flush)
     sent = produce(tmp_path, writer.endpoint, 400)
     orders = {line["body"] for line in sent if line["topic"] == "Orders"}

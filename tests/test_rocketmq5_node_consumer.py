@@ -28,7 +28,8 @@ PROGRESS_WAIT_S = 15.0
 @pytest.mark.slow
 def test_official_nodejs_simple_consumer_receives_and_acks_each_message_once(nodes: Nodes, tmp_path: Path) -> None:
     store = tmp_path / "store"
-    writer = nodes.start("writer", store, *SIZE_ARGS)
+    # The script receives for 2 s (INVISIBLE_MS), under Apache's 10 s minimum.
+    writer = nodes.start("writer", store, *SIZE_ARGS, "--consumer-min-invisible", "1")
     make_topics(writer.endpoint, {TOPIC: "NORMAL"})
     sent = [json.loads(line) for line in run_node(tmp_path, "official_producer.js", writer.endpoint, TOPIC, str(NODE_CLIENT_MESSAGES)).splitlines()]
     assert len({s["message_id"] for s in sent}) == NODE_CLIENT_MESSAGES

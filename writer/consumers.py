@@ -90,7 +90,6 @@ BATCH_MAX = 1_024
 # The records one receive hands out, after its first (so a 4 MiB message always goes):
 # the query node's response budget (query.view.RESPONSE_BYTES_MAX).
 RECEIVE_BYTES_MAX = 16 * 1024 * 1024
-INVISIBLE_MS_MIN = 1_000
 INVISIBLE_MS_MAX = 12 * 3600 * 1000  # Apache's proxy bounds invisible_duration the same way
 DEFAULT_FLUSH_INTERVAL_MS = 1_000
 DEFAULT_MAX_GROUPS = 1_000

@@ -64,6 +64,7 @@ class WriterOptions:
     consumer_flush_interval_ms: int = 1000  # the consumer groups' progress written this often
     consumer_max_attempts: int = 17  # deliveries before a message goes to %DLQ%<group>
     consumer_retry_delays_s: tuple[int, ...] | None = None  # None: Apache's levels
+    consumer_min_invisible_ms: int = 10_000  # Apache's proxy's minInvisibleTimeMillsForRecv
     fifo_groups: tuple[str, ...] = ()  # consumer groups that consume FIFO
     retention_hours: float = 72.0
     retention_delete_hours: tuple[int, ...] = WriterConfig.retention_delete_hours  # hours of day files expire in
@@ -170,6 +171,7 @@ class WriterNode(process.ServingNode):
         policy = ConsumerPolicy(
             max_attempts=options.consumer_max_attempts,
             retry_delays_s=options.consumer_retry_delays_s or DEFAULT_RETRY_DELAYS_S,
+            min_invisible_ms=options.consumer_min_invisible_ms,
         )
         writer = Writer(config)
         try:

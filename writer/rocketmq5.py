@@ -66,7 +66,6 @@ from rmqstore.writer.consumers import (
     BATCH_MAX,
     DLQ_PREFIX,
     INVISIBLE_MS_MAX,
-    INVISIBLE_MS_MIN,
     RECEIVE_BYTES_MAX,
     SCAN_UNITS_MAX,
     ConsumerGroups,
@@ -130,6 +129,7 @@ DEFAULT_LONG_POLL_MS = 20_000
 LONG_POLL_MS_MAX = 60_000
 POLL_MARGIN_S = 0.5
 AUTO_RENEW_INVISIBLE_MS = 60_000
+INVISIBLE_MS_APACHE_MIN = 10_000  # ProxyConfig.minInvisibleTimeMillsForRecv
 RECEIVE_BATCH_SIZE = 32
 # Records of an answer up to this many bytes are read and made into messages on the
 # loop: a thread's hop costs more than that. Larger ones are read on the executor, so a
@@ -577,6 +577,9 @@ class ConsumerPolicy:
     max_attempts: int = DEFAULT_CONSUMER_MAX_ATTEMPTS
     retry_delays_s: tuple[int, ...] = DEFAULT_RETRY_DELAYS_S
     auto_renew_invisible_ms: int = AUTO_RENEW_INVISIBLE_MS
+    # The shortest invisible duration a receive may ask (the proxy's
+    # minInvisibleTimeMillsForRecv); ChangeInvisibleDuration may ask 0.
+    min_invisible_ms: int = INVISIBLE_MS_APACHE_MIN
 
 
 class Wakeup:
@@ -944,7 +947,9 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         if not 0 < request.batch_size <= BATCH_MAX:
             raise V2Refusal(v2.BAD_REQUEST, f"batch_size {request.batch_size}: expected 1-{BATCH_MAX}")
         invisible_ms = self.auto_renew_invisible_ms if request.auto_renew and not request.HasField("invisible_duration") else (
-            _duration_ms(request.invisible_duration, "invisible_duration", v2.ILLEGAL_INVISIBLE_TIME, INVISIBLE_MS_MIN, INVISIBLE_MS_MAX)
+            # The minimum binds a receive without auto_renew, as in Apache's proxy (which
+            # ignores an auto-renewed receive's duration).
+            _invisible_ms(request.invisible_duration, 0 if request.auto_renew else self.policy.min_invisible_ms)
         )
         poll_ms = (
             _duration_ms(request.long_polling_timeout, "long_polling_timeout", v2.ILLEGAL_POLLING_TIME, 0, LONG_POLL_MS_MAX)
@@ -1090,9 +1095,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         try:
             group = check_group(request.group.name)
             topic = _consumed_topic(request.topic)
-            invisible_ms = _duration_ms(
-                request.invisible_duration, "invisible_duration", v2.ILLEGAL_INVISIBLE_TIME, 0, INVISIBLE_MS_MAX
-            )
+            invisible_ms = _invisible_ms(request.invisible_duration, 0)
             handle = self.consumers.change_invisible(group, topic, request.receipt_handle, invisible_ms)
         except Exception as error:
             return v2s.ChangeInvisibleDurationResponse(status=self._failed("ChangeInvisibleDuration", error))
@@ -1360,6 +1363,19 @@ def _duration_ms(duration: duration_pb2.Duration, name: str, code: int, low_ms: 
     value_ms = duration.seconds * 1000 + duration.nanos // 1_000_000
     if not low_ms <= value_ms <= high_ms:
         raise V2Refusal(code, f"{name} {value_ms} ms: expected {low_ms}-{high_ms} ms")
+    return value_ms
+
+
+def _invisible_ms(duration: duration_pb2.Duration, min_ms: int) -> int:
+    """An invisible duration checked as Apache's proxy checks it (GrpcValidator.validateInvisibleTime),
+    refused in its words."""
+    if duration.seconds < 0 or duration.nanos < 0 or duration.nanos >= 1_000_000_000:
+        raise V2Refusal(v2.ILLEGAL_INVISIBLE_TIME, f"invisible_duration {duration.seconds}s {duration.nanos}ns is not a duration")
+    value_ms = duration.seconds * 1000 + duration.nanos // 1_000_000
+    if value_ms < min_ms:
+        raise V2Refusal(v2.ILLEGAL_INVISIBLE_TIME, f"the invisibleTime is too small. min is {min_ms}")
+    if value_ms > INVISIBLE_MS_MAX:
+        raise V2Refusal(v2.ILLEGAL_INVISIBLE_TIME, f"the invisibleTime is too large. max is {INVISIBLE_MS_MAX}")
     return value_ms
 
 

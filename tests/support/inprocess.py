@@ -67,9 +67,12 @@ class WriterNode:
 
 def gateway_node(store: Path, topics: dict[str, tuple[int, str]] | None = None, **options: Any) -> WriterNode:
     """A writer as the RocketMQ 5 tests use it: 1 MiB commit log files, advertising
-    writer.example:8081 as broker-a, with ``topics`` (name: queue count, message type)
-    made as updateTopic makes them (the gateway creates none). ``options`` are WriterNode's."""
-    node = WriterNode(store, **{"sizes": GATEWAY_SIZES, "advertise": "writer.example:8081", "broker_name": "broker-a", **options})
+    writer.example:8081 as broker-a, receives as short as 1 s invisible (Apache's 10 s
+    minimum makes tests of redelivery slow), with ``topics`` (name: queue count, message
+    type) made as updateTopic makes them (the gateway creates none). ``options`` are
+    WriterNode's."""
+    defaults = {"sizes": GATEWAY_SIZES, "advertise": "writer.example:8081", "broker_name": "broker-a", "consumer_min_invisible_ms": 1000}
+    node = WriterNode(store, **{**defaults, **options})
     for name, (queue_count, message_type) in (topics or {}).items():
         node.writer.topics.create(name, queue_count, message_type)
     return node

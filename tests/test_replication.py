@@ -405,3 +405,40 @@ def test_killing_the_primary_loses_no_acknowledged_message(nodes: Nodes, tmp_pat
         assert checked.returncode == 0, checked.stdout + checked.stderr
     _assert_identical_over_common_length([group.store(k) for k in range(3)])
     print(f"failover: {failover_s:.2f} s from the kill to the first acknowledged send; {len(acked)} acked")
+
+
+@pytest.mark.parametrize(
+    ("flags", "words"),
+    [
+        (["--replica-id", "1", "--replicas", "0=127.0.0.1:1,1=127.0.0.1:2"], "belong to a writer group: give --group too"),
+        (["--group", "g1", "--replica-id", "0"], "--group needs --replica-id and --replicas"),
+        (["--group", "g1", "--replica-id", "5", "--replicas", "0=127.0.0.1:1,1=127.0.0.1:2"], "--replica-id 5 is not in --replicas"),
+        (["--group", "g1", "--replica-id", "0", "--replicas", "0=127.0.0.1:1", "--min-insync", "2"], "--min-insync 2"),
+        (["--group", "g1", "--replica-id", "0", "--replicas", "0=127.0.0.1:1,0=127.0.0.1:2"], "names replica 0 twice"),
+        (["--group", "g1", "--replica-id", "0", "--replicas", "0=nowhere"], "--replicas:"),
+        (["--group", "g/1", "--replica-id", "0", "--replicas", "0=127.0.0.1:1"], "--group 'g/1'"),
+    ],
+)
+def test_bad_group_flags_are_refused_before_anything_is_made(tmp_path: Path, flags: list[str], words: str) -> None:
+    store = tmp_path / "store"
+    done = run_cli(["writer", "serve", "--store", str(store), "--port", "0", *flags])
+    assert done.returncode == 2, done.stderr
+    assert words in done.stderr, done.stderr
+    assert not store.exists()
+
+
+def test_consistent_end_is_the_end_of_the_newest_shared_epoch() -> None:
+    from rmqstore.writer.replication.epochs import Epoch, consistent_end
+
+    primary = [Epoch(1, 0, 0), Epoch(5, 1000, 1), Epoch(9, 3000, 2)]
+    # A former primary of epoch 5 that wrote past where epoch 9 began: cut at 3000.
+    assert consistent_end([Epoch(1, 0, 0), Epoch(5, 1000, 1)], primary, 4500, 6000) == 3000
+    # A follower behind the switch keeps all it has.
+    assert consistent_end([Epoch(1, 0, 0), Epoch(5, 1000, 1)], primary, 2000, 6000) == 2000
+    # One whose epoch 5 began elsewhere shares only epoch 1: cut where epoch 5 began.
+    assert consistent_end([Epoch(1, 0, 0), Epoch(5, 1200, 0)], primary, 4500, 6000) == 1000
+    # Nothing shared: everything goes; a new group (no epochs anywhere) keeps its log.
+    assert consistent_end([Epoch(2, 0, 1)], primary, 4500, 6000) == 0
+    assert consistent_end([], [], 700, 900) == 700
+    # Already in the primary's newest epoch: up to the primary's end.
+    assert consistent_end(primary, primary, 7000, 6000) == 6000

@@ -1,5 +1,5 @@
 """Topics and consumer groups in Apache RocketMQ 5's own files, ``config/topics.json`` and
-``config/subscriptionGroup.json`` (docs/format.md §1.2).
+``config/subscriptionGroup.json`` (docs/format.md §1.1).
 
 Apache's broker keeps them through ConfigManager: fastjson, pretty-printed with tabs, the
 previous file kept as ``.bak`` and read when the main one is missing or does not decode.

@@ -32,6 +32,8 @@ from rmqstore.rocketmq_v2 import service_pb2_grpc
 from rmqstore.service.listen import free_port
 from rmqstore.v1 import (
     messages_pb2,
+    query_pb2,
+    query_pb2_grpc,
     replication_pb2,
     replication_pb2_grpc,
     writer_pb2,
@@ -195,6 +197,12 @@ def test_a_sync_group_replicates_byte_for_byte(nodes: Nodes, tmp_path: Path) -> 
     wait_until(lambda: all(group.status(k).end_offset == end for k in range(3)), 30, "the followers to catch up")
     status = group.status(primary)
     assert [(f.replica_id, f.in_sync, f.lag_bytes) for f in status.followers] == [(k, True, 0) for k in range(3) if k != primary]
+    # A query node serves from a follower's files, live (reads scale across replicas).
+    query = nodes.start("query", group.store(follower), *SIZES)
+    with grpc.insecure_channel(query.endpoint) as channel:
+        page = query_pb2_grpc.QueryServiceStub(channel).QueryByKey(query_pb2.QueryByKeyRequest(topic="T1", key="p0-1", page_size=10), timeout=10)
+    assert [m.uniq_key for m in page.messages] == [acked[1][0]]
+    query.stop()
     # The gauges: the primary's in-sync count and lag, every replica's epoch.
     with urllib.request.urlopen(f"http://127.0.0.1:{group.procs[primary].serving['metricsPort']}/metrics", timeout=10) as page:
         scraped = {(s.name, s.labels.get("rmqstore_replica")): s.value for f in text_string_to_metric_families(page.read().decode()) for s in f.samples}

@@ -163,6 +163,12 @@ def test_a_recalled_message_is_never_delivered(nodes: Nodes, tmp_path: Path) -> 
     assert wrong.status.code == v2.TOPIC_NOT_FOUND
     nodes.writer(writer).CreateTopic(writer_pb2.CreateTopicRequest(name="Other", queue_count=1), timeout=RPC_TIMEOUT_S)
     wrong = messaging.RecallMessage(v2s.RecallMessageRequest(topic=v2.Resource(name="Other"), recall_handle=handles[0]), timeout=RPC_TIMEOUT_S)
+    assert (wrong.status.code, wrong.status.message) == (
+        v2.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE,
+        "org.apache.rocketmq.proxy.common.ProxyException: TopicMessageType validate failed, the expected type is NORMAL, but actual type is DELAY",
+    )
+    nodes.writer(writer).CreateTopic(writer_pb2.CreateTopicRequest(name="Later", queue_count=1, message_type="DELAY"), timeout=RPC_TIMEOUT_S)
+    wrong = messaging.RecallMessage(v2s.RecallMessageRequest(topic=v2.Resource(name="Later"), recall_handle=handles[0]), timeout=RPC_TIMEOUT_S)
     assert (wrong.status.code, wrong.status.message) == (v2.INTERNAL_SERVER_ERROR, "recall failed, topic not match")
     bad = messaging.RecallMessage(v2s.RecallMessageRequest(topic=v2.Resource(name=TOPIC), recall_handle="x"), timeout=RPC_TIMEOUT_S)
     assert (bad.status.code, bad.status.message) == (v2.INTERNAL_SERVER_ERROR, "recall handle is invalid")

@@ -1312,6 +1312,14 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             topic = _topic(request.topic)
             if self.writer.topics.queue_count(topic) is None:
                 raise V2Refusal(v2.TOPIC_NOT_FOUND, f"recall failed, the topic[{topic}] not exist")
+            topic_type = self.writer.topics.message_type(topic) or "NORMAL"
+            if topic_type not in ("DELAY", "MIXED"):
+                # ProducerProcessor.recallMessage validates the topic as a DELAY one first.
+                raise V2Refusal(
+                    v2.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE,
+                    "org.apache.rocketmq.proxy.common.ProxyException: TopicMessageType validate failed, "
+                    f"the expected type is {topic_type}, but actual type is DELAY",
+                )
             try:
                 handle = parse_recall_handle(request.recall_handle)
             except InvalidArgument as error:

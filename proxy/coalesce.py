@@ -1,7 +1,10 @@
 """Group commit across a proxy's clients: the messages of every client's SendMessage bound
 for one writer group go into one columnar batch of the writer's v1 stream
-(``WriterService.SendStream``, ``compact_results``), sent once ``batch_max`` messages wait
-or the first of them has waited ``linger_s``. Each caller gets its own messages' results
+(``WriterService.SendStream``, ``compact_results``). A batch leaves once the first of its
+messages has waited ``linger_s`` or ``batch_max`` messages wait — but while
+BATCHES_IN_FLIGHT batches wait for the writer's answer, the next one keeps gathering until
+an answer comes: under load the batches grow with the writer's turnaround (group commit),
+idle a message waits no more than the linger. Each caller gets its own messages' results
 back (their UNIQ_KEYs and queue offsets, in its order).
 
 A batch is stored whole or not at all (SendBatchRequest's contract): a writer's refusal
@@ -28,6 +31,8 @@ from rmqstore.v1 import writer_pb2, writer_pb2_grpc
 # What a writer found unreachable is left out of routes and sends for this long, then
 # tried again by the next send.
 DOWN_S = 2.0
+# Batches sent to a writer and not yet answered, at most.
+BATCHES_IN_FLIGHT = 1
 # How long a batch may wait for the writer's answer before its callers are told it failed.
 BATCH_TIMEOUT_S = 10.0
 # gRPC codes that say the writer (not the batch) is at fault: the group is down for DOWN_S.
@@ -92,7 +97,10 @@ class _Stream:
     """One SendStream to a writer: batches written in order, each answer handed to the
     callers of the batch it answers."""
 
-    def __init__(self, stub: writer_pb2_grpc.WriterServiceStub, on_end: Callable[[BatchFailed], None]):
+    def __init__(
+        self, stub: writer_pb2_grpc.WriterServiceStub, on_answer: Callable[[], None], on_end: Callable[[BatchFailed], None]
+    ):
+        self.on_answer = on_answer
         self.on_end = on_end
         self.outgoing: asyncio.Queue[writer_pb2.SendBatchRequest | None] = asyncio.Queue()
         self.unanswered: collections.deque[list[tuple[int, asyncio.Future[Results]]]] = collections.deque()
@@ -122,6 +130,7 @@ class _Stream:
                     if not future.done():
                         future.set_result((uniq_keys[start : start + count], offsets[start : start + count]))
                     start += count
+                self.on_answer()
             failure = BatchFailed(grpc.StatusCode.UNAVAILABLE, "the writer ended its stream")
         except grpc.aio.AioRpcError as error:
             failure = BatchFailed(error.code(), error.details() or error.code().name)
@@ -152,6 +161,7 @@ class GroupSender:
         self._writer_index = 0
         self._channels = [grpc.aio.insecure_channel(w) for w in self.writers]
         self._gathering = _Columns()
+        self._sealed: collections.deque[_Columns] = collections.deque()  # full batches waiting for a turn
         self._timer: asyncio.TimerHandle | None = None
         self._stream: _Stream | None = None
         self.batches_sent = 0
@@ -175,6 +185,8 @@ class GroupSender:
         gathering.add(batch, queue_id, born_hosts)
         gathering.callers.append((len(batch.bodies), future))
         if len(gathering.bodies) >= self.batch_max:
+            self._sealed.append(gathering)
+            self._gathering = _Columns()
             self._flush()
         elif self._timer is None:
             self._timer = asyncio.get_running_loop().call_later(self.linger_s, self._flush)
@@ -183,29 +195,43 @@ class GroupSender:
         except TimeoutError:
             raise BatchFailed(grpc.StatusCode.DEADLINE_EXCEEDED, f"writer group {self.name} did not answer within {BATCH_TIMEOUT_S:g} s") from None
 
+    def _in_flight(self) -> int:
+        stream = self._stream
+        return len(stream.unanswered) if stream is not None and stream.open else 0
+
     def _flush(self) -> None:
+        """Send what waits, as far as the batches in flight allow: full batches first,
+        then the one gathering (the rest leaves when an answer comes)."""
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        gathering, self._gathering = self._gathering, _Columns()
-        if not gathering.callers:
-            return
-        self._open_stream().send(gathering)
+        while self._sealed and self._in_flight() < BATCHES_IN_FLIGHT:
+            self._send(self._sealed.popleft())
+        if self._gathering.callers and not self._sealed and self._in_flight() < BATCHES_IN_FLIGHT:
+            gathering, self._gathering = self._gathering, _Columns()
+            self._send(gathering)
+
+    def _send(self, batch: _Columns) -> None:
+        self._open_stream().send(batch)
         self.batches_sent += 1
-        self.messages_sent += len(gathering.bodies)
+        self.messages_sent += len(batch.bodies)
 
     def _open_stream(self) -> _Stream:
         if self._stream is None or not self._stream.open:
             stub = writer_pb2_grpc.WriterServiceStub(self._channels[self._writer_index])  # type: ignore[no-untyped-call]  # generated
-            self._stream = _Stream(stub, self._ended)
+            self._stream = _Stream(stub, self._flush, self._ended)
         return self._stream
 
     def _ended(self, failure: BatchFailed) -> None:
         if failure.code in UNREACHABLE:
             self.mark_down(f"its stream to {self.writers[self._writer_index]} ended: {failure}")
             self._writer_index = (self._writer_index + 1) % len(self.writers)
+        # What was waiting for an answer goes on a new stream (or fails fast on it).
+        if self._sealed or self._gathering.callers:
+            asyncio.get_running_loop().call_soon(self._flush)
 
     async def close(self) -> None:
+        log.info("writer group %s: %d messages sent in %d batches", self.name, self.messages_sent, self.batches_sent)
         if self._timer is not None:
             self._timer.cancel()
         if self._stream is not None:

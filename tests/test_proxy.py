@@ -193,9 +193,9 @@ def test_the_python_producer_sends_through_two_proxies_to_three_groups(nodes: No
     cluster.write_text(cluster_yaml(writers))
     proxies = start_proxies(nodes, cluster, 2)
     endpoints = ";".join(proxy.endpoint for proxy in proxies)
-    lines = run_python_client(tmp_path, "send", endpoints, "Orders", "Fifo", "400")
+    lines = run_python_client(tmp_path, "send", endpoints, "Orders", "Fifo", "240")
     sent = [line for line in lines if "message_id" in line]
-    assert len(sent) == 400
+    assert len(sent) == 240
     for proxy in proxies:
         assert route_brokers(proxy.endpoint, "Orders") == {name: 4 for name in names}
     for writer in writers.values():
@@ -224,7 +224,7 @@ def test_the_python_producer_sends_through_two_proxies_to_three_groups(nodes: No
         assert len({(name, queue_id) for name, queue_id, _, _ in placed}) == 1, group
         assert [n for *_, n in sorted(placed)] == sorted(n for *_, n in placed), group
     shares = Counter(name for name, _ in where.values())
-    assert set(shares) == set(names) and min(shares.values()) >= 50, shares
+    assert set(shares) == set(names) and min(shares.values()) >= 30, shares
 
 
 class Loop:

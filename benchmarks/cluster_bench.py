@@ -1,0 +1,228 @@
+"""Cluster mode's price per message: our own unary v2 callers (the official client's
+calls without its cost: rocketmq5_bench.py's ``own_callers_v2``) sending one message per
+SendMessage, CONCURRENCY callers waiting each for its answer, once directly to a writer's
+own gateway (local mode) and once through one ``rmqstore proxy serve`` in front of the
+same kind of writer (cluster mode), alternating, ROUNDS times, a fresh writer each run.
+Reported: the writer's CPU per client message each way (target through the proxy: at most
+50 µs), the proxy's CPU per message, the rate, and each call's latency p50/p99.
+
+    python benchmarks/cluster_bench.py [--messages N] [--concurrency C] [--rounds R]
+        [--linger-ms MS] [--out benchmarks/CLUSTER.md]"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+sys.path.insert(0, str(HERE))
+
+from bench_common import Nodes, latency_summary, load_average, machine_facts, quiet_env  # noqa: E402
+from rocketmq5_bench import _v2_sender, create_topic, process_cpu_s  # noqa: E402
+
+TARGET_WRITER_US = 50.0
+TIMEOUT_S = 1800.0
+ANALYSIS = "## What bounds the figure"
+SERVING_TIMEOUT_S = 60.0
+
+
+def own_callers(endpoint: str, topic: str, count: int, concurrency: int) -> dict[str, Any]:
+    """``count`` one-message v2 sends from ``concurrency`` threads; each call's latency."""
+    import grpc
+
+    channel = grpc.insecure_channel(endpoint)
+    send = _v2_sender(channel, topic)
+    send(-1)  # the route and the channel warmed
+    next_n = iter(range(count))
+    lock = threading.Lock()
+    latencies_ns: list[int] = []
+    failures: list[BaseException] = []
+
+    def caller() -> None:
+        mine: list[int] = []
+        while True:
+            with lock:
+                n = next(next_n, None)
+            if n is None:
+                break
+            started = time.perf_counter_ns()
+            try:
+                send(n)
+            except (grpc.RpcError, RuntimeError) as error:
+                failures.append(error)
+                break
+            mine.append(time.perf_counter_ns() - started)
+        with lock:
+            latencies_ns.extend(mine)
+
+    threads = [threading.Thread(target=caller) for _ in range(concurrency)]
+    started = time.perf_counter()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    seconds = time.perf_counter() - started
+    channel.close()
+    if failures:
+        raise RuntimeError(f"{len(failures)} sends failed, first: {failures[0]!r}")
+    return {"messages": count, "seconds": seconds, "latency": latency_summary(latencies_ns)}
+
+
+class Proxy:
+    """``rmqstore proxy serve`` in front of one writer."""
+
+    def __init__(self, work: Path, writer_endpoint: str, linger_ms: float):
+        cluster = work / f"cluster-{time.monotonic_ns()}.yaml"
+        cluster.write_text(f'groups:\n  - name: broker-a\n    writers: ["{writer_endpoint}"]\n')
+        self._stderr = open(work / f"proxy-{time.monotonic_ns()}.stderr", "wb")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "rmqstore.cli.main", "proxy", "serve", "--cluster", str(cluster), "--linger-ms", str(linger_ms)],
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=self._stderr, env=quiet_env(),
+        )  # fmt: skip
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"the proxy did not start: {Path(self._stderr.name).read_text()[-3000:]}")
+        self.endpoint = f"127.0.0.1:{json.loads(line)['port']}"
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(timeout=60)
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+        self._stderr.close()
+
+
+IDLE_S = 2.0
+
+
+def run(command: list[str], watched: dict[str, int]) -> dict[str, Any]:
+    """The callers' run, with each watched process's CPU per message; and the writer's CPU
+    a second idle just before (its background tasks), which the per-message figure holds."""
+    idle_before = process_cpu_s(watched["writer"])
+    time.sleep(IDLE_S)
+    writer_idle_ms_per_s = (process_cpu_s(watched["writer"]) - idle_before) / IDLE_S * 1000
+    before = {name: process_cpu_s(pid) for name, pid in watched.items()}
+    done = subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT_S, env=quiet_env(), check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"the callers failed ({done.returncode}):\n{done.stderr[-3000:]}")
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    for name, pid in watched.items():
+        result[f"{name}_cpu_us_per_message"] = (process_cpu_s(pid) - before[name]) / result["messages"] * 1e6
+    result["writer_idle_cpu_ms_per_s"] = writer_idle_ms_per_s
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--messages", type=int, default=5000)
+    parser.add_argument("--concurrency", type=int, default=32)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--linger-ms", type=float, default=2.0)
+    parser.add_argument("--out", type=Path, help="write the results as markdown here")
+    parser.add_argument("--callers", nargs=2, metavar=("ENDPOINT", "TOPIC"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.callers:
+        print(json.dumps(own_callers(*args.callers, args.messages, args.concurrency)), flush=True)
+        return
+    runs: dict[str, list[dict[str, Any]]] = {"direct": [], "proxy": []}
+    load_before = load_average()
+    with tempfile.TemporaryDirectory(prefix="cluster-bench-") as work_text:
+        work = Path(work_text)
+        with Nodes(work / "logs") as nodes:
+            for round_number in range(args.rounds):
+                for way, results in runs.items():
+                    writer = nodes.start("writer", work / f"store-{way}-{round_number}", "--broker-name", "broker-a")
+                    create_topic(writer.endpoint, "Bench")
+                    watched = {"writer": writer.proc.pid}
+                    proxy = None
+                    endpoint = writer.endpoint
+                    if way == "proxy":
+                        proxy = Proxy(work, writer.endpoint, args.linger_ms)
+                        watched["proxy"] = proxy.proc.pid
+                        endpoint = proxy.endpoint
+                    command = [sys.executable, __file__, "--callers", endpoint, "Bench",
+                               "--messages", str(args.messages), "--concurrency", str(args.concurrency)]  # fmt: skip
+                    try:
+                        results.append(run(command, watched))
+                    finally:
+                        if proxy is not None:
+                            proxy.stop()
+                        writer.stop()
+    report = summary(runs, args, load_before)
+    print(json.dumps(report, indent=2))
+    if args.out:
+        kept = ""
+        if args.out.exists():  # the hand-written analysis below the figures stays
+            _, marker, tail = args.out.read_text(encoding="utf-8").partition(ANALYSIS)
+            kept = marker + tail
+        text = markdown(report, " ".join(["python", "benchmarks/cluster_bench.py", *sys.argv[1:]]))
+        args.out.write_text(text + ("\n" + kept if kept else ""), encoding="utf-8")
+
+
+def summary(runs: dict[str, list[dict[str, Any]]], args: argparse.Namespace, load_before: list[float]) -> dict[str, Any]:
+    def median(way: str, pick: Any) -> float:
+        return round(statistics.median(pick(r) for r in runs[way]), 1)
+
+    per_way = {
+        way: {
+            "msgs_per_s": median(way, lambda r: r["messages"] / r["seconds"]),
+            "writer_cpu_us_per_message": median(way, lambda r: r["writer_cpu_us_per_message"]),
+            "latency_p50_ms": median(way, lambda r: r["latency"]["p50_us"] / 1000),
+            "latency_p99_ms": median(way, lambda r: r["latency"]["p99_us"] / 1000),
+            "writer_idle_cpu_ms_per_s": median(way, lambda r: r["writer_idle_cpu_ms_per_s"]),
+        }
+        for way in runs
+    }
+    per_way["proxy"]["proxy_cpu_us_per_message"] = median("proxy", lambda r: r["proxy_cpu_us_per_message"])
+    writer_proxy = per_way["proxy"]["writer_cpu_us_per_message"]
+    return {
+        "messages": args.messages, "concurrency": args.concurrency, "rounds": args.rounds, "linger_ms": args.linger_ms,
+        "load_average_before": load_before, "load_average_after": load_average(),
+        "medians": per_way, "runs": runs,
+        "writer_cpu_direct_to_proxy": round(per_way["direct"]["writer_cpu_us_per_message"] / writer_proxy, 2) if writer_proxy else None,
+        "target_writer_cpu_us": TARGET_WRITER_US, "met": writer_proxy <= TARGET_WRITER_US,
+        "machine": machine_facts(REPO),
+    }  # fmt: skip
+
+
+def markdown(report: dict[str, Any], command: str) -> str:
+    medians = report["medians"]
+    rows = "\n".join(
+        f"| {way} | {m['msgs_per_s']} | {m['writer_cpu_us_per_message']} | {m.get('proxy_cpu_us_per_message', '–')} | "
+        f"{m['latency_p50_ms']} | {m['latency_p99_ms']} | {m['writer_idle_cpu_ms_per_s']} |"
+        for way, m in medians.items()
+    )
+    return f"""# Cluster mode: the writer's cost per client message, local mode vs through a proxy
+
+`{command}` — {report['messages']} one-message v2 SendMessage calls a run from
+{report['concurrency']} of our own unary callers (the official client's calls without its
+cost), direct to a writer's gateway and through one proxy (`--linger-ms {report['linger_ms']}`),
+alternating, {report['rounds']} rounds, a fresh writer (ASYNC flush) each run; medians of the rounds.
+Load average before/after: {report['load_average_before']} / {report['load_average_after']}
+(a shared 2-core machine: the ratios matter, not the absolute figures).
+
+| way | msgs/s | writer CPU µs/msg | proxy CPU µs/msg | latency p50 ms | latency p99 ms | writer idle CPU ms/s |
+|---|---|---|---|---|---|---|
+{rows}
+
+Writer CPU per message, direct / through the proxy: **{report['writer_cpu_direct_to_proxy']}x**.
+Target (writer ≤ {report['target_writer_cpu_us']:g} µs a client message through the proxy): **{'met' if report['met'] else 'not met'}**.
+
+The callers, the writer and the proxy share the machine's two cores, so the rate is what
+all three leave each other, not a proxy's ceiling; the writer's CPU per message is the
+figure that says how many proxies' worth of messages one writer group can take.
+"""
+
+
+if __name__ == "__main__":
+    main()

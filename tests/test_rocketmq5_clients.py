@@ -488,3 +488,16 @@ def test_a_writer_with_a_connected_client_stops_promptly(nodes: Nodes, tmp_path:
         client.wait(timeout=30)
         if client.stdout is not None:
             client.stdout.close()
+
+
+def test_nodejs_producer_on_an_unknown_topic_fails_with_apaches_not_found(nodes: Nodes, tmp_path: Path) -> None:
+    """The Node.js client raises the route's NotFound as its own NotFoundException, code
+    40402, with Apache's proxy's words (tests/node/acl_producer.js; a writer without
+    --acl takes any credentials)."""
+    writer = nodes.start("writer", tmp_path / "store", *SIZE_ARGS)
+    output = run_node(tmp_path, "acl_producer.js", writer.endpoint, "any", "any-secret", "Missing")
+    assert json.loads(output.splitlines()[-1]) == {
+        "topic": "Missing", "error": "NotFoundException", "code": 40402,
+        "message": "[request-id=undefined, response-code=40402] CODE: 17  DESC: No topic route info in name server for "
+        "the topic: Missing\nFor more information, please visit the url, https://rocketmq.apache.org/docs/bestPractice/06FAQ",
+    }  # fmt: skip

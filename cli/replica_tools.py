@@ -18,21 +18,29 @@ from rmqstore.v1 import replication_pb2, replication_pb2_grpc
 STATUS_TIMEOUT_S = 5.0
 
 
+def not_a_replica(endpoint: str, error: grpc.RpcError) -> InvalidArgument | None:
+    """What to say when ``endpoint`` answered that it serves no ReplicationService."""
+    if error.code() != grpc.StatusCode.UNIMPLEMENTED:  # type: ignore[attr-defined]
+        return None
+    return InvalidArgument(f"{endpoint} is not a replica of a writer group (a writer started without --group, or another node)")
+
+
 def replica_status(args: argparse.Namespace, endpoint: str) -> replication_pb2.ReplicaStatusResponse:
     with channel_from(args, endpoint) as channel:
         stub = replication_pb2_grpc.ReplicationServiceStub(channel)  # type: ignore[no-untyped-call]  # generated
-        answer: replication_pb2.ReplicaStatusResponse = stub.ReplicaStatus(replication_pb2.ReplicaStatusRequest(), timeout=STATUS_TIMEOUT_S)
+        try:
+            answer: replication_pb2.ReplicaStatusResponse = stub.ReplicaStatus(replication_pb2.ReplicaStatusRequest(), timeout=STATUS_TIMEOUT_S)
+        except grpc.RpcError as error:
+            refusal = not_a_replica(endpoint, error)
+            if refusal is not None:
+                raise refusal from None
+            raise
         return answer
 
 
 def endpoints_of(text: str) -> list[str]:
-    """``HOST:PORT[,HOST:PORT…]``, each checked."""
-    endpoints = [part.strip() for part in text.split(",") if part.strip()]
-    if not endpoints:
-        raise InvalidArgument("--endpoint: expected HOST:PORT[,HOST:PORT...]")
-    for endpoint in endpoints:
-        exits.endpoint(endpoint)
-    return endpoints
+    """The endpoints of ``HOST:PORT[,HOST:PORT…]`` (checked by the parser: exits.endpoints)."""
+    return text.split(",")
 
 
 def find_primary(args: argparse.Namespace, endpoints: list[str]) -> tuple[str, replication_pb2.ReplicaStatusResponse]:
@@ -101,24 +109,20 @@ def cmd_replicas(args: argparse.Namespace) -> int:
 def cmd_writer_promote(args: argparse.Namespace) -> int:
     with channel_from(args, args.endpoint) as channel:
         stub = replication_pb2_grpc.ReplicationServiceStub(channel)  # type: ignore[no-untyped-call]  # generated
-        promoted = stub.Promote(replication_pb2.PromoteRequest(), timeout=args.timeout)
+        try:
+            promoted = stub.Promote(replication_pb2.PromoteRequest(), timeout=args.timeout)
+        except grpc.RpcError as error:
+            refusal = not_a_replica(args.endpoint, error)
+            if refusal is not None:
+                raise refusal from None
+            raise
     print(json.dumps({"endpoint": args.endpoint, "epoch": promoted.epoch, "startOffset": promoted.start_offset}))
     return EXIT_OK
 
 
 def register(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     replicas = commands.add_parser("replicas", help="a writer group's replicas: role, epoch, end offset, lag, in sync")
-    replicas.add_argument("--endpoint", required=True, metavar="HOST:PORT[,HOST:PORT...]", help="any replica(s) of the group")
+    replicas.add_argument("--endpoint", required=True, type=exits.endpoints, metavar="HOST:PORT[,HOST:PORT...]", help="any replica(s) of the group")
     replicas.add_argument("--json", action="store_true", help="one JSON object instead of a table")
     add_client_tls_options(replicas)
     replicas.set_defaults(handler=cmd_replicas)
-
-
-def register_promote(writer_commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    promote = writer_commands.add_parser(
-        "promote", help="make a replica of a writer group run without etcd its primary (manual failover)"
-    )
-    promote.add_argument("--endpoint", required=True, type=exits.endpoint, metavar="HOST:PORT", help="the replica to promote")
-    promote.add_argument("--timeout", type=exits.seconds, default=30.0, help="seconds before giving up (default 30)")
-    add_client_tls_options(promote)
-    promote.set_defaults(handler=cmd_writer_promote)

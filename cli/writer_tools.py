@@ -280,6 +280,12 @@ class _Progress:
             sys.stderr.flush()
 
 
+def cmd_writer_promote(args: argparse.Namespace) -> int:
+    from rmqstore.cli import replica_tools
+
+    return replica_tools.cmd_writer_promote(args)
+
+
 def cmd_send(args: argparse.Namespace) -> int:
     from rmqstore.client import tracing
 
@@ -495,14 +501,18 @@ def register(commands: argparse._SubParsersAction) -> None:  # type: ignore[type
     replication.add_argument("--replication", choices=["sync", "async"], default="async", help="acknowledge after the in-sync replicas store a send (sync) or after the primary's own flush (async, the default)")
     replication.add_argument("--min-insync", type=exits.positive, default=1, help="sync: replicas, the primary included, that must be in sync for a send to be taken (default 1)")
     replication.add_argument("--replica-lag-max-ms", type=exits.positive, default=5000, help="a follower not caught up within this leaves the in-sync set (default 5000)")
-    replication.add_argument("--etcd", metavar="HOST:PORT[,HOST:PORT...]", help="etcd v3 members: the primary is elected there (default: none; fail over with writer promote)")
+    replication.add_argument("--etcd", type=exits.endpoints, metavar="HOST:PORT[,HOST:PORT...]", help="etcd v3 members: the primary is elected there (default: none; fail over with writer promote)")
     replication.add_argument("--lease-ttl-s", type=exits.positive, default=5, help="the primary's etcd lease, seconds (default 5)")
     add_server_tls_options(serve)
     add_size_options(serve)
     serve.set_defaults(handler=cmd_writer_serve)
-    from rmqstore.cli.replica_tools import register_promote
-
-    register_promote(writer_commands)
+    promote = writer_commands.add_parser(
+        "promote", help="make a replica of a writer group run without etcd its primary (manual failover)"
+    )
+    promote.add_argument("--endpoint", required=True, type=exits.endpoint, metavar="HOST:PORT", help="the replica to promote")
+    promote.add_argument("--timeout", type=exits.seconds, default=30.0, help="seconds before giving up (default 30)")
+    add_client_tls_options(promote)
+    promote.set_defaults(handler=cmd_writer_promote)
 
     send = commands.add_parser(
         "send",

@@ -238,6 +238,8 @@ BAD_INPUTS: dict[str, list[str]] = {
     "demo": ["demo", "--store", "{tmp}"],
     "console": ["console", "--query-endpoint", "{query}", "--users", "{missing}", "--port", "0"],
     "proxy serve": ["proxy", "serve", "--cluster", "{missing}"],
+    "replicas": ["replicas", "--endpoint", "{writer}"],
+    "writer promote": ["writer", "promote", "--endpoint", "{writer}"],
     "console-passwd": ["console-passwd", "--users", "{tmp}/users", "--user", "a:b"],
     "pipeline reindex": ["pipeline", "reindex", "{missing}", "--out", "{tmp}/out"],
     "pipeline export": ["pipeline", "export", "{missing}", "--out", "{tmp}/out"],
@@ -299,7 +301,7 @@ PATH_ARGUMENTS = {
 }  # fmt: skip
 ENDPOINT_ARGUMENTS = {
     "endpoint", "query_endpoint", "writer_endpoint", "advertise", "store_host", "host", "port", "health_port",
-    "metrics_port", "console_port",
+    "metrics_port", "console_port", "etcd", "replicas",
 }  # fmt: skip
 LOOKUPS = {
     "queryMsgByKey": ["-t", "T", "-k", "k"], "queryMsgByUniqueKey": ["-t", "T", "-i", "x"], "queryMsgById": ["-i", "x"],
@@ -379,6 +381,9 @@ def _bad_arguments(d: dict[str, str]) -> dict[tuple[str, str], tuple[list[str], 
         [*writer, "--store-host", "writer:1"], usage("writer serve", "--store-host", "'writer:1' is not IP:PORT: 'writer' is not an IP address")
     )
     table[("writer serve", "advertise")] = ([*writer, "--advertise", "localhost"], usage("writer serve", "--advertise", no_port))
+    table[("writer serve", "etcd")] = ([*writer, "--etcd", "127.0.0.1:2379,localhost"], usage("writer serve", "--etcd", no_port))
+    group = [*writer, "--group", "g", "--replica-id", "0"]
+    table[("writer serve", "replicas")] = ([*group, "--replicas", "0=localhost"], error("--replicas: 'localhost' is not HOST:PORT: no port"))
     proxy = ["proxy", "serve", "--cluster", missing]
     table[("proxy serve", "cluster")] = (proxy, error(f"--cluster {missing}: No such file or directory"))
     table[("proxy serve", "host")] = ([*proxy, "--host", "127.0.0.1:80"], usage("proxy serve", "--host", with_port))
@@ -389,6 +394,8 @@ def _bad_arguments(d: dict[str, str]) -> dict[tuple[str, str], tuple[list[str], 
     clients["send"] = (["send"], ["-t", "T", "--body", "x"])
     clients["updateTopic"] = (["updateTopic"], ["-t", "T"])
     clients["updateSubGroup"] = (["updateSubGroup"], ["-g", "G"])
+    clients["replicas"] = (["replicas"], [])
+    clients["writer promote"] = (["writer", "promote"], [])
     clients["console"] = (["console", "--port", "0"], [])
     for name, (command, rest) in clients.items():
         flag = "--query-endpoint" if name == "console" else "--endpoint"
@@ -526,7 +533,7 @@ def test_numbers_a_node_cannot_use_are_refused(tmp_path: Path, capsys: pytest.Ca
 
 
 def test_usage_errors_name_flags_not_internal_names(capsys: pytest.CaptureFixture[str]) -> None:
-    assert run(capsys, "writer") == (2, "", "rmqstore: error: writer: the following arguments are required: serve (see rmqstore writer --help)\n")
+    assert run(capsys, "writer") == (2, "", "rmqstore: error: writer: the following arguments are required: serve|promote (see rmqstore writer --help)\n")
     assert run(capsys, "dump") == (
         2, "", "rmqstore: error: dump: the following arguments are required: commitlog|consumequeue (see rmqstore dump --help)\n"
     )

@@ -20,7 +20,7 @@ STATUS_TIMEOUT_S = 5.0
 
 def not_a_replica(endpoint: str, error: grpc.RpcError) -> InvalidArgument | None:
     """What to say when ``endpoint`` answered that it serves no ReplicationService."""
-    if error.code() != grpc.StatusCode.UNIMPLEMENTED:  # type: ignore[attr-defined]
+    if error.code() != grpc.StatusCode.UNIMPLEMENTED:
         return None
     return InvalidArgument(f"{endpoint} is not a replica of a writer group (a writer started without --group, or another node)")
 

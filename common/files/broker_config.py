@@ -25,7 +25,7 @@ import time
 from typing import Any
 
 from rmqstore.common.errors import Corruption
-from rmqstore.common.files.mapped import fsync_directory, makedirs_durable
+from rmqstore.common.files.config_file import read_keeping_backup, replace_keeping_backup
 
 TOPICS_FILE_NAME = "topics.json"
 GROUPS_FILE_NAME = "subscriptionGroup.json"
@@ -124,24 +124,9 @@ def read_table(config_dir: str, file_name: str, table_key: str, name_field: str)
     """The file's entries and document: None when neither it nor its ``.bak`` exists; the
     ``.bak`` when the main file is missing or does not decode (as Apache's ConfigManager
     reads); Corruption when neither decodes."""
-    path = os.path.join(config_dir, file_name)
-    failures: list[Corruption] = []
-    for candidate in (path, path + ".bak"):
-        try:
-            with open(candidate, encoding="utf-8") as handle:
-                text = handle.read()
-        except (FileNotFoundError, NotADirectoryError):
-            continue
-        except (OSError, UnicodeDecodeError) as error:
-            failures.append(Corruption(f"{candidate} is not readable: {error}", path=candidate))
-            continue
-        try:
-            return parse_table(text, table_key, name_field, path=candidate)
-        except Corruption as error:
-            failures.append(error)
-    if failures:
-        raise failures[0]
-    return None
+    return read_keeping_backup(
+        os.path.join(config_dir, file_name), lambda text, candidate: parse_table(text, table_key, name_field, path=candidate)
+    )
 
 
 def next_data_version(document: Entry) -> Entry:
@@ -160,23 +145,7 @@ def render(document: Entry) -> str:
 def write_table(config_dir: str, file_name: str, document: Entry) -> None:
     """Replace the file atomically (temporary file, fsync, rename, fsync of the directory),
     keeping the previous one as ``.bak`` as Apache's broker does."""
-    makedirs_durable(config_dir)
-    path = os.path.join(config_dir, file_name)
-    temp = path + ".tmp"
-    with open(temp, "w", encoding="utf-8") as handle:
-        handle.write(render(document))
-        handle.flush()
-        os.fsync(handle.fileno())
-    if os.path.exists(path):
-        # A hard link keeps `path` in place until the rename: a crash never leaves the
-        # directory without the main file.
-        backup_temp = path + ".bak.tmp"
-        if os.path.exists(backup_temp):
-            os.unlink(backup_temp)
-        os.link(path, backup_temp)
-        os.replace(backup_temp, path + ".bak")
-    os.replace(temp, path)
-    fsync_directory(config_dir)
+    replace_keeping_backup(config_dir, os.path.join(config_dir, file_name), render(document))
 
 
 def read_topic_types(config_dir: str) -> dict[str, str]:

@@ -17,7 +17,7 @@ import os
 import re
 
 from rmqstore.common.errors import Corruption
-from rmqstore.common.files.mapped import fsync_directory
+from rmqstore.common.files.config_file import read_keeping_backup, replace_keeping_backup
 
 FILE_NAME = "consumerOffset.json"
 # MixAll.TOPIC_GROUP_SEPARATOR: topic and group names cannot hold it (their charset is
@@ -97,49 +97,11 @@ def render_offsets(table: OffsetTable) -> str:
 def read_offsets(config_dir: str) -> OffsetTable:
     """The store's group offsets: {} for a store without the file; the ``.bak`` copy when the
     main file is missing or does not decode; Corruption when neither decodes."""
-    path = path_in(config_dir)
-    failures: list[Corruption] = []
-    for candidate in (path, path + ".bak"):
-        try:
-            with open(candidate, encoding="utf-8") as handle:
-                text = handle.read()
-        except (FileNotFoundError, NotADirectoryError):
-            continue
-        except (OSError, UnicodeDecodeError) as error:
-            failures.append(Corruption(f"{candidate} is not readable: {error}", path=candidate))
-            continue
-        try:
-            return parse_offsets(text, path=candidate)
-        except Corruption as error:
-            failures.append(error)
-    if failures:
-        raise failures[0]
-    return {}
+    read = read_keeping_backup(path_in(config_dir), lambda text, candidate: parse_offsets(text, path=candidate))
+    return {} if read is None else read
 
 
 def write_offsets(config_dir: str, table: OffsetTable) -> None:
     """Replace the file atomically (temporary file, fsync, rename, fsync of the directory),
     keeping the previous one as ``.bak`` as the broker does."""
     replace_keeping_backup(config_dir, path_in(config_dir), render_offsets(table))
-
-
-def replace_keeping_backup(config_dir: str, path: str, text: str) -> None:
-    """Replace ``path`` (in ``config_dir``) by ``text`` atomically, the previous file kept
-    as ``.bak``: Apache's ConfigManager layout for its config files."""
-    os.makedirs(config_dir, exist_ok=True)
-    temp = path + ".tmp"
-    with open(temp, "w", encoding="utf-8") as handle:
-        handle.write(text)
-        handle.flush()
-        os.fsync(handle.fileno())
-    if os.path.exists(path):
-        # A hard link keeps `path` in place until the rename, so a crash never leaves the
-        # directory without the main file.
-        backup = path + ".bak"
-        backup_temp = backup + ".tmp"
-        if os.path.exists(backup_temp):
-            os.unlink(backup_temp)
-        os.link(path, backup_temp)
-        os.replace(backup_temp, backup)
-    os.replace(temp, path)
-    fsync_directory(config_dir)

@@ -13,7 +13,8 @@ import json
 import os
 
 from rmqstore.common.errors import Corruption
-from rmqstore.common.files.consumer_offsets import quote_integer_keys, replace_keeping_backup
+from rmqstore.common.files.config_file import read_keeping_backup, replace_keeping_backup
+from rmqstore.common.files.consumer_offsets import quote_integer_keys
 
 FILE_NAME = "delayOffset.json"
 
@@ -58,24 +59,8 @@ def render_delay_offsets(table: DelayOffsets) -> str:
 def read_delay_offsets(config_dir: str) -> DelayOffsets:
     """{} for a store without the file; the ``.bak`` copy when the main file is missing or
     does not decode; Corruption when neither decodes."""
-    path = path_in(config_dir)
-    failures: list[Corruption] = []
-    for candidate in (path, path + ".bak"):
-        try:
-            with open(candidate, encoding="utf-8") as handle:
-                text = handle.read()
-        except (FileNotFoundError, NotADirectoryError):
-            continue
-        except (OSError, UnicodeDecodeError) as error:
-            failures.append(Corruption(f"{candidate} is not readable: {error}", path=candidate))
-            continue
-        try:
-            return parse_delay_offsets(text, path=candidate)
-        except Corruption as error:
-            failures.append(error)
-    if failures:
-        raise failures[0]
-    return {}
+    read = read_keeping_backup(path_in(config_dir), lambda text, candidate: parse_delay_offsets(text, path=candidate))
+    return {} if read is None else read
 
 
 def write_delay_offsets(config_dir: str, table: DelayOffsets) -> None:

@@ -20,7 +20,6 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 
 import grpc
-from google.protobuf import duration_pb2
 
 from rmqstore.proxy.cluster import GroupEndpoints
 from rmqstore.proxy.coalesce import UNREACHABLE, BatchFailed, GroupSender
@@ -30,15 +29,12 @@ from rmqstore.rocketmq_v2 import service_pb2_grpc
 from rmqstore.writer.config import WriterConfig
 from rmqstore.writer.rocketmq5 import (
     ACCEPTED_TYPES,
-    BACKOFF_INITIAL_MS,
-    BACKOFF_MAX_MS,
-    BACKOFF_MULTIPLIER,
-    DEFAULT_MAX_ATTEMPTS,
     SHARDING_KEY,
     MessageReader,
     V2Refusal,
     ok_status,
     status_for,
+    with_retry_policy,
 )
 from rmqstore.writer.service import peer_address
 
@@ -309,19 +305,7 @@ class ProxyServicer(service_pb2_grpc.MessagingServiceServicer):
             yield v2s.TelemetryCommand(status=ok_status(), settings=self._settings(settings))
 
     def _settings(self, settings: v2.Settings) -> v2.Settings:
-        answer = v2.Settings()
-        answer.CopyFrom(settings)
-        attempts = settings.backoff_policy.max_attempts if settings.HasField("backoff_policy") else 0
-        answer.backoff_policy.CopyFrom(
-            v2.RetryPolicy(
-                max_attempts=attempts or DEFAULT_MAX_ATTEMPTS,
-                exponential_backoff=v2.ExponentialBackoff(
-                    initial=duration_pb2.Duration(nanos=BACKOFF_INITIAL_MS * 1_000_000),
-                    max=duration_pb2.Duration(seconds=BACKOFF_MAX_MS // 1000),
-                    multiplier=BACKOFF_MULTIPLIER,
-                ),
-            )
-        )
+        answer = with_retry_policy(settings)
         answer.publishing.max_body_size = self.limits.max_body_bytes
         answer.publishing.validate_message_type = settings.publishing.validate_message_type
         return answer

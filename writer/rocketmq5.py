@@ -654,6 +654,25 @@ def _receive_span(group: str, handed: list[Handed]) -> AbstractContextManager[An
     return leaf_span(_TRACER, "rmqstore.receive", attributes, links_from_messages(one.record.properties for one in handed))
 
 
+
+def with_retry_policy(settings: v2.Settings) -> v2.Settings:
+    """The client's settings with the gateway's retry policy: exponential backoff, and the
+    client's own max attempts (DEFAULT_MAX_ATTEMPTS when it gives none)."""
+    answer = v2.Settings()
+    answer.CopyFrom(settings)
+    attempts = settings.backoff_policy.max_attempts if settings.HasField("backoff_policy") else 0
+    answer.backoff_policy.CopyFrom(
+        v2.RetryPolicy(
+            max_attempts=attempts or DEFAULT_MAX_ATTEMPTS,
+            exponential_backoff=v2.ExponentialBackoff(
+                initial=duration_pb2.Duration(nanos=BACKOFF_INITIAL_MS * 1_000_000),
+                max=duration_pb2.Duration(seconds=BACKOFF_MAX_MS // 1000),
+                multiplier=BACKOFF_MULTIPLIER,
+            ),
+        )
+    )
+    return answer
+
 class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
     """apache.rocketmq.v2.MessagingService, all handlers async (the writer's asyncio
     server). Sends share the writer's GroupAppender with WriterService; each append
@@ -772,19 +791,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
 
     def _settings(self, settings: v2.Settings) -> v2.Settings:
         """The client's settings as the writer wants them used."""
-        answer = v2.Settings()
-        answer.CopyFrom(settings)
-        attempts = settings.backoff_policy.max_attempts if settings.HasField("backoff_policy") else 0
-        answer.backoff_policy.CopyFrom(
-            v2.RetryPolicy(
-                max_attempts=attempts or DEFAULT_MAX_ATTEMPTS,
-                exponential_backoff=v2.ExponentialBackoff(
-                    initial=duration_pb2.Duration(nanos=BACKOFF_INITIAL_MS * 1_000_000),
-                    max=duration_pb2.Duration(seconds=BACKOFF_MAX_MS // 1000),
-                    multiplier=BACKOFF_MULTIPLIER,
-                ),
-            )
-        )
+        answer = with_retry_policy(settings)
         if settings.WhichOneof("pub_sub") == "publishing" or settings.client_type == v2.PRODUCER:
             answer.publishing.max_body_size = self.writer.config.max_body_bytes
             answer.publishing.validate_message_type = settings.publishing.validate_message_type

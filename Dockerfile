@@ -25,6 +25,7 @@ COPY query query
 COPY service service
 COPY pipeline pipeline
 COPY console console
+COPY proxy proxy
 # The smoke check (.ci/smoke.py, the standard library only), run below against the
 # virtualenv; it stays in this stage.
 COPY .ci/smoke.py .ci/smoke.py

@@ -115,7 +115,7 @@ def raw_call(channel: grpc.Channel, path: str, client_streaming: bool, server_st
 def test_malformed_protobuf_is_invalid_argument_on_every_method_of_both_nodes(writer: WriterNode, query: QueryNode) -> None:
     """Every method of the writer and of the query node, health and reflection included, answers bytes that do not parse with
     INVALID_ARGUMENT naming the request type, and both nodes serve on afterwards."""
-    assert len(METHODS) == 7 + 14 + 3
+    assert len(METHODS) == 8 + 14 + 3
     for channel, node in ((writer.channel, "writer"), (query.channel, "query")):
         for path, client_streaming, server_streaming, request_type in METHODS:
             service = path.split("/")[1]

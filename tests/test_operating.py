@@ -166,7 +166,7 @@ def test_an_ipv6_node_is_reached_at_its_bracketed_endpoint(nodes: Nodes, tmp_pat
     sent = run_cli(["send", "--endpoint", f"[::1]:{writer.port}", "-t", "Orders", "--body", "over IPv6"])
     assert sent.returncode == 0, sent.stderr
     listed = run_cli(["topicList", "--endpoint", f"[::1]:{query.port}"])
-    assert (listed.returncode, listed.stdout, listed.stderr) == (0, "Orders\n", "")
+    assert (listed.returncode, listed.stdout, listed.stderr) == (0, "Orders  NORMAL\n", "")
     writer.stop()
 
 

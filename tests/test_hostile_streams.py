@@ -4,10 +4,7 @@ health checks and Pings from this process timed meanwhile."""
 
 from __future__ import annotations
 
-import json
-import selectors
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -16,7 +13,9 @@ from typing import Any
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from support import gateway_load
 from support.cli import quiet_env
+from support.gateway_load import stop_hostile
 from support.nodes import Nodes, ProcessNode, rss_bytes
 from support.wait import wait_until
 
@@ -50,32 +49,9 @@ def p99_s(call: Callable[[], Any]) -> float:
     return timings[int(len(timings) * 0.99) - 1]
 
 
-def stop(hostile: subprocess.Popen[bytes]) -> None:
-    hostile.kill()
-    hostile.wait()
-    for pipe in (hostile.stdin, hostile.stdout):
-        if pipe is not None:
-            pipe.close()
-
-
 def open_hostile(node: ProcessNode, kind: str) -> tuple[subprocess.Popen[bytes], dict[str, Any]]:
-    hostile = subprocess.Popen(
-        [sys.executable, str(HOSTILE), node.endpoint, kind, str(IDLE_STREAMS), str(STALLED_STREAMS), str(CONNECTIONS), "TopicA"],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        env=quiet_env(),
-    )
-    assert hostile.stdout is not None
-    with selectors.DefaultSelector() as selector:
-        selector.register(hostile.stdout, selectors.EVENT_READ)
-        if not selector.select(OPEN_TIMEOUT_S):
-            stop(hostile)
-            raise AssertionError(f"the hostile client opened no streams within {OPEN_TIMEOUT_S} s")
-    line = hostile.stdout.readline()
-    if not line:
-        stop(hostile)
-        raise AssertionError(f"the hostile client exited ({hostile.returncode})")
-    return hostile, json.loads(line)
+    args = (kind, str(IDLE_STREAMS), str(STALLED_STREAMS), str(CONNECTIONS), "TopicA")
+    return gateway_load.open_hostile(node.endpoint, args, OPEN_TIMEOUT_S, quiet_env(), script=HOSTILE)
 
 
 @pytest.mark.slow
@@ -115,7 +91,7 @@ def test_a_thousand_hostile_streams_leave_health_and_ping_fast(nodes: Nodes, tmp
             grown = rss_bytes(target.proc.pid) - rss_before
             assert hostile.poll() is None  # the streams were held open all along
         finally:
-            stop(hostile)
+            stop_hostile(hostile)
         print(f"{kind}: health p99 {health_p99 * 1000:.1f} ms, ping p99 {ping_p99 * 1000:.1f} ms, RSS +{grown >> 20} MiB")
         assert health_p99 <= P99_MAX_S, f"health p99 {health_p99 * 1000:.1f} ms"
         assert ping_p99 <= P99_MAX_S, f"ping p99 {ping_p99 * 1000:.1f} ms"

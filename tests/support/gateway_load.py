@@ -49,12 +49,13 @@ def hold_in_flight(channel: grpc.Channel, topic: str, group: str, count: int, ti
 
 
 def open_hostile(
-    endpoint: str, args: tuple[str, ...], timeout_s: float, env: Mapping[str, str] | None = None
+    endpoint: str, args: tuple[str, ...], timeout_s: float, env: Mapping[str, str] | None = None, script: Path = HOSTILE
 ) -> tuple[subprocess.Popen[bytes], dict[str, Any]]:
-    """The hostile client against ``endpoint`` with hostile_gateway.py's ``args``, once it
-    says its calls are open, with what it said. It holds them until killed (stop_hostile)."""
+    """A hostile client against ``endpoint`` (``script``, hostile_gateway.py unless said,
+    with its ``args``), once it prints the JSON line saying its calls are open, with what it
+    said. It holds them until killed (stop_hostile)."""
     hostile = subprocess.Popen(
-        [sys.executable, str(HOSTILE), endpoint, *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env
+        [sys.executable, str(script), endpoint, *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env
     )
     assert hostile.stdout is not None
     with selectors.DefaultSelector() as selector:

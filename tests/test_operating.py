@@ -39,6 +39,31 @@ def closing_on(port: int) -> list[str]:
     return states
 
 
+# HTTP/2's client connection preface and an empty SETTINGS frame (RFC 9113, 3.4 and 6.5).
+HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])
+SETTINGS, ACK = 4, 1
+
+
+def settled_http2_connection(connection: socket.socket) -> None:
+    """Open HTTP/2 on ``connection`` and return once the server has acknowledged its
+    SETTINGS: the server has then accepted the connection and read all the client sent. (A
+    connection still in the listener's queue is reset when the listener dies, and one with
+    bytes unread is reset when its server dies: neither leaves a closing socket.)"""
+    connection.sendall(HTTP2_PREFACE)
+    received = b""
+    while True:
+        while len(received) >= 9:
+            if received[3] == SETTINGS and received[4] & ACK:
+                return
+            end = 9 + int.from_bytes(received[:3], "big")
+            if len(received) < end:
+                break
+            received = received[end:]
+        chunk = connection.recv(65536)
+        assert chunk, "the server closed the connection before acknowledging its SETTINGS"
+        received += chunk
+
+
 def test_a_writer_killed_with_a_client_connected_restarts_on_its_port_at_once(nodes: Nodes, tmp_path: Path) -> None:
     """A writer SIGKILLed while a client is connected leaves the server side of that
     connection in TIME-WAIT on the port; the next writer binds it at once (as a container
@@ -53,7 +78,8 @@ def test_a_writer_killed_with_a_client_connected_restarts_on_its_port_at_once(no
     # writer's FIN on it, so the writer's side waits out FIN-WAIT-2 (a minute on Linux) on
     # the port. (The channel's own connection may instead end with a reset when its
     # client closes it with bytes unread, leaving nothing behind.)
-    with socket.create_connection(("127.0.0.1", port), timeout=RPC_TIMEOUT_S):
+    with socket.create_connection(("127.0.0.1", port), timeout=RPC_TIMEOUT_S) as held:
+        settled_http2_connection(held)
         writer.kill()
         wait_until(lambda: closing_on(port), RPC_TIMEOUT_S, f"the killed writer's connection to close on port {port}")
         again = nodes.spawn("writer", ["writer", "serve", "--store", str(store), "--port", str(port), *SIZE_ARGS])

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 import grpc
 
+from rmqstore.proxy import consumers
 from rmqstore.proxy.cluster import GroupEndpoints
 from rmqstore.proxy.coalesce import UNREACHABLE, BatchFailed, GroupSender
 from rmqstore.rocketmq_v2 import definition_pb2 as v2
@@ -98,7 +99,8 @@ class _Group:
 
 
 class ProxyServicer(service_pb2_grpc.MessagingServiceServicer):
-    """The producer's calls of MessagingService; the consumers' are not served yet (their
+    """MessagingService for producers and for simple and push consumers (their calls:
+    :mod:`rmqstore.proxy.consumers`); pull consumers and transactions are not served (their
     gRPC answer is UNIMPLEMENTED)."""
 
     def __init__(
@@ -112,6 +114,8 @@ class ProxyServicer(service_pb2_grpc.MessagingServiceServicer):
         self.routes: dict[str, _Route] = {}
         self.reader = MessageReader(_ReaderSource(self.limits, _RouteTopics(self.routes)))
         self.groups: dict[str, _Group] = {}
+        self.ackers: dict[str, consumers.AckBatcher] = {}
+        self.receives = consumers.ReceiveRouter()
         self._round_robin = itertools.count()
         self._stopping = asyncio.Event()
         self._pending_groups = tuple(groups)
@@ -126,10 +130,12 @@ class ProxyServicer(service_pb2_grpc.MessagingServiceServicer):
         wanted = {group.name: group for group in groups}
         for name in list(self.groups):
             if wanted.get(name) != self.groups[name].endpoints:
+                await self.ackers.pop(name).close()
                 await self.groups.pop(name).close()
         for name, endpoints in wanted.items():
             if name not in self.groups:
                 self.groups[name] = _Group(endpoints, self.linger_s, self.batch_max)
+                self.ackers[name] = consumers.AckBatcher(name, self.groups[name], self.linger_s)
         for route in self.routes.values():
             for name in list(route.queue_counts):
                 if name not in self.groups:
@@ -138,6 +144,8 @@ class ProxyServicer(service_pb2_grpc.MessagingServiceServicer):
 
     async def close(self) -> None:
         self._stopping.set()
+        for acker in self.ackers.values():
+            await acker.close()
         for group in self.groups.values():
             await group.close()
 
@@ -287,14 +295,18 @@ class ProxyServicer(service_pb2_grpc.MessagingServiceServicer):
     async def Telemetry(
         self, request_iterator: AsyncIterator[v2s.TelemetryCommand], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[v2s.TelemetryCommand]:
-        """Answer each producer's Settings as the writer's gateway does; consumers are told
-        they are not served through a proxy yet. Other commands are read and dropped."""
+        """Answer each producer's Settings as the writer's gateway does, and each simple or
+        push consumer's as a writer answers it; other clients are told they are not served.
+        Other commands are read and dropped."""
         async for command in request_iterator:
             if self._stopping.is_set():
                 return
             if command.WhichOneof("command") != "settings":
                 continue
             settings = command.settings
+            if settings.client_type in consumers.CONSUMER_TYPES:
+                yield await consumers.consumer_settings(settings, self.groups, sorted(self.groups))
+                continue
             if settings.client_type not in (v2.CLIENT_TYPE_UNSPECIFIED, v2.PRODUCER):
                 name = v2.ClientType.Name(settings.client_type) if settings.client_type in v2.ClientType.values() else str(settings.client_type)
                 yield v2s.TelemetryCommand(
@@ -309,6 +321,64 @@ class ProxyServicer(service_pb2_grpc.MessagingServiceServicer):
         answer.publishing.max_body_size = self.limits.max_body_bytes
         answer.publishing.validate_message_type = settings.publishing.validate_message_type
         return answer
+
+
+    # Consumers (rmqstore.proxy.consumers): every answer is a v2 status.
+
+    async def QueryAssignment(
+        self, request: v2s.QueryAssignmentRequest, context: grpc.aio.ServicerContext
+    ) -> v2s.QueryAssignmentResponse:
+        try:
+            route = await self._route(request.topic.name, request.topic.resource_namespace)
+        except Exception as error:
+            return v2s.QueryAssignmentResponse(status=_consumer_status("QueryAssignment", error))
+        found = consumers.assignments(request.topic, self._live(route), route.accepted, self.advertise)
+        return v2s.QueryAssignmentResponse(status=ok_status(), assignments=found)
+
+    async def ReceiveMessage(
+        self, request: v2s.ReceiveMessageRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[v2s.ReceiveMessageResponse]:
+        try:
+            topic = request.message_queue.topic
+            route = await self._route(topic.name, topic.resource_namespace)
+            names = [name for name, _ in self._live(route)]
+            if not names:
+                raise V2Refusal(v2.HA_NOT_AVAILABLE, f"every writer group of topic {topic.name} is down")
+            received = await self.receives.receive(request, context, self.groups, names)
+        except Exception as error:
+            yield v2s.ReceiveMessageResponse(status=_consumer_status("ReceiveMessage", error))
+            return
+        async for answer in consumers.receive_answers(received):
+            yield answer
+
+    async def AckMessage(self, request: v2s.AckMessageRequest, context: grpc.aio.ServicerContext) -> v2s.AckMessageResponse:
+        try:
+            return await consumers.acknowledge(request, self.groups, self.ackers)
+        except Exception as error:
+            return v2s.AckMessageResponse(status=_consumer_status("AckMessage", error))
+
+    async def ChangeInvisibleDuration(
+        self, request: v2s.ChangeInvisibleDurationRequest, context: grpc.aio.ServicerContext
+    ) -> v2s.ChangeInvisibleDurationResponse:
+        try:
+            return await consumers.change_invisible(request, self.groups)
+        except Exception as error:
+            return v2s.ChangeInvisibleDurationResponse(status=_consumer_status("ChangeInvisibleDuration", error))
+
+    async def ForwardMessageToDeadLetterQueue(
+        self, request: v2s.ForwardMessageToDeadLetterQueueRequest, context: grpc.aio.ServicerContext
+    ) -> v2s.ForwardMessageToDeadLetterQueueResponse:
+        try:
+            return await consumers.forward_to_dead_letters(request, self.groups)
+        except Exception as error:
+            return v2s.ForwardMessageToDeadLetterQueueResponse(status=_consumer_status("ForwardMessageToDeadLetterQueue", error))
+
+
+def _consumer_status(call: str, error: BaseException) -> v2.Status:
+    status = status_for(error)
+    if status.code == v2.INTERNAL_SERVER_ERROR:
+        log.error("%s failed", call, exc_info=error)
+    return status
 
 
 # A writer's refusal of a batch, as the v2 status its callers get (a RocketMQ client sends

@@ -8,7 +8,9 @@ reported all it did), ``"acked": true`` only once the writer answered the ack OK
 
 TOPIC may name several, separated by commas. ``simple``: a SimpleConsumer receives (batches of --batch, invisible for --invisible-s)
 until --expect messages were handled (or every body listed in the file --want), or
-nothing came for --idle-s. --ack none leaves every
+nothing came for --idle-s (--tolerate: a receive or ack that raises is printed as
+``{"error": ...}`` and the loop goes on, as an application riding out a server's loss
+would). --ack none leaves every
 message unacknowledged; --renew N makes message N invisible for --renew-s more instead of
 acking it (ChangeInvisibleDuration). ``push``: a PushConsumer whose listener answers
 FAILURE for the messages whose number (in the body "message N to TOPIC") is a multiple of
@@ -69,7 +71,14 @@ def simple(args: argparse.Namespace) -> None:
     idle_since = time.monotonic()
     try:
         while handled < args.expect and wanted != set() and time.monotonic() - idle_since < args.idle_s:
-            messages = consumer.receive(args.batch, args.invisible_s)
+            try:
+                messages = consumer.receive(args.batch, args.invisible_s)
+            except Exception as error:
+                if not args.tolerate:
+                    raise
+                emit({"error": f"receive: {error}"})
+                time.sleep(0.2)
+                continue
             if messages:
                 idle_since = time.monotonic()
             for message in messages:
@@ -81,8 +90,13 @@ def simple(args: argparse.Namespace) -> None:
                     consumer.change_invisible_duration(message, args.renew_s)
                     line["renewed"] = True
                 elif args.ack == "all":
-                    consumer.ack(message)
-                    line["acked"] = True
+                    try:
+                        consumer.ack(message)
+                        line["acked"] = True
+                    except Exception as error:
+                        if not args.tolerate:
+                            raise
+                        line["error"] = f"ack: {error}"
                 line["t_done"] = time.time()
                 emit(line)
                 time.sleep(args.pace_s)  # pacing asked for: a slow consumer is what the test measures
@@ -136,6 +150,7 @@ def main() -> None:
     parser.add_argument("--ack", choices=["all", "none"], default="all")
     parser.add_argument("--renew", type=int, default=None)
     parser.add_argument("--renew-s", type=int, default=60)
+    parser.add_argument("--tolerate", action="store_true")
     parser.add_argument("--fail-mod", type=int, default=0)
     parser.add_argument("--seconds", type=float, default=10.0)
     args = parser.parse_args()

@@ -5,6 +5,7 @@ letters, the groups' progress files, and every refusal's exact v2 status."""
 from __future__ import annotations
 
 import hashlib
+import shutil
 import threading
 import time
 from collections import Counter
@@ -27,6 +28,7 @@ from rmqstore.rocketmq_v2 import definition_pb2 as v2
 from rmqstore.rocketmq_v2 import service_pb2 as v2s
 from rmqstore.v1 import messages_pb2, writer_pb2
 from rmqstore.writer.consumers import (
+    JOURNAL_FILE_NAME,
     STATE_FILE_NAME,
     QueueProgress,
     TagFilter,
@@ -478,6 +480,37 @@ def test_a_damaged_state_file_falls_back_to_the_committed_offsets(tmp_path: Path
     finally:
         again.close()
 
+
+
+def test_deliveries_since_the_last_flush_are_kept_by_the_journal_a_torn_line_ends_it(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The store as a SIGKILL leaves it (copied while the writer runs, no flush since the
+    receive): the journal's deliveries are kept; a torn last line is dropped, with a warning."""
+    store = tmp_path / "store"
+    node = gateway_node(store)
+    try:
+        send(node, 4)
+        _, first = receive(node, batch=2, invisible_s=600)
+        crashed = tmp_path / "crashed"
+        shutil.copytree(store, crashed)
+    finally:
+        node.close()
+    journal = crashed / "config" / JOURNAL_FILE_NAME
+    assert len(journal.read_bytes().splitlines()) == 2
+    with journal.open("ab") as handle:
+        handle.write(b'["audit","Orders",0,2,1,')  # torn by the crash
+    again = gateway_node(crashed)
+    try:
+        assert "an unreadable line (a torn write) ends it" in caplog.text
+        assert not journal.exists()  # applied to consumerState.json, then removed
+        # m0 and m1 stay in flight, their handles good; the torn line's m2 was not handed out.
+        _, rest = receive(again, invisible_s=600)
+        assert [(m.body, m.system_properties.delivery_attempt) for m in rest] == [(b"m2", 1), (b"m3", 1)]
+        assert ack(again, *first).status.code == v2.OK
+        assert again.messaging.consumers.committed("audit", "Orders", 0) == 2
+    finally:
+        again.close()
 
 
 def queue(topic: str = "Orders", queue_id: int = 0) -> v2.MessageQueue:

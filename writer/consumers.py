@@ -21,6 +21,14 @@ order, deliveries in flight) to ``config/consumerState.json``, our own, with a C
 records every queue's committed offset it was written with, and is used for a queue only
 where consumerOffset.json names the same offset (so an offset changed by hand, or a crash
 between the two writes, falls back to the offset file: messages come back, none is lost).
+Between flushes every hand-out (and every change of a delivery's invisibility) is also
+appended to ``config/consumerState.journal``, one line a delivery and one ``write`` a
+receive, unsynced: a SIGKILL of the writer leaves it in the page cache, so a message
+handed out in the last flush interval keeps its delivery (attempt, invisibility, handle)
+across the restart and comes back with its next attempt, as Apache's pop checkpoints
+make it. The journal starts over at each flush (renamed ``.old`` while the flush writes,
+removed once the state file holding its deliveries is durable); a power loss may lose
+it, and then those deliveries count as not made.
 A state file that fails its check is set aside (renamed ``consumerState.json.corrupt-<ms>``),
 never overwritten. When consumerOffset.json and its ``.bak`` are both gone or empty while
 the state file names queues, the offsets are taken from the state file, with a warning:
@@ -56,6 +64,7 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
 from opentelemetry import metrics
 
 from rmqstore.common.codec.consumequeue import Unit, tags_code
@@ -72,6 +81,7 @@ STATE_FILE_NAME = "consumerState.json"
 STATE_MAGIC = "rmqstore-consumer-state"
 STATE_VERSION = 1
 STATE_FILE_MODE = 0o600
+JOURNAL_FILE_NAME = "consumerState.journal"
 # RocketMQ's property holding a FIFO message's group.
 SHARDING_KEY = "__SHARDINGKEY"
 # Apache's consumer group name charset (letters, digits, %, |, _, -): no '@', so
@@ -333,6 +343,15 @@ class ConsumerGroups:
         # A writer group's follower writes nothing of its own: its files are the primary's,
         # replicated (writer.replication), and read again once it is promoted.
         self.following = False
+        # The journal of deliveries made since the last flush (see the module's note): its
+        # descriptor (opened at the first line), the lines of the receive under way, and the
+        # state text of the snapshot that renamed it .old (the write of that text removes it).
+        self.journal_path = os.path.join(config_dir, JOURNAL_FILE_NAME)
+        self._journal: int | None = None
+        self._journal_lines: list[bytes] = []
+        self._journal_rotated_for: str | None = None
+        self._journal_failed = False
+        self._secret_written = False
         self._load()
 
     def is_fifo(self, group: str) -> bool:
@@ -345,6 +364,7 @@ class ConsumerGroups:
         offsets = consumer_offsets.read_offsets(self.config_dir)
         state = self._read_state()
         self.secret = bytes.fromhex(state["secret"]) if state else secrets.token_bytes(32)
+        self._secret_written = state is not None
         entries = state.get("queues", []) if state else []
         if not offsets and entries:
             offsets = self._offsets_from_state(entries)
@@ -363,11 +383,99 @@ class ConsumerGroups:
             }
             progress.advance()
             progress.reindex()
+        journaled = self._replay_journal()
         for (group, topic, queue_id), progress in self.progress.items():
             self._within_queue(group, topic, queue_id, progress)
         self.groups = {group for group, _, _ in self.progress}
         if not state:
             self.dirty = True  # write the secret down with the first flush
+        if journaled and not self.following:
+            # The journal's deliveries made durable in the state file before it is removed.
+            self._write(*self.snapshot())
+            self._drop_journal()
+            fsync_directory(self.config_dir)
+
+    def _replay_journal(self) -> bool:
+        """Apply the journal's deliveries (``.old`` first, then the current one) over the
+        state file's: a delivery made since the last flush, before a SIGKILL, is kept. A
+        line for a message acknowledged in the state file, or past its queue's end, is
+        left out; a torn or unreadable line ends its file. Whether there was a journal."""
+        found = False
+        for path in (self.journal_path + ".old", self.journal_path):
+            try:
+                with open(path, "rb") as handle:
+                    lines = handle.read().split(b"\n")
+            except FileNotFoundError:
+                continue
+            found = True
+            for line in lines:
+                try:
+                    group, topic, queue_id, offset, attempt, visible_at, nonce, message_group = orjson.loads(line)
+                    key = (str(group), str(topic), int(queue_id))
+                    delivery = Delivery(int(attempt), int(visible_at), int(nonce), str(message_group))
+                    offset = int(offset)
+                except (orjson.JSONDecodeError, ValueError, TypeError):
+                    if line:
+                        log.warning("%s: an unreadable line (a torn write) ends it", path)
+                    break
+                queue = self.writer.queues.find(key[1], key[2])
+                if queue is None or not queue.min_offset <= offset < queue.max_offset:
+                    continue
+                progress = self.progress.get(key)
+                if progress is None:
+                    progress = self.progress[key] = QueueProgress(queue.min_offset)
+                if offset < progress.committed or offset in progress.acked:
+                    continue
+                before = progress.inflight.get(offset)
+                if before is None or delivery.attempt >= before.attempt:
+                    progress.inflight[offset] = delivery
+        for progress in self.progress.values():
+            progress.reindex()
+        return found
+
+    def _journal_line(self, group: str, topic: str, queue_id: int, offset: int, delivery: Delivery) -> None:
+        self._journal_lines.append(
+            orjson.dumps(
+                [group, topic, queue_id, offset, delivery.attempt, delivery.visible_at_ms, delivery.nonce, delivery.message_group]
+            )
+        )
+
+    def _write_journal(self) -> None:
+        """Append the lines of the call under way in one write, unsynced (see the module's
+        note). A failure (a full disk) is logged once and the call still answered: its
+        deliveries are then as durable as the next flush makes them."""
+        lines, self._journal_lines = self._journal_lines, []
+        if not lines or self.following:
+            return
+        data = b"\n".join(lines) + b"\n"
+        try:
+            if not self._secret_written:
+                # The journal's handles are good after a restart only with the secret that signed them.
+                self._write(*self.snapshot())
+            if self._journal is None:
+                os.makedirs(self.config_dir, exist_ok=True)
+                self._journal = os.open(self.journal_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, STATE_FILE_MODE)
+            os.write(self._journal, data)
+        except OSError as error:
+            if not self._journal_failed:
+                log.warning("appending to %s failed (%s): deliveries since the last flush are lost to a SIGKILL", self.journal_path, error)
+            self._journal_failed = True
+            return
+        self._journal_failed = False
+
+    def _rotate_journal(self) -> str | None:
+        """At a snapshot: rename the journal .old (unless an earlier snapshot's .old is still
+        being written) so that the next lines go to a new one."""
+        if self._journal is None or self._journal_rotated_for is not None:
+            return None
+        os.close(self._journal)
+        self._journal = None
+        try:
+            os.replace(self.journal_path, self.journal_path + ".old")
+        except OSError as error:
+            log.warning("renaming %s failed (%s): it is kept and appended to", self.journal_path, error)
+            return None
+        return self.journal_path + ".old"
 
     def _offsets_from_state(self, entries: list[dict[str, Any]]) -> consumer_offsets.OffsetTable:
         """The committed offsets the state file was written with: consumerOffset.json and
@@ -451,19 +559,44 @@ class ConsumerGroups:
                 }
             )
         self.dirty = False
-        return table, render_state({"secret": self.secret.hex(), "queues": queues})
+        text = render_state({"secret": self.secret.hex(), "queues": queues})
+        if self._journal_rotated_for == "" or self._rotate_journal() is not None:
+            # "": the write of the snapshot that renamed it failed; this later one holds its deliveries too.
+            self._journal_rotated_for = text
+        return table, text
 
     def write(self, table: consumer_offsets.OffsetTable, state_text: str) -> None:
         """Write a snapshot: the state file first, then consumerOffset.json (see the module's note)."""
         with self._write_lock:  # the final flush at a stop may meet a periodic one still writing
             if not self.following:
-                self._write(table, state_text)
+                try:
+                    self._write(table, state_text)
+                except OSError:
+                    if self._journal_rotated_for is state_text:
+                        self._journal_rotated_for = ""
+                    raise
+            if self._journal_rotated_for is state_text:
+                # Its deliveries are in the state file just made durable.
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(self.journal_path + ".old")
+                self._journal_rotated_for = None
 
     def follow(self) -> None:
         """Write nothing from now on (a follower: the primary's files are replicated here)."""
         with self._write_lock:
             self.following = True
             self.dirty = False
+            self._drop_journal()
+
+    def _drop_journal(self) -> None:
+        """A follower's journal is no record of anything (the primary's files are)."""
+        if self._journal is not None:
+            os.close(self._journal)
+            self._journal = None
+        self._journal_rotated_for = None
+        for path in (self.journal_path + ".old", self.journal_path):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
 
     def write_replicated(self, name: str, content: bytes) -> None:
         """Replace one of the group files with the primary's copy (temp file, fsync,
@@ -496,6 +629,7 @@ class ConsumerGroups:
             raise
         os.replace(temp, self.state_path)
         fsync_directory(self.config_dir)
+        self._secret_written = True
         consumer_offsets.write_offsets(self.config_dir, table)
 
     def flush(self) -> None:
@@ -583,6 +717,7 @@ class ConsumerGroups:
             out += self._receive_queue(
                 group, topic, queue_id, batch_size - len(out), now, invisible_ms, tag_filter, fifo, dead, budget, not out
             )
+        self._write_journal()
         return out, dead
 
     def _receive_queue(
@@ -683,12 +818,16 @@ class ConsumerGroups:
         self.dirty = True
         if attempt > self.max_attempts:
             visible_at = now + DEAD_LETTER_HOLD_MS
-            progress.hold(offset, Delivery(attempt - 1, visible_at, nonce, message_group))
+            held = Delivery(attempt - 1, visible_at, nonce, message_group)
+            progress.hold(offset, held)
+            self._journal_line(group, topic, queue_id, offset, held)
             handle = self.make_handle(group, topic, queue_id, offset, nonce)
             dead.append(Picked(queue_id, offset, unit.commitlog_offset, unit.size, attempt - 1, handle, visible_at, record))
             return
         visible_at = now + invisible_ms
-        progress.hold(offset, Delivery(attempt, visible_at, nonce, message_group))
+        held = Delivery(attempt, visible_at, nonce, message_group)
+        progress.hold(offset, held)
+        self._journal_line(group, topic, queue_id, offset, held)
         handle = self.make_handle(group, topic, queue_id, offset, nonce)
         out.append(Picked(queue_id, offset, unit.commitlog_offset, unit.size, attempt, handle, visible_at, record))
 
@@ -803,6 +942,8 @@ class ConsumerGroups:
         delivery.visible_at_ms = now_ms() + invisible_ms
         delivery.nonce = secrets.randbits(62)
         progress.moved(receipt.queue_offset, delivery)
+        self._journal_line(group, topic, receipt.queue_id, receipt.queue_offset, delivery)
+        self._write_journal()
         self.dirty = True
         return self.make_handle(group, topic, receipt.queue_id, receipt.queue_offset, delivery.nonce)
 

@@ -19,7 +19,7 @@ import grpc
 from rmqstore.common.errors import InvalidArgument
 from rmqstore.common.files.directories import writer_store
 from rmqstore.common.files.store import RequestedSizes, checked_sizes
-from rmqstore.common.transport import endpoint_text
+from rmqstore.common.transport import endpoint_text, parse_endpoint
 from rmqstore.service import process
 from rmqstore.service.limits import ServerLimits
 from rmqstore.service.listen import ListenOptions, free_port
@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from rmqstore.writer.consumers import ConsumerGroups
     from rmqstore.writer.replication.election import EtcdElection
     from rmqstore.writer.replication.follower import Follower
+    from rmqstore.writer.replication.forward import ForwardingServicer
     from rmqstore.writer.replication.group import GroupOptions
     from rmqstore.writer.replication.replica import Replica
     from rmqstore.writer.rocketmq5 import MessagingServicer
@@ -193,17 +194,22 @@ class WriterNode(process.ServingNode):
         messaging = MessagingServicer(writer, servicer.appender, route, groups, policy)
         replica: Replica | None = None
         if options.group is not None:
+            from rmqstore.writer.replication.forward import ForwardingServicer
             from rmqstore.writer.replication.replica import Replica
             from rmqstore.writer.replication.service import ReplicationServicer
 
             replica = Replica(options.group, writer, groups)
             servicer.appender.gate = replica.tracker
             replication = ReplicationServicer(replica)
+            # Any replica serves RocketMQ 5 clients: a follower forwards to the primary.
+            forwarding = ForwardingServicer(messaging, replica)
 
         def register(server: grpc.aio.Server) -> None:
             writer_pb2_grpc.add_WriterServiceServicer_to_server(servicer, server)  # type: ignore[no-untyped-call]  # generated
-            messaging_pb2_grpc.add_MessagingServiceServicer_to_server(messaging, server)  # type: ignore[no-untyped-call]  # generated
-            if replica is not None:
+            if replica is None:
+                messaging_pb2_grpc.add_MessagingServiceServicer_to_server(messaging, server)  # type: ignore[no-untyped-call]  # generated
+            else:
+                messaging_pb2_grpc.add_MessagingServiceServicer_to_server(forwarding, server)  # type: ignore[no-untyped-call]  # generated
                 replication_pb2_grpc.add_ReplicationServiceServicer_to_server(replication, server)  # type: ignore[no-untyped-call]  # generated
 
         names = [SERVICE_NAME, MESSAGING_SERVICE_NAME]
@@ -216,7 +222,9 @@ class WriterNode(process.ServingNode):
             writer.close()
             raise
         if not options.advertise:
-            messaging.route = RouteConfig(route.advertise_host, serving.port, route.broker_name)
+            # A writer group's replica is reached at the endpoint --replicas names for it.
+            own = parse_endpoint(options.group.endpoint) if options.group is not None else (route.advertise_host, serving.port)
+            messaging.route = RouteConfig(own[0], own[1], route.broker_name)
         serving.call(messaging.start_flushing())
         # Released messages wake the long polls on their real topics, on the server's loop.
 
@@ -230,8 +238,10 @@ class WriterNode(process.ServingNode):
         self.replica: Replica | None = replica
         self.follower: Follower | None = None
         self.election: EtcdElection | None = None
+        self.forwarding: ForwardingServicer | None = None
         if replica is not None:
-            self.follower, self.election = _start_replica(replica, serving, messaging)
+            self.follower, self.election = _start_replica(replica, serving)
+            self.forwarding = forwarding
         self.writer: Writer = writer
         self.groups: ConsumerGroups = groups
         self.servicer: WriterServicer = servicer
@@ -271,6 +281,8 @@ class WriterNode(process.ServingNode):
         if self.follower is not None:
             self.follower.stop()
         self.serving.call(self.messaging.end_streams())
+        if self.forwarding is not None:
+            self.serving.call(self.forwarding.close())  # calls being forwarded end now (the clients retry)
         self.serving.stop(grace_s)
         self.scheduled.stop()  # its progress written while the writer is open
         self.servicer.close()
@@ -285,27 +297,17 @@ class WriterNode(process.ServingNode):
             self.election.release()
 
 
-def _start_replica(replica: Replica, serving: Any, messaging: MessagingServicer) -> tuple[Follower, EtcdElection | None]:
+def _start_replica(replica: Replica, serving: Any) -> tuple[Follower, EtcdElection | None]:
     """A group's replica, once its server serves: the tracker's clock on the loop, the
-    RocketMQ 5 routes following the primary, the replication thread and, with etcd, the
-    election's."""
-    from rmqstore.common.transport import parse_endpoint
+    replication thread and, with etcd, the election's."""
     from rmqstore.writer.replication.follower import Follower
     from rmqstore.writer.replication.metrics import watch_replica
-    from rmqstore.writer.rocketmq5 import RouteConfig
 
     async def start_tracker() -> None:
         replica.loop = asyncio.get_running_loop()
         replica.tracker.start()
 
     serving.call(start_tracker())
-    broker_name = messaging.route.broker_name
-
-    def route_to(endpoint: str) -> None:
-        host, port = parse_endpoint(endpoint)
-        messaging.route = RouteConfig(host, port, broker_name)
-
-    replica.on_primary.append(route_to)
     follower = Follower(replica, manual=not replica.options.etcd)
     watch_replica(replica, follower)
     follower.start()

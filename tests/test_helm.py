@@ -997,3 +997,122 @@ def test_schema_refuses_bad_console_values(chart: helm.Chart) -> None:
     ):
         with pytest.raises(helm.HelmValuesError, match=re.escape(where)):
             chart.render(values, name=RELEASE, namespace=NAMESPACE)
+
+
+# Writer groups (docs/replication.md): writer.replicas above 1.
+
+ETCD = f"{FULLNAME}-etcd"
+GROUP_RENDERINGS: dict[str, dict[str, Any]] = {
+    "group-etcd-from-values": {"writer": {"replicas": 3, "group": {"etcd": ["etcd-a.infra:2379", "etcd-b.infra:2379"]}}, **OPEN},
+    "group-own-etcd": {"writer": {"replicas": 3}, "etcd": {"enabled": True}, **OPEN},
+    "group-shared-preferred": {
+        "mode": "shared", "writer": {"replicas": 5, "group": {"etcd": ["etcd.infra:2379"], "antiAffinity": "preferred", "minInsync": 3}}, **OPEN,
+    },  # fmt: skip
+}
+# A writer group takes each replica's id from its pod's pod-index label (Kubernetes 1.28).
+GROUP_KUBE_VERSIONS = ("1.28", "1.33")
+
+
+@pytest.fixture(scope="session")
+def group_renderings(chart: helm.Chart) -> dict[str, Rendering]:
+    return {name: render(chart, values) for name, values in GROUP_RENDERINGS.items()}
+
+
+def test_one_writer_replica_renders_todays_single_writer(chart: helm.Chart) -> None:
+    single = render(chart, OPEN)
+    assert render(chart, {**OPEN, "writer": {"replicas": 1}}).objects == single.objects
+    writer = next(c for _, c in single.containers() if c["name"] == "writer")
+    assert not {"--group", "--replica-id", "--replicas", "--etcd"} & set(writer["args"])
+    assert "RMQSTORE_REPLICA_ID" not in env_of(writer)
+
+
+@pytest.mark.parametrize("name", sorted(GROUP_RENDERINGS))
+@pytest.mark.parametrize("kube_version", GROUP_KUBE_VERSIONS)
+def test_group_renderings_lint_and_validate(chart: helm.Chart, name: str, kube_version: str) -> None:
+    chart.validate_schema(chart.merge_values(GROUP_RENDERINGS[name]))
+    report = helm.lint(CHART, GROUP_RENDERINGS[name], strict=True, kube_version=f"v{kube_version}.0")
+    assert report["errors"] == []
+    assert [m for m in report["messages"] if m["severity"] >= 2] == []
+    for obj in render(chart, GROUP_RENDERINGS[name]).objects:
+        try:
+            kubernetes_validate.validate(obj, kube_version, strict=True)
+        except kubernetes_validate.ValidationError as error:
+            pytest.fail(f"{obj['kind']}/{obj['metadata']['name']} invalid for Kubernetes {kube_version}: {error.message}")
+
+
+@pytest.mark.parametrize("name", sorted(GROUP_RENDERINGS))
+def test_a_writer_group_is_a_statefulset_of_replicas(group_renderings: dict[str, Rendering], name: str) -> None:
+    from rmqstore.writer.replication.group import GroupOptions, Replication, parse_replicas
+
+    rendering = group_renderings[name]
+    values = rendering.values["writer"]
+    count = values["replicas"]
+    group_values = {"etcd": [], "antiAffinity": "required", "minInsync": 2, **values.get("group", {})}
+    writer = rendering.one("StatefulSet", WRITER)
+    spec = writer["spec"]
+    assert (spec["replicas"], spec["podManagementPolicy"]) == (count, "Parallel")
+    assert rendering.one("Service", spec["serviceName"])["spec"]["clusterIP"] == "None"
+    pod = spec["template"]
+    container = next(c for c in pod["spec"]["containers"] if c["name"] == "writer")
+    # The replica's id is its pod's ordinal, from the pod-index label, expanded by the kubelet.
+    (replica_env,) = [e for e in container["env"] if e["name"] == "RMQSTORE_REPLICA_ID"]
+    assert replica_env["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.labels['apps.kubernetes.io/pod-index']"
+    argv = container["args"]
+    assert argv[argv.index("--replica-id") + 1] == "$(RMQSTORE_REPLICA_ID)"
+    for ordinal in range(count):
+        args = parse_cli([a.replace("$(RMQSTORE_REPLICA_ID)", str(ordinal)) for a in argv])
+        options = GroupOptions(
+            name=args.group, replica_id=args.replica_id, replicas=parse_replicas(args.replicas),
+            replication=Replication(args.replication), min_insync=args.min_insync,
+            etcd=tuple(args.etcd.split(",")), lease_ttl_s=args.lease_ttl_s,
+        )  # fmt: skip
+        assert options.name == FULLNAME
+        # Each replica by its pod's stable name under the headless Service.
+        assert options.replicas == {k: f"{WRITER}-{k}.{WRITER}.{NAMESPACE}.svc:10911" for k in range(count)}
+        assert (options.replication, options.min_insync) == (Replication.SYNC, group_values["minInsync"])
+        if group_values["etcd"]:
+            assert list(options.etcd) == group_values["etcd"]
+        else:
+            assert list(options.etcd) == [f"{ETCD}-{k}.{ETCD}.{NAMESPACE}.svc:2379" for k in range(3)]
+        # RocketMQ 5 clients are routed to the writer Service: any replica serves them.
+        assert args.advertise == f"{WRITER}.{NAMESPACE}.svc:10911"
+    # Replicas on different nodes, and drains one replica at a time.
+    anti = pod["spec"]["affinity"]["podAntiAffinity"]
+    if group_values["antiAffinity"] == "required":
+        (term,) = anti["requiredDuringSchedulingIgnoredDuringExecution"]
+    else:
+        (weighted,) = anti["preferredDuringSchedulingIgnoredDuringExecution"]
+        term = weighted["podAffinityTerm"]
+    assert term["topologyKey"] == "kubernetes.io/hostname"
+    assert term["labelSelector"]["matchLabels"] == spec["selector"]["matchLabels"]
+    budget = rendering.one("PodDisruptionBudget", WRITER)["spec"]
+    assert budget["maxUnavailable"] == 1
+    assert budget["selector"]["matchLabels"] == spec["selector"]["matchLabels"]
+    # The chart's own etcd only when asked for: members by name, one per replica.
+    etcds = [o for o in rendering.objects if o["metadata"]["name"] == ETCD]
+    if group_values["etcd"]:
+        assert etcds == []
+    else:
+        members = rendering.one("StatefulSet", ETCD)
+        service = rendering.one("Service", ETCD)["spec"]
+        assert (service["clusterIP"], service["publishNotReadyAddresses"]) == ("None", True)
+        assert members["spec"]["replicas"] == 3
+        assert subset(service["selector"], members["spec"]["template"]["metadata"]["labels"])
+        assert not subset(service["selector"], pod["metadata"]["labels"])
+        etcd_args = members["spec"]["template"]["spec"]["containers"][0]["args"]
+        cluster = next(a for a in etcd_args if a.startswith("--initial-cluster="))
+        assert cluster == "--initial-cluster=" + ",".join(f"{ETCD}-{k}=http://{ETCD}-{k}.{ETCD}.{NAMESPACE}.svc:2380" for k in range(3))
+
+
+GROUP_BAD_COMBINATIONS = {
+    "min-insync above the replicas": ({"writer": {"replicas": 2, "group": {"minInsync": 3, "etcd": ["e:2379"]}}}, "must not exceed writer.replicas"),
+    "a group without etcd": ({"writer": {"replicas": 3}}, "list its members in writer.group.etcd or set etcd.enabled"),
+    "etcd without a group": ({"etcd": {"enabled": True}}, "etcd.enabled serves a writer group"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(GROUP_BAD_COMBINATIONS))
+def test_chart_refuses_inconsistent_group_values(chart: helm.Chart, case: str) -> None:
+    values, message = GROUP_BAD_COMBINATIONS[case]
+    with pytest.raises(helm.HelmRenderError, match=re.escape(message)):
+        chart.render({**OPEN, **values}, name=RELEASE, namespace=NAMESPACE)

@@ -24,6 +24,34 @@ and the claim "data-<fullname>-writer-0" within 63.
 {{- printf "%s-writer" (include "rmqstore.fullname" .) }}
 {{- end }}
 
+{{- define "rmqstore.etcdName" -}}
+{{- printf "%s-etcd" (include "rmqstore.fullname" .) }}
+{{- end }}
+
+{{/* A writer group's etcd members, HOST:PORT,…: writer.group.etcd or the chart's own. */}}
+{{- define "rmqstore.etcdEndpoints" -}}
+{{- if .Values.writer.group.etcd }}
+{{- join "," .Values.writer.group.etcd }}
+{{- else }}
+{{- $name := include "rmqstore.etcdName" . }}
+{{- $members := list }}
+{{- range $k := until (int .Values.etcd.replicas) }}
+{{- $members = append $members (printf "%s-%d.%s.%s.svc:%d" $name $k $name $.Release.Namespace (int64 $.Values.etcd.clientPort)) }}
+{{- end }}
+{{- join "," $members }}
+{{- end }}
+{{- end }}
+
+{{/* A writer group's replicas, K=HOST:PORT,…: pod K by its stable name under the headless Service. */}}
+{{- define "rmqstore.groupReplicas" -}}
+{{- $name := include "rmqstore.writerName" . }}
+{{- $replicas := list }}
+{{- range $k := until (int .Values.writer.replicas) }}
+{{- $replicas = append $replicas (printf "%d=%s-%d.%s.%s.svc:%d" $k $name $k $name $.Release.Namespace (int64 $.Values.writer.port)) }}
+{{- end }}
+{{- join "," $replicas }}
+{{- end }}
+
 {{- define "rmqstore.queryName" -}}
 {{- printf "%s-query" (include "rmqstore.fullname" .) }}
 {{- end }}
@@ -179,6 +207,24 @@ TLS flags of a server, and its plaintext health port, when tls.enabled; call wit
 - --metrics-port
 - {{ int64 .Values.writer.metricsPort | quote }}
 {{- end }}
+{{- if gt (int .Values.writer.replicas) 1 }}
+- --group
+- {{ .Values.writer.group.name | default (include "rmqstore.fullname" .) | quote }}
+- --replica-id
+- "$(RMQSTORE_REPLICA_ID)"
+- --replicas
+- {{ include "rmqstore.groupReplicas" . | quote }}
+- --replication
+- {{ .Values.writer.group.replication | quote }}
+- --min-insync
+- {{ int64 .Values.writer.group.minInsync | quote }}
+- --replica-lag-max-ms
+- {{ int64 .Values.writer.group.replicaLagMaxMs | quote }}
+- --etcd
+- {{ include "rmqstore.etcdEndpoints" . | quote }}
+- --lease-ttl-s
+- {{ int64 .Values.writer.group.leaseTtlS | quote }}
+{{- end }}
 {{- include "rmqstore.tlsArgs" (dict "root" . "healthPort" .Values.writer.healthPort) }}
 {{- include "rmqstore.accessArgs" . }}
 {{- include "rmqstore.sizeArgs" . }}
@@ -297,6 +343,13 @@ livenessProbe:
     {{- end }}
   env:
     {{- include "rmqstore.env" (dict "root" . "component" "writer") | nindent 4 }}
+    {{- if gt (int .Values.writer.replicas) 1 }}
+    # The replica's id is its pod's ordinal (--replica-id "$(RMQSTORE_REPLICA_ID)").
+    - name: RMQSTORE_REPLICA_ID
+      valueFrom:
+        fieldRef:
+          fieldPath: metadata.labels['apps.kubernetes.io/pod-index']
+    {{- end }}
   {{- include "rmqstore.probes" (dict "port" (include "rmqstore.probePort" (dict "root" . "component" .Values.writer)) "service" "rmqstore.v1.WriterService" "probes" .Values.writer.probes) | nindent 2 }}
   resources:
     {{- toYaml .Values.writer.resources | nindent 4 }}
@@ -414,6 +467,19 @@ livenessProbe:
 {{- end }}
 {{- if not (or .Values.acl.secretName (and .Values.tls.enabled .Values.tls.clientAuth) .Values.insecureOpen) }}
 {{- fail "the nodes listen on every pod address: set acl.secretName (an ACL), tls.clientAuth (mutual TLS) or insecureOpen: true (anyone who reaches the Services may call)" }}
+{{- end }}
+{{- if gt (int .Values.writer.replicas) 1 }}
+{{- if not (semverCompare ">=1.28-0" .Capabilities.KubeVersion.Version) }}
+{{- fail "a writer group (writer.replicas > 1) needs Kubernetes 1.28 or later: each replica takes its id from its pod's apps.kubernetes.io/pod-index label" }}
+{{- end }}
+{{- if gt (int .Values.writer.group.minInsync) (int .Values.writer.replicas) }}
+{{- fail (printf "writer.group.minInsync (%v) must not exceed writer.replicas (%v)" .Values.writer.group.minInsync .Values.writer.replicas) }}
+{{- end }}
+{{- if not (or .Values.writer.group.etcd .Values.etcd.enabled) }}
+{{- fail "a writer group (writer.replicas > 1) elects its primary through etcd: list its members in writer.group.etcd or set etcd.enabled: true" }}
+{{- end }}
+{{- else if .Values.etcd.enabled }}
+{{- fail "etcd.enabled serves a writer group's election: set writer.replicas above 1, or leave etcd off" }}
 {{- end }}
 {{- if gt (int64 .Values.query.autoscaling.minReplicas) (int64 .Values.query.autoscaling.maxReplicas) }}
 {{- fail "query.autoscaling.minReplicas must not exceed maxReplicas" }}

@@ -20,6 +20,7 @@ def cmd_proxy_serve(args: argparse.Namespace) -> int:
             advertise=advertise,
             linger_ms=args.linger_ms,
             batch_max=args.batch_max,
+            cursor_key=args.cursor_key or "",
         )
     )
     return EXIT_OK
@@ -55,5 +56,10 @@ def register(commands: argparse._SubParsersAction) -> None:  # type: ignore[type
     serve.add_argument(
         "--batch-max", type=exits.positive, default=DEFAULT_BATCH_MAX,
         help=f"a writer batch leaves at once with this many messages (default {DEFAULT_BATCH_MAX})",
+    )  # fmt: skip
+    serve.add_argument(
+        "--cursor-key", metavar="FILE",
+        help="the key lookup cursors are signed with, the same file for every proxy (made if missing); "
+        "default: one of this process's own, so a cursor continues only through this proxy",
     )  # fmt: skip
     serve.set_defaults(handler=cmd_proxy_serve)

@@ -44,10 +44,15 @@ def broker_name(text: str) -> str:
         raise argparse.ArgumentTypeError(f"{text!r}: expected a non-empty name without spaces")
     return text
 KEY_PAGE_SIZE = 1000
+BROKER_NAME_HELP = "through a proxy: the writer group (broker name) of the queue; needed when the proxy fronts several groups"
 
 
 class Backend:
     """One interface over a query node or a local store directory."""
+
+    # Through a proxy: the writer groups that did not answer a lookup, whose part of its
+    # answer is missing (an empty page then ends the paging: only they could have more).
+    unanswered: set[str]
 
     def key(self, topic: str, key: str, begin: int | None, end: int | None, limit: int | None) -> Iterator[messages_pb2.StoredMessage]:
         cursor = ""
@@ -60,10 +65,11 @@ class Backend:
             if end is not None:
                 request.end_ms = end
             response = self.call("QueryByKey", request)
+            self.unanswered.update(response.unanswered_groups)
             for message in response.messages:
                 yield message
                 sent += 1
-            if response.complete or (limit is not None and sent >= limit):
+            if response.complete or not response.messages or (limit is not None and sent >= limit):
                 return
             cursor = response.cursor
 
@@ -72,8 +78,9 @@ class Backend:
         cursor = ""
         while True:
             response = self.call("QueryByUniqKey", query_pb2.QueryByUniqKeyRequest(topic=topic, uniq_key=uniq_key, cursor=cursor))
+            self.unanswered.update(response.unanswered_groups)
             yield from response.messages
-            if response.complete or not response.cursor:
+            if response.complete or not response.cursor or not response.messages:
                 return
             cursor = response.cursor
 
@@ -93,6 +100,7 @@ class EndpointBackend(Backend):
     def __init__(self, endpoint: str, timeout_s: float, channel: grpc.Channel | None = None):
         from rmqstore.client import QueryClient, connect
 
+        self.unanswered = set()
         # A given channel (e.g. a TLS one) is owned from here on: close() closes it.
         self.client = QueryClient(channel if channel is not None else connect(endpoint), timeout_s)
         self.channel = self.client.channel
@@ -129,6 +137,7 @@ class StoreBackend(Backend):
         from rmqstore.query.view import StoreView
 
         exits.existing_store(args.store, "--store")
+        self.unanswered = set()
         self.view = StoreView(args.store, sizes_from(args, args.store))
         self.servicer = QueryServicer(self.view)
 
@@ -186,13 +195,22 @@ def _run(args: argparse.Namespace, action: Any) -> int:
         raise InvalidArgument("--body adds the body to --json output: give --json too")
     backend = _backend(args)
     try:
-        return int(action(backend))
+        status = int(action(backend))
     finally:
         backend.close()
+    if backend.unanswered:
+        groups = sorted(backend.unanswered)
+        exits.fail(
+            f"UNAVAILABLE: group{'s' if len(groups) > 1 else ''} {', '.join(groups)} did not answer: "
+            "the answer holds the other groups' messages only"
+        )
+        return exits.STATUS_EXITS.get(grpc.StatusCode.UNAVAILABLE, exits.EXIT_USAGE)  # as an UNAVAILABLE node's
+    return status
 
 
 def _topic_infos(backend: Backend) -> dict[str, query_pb2.TopicInfo]:
     response = backend.call("ListTopics", query_pb2.ListQueryTopicsRequest())
+    backend.unanswered.update(response.unanswered_groups)
     return {topic.name: topic for topic in response.topics}
 
 
@@ -259,7 +277,9 @@ def cmd_query_by_id(args: argparse.Namespace) -> int:
 
 def cmd_query_by_offset(args: argparse.Namespace) -> int:
     def action(backend: Backend) -> int:
-        request = query_pb2.QueryByQueueOffsetRequest(topic=args.topic, queue_id=args.queue, queue_offset=args.offset)
+        request = query_pb2.QueryByQueueOffsetRequest(
+            topic=args.topic, queue_id=args.queue, queue_offset=args.offset, broker_name=args.broker_name or ""
+        )
         _emit(iter([backend.call("QueryByQueueOffset", request).message]), args)
         return EXIT_OK
 
@@ -270,7 +290,8 @@ def cmd_search_offset(args: argparse.Namespace) -> int:
     def action(backend: Backend) -> int:
         boundary = query_pb2.BOUNDARY_UPPER if args.boundary == "upper" else query_pb2.BOUNDARY_LOWER
         request = query_pb2.SearchOffsetRequest(
-            topic=args.topic, queue_id=args.queue, timestamp_ms=args.timestamp, boundary=boundary
+            topic=args.topic, queue_id=args.queue, timestamp_ms=args.timestamp, boundary=boundary,
+            broker_name=args.broker_name or "",
         )
         response = backend.call("SearchOffset", request)
         if args.json:
@@ -292,13 +313,20 @@ def cmd_print_msg(args: argparse.Namespace) -> int:
 
     def action(backend: Backend) -> int:
         if args.queue is not None:
-            queue_ids = [args.queue]
+            queues = [(args.broker_name or "", args.queue)]
         else:
-            queue_ids = [queue.queue_id for queue in _known_topic(backend, args.topic)]
+            # Through a proxy, each group's queues under its broker name.
+            queues = [
+                (queue.broker_name, queue.queue_id)
+                for queue in _known_topic(backend, args.topic)
+                if args.broker_name is None or queue.broker_name == args.broker_name
+            ]
 
         def messages() -> Iterator[messages_pb2.StoredMessage]:
-            for queue_id in queue_ids:
-                request = query_pb2.StreamByTimeRequest(topic=args.topic, queue_id=queue_id, begin_ms=begin, end_ms=end)
+            for broker, queue_id in queues:
+                request = query_pb2.StreamByTimeRequest(
+                    topic=args.topic, queue_id=queue_id, begin_ms=begin, end_ms=end, broker_name=broker
+                )
                 yield from backend.stream("StreamByTime", request)
 
         _emit(messages(), args)
@@ -328,21 +356,29 @@ def cmd_topic_status(args: argparse.Namespace) -> int:
     def action(backend: Backend) -> int:
         rows = []
         info = _known_topic_info(backend, args.topic)
-        for queue in sorted(info.queues, key=lambda q: q.queue_id):
+        # Through a proxy the queues of several groups, each under its broker name (a
+        # query node's have none).
+        brokers = any(queue.broker_name for queue in info.queues)
+        for queue in sorted(info.queues, key=lambda q: (q.broker_name, q.queue_id)):
             last_ms = 0
             if queue.max_offset > queue.min_offset:
                 request = query_pb2.QueryByQueueOffsetRequest(
-                    topic=args.topic, queue_id=queue.queue_id, queue_offset=queue.max_offset - 1
+                    topic=args.topic, queue_id=queue.queue_id, queue_offset=queue.max_offset - 1, broker_name=queue.broker_name
                 )
                 last_ms = backend.call("QueryByQueueOffset", request).message.store_timestamp_ms
-            rows.append((queue.queue_id, queue.min_offset, queue.max_offset, last_ms))
+            rows.append((queue.broker_name, queue.queue_id, queue.min_offset, queue.max_offset, last_ms))
         if args.json:
-            documents = [{"queueId": q, "minOffset": lo, "maxOffset": hi, "lastUpdateTimestamp": ms} for q, lo, hi, ms in rows]
+            documents = [
+                {**({"brokerName": b} if brokers else {}), "queueId": q, "minOffset": lo, "maxOffset": hi, "lastUpdateTimestamp": ms}
+                for b, q, lo, hi, ms in rows
+            ]
             print(json.dumps(documents))
             return EXIT_OK
-        sys.stdout.write(f"{'#QID':<6} {'#Min Offset':>20} {'#Max Offset':>20}  #Last Updated\n")
-        for queue_id, low, high, last_ms in rows:
-            sys.stdout.write(f"{queue_id:<6} {low:>20} {high:>20}  {iso_time(last_ms, local=True) if last_ms else ''}\n")
+        head = f"{'#Broker Name':<32} " if brokers else ""
+        sys.stdout.write(f"{head}{'#QID':<6} {'#Min Offset':>20} {'#Max Offset':>20}  #Last Updated\n")
+        for broker, queue_id, low, high, last_ms in rows:
+            shown = f"{broker:<32} " if brokers else ""
+            sys.stdout.write(f"{shown}{queue_id:<6} {low:>20} {high:>20}  {iso_time(last_ms, local=True) if last_ms else ''}\n")
         sys.stdout.write(f"#Message Type  {info.message_type}\n")
         return EXIT_OK
 
@@ -464,7 +500,7 @@ def cmd_consumer_progress(args: argparse.Namespace) -> int:
             queues = [
                 {
                     "topic": q.topic,
-                    "brokerName": response.broker_name,
+                    "brokerName": q.broker_name or response.broker_name,
                     "queueId": q.queue_id,
                     "brokerOffset": q.broker_offset,
                     "consumerOffset": q.consumer_offset,
@@ -480,7 +516,7 @@ def cmd_consumer_progress(args: argparse.Namespace) -> int:
         lines = [_progress_line(*PROGRESS_HEADER)]
         for q in response.queues:
             diff = f"{q.lag}  {PAST_END_MARK}" if q.consumer_offset > q.broker_offset else q.lag
-            lines.append(_progress_line(q.topic, response.broker_name, q.queue_id, q.broker_offset, q.consumer_offset, diff))
+            lines.append(_progress_line(q.topic, q.broker_name or response.broker_name, q.queue_id, q.broker_offset, q.consumer_offset, diff))
         lines.append(f"\nDiff Total: {response.lag_total}\n")
         sys.stdout.write("".join(lines))
         _warn_past_end(response)
@@ -570,6 +606,7 @@ def register(commands: argparse._SubParsersAction) -> None:  # type: ignore[type
     by_offset.add_argument("-t", "--topic", required=True, help="the topic")
     by_offset.add_argument("-i", "-q", "--queue", type=exits.queue_id, required=True, help="queue id (-i as in mqadmin; -q too)")
     by_offset.add_argument("-o", "--offset", type=exits.offset, required=True, help="queue offset")
+    by_offset.add_argument("-b", "--broker-name", type=broker_name, help=BROKER_NAME_HELP)
     by_offset.set_defaults(handler=cmd_query_by_offset)
 
     search = _lookup_parser(
@@ -578,6 +615,7 @@ def register(commands: argparse._SubParsersAction) -> None:  # type: ignore[type
     )
     search.add_argument("-t", "--topic", required=True, help="the topic")
     search.add_argument("-q", "--queue", type=exits.queue_id, required=True, help="queue id")
+    search.add_argument("--broker-name", type=broker_name, help=BROKER_NAME_HELP)
     search.add_argument("--timestamp", type=exits.time_ms, required=True, metavar="TIME", help=f"store time: {exits.TIME_HELP}")
     search.add_argument(
         "--boundary",
@@ -594,6 +632,10 @@ def register(commands: argparse._SubParsersAction) -> None:  # type: ignore[type
     print_msg.add_argument("-q", "--queue", type=exits.queue_id, help="only this queue id (default: every queue)")
     print_msg.add_argument("-b", "--begin", type=exits.time_ms, metavar="TIME", help=f"earliest store time, {exits.TIME_HELP} (default: the start)")
     print_msg.add_argument("-e", "--end", type=exits.time_ms, metavar="TIME", help=f"latest store time, {exits.TIME_HELP} (default: now and on)")
+    print_msg.add_argument(
+        "--broker-name", type=broker_name,
+        help="through a proxy: only this writer group's queues (needed with -q when the proxy fronts several groups)",
+    )  # fmt: skip
     print_msg.set_defaults(handler=cmd_print_msg)
 
     topic_list = _lookup_parser(commands, "topicList", "the store's topics, one a line", json_help="print one JSON list", bodies=False)

@@ -42,6 +42,9 @@ class ProxyOptions:
     linger_ms: float = DEFAULT_LINGER_MS
     batch_max: int = DEFAULT_BATCH_MAX
     limits: ServerLimits = field(default_factory=ServerLimits)
+    # The key lookup cursors are signed with, shared by the proxies (made if missing);
+    # empty: this process's own, so a cursor continues only through this proxy.
+    cursor_key: str = ""
 
 
 def advertised_endpoints(endpoints: tuple[str, ...]) -> definition_pb2.Endpoints:
@@ -73,8 +76,12 @@ class ProxyNode(process.ServingNode):
     )
 
     def __init__(self, options: ProxyOptions, cluster: ClusterFile, metrics: MetricsEndpoint | None = None):
+        from rmqstore.common.files.cursorkey import ensure_key_file
         from rmqstore.proxy.gateway import ProxyServicer
+        from rmqstore.proxy.lookups import ProxyQueryServicer
+        from rmqstore.query.service import SERVICE_NAME as QUERY_SERVICE_NAME
         from rmqstore.rocketmq_v2 import service_pb2_grpc
+        from rmqstore.v1 import query_pb2_grpc
         from rmqstore.writer.rocketmq5 import SERVICE_NAME
 
         checked = process.check_listen(options.listen)
@@ -83,17 +90,21 @@ class ProxyNode(process.ServingNode):
         servicer = ProxyServicer(
             cluster.groups, advertised_endpoints(advertise), linger_s=options.linger_ms / 1000, batch_max=options.batch_max
         )
+        lookups = ProxyQueryServicer(cluster.groups, ensure_key_file(options.cursor_key) if options.cursor_key else None)
 
         def register(server: grpc.aio.Server) -> None:
             service_pb2_grpc.add_MessagingServiceServicer_to_server(servicer, server)  # type: ignore[no-untyped-call]  # generated
+            query_pb2_grpc.add_QueryServiceServicer_to_server(lookups, server)  # type: ignore[no-untyped-call]  # generated
 
-        serving = process.start_serving(register, [SERVICE_NAME], checked, listen.port, options.limits)
+        serving = process.start_serving(register, [SERVICE_NAME, QUERY_SERVICE_NAME], checked, listen.port, options.limits)
         if not options.advertise:
             servicer.advertise = advertised_endpoints((endpoint_text(listen.host, serving.port),))
         serving.call(servicer.start())
+        serving.call(lookups.start())
         self.options = options
         self.cluster = cluster
         self.servicer: ProxyServicer = servicer
+        self.lookups: ProxyQueryServicer = lookups
         self._reloader = asyncio.run_coroutine_threadsafe(self._reload_loop(), serving.loop)
         super().__init__(serving, listen, metrics)
 
@@ -107,6 +118,7 @@ class ProxyNode(process.ServingNode):
                 log.error("the cluster file was not reloaded (the groups stay as they were): %s", error)
                 continue
             await self.servicer.set_groups(self.cluster.groups)
+            await self.lookups.set_groups(self.cluster.groups)
             log.info("cluster file reloaded: groups %s", ", ".join(g.name for g in self.cluster.groups))
 
     def serving_line(self) -> dict[str, Any]:
@@ -127,6 +139,7 @@ class ProxyNode(process.ServingNode):
         self._reloader.cancel()
         try:
             self.serving.call(self.servicer.close())
+            self.serving.call(self.lookups.close())
         finally:
             self.serving.stop(grace_s)
 

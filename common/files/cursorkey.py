@@ -28,7 +28,12 @@ def read_cursor_key(config_dir: str) -> bytes | None:
     """The store's key, or None when the store has none yet (no writer of ours has
     opened it: a store Apache's broker wrote). A file that is there but not a key is
     Corruption, never silently replaced: that would void every cursor in flight."""
-    path = key_path(config_dir)
+    return read_key_file(key_path(config_dir))
+
+
+def read_key_file(path: str) -> bytes | None:
+    """The key a key file holds (a store's, or a proxy's ``--cursor-key``), or None when
+    there is no file."""
     try:
         with open(path, encoding="ascii") as handle:
             text = handle.read(4096)
@@ -47,12 +52,16 @@ def read_cursor_key(config_dir: str) -> bytes | None:
 
 def ensure_cursor_key(config_dir: str) -> bytes:
     """The store's key, created if the store has none (the writer's part)."""
-    existing = read_cursor_key(config_dir)
+    os.makedirs(config_dir, exist_ok=True)
+    return ensure_key_file(key_path(config_dir))
+
+
+def ensure_key_file(path: str) -> bytes:
+    """The key a key file holds, the file made (durably, owner-only) if there is none."""
+    existing = read_key_file(path)
     if existing is not None:
         return existing
-    os.makedirs(config_dir, exist_ok=True)
     key = secrets.token_bytes(KEY_BYTES)
-    path = key_path(config_dir)
     temp = path + ".tmp"
     fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
     with os.fdopen(fd, "w", encoding="ascii") as handle:
@@ -60,5 +69,5 @@ def ensure_cursor_key(config_dir: str) -> bytes:
         handle.flush()
         os.fsync(handle.fileno())
     os.replace(temp, path)
-    fsync_directory(config_dir)
+    fsync_directory(os.path.dirname(os.path.abspath(path)))
     return key

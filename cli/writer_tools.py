@@ -9,7 +9,7 @@ import os
 import sys
 import time
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 
@@ -19,6 +19,9 @@ from rmqstore.cli.store_tools import add_size_options, requested_sizes
 from rmqstore.common.errors import InvalidArgument
 from rmqstore.service.listen import DEFAULT_WORKERS, ListenOptions
 from rmqstore.v1 import messages_pb2
+
+if TYPE_CHECKING:
+    from rmqstore.writer.replication.group import PeerTls
 
 # TLS and listener options, shared with query_tools.
 
@@ -122,12 +125,41 @@ def retry_delays(text: str) -> tuple[int, ...]:
     return delays
 
 
+def _peer_tls(args: argparse.Namespace) -> PeerTls | None:
+    """How a replica dials the others (docs/replication.md, "TLS and ACL between replicas"):
+    the replicas of a group serve alike, so one that serves TLS dials TLS."""
+    from rmqstore.writer.replication.group import PeerTls
+
+    if (args.replica_tls_cert is None) != (args.replica_tls_key is None):
+        raise InvalidArgument("--replica-tls-cert and --replica-tls-key go together")
+    if args.tls_cert is None:
+        if any(v is not None for v in (args.replica_tls_ca, args.replica_tls_cert)):
+            raise InvalidArgument("--replica-tls-* need --tls-cert: the replicas dial each other as they serve")
+        if args.acl is not None:
+            raise InvalidArgument(
+                "--acl in a writer group needs mutual TLS between the replicas (--tls-cert, --tls-client-ca, "
+                "--replica-tls-ca, --replica-tls-cert): a replica is known to the others by its certificate"
+            )
+        return None
+    if args.replica_tls_ca is None:
+        raise InvalidArgument("--tls-cert in a writer group needs --replica-tls-ca: the replicas dial each other over TLS")
+    if args.tls_client_ca is not None and args.replica_tls_cert is None:
+        raise InvalidArgument("--tls-client-ca in a writer group needs --replica-tls-cert and --replica-tls-key: the replicas present a certificate to each other")
+    if args.acl is not None and args.tls_client_ca is None:
+        raise InvalidArgument(
+            "--acl in a writer group needs mutual TLS between the replicas (--tls-client-ca, --replica-tls-cert): "
+            "a replica is known to the others by its certificate"
+        )
+    return PeerTls(args.replica_tls_ca, args.replica_tls_cert, args.replica_tls_key)
+
+
 def cmd_writer_serve(args: argparse.Namespace) -> int:
     from rmqstore.writer.config import FlushPolicy
     from rmqstore.writer.node import WriterOptions, serve
     from rmqstore.writer.replication.group import GroupOptions, Replication, parse_replicas
 
     group = None
+    peer_tls_flags = (args.replica_tls_ca, args.replica_tls_cert, args.replica_tls_key)
     if args.group is not None:
         if args.replica_id is None or args.replicas is None:
             raise InvalidArgument("--group needs --replica-id and --replicas")
@@ -140,9 +172,10 @@ def cmd_writer_serve(args: argparse.Namespace) -> int:
             replica_lag_max_ms=args.replica_lag_max_ms,
             etcd=tuple(e for e in (args.etcd or "").split(",") if e),
             lease_ttl_s=args.lease_ttl_s,
+            peer_tls=_peer_tls(args),
         )
-    elif any(v is not None for v in (args.replica_id, args.replicas, args.etcd)):
-        raise InvalidArgument("--replica-id, --replicas and --etcd belong to a writer group: give --group too")
+    elif any(v is not None for v in (args.replica_id, args.replicas, args.etcd, *peer_tls_flags)):
+        raise InvalidArgument("--replica-id, --replicas, --etcd and --replica-tls-* belong to a writer group: give --group too")
     serve(
         WriterOptions(
             store=args.store,
@@ -503,6 +536,9 @@ def register(commands: argparse._SubParsersAction) -> None:  # type: ignore[type
     replication.add_argument("--replica-lag-max-ms", type=exits.positive, default=5000, help="a follower not caught up within this leaves the in-sync set (default 5000)")
     replication.add_argument("--etcd", type=exits.endpoints, metavar="HOST:PORT[,HOST:PORT...]", help="etcd v3 members: the primary is elected there (default: none; fail over with writer promote)")
     replication.add_argument("--lease-ttl-s", type=exits.positive, default=5, help="the primary's etcd lease, seconds (default 5)")
+    replication.add_argument("--replica-tls-ca", metavar="FILE", help="with --tls-cert: the CA the other replicas' certificates are checked against")
+    replication.add_argument("--replica-tls-cert", metavar="FILE", help="with --tls-client-ca: the client certificate this replica presents to the others")
+    replication.add_argument("--replica-tls-key", metavar="FILE", help="--replica-tls-cert's PEM private key (unencrypted)")
     add_server_tls_options(serve)
     add_size_options(serve)
     serve.set_defaults(handler=cmd_writer_serve)

@@ -311,6 +311,11 @@ NEEDS: dict[str, Need] = {
     # One group's progress, as Apache's ACL guards a group's consume stats: Get on the group.
     "/rmqstore.v1.QueryService/GroupLag": lambda r: [("Get", f"Group:{r.group}")],
     "/rmqstore.v1.QueryService/Ping": lambda r: [],
+    # A writer group's replicas, known to each other by their certificates (docs/replication.md):
+    # the whole commit log and a primary's moves are the node's own business.
+    "/rmqstore.v1.ReplicationService/Replicate": _cluster("Update"),
+    "/rmqstore.v1.ReplicationService/ReplicaStatus": _cluster("Get"),
+    "/rmqstore.v1.ReplicationService/Promote": _cluster("Update"),
     "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo": lambda r: [],
     "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo": lambda r: [],
 }

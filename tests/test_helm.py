@@ -1005,6 +1005,10 @@ ETCD = f"{FULLNAME}-etcd"
 GROUP_RENDERINGS: dict[str, dict[str, Any]] = {
     "group-etcd-from-values": {"writer": {"replicas": 3, "group": {"etcd": ["etcd-a.infra:2379", "etcd-b.infra:2379"]}}, **OPEN},
     "group-own-etcd": {"writer": {"replicas": 3}, "etcd": {"enabled": True}, **OPEN},
+    "group-mutual-tls-acl": {
+        "writer": {"replicas": 3, "group": {"etcd": ["etcd.infra:2379"]}},
+        "tls": {"enabled": True, "secretName": "rmqstore-tls", "clientAuth": True}, **ACL_SECRET,
+    },  # fmt: skip
     "group-shared-preferred": {
         "mode": "shared", "writer": {"replicas": 5, "group": {"etcd": ["etcd.infra:2379"], "antiAffinity": "preferred", "minInsync": 3}}, **OPEN,
     },  # fmt: skip
@@ -1042,7 +1046,8 @@ def test_group_renderings_lint_and_validate(chart: helm.Chart, name: str, kube_v
 
 @pytest.mark.parametrize("name", sorted(GROUP_RENDERINGS))
 def test_a_writer_group_is_a_statefulset_of_replicas(group_renderings: dict[str, Rendering], name: str) -> None:
-    from rmqstore.writer.replication.group import GroupOptions, Replication, parse_replicas
+    from rmqstore.cli.writer_tools import _peer_tls
+    from rmqstore.writer.replication.group import GroupOptions, PeerTls, Replication, parse_replicas
 
     rendering = group_renderings[name]
     values = rendering.values["writer"]
@@ -1064,7 +1069,7 @@ def test_a_writer_group_is_a_statefulset_of_replicas(group_renderings: dict[str,
         options = GroupOptions(
             name=args.group, replica_id=args.replica_id, replicas=parse_replicas(args.replicas),
             replication=Replication(args.replication), min_insync=args.min_insync,
-            etcd=tuple(args.etcd.split(",")), lease_ttl_s=args.lease_ttl_s,
+            etcd=tuple(args.etcd.split(",")), lease_ttl_s=args.lease_ttl_s, peer_tls=_peer_tls(args),
         )  # fmt: skip
         assert options.name == FULLNAME
         # Each replica by its pod's stable name under the headless Service.
@@ -1076,6 +1081,13 @@ def test_a_writer_group_is_a_statefulset_of_replicas(group_renderings: dict[str,
             assert list(options.etcd) == [f"{ETCD}-{k}.{ETCD}.{NAMESPACE}.svc:2379" for k in range(3)]
         # RocketMQ 5 clients are routed to the writer Service: any replica serves them.
         assert args.advertise == f"{WRITER}.{NAMESPACE}.svc:10911"
+        # The replicas dial each other as they serve: TLS from the mounted Secret.
+        if tls_enabled(rendering):
+            mount = Path(next(m for m in container["volumeMounts"] if m["name"] == "tls")["mountPath"])
+            assert options.peer_tls == PeerTls(str(mount / "ca.crt"), str(mount / "tls.crt"), str(mount / "tls.key"))
+            assert args.tls_client_ca == str(mount / "ca.crt") and args.acl is not None
+        else:
+            assert options.peer_tls is None
     # Replicas on different nodes, and drains one replica at a time.
     anti = pod["spec"]["affinity"]["podAntiAffinity"]
     if group_values["antiAffinity"] == "required":
@@ -1108,6 +1120,10 @@ GROUP_BAD_COMBINATIONS = {
     "min-insync above the replicas": ({"writer": {"replicas": 2, "group": {"minInsync": 3, "etcd": ["e:2379"]}}}, "must not exceed writer.replicas"),
     "a group without etcd": ({"writer": {"replicas": 3}}, "list its members in writer.group.etcd or set etcd.enabled"),
     "etcd without a group": ({"etcd": {"enabled": True}}, "etcd.enabled serves a writer group"),
+    "a group under an ACL without mutual TLS": (
+        {"writer": {"replicas": 3, "group": {"etcd": ["e:2379"]}}, **ACL_SECRET, "tls": {"enabled": True, "secretName": "s"}},
+        "a writer group under an ACL needs tls.enabled and tls.clientAuth",
+    ),
 }
 
 

@@ -616,3 +616,94 @@ def test_official_clients_keep_working_across_failovers(nodes: Nodes, tmp_path: 
         f"{len(deliveries)} messages delivered {sum(len(d) for d in deliveries.values())} times, "
         f"{len(redelivered_after_ack)} again after an acknowledgement answered OK"
     )
+
+
+GROUP_ACL = """
+users:
+  - accessKey: app
+    secretKey: app-secret-1
+acls:
+  - subject: User:app
+    policies:
+      - resource: ["Topic:*"]
+        actions: [Pub, Sub, Create]
+  - subject: "Cert:rmqstore test client"
+    policies:
+      - resource: Cluster
+        actions: [Get, Update]
+"""
+
+
+def test_replicas_dial_each_other_over_mutual_tls_under_an_acl(nodes: Nodes, tmp_path: Path) -> None:
+    """Every replica serves mutual TLS under an ACL; they replicate to each other over TLS,
+    presenting the certificate --replica-tls-cert names (the ACL allows its subject the
+    Cluster), and a follower forwards a signed RocketMQ 5 send to the primary over TLS,
+    where the client's own signature is checked."""
+    from support.pki import make_pki
+
+    from rmqstore.client.channels import open_channel
+    from rmqstore.client.signing import signing_channel
+
+    pki = make_pki(tmp_path)
+    acl = tmp_path / "acl.yaml"
+    acl.write_text(GROUP_ACL)
+    tls = [
+        "--tls-cert", str(pki.server_cert), "--tls-key", str(pki.server_key), "--tls-client-ca", str(pki.ca),
+        "--replica-tls-ca", str(pki.ca), "--replica-tls-cert", str(pki.client_cert), "--replica-tls-key", str(pki.client_key),
+        "--acl", str(acl), "--health-port", "0",
+    ]  # fmt: skip
+    group = Group(nodes, tmp_path, 3, "--replication", "sync", "--min-insync", "2", *tls)
+    group.start(0, 1, 2)
+
+    def channel(replica_id: int) -> grpc.Channel:
+        opened = open_channel(f"127.0.0.1:{group.ports[replica_id]}", ca=str(pki.ca), client_cert=str(pki.client_cert), client_key=str(pki.client_key))
+        nodes.channels.append(opened)
+        return opened
+
+    def status(replica_id: int) -> replication_pb2.ReplicaStatusResponse:
+        return replication_pb2_grpc.ReplicationServiceStub(channel(replica_id)).ReplicaStatus(replication_pb2.ReplicaStatusRequest(), timeout=5)
+
+    wait_until(lambda: sum(f.in_sync for f in status(0).followers) == 2, 60, "both followers in sync over TLS")
+    app = signing_channel(channel(0), "app", "app-secret-1")
+    messages = [messages_pb2.Message(topic="Secured", body=f"m{i}".encode(), keys=[f"k{i}"]) for i in range(50)]
+    sent = writer_pb2_grpc.WriterServiceStub(app).SendBatch(writer_pb2.SendBatchRequest(messages=messages), timeout=30)
+    assert len(sent.results) == 50
+    # A follower forwards a signed RocketMQ 5 send; the primary checks the client's signature.
+    forwarded = service_pb2_grpc.MessagingServiceStub(signing_channel(channel(1), "app", "app-secret-1")).SendMessage(
+        v2s.SendMessageRequest(messages=[v2.Message(
+            topic=v2.Resource(name="Secured"), body=b"through a follower",
+            system_properties=v2.SystemProperties(message_id="SecuredForward1", body_encoding=v2.IDENTITY, message_type=v2.NORMAL),
+        )]), timeout=10,
+    )  # fmt: skip
+    assert forwarded.status.code == v2.OK, forwarded.status
+    unsigned = service_pb2_grpc.MessagingServiceStub(channel(1)).SendMessage(
+        v2s.SendMessageRequest(messages=[v2.Message(
+            topic=v2.Resource(name="Secured"), body=b"as the replica's certificate",
+            system_properties=v2.SystemProperties(message_id="SecuredForward2", body_encoding=v2.IDENTITY, message_type=v2.NORMAL),
+        )]), timeout=10,
+    )  # fmt: skip
+    assert unsigned.status.code == v2.FORBIDDEN, unsigned.status  # that subject may not Pub
+    end = status(0).end_offset
+    wait_until(lambda: all(status(k).end_offset == end for k in range(3)), 30, "the followers to catch up")
+    group.stop(0, 1, 2)
+    _assert_identical_over_common_length([group.store(k) for k in range(3)])
+
+
+@pytest.mark.parametrize(
+    ("flags", "words"),
+    [
+        (["--tls-cert", "c", "--tls-key", "k"], "needs --replica-tls-ca"),
+        (["--tls-cert", "c", "--tls-key", "k", "--tls-client-ca", "a", "--replica-tls-ca", "a"], "needs --replica-tls-cert"),
+        (["--replica-tls-ca", "a"], "--replica-tls-* need --tls-cert"),
+        (["--acl", "acl.yaml"], "--acl in a writer group needs mutual TLS"),
+        (["--tls-cert", "c", "--tls-key", "k", "--replica-tls-ca", "a", "--acl", "acl.yaml"], "--acl in a writer group needs mutual TLS"),
+        (["--replica-tls-cert", "c"], "go together"),
+    ],
+)
+def test_replica_tls_flags_are_checked_before_anything_is_made(tmp_path: Path, flags: list[str], words: str) -> None:
+    store = tmp_path / "store"
+    group = ["--group", "g1", "--replica-id", "0", "--replicas", "0=127.0.0.1:1,1=127.0.0.1:2"]
+    done = run_cli(["writer", "serve", "--store", str(store), "--port", "0", *group, *flags])
+    assert done.returncode == 2, done.stderr
+    assert words in done.stderr, done.stderr
+    assert not store.exists()

@@ -34,7 +34,7 @@ def peer_statuses(replica: Replica) -> dict[int, replication_pb2.ReplicaStatusRe
     """What each reachable peer says of itself."""
     answers = {}
     for replica_id, endpoint in replica.options.peers.items():
-        with grpc.insecure_channel(endpoint, options=CHANNEL_OPTIONS) as channel:
+        with replica.options.peer_channel(endpoint, CHANNEL_OPTIONS) as channel:
             try:
                 answers[replica_id] = replication_pb2_grpc.ReplicationServiceStub(channel).ReplicaStatus(  # type: ignore[no-untyped-call]  # generated
                     replication_pb2.ReplicaStatusRequest(), timeout=STATUS_TIMEOUT_S
@@ -127,7 +127,7 @@ class Follower:
         replica = self.replica
         options, writer = replica.options, replica.writer
         endpoint = options.replicas[primary_id]
-        with grpc.insecure_channel(endpoint, options=CHANNEL_OPTIONS) as channel:
+        with options.peer_channel(endpoint, CHANNEL_OPTIONS) as channel:
             stub = replication_pb2_grpc.ReplicationServiceStub(channel)  # type: ignore[no-untyped-call]  # generated
             status = stub.ReplicaStatus(replication_pb2.ReplicaStatusRequest(), timeout=STATUS_TIMEOUT_S)
             if status.role != Role.PRIMARY.value:

@@ -63,9 +63,7 @@ class ForwardingServicer:
     def _callable(self, target: str, method: Any) -> Any:
         channel = self._channels.get(target)
         if channel is None:
-            channel = grpc.aio.insecure_channel(
-                target, options=(("grpc.use_local_subchannel_pool", 1),)
-            )
+            channel = self._replica.options.peer_aio_channel(target, (("grpc.use_local_subchannel_pool", 1),))
             self._channels[target] = channel
         path = f"/{SERVICE.full_name}/{method.name}"
         serializer = method.input_type._concrete_class.SerializeToString

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
 
 from rmqstore.common.errors import InvalidArgument
 from rmqstore.common.transport import parse_endpoint
@@ -18,6 +21,27 @@ class Replication(enum.Enum):
 
 
 @dataclass(frozen=True)
+class PeerTls:
+    """How a replica dials its peers when the group serves TLS: the CA their certificates
+    are checked against and, when they require one, the client certificate it presents
+    (its subject, ``Cert:<common name>``, is what the peers' ACL sees)."""
+
+    ca: str
+    cert: str | None = None
+    key: str | None = None
+
+    def credentials(self) -> grpc.ChannelCredentials:
+        """Read the files now: a replica that cannot read them fails at its start."""
+        try:
+            ca = Path(self.ca).read_bytes()
+            cert = Path(self.cert).read_bytes() if self.cert else None
+            key = Path(self.key).read_bytes() if self.key else None
+        except OSError as error:
+            raise InvalidArgument(f"--replica-tls-*: {error.filename}: {error.strerror}") from None
+        return grpc.ssl_channel_credentials(root_certificates=ca, private_key=key, certificate_chain=cert)
+
+
+@dataclass(frozen=True)
 class GroupOptions:
     """What a replica of a writer group is started with."""
 
@@ -29,6 +53,7 @@ class GroupOptions:
     replica_lag_max_ms: int = 5000  # a follower further behind than this drops out of the in-sync set
     etcd: tuple[str, ...] = ()  # HOST:PORT of etcd's members; none: manual failover (writer promote)
     lease_ttl_s: int = 5  # the primary's etcd lease
+    peer_tls: PeerTls | None = None  # None: the replicas serve plaintext, and are dialled so
 
     def __post_init__(self) -> None:
         if not self.name or len(self.name) > GROUP_NAME_MAX or not all(c.isalnum() or c in "-_." for c in self.name):
@@ -46,6 +71,17 @@ class GroupOptions:
                 parse_endpoint(member)
             except InvalidArgument as error:
                 raise InvalidArgument(f"--etcd: {error}") from None
+
+    def peer_channel(self, endpoint: str, options: tuple[tuple[str, object], ...] = ()) -> grpc.Channel:
+        """A channel to a peer replica, over TLS when the group serves it."""
+        if self.peer_tls is None:
+            return grpc.insecure_channel(endpoint, options=options)
+        return grpc.secure_channel(endpoint, self.peer_tls.credentials(), options=options)
+
+    def peer_aio_channel(self, endpoint: str, options: tuple[tuple[str, object], ...] = ()) -> grpc.aio.Channel:
+        if self.peer_tls is None:
+            return grpc.aio.insecure_channel(endpoint, options=options)
+        return grpc.aio.secure_channel(endpoint, self.peer_tls.credentials(), options=options)
 
     @property
     def endpoint(self) -> str:

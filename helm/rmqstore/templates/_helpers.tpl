@@ -224,6 +224,17 @@ TLS flags of a server, and its plaintext health port, when tls.enabled; call wit
 - {{ include "rmqstore.etcdEndpoints" . | quote }}
 - --lease-ttl-s
 - {{ int64 .Values.writer.group.leaseTtlS | quote }}
+{{- if .Values.tls.enabled }}
+{{- $dir := trimSuffix "/" .Values.tls.mountPath }}
+- --replica-tls-ca
+- {{ printf "%s/ca.crt" $dir | quote }}
+{{- if .Values.tls.clientAuth }}
+- --replica-tls-cert
+- {{ printf "%s/tls.crt" $dir | quote }}
+- --replica-tls-key
+- {{ printf "%s/tls.key" $dir | quote }}
+{{- end }}
+{{- end }}
 {{- end }}
 {{- include "rmqstore.tlsArgs" (dict "root" . "healthPort" .Values.writer.healthPort) }}
 {{- include "rmqstore.accessArgs" . }}
@@ -474,6 +485,9 @@ livenessProbe:
 {{- end }}
 {{- if gt (int .Values.writer.group.minInsync) (int .Values.writer.replicas) }}
 {{- fail (printf "writer.group.minInsync (%v) must not exceed writer.replicas (%v)" .Values.writer.group.minInsync .Values.writer.replicas) }}
+{{- end }}
+{{- if and .Values.acl.secretName (not (and .Values.tls.enabled .Values.tls.clientAuth)) }}
+{{- fail "a writer group under an ACL needs tls.enabled and tls.clientAuth: the replicas know each other by their certificates (docs/replication.md)" }}
 {{- end }}
 {{- if not (or .Values.writer.group.etcd .Values.etcd.enabled) }}
 {{- fail "a writer group (writer.replicas > 1) elects its primary through etcd: list its members in writer.group.etcd or set etcd.enabled: true" }}

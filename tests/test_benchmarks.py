@@ -467,3 +467,23 @@ def test_the_intake_probe_sends_each_writer_its_own_request_shape() -> None:
     assert [r["python"] for r in result["rounds"]] == [f"{python} messages", f"{python} columns"]
     assert [r["messages"] for r in result["rounds"]] == [2000, 2000]
     assert list(result["cpu_per_msg_vs_first"]) == [f"{python} messages", f"{python} columns"]
+
+
+def test_the_failover_soak_runs_at_a_smoke_size(tmp_path: Path) -> None:
+    """benchmarks/failover_soak.py with one SIGKILL and one SIGSTOP of the primary (a 2 s
+    lease): both done, nothing acknowledged lost or acknowledged twice, every replica
+    check-clean, a failover time for each kind."""
+    out = tmp_path / "soak.json"
+    done = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "failover_soak.py"), "--kills", "1", "--stops", "1", "--lease-ttl-s", "2",
+         "--out", str(out)],
+        cwd=REPO, capture_output=True, text=True, timeout=TIMEOUT_S, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["done"] == {"kills": 1, "stops": 1} == result["asked"]
+    assert result["acked_messages"] > 0 and result["offsets_acked_for_two_messages"] == 0
+    assert result["acked_lost_on_replica"] == {"0": 0, "1": 0, "2": 0}
+    assert result["check_exit_codes"] == {"0": 0, "1": 0, "2": 0}
+    times = result["expiry_to_first_ack_s"]
+    assert times["kill_p50"] is not None and times["stop_p50"] is not None

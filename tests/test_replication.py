@@ -469,8 +469,8 @@ CLIENT_FAILOVERS = int(os.environ.get("RMQSTORE_CLIENT_FAILOVERS", "10"))
 # Progress each client shows between failovers.
 CLIENT_PROGRESS = 20
 # A consumer's acknowledgement answered this long before the primary fails may be lost
-# (docs/replication.md): the consumer state is sent every 200 ms, and a kill can land
-# before the last of it left.
+# (docs/replication.md): --consumer-flush-interval-ms (1 s by default) + 1 s; the state is
+# written at that interval and sent within 200 ms, and a kill can land before it left.
 ACK_LOSS_BOUND_S = 2.0
 
 

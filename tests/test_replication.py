@@ -199,6 +199,13 @@ def test_a_sync_group_replicates_byte_for_byte(nodes: Nodes, tmp_path: Path) -> 
     )]), timeout=10)  # fmt: skip
     assert forwarded.status.code == v2.OK, forwarded.status
     forwarded_id = forwarded.entries[0].message_id
+    # A call already forwarded once is served where it lands: the follower's own refusal,
+    # naming the primary (no call passes to and fro between replicas that disagree).
+    again = messaging.SendMessage(v2s.SendMessageRequest(messages=[v2.Message(
+        topic=v2.Resource(name="T1"), body=b"forwarded before",
+        system_properties=v2.SystemProperties(message_id="ForwardedTwice1", body_encoding=v2.IDENTITY, message_type=v2.NORMAL),
+    )]), timeout=10, metadata=(("x-rmqstore-forwarded-by", "9"),))  # fmt: skip
+    assert again.status.code == v2.HA_NOT_AVAILABLE and endpoint in again.status.message, again.status
     missing = messaging.QueryRoute(v2s.QueryRouteRequest(topic=v2.Resource(name="NotYet")), timeout=5)
     assert missing.status.code == v2.TOPIC_NOT_FOUND
 

@@ -8,7 +8,8 @@ they asked again. Each replica's routes name the replica itself instead, and wha
 is asked it forwards to the primary of the moment, so a client keeps working across
 failovers with the endpoints it was configured with. QueryRoute is answered by the replica
 itself (the topic table is replicated); a replica that is the primary, or knows no primary,
-serves every call itself (a follower's own answers refuse writes, naming the primary)."""
+serves every call itself (a follower's own answers refuse writes, naming the primary), and
+so does one that receives a call another replica forwarded: a call is forwarded once."""
 
 from __future__ import annotations
 
@@ -33,13 +34,25 @@ _HOP_HEADERS = frozenset(
 )
 
 
-def _forwarded_metadata(context: grpc.aio.ServicerContext) -> tuple[tuple[str, Any], ...]:
+# Set on a forwarded call: its receiver serves it, never forwards it again (two replicas
+# that each take the other for the primary, for a moment, would pass a call to and fro).
+FORWARDED_HEADER = "x-rmqstore-forwarded-by"
+
+
+def _forwarded_metadata(context: grpc.aio.ServicerContext, replica_id: int) -> tuple[tuple[str, Any], ...]:
     """The client's metadata (its id, language, signature…), as the primary must see it."""
-    return tuple(
-        (key, value)
-        for key, value in context.invocation_metadata() or ()
-        if not key.startswith(":") and key not in _HOP_HEADERS
+    return (
+        *(
+            (key, value)
+            for key, value in context.invocation_metadata() or ()
+            if not key.startswith(":") and key not in _HOP_HEADERS
+        ),
+        (FORWARDED_HEADER, str(replica_id)),
     )
+
+
+def _was_forwarded(context: grpc.aio.ServicerContext) -> bool:
+    return any(key == FORWARDED_HEADER for key, _ in context.invocation_metadata() or ())
 
 
 class ForwardingServicer:
@@ -53,10 +66,10 @@ class ForwardingServicer:
         for method in SERVICE.methods:
             setattr(self, method.name, self._method(method))
 
-    def _target(self) -> str | None:
-        """The primary's endpoint, when calls go there."""
+    def _target(self, context: grpc.aio.ServicerContext) -> str | None:
+        """The primary's endpoint, when this call goes there."""
         replica = self._replica
-        if replica.role is Role.PRIMARY:
+        if replica.role is Role.PRIMARY or _was_forwarded(context):
             return None
         return replica.primary_endpoint
 
@@ -98,7 +111,7 @@ class ForwardingServicer:
             async def stream_stream(
                 requests: AsyncIterator[Any], context: grpc.aio.ServicerContext
             ) -> AsyncIterator[Any]:
-                target = self._target()
+                target = self._target(context)
                 if target is None:
                     async for response in local(requests, context):
                         yield response
@@ -114,7 +127,7 @@ class ForwardingServicer:
 
                 call = self._callable(target, method)(
                     passed(),
-                    metadata=_forwarded_metadata(context),
+                    metadata=_forwarded_metadata(context, self._replica.options.replica_id),
                     timeout=context.time_remaining(),
                 )
                 try:
@@ -131,13 +144,13 @@ class ForwardingServicer:
             async def unary_stream(
                 request: Any, context: grpc.aio.ServicerContext
             ) -> AsyncIterator[Any]:
-                target = self._target()
+                target = self._target(context)
                 if target is None:
                     async for response in local(request, context):
                         yield response
                     return
                 call = self._callable(target, method)(
-                    request, metadata=_forwarded_metadata(context), timeout=context.time_remaining()
+                    request, metadata=_forwarded_metadata(context, self._replica.options.replica_id), timeout=context.time_remaining()
                 )
                 try:
                     async for response in call:
@@ -148,13 +161,13 @@ class ForwardingServicer:
             return unary_stream
 
         async def unary_unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
-            target = self._target()
+            target = self._target(context)
             if target is None:
                 return await local(request, context)
             call = self._callable(target, method)
             try:
                 return await call(
-                    request, metadata=_forwarded_metadata(context), timeout=context.time_remaining()
+                    request, metadata=_forwarded_metadata(context, self._replica.options.replica_id), timeout=context.time_remaining()
                 )
             except grpc.aio.AioRpcError as error:
                 await failed(context, target, error)

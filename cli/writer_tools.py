@@ -202,6 +202,9 @@ def cmd_writer_serve(args: argparse.Namespace) -> int:
             truncate_corrupt_tail=args.truncate_corrupt_tail,
             group=group,
             timer_max_delay_ms=args.timer_max_delay * 1000,
+            transaction_timeout_ms=args.transaction_timeout_ms,
+            transaction_check_interval_ms=args.transaction_check_interval_ms,
+            transaction_check_max=args.transaction_check_max,
         )
     )
     return EXIT_OK
@@ -518,6 +521,29 @@ def register(commands: argparse._SubParsersAction) -> None:  # type: ignore[type
         default=259_200,
         metavar="SECONDS",
         help="how far ahead a timed message may be due, in seconds (default 259200, 3 days: Apache's timerMaxDelaySec)",
+    )
+    serve.add_argument(
+        "--transaction-timeout-ms",
+        type=exits.positive,
+        default=6_000,
+        metavar="MS",
+        help="a transaction's half message is first checked with its producer once this old (default 6000: Apache's "
+        "transactionTimeOut)",
+    )
+    serve.add_argument(
+        "--transaction-check-interval-ms",
+        type=exits.positive,
+        default=30_000,
+        metavar="MS",
+        help="unresolved half messages are looked for this often (default 30000: Apache's transactionCheckInterval)",
+    )
+    serve.add_argument(
+        "--transaction-check-max",
+        type=exits.positive,
+        default=15,
+        metavar="N",
+        help="a half message checked this many times is discarded to TRANS_CHECK_MAX_TIME_TOPIC (default 15: Apache's "
+        "transactionCheckMax)",
     )
     serve.add_argument("--retention-hours", type=exits.hours, default=72.0, help="commit log file reserved time (default 72)")
     serve.add_argument("--disk-clean-ratio", type=exits.ratio, default=0.75, help="delete old files above this disk use (default 0.75)")

@@ -12,6 +12,7 @@ from typing import Any
 from rmqstore.common.codec import properties as props
 from rmqstore.common.codec.consumequeue import (
     DEFAULT_DELAY_LEVELS,
+    HALF_TOPIC,
     SCHEDULE_TOPIC,
     TIMER_TOPIC,
     deliver_timestamp,
@@ -58,6 +59,9 @@ def message_json(message: messages_pb2.StoredMessage, with_body: bool) -> dict[s
         "bodySha256": hashlib.sha256(message.body).hexdigest(),
     }
     due = pending_due_ms(message)
+    if message.topic == HALF_TOPIC:
+        # A transaction's half message: found only while no commit put it in its topic.
+        document["pendingTransaction"] = True
     if due is not None:
         document["pending"] = True
         document["dueTimestamp"] = due
@@ -96,4 +100,6 @@ def message_rows(message: messages_pb2.StoredMessage) -> list[tuple[str, object]
 
 def pending_rows(message: messages_pb2.StoredMessage) -> list[tuple[str, object]]:
     due = pending_due_ms(message)
+    if message.topic == HALF_TOPIC:
+        return [("Pending Transaction:", "a half message, not committed")]
     return [] if due is None else [("Pending Until:", iso_time(due, local=True))]

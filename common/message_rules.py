@@ -23,7 +23,7 @@ from rmqstore.common.errors import InvalidArgument
 from rmqstore.common.sequences import all_equal
 
 # Properties the writer sets itself, or whose meaning the store would have to act on
-# (transactions, re-delivery) — rmqstore does not, so it refuses them.
+# (re-delivery) — rmqstore does not, so it refuses them.
 RESERVED_PROPERTIES = frozenset(
     {
         props.KEYS,
@@ -31,9 +31,9 @@ RESERVED_PROPERTIES = frozenset(
         props.UNIQ_KEY,
         props.REAL_TOPIC,
         props.REAL_QID,
-        props.TRAN_MSG,
         props.CLUSTER,
-        "PGROUP",
+        props.TRANSACTION_ID,
+        props.TRANSACTION_CHECK_TIMES,
         "MIN_OFFSET",
         "MAX_OFFSET",
         "__STARTDELIVERTIME",
@@ -51,6 +51,15 @@ RESERVED_PROPERTIES = frozenset(
 # writer's to judge, as it knows the time and its settings.
 SCHEDULING_PROPERTIES = frozenset({props.DELAY, props.TIMER_DELIVER_MS, props.TIMER_DELAY_SEC, props.TIMER_DELAY_MS})
 SCHEDULING_DIGITS_MAX = 18
+# A producer's transactional half message (TRAN_MSG "true", as Java's Boolean.parseBoolean
+# reads it, with its producer group in PGROUP): the writer keeps it in
+# RMQ_SYS_TRANS_HALF_TOPIC until EndTransaction or a check resolves it (writer.transactions).
+TRANSACTION_PROPERTY = props.TRAN_MSG
+
+
+def is_half_message(properties: Mapping[str, str]) -> bool:
+    value = properties.get(props.TRAN_MSG)
+    return value is not None and value.lower() == "true"
 _SEPARATORS = ("\x01", "\x02")
 UNIQ_KEY_LENGTH_MAX = 128
 
@@ -140,6 +149,11 @@ def validate_message(message: MessageInput, limits: Limits, position: int = 0) -
         _no_separators(name, f"{where}property name {name!r}")
         _no_separators(value, f"{where}property {name}")
         stored[name] = value
+    if is_half_message(stored):
+        if not stored.get(props.PGROUP):
+            raise InvalidArgument(f"{where}a transaction's half message (TRAN_MSG=true) needs its producer group in PGROUP")
+        if not SCHEDULING_PROPERTIES.isdisjoint(stored):
+            raise InvalidArgument(f"{where}a transaction's half message cannot also be delayed or timed")
     if message.keys:
         stored[props.KEYS] = props.KEY_SEPARATOR.join(message.keys)
     if message.tags:
@@ -301,7 +315,7 @@ def plain_property_columns(counts: Sequence[int], names: Sequence[str], values: 
         return 0
     if "" in names or "" in values or not RESERVED_PROPERTIES.isdisjoint(names):
         return None
-    if not SCHEDULING_PROPERTIES.isdisjoint(names):
+    if not SCHEDULING_PROPERTIES.isdisjoint(names) or TRANSACTION_PROPERTY in names:
         return None  # their values are checked one message at a time
     name_text, value_text = "".join(names), "".join(values)
     if not _plain_text(name_text) or not _plain_text(value_text):
@@ -327,7 +341,7 @@ def _screen_properties(items: tuple[tuple[str, str], ...]) -> int | None:
     for name, value in items:
         if not name or not value or name in RESERVED_PROPERTIES or not _plain_text(name) or not _plain_text(value):
             return None
-        if name in SCHEDULING_PROPERTIES and not _whole_number(value):
+        if (name in SCHEDULING_PROPERTIES and not _whole_number(value)) or name == TRANSACTION_PROPERTY:
             return None
     return len(props.encode_properties(dict(items)))
 

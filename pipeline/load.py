@@ -243,7 +243,7 @@ def to_message(row: dict[str, Any], keep_queue_id: bool) -> Any:
         body=row.get("body") or b"",
         keys=props.split_keys(row.get("keys")),
         tags=row.get("tags") or "",
-        properties={name: value for name, value in items if value and name not in RESERVED_PROPERTIES and name not in SCHEDULING_PROPERTIES},
+        properties={name: value for name, value in items if value and name not in RESERVED_PROPERTIES and name not in SCHEDULING_PROPERTIES and name != props.TRAN_MSG},
         uniq_key=row["uniqKey"],
         flag=row.get("flag") or 0,
         born_timestamp_ms=row.get("bornTimestamp") or 0,

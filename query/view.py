@@ -25,7 +25,7 @@ from typing import Literal
 
 from rmqstore.common.codec import index as ix
 from rmqstore.common.codec import sysflag
-from rmqstore.common.codec.consumequeue import SCHEDULE_TOPIC, TIMER_TOPIC
+from rmqstore.common.codec.consumequeue import HALF_TOPIC, SCHEDULE_TOPIC, TIMER_TOPIC
 from rmqstore.common.codec.javahash import topic_key_hash
 from rmqstore.common.codec.msgid import decode_offset_msg_id, offset_msg_id
 from rmqstore.common.codec.properties import REAL_TOPIC, TIMER_DEL_UNIQKEY, split_keys
@@ -672,7 +672,9 @@ class StoreView:
         """Every record of the topic with that UNIQ_KEY (a producer retry can store two),
         newest first, at any age; for a delayed or timed message not released yet, its
         record in SCHEDULE_TOPIC_XXXX or rmq_sys_wheel_timer (docs/format.md §16), which
-        the shown message marks pending with its due time."""
+        the shown message marks pending with its due time; for a transaction's message
+        not committed (pending, or rolled back), its half messages in
+        RMQ_SYS_TRANS_HALF_TOPIC (§17), which the shown message marks a pending transaction's."""
         self._check_uniq_key(topic, uniq_key)
         self.refresh()
         with self._lock:
@@ -687,10 +689,10 @@ class StoreView:
         return [record for record in self._matching_many(topic, offsets) if record is not None and record.uniq_key == uniq_key]
 
     def _pending_with_uniq_key(self, topic: str, uniq_key: str) -> list[Record]:
-        """The scheduled records of ``topic``'s message ``uniq_key`` (recall markers aside)."""
+        """The scheduled or half records of ``topic``'s message ``uniq_key`` (recall markers aside)."""
         return [
             record
-            for scheduled in (TIMER_TOPIC, SCHEDULE_TOPIC)
+            for scheduled in (TIMER_TOPIC, SCHEDULE_TOPIC, HALF_TOPIC)
             for record in self._with_uniq_key(scheduled, uniq_key)
             if record.properties.get(REAL_TOPIC) == topic and TIMER_DEL_UNIQKEY not in record.properties
         ]

@@ -3,6 +3,7 @@ stubs: routes, settings, sends stored as RocketMQ records, every refusal's v2 st
 
 from __future__ import annotations
 
+import datetime
 import gzip
 import hashlib
 import time
@@ -433,7 +434,13 @@ BAD_V2 = {
     "properties too large": (_with(v2_message(), user_properties={"big": "v" * 33000}), v2.MESSAGE_PROPERTIES_TOO_LARGE, "more than the 32767 bytes"),
     "FIFO without a group": (_with(v2_message(), message_type=v2.FIFO), v2.ILLEGAL_MESSAGE_GROUP, "a FIFO message needs a message_group"),
     "NORMAL with a group": (_with(v2_message(), message_group="g"), v2.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE, "a NORMAL message has no message_group"),
-    "TRANSACTION": (_with(v2_message(), message_type=v2.TRANSACTION), v2.UNSUPPORTED, "TRANSACTION messages are not supported"),
+    "LITE": (_with(v2_message(), message_type=v2.LITE), v2.UNSUPPORTED, "LITE messages are not supported"),
+    "transaction property": (_with(v2_message(), user_properties={"TRAN_MSG": "true"}), v2.ILLEGAL_MESSAGE_PROPERTY_KEY, "user property name 'TRAN_MSG'"),
+    "producer group property": (_with(v2_message(), user_properties={"PGROUP": "g"}), v2.ILLEGAL_MESSAGE_PROPERTY_KEY, "user property name 'PGROUP'"),
+    "recovery time too long": (
+        _with(v2_message(), message_type=v2.TRANSACTION, orphaned_transaction_recovery_duration=datetime.timedelta(seconds=3601)),
+        v2.BAD_REQUEST, "the max transaction recovery time of message is too large, max is 3600",
+    ),
     "delivery time beyond the timer": (
         _with(v2_message(), message_type=v2.DELAY, delivery_timestamp=timestamp_pb2.Timestamp(seconds=int(time.time()) + 4 * 86400)),
         v2.ILLEGAL_DELIVERY_TIME, "the max delay time of message is too large, max is 259200000",
@@ -482,7 +489,6 @@ def test_disk_full_is_too_many_requests(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("call", "request_type", "streams"),
     [
-        ("EndTransaction", v2s.EndTransactionRequest, False),
         ("SyncLiteSubscription", v2s.SyncLiteSubscriptionRequest, False),
     ],
 )
@@ -549,3 +555,73 @@ def test_a_clients_trace_context_is_stored_as_the_traceparent_property(node: Wri
     assert first.properties["traceparent"] == context
     assert second.properties["traceparent"] == "00-11111111111111111111111111111111-2222222222222222-01"
     assert "traceparent" not in third.properties and third.body == b"odd"
+
+
+# EndTransaction (EndTransactionActivity, TransactionProcessor): the data a half message's
+# receipt left, taken once by (topic, transaction id).
+TRANSACTION_DATA_NOT_FOUND = (v2.INTERNAL_SERVER_ERROR, "org.apache.rocketmq.proxy.common.ProxyException: cannot found transaction data")
+
+
+def end_transaction(
+    node: WriterNode, topic: str, transaction_id: str, message_id: str = MESSAGE_ID, resolution: int = v2.COMMIT
+) -> tuple[int, str]:
+    request = v2s.EndTransactionRequest(
+        topic=v2.Resource(name=topic), message_id=message_id, transaction_id=transaction_id, resolution=resolution,  # type: ignore[arg-type]
+        source=v2.SOURCE_CLIENT,
+    )  # fmt: skip
+    answer = node.v2.EndTransaction(request, timeout=10)
+    return answer.status.code, answer.status.message
+
+
+def committed_uniq_keys(node: WriterNode, topic: str) -> list[str]:
+    from rmqstore.common.codec import sysflag
+
+    keys = []
+    for queue_id in range(4):
+        queue = node.writer.queues.find(topic, queue_id)
+        for _, unit in queue.units() if queue is not None else ():
+            record = node.writer.log.read(unit.commitlog_offset)
+            if sysflag.transaction_type(record.sys_flag) == sysflag.TRANSACTION_COMMIT or record.properties.get("TRAN_MSG") is None:
+                keys.append(record.uniq_key)
+    return keys
+
+
+def test_end_transaction_answers_bad_input_as_apaches_proxy(node: WriterNode) -> None:
+    sent = send(node, v2_message(message_type=v2.TRANSACTION, message_id="TX1"))
+    assert sent.status.code == v2.OK
+    # The broker's transaction id is the message id (SendMessageProcessor: getUniqID).
+    assert (sent.entries[0].message_id, sent.entries[0].transaction_id) == ("TX1", "TX1")
+    assert send(node, v2_message(message_id="PLAIN1")).status.code == v2.OK
+    assert end_transaction(node, "Orders", "") == (v2.INVALID_TRANSACTION_ID, "transaction id cannot be empty")
+    assert end_transaction(node, "Orders", "  ") == (v2.INVALID_TRANSACTION_ID, "transaction id cannot be empty")
+    assert end_transaction(node, "Orders", "NOPE") == TRANSACTION_DATA_NOT_FOUND  # unknown
+    assert end_transaction(node, "Orders", "\x01garbled id\x02") == TRANSACTION_DATA_NOT_FOUND
+    assert end_transaction(node, "Orders", "PLAIN1") == TRANSACTION_DATA_NOT_FOUND  # not a transaction's message
+    assert end_transaction(node, "Other", "TX1") == TRANSACTION_DATA_NOT_FOUND  # the data is its topic's
+    assert end_transaction(node, "bad topic!", "TX1")[0] == v2.ILLEGAL_TOPIC
+    # The message id is not looked at (only handed to the broker): the commit applies.
+    assert end_transaction(node, "Orders", "TX1", message_id="garbled") == (v2.OK, "OK")
+    assert end_transaction(node, "Orders", "TX1") == TRANSACTION_DATA_NOT_FOUND  # taken once: a repeat is not found
+    assert end_transaction(node, "Orders", "TX1", resolution=v2.ROLLBACK) == TRANSACTION_DATA_NOT_FOUND
+    assert sorted(committed_uniq_keys(node, "Orders")) == ["PLAIN1", "TX1"]
+
+
+def test_end_transaction_after_the_data_expired_is_not_found(node: WriterNode) -> None:
+    node.messaging.transaction_data.expire_ms = -1  # every entry expired once kept
+    assert send(node, v2_message(message_type=v2.TRANSACTION, message_id="TX2")).status.code == v2.OK
+    assert end_transaction(node, "Orders", "TX2") == TRANSACTION_DATA_NOT_FOUND
+
+
+def test_a_rolled_back_half_message_never_reaches_its_topic(node: WriterNode) -> None:
+    from rmqstore.common.codec.consumequeue import HALF_TOPIC, OP_TOPIC
+
+    for message_id in ("TXC", "TXR"):
+        assert send(node, v2_message(message_type=v2.TRANSACTION, message_id=message_id)).status.code == v2.OK
+    assert end_transaction(node, "Orders", "TXR", resolution=v2.ROLLBACK) == (v2.OK, "OK")
+    assert end_transaction(node, "Orders", "TXC") == (v2.OK, "OK")
+    # An unspecified resolution takes the data (UNKNOWN: the broker does nothing) and answers OK.
+    assert send(node, v2_message(message_type=v2.TRANSACTION, message_id="TXU")).status.code == v2.OK
+    assert end_transaction(node, "Orders", "TXU", resolution=v2.TRANSACTION_RESOLUTION_UNSPECIFIED) == (v2.OK, "OK")
+    assert committed_uniq_keys(node, "Orders") == ["TXC"]
+    assert node.writer.queues.find(HALF_TOPIC, 0).max_offset == 3  # type: ignore[union-attr]
+    assert node.writer.queues.find(OP_TOPIC, 0).max_offset == 2  # type: ignore[union-attr]

@@ -396,7 +396,7 @@ def test_consumer_calls_are_authorized_before_they_are_answered(gateway: Gateway
         assert [status(a)[0] for a in answers] == [answered[name]], name
     # Transactions are a producer's: Pub on the topic.
     end = v2s.EndTransactionRequest(topic=topic)
-    assert status(orders.EndTransaction(end, timeout=RPC_TIMEOUT_S))[0] == v2.NOT_IMPLEMENTED
+    assert status(orders.EndTransaction(end, timeout=RPC_TIMEOUT_S)) == (v2.INVALID_TRANSACTION_ID, "transaction id cannot be empty")
     assert status(watcher.EndTransaction(end, timeout=RPC_TIMEOUT_S)) == (FORBIDDEN, "User:watcher may not Pub Topic:orders-1")
     recall = v2s.RecallMessageRequest(topic=topic)
     assert status(watcher.RecallMessage(recall, timeout=RPC_TIMEOUT_S)) == (FORBIDDEN, "User:watcher may not Pub Topic:orders-1")

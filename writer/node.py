@@ -77,6 +77,11 @@ class WriterOptions:
     limits: ServerLimits = field(default_factory=ServerLimits)
     # How far ahead a timed message may be due (--timer-max-delay; Apache's timerMaxDelaySec).
     timer_max_delay_ms: int = WriterConfig.timer_max_delay_ms
+    # Transactions' checks (--transaction-*; Apache's transactionTimeOut,
+    # transactionCheckInterval and transactionCheckMax).
+    transaction_timeout_ms: int = 6_000
+    transaction_check_interval_ms: int = 30_000
+    transaction_check_max: int = 15
     # The periodic flushes and retention; False leaves them to whoever drives the store
     # (a test calling flush and run_retention itself).
     background: bool = True
@@ -139,6 +144,8 @@ class WriterNode(process.ServingNode):
         from rmqstore.writer.service import SERVICE_NAME, WriterServicer
         from rmqstore.writer.store import Writer
         from rmqstore.writer.timers import ScheduledDelivery
+        from rmqstore.writer.transaction_check import TransactionCheck
+        from rmqstore.writer.transactions import TransactionSettings
 
         options, listen, port = checked.options, checked.options.listen, checked.port
         self.options = options
@@ -177,6 +184,12 @@ class WriterNode(process.ServingNode):
         writer = Writer(config)
         try:
             scheduled = ScheduledDelivery(writer)
+            transactions = TransactionCheck(
+                writer,
+                TransactionSettings(
+                    options.transaction_timeout_ms, options.transaction_check_interval_ms, options.transaction_check_max
+                ),
+            )
             groups = ConsumerGroups(
                 writer,
                 writer.paths.config,
@@ -191,7 +204,7 @@ class WriterNode(process.ServingNode):
             writer.start_background()
         servicer = WriterServicer(writer, stalled_write_s=options.limits.stalled_write_s)
         # RocketMQ 5's producers share the WriterService's group commit: one appender per loop.
-        messaging = MessagingServicer(writer, servicer.appender, route, groups, policy)
+        messaging = MessagingServicer(writer, servicer.appender, route, groups, policy, transactions)
         replica: Replica | None = None
         if options.group is not None:
             from rmqstore.writer.replication.forward import ForwardingServicer
@@ -226,6 +239,8 @@ class WriterNode(process.ServingNode):
             own = parse_endpoint(options.group.endpoint) if options.group is not None else (route.advertise_host, serving.port)
             messaging.route = RouteConfig(own[0], own[1], route.broker_name)
         serving.call(messaging.start_flushing())
+        if options.background:
+            serving.call(messaging.start_checking())
         # Released messages wake the long polls on their real topics, on the server's loop.
 
         def released(results: AppendResults) -> None:

@@ -5,8 +5,11 @@ calls of its simple and push consumers, over the groups' progress in
 :mod:`rmqstore.writer.consumers`.
 
 Every answer carries a v2 ``Status``: the clients read the status field, never the gRPC
-code, so a refusal is an OK gRPC call whose status names the problem. Only transactions
-and lite topics answer NOT_IMPLEMENTED (docs/rocketmq5.md).
+code, so a refusal is an OK gRPC call whose status names the problem. Only lite topics
+answer NOT_IMPLEMENTED (docs/rocketmq5.md). Transactions are resolved as Apache's proxy
+and broker resolve them: EndTransaction finds the half message by the transaction data the
+send receipt (or a check) left, and a check asks a producer of the topic over its Telemetry
+stream (:mod:`rmqstore.writer.transaction_check`).
 The servicer holds no access control of its own: with ``--acl`` the node's ACL
 interceptor checks every call first, by the rules :func:`acl_rules` gives it."""
 
@@ -17,6 +20,7 @@ import functools
 import hashlib
 import ipaddress
 import logging
+import threading
 import time
 import zlib
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -29,7 +33,7 @@ from google.protobuf import duration_pb2, timestamp_pb2
 from opentelemetry import trace
 
 from rmqstore.common.codec import properties as props
-from rmqstore.common.codec.consumequeue import TIMER_TOPIC
+from rmqstore.common.codec.consumequeue import HALF_TOPIC, TIMER_TOPIC
 from rmqstore.common.codec.hosts import SocketAddress
 from rmqstore.common.codec.msgid import offset_msg_id
 from rmqstore.common.codec.record import PROPERTIES_LENGTH_MAX, Record
@@ -83,6 +87,8 @@ from rmqstore.writer.group_commit import GroupAppender
 from rmqstore.writer.schedule import parse_recall_handle, recall_handle, recall_marker
 from rmqstore.writer.service import peer_address
 from rmqstore.writer.store import AppendResults, Writer
+from rmqstore.writer.transaction_check import Check, TransactionCheck
+from rmqstore.writer.transactions import TRANSACTION_DATA_EXPIRE_MS, TRANSACTION_DATA_MAX
 from rmqstore.writer.validate import (
     RESERVED_PROPERTIES,
     UNIQ_KEY_LENGTH_MAX,
@@ -94,9 +100,14 @@ SERVICE_NAME = "apache.rocketmq.v2.MessagingService"
 DEFAULT_BROKER_NAME = "rmqstore-0"
 # RocketMQ's property for a FIFO message's group (MessageConst.PROPERTY_SHARDING_KEY).
 SHARDING_KEY = "__SHARDINGKEY"
+# ProxyConfig.maxTransactionRecoverySecond: the longest orphaned_transaction_recovery_duration.
+MAX_TRANSACTION_RECOVERY_S = 3600
 # MessageConst.PROPERTY_BORN_HOST: the born host as the client gave it (or, without one,
 # the connection's address), kept as Apache's proxy keeps it and handed back on receive.
 BORN_HOST = "__BORNHOST"
+# Properties the gateway sets itself, which a v2 user property may not name (MessageConst's
+# STRING_HASH_SET, as Apache's proxy refuses them).
+V2_SYSTEM_PROPERTIES = frozenset({SHARDING_KEY, BORN_HOST, props.TRAN_MSG, props.PGROUP})
 # The send retry policy handed to producers: Apache's proxy hands out the same shape, and
 # the Java client refuses settings without one.
 BACKOFF_INITIAL_MS = 10
@@ -388,6 +399,18 @@ class MessageReader:
         self._check_properties(properties)
         if group:
             properties[SHARDING_KEY] = group
+        if system.message_type == v2.TRANSACTION:
+            # SendMessageActivity.buildMessageProperty: a half message, its producer group
+            # the topic ("here use topicName as producerGroup for transactional checker").
+            properties[props.TRAN_MSG] = "true"
+            properties[props.PGROUP] = topic
+            if system.HasField("orphaned_transaction_recovery_duration"):
+                seconds = system.orphaned_transaction_recovery_duration.seconds
+                if seconds > MAX_TRANSACTION_RECOVERY_S:
+                    raise V2Refusal(
+                        v2.BAD_REQUEST, f"the max transaction recovery time of message is too large, max is {MAX_TRANSACTION_RECOVERY_S}"
+                    )
+                properties[props.CHECK_IMMUNITY_TIME_IN_SECONDS] = str(max(seconds, 0))
         if system.HasField("delivery_timestamp"):
             # SendMessageActivity.fillDelayMessageProperty: the writer moves it to the timer.
             properties[props.TIMER_DELIVER_MS] = str(self._delivery_ms(system.delivery_timestamp))
@@ -458,7 +481,7 @@ class MessageReader:
     @staticmethod
     def _check_properties(properties: dict[str, str]) -> None:
         for name, value in properties.items():
-            if not name or name in RESERVED_PROPERTIES or name in (SHARDING_KEY, BORN_HOST) or _has_separator(name):
+            if not name or name in RESERVED_PROPERTIES or name in V2_SYSTEM_PROPERTIES or _has_separator(name):
                 raise V2Refusal(
                     v2.ILLEGAL_MESSAGE_PROPERTY_KEY, f"user property name {name!r} is empty, reserved or holds 0x01/0x02"
                 )
@@ -489,10 +512,12 @@ def _message_group(system: v2.SystemProperties) -> str:
     """The FIFO group ("" for a NORMAL message), once the type is one rmqstore stores."""
     kind = system.message_type
     group = system.message_group if system.HasField("message_group") else ""
-    if kind in (v2.TRANSACTION, v2.LITE, v2.PRIORITY):
+    if kind in (v2.LITE, v2.PRIORITY):
         name = v2.MessageType.Name(kind)
-        raise V2Refusal(v2.UNSUPPORTED, f"{name} messages are not supported: rmqstore stores NORMAL, FIFO and DELAY messages")
-    if kind not in (v2.MESSAGE_TYPE_UNSPECIFIED, v2.NORMAL, v2.FIFO, v2.DELAY):
+        raise V2Refusal(
+            v2.UNSUPPORTED, f"{name} messages are not supported: rmqstore stores NORMAL, FIFO, DELAY and TRANSACTION messages"
+        )
+    if kind not in (v2.MESSAGE_TYPE_UNSPECIFIED, v2.NORMAL, v2.FIFO, v2.DELAY, v2.TRANSACTION):
         raise V2Refusal(v2.BAD_REQUEST, f"message_type {kind} is not a message type")
     if kind == v2.FIFO and not group:
         raise V2Refusal(v2.ILLEGAL_MESSAGE_GROUP, "a FIFO message needs a message_group")
@@ -685,6 +710,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         route: RouteConfig,
         consumers: ConsumerGroups | None = None,
         policy: ConsumerPolicy = ConsumerPolicy(),
+        transactions: TransactionCheck | None = None,
     ):
         self.writer = writer
         self.appender = appender
@@ -702,6 +728,12 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         # Set when the writer stops: open Telemetry streams end at once rather than hold
         # the server's shutdown grace (a client keeps its stream open for its lifetime).
         self._stopping = asyncio.Event()
+        self.transactions = transactions if transactions is not None else TransactionCheck(writer)
+        self.transaction_data = TransactionData()
+        # The Telemetry streams of producers, by the topics they publish (a v2 producer's
+        # group is its topic): where a check's RecoverOrphanedTransactionCommand goes.
+        self._producers: dict[str, dict[int, asyncio.Queue[Any]]] = {}
+        self._checker: asyncio.Task[None] | None = None
 
     async def end_streams(self) -> None:
         """End every open Telemetry stream and long poll (on the server's loop), and any
@@ -710,6 +742,57 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         self.wakeup.notify_all()
         if self._flusher is not None:
             self._flusher.cancel()
+        if self._checker is not None:
+            self._checker.cancel()
+
+    async def start_checking(self) -> None:
+        """Check unresolved transactions every check interval (on the server's loop: the
+        look runs on a thread, its commands go out on the producers' streams)."""
+        self._checker = asyncio.get_running_loop().create_task(self._check_loop())
+
+    async def _check_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.transactions.settings.check_interval_ms / 1000)
+            try:
+                await self.check_transactions()
+            except (StoreError, OSError) as error:
+                log.error("checking transactions failed; retrying at the next interval: %s", error)
+
+    async def check_transactions(self) -> int:
+        """One check (TransactionalMessageCheckService.onWaitEnd): each half message due a
+        check is appended again and its producer asked; how many were asked."""
+        checks = await self._blocking(self.transactions.check)
+        asked = 0
+        for check in checks:
+            asked += self._ask_producer(check)
+        return asked
+
+    def _ask_producer(self, check: Check) -> int:
+        """AbstractTransactionalMessageCheckListener.sendCheckMessage and the proxy's
+        GrpcClientChannel.processCheckTransaction: the transaction data kept for the new
+        copy, a RecoverOrphanedTransactionCommand (the message in its real topic) on one
+        stream of a producer of the group; no producer, no command (the next check asks again)."""
+        streams = self._producers.get(check.group)
+        if not streams:
+            log.warning("transaction %s: no producer of %s to check it with", check.transaction_id, check.group)
+            return 0
+        self.transaction_data.add(check.group, check.transaction_id, check.half_queue_offset, check.commitlog_offset)
+        record = check.record
+        real_topic = record.properties.get(props.REAL_TOPIC, "")
+        real_queue = record.properties.get(props.REAL_QID, "0")
+        message = v2.Message()
+        queue_id = int(real_queue) if real_queue.isascii() and real_queue.isdigit() else 0
+        self._message(Handed(record, queue_id, check.half_queue_offset, 1, "", _now_ms()), v2.Resource(name=real_topic), message)
+        for field in ("receipt_handle", "invisible_duration", "delivery_attempt"):
+            message.system_properties.ClearField(field)
+        command = v2s.TelemetryCommand(
+            recover_orphaned_transaction_command=v2s.RecoverOrphanedTransactionCommand(
+                message=message, transaction_id=check.transaction_id
+            )
+        )
+        outbox = list(streams.values())[-1]
+        outbox.put_nowait(_Outgoing(command))
+        return 1
 
     async def start_flushing(self) -> None:
         """Write the groups' progress every flush interval (on the server's loop: the
@@ -777,9 +860,11 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             peer = peer_address(context)
             language = next((v for k, v in context.invocation_metadata() or () if k == LANGUAGE_HEADER), "")
             messages = self.reader.read(request.messages, peer, language not in LANGUAGES_WITHOUT_QUEUE_ID)
-            respond = send_response
+            respond: Callable[[AppendResults], v2s.SendMessageResponse] = send_response
             if len(messages.topics) == 1 and props.TIMER_DELIVER_MS in messages.properties[0]:
                 respond = functools.partial(timed_send_response, messages, self.route.broker_name)
+            if any(message.system_properties.message_type == v2.TRANSACTION for message in request.messages):
+                respond = functools.partial(self._keeping_transactions, messages, respond)
             return await self.appender.append(messages, peer, respond)  # type: ignore[no-any-return]
         except Exception as error:  # every answer is a v2 status; a cancelled call is not an answer
             status = status_for(error)
@@ -788,6 +873,17 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             return v2s.SendMessageResponse(
                 status=status, entries=[v2s.SendResultEntry(status=status) for _ in request.messages]
             )
+
+    def _keeping_transactions(
+        self, messages: MessageBatch, respond: Callable[[AppendResults], v2s.SendMessageResponse], results: AppendResults
+    ) -> v2s.SendMessageResponse:
+        """ProducerProcessor.fillTransactionData: each half message's offsets kept under
+        its group and transaction id (its message id) for EndTransaction."""
+        for row, topic in enumerate(results.topics):
+            if topic == HALF_TOPIC:
+                group = messages.properties[row].get(props.PGROUP, "")
+                self.transaction_data.add(group, results.uniq_keys[row], results.queue_offsets[row], results.commitlog_offsets[row])
+        return respond(results)
 
     def _settings(self, settings: v2.Settings) -> v2.Settings:
         """The client's settings as the writer wants them used."""
@@ -829,10 +925,39 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
     async def Telemetry(
         self, request_iterator: AsyncIterator[v2s.TelemetryCommand | Answered], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[v2s.TelemetryCommand]:
-        """Answer each Settings; the stream stays open until the client ends it. The
-        client's other commands (thread stack traces, verify results) answer the server's
-        own commands, which the writer never sends: they are read and dropped."""
-        async for command in self._until_stopping(request_iterator):
+        """Answer each Settings; the stream stays open until the client ends it. A
+        producer's stream also carries the writer's RecoverOrphanedTransactionCommands to
+        it (a check of its topic's transactions). The client's other commands (thread
+        stack traces, verify results) are read and dropped."""
+        inbox: asyncio.Queue[Any] = asyncio.Queue()
+        stream = id(inbox)
+
+        async def read() -> None:
+            try:
+                async for command in self._until_stopping(request_iterator):
+                    inbox.put_nowait(command)
+            finally:
+                # Also when the client's stream fails: the answers end with it.
+                inbox.put_nowait(_END_OF_STREAM)
+
+        reader = asyncio.ensure_future(read())
+        reader.add_done_callback(_collect)
+        try:
+            async for answer in self._telemetry_answers(inbox, stream):
+                yield answer
+        finally:
+            reader.cancel()
+            for streams in self._producers.values():
+                streams.pop(stream, None)
+
+    async def _telemetry_answers(self, inbox: asyncio.Queue[Any], stream: int) -> AsyncIterator[v2s.TelemetryCommand]:
+        while True:
+            command = await inbox.get()
+            if command is _END_OF_STREAM:
+                return
+            if isinstance(command, _Outgoing):
+                yield command.command
+                continue
             if isinstance(command, Answered):  # refused by the ACL: its status-only reply
                 yield command.response
                 continue
@@ -857,6 +982,10 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
                     settings=settings,
                 )
                 continue
+            for topic in settings.publishing.topics:
+                # A v2 producer's group is each topic it publishes (the proxy's
+                # addTransactionSubscription(topic, topic)).
+                self._producers.setdefault(topic.name, {})[stream] = inbox
             yield v2s.TelemetryCommand(status=ok_status(), settings=self._settings(settings))
 
     async def _until_stopping(self, commands: AsyncIterator[T]) -> AsyncIterator[T]:
@@ -1066,6 +1195,13 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             system.message_type = v2.NORMAL
         properties.pop(props.UNIQ_KEY, None)
         properties.pop(BORN_HOST, None)
+        properties.pop(props.PGROUP, None)
+        if properties.pop(props.TRAN_MSG, None) == "true":
+            # GrpcConverter.buildMessage: a committed transaction's message (or a half
+            # message a check shows) is a TRANSACTION message; these are system properties.
+            system.message_type = v2.TRANSACTION
+            properties.pop(props.REAL_TOPIC, None)
+            properties.pop(props.REAL_QID, None)
         # The producer's trace context goes back where the RocketMQ 5 clients read it.
         trace_context = properties.pop(TRACEPARENT, "")
         if trace_context:
@@ -1308,8 +1444,42 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         into.system_properties.ClearField("invisible_duration")
         into.system_properties.ClearField("delivery_attempt")
 
-    async def EndTransaction(self, request: Any, context: grpc.aio.ServicerContext) -> v2s.EndTransactionResponse:
-        return v2s.EndTransactionResponse(status=_not_served("EndTransaction"))
+    async def EndTransaction(
+        self, request: v2s.EndTransactionRequest, context: grpc.aio.ServicerContext
+    ) -> v2s.EndTransactionResponse:
+        """EndTransactionActivity and TransactionProcessor: the topic checked, the
+        transaction data of (topic, transaction id) taken (its group is the topic), then
+        the broker's EndTransactionProcessor on the half message it names. Apache's proxy
+        sends that on one-way: once the data is found the answer is OK whatever the broker
+        makes of it (a wrong group or offset, a resolution neither COMMIT nor ROLLBACK)."""
+        try:
+            topic = _topic(request.topic)
+            if not request.transaction_id.strip():
+                raise V2Refusal(v2.INVALID_TRANSACTION_ID, "transaction id cannot be empty")
+            data = self.transaction_data.poll(topic, request.transaction_id)
+            if data is None:
+                raise V2Refusal(
+                    v2.INTERNAL_SERVER_ERROR, "org.apache.rocketmq.proxy.common.ProxyException: cannot found transaction data"
+                )
+            half_queue_offset, commitlog_offset = data
+            if request.resolution in (v2.COMMIT, v2.ROLLBACK):
+                end = functools.partial(
+                    self.transactions.end,
+                    topic,
+                    half_queue_offset,
+                    commitlog_offset,
+                    request.resolution == v2.COMMIT,
+                    request.source == v2.SOURCE_SERVER_CHECK,
+                )
+                refused = await self._blocking(end)
+                if refused is not None:
+                    log.warning("EndTransaction of %s on %s not applied: %s", request.transaction_id, topic, refused)
+            return v2s.EndTransactionResponse(status=v2.Status(code=v2.OK, message="OK"))
+        except Exception as error:
+            status = status_for(error)
+            if status.code == v2.INTERNAL_SERVER_ERROR and not isinstance(error, V2Refusal):
+                log.exception("EndTransaction failed")
+            return v2s.EndTransactionResponse(status=status)
 
     async def RecallMessage(self, request: v2s.RecallMessageRequest, context: grpc.aio.ServicerContext) -> v2s.RecallMessageResponse:
         """RocketMQ 5.3's recall (RecallMessageProcessor): a marker in the timer, due with
@@ -1443,6 +1613,63 @@ def _dead_letter(record: Record, dlq: str, attempt: int) -> MessageInput:
         born_timestamp_ms=record.born_timestamp_ms,
         born_host=record.born_host,
     )
+
+
+class TransactionData:
+    """The proxy's TransactionDataManager: a half message's (queue offset, commit log
+    offset) by (producer group, transaction id), each kept TRANSACTION_DATA_EXPIRE_MS and at
+    most TRANSACTION_DATA_MAX per id; taken once. In memory, as in Apache's proxy: after a
+    restart only a check brings a transaction's data back."""
+
+    def __init__(self, expire_ms: int = TRANSACTION_DATA_EXPIRE_MS, max_per_id: int = TRANSACTION_DATA_MAX):
+        self.expire_ms = expire_ms
+        self.max_per_id = max_per_id
+        self._lock = threading.Lock()
+        self._data: dict[tuple[str, str], list[tuple[int, int, int]]] = {}
+        self._added = 0
+
+    def add(self, group: str, transaction_id: str, half_queue_offset: int, commitlog_offset: int) -> None:
+        now = _now_ms()
+        with self._lock:
+            kept = self._data.setdefault((group, transaction_id), [])
+            kept.append((now + self.expire_ms, half_queue_offset, commitlog_offset))
+            del kept[: -self.max_per_id]
+            self._added += 1
+            if self._added % 1024 == 0:
+                self._drop_expired(now)
+
+    def poll(self, group: str, transaction_id: str) -> tuple[int, int] | None:
+        """pollNoExpireTransactionData: the newest unexpired entry, removed."""
+        now = _now_ms()
+        with self._lock:
+            kept = self._data.get((group, transaction_id))
+            found = None
+            while kept:
+                expire_ms, half_queue_offset, commitlog_offset = kept.pop()
+                if expire_ms >= now:
+                    found = (half_queue_offset, commitlog_offset)
+                    break
+            if not kept:
+                self._data.pop((group, transaction_id), None)
+            return found
+
+    def _drop_expired(self, now: int) -> None:
+        for key in [key for key, kept in self._data.items() if kept[-1][0] < now]:
+            del self._data[key]
+
+    def __len__(self) -> int:
+        with self._lock:
+            return sum(map(len, self._data.values()))
+
+
+@dataclass(frozen=True)
+class _Outgoing:
+    """A command the writer sends on a Telemetry stream."""
+
+    command: v2s.TelemetryCommand
+
+
+_END_OF_STREAM = object()
 
 
 def _collect(task: asyncio.Future[Any]) -> None:

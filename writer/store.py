@@ -15,7 +15,7 @@ import os
 import shutil
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple, TypedDict, overload
 
@@ -26,7 +26,7 @@ from rmqstore.common.codec.checkpoint import Checkpoint
 from rmqstore.common.codec.dispatch import DEFAULT_DELAY_LEVELS_MS, DispatchBatch
 from rmqstore.common.codec.hosts import SocketAddress
 from rmqstore.common.codec.msgid import offset_msg_id, offset_msg_ids
-from rmqstore.common.codec.record import encode_records, set_physical_offsets
+from rmqstore.common.codec.record import encode_records, set_physical_offsets, set_transaction
 from rmqstore.common.errors import (
     Corruption,
     InvalidArgument,
@@ -56,6 +56,7 @@ from rmqstore.writer.schedule import Scheduling, reroute, scheduled_rows
 from rmqstore.writer.spans import append_span, dispatching
 from rmqstore.writer.subscription_groups import SubscriptionGroupTable
 from rmqstore.writer.topics import TopicTable
+from rmqstore.writer.transactions import TRANSACTION_TOPICS, half_rows, to_half
 from rmqstore.writer.validate import (
     Limits,
     MessageBatch,
@@ -203,9 +204,17 @@ class WriterStatus(TypedDict):
 class _AppendRequest:
     """One caller's batch in a group (Writer.append_group)."""
 
-    __slots__ = ("batch", "count", "error", "peer", "released", "results")
+    __slots__ = ("batch", "count", "error", "peer", "released", "results", "transactions")
 
-    def __init__(self, batch: MessageBatch | None, peer: SocketAddress | None, count: int = 0, *, released: bool = False):
+    def __init__(
+        self,
+        batch: MessageBatch | None,
+        peer: SocketAddress | None,
+        count: int = 0,
+        *,
+        released: bool = False,
+        transactions: Mapping[int, tuple[int, int]] | None = None,
+    ):
         # No batch of its own: a part of a group given as one batch, sliced out only if
         # the parts must be taken one by one.
         self.batch = batch
@@ -214,6 +223,9 @@ class _AppendRequest:
         # The store's own copies of released scheduled messages (always alone in a group):
         # stored where they say, never scheduled again by the DELAY they keep.
         self.released = released
+        # Rows of a released batch stored with a transaction type and prepared offset
+        # (a committed transaction's copy): row -> (sysflag transaction type, offset).
+        self.transactions = transactions
         self.results: AppendResults | None = None
         self.error: BaseException | None = None
 
@@ -463,7 +475,7 @@ class Writer:
             raise StoreFull(self._disk_full_reason)
 
     def _queue_count(self, topic: str, where: str, to_create: set[str]) -> int:
-        count = self.topics.queue_count(topic)
+        count = 1 if topic in TRANSACTION_TOPICS else self.topics.queue_count(topic)
         if count is None:
             if not self.config.auto_create_topics:
                 raise NotFound(f"{where}topic {topic} does not exist and auto-create is off")
@@ -484,14 +496,18 @@ class Writer:
             raise outcome
         return outcome
 
-    def append_released(self, batch: MessageBatch, *, schedule: bool = False) -> AppendResults:
+    def append_released(
+        self, batch: MessageBatch, *, schedule: bool = False, transactions: Mapping[int, tuple[int, int]] | None = None
+    ) -> AppendResults:
         """Append the store's own messages, which carry properties producers may not set:
         delayed and timed messages released to their real topics (stored where they say:
         the DELAY a released copy keeps, as Apache's does, schedules nothing), or with
         ``schedule`` recall markers (moved to the timer as a producer's timed message is).
         Not checked by the producers' rules, but admitted (their topics checked or
-        created) and stored as any batch, under SYNC fsynced before this returns."""
-        request = _AppendRequest(batch, None, released=not schedule)
+        created) and stored as any batch, under SYNC fsynced before this returns.
+        ``transactions`` gives rows a sysFlag transaction type and PREPAREDTRANSACTIONOFFSET
+        (row -> (type, offset)): a committed transaction's copy."""
+        request = _AppendRequest(batch, None, released=not schedule, transactions=transactions)
         self._commit([request])
         if request.error is not None:
             raise request.error
@@ -595,7 +611,9 @@ class Writer:
             batch, peer = combined, None
         assert batch is not None
         with append_span(batch) as current:
-            plans, results = self._append_batch(batch, peer, schedule=not requests[0].released)
+            plans, results = self._append_batch(
+                batch, peer, schedule=not requests[0].released, transactions=requests[0].transactions
+            )
             dispatching(current, results.uniq_keys)
             try:
                 self.dispatcher.dispatch_batch(plans)
@@ -755,7 +773,10 @@ class Writer:
     def _admit(self, batch: MessageBatch) -> None:
         """Check a batch's topics and queue ids against the topic table, then create the
         topics it auto-creates (only once the whole batch is known to be good)."""
-        queue_count = self.topics.queue_count
+        def queue_count(topic: str) -> int | None:
+            # The transactions' system topics hold the store's own records, queue 0 only.
+            return 1 if topic in TRANSACTION_TOPICS else self.topics.queue_count(topic)
+
         known = {topic: queue_count(topic) for topic in set(batch.topics)}
         if None not in known.values() and all(
             q is None or q < known[t]  # type: ignore[operator]
@@ -788,7 +809,12 @@ class Writer:
                 raise typed from error
 
     def _append_batch(
-        self, batch: MessageBatch, peer: SocketAddress | None, *, schedule: bool = True
+        self,
+        batch: MessageBatch,
+        peer: SocketAddress | None,
+        *,
+        schedule: bool = True,
+        transactions: Mapping[int, tuple[int, int]] | None = None,
     ) -> tuple[DispatchBatch, AppendResults]:
         """Encode the messages, lay them out in the commit log, write them in one go and
         plan their dispatch, column by column. A batch shares one store time (never
@@ -820,6 +846,10 @@ class Writer:
             # REAL_QID naming the queue just assigned.
             moved = reroute(topics, queue_ids, user_properties, rows, store_ts, self.scheduling)
             topics, queue_ids, user_properties, scheduled = moved.topics, moved.queue_ids, moved.properties, moved.tags_codes
+        halves = half_rows(user_properties) if schedule else []
+        if halves:
+            # Transactions' half messages go to RMQ_SYS_TRANS_HALF_TOPIC (writer.transactions).
+            topics, queue_ids, user_properties = to_half(topics, queue_ids, user_properties, halves, uniq_keys)
         queue_offsets, next_queue_offsets = self._plan_queue_offsets(topics, queue_ids)
         if schedule:
             properties = props.encode_messages_properties(user_properties, keys, tags, uniq_keys)
@@ -839,6 +869,11 @@ class Writer:
         if offsets[-1] - start != len(records) - sizes[-1]:
             # The batch starts a new file part-way: the records after the BLANK move on.
             records = set_physical_offsets(records, sizes, offsets)
+        if transactions:
+            records = bytearray(records)
+            positions = list(itertools.accumulate(sizes, initial=0))
+            for row, (kind, prepared_offset) in transactions.items():
+                set_transaction(records, positions[row], kind, prepared_offset)
         timestamps = [store_ts] * count
         plans = DispatchBatch.of_messages(
             topics, queue_ids, queue_offsets, offsets, sizes, timestamps, tags, uniq_keys, keys, scheduled

@@ -38,6 +38,11 @@ SCHEDULE_TOPIC = "SCHEDULE_TOPIC_XXXX"
 # there, each unit's tagsCode holding its due time (TIMER_OUT_MS), as SCHEDULE_TOPIC_XXXX's
 # hold their deliver time.
 TIMER_TOPIC = "rmq_sys_wheel_timer"
+# Transactions (TopicValidator): half messages (queue 0), the op records that resolve them
+# (queue 0, body "<half queue offset>,"), and half messages checked too often.
+HALF_TOPIC = "RMQ_SYS_TRANS_HALF_TOPIC"
+OP_TOPIC = "RMQ_SYS_TRANS_OP_HALF_TOPIC"
+CHECK_MAX_TIME_TOPIC = "TRANS_CHECK_MAX_TIME_TOPIC"
 DEFAULT_DELAY_LEVELS = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"
 _UNIT_MS = {"s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
 

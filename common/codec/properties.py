@@ -24,6 +24,13 @@ REAL_QID = "REAL_QID"
 UNIQ_KEY = "UNIQ_KEY"
 CLUSTER = "CLUSTER"
 TRAN_MSG = "TRAN_MSG"
+# Transactions (MessageConst; TransactionalMessageUtil.TRANSACTION_ID): the producer group
+# a half message's check goes to, the UNIQ_KEY the broker copies as its transaction id, how
+# often it was checked, and the producer's own first-check delay.
+PGROUP = "PGROUP"
+TRANSACTION_ID = "__transactionId__"
+TRANSACTION_CHECK_TIMES = "TRANSACTION_CHECK_TIMES"
+CHECK_IMMUNITY_TIME_IN_SECONDS = "CHECK_IMMUNITY_TIME_IN_SECONDS"
 # RocketMQ 5's timer (MessageConst, 5.x): a producer's delivery time, as a time or a delay;
 # the due time the broker keeps (TIMER_OUT_MS); when the timer took and released it; and a
 # recall's key of the message it cancels (TimerMessageStore.buildDeleteKey).

@@ -316,6 +316,17 @@ def set_physical_offsets(records: bytes, sizes: list[int], offsets: list[int]) -
     return patched
 
 
+def set_transaction(records: bytearray, position: int, transaction_type: int, prepared_offset: int) -> None:
+    """Give the record at ``position`` of joined records a transaction type (its sysFlag's
+    TRANSACTION bits) and PREPAREDTRANSACTIONOFFSET: a committed transaction's copy, which
+    names its half message's commit log offset (EndTransactionProcessor). Neither field is
+    under a CRC."""
+    (flags,) = _INT32.unpack_from(records, position + OFFSET_SYSFLAG)
+    _INT32.pack_into(records, position + OFFSET_SYSFLAG, (flags & ~sysflag.TRANSACTION_MASK) | transaction_type)
+    hosts = (20 if flags & sysflag.BORNHOST_V6 else 8) + (20 if flags & sysflag.STOREHOST_V6 else 8)
+    _INT64.pack_into(records, position + OFFSET_BORN_HOST + hosts + 8 + 4, prepared_offset)
+
+
 def encode_head(
     size: int,
     crc: int,

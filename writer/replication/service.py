@@ -31,10 +31,11 @@ IDLE_WAIT_S = 0.05
 FILES_CHECK_S = 0.2
 # The files of config/ a follower takes from its primary: the consumer groups' progress
 # (Apache's and ours), the topics and the groups' configuration (Apache's topics.json and
-# subscriptionGroup.json), and the scheduled messages' release progress.
+# subscriptionGroup.json), the scheduled messages' release progress and the transactions'
+# check progress.
 REPLICATED_FILES = (
     "consumerOffset.json", "consumerState.json", "topics.json", "subscriptionGroup.json", "delayOffset.json",
-    "rmqstore-timers.json",
+    "rmqstore-timers.json", "rmqstore-transactions.json",
 )
 
 

@@ -69,25 +69,30 @@ class GroupUnanswered(Exception):
         self.group = group
 
 
-class GroupQueries:
-    """A writer group's query nodes as the proxy reaches them: the one that answered last
-    is asked first, the others when it does not answer."""
+class GroupNodes:
+    """A writer group's nodes of one kind (its query nodes, or its writers) as the proxy
+    reaches them: the one that answered last is asked first, the others when it does not
+    answer."""
 
-    def __init__(self, endpoints: GroupEndpoints):
+    def __init__(
+        self,
+        name: str,
+        endpoints: tuple[str, ...],
+        stub: Callable[[grpc.aio.Channel], Any],
+        kind: str,
+    ):
+        self.name = name
         self.endpoints = endpoints
-        self.name = endpoints.name
-        self._channels = [
-            grpc.aio.insecure_channel(endpoint, options=_CHANNEL_OPTIONS)
-            for endpoint in endpoints.queries
-        ]
-        self._stubs = [query_pb2_grpc.QueryServiceStub(channel) for channel in self._channels]  # type: ignore[no-untyped-call]  # generated
+        self.kind = kind
+        self._channels = [grpc.aio.insecure_channel(e, options=_CHANNEL_OPTIONS) for e in endpoints]
+        self._stubs = [stub(channel) for channel in self._channels]
         self._first = 0
 
     async def call(self, method: str, request: Any, timeout_s: float) -> Any:
-        """A unary call to the first query node that answers; a node's own status (not
-        found, a bad request) is raised as the AioRpcError it is."""
+        """A unary call to the first node that answers; a node's own status (not found, a
+        bad request) is raised as the AioRpcError it is."""
         if not self._stubs:
-            raise GroupUnanswered(self.name, "the cluster file names no query node for it")
+            raise GroupUnanswered(self.name, f"the cluster file names no {self.kind} for it")
         detail = ""
         for step in range(len(self._stubs)):
             index = (self._first + step) % len(self._stubs)
@@ -96,16 +101,16 @@ class GroupQueries:
             except grpc.aio.AioRpcError as error:
                 if error.code() not in _NOT_ANSWERED:
                     raise
-                detail = f"{self.endpoints.queries[index]}: {error.code().name}: {error.details()}"
+                detail = f"{self.endpoints[index]}: {error.code().name}: {error.details()}"
                 continue
             self._first = index
             return answer
         raise GroupUnanswered(self.name, detail)
 
-    def stream(self, method: str, request: Any, timeout_s: float) -> Any:
-        """A server-streaming call to the query node that answered last."""
+    def stream(self, method: str, request: Any, timeout_s: float | None) -> Any:
+        """A server-streaming call to the node that answered last."""
         if not self._stubs:
-            raise GroupUnanswered(self.name, "the cluster file names no query node for it")
+            raise GroupUnanswered(self.name, f"the cluster file names no {self.kind} for it")
         return getattr(self._stubs[self._first], method)(request, timeout=timeout_s)
 
     async def close(self) -> None:
@@ -113,10 +118,20 @@ class GroupQueries:
             await channel.close()
 
 
+class GroupQueries(GroupNodes):
+    """A writer group's query nodes."""
+
+    def __init__(self, endpoints: GroupEndpoints):
+        super().__init__(
+            endpoints.name, endpoints.queries, query_pb2_grpc.QueryServiceStub, "query node"
+        )
+        self.group = endpoints
+
+
 F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
 
 
-def _answered(method: F) -> F:
+def relayed(method: F) -> F:
     """A handler whose errors become statuses: the proxy's own (StoreError) by the one
     table, a group's unanswered as UNAVAILABLE naming it, a query node's status as it came
     (code, words and reason)."""
@@ -234,7 +249,7 @@ class ProxyQueryServicer(query_pb2_grpc.QueryServiceServicer):
             current = self.groups.get(endpoints.name)
             kept[endpoints.name] = (
                 current
-                if current is not None and current.endpoints == endpoints
+                if current is not None and current.group == endpoints
                 else GroupQueries(endpoints)
             )
         dropped = [group for name, group in self.groups.items() if kept.get(name) is not group]
@@ -303,7 +318,7 @@ class ProxyQueryServicer(query_pb2_grpc.QueryServiceServicer):
         next_cursor = "" if finished else encode_merged_cursor(self.cursor_key, after, query)
         return MergedPage(messages, next_cursor, finished, unanswered)
 
-    @_answered
+    @relayed
     async def QueryByKey(
         self, request: query_pb2.QueryByKeyRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> query_pb2.QueryByKeyResponse:
@@ -337,7 +352,7 @@ class ProxyQueryServicer(query_pb2_grpc.QueryServiceServicer):
             unanswered_groups=page.unanswered,
         )
 
-    @_answered
+    @relayed
     async def QueryByUniqKey(
         self, request: query_pb2.QueryByUniqKeyRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> query_pb2.QueryByUniqKeyResponse:
@@ -360,7 +375,7 @@ class ProxyQueryServicer(query_pb2_grpc.QueryServiceServicer):
 
     # A message id: the group of its store host
 
-    @_answered
+    @relayed
     async def QueryByMsgId(
         self, request: query_pb2.QueryByMsgIdRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> query_pb2.QueryByMsgIdResponse:
@@ -438,7 +453,7 @@ class ProxyQueryServicer(query_pb2_grpc.QueryServiceServicer):
         asked.broker_name = ""
         return await group.call(method, asked, self._timeout_s(context))
 
-    @_answered
+    @relayed
     async def QueryByQueueOffset(
         self,
         request: query_pb2.QueryByQueueOffsetRequest,
@@ -449,21 +464,21 @@ class ProxyQueryServicer(query_pb2_grpc.QueryServiceServicer):
         )
         return answer
 
-    @_answered
+    @relayed
     async def Pull(
         self, request: query_pb2.PullRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> query_pb2.PullResponse:
         answer: query_pb2.PullResponse = await self._routed("Pull", request, context)
         return answer
 
-    @_answered
+    @relayed
     async def QueueBounds(
         self, request: query_pb2.QueueBoundsRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> query_pb2.QueueBoundsResponse:
         answer: query_pb2.QueueBoundsResponse = await self._routed("QueueBounds", request, context)
         return answer
 
-    @_answered
+    @relayed
     async def SearchOffset(
         self, request: query_pb2.SearchOffsetRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> query_pb2.SearchOffsetResponse:
@@ -472,7 +487,7 @@ class ProxyQueryServicer(query_pb2_grpc.QueryServiceServicer):
         )
         return answer
 
-    @_answered
+    @relayed
     async def OffsetsByTime(
         self, request: query_pb2.OffsetsByTimeRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> query_pb2.OffsetsByTimeResponse:
@@ -529,7 +544,7 @@ class ProxyQueryServicer(query_pb2_grpc.QueryServiceServicer):
                 answers.append((group.name, outcome))
         return answers, unanswered
 
-    @_answered
+    @relayed
     async def ListTopics(
         self, request: query_pb2.ListQueryTopicsRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> query_pb2.ListQueryTopicsResponse:
@@ -550,7 +565,7 @@ class ProxyQueryServicer(query_pb2_grpc.QueryServiceServicer):
             topics=list(topics.values()), unanswered_groups=unanswered
         )
 
-    @_answered
+    @relayed
     async def ListGroups(
         self, request: query_pb2.ListGroupsRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> query_pb2.ListGroupsResponse:
@@ -565,7 +580,7 @@ class ProxyQueryServicer(query_pb2_grpc.QueryServiceServicer):
             groups=list(merged.values()), unanswered_groups=unanswered
         )
 
-    @_answered
+    @relayed
     async def GroupLag(
         self, request: query_pb2.GroupLagRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> query_pb2.GroupLagResponse:

@@ -79,10 +79,12 @@ class ProxyNode(process.ServingNode):
         from rmqstore.common.files.cursorkey import ensure_key_file
         from rmqstore.proxy.gateway import ProxyServicer
         from rmqstore.proxy.lookups import ProxyQueryServicer
+        from rmqstore.proxy.writes import ProxyWriterServicer
         from rmqstore.query.service import SERVICE_NAME as QUERY_SERVICE_NAME
         from rmqstore.rocketmq_v2 import service_pb2_grpc
-        from rmqstore.v1 import query_pb2_grpc
+        from rmqstore.v1 import query_pb2_grpc, writer_pb2_grpc
         from rmqstore.writer.rocketmq5 import SERVICE_NAME
+        from rmqstore.writer.service import SERVICE_NAME as WRITER_SERVICE_NAME
 
         checked = process.check_listen(options.listen)
         listen = options.listen
@@ -90,21 +92,25 @@ class ProxyNode(process.ServingNode):
         servicer = ProxyServicer(
             cluster.groups, advertised_endpoints(advertise), linger_s=options.linger_ms / 1000, batch_max=options.batch_max
         )
+        writes = ProxyWriterServicer(cluster.groups)
         lookups = ProxyQueryServicer(cluster.groups, ensure_key_file(options.cursor_key) if options.cursor_key else None)
 
         def register(server: grpc.aio.Server) -> None:
             service_pb2_grpc.add_MessagingServiceServicer_to_server(servicer, server)  # type: ignore[no-untyped-call]  # generated
             query_pb2_grpc.add_QueryServiceServicer_to_server(lookups, server)  # type: ignore[no-untyped-call]  # generated
+            writer_pb2_grpc.add_WriterServiceServicer_to_server(writes, server)  # type: ignore[no-untyped-call]  # generated
 
-        serving = process.start_serving(register, [SERVICE_NAME, QUERY_SERVICE_NAME], checked, listen.port, options.limits)
+        serving = process.start_serving(register, [SERVICE_NAME, QUERY_SERVICE_NAME, WRITER_SERVICE_NAME], checked, listen.port, options.limits)
         if not options.advertise:
             servicer.advertise = advertised_endpoints((endpoint_text(listen.host, serving.port),))
         serving.call(servicer.start())
         serving.call(lookups.start())
+        serving.call(writes.start())
         self.options = options
         self.cluster = cluster
         self.servicer: ProxyServicer = servicer
         self.lookups: ProxyQueryServicer = lookups
+        self.writes: ProxyWriterServicer = writes
         self._reloader = asyncio.run_coroutine_threadsafe(self._reload_loop(), serving.loop)
         super().__init__(serving, listen, metrics)
 
@@ -119,6 +125,7 @@ class ProxyNode(process.ServingNode):
                 continue
             await self.servicer.set_groups(self.cluster.groups)
             await self.lookups.set_groups(self.cluster.groups)
+            await self.writes.set_groups(self.cluster.groups)
             log.info("cluster file reloaded: groups %s", ", ".join(g.name for g in self.cluster.groups))
 
     def serving_line(self) -> dict[str, Any]:
@@ -140,6 +147,7 @@ class ProxyNode(process.ServingNode):
         try:
             self.serving.call(self.servicer.close())
             self.serving.call(self.lookups.close())
+            self.serving.call(self.writes.close())
         finally:
             self.serving.stop(grace_s)
 

@@ -5,6 +5,8 @@ proxy is compared with the owning group's query node asked directly."""
 from __future__ import annotations
 
 import base64
+import json
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,7 +26,7 @@ from rmqstore.proxy.lookup_cursor import (
     encode_merged_cursor,
 )
 from rmqstore.query.cursor import query_digest
-from rmqstore.v1 import messages_pb2, query_pb2, query_pb2_grpc
+from rmqstore.v1 import messages_pb2, query_pb2, query_pb2_grpc, writer_pb2
 
 GROUPS = ["broker-a", "broker-b", "broker-c"]
 TOPIC = "TopicLookups"
@@ -68,12 +70,21 @@ def cluster_yaml(groups: dict[str, Group]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def store_host(name: str) -> str:
+    return f"127.0.0.{GROUPS.index(name) + 1}:10911"
+
+
+def id_prefix(name: str) -> str:
+    """The start of the offsetMsgIds of a group's writer: its store host."""
+    host, port = store_host(name).split(":")
+    return bytes(int(part) for part in host.split(".")).hex().upper() + f"{int(port):08X}"
+
+
 def start_group(
     nodes: Nodes, root: Path, name: str, writer_port: int = 0, query_port: int = 0
 ) -> tuple[ProcessNode, ProcessNode]:
     """A group's writer (its own store host, as on a machine of its own) and query node."""
     store = root / name
-    store_host = f"127.0.0.{GROUPS.index(name) + 1}:10911"
     writer = nodes.spawn(
         "writer",
         [
@@ -87,7 +98,7 @@ def start_group(
             "--broker-name",
             name,
             "--store-host",
-            store_host,
+            store_host(name),
         ],
     )
     writer.wait_serving()
@@ -600,3 +611,73 @@ def test_one_group_needs_no_broker_name(tmp_path: Path, nodes: Nodes) -> None:
     direct = run_cli(["queryMsgByOffset", "--endpoint", query.endpoint, *args])
     through = run_cli(["queryMsgByOffset", "--endpoint", proxy_node.endpoint, *args])
     assert through.returncode == direct.returncode == 0 and through.stdout == direct.stdout
+
+
+def test_the_cli_sends_and_makes_topics_through_the_proxy(tmp_path: Path, nodes: Nodes) -> None:
+    """updateTopic through a proxy makes the topic in every group; send --file through it
+    spreads the file's batches over the groups, each ack the group's own, and goes on with
+    the others while a group's writer is down."""
+    groups = {}
+    for name in GROUPS[:2]:
+        writer, query = start_group(nodes, tmp_path, name)
+        groups[name] = Group(name, tmp_path / name, writer, query)
+    (tmp_path / "cluster.yaml").write_text(cluster_yaml(groups))
+    proxy = start_proxy(nodes, tmp_path / "cluster.yaml", tmp_path / "key").endpoint
+    made = run_cli(
+        ["updateTopic", "--endpoint", proxy, "-t", TOPIC, "-w", "2", "-a", "+message.type=NORMAL"]
+    )
+    assert made.returncode == 0, made.stderr
+    assert made.json_lines() == [
+        {"topic": TOPIC, "queueCount": 2, "messageType": "NORMAL", "changed": True}
+    ]
+    for group in groups.values():
+        listed = nodes.writer(group.writer).ListTopics(
+            writer_pb2.ListTopicsRequest(), timeout=TIMEOUT_S
+        )
+        assert [(t.name, t.queue_count) for t in listed.topics if t.name == TOPIC] == [(TOPIC, 2)]
+
+    lines = "".join(
+        json.dumps({"topic": TOPIC, "body": f"body {i}", "keys": [SHARED_KEY, f"k-{i}"]}) + "\n"
+        for i in range(400)
+    )
+    (tmp_path / "messages.jsonl").write_text(lines)
+    sent = run_cli(
+        [
+            "send",
+            "--endpoint",
+            proxy,
+            "--file",
+            str(tmp_path / "messages.jsonl"),
+            "--batch-size",
+            "50",
+        ]
+    )
+    assert sent.returncode == 0, sent.stderr
+    acks = sent.json_lines()
+    assert len(acks) == 400 and len({a["offsetMsgId"] for a in acks}) == 400
+    # 8 batches, in turn over the two groups.
+    assert Counter(a["offsetMsgId"][:16] for a in acks) == {
+        id_prefix("broker-a"): 200,
+        id_prefix("broker-b"): 200,
+    }
+    for name in GROUPS[:2]:
+        wait_caught_up(nodes.query(groups[name].query), 200)
+    found = run_cli(["queryMsgByKey", "--endpoint", proxy, "-t", TOPIC, "-k", SHARED_KEY, "--json"])
+    assert found.returncode == 0, found.stderr
+    assert {m["msgId"] for m in found.json_lines()} == {a["offsetMsgId"] for a in acks}
+
+    groups["broker-b"].writer.kill()
+    again = run_cli(
+        [
+            "send",
+            "--endpoint",
+            proxy,
+            "--file",
+            str(tmp_path / "messages.jsonl"),
+            "--batch-size",
+            "50",
+        ]
+    )
+    assert again.returncode == 0, again.stderr
+    assert {a["offsetMsgId"][:16] for a in again.json_lines()} == {id_prefix("broker-a")}
+    assert len(again.json_lines()) == 400

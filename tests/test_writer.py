@@ -235,8 +235,13 @@ BAD_INPUTS = {
 
 @pytest.fixture
 def strict_node(tmp_path: Path) -> Iterator[tuple[WriterNode, Path]]:
+    """A writer whose store changes only by the requests its tests send: the consumer
+    groups' progress (a new store's receipt-handle secret) is written once here, and the
+    periodic write of it, which would rewrite the state file beside a test's snapshots of
+    the store, does not come within the test (an hour's interval)."""
     store = tmp_path / "strict"
-    started = WriterNode(store, auto_create_topics=False)
+    started = WriterNode(store, auto_create_topics=False, consumer_flush_interval_ms=3_600_000)
+    started.node.groups.flush()
     started.writer.topics.create("Known", 3)
     started.stub.Send(writer_pb2.SendRequest(message=message("Known", body=b"seed")))
     started.writer.flush_thoroughly()

@@ -7,8 +7,9 @@ read through an imported module.
   within it the codecs never import the file layers.
 * client and service build on common only: neither imports the other.
 * writer and query build on common and service.
-* console builds on client; pipeline on client, writer and query; proxy on common, service
-  and writer (the writer's v2 gateway reader).
+* console builds on client; pipeline on client, writer and query; proxy on common, service,
+  writer (the writer's v2 gateway reader) and query (the query service's cursor digest and
+  service name, for the lookups it fronts).
 * cli may import anything, and nothing imports cli but a package's ``__main__`` (an entry
   point, like the command line itself).
 * No module uses another module's private (underscore) name, except that a package's own
@@ -39,7 +40,7 @@ ALLOWED: dict[str, frozenset[str]] = {
     "query": frozenset({"common", "service"}),
     "console": frozenset({"common", "client"}),
     "pipeline": frozenset({"common", "client", "writer", "query"}),
-    "proxy": frozenset({"common", "service", "writer"}),
+    "proxy": frozenset({"common", "service", "writer", "query"}),
     "cli": frozenset(PACKAGES),
 }
 # Entry points (``python -m rmqstore.<package>``) are command lines: they may import cli.

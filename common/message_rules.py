@@ -341,9 +341,19 @@ def _screen_properties(items: tuple[tuple[str, str], ...]) -> int | None:
     for name, value in items:
         if not name or not value or name in RESERVED_PROPERTIES or not _plain_text(name) or not _plain_text(value):
             return None
-        if (name in SCHEDULING_PROPERTIES and not _whole_number(value)) or name == TRANSACTION_PROPERTY:
+        if name in SCHEDULING_PROPERTIES and not _whole_number(value):
+            return None
+        if name == TRANSACTION_PROPERTY and not _plain_half_message(dict(items)):
             return None
     return len(props.encode_properties(dict(items)))
+
+
+def _plain_half_message(properties: Mapping[str, str]) -> bool:
+    """A half message :func:`validate_message` passes (or TRAN_MSG not "true"): its group
+    given, no schedule."""
+    return not is_half_message(properties) or (
+        bool(properties.get(props.PGROUP)) and SCHEDULING_PROPERTIES.isdisjoint(properties)
+    )
 
 
 def _whole_number(text: str) -> bool:

@@ -487,3 +487,18 @@ def test_the_failover_soak_runs_at_a_smoke_size(tmp_path: Path) -> None:
     assert result["check_exit_codes"] == {"0": 0, "1": 0, "2": 0}
     times = result["expiry_to_first_ack_s"]
     assert times["kill_p50"] is not None and times["stop_p50"] is not None
+
+
+def test_the_transactions_benchmark_measures_both_paths() -> None:
+    """benchmarks/transactions_bench.py at a smoke size: a normal send and a committed
+    transaction each cost the writer some CPU, and the ratio is theirs of the medians."""
+    done = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "transactions_bench.py"), "--messages", "40", "--rounds", "1", "--threads", "2"],
+        cwd=REPO, capture_output=True, text=True, timeout=TIMEOUT_S, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout)
+    medians = result["median_cpu_us_per_message"]
+    assert medians["normal"] > 0 and medians["committed_transaction"] > 0
+    assert result["ratio"] == round(medians["committed_transaction"] / medians["normal"], 2)
+    assert [len(result["rounds"][kind]) for kind in ("normal", "committed_transaction")] == [1, 1]

@@ -6,8 +6,16 @@ same kind of writer (cluster mode), alternating, ROUNDS times, a fresh writer ea
 Reported: the writer's CPU per client message each way (target through the proxy: at most
 50 µs), the proxy's CPU per message, the rate, and each call's latency p50/p99.
 
+With ``--consume N``, the same run also consumes: N messages stored first (v1 SendBatch,
+not measured), then CONSUME_CONCURRENCY of our own unary v2 consumers of one group
+receive batches of CONSUME_BATCH and acknowledge each message with its own AckMessage (as
+the official clients do), once directly from the writer's gateway and once through one
+proxy, alternating likewise: the writer's and the proxy's CPU per consumed message
+(target for the writer through the proxy: at most 50 µs), the rate, each ack's latency.
+
     python benchmarks/cluster_bench.py [--messages N] [--concurrency C] [--rounds R]
-        [--linger-ms MS] [--out benchmarks/CLUSTER.md]"""
+        [--linger-ms MS] [--consume N [--consume-batch B] [--consume-concurrency C]]
+        [--out benchmarks/CLUSTER.md]"""
 
 from __future__ import annotations
 
@@ -77,6 +85,81 @@ def own_callers(endpoint: str, topic: str, count: int, concurrency: int) -> dict
     return {"messages": count, "seconds": seconds, "latency": latency_summary(latencies_ns)}
 
 
+CONSUME_GROUP = "BenchGroup"
+PRELOAD_BATCH = 500
+
+
+def preload(endpoint: str, topic: str, count: int) -> None:
+    """``count`` small messages in ``topic``, by the writer's batch path."""
+    import grpc
+
+    from rmqstore.v1 import messages_pb2, writer_pb2, writer_pb2_grpc
+
+    with grpc.insecure_channel(endpoint) as channel:
+        stub = writer_pb2_grpc.WriterServiceStub(channel)  # type: ignore[no-untyped-call]  # generated
+        for start in range(0, count, PRELOAD_BATCH):
+            messages = [messages_pb2.Message(topic=topic, body=b"m%d" % n) for n in range(start, min(start + PRELOAD_BATCH, count))]
+            stub.SendBatch(writer_pb2.SendBatchRequest(messages=messages), timeout=60)
+
+
+def own_consumers(endpoint: str, topic: str, count: int, concurrency: int, batch: int) -> dict[str, Any]:
+    """``concurrency`` threads of one group receiving batches of ``batch`` and acknowledging
+    each message with its own AckMessage until ``count`` messages are acknowledged; each
+    acknowledgement's latency."""
+    import grpc
+    from google.protobuf import duration_pb2
+
+    from rmqstore.rocketmq_v2 import definition_pb2 as v2
+    from rmqstore.rocketmq_v2 import service_pb2 as v2s
+    from rmqstore.rocketmq_v2 import service_pb2_grpc
+
+    group, resource = v2.Resource(name=CONSUME_GROUP), v2.Resource(name=topic)
+    request = v2s.ReceiveMessageRequest(
+        group=group, message_queue=v2.MessageQueue(topic=resource, id=0),
+        filter_expression=v2.FilterExpression(type=v2.TAG, expression="*"), batch_size=batch,
+        invisible_duration=duration_pb2.Duration(seconds=60), long_polling_timeout=duration_pb2.Duration(seconds=1),
+    )  # fmt: skip
+    channel = grpc.insecure_channel(endpoint)
+    stub = service_pb2_grpc.MessagingServiceStub(channel)  # type: ignore[no-untyped-call]  # generated
+    lock = threading.Lock()
+    acked: set[str] = set()
+    latencies_ns: list[int] = []
+    failures: list[str] = []
+
+    def consumer() -> None:
+        mine: list[int] = []
+        while not failures:
+            with lock:
+                if len(acked) >= count:
+                    break
+            messages = [a.message for a in stub.ReceiveMessage(request, timeout=30) if a.HasField("message")]
+            for message in messages:
+                system = message.system_properties
+                entry = v2s.AckMessageEntry(message_id=system.message_id, receipt_handle=system.receipt_handle)
+                started = time.perf_counter_ns()
+                answer = stub.AckMessage(v2s.AckMessageRequest(group=group, topic=resource, entries=[entry]), timeout=30)
+                mine.append(time.perf_counter_ns() - started)
+                if answer.status.code != v2.OK:
+                    failures.append(f"AckMessage answered {answer.status.code}: {answer.status.message}")
+                    break
+                with lock:
+                    acked.add(system.message_id)
+        with lock:
+            latencies_ns.extend(mine)
+
+    threads = [threading.Thread(target=consumer) for _ in range(concurrency)]
+    started = time.perf_counter()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    seconds = time.perf_counter() - started
+    channel.close()
+    if failures:
+        raise RuntimeError(f"{len(failures)} acknowledgements failed, first: {failures[0]}")
+    return {"messages": len(acked), "seconds": seconds, "latency": latency_summary(latencies_ns)}
+
+
 class Proxy:
     """``rmqstore proxy serve`` in front of one writer."""
 
@@ -128,30 +211,45 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--linger-ms", type=float, default=2.0)
+    parser.add_argument("--consume", type=int, default=0, metavar="N", help="also consume N messages each way (0: not)")
+    parser.add_argument("--consume-batch", type=int, default=16)
+    parser.add_argument("--consume-concurrency", type=int, default=4)
     parser.add_argument("--out", type=Path, help="write the results as markdown here")
     parser.add_argument("--callers", nargs=2, metavar=("ENDPOINT", "TOPIC"), help=argparse.SUPPRESS)
+    parser.add_argument("--consumers", nargs=2, metavar=("ENDPOINT", "TOPIC"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.callers:
         print(json.dumps(own_callers(*args.callers, args.messages, args.concurrency)), flush=True)
         return
+    if args.consumers:
+        print(json.dumps(own_consumers(*args.consumers, args.consume, args.consume_concurrency, args.consume_batch)), flush=True)
+        return
     runs: dict[str, list[dict[str, Any]]] = {"direct": [], "proxy": []}
+    if args.consume:
+        runs.update({"consume direct": [], "consume proxy": []})
     load_before = load_average()
     with tempfile.TemporaryDirectory(prefix="cluster-bench-") as work_text:
         work = Path(work_text)
         with Nodes(work / "logs") as nodes:
             for round_number in range(args.rounds):
                 for way, results in runs.items():
-                    writer = nodes.start("writer", work / f"store-{way}-{round_number}", "--broker-name", "broker-a")
+                    store = work / f"store-{way.replace(' ', '-')}-{round_number}"
+                    writer = nodes.start("writer", store, "--broker-name", "broker-a")
                     create_topic(writer.endpoint, "Bench")
                     watched = {"writer": writer.proc.pid}
                     proxy = None
                     endpoint = writer.endpoint
-                    if way == "proxy":
+                    if way.endswith("proxy"):
                         proxy = Proxy(work, writer.endpoint, args.linger_ms)
                         watched["proxy"] = proxy.proc.pid
                         endpoint = proxy.endpoint
-                    command = [sys.executable, __file__, "--callers", endpoint, "Bench",
-                               "--messages", str(args.messages), "--concurrency", str(args.concurrency)]  # fmt: skip
+                    if way.startswith("consume"):
+                        preload(writer.endpoint, "Bench", args.consume)
+                        command = [sys.executable, __file__, "--consumers", endpoint, "Bench", "--consume", str(args.consume),
+                                   "--consume-batch", str(args.consume_batch), "--consume-concurrency", str(args.consume_concurrency)]  # fmt: skip
+                    else:
+                        command = [sys.executable, __file__, "--callers", endpoint, "Bench",
+                                   "--messages", str(args.messages), "--concurrency", str(args.concurrency)]  # fmt: skip
                     try:
                         results.append(run(command, watched))
                     finally:
@@ -183,9 +281,22 @@ def summary(runs: dict[str, list[dict[str, Any]]], args: argparse.Namespace, loa
         }
         for way in runs
     }
-    per_way["proxy"]["proxy_cpu_us_per_message"] = median("proxy", lambda r: r["proxy_cpu_us_per_message"])
+    for way in runs:
+        if way.endswith("proxy"):
+            per_way[way]["proxy_cpu_us_per_message"] = median(way, lambda r: r["proxy_cpu_us_per_message"])
     writer_proxy = per_way["proxy"]["writer_cpu_us_per_message"]
+    consumed: dict[str, Any] = {}
+    if "consume proxy" in per_way:
+        consume_proxy = per_way["consume proxy"]["writer_cpu_us_per_message"]
+        consumed = {
+            "consume": args.consume, "consume_batch": args.consume_batch, "consume_concurrency": args.consume_concurrency,
+            "consume_writer_cpu_direct_to_proxy": (
+                round(per_way["consume direct"]["writer_cpu_us_per_message"] / consume_proxy, 2) if consume_proxy else None
+            ),
+            "consume_met": consume_proxy <= TARGET_WRITER_US,
+        }
     return {
+        **consumed,
         "messages": args.messages, "concurrency": args.concurrency, "rounds": args.rounds, "linger_ms": args.linger_ms,
         "load_average_before": load_before, "load_average_after": load_average(),
         "medians": per_way, "runs": runs,
@@ -197,11 +308,32 @@ def summary(runs: dict[str, list[dict[str, Any]]], args: argparse.Namespace, loa
 
 def markdown(report: dict[str, Any], command: str) -> str:
     medians = report["medians"]
-    rows = "\n".join(
-        f"| {way} | {m['msgs_per_s']} | {m['writer_cpu_us_per_message']} | {m.get('proxy_cpu_us_per_message', '–')} | "
-        f"{m['latency_p50_ms']} | {m['latency_p99_ms']} | {m['writer_idle_cpu_ms_per_s']} |"
-        for way, m in medians.items()
-    )
+    def rows(ways: list[str]) -> str:
+        return "\n".join(
+            f"| {way} | {m['msgs_per_s']} | {m['writer_cpu_us_per_message']} | {m.get('proxy_cpu_us_per_message', '–')} | "
+            f"{m['latency_p50_ms']} | {m['latency_p99_ms']} | {m['writer_idle_cpu_ms_per_s']} |"
+            for way, m in medians.items() if way in ways
+        )
+
+    consumed = ""
+    if "consume" in report:
+        consumed = f"""
+## Receive and acknowledge
+
+{report['consume']} messages stored first (not measured), then consumed by
+{report['consume_concurrency']} of our own unary v2 consumers of one group, each receiving
+batches of {report['consume_batch']} and acknowledging each message with its own
+AckMessage (as the official clients do), direct from the writer's gateway and through one
+proxy (which coalesces the acknowledgements into multi-entry AckMessage calls); same
+rounds, medians. Latency: each acknowledgement's.
+
+| way | msgs/s | writer CPU µs/msg | proxy CPU µs/msg | ack p50 ms | ack p99 ms | writer idle CPU ms/s |
+|---|---|---|---|---|---|---|
+{rows(["consume direct", "consume proxy"])}
+
+Writer CPU per consumed message, direct / through the proxy: **{report['consume_writer_cpu_direct_to_proxy']}x**.
+Target (writer ≤ {report['target_writer_cpu_us']:g} µs a consumed message through the proxy): **{'met' if report['consume_met'] else 'not met'}**.
+"""
     return f"""# Cluster mode: the writer's cost per client message, local mode vs through a proxy
 
 `{command}` — {report['messages']} one-message v2 SendMessage calls a run from
@@ -213,7 +345,7 @@ Load average before/after: {report['load_average_before']} / {report['load_avera
 
 | way | msgs/s | writer CPU µs/msg | proxy CPU µs/msg | latency p50 ms | latency p99 ms | writer idle CPU ms/s |
 |---|---|---|---|---|---|---|
-{rows}
+{rows(["direct", "proxy"])}
 
 Writer CPU per message, direct / through the proxy: **{report['writer_cpu_direct_to_proxy']}x**.
 Target (writer ≤ {report['target_writer_cpu_us']:g} µs a client message through the proxy): **{'met' if report['met'] else 'not met'}**.
@@ -221,7 +353,7 @@ Target (writer ≤ {report['target_writer_cpu_us']:g} µs a client message throu
 The callers, the writer and the proxy share the machine's two cores, so the rate is what
 all three leave each other, not a proxy's ceiling; the writer's CPU per message is the
 figure that says how many proxies' worth of messages one writer group can take.
-"""
+{consumed}"""
 
 
 if __name__ == "__main__":

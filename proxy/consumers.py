@@ -335,9 +335,11 @@ class ReceiveRouter:
                     else:
                         log.warning("writer group %s refused a receive: %s %s", name, v2.Code.Name(answer.status.code), answer.status.message)
         except grpc.aio.AioRpcError as error:
-            if error.code() in UNREACHABLE:
+            # Only an unreachable writer marks its group down: a long poll's deadline or
+            # cancellation (another group answered first) says nothing of the writer.
+            if error.code() == grpc.StatusCode.UNAVAILABLE:
                 link.sender.mark_down(f"ReceiveMessage: {error.code().name}")
-            else:
+            elif error.code() != grpc.StatusCode.CANCELLED:
                 log.warning("writer group %s failed a receive: %s %s", name, error.code().name, error.details())
             # The messages already read are handed out all the same (their handles are good).
         return received

@@ -17,6 +17,7 @@ from typing import Any
 import grpc
 import pytest
 from google.protobuf import duration_pb2
+from support.cli import run_cli
 from support.nodes import Nodes, ProcessNode
 from support.rmq5 import run_python_client
 from support.stores import SIZE_ARGS
@@ -28,6 +29,7 @@ from rmqstore.proxy.consumers import wrap_handle
 from rmqstore.rocketmq_v2 import definition_pb2 as v2
 from rmqstore.rocketmq_v2 import service_pb2 as v2s
 from rmqstore.rocketmq_v2 import service_pb2_grpc
+from rmqstore.v1 import writer_pb2
 
 MESSAGES = int(os.environ.get("PROXY_CONSUMER_MESSAGES", "240"))
 NAMES = ["broker-a", "broker-b", "broker-c"]
@@ -101,12 +103,17 @@ def ack(messaging: service_pb2_grpc.MessagingServiceStub, topic: str, *handles: 
 
 
 def test_two_simple_consumers_through_two_proxies_take_each_message_once(nodes: Nodes, tmp_path: Path) -> None:
-    """Acceptance 1's consumers: the official producer sends through both proxies to three
-    groups; two SimpleConsumers of one group, through the proxies, receive every message
+    """Acceptance 1's consumers: the topics are made through a proxy (updateTopic), the
+    official producer sends through both proxies to three groups; two SimpleConsumers of one group, through the proxies, receive every message
     from every group and acknowledge each exactly once; every group took a share, and
-    each group's consumerOffset.json ends at its queues' ends."""
-    writers = start_writers(nodes, tmp_path, NAMES, {"Orders": "NORMAL", "Fifo": "FIFO"})
-    proxies = start_proxies(nodes, cluster_file(tmp_path, writers), 2)
+    ``consumerProgress`` through a proxy shows every group's queues with diff 0 (each
+    group's consumerOffset.json at its queues' ends)."""
+    writers = start_writers(nodes, tmp_path, NAMES, {})
+    queries = {name: nodes.start("query", tmp_path / name, *SIZE_ARGS, "--broker-name", name) for name in NAMES}
+    proxies = start_proxies(nodes, cluster_file(tmp_path, writers, queries), 2)
+    for topic, message_type in (("Orders", "NORMAL"), ("Fifo", "FIFO")):
+        made = run_cli(["updateTopic", "--endpoint", proxies[1].endpoint, "-t", topic, "-w", "4", "-a", f"+message.type={message_type}"])
+        assert made.returncode == 0, made.stderr
     endpoints = ";".join(proxy.endpoint for proxy in proxies)
     sent = produce(tmp_path, endpoints, MESSAGES)
     wanted = {line["message_id"] for line in sent}
@@ -120,6 +127,17 @@ def test_two_simple_consumers_through_two_proxies_take_each_message_once(nodes: 
     assert set(acked) == wanted
     assert max(acked.values()) == 1, [k for k, n in acked.items() if n > 1][:5]
     assert all(share > 0 for share in shares), shares
+
+    def progress() -> dict[str, Any] | None:
+        shown = run_cli(["consumerProgress", "--endpoint", proxies[0].endpoint, "-g", GROUP, "-t", "Orders", "--json"])
+        assert shown.returncode == 0, shown.stderr
+        document: dict[str, Any] = shown.json_lines()[0]
+        return document if document["diffTotal"] == 0 and {q["brokerName"] for q in document["queues"]} == set(NAMES) else None
+
+    # The writers flush their consumer offsets every second; the query nodes then read them.
+    shown = wait_until(progress, 30, "consumerProgress through the proxy to show diff 0 on every group")
+    assert sorted((q["brokerName"], q["queueId"]) for q in shown["queues"]) == [(name, q) for name in NAMES for q in range(4)]
+    assert all(q["diff"] == 0 and q["consumerOffset"] == q["brokerOffset"] > 0 for q in shown["queues"]), shown
     for writer in writers.values():
         writer.stop()
     stored = {name: {r.properties["UNIQ_KEY"] for r in records(tmp_path / name) if r.topic == "Orders"} for name in NAMES}
@@ -221,3 +239,41 @@ def test_killing_a_proxy_mid_consume_loses_nothing(nodes: Nodes, tmp_path: Path)
         for consumer in running:
             consumer.stop()
     assert set(acked) >= wanted
+
+
+def writer_topics(nodes: Nodes, writer: ProcessNode) -> dict[str, tuple[int, str]]:
+    listed = nodes.writer(writer).ListTopics(writer_pb2.ListTopicsRequest(), timeout=RPC_TIMEOUT_S).topics
+    return {topic.name: (topic.queue_count, topic.message_type) for topic in listed}
+
+
+def test_update_topic_and_sub_group_through_the_proxy_reach_every_group(nodes: Nodes, tmp_path: Path) -> None:
+    """``updateTopic`` and ``updateSubGroup`` against a proxy make the change on every
+    group's writer; with one group down they fail naming it and the groups that made the
+    change, and succeed when run again once it is back."""
+    writers = start_writers(nodes, tmp_path, NAMES, {})
+    (proxy,) = start_proxies(nodes, cluster_file(tmp_path, writers), 1)
+    made = run_cli(["updateTopic", "--endpoint", proxy.endpoint, "-t", "Made", "-w", "6", "-a", "+message.type=FIFO"])
+    assert made.returncode == 0, made.stderr
+    assert made.json_lines() == [{"topic": "Made", "queueCount": 6, "messageType": "FIFO", "changed": True}]
+    for writer in writers.values():
+        assert writer_topics(nodes, writer)["Made"] == (6, "FIFO")
+    again = run_cli(["updateTopic", "--endpoint", proxy.endpoint, "-t", "Made", "-w", "6"])
+    assert again.returncode == 0 and again.json_lines()[0]["changed"] is False, again.stderr
+    orderly = run_cli(["updateSubGroup", "--endpoint", proxy.endpoint, "-g", GROUP, "-o", "true"])
+    assert orderly.returncode == 0, orderly.stderr
+    assert orderly.json_lines() == [{"groupName": GROUP, "consumeMessageOrderly": True, "changed": True}]
+    bad = run_cli(["updateTopic", "--endpoint", proxy.endpoint, "-t", "bad topic!"])
+    assert bad.returncode != 0 and "INVALID_ARGUMENT" in bad.stderr, bad.stderr
+    writers["broker-b"].kill()
+    partial = run_cli(["updateTopic", "--endpoint", proxy.endpoint, "-t", "Later", "-w", "2"])
+    assert partial.returncode != 0, partial.stdout
+    assert "UNAVAILABLE" in partial.stderr and "group broker-b did not answer" in partial.stderr, partial.stderr
+    assert writer_topics(nodes, writers["broker-a"])["Later"] == (2, "NORMAL")
+    restarted = nodes.start("writer", tmp_path / "broker-b", *SIZE_ARGS, "--broker-name", "broker-b")
+    (tmp_path / "cluster.yaml").write_text((tmp_path / "cluster.yaml").read_text().replace(writers["broker-b"].endpoint, restarted.endpoint))
+
+    def repeated() -> bool:
+        return run_cli(["updateTopic", "--endpoint", proxy.endpoint, "-t", "Later", "-w", "2"]).returncode == 0
+
+    wait_until(repeated, 60, "updateTopic to succeed once broker-b is back")
+    assert writer_topics(nodes, restarted)["Later"] == (2, "NORMAL")

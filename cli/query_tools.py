@@ -26,7 +26,7 @@ from rmqstore.cli.writer_tools import (
     listen_options_from,
 )
 from rmqstore.client.shown import message_json, message_rows
-from rmqstore.common.errors import InvalidArgument, NotFound
+from rmqstore.common.errors import InvalidArgument, NotFound, Unavailable
 from rmqstore.common.files.broker_config import MESSAGE_TYPES
 from rmqstore.common.times import iso_time
 from rmqstore.query.groups import BROKER_NAME_DEFAULT
@@ -220,6 +220,10 @@ def _topics(backend: Backend) -> dict[str, list[query_pb2.QueueInfo]]:
 
 def _known_topic_info(backend: Backend, topic: str) -> query_pb2.TopicInfo:
     info = _topic_infos(backend).get(topic)
+    if info is None and backend.unanswered:
+        # Through a proxy: the groups that did not answer may have it.
+        groups = sorted(backend.unanswered)
+        raise Unavailable(f"topic {topic} is in no group that answered; {', '.join(groups)} did not answer")
     if info is None:
         raise NotFound(f"topic {topic} does not exist in this store")
     return info

@@ -502,3 +502,19 @@ def test_the_transactions_benchmark_measures_both_paths() -> None:
     assert medians["normal"] > 0 and medians["committed_transaction"] > 0
     assert result["ratio"] == round(medians["committed_transaction"] / medians["normal"], 2)
     assert [len(result["rounds"][kind]) for kind in ("normal", "committed_transaction")] == [1, 1]
+
+
+def test_the_proxy_lookups_benchmark_times_each_lookup_both_ways() -> None:
+    """benchmarks/proxy_lookups_bench.py at a smoke size: each kind of lookup timed as
+    many times directly and through the proxy, with its p50 ratio."""
+    done = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "proxy_lookups_bench.py"), "--groups", "2", "--messages", "20",
+         "--lookups", "5", "--page", "10"],
+        cwd=REPO, capture_output=True, text=True, timeout=TIMEOUT_S, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout)
+    assert sorted(result["kinds"]) == ["key (one match)", "key, first page of 10", "message id"]
+    for kind in result["kinds"].values():
+        assert kind["direct"]["count"] == kind["proxy"]["count"] == 5
+        assert kind["p50_ratio"] == round(kind["proxy"]["p50_us"] / kind["direct"]["p50_us"], 2)

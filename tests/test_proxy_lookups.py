@@ -556,6 +556,12 @@ def test_a_group_down_is_named_and_the_lookup_is_not_complete_until_it_is_back(
     )
     assert shown.returncode == 2 and len(shown.json_lines()) == 200
     assert "rmqstore: error: UNAVAILABLE: group broker-c did not answer" in shown.stderr
+    # A topic no answering group has may be the silent group's: not "does not exist".
+    unknown = run_cli(["queryMsgByKey", "--endpoint", proxy_node.endpoint, "-t", "TopicElsewhere", "-k", "x"])
+    assert unknown.returncode == 2 and unknown.stdout == ""
+    assert unknown.stderr == (
+        "rmqstore: error: topic TopicElsewhere is in no group that answered; broker-c did not answer\n"
+    )
 
     # Pages with the group down, then the rest once it is back: every message once.
     seen, cursor = [], ""

@@ -2,7 +2,9 @@
 0) with the official Python client's transactional producer and SimpleConsumer
 (rocketmq-python-client, unmodified): a commit is consumed once, a rollback never (nor
 found as a normal message), a transaction left open is checked with its producer and its
-answer applied, and one open when the writer is SIGKILLed is resolved after the restart.
+answer applied, and one open when the writer is SIGKILLed is resolved after the restart;
+the official Node.js client's transactional producer (rocketmq-client-nodejs) commits,
+rolls back and answers checks alike.
 The writer's check runs on short timings (``--transaction-*``), Apache's defaults being
 6 s and 30 s."""
 
@@ -15,7 +17,7 @@ from typing import Any
 
 import pytest
 from support.nodes import Nodes, ProcessNode
-from support.rmq5 import DRIVERS, client_env, make_topics, rmq5_python
+from support.rmq5 import DRIVERS, client_env, make_topics, rmq5_python, run_node
 
 from rmqstore.client.shown import message_json
 from rmqstore.common.codec import properties as props
@@ -104,3 +106,20 @@ def test_a_transaction_open_at_a_sigkill_is_resolved_after_the_restart(nodes: No
     lines = transactions(tmp_path, "checker", restarted.endpoint, TOPIC, "--checks", "4", "--seconds", "60")
     assert sorted(line["checked"] for line in lines) == ["commit 0", "commit 2", "rollback 1", "rollback 3"]
     assert consume(tmp_path, restarted.endpoint, 2) == ["commit 0", "commit 2"]
+
+
+def node_transactions(tmp_path: Path, *args: str) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in run_node(tmp_path, "official_transactions.js", *args).splitlines()]
+
+
+def test_the_nodejs_transactional_producer_commits_rolls_back_and_answers_checks(nodes: Nodes, tmp_path: Path) -> None:
+    writer = writer_node(nodes, tmp_path / "store")
+    make_topics(writer.endpoint, {TOPIC: "TRANSACTION"})
+    sent = node_transactions(tmp_path, "end", writer.endpoint, TOPIC, "4")
+    assert [line["resolution"] for line in sent] == ["COMMIT", "ROLLBACK"] * 2
+    assert all(line["transaction_id"] == line["message_id"] for line in sent)
+    lines = node_transactions(tmp_path, "orphan", writer.endpoint, TOPIC, "4", "4", "60")
+    checked = sorted((line["checked"], line["answer"]) for line in lines if "checked" in line)
+    assert checked == [("commit 0", "COMMIT"), ("commit 2", "COMMIT"), ("rollback 1", "ROLLBACK"), ("rollback 3", "ROLLBACK")]
+    # The commits of both runs, each once; no rollback.
+    assert consume(tmp_path, writer.endpoint, 4) == ["commit 0", "commit 0", "commit 2", "commit 2"]

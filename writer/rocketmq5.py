@@ -108,6 +108,12 @@ BORN_HOST = "__BORNHOST"
 # Properties the gateway sets itself, which a v2 user property may not name (MessageConst's
 # STRING_HASH_SET, as Apache's proxy refuses them).
 V2_SYSTEM_PROPERTIES = frozenset({SHARDING_KEY, BORN_HOST, props.TRAN_MSG, props.PGROUP})
+# A scheduled message's properties that Apache's proxy keeps out of the user properties
+# (MessageConst.STRING_HASH_SET): the delay level, the real topic and queue, the timer's.
+SCHEDULE_PROPERTIES = (
+    props.DELAY, props.REAL_TOPIC, props.REAL_QID, props.TIMER_DELIVER_MS, props.TIMER_DELAY_SEC, props.TIMER_DELAY_MS,
+    props.TIMER_OUT_MS, props.TIMER_ENQUEUE_MS, props.TIMER_DEQUEUE_MS, props.TIMER_DEL_UNIQKEY,
+)  # fmt: skip
 # The send retry policy handed to producers: Apache's proxy hands out the same shape, and
 # the Java client refuses settings without one.
 BACKOFF_INITIAL_MS = 10
@@ -1190,9 +1196,15 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         group = properties.pop(SHARDING_KEY, "")
         if group:
             system.message_group = group
-            system.message_type = v2.FIFO
-        else:
-            system.message_type = v2.NORMAL
+        # Apache's proxy (GrpcConverter): a timed or delay-level message is DELAY, its due
+        # time the delivery timestamp; the timer's own properties are not the user's.
+        due = properties.get(props.TIMER_DELIVER_MS, "")
+        if due.isdigit():
+            system.delivery_timestamp.CopyFrom(_timestamp(int(due)))
+        timed = any(name in properties for name in (props.DELAY, props.TIMER_DELIVER_MS, props.TIMER_DELAY_SEC))
+        system.message_type = v2.DELAY if timed else v2.FIFO if group else v2.NORMAL
+        for name in SCHEDULE_PROPERTIES:
+            properties.pop(name, None)
         properties.pop(props.UNIQ_KEY, None)
         properties.pop(BORN_HOST, None)
         properties.pop(props.PGROUP, None)

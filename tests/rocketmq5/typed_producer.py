@@ -1,7 +1,7 @@
 """The official RocketMQ 5 Python client's producer sending one message of each asked
 type, unmodified, in its own process: for each TOPIC:TYPE argument (TYPE NORMAL, FIFO or
-DELAY, due a second ahead) one JSON line with the receipt, or the exception the client
-raised (its class and words) when it refused the send.
+DELAY, due a second ahead, or TRANSACTION, committed at once) one JSON line with the
+receipt, or the exception the client raised (its class and words) when it refused the send.
 
     python typed_producer.py ENDPOINT TOPIC:TYPE..."""
 
@@ -12,6 +12,15 @@ import sys
 import time
 
 from rocketmq import ClientConfiguration, Credentials, Message, Producer
+from rocketmq.grpc_protocol import TransactionResolution
+from rocketmq.v5.producer import TransactionChecker
+
+
+class Rollback(TransactionChecker):
+    """Every transaction here is committed at once: a check would mean a lost commit."""
+
+    def check(self, message: object) -> TransactionResolution:
+        return TransactionResolution.ROLLBACK
 
 
 def message_of(topic: str, kind: str) -> Message:
@@ -29,13 +38,19 @@ def message_of(topic: str, kind: str) -> Message:
 def main() -> None:
     endpoint, *pairs = sys.argv[1:]
     wanted = [pair.split(":") for pair in pairs]
-    producer = Producer(ClientConfiguration(endpoint, Credentials(), request_timeout=10), tuple({t for t, _ in wanted}))
+    topics = tuple({t for t, _ in wanted})
+    producer = Producer(ClientConfiguration(endpoint, Credentials(), request_timeout=10), topics, checker=Rollback())
     producer.startup()
     try:
         for topic, kind in wanted:
             line: dict[str, object] = {"topic": topic, "type": kind}
             try:
-                receipt = producer.send(message_of(topic, kind))
+                if kind == "TRANSACTION":
+                    transaction = producer.begin_transaction()
+                    receipt = producer.send(message_of(topic, kind), transaction)
+                    transaction.commit()
+                else:
+                    receipt = producer.send(message_of(topic, kind))
             except Exception as error:  # the client's own refusal is what is reported
                 line.update(error=type(error).__name__, message=str(error))
             else:

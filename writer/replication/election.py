@@ -10,7 +10,11 @@ keep-alive + TTL, so the old primary is fenced before the key can be granted to 
 The primary writes its in-sync set to ``/rmqstore/groups/<group>/insync`` (without a
 lease: it outlives the primary) before it acknowledges anything a replica leaving the set
 lacks (writer.replication.tracker: ``persisted_in_sync``). Only a replica named there
-campaigns, so a new primary holds every acknowledged record.
+campaigns, so a new primary holds every acknowledged record. The set named never shrinks
+below --min-insync: while fewer replicas are in sync nothing is acknowledged, so those
+named still hold every acknowledged record and stay eligible (Kafka's eligible leader
+replicas, KIP-966); a new primary keeps the set it was elected from until --min-insync
+replicas are in sync in its own term.
 
 The client is etcd3gw (OpenStack's, maintained): it speaks etcd's HTTP/JSON gateway, which
 every etcd v3 serves, so no generated stubs or protobuf version of etcd's own are needed.
@@ -123,7 +127,10 @@ class EtcdElection:
             if holder != replica.options.replica_id:
                 replica.become_follower(holder)
             return
-        if not self._eligible():
+        named = self._named_in_sync()
+        if named is None and replica.history.last is not None:
+            return  # the group had a primary, which named no set: none is known to hold everything
+        if named is not None and replica.options.replica_id not in named:
             return
         sent = time.monotonic()  # before the grant: etcd's TTL runs from a moment after it
         lease = self.client.lease(self.ttl_s)
@@ -137,17 +144,24 @@ class EtcdElection:
         epoch = int(found[0][1]["create_revision"])
         self._lease = lease
         replica.tracker.fence_until = sent + self.ttl_s - self.margin_s
-        replica.tracker.persisted_in_sync = set()
-        self._published = None
+        # The set this replica was elected from stays named (and its members' acknowledgements
+        # awaited) until --min-insync replicas are in sync in this term: each of them holds
+        # every acknowledged record, since nothing has been acknowledged since.
+        if named is None:
+            # A new group's first primary: every replica holds all that was acknowledged (nothing).
+            named = frozenset(replica.options.replicas)
+            self.client.put(self.in_sync_key, json.dumps({"epoch": epoch, "inSync": sorted(named)}))
+        replica.tracker.persisted_in_sync = set(named) - {replica.options.replica_id}
+        self._published = named
         replica.become_primary(epoch)
 
-    def _eligible(self) -> bool:
-        """Whether this replica may campaign: it is in the last in-sync set the primary
-        wrote (any replica of a group that never had one)."""
+    def _named_in_sync(self) -> frozenset[int] | None:
+        """The last in-sync set a primary wrote (None: none yet). Only its members campaign
+        (any replica, in a group that never had a primary)."""
         found = self.client.get(self.in_sync_key)
         if not found:
-            return self.replica.history.last is None
-        return self.replica.options.replica_id in json.loads(found[0])["inSync"]
+            return None
+        return frozenset(json.loads(found[0])["inSync"])
 
     def _keep_leading(self) -> None:
         replica = self.replica
@@ -162,6 +176,12 @@ class EtcdElection:
                 return
             tracker.fence_until = sent + ttl - self.margin_s
         in_sync = frozenset({replica.options.replica_id, *tracker.in_sync})
+        if replica.options.waits_for_followers and len(in_sync) < replica.options.min_insync and self._published:
+            # Fewer than --min-insync in sync: nothing is acknowledged now, so every replica
+            # named still holds every acknowledged record. They stay named, and eligible
+            # (Kafka's eligible leader replicas, KIP-966): a primary that dies now leaves the
+            # group one to elect.
+            return
         if in_sync != self._published:
             self.client.put(self.in_sync_key, json.dumps({"epoch": replica.epoch, "inSync": sorted(in_sync)}))
             self._published = in_sync

@@ -687,3 +687,51 @@ def test_the_cli_sends_and_makes_topics_through_the_proxy(tmp_path: Path, nodes:
     assert again.returncode == 0, again.stderr
     assert {a["offsetMsgId"][:16] for a in again.json_lines()} == {id_prefix("broker-a")}
     assert len(again.json_lines()) == 400
+
+
+def test_what_a_proxy_refuses_it_says_why(tmp_path: Path, nodes: Nodes) -> None:
+    """Two groups whose writers were given the same store host: an id both hold at one
+    offset is ambiguous, named so; a bad page size, and the calls that describe one node
+    (Stats, Flush, Status), are refused with their words."""
+    groups = {}
+    for name in GROUPS[:2]:
+        store = tmp_path / name
+        writer = nodes.start("writer", store, *SIZE_ARGS, "--broker-name", name, "--store-host", "127.0.0.1:10911")
+        query = nodes.start("query", store, *SIZE_ARGS, "--broker-name", name)
+        make_topics(writer.endpoint, {TOPIC: "NORMAL"})
+        groups[name] = Group(name, store, writer, query)
+    sent = {name: send_all(nodes.writer(g.writer), [message(1)], batch=1)[0] for name, g in groups.items()}
+    assert sent["broker-a"].offset_msg_id == sent["broker-b"].offset_msg_id  # the same host, the same offset
+    for group in groups.values():
+        wait_caught_up(nodes.query(group.query), 1)
+    (tmp_path / "cluster.yaml").write_text(cluster_yaml(groups))
+    proxy_node = start_proxy(nodes, tmp_path / "cluster.yaml", tmp_path / "key")
+    proxy = nodes.query(proxy_node)
+    msg_id = sent["broker-a"].offset_msg_id
+    with pytest.raises(grpc.RpcError) as ambiguous:
+        proxy.QueryByMsgId(query_pb2.QueryByMsgIdRequest(msg_id=msg_id), timeout=TIMEOUT_S)
+    assert ambiguous.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert ambiguous.value.details() == (
+        f"msgId {msg_id} names a message in groups broker-a, broker-b: their writers share the store host "
+        "127.0.0.1:10911 (give each writer its own --store-host)"
+    )
+    with pytest.raises(grpc.RpcError) as page:
+        proxy.QueryByKey(query_pb2.QueryByKeyRequest(topic=TOPIC, key=SHARED_KEY, page_size=0), timeout=TIMEOUT_S)
+    assert (page.value.code(), page.value.details()) == (
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "page size must be in [1, 10000], got 0",
+    )
+    with pytest.raises(grpc.RpcError) as stats:
+        proxy.Stats(query_pb2.StatsRequest(), timeout=TIMEOUT_S)
+    assert (stats.value.code(), stats.value.details()) == (
+        grpc.StatusCode.UNIMPLEMENTED,
+        "Stats describes one store: ask a group's query node (the cluster file names them)",
+    )
+    writer = nodes.writer(proxy_node)
+    for method, request in (("Flush", writer_pb2.FlushRequest()), ("Status", writer_pb2.StatusRequest())):
+        with pytest.raises(grpc.RpcError) as one_writer:
+            getattr(writer, method)(request, timeout=TIMEOUT_S)
+        assert (one_writer.value.code(), one_writer.value.details()) == (
+            grpc.StatusCode.UNIMPLEMENTED,
+            f"{method} is a writer's: ask a group's writer (the cluster file names them)",
+        )

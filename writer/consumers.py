@@ -75,6 +75,7 @@ from rmqstore.common.files import consumer_offsets
 from rmqstore.common.files.consumequeue import ConsumeQueue
 from rmqstore.common.files.mapped import fsync_directory, replace_file
 from rmqstore.service.metrics import METER_NAME
+from rmqstore.writer import sql92
 from rmqstore.writer.store import Writer
 
 STATE_FILE_NAME = "consumerState.json"
@@ -156,9 +157,21 @@ def check_group(group: str) -> str:
 
 @dataclass(frozen=True)
 class TagFilter:
-    """A TAG subscription: ``*`` (every message) or tags joined by ``||``."""
+    """A subscription: by TAG, ``*`` (every message) or tags joined by ``||``; or by a
+    SQL92 expression over the message's properties (writer.sql92), which the consume
+    queue's units cannot answer: every unit is picked, and the record decides."""
 
     tags: frozenset[str] | None  # None: every message
+    selector: sql92.Selector | None = None
+
+    @classmethod
+    def sql(cls, expression: str) -> TagFilter:
+        """A SQL92 subscription; refused, as Apache's broker refuses one it cannot parse
+        (SUBSCRIPTION_PARSE_FAILED, its remark), with what is wrong."""
+        try:
+            return cls(None, sql92.parse(expression))
+        except sql92.SelectorError as error:
+            raise IllegalFilter(f"parse the consumer's subscription failed: {error}") from None
 
     @classmethod
     def parse(cls, expression: str) -> TagFilter:
@@ -174,7 +187,12 @@ class TagFilter:
     def codes(self) -> frozenset[int] | None:
         return None if self.tags is None else frozenset(tags_code(t) for t in self.tags)
 
-    def admits(self, tag: str | None) -> bool:
+    def admits(self, record: Record) -> bool:
+        if self.selector is not None:
+            return self.selector.matches(record.properties)
+        return self.admits_tag(record.tags)
+
+    def admits_tag(self, tag: str | None) -> bool:
         return self.tags is None or (tag or "") in self.tags
 
 
@@ -867,7 +885,7 @@ class ConsumerGroups:
             if unit.size > budget[0] and not (first and not out):
                 break  # the answer is full; the rest waits for the next receive
             record = self.writer.log.read(unit.commitlog_offset)
-            if not tag_filter.admits(record.tags):
+            if not tag_filter.admits(record):
                 progress.done(offset)
                 self.dirty = True
                 continue

@@ -1127,6 +1127,11 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             left_s = deadline - loop.time()
             if handed or left_s <= 0 or self._stopping.is_set():
                 return handed
+            if picked:
+                # Each was the filter's to skip (a SQL92 filter decides on the record): look
+                # further at once, letting other calls run between rounds.
+                await asyncio.sleep(0)
+                continue
             visible_ms = self.consumers.next_visible_ms(group, topic, queue_ids)
             if visible_ms is not None:
                 # A message in flight comes back then: wake for it (a few ms late, not early).
@@ -1144,7 +1149,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             records = await self._blocking(functools.partial(self.consumers.read, picked))
         handed = []
         for one, record in zip(picked, records):
-            if record is None or not tag_filter.admits(record.tags):
+            if record is None or not tag_filter.admits(record):
                 self.consumers.unpick(group, topic, one)
             else:
                 handed.append(one.handed(record))
@@ -1444,7 +1449,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         out = []
         for position, commitlog_offset in units:
             record = self.writer.log.read(commitlog_offset)
-            if tag_filter.admits(record.tags):
+            if tag_filter.admits(record):
                 answer = v2s.PullMessageResponse()
                 self._pulled(record, queue_id, position, resource, answer.message)
                 out.append(answer)
@@ -1548,7 +1553,7 @@ def _consumed_topic(resource: v2.Resource) -> str:
 
 def _tag_filter(expression: v2.FilterExpression) -> TagFilter:
     if expression.type == v2.SQL:
-        raise V2Refusal(v2.ILLEGAL_FILTER_EXPRESSION, "SQL92 filter expressions are not supported: subscribe by tag")
+        return TagFilter.sql(expression.expression)
     if expression.type not in (v2.FILTER_TYPE_UNSPECIFIED, v2.TAG):
         raise V2Refusal(v2.ILLEGAL_FILTER_EXPRESSION, f"filter type {expression.type} is not TAG")
     return TagFilter.parse(expression.expression)

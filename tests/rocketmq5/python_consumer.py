@@ -35,6 +35,7 @@ from rocketmq import (
     PushConsumer,
     SimpleConsumer,
 )
+from rocketmq.grpc_protocol import FilterType
 
 _print_lock = threading.Lock()
 
@@ -53,12 +54,19 @@ def describe(message: Any) -> dict[str, Any]:
         "group": message.message_group,
         "attempt": message.delivery_attempt,
         "topic": message.topic,
+        "properties": dict(message.properties or {}),
         "t": time.time(),
     }
 
 
+def subscription(args: argparse.Namespace) -> FilterExpression:
+    if args.sql:
+        return FilterExpression(args.sql, FilterType.SQL)
+    return FilterExpression(args.tag) if args.tag else FilterExpression()
+
+
 def simple(args: argparse.Namespace) -> None:
-    expression = FilterExpression(args.tag) if args.tag else FilterExpression()
+    expression = subscription(args)
     consumer = SimpleConsumer(
         ClientConfiguration(args.endpoint, Credentials(), request_timeout=10),
         args.group,
@@ -118,7 +126,7 @@ class Listener(MessageListener):  # type: ignore[misc]
 
 
 def push(args: argparse.Namespace) -> None:
-    expression = FilterExpression(args.tag) if args.tag else FilterExpression()
+    expression = subscription(args)
     consumer = PushConsumer(
         ClientConfiguration(args.endpoint, Credentials(), request_timeout=10),
         args.group,
@@ -139,6 +147,7 @@ def main() -> None:
     parser.add_argument("group")
     parser.add_argument("topic")
     parser.add_argument("--tag", default="")
+    parser.add_argument("--sql", default="", help="a SQL92 expression to subscribe by, instead of a tag")
     parser.add_argument("--expect", type=int, default=1_000_000)
     # A safety net: the tests stop a consumer by --expect or --want where they can.
     parser.add_argument("--idle-s", type=float, default=30.0)

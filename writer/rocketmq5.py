@@ -953,8 +953,10 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
                 yield answer
         finally:
             reader.cancel()
-            for streams in self._producers.values():
+            for topic, streams in list(self._producers.items()):
                 streams.pop(stream, None)
+                if not streams:
+                    del self._producers[topic]
 
     async def _telemetry_answers(self, inbox: asyncio.Queue[Any], stream: int) -> AsyncIterator[v2s.TelemetryCommand]:
         while True:
@@ -990,8 +992,10 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
                 continue
             for topic in settings.publishing.topics:
                 # A v2 producer's group is each topic it publishes (the proxy's
-                # addTransactionSubscription(topic, topic)).
-                self._producers.setdefault(topic.name, {})[stream] = inbox
+                # addTransactionSubscription(topic, topic)); only the writer's topics are
+                # kept, so that no client grows the table with names.
+                if self.writer.topics.queue_count(topic.name) is not None:
+                    self._producers.setdefault(topic.name, {})[stream] = inbox
             yield v2s.TelemetryCommand(status=ok_status(), settings=self._settings(settings))
 
     async def _until_stopping(self, commands: AsyncIterator[T]) -> AsyncIterator[T]:

@@ -153,6 +153,7 @@ class Pages:
             "rate": lambda p: self.backend.rate(p, _now_ms()),
             "nodes": lambda p: self.backend.nodes(),
             "groups": self.backend.groups,
+            "pending": lambda p: self.backend.pending(p, _now_ms()),
         }
         name = request.path_params["name"]
         if name not in builders:
@@ -184,6 +185,14 @@ class Pages:
             except ConsoleError as failed:
                 error, status = failed.message, failed.status
         return self.render("search.html", status, page="search", params=params, result=result, error=error)
+
+    async def pending(self, request: Request) -> Response:
+        params = _params(request)
+        try:
+            data = await self._data(lambda: self.backend.pending(params, _now_ms()))
+        except ConsoleError as error:
+            return self.render("pending.html", error.status, page="pending", error=error.message, data=None, params=params)
+        return self.render("pending.html", page="pending", data=data, error=None, params=params)
 
     async def message(self, request: Request) -> Response:
         params = _params(request)
@@ -276,6 +285,7 @@ def build_app(backend: Backend, users: dict[str, str] | None, allowed_hosts: Seq
             Route("/message/body", pages.body),
             Route("/rate", pages.rate),
             Route("/groups", pages.groups),
+            Route("/pending", pages.pending),
             Route("/nodes", pages.nodes),
             Route("/api/{name}", pages.api),
             Route("/healthz", _health),

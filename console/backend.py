@@ -20,6 +20,8 @@ import grpc
 
 from rmqstore.client.shown import message_json, message_rows, pending_due_ms
 from rmqstore.common import times
+from rmqstore.common.codec import properties as props
+from rmqstore.common.codec.consumequeue import SCHEDULE_TOPIC, TIMER_TOPIC
 from rmqstore.common.codec.msgid import decode_offset_msg_id
 from rmqstore.common.codec.topic import topic_problem
 from rmqstore.common.errors import InvalidArgument
@@ -45,6 +47,12 @@ _HEX_ID = re.compile(r"[0-9A-Fa-f]{32}|[0-9A-Fa-f]{56}")
 _INTERVAL = re.compile(r"(\d+)(ms|s|m|h)?")
 _INTERVAL_UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, None: 1000}
 _MS_MAX = 2**63 - 1
+# The pending page looks at the scheduled records stored since this long ago: writer
+# serve's default --timer-max-delay (Apache's 3 days), beyond which no timer is due, and
+# more than the longest delay level (2 h). A writer with a longer --timer-max-delay may
+# hold older pending timers, which the page does not list.
+PENDING_LOOKBACK_MS = 3 * 24 * 3600 * 1000
+RECALL_TAG = "_RECALL_TAG_"  # a recall's marker record (docs/format.md §16)
 
 
 class ConsoleError(Exception):
@@ -294,6 +302,61 @@ class Backend:
             "total": sum(total),
             "queues": [{"queueId": q, "counts": counts, "total": sum(counts)} for q, counts in per_queue.items()],
         }
+
+    # Pending delayed and timed messages
+
+    def pending(self, params: dict[str, str], now_ms: int) -> dict[str, Any]:
+        """Scheduled records not due yet (rmq_sys_wheel_timer's timed messages, then
+        SCHEDULE_TOPIC_XXXX's delay levels), stored within PENDING_LOOKBACK_MS, in queue
+        order; the cursor is ``queue:offset`` over that list of queues (0 the timer queue, 1-18
+        the levels). A recall seen in the same scan marks its message recalled (a recall's
+        marker follows its message: one past the scan's end is not seen)."""
+        page_size = parse_int(params.get("pageSize", ""), "pageSize", 1, PAGE_SIZE_MAX, PAGE_SIZE_DEFAULT)
+        start_index, start_offset = _time_cursor(params.get("cursor", ""))
+        listed = {t.name: {q.queue_id for q in t.queues} for t in self._call(self.query.ListTopics, query_pb2.ListQueryTopicsRequest()).topics}
+        scheduled = [(TIMER_TOPIC, 0)] + [(SCHEDULE_TOPIC, level - 1) for level in range(1, 19)]
+        found: list[tuple[messages_pb2.StoredMessage, int]] = []
+        recalls: set[str] = set()
+        next_cursor = ""
+        pulls = 0
+        for index, (topic, queue_id) in enumerate(scheduled):
+            if index < start_index or queue_id not in listed.get(topic, set()):
+                continue
+            first = self._search_offset(topic, queue_id, now_ms - PENDING_LOOKBACK_MS, query_pb2.BOUNDARY_LOWER).offset
+            offset = max(first, start_offset) if index == start_index else first
+            while not next_cursor:
+                if len(found) >= page_size or pulls >= FILTER_PAGES_MAX:
+                    next_cursor = f"{index}:{offset}"
+                    break
+                pulls += 1
+                request = query_pb2.PullRequest(topic=topic, queue_id=queue_id, from_offset=offset, max_count=page_size)
+                pulled = self._call(self.query.Pull, request)
+                for message in pulled.messages:
+                    if len(found) >= page_size:
+                        next_cursor = f"{index}:{message.queue_offset}"
+                        break
+                    due = pending_due_ms(message)
+                    if message.tags == RECALL_TAG:
+                        recalls.add(message.properties.get(props.TIMER_DEL_UNIQKEY, ""))
+                    elif due is not None and due > now_ms:
+                        found.append((message, due))
+                if next_cursor or not pulled.messages or pulled.next_offset <= offset:
+                    break
+                offset = pulled.next_offset
+            if next_cursor:
+                break
+        rows = []
+        for message, due in found:
+            real_topic = message.properties.get(props.REAL_TOPIC, "")
+            row = summary(message)
+            row.update(
+                realTopic=real_topic,
+                dueAt=due,
+                delayLevel=message.queue_id + 1 if message.topic == SCHEDULE_TOPIC else None,
+                recalled=f"{real_topic}+{message.uniq_key}" in recalls,
+            )
+            rows.append(row)
+        return {"messages": rows, "cursor": next_cursor, "complete": not next_cursor, "now": now_ms}
 
     # Search
 

@@ -34,7 +34,7 @@ import pytest
 from support.cli import quiet_env
 from support.http import HTTP_TIMEOUT_S, get
 from support.nodes import Nodes, ProcessNode, rss_bytes, send_all
-from support.wait import clock_past
+from support.wait import clock_past, wait_until
 
 from rmqstore.common.files.consumer_offsets import write_offsets
 from rmqstore.v1 import messages_pb2, query_pb2
@@ -988,3 +988,87 @@ def test_browser_bad_input_shows_inline_errors_and_the_console_goes_on(store: St
     assert driver.find_element(By.ID, "error").text == "interval: 'soon' is not a duration such as 30s, 1m, 5m or 1h"
     driver.get(store.url + "/topics")
     assert len(driver.find_elements(By.CSS_SELECTOR, "#topics tr[data-topic]")) == 2
+
+
+def test_pending_page_and_api_list_scheduled_messages_not_due_paged_recalls_marked(nodes: Nodes, tmp_path: Path, browser: Any) -> None:
+    """Issue 37: the console shows pending delayed and timed messages (topic, message id,
+    keys, due time), paged; a recalled one is marked; one already released is not listed."""
+    from selenium.webdriver.common.by import By
+
+    from rmqstore.common.times import iso_time
+    from rmqstore.rocketmq_v2 import definition_pb2 as v2
+    from rmqstore.rocketmq_v2 import service_pb2 as v2s
+    from rmqstore.rocketmq_v2 import service_pb2_grpc
+    from rmqstore.v1 import writer_pb2
+
+    root = tmp_path / "store"
+    writer = nodes.start("writer", root)
+    query_node = nodes.start("query", root)
+    console = nodes.console("--query-endpoint", query_node.endpoint, "--writer-endpoint", writer.endpoint)
+    writer_stub = nodes.writer(writer)
+    writer_stub.CreateTopic(writer_pb2.CreateTopicRequest(name="Later", queue_count=2, message_type="MIXED"), timeout=30)
+    now = int(time.time() * 1000)
+    soon = now + 1500
+    timed = [
+        messages_pb2.Message(topic="Later", keys=[f"order-{n}"], body=f"timed {n}".encode(),
+                             properties={"TIMER_DELIVER_MS": str(now + 3_600_000 + n * 1000)})
+        for n in range(3)
+    ]  # fmt: skip
+    soon_message = messages_pb2.Message(topic="Later", keys=["soon"], body=b"soon", properties={"TIMER_DELIVER_MS": str(soon)})
+    level = messages_pb2.Message(topic="Later", keys=["level"], tags="L", body=b"level 18", properties={"DELAY": "18"})
+    acks = send_all(writer_stub, [*timed, soon_message, level])
+    # One more through RocketMQ 5, recalled by its receipt's handle.
+    gateway = service_pb2_grpc.MessagingServiceStub(nodes.channel(writer))
+    recalled_message = v2.Message(
+        topic=v2.Resource(name="Later"), body=b"recalled",
+        system_properties=v2.SystemProperties(message_id="01ABCDEF0123456789ABCDEF0123456789", message_type=v2.DELAY, keys=["recalled"],
+                                              delivery_timestamp={"seconds": now // 1000 + 7200}),
+    )  # fmt: skip
+    sent = gateway.SendMessage(v2s.SendMessageRequest(messages=[recalled_message]), timeout=30)
+    assert sent.status.code == v2.OK, sent
+    request = v2s.RecallMessageRequest(topic=v2.Resource(name="Later"), recall_handle=sent.entries[0].recall_handle)
+    assert gateway.RecallMessage(request, timeout=30).status.code == v2.OK
+    store = Store(root, query_node.endpoint, writer.endpoint, console)
+    time.sleep(max(0.0, (soon + 1000) / 1000 - time.time()))  # released by now: no longer pending
+
+    def listed() -> list[dict[str, Any]] | None:
+        status, data = api(store, "pending")
+        assert status == 200, data
+        return data["messages"] if len(data["messages"]) == 5 and data["complete"] else None
+
+    rows = wait_until(listed, 30, "the five pending messages on the console")
+    expected = [(a.uniq_key, m.keys[0], int(m.properties["TIMER_DELIVER_MS"]), None) for a, m in zip(acks, timed)]
+    expected.append(("01ABCDEF0123456789ABCDEF0123456789", "recalled", (now // 1000 + 7200) * 1000, None))
+    expected.append((acks[4].uniq_key, "level", acks[4].store_timestamp_ms + 7_200_000, 18))
+    assert [(r["uniqKey"], r["keys"], r["dueAt"], r["delayLevel"]) for r in rows] == expected
+    assert {r["realTopic"] for r in rows} == {"Later"}
+    assert [r["recalled"] for r in rows] == [False, False, False, True, False]
+    # Paged: two a page, the cursor going on where the last page stopped.
+    seen: list[str] = []
+    cursor = ""
+    for _ in range(5):
+        status, page = api(store, "pending", pageSize=2, cursor=cursor)
+        assert status == 200 and len(page["messages"]) <= 2
+        seen += [r["uniqKey"] for r in page["messages"]]
+        cursor = page["cursor"]
+        if page["complete"]:
+            break
+    assert seen == [r["uniqKey"] for r in rows]
+    for params, message in (
+        ({"pageSize": 0}, "pageSize: 0 is outside [1, 1000]"),
+        ({"cursor": "x"}, "cursor: 'x' is not a time search cursor"),
+    ):
+        assert api(store, "pending", **params) == (400, {"error": message})
+    # In the browser: the rows, the recalled one marked, and the next page's link.
+    driver = browser
+    driver.get(f"{console.url}/pending?pageSize=3")
+    shown = driver.find_elements(By.CSS_SELECTOR, "#pending tr.message")
+    assert [row.get_attribute("data-msgid") for row in shown] == [r["uniqKey"] for r in rows[:3]]
+    assert [row.find_element(By.CSS_SELECTOR, "td.topic").text for row in shown] == ["Later"] * 3
+    assert shown[0].find_element(By.CSS_SELECTOR, "td.keys").text == "order-0"
+    assert shown[0].find_element(By.CSS_SELECTOR, "td.due").text == iso_time(rows[0]["dueAt"])
+    _click_and_wait(driver, driver.find_element(By.ID, "next-page"))
+    shown = driver.find_elements(By.CSS_SELECTOR, "#pending tr.message")
+    assert [row.get_attribute("data-msgid") for row in shown] == [r["uniqKey"] for r in rows[3:]]
+    assert "recalled" in (shown[0].get_attribute("class") or "") and shown[0].find_element(By.CSS_SELECTOR, "span.recalled").text == "recalled"
+    assert driver.find_elements(By.ID, "next-page") == []

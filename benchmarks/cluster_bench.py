@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import statistics
 import subprocess
 import sys
@@ -177,12 +178,21 @@ class Proxy:
             raise RuntimeError(f"the proxy did not start: {Path(self._stderr.name).read_text()[-3000:]}")
         self.endpoint = f"127.0.0.1:{json.loads(line)['port']}"
 
-    def stop(self) -> None:
+    def stop(self) -> dict[str, float]:
+        """Stop it; the average batch it formed, from its log at stop: messages a send
+        batch, acknowledgements an AckMessage (where it formed any)."""
         self.proc.terminate()
         self.proc.wait(timeout=60)
         if self.proc.stdout is not None:
             self.proc.stdout.close()
         self._stderr.close()
+        log = Path(self._stderr.name).read_text(encoding="utf-8", errors="replace")
+        batches: dict[str, float] = {}
+        for name, pattern in (("send_batch_avg", r"(\d+) messages sent in (\d+) batches"), ("ack_batch_avg", r"(\d+) acknowledgements in (\d+) calls")):
+            found = re.search(pattern, log)
+            if found and int(found.group(2)):
+                batches[name] = round(int(found.group(1)) / int(found.group(2)), 2)
+        return batches
 
 
 IDLE_S = 2.0
@@ -251,11 +261,11 @@ def main() -> None:
                         command = [sys.executable, __file__, "--callers", endpoint, "Bench",
                                    "--messages", str(args.messages), "--concurrency", str(args.concurrency)]  # fmt: skip
                     try:
-                        results.append(run(command, watched))
+                        result = run(command, watched)
                     finally:
-                        if proxy is not None:
-                            proxy.stop()
+                        batches = proxy.stop() if proxy is not None else {}
                         writer.stop()
+                    results.append({**result, **batches})
     report = summary(runs, args, load_before)
     print(json.dumps(report, indent=2))
     if args.out:
@@ -284,6 +294,9 @@ def summary(runs: dict[str, list[dict[str, Any]]], args: argparse.Namespace, loa
     for way in runs:
         if way.endswith("proxy"):
             per_way[way]["proxy_cpu_us_per_message"] = median(way, lambda r: r["proxy_cpu_us_per_message"])
+            batch = "ack_batch_avg" if way.startswith("consume") else "send_batch_avg"
+            if all(batch in r for r in runs[way]):
+                per_way[way]["batch_avg"] = median(way, lambda r, batch=batch: r[batch])
     writer_proxy = per_way["proxy"]["writer_cpu_us_per_message"]
     consumed: dict[str, Any] = {}
     if "consume proxy" in per_way:
@@ -311,7 +324,7 @@ def markdown(report: dict[str, Any], command: str) -> str:
     def rows(ways: list[str]) -> str:
         return "\n".join(
             f"| {way} | {m['msgs_per_s']} | {m['writer_cpu_us_per_message']} | {m.get('proxy_cpu_us_per_message', '–')} | "
-            f"{m['latency_p50_ms']} | {m['latency_p99_ms']} | {m['writer_idle_cpu_ms_per_s']} |"
+            f"{m.get('batch_avg', '–')} | {m['latency_p50_ms']} | {m['latency_p99_ms']} | {m['writer_idle_cpu_ms_per_s']} |"
             for way, m in medians.items() if way in ways
         )
 
@@ -327,8 +340,8 @@ AckMessage (as the official clients do), direct from the writer's gateway and th
 proxy (which coalesces the acknowledgements into multi-entry AckMessage calls); same
 rounds, medians. Latency: each acknowledgement's.
 
-| way | msgs/s | writer CPU µs/msg | proxy CPU µs/msg | ack p50 ms | ack p99 ms | writer idle CPU ms/s |
-|---|---|---|---|---|---|---|
+| way | msgs/s | writer CPU µs/msg | proxy CPU µs/msg | acks per AckMessage to the writer | ack p50 ms | ack p99 ms | writer idle CPU ms/s |
+|---|---|---|---|---|---|---|---|
 {rows(["consume direct", "consume proxy"])}
 
 Writer CPU per consumed message, direct / through the proxy: **{report['consume_writer_cpu_direct_to_proxy']}x**.
@@ -343,8 +356,8 @@ alternating, {report['rounds']} rounds, a fresh writer (ASYNC flush) each run; m
 Load average before/after: {report['load_average_before']} / {report['load_average_after']}
 (a shared 2-core machine: the ratios matter, not the absolute figures).
 
-| way | msgs/s | writer CPU µs/msg | proxy CPU µs/msg | latency p50 ms | latency p99 ms | writer idle CPU ms/s |
-|---|---|---|---|---|---|---|
+| way | msgs/s | writer CPU µs/msg | proxy CPU µs/msg | messages per writer batch | latency p50 ms | latency p99 ms | writer idle CPU ms/s |
+|---|---|---|---|---|---|---|---|
 {rows(["direct", "proxy"])}
 
 Writer CPU per message, direct / through the proxy: **{report['writer_cpu_direct_to_proxy']}x**.

@@ -1,11 +1,14 @@
 """Group commit across a proxy's clients: the messages of every client's SendMessage bound
 for one writer group go into one columnar batch of the writer's v1 stream
 (``WriterService.SendStream``, ``compact_results``). A batch leaves once the first of its
-messages has waited ``linger_s`` or ``batch_max`` messages wait — but while
-BATCHES_IN_FLIGHT batches wait for the writer's answer, the next one keeps gathering until
-an answer comes: under load the batches grow with the writer's turnaround (group commit),
-idle a message waits no more than the linger. Each caller gets its own messages' results
-back (their UNIQ_KEYs and queue offsets, in its order).
+messages has waited ``linger_s`` out (or ``batch_max`` messages wait), and no more than
+BATCHES_IN_FLIGHT batches wait for the writer's answer: a batch ready while one is in
+flight keeps gathering until the answer comes. A batch so holds about the send rate times
+the linger, or times the writer's turnaround when that is longer (group commit); an
+answer does not send the next batch before its linger is out (benchmarks/CLUSTER.md: at
+a few hundred sends a second, that is what makes batches grow with the linger). Each
+caller gets its own messages' results back (their UNIQ_KEYs and queue offsets, in its
+order).
 
 A batch is stored whole or not at all (SendBatchRequest's contract): a writer's refusal
 of a batch, or a stream that breaks with batches unanswered, fails every caller of those
@@ -161,6 +164,7 @@ class GroupSender:
         self._writer_index = 0
         self._channels = [grpc.aio.insecure_channel(w) for w in self.writers]
         self._gathering = _Columns()
+        self._gathering_since = 0.0  # time.monotonic() of the gathering batch's first message
         self._sealed: collections.deque[_Columns] = collections.deque()  # full batches waiting for a turn
         self._timer: asyncio.TimerHandle | None = None
         self._stream: _Stream | None = None
@@ -182,6 +186,8 @@ class GroupSender:
         BatchFailed."""
         future: asyncio.Future[Results] = asyncio.get_running_loop().create_future()
         gathering = self._gathering
+        if not gathering.callers:
+            self._gathering_since = time.monotonic()
         gathering.add(batch, queue_id, born_hosts)
         gathering.callers.append((len(batch.bodies), future))
         if len(gathering.bodies) >= self.batch_max:
@@ -201,13 +207,19 @@ class GroupSender:
 
     def _flush(self) -> None:
         """Send what waits, as far as the batches in flight allow: full batches first,
-        then the one gathering (the rest leaves when an answer comes)."""
+        then the one gathering once its first message has waited the linger out (the rest
+        leaves when an answer comes, or its linger ends)."""
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
         while self._sealed and self._in_flight() < BATCHES_IN_FLIGHT:
             self._send(self._sealed.popleft())
-        if self._gathering.callers and not self._sealed and self._in_flight() < BATCHES_IN_FLIGHT:
+        if not self._gathering.callers or self._sealed:
+            return
+        waited_s = time.monotonic() - self._gathering_since
+        if waited_s < self.linger_s:
+            self._timer = asyncio.get_running_loop().call_later(self.linger_s - waited_s, self._flush)
+        elif self._in_flight() < BATCHES_IN_FLIGHT:
             gathering, self._gathering = self._gathering, _Columns()
             self._send(gathering)
 

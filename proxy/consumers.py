@@ -135,13 +135,16 @@ class _Acks:
 
     entries: list[v2s.AckMessageEntry] = field(default_factory=list)
     callers: list[tuple[int, asyncio.Future[list[v2.Status]]]] = field(default_factory=list)
+    since: float = 0.0  # time.monotonic() of the first acknowledgement
 
 
 class AckBatcher:
     """One writer group's acknowledgements: per consumer group and topic, the entries of
-    every caller gathered into one AckMessage. One call per key is in flight; while it
-    is, the next batch gathers (under load batches grow with the writer's turnaround),
-    and idle an acknowledgement waits ``linger_s`` at most."""
+    every caller gathered into one AckMessage. A batch leaves when its first entry has
+    waited ``linger_s`` (or it holds ``batch_max``), and one call per key is in flight:
+    a batch ready while one is waits for its answer. So a batch holds about the rate of
+    acknowledgements times the linger, or times the writer's turnaround when that is
+    longer."""
 
     def __init__(self, name: str, link: ConsumerGroupLink, linger_s: float, batch_max: int = ACK_BATCH_MAX):
         self.name = name
@@ -160,7 +163,7 @@ class AckBatcher:
         not answer)."""
         key = (group, topic, namespace)
         future: asyncio.Future[list[v2.Status]] = asyncio.get_running_loop().create_future()
-        acks = self._gathering.setdefault(key, _Acks())
+        acks = self._gathering.setdefault(key, _Acks(since=time.monotonic()))
         acks.entries += entries
         acks.callers.append((len(entries), future))
         if len(acks.entries) >= self.batch_max:
@@ -170,12 +173,19 @@ class AckBatcher:
         return await asyncio.shield(future)
 
     def _flush(self, key: tuple[str, str, str]) -> None:
+        """Send the key's gathered acknowledgements once the first has waited the linger
+        out (or the batch is full) and no call of the key is in flight."""
         timer = self._timers.pop(key, None)
         if timer is not None:
             timer.cancel()
         if key in self._in_flight or key not in self._gathering:
             return
-        acks = self._gathering.pop(key)
+        acks = self._gathering[key]
+        waited_s = time.monotonic() - acks.since
+        if waited_s < self.linger_s and len(acks.entries) < self.batch_max:
+            self._timers[key] = asyncio.get_running_loop().call_later(self.linger_s - waited_s, self._flush, key)
+            return
+        del self._gathering[key]
         self._in_flight.add(key)
         task = asyncio.get_running_loop().create_task(self._call(key, acks))
         self._tasks.add(task)

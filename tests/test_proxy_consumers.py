@@ -25,6 +25,7 @@ from support.wait import wait_until
 from test_proxy import records, start_proxies, start_writers
 from test_rocketmq5_client_consumers import Background
 
+from rmqstore.common.files.consumer_offsets import read_offsets
 from rmqstore.proxy.consumers import wrap_handle
 from rmqstore.rocketmq_v2 import definition_pb2 as v2
 from rmqstore.rocketmq_v2 import service_pb2 as v2s
@@ -277,3 +278,35 @@ def test_update_topic_and_sub_group_through_the_proxy_reach_every_group(nodes: N
 
     wait_until(repeated, 60, "updateTopic to succeed once broker-b is back")
     assert writer_topics(nodes, restarted)["Later"] == (2, "NORMAL")
+
+
+def test_a_push_consumer_through_the_proxy_consumes_every_groups_messages(nodes: Nodes, tmp_path: Path) -> None:
+    """The official Python PushConsumer through a proxy: its settings and assignment (every
+    group's queues) come through the proxy, and its listener is handed every message of
+    all three groups, each acknowledged: every group's committed offsets reach its queues'
+    ends."""
+    writers = start_writers(nodes, tmp_path, NAMES, {"Orders": "NORMAL", "Fifo": "FIFO"})
+    (proxy,) = start_proxies(nodes, cluster_file(tmp_path, writers), 1)
+    sent = produce(tmp_path, proxy.endpoint, 120)
+    wanted = {line["message_id"] for line in sent}
+    consumer = Background(tmp_path, "push", "push", proxy.endpoint, GROUP, "Orders", "--seconds", "120")
+    try:
+
+        def handled() -> set[str] | None:
+            assert consumer.proc.poll() is None, consumer.err_path.read_text()[-2000:]
+            seen = {line["message_id"] for line in consumer.lines() if line.get("result") == "SUCCESS"}
+            return seen if seen >= wanted else None
+
+        wait_until(handled, 90, "the push consumer to handle every message")
+
+        def committed() -> bool:
+            # Each writer's consumerOffset.json (flushed every second) at its queues' ends.
+            return all(
+                sum(read_offsets(str(tmp_path / name / "config")).get(("Orders", GROUP), {}).values())
+                == sum(1 for record in records(tmp_path / name) if record.topic == "Orders")
+                for name in NAMES
+            )
+
+        wait_until(committed, 30, "every group's offsets at its queues' ends")
+    finally:
+        consumer.stop()

@@ -227,8 +227,9 @@ class Pages:
         if params.get("topic"):
             try:
                 data = await self._data(lambda: self.backend.rate(params, _now_ms()))
-                charts = {"topic": bar_chart(data["counts"], data["starts"], CHART_WIDTH, CHART_HEIGHT)} | {
-                    q["queueId"]: bar_chart(q["counts"], data["starts"], CHART_WIDTH, CHART_HEIGHT // 2) for q in data["queues"]
+                charts = {
+                    "topic": bar_chart(data["counts"], data["starts"], CHART_WIDTH, CHART_HEIGHT),
+                    "queues": [bar_chart(q["counts"], data["starts"], CHART_WIDTH, CHART_HEIGHT // 2) for q in data["queues"]],
                 }
             except ConsoleError as failed:
                 error, status = failed.message, failed.status

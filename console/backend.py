@@ -1,6 +1,11 @@
 """What the console's pages show, as plain JSON-able data, fetched from a query node (and,
 for the nodes page only, the writer) through rmqstore.v1 gRPC.
 
+The query endpoint may be a proxy in front of several writer groups (cluster mode,
+docs/cluster.md): there a queue is (broker name, queue id), every queue call names its
+group, and an answer that lacks groups that did not answer says so (``unansweredGroups``,
+never ``complete``). From a query node the broker name is empty and nothing changes.
+
 Every page and its ``/api/`` twin are built from one function here, so the HTML and the
 JSON cannot disagree. Bad input raises :class:`BadInput` before any call; a node's error
 status is mapped to an HTTP status in one table (:data:`HTTP_STATUS`).
@@ -53,6 +58,7 @@ _MS_MAX = 2**63 - 1
 # hold older pending timers, which the page does not list.
 PENDING_LOOKBACK_MS = 3 * 24 * 3600 * 1000
 RECALL_TAG = "_RECALL_TAG_"  # a recall's marker record (docs/format.md §16)
+_BROKER_NAME = re.compile(r"[!-~]{1,127}")  # printable ASCII, no space
 
 
 class ConsoleError(Exception):
@@ -188,10 +194,16 @@ def body_preview(body: bytes) -> str:
     return text[:BODY_PREVIEW_CHARS] + ("…" if cut else "")
 
 
-def summary(message: messages_pb2.StoredMessage) -> dict[str, Any]:
+# A queue: (broker name, queue id); the broker name is empty from a query node.
+Queue = tuple[str, int]
+
+
+def summary(message: messages_pb2.StoredMessage, broker_name: str = "") -> dict[str, Any]:
     return {
         "msgId": message.offset_msg_id,
         "topic": message.topic,
+        # The group holding the message when known (a queue read through a proxy); None otherwise.
+        "brokerName": broker_name or None,
         "queueId": message.queue_id,
         "queueOffset": message.queue_offset,
         "storeTimestamp": message.store_timestamp_ms,
@@ -233,13 +245,18 @@ class Backend:
 
     # Topics
 
+    def _listed(self) -> Any:
+        return self._call(self.query.ListTopics, query_pb2.ListQueryTopicsRequest())
+
     def topics(self, now_ms: int) -> dict[str, Any]:
-        listed = self._call(self.query.ListTopics, query_pb2.ListQueryTopicsRequest()).topics
+        answer = self._listed()
+        listed = answer.topics
         spark_edges = [now_ms - (TOPICS_SPARK_BUCKETS - i) * TOPICS_SPARK_INTERVAL_MS for i in range(TOPICS_SPARK_BUCKETS + 1)]
         topics = []
         for topic in listed:
             queues = [
                 {
+                    "brokerName": q.broker_name or None,
                     "queueId": q.queue_id,
                     "minOffset": q.min_offset,
                     "maxOffset": q.max_offset,
@@ -255,25 +272,32 @@ class Backend:
                     "messages": sum(q["messages"] for q in queues),
                     "newestStoreTimestamp": max(newest) if newest else None,
                     "queues": queues,
-                    "recentCounts": self._counts(topic.name, [q.queue_id for q in topic.queues], spark_edges)[0],
+                    "recentCounts": self._counts(topic.name, [(q.broker_name, q.queue_id) for q in topic.queues], spark_edges)[0],
                 }
             )
-        return {"topics": topics, "recentIntervalMs": TOPICS_SPARK_INTERVAL_MS, "recentEnd": now_ms}
+        return {"topics": topics, "recentIntervalMs": TOPICS_SPARK_INTERVAL_MS, "recentEnd": now_ms,
+                "unansweredGroups": list(answer.unanswered_groups)}  # fmt: skip
 
-    def _topic_queues(self, topic: str) -> list[int]:
-        for listed in self._call(self.query.ListTopics, query_pb2.ListQueryTopicsRequest()).topics:
+    def _topic_queues(self, topic: str) -> tuple[list[Queue], list[str]]:
+        """The topic's queues, sorted, and the groups that did not answer (their queues are
+        missing). A topic that only a silent group holds cannot be told from no topic."""
+        answer = self._listed()
+        for listed in answer.topics:
             if listed.name == topic:
-                return [q.queue_id for q in listed.queues]
+                return sorted((q.broker_name, q.queue_id) for q in listed.queues), list(answer.unanswered_groups)
+        missing = list(answer.unanswered_groups)
+        if missing:
+            raise Missing(f"topic {topic} is in no group that answered (did not answer: {', '.join(missing)})")
         raise Missing(f"topic {topic} does not exist in this store")
 
-    def _counts(self, topic: str, queue_ids: list[int], edges: list[int]) -> tuple[list[int], dict[int, list[int]]]:
+    def _counts(self, topic: str, queues: list[Queue], edges: list[int]) -> tuple[list[int], dict[Queue, list[int]]]:
         """Messages per interval [edges[i], edges[i+1]) for the topic and for each queue,
         from the first offset stored at or after each edge: no message is read."""
-        per_queue: dict[int, list[int]] = {}
-        for queue_id in queue_ids:
-            request = query_pb2.OffsetsByTimeRequest(topic=topic, queue_id=queue_id, timestamps_ms=edges)
+        per_queue: dict[Queue, list[int]] = {}
+        for broker_name, queue_id in queues:
+            request = query_pb2.OffsetsByTimeRequest(topic=topic, queue_id=queue_id, timestamps_ms=edges, broker_name=broker_name)
             offsets = list(self._call(self.query.OffsetsByTime, request).offsets)
-            per_queue[queue_id] = [later - earlier for earlier, later in itertools.pairwise(offsets)]
+            per_queue[(broker_name, queue_id)] = [later - earlier for earlier, later in itertools.pairwise(offsets)]
         total = [sum(column) for column in zip(*per_queue.values())] if per_queue else [0] * (len(edges) - 1)
         return total, per_queue
 
@@ -291,7 +315,8 @@ class Backend:
         if buckets > RATE_BUCKETS_MAX:
             raise BadInput(f"{buckets} intervals: at most {RATE_BUCKETS_MAX}; choose a longer interval or a shorter range")
         edges = [begin + i * interval_ms for i in range(buckets)] + [end]
-        total, per_queue = self._counts(topic, self._topic_queues(topic), edges)
+        queues, unanswered = self._topic_queues(topic)
+        total, per_queue = self._counts(topic, queues, edges)
         return {
             "topic": topic,
             "begin": begin,
@@ -300,7 +325,11 @@ class Backend:
             "starts": edges[:-1],
             "counts": total,
             "total": sum(total),
-            "queues": [{"queueId": q, "counts": counts, "total": sum(counts)} for q, counts in per_queue.items()],
+            "queues": [
+                {"brokerName": broker or None, "queueId": q, "counts": counts, "total": sum(counts)}
+                for (broker, q), counts in per_queue.items()
+            ],
+            "unansweredGroups": unanswered,
         }
 
     # Pending delayed and timed messages
@@ -322,7 +351,7 @@ class Backend:
         for index, (topic, queue_id) in enumerate(scheduled):
             if index < start_index or queue_id not in listed.get(topic, set()):
                 continue
-            first = self._search_offset(topic, queue_id, now_ms - PENDING_LOOKBACK_MS, query_pb2.BOUNDARY_LOWER).offset
+            first = self._search_offset(topic, ("", queue_id), now_ms - PENDING_LOOKBACK_MS, query_pb2.BOUNDARY_LOWER).offset
             offset = max(first, start_offset) if index == start_index else first
             while not next_cursor:
                 if len(found) >= page_size or pulls >= FILTER_PAGES_MAX:
@@ -386,6 +415,7 @@ class Backend:
         cursor = params.get("cursor", "")
         found: list[messages_pb2.StoredMessage] = []
         complete = False
+        unanswered: set[str] = set()
         for _ in range(FILTER_PAGES_MAX):
             request = query_pb2.QueryByKeyRequest(topic=topic, key=key, page_size=page_size, cursor=cursor)
             if begin is not None:
@@ -395,58 +425,64 @@ class Backend:
             response = self._call(self.query.QueryByKey, request)
             found += [m for m in response.messages if keep is None or keep(m.tags)]
             cursor, complete = response.cursor, response.complete
+            unanswered.update(response.unanswered_groups)
             if complete or len(found) >= page_size:
                 break
         if not found and not params.get("cursor"):
             self._topic_queues(topic)  # an unknown topic says so, rather than "no match"
-        return {"messages": [summary(m) for m in found], "cursor": "" if complete else cursor, "complete": complete}
+        return {"messages": [summary(m) for m in found], "cursor": "" if complete else cursor, "complete": complete,
+                "unansweredGroups": sorted(unanswered)}  # fmt: skip
 
     def _by_time(self, params: dict[str, str]) -> dict[str, Any]:
         """A topic's messages stored in [begin, end], queue by queue, in queue order; the
-        cursor is ``queue:offset``, where the next page starts."""
+        cursor is ``queue:offset`` (``broker/queue:offset`` through a proxy), where the next
+        page starts."""
         topic = parse_topic(params.get("topic", ""))
         begin, end = parse_range(params.get("begin", ""), params.get("end", ""))
         if begin is None or end is None:
             raise BadInput("a time search needs both begin and end")
         page_size = parse_int(params.get("pageSize", ""), "pageSize", 1, PAGE_SIZE_MAX, PAGE_SIZE_DEFAULT)
         keep = tag_filter(params.get("tag", ""))
-        start_queue, start_offset = _time_cursor(params.get("cursor", ""))
-        queue_ids = self._topic_queues(topic)
-        found: list[messages_pb2.StoredMessage] = []
+        start_queue, start_offset = _queue_cursor(params.get("cursor", ""))
+        queues, unanswered = self._topic_queues(topic)
+        found: list[tuple[messages_pb2.StoredMessage, str]] = []
         in_range = 0
         next_cursor = ""
-        for queue_id in queue_ids:
-            first = self._search_offset(topic, queue_id, begin, query_pb2.BOUNDARY_LOWER).offset
-            last = self._search_offset(topic, queue_id, end, query_pb2.BOUNDARY_UPPER).offset
+        for queue in queues:
+            broker_name, queue_id = queue
+            first = self._search_offset(topic, queue, begin, query_pb2.BOUNDARY_LOWER).offset
+            last = self._search_offset(topic, queue, end, query_pb2.BOUNDARY_UPPER).offset
             in_range += max(last - first + 1, 0)
-            if queue_id < start_queue or next_cursor:
+            if queue < start_queue or next_cursor:
                 continue
-            offset = max(first, start_offset) if queue_id == start_queue else first
+            offset = max(first, start_offset) if queue == start_queue else first
             for _ in range(FILTER_PAGES_MAX):
                 if offset > last:
                     break
                 if len(found) >= page_size:
-                    next_cursor = f"{queue_id}:{offset}"
+                    next_cursor = _time_cursor_text(queue, offset)
                     break
                 want = min(page_size - len(found), last - offset + 1)
-                pulled = self._call(
-                    self.query.Pull, query_pb2.PullRequest(topic=topic, queue_id=queue_id, from_offset=offset, max_count=want)
-                )
+                request = query_pb2.PullRequest(topic=topic, queue_id=queue_id, from_offset=offset, max_count=want, broker_name=broker_name)
+                pulled = self._call(self.query.Pull, request)
                 if not pulled.messages:
                     break
-                found += [m for m in pulled.messages if keep is None or keep(m.tags)]
+                found += [(m, broker_name) for m in pulled.messages if keep is None or keep(m.tags)]
                 offset = pulled.next_offset
             else:
-                next_cursor = f"{queue_id}:{offset}"
+                next_cursor = _time_cursor_text(queue, offset)
         return {
-            "messages": [summary(m) for m in found],
+            "messages": [summary(m, broker_name) for m, broker_name in found],
             "cursor": next_cursor,
-            "complete": not next_cursor,
+            "complete": not next_cursor and not unanswered,
             "inRange": in_range,
+            "unansweredGroups": unanswered,
         }
 
-    def _search_offset(self, topic: str, queue_id: int, timestamp_ms: int, boundary: int) -> Any:
-        request = query_pb2.SearchOffsetRequest(topic=topic, queue_id=queue_id, timestamp_ms=timestamp_ms, boundary=boundary)  # type: ignore[arg-type]
+    def _search_offset(self, topic: str, queue: Queue, timestamp_ms: int, boundary: int) -> Any:
+        request = query_pb2.SearchOffsetRequest(
+            topic=topic, queue_id=queue[1], timestamp_ms=timestamp_ms, boundary=boundary, broker_name=queue[0]  # type: ignore[arg-type]
+        )
         return self._call(self.query.SearchOffset, request)
 
     def _by_id(self, params: dict[str, str]) -> dict[str, Any]:
@@ -466,25 +502,32 @@ class Backend:
                 found = None
             if found is not None and found.offset_msg_id.upper() == msg_id.upper():
                 matches.append({**summary(found), "matchedAs": "offsetMsgId"})
-        topics = [parse_topic(topic_text)] if topic_text else [
-            t.name for t in self._call(self.query.ListTopics, query_pb2.ListQueryTopicsRequest()).topics
-        ]
+        unanswered: set[str] = set()
         if topic_text:
-            self._topic_queues(topics[0])
+            topics = [parse_topic(topic_text)]
+            unanswered.update(self._topic_queues(topics[0])[1])
+        else:
+            listed = self._listed()
+            topics = [t.name for t in listed.topics]
+            unanswered.update(listed.unanswered_groups)
         for topic in topics:
             response = self._call(self.query.QueryByUniqKey, query_pb2.QueryByUniqKeyRequest(topic=topic, uniq_key=msg_id))
             matches += [{**summary(m), "matchedAs": "UNIQ_KEY"} for m in response.messages]
+            unanswered.update(response.unanswered_groups)
         if not matches:
             where = f"topic {topic_text}" if topic_text else "any topic"
-            raise Missing(f"no message has id {msg_id} in {where}")
-        return {"messages": matches, "complete": True, "cursor": ""}
+            silent = f" (groups that did not answer: {', '.join(sorted(unanswered))})" if unanswered else ""
+            raise Missing(f"no message has id {msg_id} in {where}{silent}")
+        return {"messages": matches, "complete": not unanswered, "cursor": "", "unansweredGroups": sorted(unanswered)}
 
     def _by_offset(self, params: dict[str, str]) -> dict[str, Any]:
         topic = parse_topic(params.get("topic", ""))
         queue_id = parse_int(params.get("queue", ""), "queue", 0, 2**31 - 1)
         offset = parse_int(params.get("offset", ""), "offset", 0, _MS_MAX)
-        request = query_pb2.QueryByQueueOffsetRequest(topic=topic, queue_id=queue_id, queue_offset=offset)
-        return {"messages": [summary(self._call(self.query.QueryByQueueOffset, request).message)], "complete": True, "cursor": ""}
+        broker_name = parse_broker(params.get("broker", ""))
+        request = query_pb2.QueryByQueueOffsetRequest(topic=topic, queue_id=queue_id, queue_offset=offset, broker_name=broker_name)
+        found = self._call(self.query.QueryByQueueOffset, request).message
+        return {"messages": [summary(found, broker_name)], "complete": True, "cursor": ""}
 
     def _time_offset(self, params: dict[str, str]) -> dict[str, Any]:
         topic = parse_topic(params.get("topic", ""))
@@ -496,31 +539,38 @@ class Backend:
         if boundary not in ("LOWER", "UPPER"):
             raise BadInput(f"boundary: {boundary!r} is neither LOWER nor UPPER")
         code = query_pb2.BOUNDARY_UPPER if boundary == "UPPER" else query_pb2.BOUNDARY_LOWER
-        result = self._search_offset(topic, queue_id, timestamp, code)
-        return {"topic": topic, "queueId": queue_id, "timestamp": timestamp, "boundary": boundary,
-                "offset": result.offset, "found": result.found}  # fmt: skip
+        broker_name = parse_broker(params.get("broker", ""))
+        result = self._search_offset(topic, (broker_name, queue_id), timestamp, code)
+        return {"topic": topic, "brokerName": broker_name or None, "queueId": queue_id, "timestamp": timestamp,
+                "boundary": boundary, "offset": result.offset, "found": result.found}  # fmt: skip
 
     # Message detail
 
     def message(self, params: dict[str, str]) -> tuple[dict[str, Any], messages_pb2.StoredMessage]:
-        """The message by offsetMsgId (``id``) or by ``topic``, ``queue``, ``offset``."""
+        """The message by offsetMsgId (``id``) or by ``topic``, ``queue``, ``offset`` (and
+        ``broker``, the group, through a proxy fronting several)."""
         msg_id = params.get("id", "").strip()
+        broker_name = parse_broker(params.get("broker", ""))
         if msg_id:
             if not _HEX_ID.fullmatch(msg_id):
                 raise BadInput(f"id: {msg_id[:ID_LENGTH_MAX]!r} is not an offsetMsgId (32 or 56 hex characters)")
             found = self._call(self.query.QueryByMsgId, query_pb2.QueryByMsgIdRequest(msg_id=msg_id)).message
+            if not broker_name:
+                broker_name = self._group_of(found)
         else:
             topic = parse_topic(params.get("topic", ""))
             queue_id = parse_int(params.get("queue", ""), "queue", 0, 2**31 - 1)
             offset = parse_int(params.get("offset", ""), "offset", 0, _MS_MAX)
-            request = query_pb2.QueryByQueueOffsetRequest(topic=topic, queue_id=queue_id, queue_offset=offset)
+            request = query_pb2.QueryByQueueOffsetRequest(topic=topic, queue_id=queue_id, queue_offset=offset, broker_name=broker_name)
             found = self._call(self.query.QueryByQueueOffset, request).message
-        bounds = self._call(self.query.QueueBounds, query_pb2.QueueBoundsRequest(topic=found.topic, queue_id=found.queue_id))
+        bounds_request = query_pb2.QueueBoundsRequest(topic=found.topic, queue_id=found.queue_id, broker_name=broker_name)
+        bounds = self._call(self.query.QueueBounds, bounds_request)
         try:
             decoded = decode_offset_msg_id(found.offset_msg_id)
         except InvalidArgument:
             decoded = None
         detail = {
+            "brokerName": broker_name or None,
             "message": message_json(found, with_body=True),
             "fields": [[label.rstrip(":"), value] for label, value in message_rows(found)],
             "msgIdDecoded": None if decoded is None else {
@@ -531,6 +581,24 @@ class Backend:
         }  # fmt: skip
         return detail, found
 
+    def _group_of(self, found: messages_pb2.StoredMessage) -> str:
+        """The group (broker name) of a message found by id: the one whose queue holds it at
+        its offset. Empty from a query node (its queues carry no broker name)."""
+        queues, _ = self._topic_queues(found.topic)
+        for broker_name, queue_id in queues:
+            if not broker_name or queue_id != found.queue_id:
+                continue
+            request = query_pb2.QueryByQueueOffsetRequest(
+                topic=found.topic, queue_id=queue_id, queue_offset=found.queue_offset, broker_name=broker_name
+            )
+            try:
+                there = self._call(self.query.QueryByQueueOffset, request).message
+            except Missing:
+                continue
+            if there.offset_msg_id == found.offset_msg_id:
+                return broker_name
+        return ""
+
     # Consumer groups
 
     def groups(self, params: dict[str, str]) -> dict[str, Any]:
@@ -539,13 +607,16 @@ class Backend:
         prints them. The query node checks the names (400) and knows the groups (404)."""
         group = params.get("group", "").strip()
         if not group:
-            listed = self._call(self.query.ListGroups, query_pb2.ListGroupsRequest()).groups
-            return {"groups": [{"group": g.group, "topics": list(g.topics), "diffTotal": g.lag_total} for g in listed]}
+            answer = self._call(self.query.ListGroups, query_pb2.ListGroupsRequest())
+            shown = {"groups": [{"group": g.group, "topics": list(g.topics), "diffTotal": g.lag_total} for g in answer.groups]}
+            return shown | _unanswered(answer)
         request = query_pb2.GroupLagRequest(group=group, topic=params.get("topic", "").strip())
         lag = self._call(self.query.GroupLag, request)
         queues = [
             {
                 "topic": q.topic,
+                # Through a proxy only: the group holding the queue.
+                **({"brokerName": q.broker_name} if q.broker_name else {}),
                 "queueId": q.queue_id,
                 "brokerOffset": q.broker_offset,
                 "consumerOffset": q.consumer_offset,
@@ -555,12 +626,19 @@ class Backend:
             }
             for q in lag.queues
         ]
-        return {"group": lag.group, "brokerName": lag.broker_name, "queues": queues, "diffTotal": lag.lag_total}
+        return {"group": lag.group, "brokerName": lag.broker_name, "queues": queues, "diffTotal": lag.lag_total} | _unanswered(lag)
 
     # Nodes
 
     def nodes(self) -> dict[str, Any]:
-        stats = self._call(self.query.Stats, query_pb2.StatsRequest())
+        try:
+            stats = self.query.Stats(query_pb2.StatsRequest(), timeout=self.timeout_s)
+        except grpc.RpcError as error:
+            call: Any = error
+            if call.code() == grpc.StatusCode.UNIMPLEMENTED and call.details() != METHOD_NOT_FOUND:
+                proxy = self._proxy_groups()
+                return {"query": None, "proxy": proxy, "writer": self._writer_status(), "unansweredGroups": proxy["unansweredGroups"]}
+            raise _from_rpc(error, "query node") from None
         query = {
             "store": stats.store,
             "commitlogMinOffset": stats.commitlog_min_offset,
@@ -573,6 +651,22 @@ class Backend:
             "indexFiles": stats.index_files,
             "followsWriter": stats.follows_writer,
         }
+        return {"query": query, "proxy": None, "writer": self._writer_status()}
+
+    def _proxy_groups(self) -> dict[str, Any]:
+        """What a proxy tells of its writer groups: Stats describes one store, so a proxy
+        does not serve it; the groups are the broker names its topics' queues carry and
+        the ones that did not answer (a group holding no topic yet is not seen)."""
+        answer = self._listed()
+        queues: dict[str, int] = {}
+        for topic in answer.topics:
+            for q in topic.queues:
+                queues[q.broker_name] = queues.get(q.broker_name, 0) + 1
+        groups = [{"name": name, "answered": True, "queues": count} for name, count in sorted(queues.items())]
+        groups += [{"name": name, "answered": False, "queues": None} for name in sorted(answer.unanswered_groups)]
+        return {"groups": groups, "unansweredGroups": list(answer.unanswered_groups)}
+
+    def _writer_status(self) -> dict[str, Any] | None:
         writer: dict[str, Any] | None = None
         if self.writer is not None:
             try:
@@ -589,7 +683,21 @@ class Backend:
                 }
             except ConsoleError as error:
                 writer = {"error": error.message}
-        return {"query": query, "writer": writer}
+        return writer
+
+
+def _unanswered(answer: Any) -> dict[str, list[str]]:
+    """The groups page's answers keep their shape from a query node; through a proxy
+    they add the groups that did not answer."""
+    return {"unansweredGroups": list(answer.unanswered_groups)} if answer.unanswered_groups else {}
+
+
+def parse_broker(text: str) -> str:
+    """A writer group's broker name (through a proxy); blank: none, as from a query node."""
+    broker_name = text.strip()
+    if broker_name and not _BROKER_NAME.fullmatch(broker_name):
+        raise BadInput(f"broker: {broker_name[:64]!r} is not a broker name (printable, no spaces, at most 127 characters)")
+    return broker_name
 
 
 def _time_cursor(cursor: str) -> tuple[int, int]:
@@ -599,6 +707,20 @@ def _time_cursor(cursor: str) -> tuple[int, int]:
     if match is None:
         raise BadInput(f"cursor: {cursor[:64]!r} is not a time search cursor")
     return int(match.group(1)), int(match.group(2))
+
+
+def _queue_cursor(cursor: str) -> tuple[Queue, int]:
+    if not cursor:
+        return ("", 0), 0
+    match = re.fullmatch(r"(?:([!-~]{1,127})/)?(\d{1,10}):(\d{1,19})", cursor)
+    if match is None:
+        raise BadInput(f"cursor: {cursor[:64]!r} is not a time search cursor")
+    return (match.group(1) or "", int(match.group(2))), int(match.group(3))
+
+
+def _time_cursor_text(queue: Queue, offset: int) -> str:
+    broker_name, queue_id = queue
+    return f"{broker_name}/{queue_id}:{offset}" if broker_name else f"{queue_id}:{offset}"
 
 
 def body_views(body: bytes) -> dict[str, str | None]:

@@ -16,6 +16,7 @@ from support.http import get
 from support.nodes import Nodes, ProcessNode, send_all
 from support.rmq5 import make_topics
 from support.wait import wait_until
+from test_console import _click_and_wait, _submit, _table, browser  # noqa: F401 (browser: the fixture)
 from test_proxy_lookups import Group, cluster_yaml, start_group, start_proxy
 
 from rmqstore.v1 import messages_pb2, query_pb2, query_pb2_grpc
@@ -151,6 +152,24 @@ def test_the_nodes_page_says_it_is_a_proxy_and_lists_its_groups(cluster: Cluster
     assert data["proxy"]["groups"] == [{"name": name, "answered": True, "queues": QUEUES} for name in GROUPS]
     status, page = cluster.page("/nodes")
     assert status == 200 and 'id="proxy-groups"' in page and 'data-group="broker-a"' in page
+
+
+def test_browser_opens_a_key_match_in_its_group_and_pages_its_queue(cluster: Cluster, browser: Any) -> None:  # noqa: F811
+    """In Chromium (tests/test_console.py's driver): a key search through the proxy, its
+    match's detail page naming the group, and the next message of that group's queue."""
+    from selenium.webdriver.common.by import By
+
+    driver = browser
+    ack = cluster.groups["broker-a"].sent[2]  # queue 0, offset 1
+    driver.get(cluster.console.url + "/search")
+    _submit(driver, "form-key", {"topic": TOPIC, "key": "broker-a-2", "begin": "", "end": "", "tag": "", "pageSize": ""})
+    (row,) = driver.find_elements(By.CSS_SELECTOR, "#messages tr.message")
+    assert row.get_attribute("data-msgid") == ack.offset_msg_id
+    _click_and_wait(driver, row.find_element(By.CSS_SELECTOR, "a.detail"))
+    assert driver.find_element(By.ID, "broker").text == "Writer group (broker) broker-a"
+    _click_and_wait(driver, driver.find_element(By.ID, "next"))
+    fields = _table(driver, "fields")
+    assert (fields["OffsetID"], fields["Queue Offset"]) == (cluster.groups["broker-a"].sent[4].offset_msg_id, str(ack.queue_offset + 1))
 
 
 def test_a_group_down_is_named_on_every_page_it_leaves_partial(cluster: Cluster) -> None:

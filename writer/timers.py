@@ -1,5 +1,6 @@
 """Releasing delayed and timed messages to their real topics (docs/design.md §4, "Scheduled
-messages"): one thread, :class:`ScheduledDelivery`, ticking two deliverers.
+messages"): :class:`ScheduledDelivery`, one thread ticking two deliverers and one writing
+their progress behind it.
 
 * :class:`DelayLevels` is Apache 4.9's ScheduleMessageService: each SCHEDULE_TOPIC_XXXX
   queue (level − 1) is read in order from its offset in ``config/delayOffset.json``;
@@ -17,8 +18,9 @@ and at the stop: for the levels, Apache's delayOffset.json; for the wheel,
 below queue offset ``registeredEnd`` due at or before ``releasedUpToMs`` is released",
 and where the queue's pending timers start (``pendingFrom``). After a crash both resume
 from their last progress: a message released after it is released again (at most the
-messages that came due during one checkpoint interval before the crash), and none is
-lost, as the units and records they are read from are in the store."""
+messages that came due during one checkpoint interval, and the flush then under way,
+before the crash), and none is lost, as the units and records they are read from are in
+the store."""
 
 from __future__ import annotations
 
@@ -78,7 +80,11 @@ def _release(writer: Writer, messages: list[MessageInput]) -> AppendResults | No
         return writer.append_released(MessageBatch.of(messages))
     except (InvalidArgument, NotFound) as error:
         if len(messages) == 1:
-            log.error("a scheduled message could not be released to %s and is dropped: %s", messages[0].topic, error)
+            log.error(
+                "a scheduled message could not be released to %s and is dropped: %s",
+                messages[0].topic,
+                error,
+            )
             return None
     results = [_release(writer, [message]) for message in messages]
     kept = [result for result in results if result is not None]
@@ -101,7 +107,9 @@ class DelayLevels:
         for level in self.levels:
             queue = self.writer.queues.find(SCHEDULE_TOPIC, level - 1)
             if queue is not None:
-                count += max(queue.max_offset - max(self.offsets.get(level, 0), queue.min_offset), 0)
+                count += max(
+                    queue.max_offset - max(self.offsets.get(level, 0), queue.min_offset), 0
+                )
         return count
 
     def release_due(self, now: int, released: Released | None) -> int | None:
@@ -115,7 +123,9 @@ class DelayLevels:
             start = max(self.offsets.get(level, 0), queue.min_offset)
             copies: list[MessageInput] = []
             next_offset = start
-            for queue_offset, unit in queue.units(start, min(queue.max_offset, start + RELEASE_BATCH_MAX)):
+            for queue_offset, unit in queue.units(
+                start, min(queue.max_offset, start + RELEASE_BATCH_MAX)
+            ):
                 if unit.tags_code > now:
                     soonest = unit.tags_code if soonest is None else min(soonest, unit.tags_code)
                     break
@@ -137,21 +147,31 @@ class DelayLevels:
         try:
             record = self.writer.log.read(commitlog_offset, check_crc=False)
         except (NotFound, Corruption) as error:
-            log.error("delayed message at commit log offset %d is unreadable and skipped: %s", commitlog_offset, error)
+            log.error(
+                "delayed message at commit log offset %d is unreadable and skipped: %s",
+                commitlog_offset,
+                error,
+            )
             return None
         copy = level_copy(record)
         if copy is None:
-            log.error("delayed message at commit log offset %d has no REAL_TOPIC/REAL_QID and is skipped", commitlog_offset)
+            log.error(
+                "delayed message at commit log offset %d has no REAL_TOPIC/REAL_QID and is skipped",
+                commitlog_offset,
+            )
         return copy
 
-    def changed(self) -> bool:
-        return self.offsets != self._written
+    @property
+    def written(self) -> dict[int, int]:
+        """The offsets last written (or read at the start)."""
+        return self._written
 
-    def checkpoint(self) -> None:
-        """Write delayOffset.json (the caller has flushed the releases) when it changed."""
-        if self.changed():
-            write_delay_offsets(self.config_dir, self.offsets)
-            self._written = dict(self.offsets)
+    def checkpoint(self, offsets: dict[int, int]) -> None:
+        """Write delayOffset.json with ``offsets`` (a copy of :attr:`offsets` taken before
+        the caller flushed the releases) when it changed."""
+        if offsets != self._written:
+            write_delay_offsets(self.config_dir, offsets)
+            self._written = offsets
 
 
 @dataclass(frozen=True)
@@ -180,7 +200,11 @@ class TimerProgress:
         try:
             document = json.loads(text)
             crc = document.pop("crc32")
-            fields = (document["releasedUpToMs"], document["registeredEnd"], document["pendingFrom"])
+            fields = (
+                document["releasedUpToMs"],
+                document["registeredEnd"],
+                document["pendingFrom"],
+            )
         except (ValueError, KeyError, AttributeError, TypeError):
             raise Corruption(f"{path} is not an rmqstore timers file", path=path) from None
         if document.get("magic") != TIMERS_MAGIC or document.get("version") != TIMERS_VERSION:
@@ -204,7 +228,11 @@ def read_timer_progress(config_dir: str) -> TimerProgress:
         return TimerProgress()
     except (OSError, UnicodeDecodeError, Corruption) as error:
         aside = f"{path}.corrupt-{now_ms()}"
-        log.error("%s; set aside as %s, every timed message in the store is taken as pending", error, aside)
+        log.error(
+            "%s; set aside as %s, every timed message in the store is taken as pending",
+            error,
+            aside,
+        )
         os.replace(path, aside)
         return TimerProgress()
 
@@ -256,16 +284,28 @@ class TimerWheel:
             return
         for file_first, file_units in queue.unit_columns(self.registered_end, end):
             for at in range(0, len(file_units), REGISTER_CHUNK_UNITS):
-                self._add_units(file_first + at, file_units[at : at + REGISTER_CHUNK_UNITS], released_below, released_up_to_ms)
+                self._add_units(
+                    file_first + at,
+                    file_units[at : at + REGISTER_CHUNK_UNITS],
+                    released_below,
+                    released_up_to_ms,
+                )
         self.registered_end = end
 
-    def _add_units(self, first: int, units: np.ndarray, released_below: int, released_up_to_ms: int) -> None:
+    def _add_units(
+        self, first: int, units: np.ndarray, released_below: int, released_up_to_ms: int
+    ) -> None:
         offsets = np.arange(first, first + len(units), dtype=np.int64)
         due = units["tags_code"].astype(np.int64)
         filler = (units["commitlog_offset"] == 0) & (units["size"] == FILLER_SIZE) & (due == 0)
         keep = ~filler & ~((offsets < released_below) & (due <= released_up_to_ms))
         rows = np.column_stack(
-            (due[keep], units["commitlog_offset"][keep].astype(np.int64), units["size"][keep].astype(np.int64), offsets[keep])
+            (
+                due[keep],
+                units["commitlog_offset"][keep].astype(np.int64),
+                units["size"][keep].astype(np.int64),
+                offsets[keep],
+            )
         )
         self._add(rows)
 
@@ -325,16 +365,26 @@ class TimerWheel:
         bucket = self._buckets[self._bucket_heap[0]]
         return min(bucket[0::_FIELDS])
 
-    def _release(self, entries: list[tuple[int, int, int]], now: int, released: Released | None) -> None:
+    def _release(
+        self, entries: list[tuple[int, int, int]], now: int, released: Released | None
+    ) -> None:
         records: list[Record] = []
         for _due, commitlog_offset, _queue_offset in entries:
             try:
                 records.append(self.writer.log.read(commitlog_offset, check_crc=False))
             except (NotFound, Corruption) as error:
-                log.error("timed message at commit log offset %d is unreadable and skipped: %s", commitlog_offset, error)
+                log.error(
+                    "timed message at commit log offset %d is unreadable and skipped: %s",
+                    commitlog_offset,
+                    error,
+                )
         self.pending_count -= len(entries)
         # A recall marker cancels its message when both come due: markers first.
-        cancelled = {record.properties[props.TIMER_DEL_UNIQKEY] for record in records if props.TIMER_DEL_UNIQKEY in record.properties}
+        cancelled = {
+            record.properties[props.TIMER_DEL_UNIQKEY]
+            for record in records
+            if props.TIMER_DEL_UNIQKEY in record.properties
+        }
         copies = []
         for record in records:
             if props.TIMER_DEL_UNIQKEY in record.properties:
@@ -344,7 +394,10 @@ class TimerWheel:
                 continue
             copy = timer_copy(record, now)
             if copy is None:
-                log.error("timed message at commit log offset %d has no REAL_TOPIC/REAL_QID and is skipped", record.commitlog_offset)
+                log.error(
+                    "timed message at commit log offset %d has no REAL_TOPIC/REAL_QID and is skipped",
+                    record.commitlog_offset,
+                )
                 continue
             copies.append(copy)
         results = _release(self.writer, copies)
@@ -378,9 +431,10 @@ class TimerWheel:
 
 
 class ScheduledDelivery:
-    """The thread that releases delayed and timed messages when due and writes their
-    progress. ``released`` is told of every release (the node wakes the consumers
-    waiting on the real topics)."""
+    """The thread that releases delayed and timed messages when due, and the thread that
+    writes their progress behind it (a flush waiting on a busy disk holds no release
+    back). ``released`` is told of every release (the node wakes the consumers waiting on
+    the real topics)."""
 
     def __init__(
         self,
@@ -400,10 +454,16 @@ class ScheduledDelivery:
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._thread = threading.Thread(target=self._run, name="scheduled-delivery", daemon=True)
+        self._writer_thread = threading.Thread(
+            target=self._write_behind, name="scheduled-progress", daemon=True
+        )
+        self._progress_due = threading.Condition()
+        self._progress: tuple[TimerProgress, dict[int, int]] | None = None
         self._checkpointed_at = 0
         self._following = False
 
     def start(self) -> ScheduledDelivery:
+        self._writer_thread.start()
         self._thread.start()
         return self
 
@@ -411,10 +471,14 @@ class ScheduledDelivery:
         """Look now (a timed message was just sent)."""
         self._wake.set()
 
-    def run_once(self, now: int | None = None) -> int | None:
-        """One tick: release what is due; the soonest due time still ahead. A replica
-        that takes no writes (a writer group's follower) releases nothing; once it does,
-        it starts from the progress files its primary replicated to it."""
+    def run_once(
+        self, now: int | None = None, checkpoint: Callable[[int], None] | None = None
+    ) -> int | None:
+        """One tick: release what is due, and every ``checkpoint_interval_ms`` write the
+        progress (by ``checkpoint``, :meth:`checkpoint` by default); the soonest due time
+        still ahead. A replica that takes no writes (a writer group's follower) releases
+        nothing; once it does, it starts from the progress files its primary replicated
+        to it."""
         now = now_ms() if now is None else now
         if self.writer.refusal is not None:
             self._following = True
@@ -426,28 +490,64 @@ class ScheduledDelivery:
         soonest_levels = self.levels.release_due(now, self.released)
         soonest_timers = self.wheel.release_due(now, self.released)
         if now - self._checkpointed_at >= self.checkpoint_interval_ms:
-            self.checkpoint(now)
+            (checkpoint or self.checkpoint)(now)
         candidates = [t for t in (soonest_levels, soonest_timers) if t is not None]
         return min(candidates, default=None)
 
     def checkpoint(self, now: int | None = None) -> None:
         """Flush what was released, then write both progress files (not on a follower,
         whose files are its primary's)."""
+        progress = self._progress_now(now)
+        if progress is not None:
+            self._write_progress(*progress)
+
+    def _progress_now(self, now: int | None) -> tuple[TimerProgress, dict[int, int]] | None:
+        """The progress of the releases made so far, to be written once they are flushed;
+        None when nothing was released since the last (or on a follower)."""
         now = now_ms() if now is None else now
         if self._following or self.writer.refusal is not None:
-            return
+            return None
         progress = self.wheel.progress(now)
+        offsets = dict(self.levels.offsets)
         self._checkpointed_at = now
-        if progress == self.wheel.written and not self.levels.changed():
-            return  # nothing released since: no flush, no file written
+        if progress == self.wheel.written and offsets == self.levels.written:
+            return None  # nothing released since: no flush, no file written
+        return progress, offsets
+
+    def _write_progress(self, progress: TimerProgress, offsets: dict[int, int]) -> None:
         self.writer.flush()
-        self.levels.checkpoint()
+        self.levels.checkpoint(offsets)
         self.wheel.checkpoint(progress)
+
+    def _checkpoint_behind(self, now: int) -> None:
+        """Hand the progress to the progress thread (the newest replaces one not yet
+        written: each covers every release before it)."""
+        progress = self._progress_now(now)
+        if progress is not None:
+            with self._progress_due:
+                self._progress = progress
+                self._progress_due.notify()
+
+    def _write_behind(self) -> None:
+        while True:
+            with self._progress_due:
+                while self._progress is None and not self._stop.is_set():
+                    self._progress_due.wait()
+                progress, self._progress = self._progress, None
+            if progress is None:
+                return  # stopping, nothing left to write
+            try:
+                self._write_progress(*progress)
+            except (StoreError, OSError):
+                self.failures += 1
+                log.exception(
+                    "writing the scheduled messages' progress failed; the next checkpoint retries"
+                )
 
     def _run(self) -> None:
         while not self._stop.is_set():
             try:
-                soonest = self.run_once()
+                soonest = self.run_once(checkpoint=self._checkpoint_behind)
             except (StoreError, OSError):
                 self.failures += 1
                 log.exception("releasing scheduled messages failed; retrying")
@@ -465,7 +565,13 @@ class ScheduledDelivery:
         self._wake.set()
         if self._thread.is_alive():
             self._thread.join()
+        with self._progress_due:
+            self._progress_due.notify()
+        if self._writer_thread.is_alive():
+            self._writer_thread.join()
         try:
             self.checkpoint()
         except (StoreError, OSError) as error:
-            log.error("the scheduled messages' progress could not be written at the stop: %s", error)
+            log.error(
+                "the scheduled messages' progress could not be written at the stop: %s", error
+            )

@@ -71,18 +71,12 @@ PLACE_AND_TIME = ("commitlog_offset", "queue_offset", "store_timestamp_ms")
 
 
 def comparable(record: Record) -> dict[str, object]:
-    fields = {
-        name: getattr(record, name)
-        for name in Record.__dataclass_fields__
-        if name not in PLACE_AND_TIME
-    }
+    fields = {name: getattr(record, name) for name in Record.__dataclass_fields__ if name not in PLACE_AND_TIME}
     fields["properties"] = list(record.properties.items())  # their order on disk too
     return fields
 
 
-def test_delay_levels_are_released_as_apaches_schedule_message_service_released_them(
-    clean_copy: Path,
-) -> None:
+def test_delay_levels_are_released_as_apaches_schedule_message_service_released_them(clean_copy: Path) -> None:
     """The fixture holds seven SCHEDULE_TOPIC_XXXX records and the seven copies Apache's
     ScheduleMessageService appended: ours, released from those records, equal Apache's
     field for field (properties in the same order) but for place and store time, each in
@@ -92,22 +86,13 @@ def test_delay_levels_are_released_as_apaches_schedule_message_service_released_
         (clean_copy / "config" / name).unlink()
     dump = read_jsonl(DUMP)
     scheduled = [line for line in dump if line["topic"] == SCHEDULE_TOPIC]
-    copies = {
-        line["properties"]["UNIQ_KEY"]: line
-        for line in dump
-        if line["topic"] != SCHEDULE_TOPIC and "REAL_TOPIC" in line["properties"]
-    }
+    copies = {line["properties"]["UNIQ_KEY"]: line for line in dump if line["topic"] != SCHEDULE_TOPIC and "REAL_TOPIC" in line["properties"]}
     assert len(scheduled) == len(copies) == 7
-    writer = Writer(
-        WriterConfig(store=str(clean_copy), sizes=FIXTURE_SIZES, store_host=FIXTURE_STORE_HOST)
-    )
+    writer = Writer(WriterConfig(store=str(clean_copy), sizes=FIXTURE_SIZES, store_host=FIXTURE_STORE_HOST))
     delivery = ScheduledDelivery(writer)
     try:
         start = writer.log.write_offset or 0
-        ends = {
-            (c["topic"], c["queueId"]): writer.queues.get(c["topic"], c["queueId"]).max_offset
-            for c in copies.values()
-        }
+        ends = {(c["topic"], c["queueId"]): writer.queues.get(c["topic"], c["queueId"]).max_offset for c in copies.values()}
         assert delivery.levels.pending() == 7
         delivery.run_once()
         assert delivery.levels.pending() == 0
@@ -139,11 +124,7 @@ def test_delay_offsets_file_reads_and_writes_apaches_layout() -> None:
 
 @pytest.fixture
 def writer(tmp_path: Path) -> Writer:
-    opened = Writer(
-        WriterConfig(
-            store=str(tmp_path / "store"), sizes=FIXTURE_SIZES, timer_max_delay_ms=3_600_000
-        )
-    )
+    opened = Writer(WriterConfig(store=str(tmp_path / "store"), sizes=FIXTURE_SIZES, timer_max_delay_ms=3_600_000))
     yield opened  # type: ignore[misc]
     opened.close()
 
@@ -153,9 +134,7 @@ def send(writer: Writer, *messages: MessageInput) -> list[tuple[str, int, int]]:
     return [(r.topic, r.queue_id, r.queue_offset) for r in results]
 
 
-def test_a_delay_level_is_stored_in_the_schedule_topic_and_released_when_due(
-    writer: Writer,
-) -> None:
+def test_a_delay_level_is_stored_in_the_schedule_topic_and_released_when_due(writer: Writer) -> None:
     """Levels 1-3 as Apache 4.9 stores them (queue level − 1, REAL_TOPIC, REAL_QID, the
     unit's tagsCode the deliver time), released no earlier than due, each once, with the
     properties Apache's copies have; a level past the last is the last (DELAY rewritten)."""
@@ -163,25 +142,13 @@ def test_a_delay_level_is_stored_in_the_schedule_topic_and_released_when_due(
     placed = send(
         writer,
         *(
-            MessageInput(
-                "Orders",
-                f"level {level}".encode(),
-                keys=["k1", "k2"],
-                tags="paid",
-                properties={"DELAY": str(level), "a": "b"},
-                queue_id=2,
-            )
+            MessageInput("Orders", f"level {level}".encode(), keys=["k1", "k2"], tags="paid", properties={"DELAY": str(level), "a": "b"}, queue_id=2)
             for level in (1, 2, 3)
         ),
         MessageInput("Orders", b"late", properties={"DELAY": "25"}, queue_id=1),
         MessageInput("Orders", b"now", properties={"DELAY": "0"}, queue_id=1),
     )
-    assert placed[:4] == [
-        (SCHEDULE_TOPIC, 0, 0),
-        (SCHEDULE_TOPIC, 1, 0),
-        (SCHEDULE_TOPIC, 2, 0),
-        (SCHEDULE_TOPIC, 17, 0),
-    ]
+    assert placed[:4] == [(SCHEDULE_TOPIC, 0, 0), (SCHEDULE_TOPIC, 1, 0), (SCHEDULE_TOPIC, 2, 0), (SCHEDULE_TOPIC, 17, 0)]
     assert placed[4] == ("Orders", 1, 0)  # level 0: an ordinary message
     stored = records_from(writer, 0)
     for level, record in zip((1, 2, 3), stored):
@@ -208,11 +175,7 @@ def test_a_delay_level_is_stored_in_the_schedule_topic_and_released_when_due(
     for level, record, original in zip((1, 2, 3), released, stored):
         assert (record.topic, record.queue_id) == ("Orders", 2)
         assert list(record.properties.items()) == list(original.properties.items())
-        assert (record.born_timestamp_ms, record.born_host, record.body) == (
-            original.born_timestamp_ms,
-            original.born_host,
-            original.body,
-        )
+        assert (record.born_timestamp_ms, record.born_host, record.body) == (original.born_timestamp_ms, original.born_host, original.body)
         unit = writer.queues.get("Orders", 2).read(level - 1)
         assert unit is not None and unit.tags_code == tags_code("paid")
     delivery.checkpoint()
@@ -234,24 +197,15 @@ def timed(topic: str, body: bytes, due_ms: int, **fields: object) -> MessageInpu
     return MessageInput(topic, body, properties={props.TIMER_DELIVER_MS: str(due_ms)}, **fields)  # type: ignore[arg-type]
 
 
-def test_a_timed_message_waits_in_the_timer_topic_and_is_released_once_when_due(
-    writer: Writer,
-) -> None:
+def test_a_timed_message_waits_in_the_timer_topic_and_is_released_once_when_due(writer: Writer) -> None:
     writer.topics.create("Orders", 2)
     now = now_ms()
-    placed = send(
-        writer,
-        timed("Orders", b"t1", now + 60_000, queue_id=1, tags="x"),
-        timed("Orders", b"past", now - 1, queue_id=1),
-    )
+    placed = send(writer, timed("Orders", b"t1", now + 60_000, queue_id=1, tags="x"), timed("Orders", b"past", now - 1, queue_id=1))
     assert placed == [(TIMER_TOPIC, 0, 0), ("Orders", 1, 0)]  # a time already come: ordinary
     [pending, ordinary] = records_from(writer, 0)
     due = now + 60_000
     assert pending.properties[props.TIMER_OUT_MS] == str(due)
-    assert (pending.properties[props.REAL_TOPIC], pending.properties[props.REAL_QID]) == (
-        "Orders",
-        "1",
-    )
+    assert (pending.properties[props.REAL_TOPIC], pending.properties[props.REAL_QID]) == ("Orders", "1")
     unit = writer.queues.get(TIMER_TOPIC, 0).read(0)
     assert unit is not None and unit.tags_code == due
     assert ordinary.properties[props.TIMER_DELIVER_MS] == str(now - 1)
@@ -263,17 +217,9 @@ def test_a_timed_message_waits_in_the_timer_topic_and_is_released_once_when_due(
     delivery.run_once(due)
     delivery.run_once(due + 5)
     [released] = records_from(writer, end)
-    assert (released.topic, released.queue_id, released.queue_offset, released.body) == (
-        "Orders",
-        1,
-        1,
-        b"t1",
-    )
+    assert (released.topic, released.queue_id, released.queue_offset, released.body) == ("Orders", 1, 1, b"t1")
     assert released.uniq_key == pending.uniq_key
-    assert (released.properties[props.REAL_TOPIC], released.properties[props.REAL_QID]) == (
-        "Orders",
-        "1",
-    )
+    assert (released.properties[props.REAL_TOPIC], released.properties[props.REAL_QID]) == ("Orders", "1")
     assert released.properties[props.TIMER_OUT_MS] == str(due)
     assert released.properties[props.TIMER_ENQUEUE_MS] == str(pending.store_timestamp_ms)
     assert released.properties[props.TIMER_DEQUEUE_MS] == str(due)
@@ -288,9 +234,7 @@ def test_a_delivery_time_beyond_the_maximum_delay_is_refused(writer: Writer) -> 
     assert writer.log.write_offset == 0
 
 
-def test_pending_timers_survive_a_reopen_and_released_ones_are_not_released_again(
-    tmp_path: Path,
-) -> None:
+def test_pending_timers_survive_a_reopen_and_released_ones_are_not_released_again(tmp_path: Path) -> None:
     config = WriterConfig(store=str(tmp_path / "store"), sizes=FIXTURE_SIZES)
     writer = Writer(config)
     now = now_ms()
@@ -301,11 +245,7 @@ def test_pending_timers_survive_a_reopen_and_released_ones_are_not_released_agai
     end = writer.log.write_offset or 0
     writer.close()  # as after a crash: the thread's stop never ran
     progress = json.loads((tmp_path / "store" / "config" / TIMERS_FILE_NAME).read_text())
-    assert (
-        progress["releasedUpToMs"] == now + 12_000
-        and progress["registeredEnd"] == 6
-        and progress["pendingFrom"] == 3
-    )
+    assert progress["releasedUpToMs"] == now + 12_000 and progress["registeredEnd"] == 6 and progress["pendingFrom"] == 3
     writer = Writer(config)
     try:
         delivery = ScheduledDelivery(writer)
@@ -316,16 +256,12 @@ def test_pending_timers_survive_a_reopen_and_released_ones_are_not_released_agai
         writer.close()
 
 
-def test_a_damaged_timers_file_is_set_aside_and_every_timer_is_pending_again(
-    tmp_path: Path,
-) -> None:
+def test_a_damaged_timers_file_is_set_aside_and_every_timer_is_pending_again(tmp_path: Path) -> None:
     config = WriterConfig(store=str(tmp_path / "store"), sizes=FIXTURE_SIZES)
     writer = Writer(config)
     now = now_ms()
     send(writer, timed("Orders", b"m", now + 10_000))
-    (tmp_path / "store" / "config" / TIMERS_FILE_NAME).write_text(
-        TimerProgress(now + 20_000, 1, 1).render().replace("1", "2", 1)
-    )
+    (tmp_path / "store" / "config" / TIMERS_FILE_NAME).write_text(TimerProgress(now + 20_000, 1, 1).render().replace("1", "2", 1))
     try:
         delivery = ScheduledDelivery(writer)
         assert delivery.wheel.pending_count == 1  # none lost
@@ -336,9 +272,7 @@ def test_a_damaged_timers_file_is_set_aside_and_every_timer_is_pending_again(
 
 def test_a_recalled_message_is_never_released(writer: Writer) -> None:
     now = now_ms()
-    results = writer.append(
-        [timed("Orders", b"keep", now + 5000), timed("Orders", b"recall", now + 5000)]
-    )
+    results = writer.append([timed("Orders", b"keep", now + 5000), timed("Orders", b"recall", now + 5000)])
     handle = recall_handle("Orders", "broker-a", now + 5000, results[1].uniq_key)
     raw = base64.urlsafe_b64decode(handle).decode()
     assert raw == f"v1 Orders broker-a {now + 5001} {results[1].uniq_key}"  # Apache 5.3's handle
@@ -349,13 +283,7 @@ def test_a_recalled_message_is_never_released(writer: Writer) -> None:
     delivery.run_once(now + 6000)
     assert [r.body for r in records_from(writer, end)] == [b"keep"]
     assert delivery.wheel.pending_count == 0
-    for bad in (
-        "",
-        "djE=",
-        "!!!",
-        "é",
-        *(base64.urlsafe_b64encode(raw).decode() for raw in (b"v2 a b 1 c", b"v1 a b 1 c\x01d")),
-    ):
+    for bad in ("", "djE=", "!!!", "é", *(base64.urlsafe_b64encode(raw).decode() for raw in (b"v2 a b 1 c", b"v1 a b 1 c\x01d"))):
         with pytest.raises(InvalidArgument, match="recall handle is invalid"):
             parse_recall_handle(bad)
     late = parse_recall_handle(recall_handle("Orders", "broker-a", now - 10, "X"))
@@ -372,20 +300,13 @@ def writer_batch(message: MessageInput):  # type: ignore[no-untyped-def]
 def test_a_thousand_pending_timers_take_a_few_dozen_bytes_each(writer: Writer) -> None:
     now = now_ms()
     for start in range(0, 1000, 250):
-        writer.append(
-            [
-                timed("Orders", b"x" * 100, now + 100_000 + (i % 60) * 1000)
-                for i in range(start, start + 250)
-            ]
-        )
+        writer.append([timed("Orders", b"x" * 100, now + 100_000 + (i % 60) * 1000) for i in range(start, start + 250)])
     delivery = ScheduledDelivery(writer)
     assert delivery.wheel.pending_count == 1000
     assert delivery.wheel.memory_entries_bytes() <= 1000 * 4 * 8 * 2  # four int64 each, array slack
 
 
-def test_the_progress_is_written_behind_the_releases_so_a_slow_flush_holds_none_back(
-    writer: Writer, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_the_progress_is_written_behind_the_releases_so_a_slow_flush_holds_none_back(writer: Writer, monkeypatch: pytest.MonkeyPatch) -> None:
     """The running delivery writes its progress on a thread of its own, after a flush:
     while that flush waits (a busy disk, here held until the test lets it go), a timer
     comes due and is released on time; the progress written once the flush returns covers
@@ -407,20 +328,13 @@ def test_the_progress_is_written_behind_the_releases_so_a_slow_flush_holds_none_
     delivery = ScheduledDelivery(writer, checkpoint_interval_ms=50).start()
     try:
         wait_until(flushing.is_set, 10, "the first checkpoint's flush")
-        wait_until(
-            lambda: writer.queues.get("Orders", 0).max_offset == 1,
-            10,
-            "the timer released while the flush waits",
-        )
+        wait_until(lambda: writer.queues.get("Orders", 0).max_offset == 1, 10, "the timer released while the flush waits")
         released_ms = now_ms()
         assert not progress_file.exists()  # the first progress waits for its flush
         flush_may_go.set()
 
         def covered() -> bool:
-            return (
-                progress_file.exists()
-                and read_timer_progress(writer.paths.config).released_up_to_ms >= due
-            )
+            return progress_file.exists() and read_timer_progress(writer.paths.config).released_up_to_ms >= due
 
         wait_until(covered, 10, "the progress covering the release")
     finally:
@@ -434,9 +348,7 @@ def test_the_progress_is_written_behind_the_releases_so_a_slow_flush_holds_none_
 def test_a_store_without_timers_opens_without_them(tmp_path: Path) -> None:
     store = tmp_path / "store"
     shutil.copytree(CLEAN, store)
-    writer = Writer(
-        WriterConfig(store=str(store), sizes=FIXTURE_SIZES, store_host=FIXTURE_STORE_HOST)
-    )
+    writer = Writer(WriterConfig(store=str(store), sizes=FIXTURE_SIZES, store_host=FIXTURE_STORE_HOST))
     try:
         delivery = ScheduledDelivery(writer)
         assert delivery.wheel.pending_count == 0 and delivery.levels.pending() == 0
@@ -455,25 +367,15 @@ def test_lookups_show_a_pending_message_with_its_due_time_then_its_released_copy
     store = ["--store", writer.config.store, *FIXTURE_SIZE_ARGS]
 
     def shown(uniq_key: str) -> dict[str, object]:
-        code, out, err = run(
-            capsys, "queryMsgByUniqueKey", "-t", "Orders", "-i", uniq_key, "--json", *store
-        )
+        code, out, err = run(capsys, "queryMsgByUniqueKey", "-t", "Orders", "-i", uniq_key, "--json", *store)
         assert code == 0, err
         [line] = out.splitlines()
         return json.loads(line)  # type: ignore[no-any-return]
 
     pending = shown(timer.uniq_key)
-    assert (pending["topic"], pending["pending"], pending["dueTimestamp"]) == (
-        TIMER_TOPIC,
-        True,
-        now + 60_000,
-    )
+    assert (pending["topic"], pending["pending"], pending["dueTimestamp"]) == (TIMER_TOPIC, True, now + 60_000)
     delayed = shown(level.uniq_key)
-    assert (delayed["topic"], delayed["pending"], delayed["dueTimestamp"]) == (
-        SCHEDULE_TOPIC,
-        True,
-        level.store_timestamp_ms + 5000,
-    )
+    assert (delayed["topic"], delayed["pending"], delayed["dueTimestamp"]) == (SCHEDULE_TOPIC, True, level.store_timestamp_ms + 5000)
     code, out, _ = run(capsys, "queryMsgByUniqueKey", "-t", "Orders", "-i", timer.uniq_key, *store)
     assert code == 0 and "Pending Until:" in out
     delivery = ScheduledDelivery(writer)
@@ -484,22 +386,13 @@ def test_lookups_show_a_pending_message_with_its_due_time_then_its_released_copy
     assert shown(level.uniq_key)["topic"] == "Orders"
 
 
-def test_check_and_reindex_agree_with_the_scheduled_units(
-    writer: Writer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_check_and_reindex_agree_with_the_scheduled_units(writer: Writer, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """The units' deliver and due times follow from the records (docs/format.md §16):
     check finds the writer's queues equal to its own dispatch, and reindex writes the
     same units, byte for byte."""
     now = now_ms()
-    writer.append(
-        [
-            timed("Orders", b"t", now + 60_000),
-            MessageInput("Orders", b"d", properties={"DELAY": "3"}),
-        ]
-    )
-    marker = recall_marker(
-        parse_recall_handle(recall_handle("Orders", "b", now + 60_000, "X1")), now
-    )
+    writer.append([timed("Orders", b"t", now + 60_000), MessageInput("Orders", b"d", properties={"DELAY": "3"})])
+    marker = recall_marker(parse_recall_handle(recall_handle("Orders", "b", now + 60_000, "X1")), now)
     writer.append_released(writer_batch(marker), schedule=True)
     ScheduledDelivery(writer).run_once(now + 10)
     writer.flush_thoroughly()

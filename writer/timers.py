@@ -80,11 +80,7 @@ def _release(writer: Writer, messages: list[MessageInput]) -> AppendResults | No
         return writer.append_released(MessageBatch.of(messages))
     except (InvalidArgument, NotFound) as error:
         if len(messages) == 1:
-            log.error(
-                "a scheduled message could not be released to %s and is dropped: %s",
-                messages[0].topic,
-                error,
-            )
+            log.error("a scheduled message could not be released to %s and is dropped: %s", messages[0].topic, error)
             return None
     results = [_release(writer, [message]) for message in messages]
     kept = [result for result in results if result is not None]
@@ -107,9 +103,7 @@ class DelayLevels:
         for level in self.levels:
             queue = self.writer.queues.find(SCHEDULE_TOPIC, level - 1)
             if queue is not None:
-                count += max(
-                    queue.max_offset - max(self.offsets.get(level, 0), queue.min_offset), 0
-                )
+                count += max(queue.max_offset - max(self.offsets.get(level, 0), queue.min_offset), 0)
         return count
 
     def release_due(self, now: int, released: Released | None) -> int | None:
@@ -123,9 +117,7 @@ class DelayLevels:
             start = max(self.offsets.get(level, 0), queue.min_offset)
             copies: list[MessageInput] = []
             next_offset = start
-            for queue_offset, unit in queue.units(
-                start, min(queue.max_offset, start + RELEASE_BATCH_MAX)
-            ):
+            for queue_offset, unit in queue.units(start, min(queue.max_offset, start + RELEASE_BATCH_MAX)):
                 if unit.tags_code > now:
                     soonest = unit.tags_code if soonest is None else min(soonest, unit.tags_code)
                     break
@@ -147,18 +139,11 @@ class DelayLevels:
         try:
             record = self.writer.log.read(commitlog_offset, check_crc=False)
         except (NotFound, Corruption) as error:
-            log.error(
-                "delayed message at commit log offset %d is unreadable and skipped: %s",
-                commitlog_offset,
-                error,
-            )
+            log.error("delayed message at commit log offset %d is unreadable and skipped: %s", commitlog_offset, error)
             return None
         copy = level_copy(record)
         if copy is None:
-            log.error(
-                "delayed message at commit log offset %d has no REAL_TOPIC/REAL_QID and is skipped",
-                commitlog_offset,
-            )
+            log.error("delayed message at commit log offset %d has no REAL_TOPIC/REAL_QID and is skipped", commitlog_offset)
         return copy
 
     @property
@@ -200,11 +185,7 @@ class TimerProgress:
         try:
             document = json.loads(text)
             crc = document.pop("crc32")
-            fields = (
-                document["releasedUpToMs"],
-                document["registeredEnd"],
-                document["pendingFrom"],
-            )
+            fields = (document["releasedUpToMs"], document["registeredEnd"], document["pendingFrom"])
         except (ValueError, KeyError, AttributeError, TypeError):
             raise Corruption(f"{path} is not an rmqstore timers file", path=path) from None
         if document.get("magic") != TIMERS_MAGIC or document.get("version") != TIMERS_VERSION:
@@ -228,11 +209,7 @@ def read_timer_progress(config_dir: str) -> TimerProgress:
         return TimerProgress()
     except (OSError, UnicodeDecodeError, Corruption) as error:
         aside = f"{path}.corrupt-{now_ms()}"
-        log.error(
-            "%s; set aside as %s, every timed message in the store is taken as pending",
-            error,
-            aside,
-        )
+        log.error("%s; set aside as %s, every timed message in the store is taken as pending", error, aside)
         os.replace(path, aside)
         return TimerProgress()
 
@@ -284,28 +261,16 @@ class TimerWheel:
             return
         for file_first, file_units in queue.unit_columns(self.registered_end, end):
             for at in range(0, len(file_units), REGISTER_CHUNK_UNITS):
-                self._add_units(
-                    file_first + at,
-                    file_units[at : at + REGISTER_CHUNK_UNITS],
-                    released_below,
-                    released_up_to_ms,
-                )
+                self._add_units(file_first + at, file_units[at : at + REGISTER_CHUNK_UNITS], released_below, released_up_to_ms)
         self.registered_end = end
 
-    def _add_units(
-        self, first: int, units: np.ndarray, released_below: int, released_up_to_ms: int
-    ) -> None:
+    def _add_units(self, first: int, units: np.ndarray, released_below: int, released_up_to_ms: int) -> None:
         offsets = np.arange(first, first + len(units), dtype=np.int64)
         due = units["tags_code"].astype(np.int64)
         filler = (units["commitlog_offset"] == 0) & (units["size"] == FILLER_SIZE) & (due == 0)
         keep = ~filler & ~((offsets < released_below) & (due <= released_up_to_ms))
         rows = np.column_stack(
-            (
-                due[keep],
-                units["commitlog_offset"][keep].astype(np.int64),
-                units["size"][keep].astype(np.int64),
-                offsets[keep],
-            )
+            (due[keep], units["commitlog_offset"][keep].astype(np.int64), units["size"][keep].astype(np.int64), offsets[keep])
         )
         self._add(rows)
 
@@ -365,26 +330,16 @@ class TimerWheel:
         bucket = self._buckets[self._bucket_heap[0]]
         return min(bucket[0::_FIELDS])
 
-    def _release(
-        self, entries: list[tuple[int, int, int]], now: int, released: Released | None
-    ) -> None:
+    def _release(self, entries: list[tuple[int, int, int]], now: int, released: Released | None) -> None:
         records: list[Record] = []
         for _due, commitlog_offset, _queue_offset in entries:
             try:
                 records.append(self.writer.log.read(commitlog_offset, check_crc=False))
             except (NotFound, Corruption) as error:
-                log.error(
-                    "timed message at commit log offset %d is unreadable and skipped: %s",
-                    commitlog_offset,
-                    error,
-                )
+                log.error("timed message at commit log offset %d is unreadable and skipped: %s", commitlog_offset, error)
         self.pending_count -= len(entries)
         # A recall marker cancels its message when both come due: markers first.
-        cancelled = {
-            record.properties[props.TIMER_DEL_UNIQKEY]
-            for record in records
-            if props.TIMER_DEL_UNIQKEY in record.properties
-        }
+        cancelled = {record.properties[props.TIMER_DEL_UNIQKEY] for record in records if props.TIMER_DEL_UNIQKEY in record.properties}
         copies = []
         for record in records:
             if props.TIMER_DEL_UNIQKEY in record.properties:
@@ -394,10 +349,7 @@ class TimerWheel:
                 continue
             copy = timer_copy(record, now)
             if copy is None:
-                log.error(
-                    "timed message at commit log offset %d has no REAL_TOPIC/REAL_QID and is skipped",
-                    record.commitlog_offset,
-                )
+                log.error("timed message at commit log offset %d has no REAL_TOPIC/REAL_QID and is skipped", record.commitlog_offset)
                 continue
             copies.append(copy)
         results = _release(self.writer, copies)
@@ -454,9 +406,7 @@ class ScheduledDelivery:
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._thread = threading.Thread(target=self._run, name="scheduled-delivery", daemon=True)
-        self._writer_thread = threading.Thread(
-            target=self._write_behind, name="scheduled-progress", daemon=True
-        )
+        self._writer_thread = threading.Thread(target=self._write_behind, name="scheduled-progress", daemon=True)
         self._progress_due = threading.Condition()
         self._progress: tuple[TimerProgress, dict[int, int]] | None = None
         self._checkpointed_at = 0
@@ -471,9 +421,7 @@ class ScheduledDelivery:
         """Look now (a timed message was just sent)."""
         self._wake.set()
 
-    def run_once(
-        self, now: int | None = None, checkpoint: Callable[[int], None] | None = None
-    ) -> int | None:
+    def run_once(self, now: int | None = None, checkpoint: Callable[[int], None] | None = None) -> int | None:
         """One tick: release what is due, and every ``checkpoint_interval_ms`` write the
         progress (by ``checkpoint``, :meth:`checkpoint` by default); the soonest due time
         still ahead. A replica that takes no writes (a writer group's follower) releases
@@ -540,9 +488,7 @@ class ScheduledDelivery:
                 self._write_progress(*progress)
             except (StoreError, OSError):
                 self.failures += 1
-                log.exception(
-                    "writing the scheduled messages' progress failed; the next checkpoint retries"
-                )
+                log.exception("writing the scheduled messages' progress failed; the next checkpoint retries")
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -572,6 +518,4 @@ class ScheduledDelivery:
         try:
             self.checkpoint()
         except (StoreError, OSError) as error:
-            log.error(
-                "the scheduled messages' progress could not be written at the stop: %s", error
-            )
+            log.error("the scheduled messages' progress could not be written at the stop: %s", error)

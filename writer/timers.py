@@ -41,8 +41,8 @@ from rmqstore.common.codec import properties as props
 from rmqstore.common.codec.consumequeue import FILLER_SIZE, SCHEDULE_TOPIC, TIMER_TOPIC
 from rmqstore.common.codec.record import Record
 from rmqstore.common.errors import Corruption, InvalidArgument, NotFound, StoreError
+from rmqstore.common.files.config_file import read_or_set_aside, replace_durably
 from rmqstore.common.files.delay_offsets import read_delay_offsets, write_delay_offsets
-from rmqstore.common.files.mapped import fsync_directory
 from rmqstore.writer.schedule import TIMER_QUEUE_ID, delete_key, level_copy, timer_copy
 from rmqstore.writer.store import AppendResults, Writer
 from rmqstore.writer.validate import MessageBatch, MessageInput
@@ -202,27 +202,11 @@ def read_timer_progress(config_dir: str) -> TimerProgress:
     file that fails its check is set aside and treated as missing: every timer is then
     pending again (released ones are released once more), none is lost."""
     path = os.path.join(config_dir, TIMERS_FILE_NAME)
-    try:
-        with open(path, encoding="utf-8") as handle:
-            return TimerProgress.parse(handle.read(), path)
-    except FileNotFoundError:
-        return TimerProgress()
-    except (OSError, UnicodeDecodeError, Corruption) as error:
-        aside = f"{path}.corrupt-{now_ms()}"
-        log.error("%s; set aside as %s, every timed message in the store is taken as pending", error, aside)
-        os.replace(path, aside)
-        return TimerProgress()
+    return read_or_set_aside(path, TimerProgress.parse, TimerProgress(), "every timed message in the store is taken as pending")
 
 
 def write_timer_progress(config_dir: str, progress: TimerProgress) -> None:
-    path = os.path.join(config_dir, TIMERS_FILE_NAME)
-    temp = path + ".tmp"
-    with open(temp, "w", encoding="utf-8") as handle:
-        handle.write(progress.render())
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(temp, path)
-    fsync_directory(config_dir)
+    replace_durably(config_dir, os.path.join(config_dir, TIMERS_FILE_NAME), progress.render())
 
 
 class TimerWheel:

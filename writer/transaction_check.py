@@ -30,7 +30,7 @@ from rmqstore.common.codec import sysflag
 from rmqstore.common.codec.consumequeue import HALF_TOPIC, OP_TOPIC
 from rmqstore.common.codec.record import Record
 from rmqstore.common.errors import Corruption, InvalidArgument, NotFound
-from rmqstore.common.files.mapped import fsync_directory
+from rmqstore.common.files.config_file import read_or_set_aside, replace_durably
 from rmqstore.writer.store import AppendResults, Writer
 from rmqstore.writer.transactions import (
     HALF_QUEUE_ID,
@@ -93,27 +93,11 @@ def read_check_progress(config_dir: str) -> CheckProgress:
     check is set aside: every half message is then looked at again (resolved ones are
     skipped by their op records, none is lost)."""
     path = os.path.join(config_dir, PROGRESS_FILE_NAME)
-    try:
-        with open(path, encoding="utf-8") as handle:
-            return CheckProgress.parse(handle.read(), path)
-    except FileNotFoundError:
-        return CheckProgress()
-    except (OSError, UnicodeDecodeError, Corruption) as error:
-        aside = f"{path}.corrupt-{now_ms()}"
-        log.error("%s; set aside as %s, every half message is looked at again", error, aside)
-        os.replace(path, aside)
-        return CheckProgress()
+    return read_or_set_aside(path, CheckProgress.parse, CheckProgress(), "every half message is looked at again")
 
 
 def write_check_progress(config_dir: str, progress: CheckProgress) -> None:
-    path = os.path.join(config_dir, PROGRESS_FILE_NAME)
-    temp = path + ".tmp"
-    with open(temp, "w", encoding="utf-8") as handle:
-        handle.write(progress.render())
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(temp, path)
-    fsync_directory(config_dir)
+    replace_durably(config_dir, os.path.join(config_dir, PROGRESS_FILE_NAME), progress.render())
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,9 @@ when the main file is missing or does not decode."""
 
 from __future__ import annotations
 
+import logging
 import os
+import time
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -12,6 +14,37 @@ from rmqstore.common.errors import Corruption
 from rmqstore.common.files.mapped import fsync_directory, makedirs_durable
 
 T = TypeVar("T")
+
+log = logging.getLogger(__name__)
+
+
+def replace_durably(config_dir: str, path: str, text: str) -> None:
+    """Replace ``path`` (in ``config_dir``) by ``text`` atomically (temporary file, fsync,
+    rename, fsync of the directory), keeping no ``.bak``."""
+    temp = path + ".tmp"
+    with open(temp, "w", encoding="utf-8") as handle:
+        handle.write(text)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(temp, path)
+    fsync_directory(config_dir)
+
+
+def read_or_set_aside(path: str, parse: Callable[[str, str], T], missing: T, consequence: str) -> T:
+    """``parse(text, path)`` of the file at ``path``; ``missing`` when there is none. A file
+    that cannot be read or that ``parse`` refuses (a Corruption) is renamed
+    ``<path>.corrupt-<ms>`` and logged with ``consequence`` (what taking it as missing
+    means), and ``missing`` is returned."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return parse(handle.read(), path)
+    except FileNotFoundError:
+        return missing
+    except (OSError, UnicodeDecodeError, Corruption) as error:
+        aside = f"{path}.corrupt-{int(time.time() * 1000)}"
+        log.error("%s; set aside as %s, %s", error, aside, consequence)
+        os.replace(path, aside)
+        return missing
 
 
 def replace_keeping_backup(config_dir: str, path: str, text: str) -> None:

@@ -24,7 +24,7 @@ import secrets
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 import grpc
 
@@ -76,12 +76,13 @@ class GroupNodes:
 
     def __init__(
         self,
-        name: str,
+        group: GroupEndpoints,
         endpoints: tuple[str, ...],
         stub: Callable[[grpc.aio.Channel], Any],
         kind: str,
     ):
-        self.name = name
+        self.group = group
+        self.name = group.name
         self.endpoints = endpoints
         self.kind = kind
         self._channels = [grpc.aio.insecure_channel(e, options=_CHANNEL_OPTIONS) for e in endpoints]
@@ -122,10 +123,47 @@ class GroupQueries(GroupNodes):
     """A writer group's query nodes."""
 
     def __init__(self, endpoints: GroupEndpoints):
-        super().__init__(
-            endpoints.name, endpoints.queries, query_pb2_grpc.QueryServiceStub, "query node"
-        )
-        self.group = endpoints
+        super().__init__(endpoints, endpoints.queries, query_pb2_grpc.QueryServiceStub, "query node")
+
+
+N = TypeVar("N", bound=GroupNodes)
+
+
+class GroupSet(Generic[N]):
+    """The cluster file's groups, each as its nodes of one kind (made by ``nodes``): the
+    channels are opened on the server's loop (:meth:`start`) and follow the file as it
+    changes (:meth:`set_groups`)."""
+
+    def __init__(self, groups: Sequence[GroupEndpoints], nodes: Callable[[GroupEndpoints], N]):
+        self.groups: dict[str, N] = {}
+        self._nodes = nodes
+        self._pending_groups = tuple(groups)
+
+    async def start(self) -> None:
+        await self.set_groups(self._pending_groups)
+
+    async def set_groups(self, groups: Sequence[GroupEndpoints]) -> None:
+        """The cluster file's groups, in its order; a group whose nodes changed gets new
+        channels."""
+        kept: dict[str, N] = {}
+        for endpoints in groups:
+            current = self.groups.get(endpoints.name)
+            kept[endpoints.name] = current if current is not None and current.group == endpoints else self._nodes(endpoints)
+        dropped = [group for name, group in self.groups.items() if kept.get(name) is not group]
+        self.groups = kept
+        for group in dropped:
+            await group.close()
+
+    async def close(self) -> None:
+        groups, self.groups = list(self.groups.values()), {}
+        for group in groups:
+            await group.close()
+
+    @staticmethod
+    def _timeout_s(context: grpc.aio.ServicerContext[Any, Any]) -> float:
+        """A call to a group: the caller's deadline, at most GROUP_CALL_TIMEOUT_S."""
+        remaining = context.time_remaining()
+        return GROUP_CALL_TIMEOUT_S if remaining is None else max(0.001, min(GROUP_CALL_TIMEOUT_S, remaining))
 
 
 F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
@@ -225,51 +263,16 @@ class MergedPage:
     unanswered: list[str]
 
 
-class ProxyQueryServicer(query_pb2_grpc.QueryServiceServicer):
+class ProxyQueryServicer(GroupSet[GroupQueries], query_pb2_grpc.QueryServiceServicer):
     """QueryService in front of the groups' query nodes."""
 
     def __init__(self, groups: Sequence[GroupEndpoints], cursor_key: bytes | None = None):
+        super().__init__(groups, GroupQueries)
         # Without a shared key a cursor continues only through this proxy process.
         self.cursor_key = cursor_key if cursor_key is not None else secrets.token_bytes(KEY_BYTES)
-        self.groups: dict[str, GroupQueries] = {}
         # A store host (Java text) → the groups seen storing with it: one, unless writers of
         # several groups were given the same --store-host (their ids are then ambiguous).
         self.store_hosts: dict[str, set[str]] = {}
-        self._pending_groups = tuple(groups)
-
-    async def start(self) -> None:
-        """Open the query nodes' channels (on the server's loop)."""
-        await self.set_groups(self._pending_groups)
-
-    async def set_groups(self, groups: Sequence[GroupEndpoints]) -> None:
-        """The cluster file's groups, in its order; a group whose query nodes changed gets
-        new channels."""
-        kept: dict[str, GroupQueries] = {}
-        for endpoints in groups:
-            current = self.groups.get(endpoints.name)
-            kept[endpoints.name] = (
-                current
-                if current is not None and current.group == endpoints
-                else GroupQueries(endpoints)
-            )
-        dropped = [group for name, group in self.groups.items() if kept.get(name) is not group]
-        self.groups = kept
-        for group in dropped:
-            await group.close()
-
-    async def close(self) -> None:
-        groups, self.groups = list(self.groups.values()), {}
-        for group in groups:
-            await group.close()
-
-    @staticmethod
-    def _timeout_s(context: grpc.aio.ServicerContext[Any, Any]) -> float:
-        remaining = context.time_remaining()
-        return (
-            GROUP_CALL_TIMEOUT_S
-            if remaining is None
-            else max(0.001, min(GROUP_CALL_TIMEOUT_S, remaining))
-        )
 
     def _learn_host(self, store_host: str, group: str) -> None:
         known = self.store_hosts.get(store_host)

@@ -24,7 +24,13 @@ import grpc
 
 from rmqstore.common.errors import Unavailable
 from rmqstore.proxy.cluster import GroupEndpoints
-from rmqstore.proxy.lookups import GROUP_CALL_TIMEOUT_S, GroupNodes, GroupUnanswered, relayed
+from rmqstore.proxy.lookups import (
+    GROUP_CALL_TIMEOUT_S,
+    GroupNodes,
+    GroupSet,
+    GroupUnanswered,
+    relayed,
+)
 from rmqstore.v1 import messages_pb2, writer_pb2, writer_pb2_grpc
 
 # A group whose writers did not answer a send is left out of the turn this long.
@@ -35,49 +41,14 @@ class GroupWriters(GroupNodes):
     """A writer group's writers (its replicas: the primary answers the sends)."""
 
     def __init__(self, endpoints: GroupEndpoints):
-        super().__init__(
-            endpoints.name, endpoints.writers, writer_pb2_grpc.WriterServiceStub, "writer"
-        )
-        self.group = endpoints
+        super().__init__(endpoints, endpoints.writers, writer_pb2_grpc.WriterServiceStub, "writer")
         self.down_until = 0.0
 
 
-class ProxyWriterServicer(writer_pb2_grpc.WriterServiceServicer):
+class ProxyWriterServicer(GroupSet[GroupWriters], writer_pb2_grpc.WriterServiceServicer):
     def __init__(self, groups: Sequence[GroupEndpoints]):
-        self.groups: dict[str, GroupWriters] = {}
+        super().__init__(groups, GroupWriters)
         self._turn = itertools.count()
-        self._pending_groups = tuple(groups)
-
-    async def start(self) -> None:
-        await self.set_groups(self._pending_groups)
-
-    async def set_groups(self, groups: Sequence[GroupEndpoints]) -> None:
-        kept: dict[str, GroupWriters] = {}
-        for endpoints in groups:
-            current = self.groups.get(endpoints.name)
-            kept[endpoints.name] = (
-                current
-                if current is not None and current.group == endpoints
-                else GroupWriters(endpoints)
-            )
-        dropped = [group for name, group in self.groups.items() if kept.get(name) is not group]
-        self.groups = kept
-        for group in dropped:
-            await group.close()
-
-    async def close(self) -> None:
-        groups, self.groups = list(self.groups.values()), {}
-        for group in groups:
-            await group.close()
-
-    @staticmethod
-    def _timeout_s(context: grpc.aio.ServicerContext[Any, Any]) -> float:
-        remaining = context.time_remaining()
-        return (
-            GROUP_CALL_TIMEOUT_S
-            if remaining is None
-            else max(0.001, min(GROUP_CALL_TIMEOUT_S, remaining))
-        )
 
     async def _store(self, method: str, request: Any, timeout_s: float) -> Any:
         """The request stored by the next group in turn that answers."""

@@ -4,7 +4,8 @@ Lateness: MESSAGES timed messages, due over SPREAD seconds from a start a few se
 (about MESSAGES / SPREAD due a second), are sent through RocketMQ 5's SendMessage (the
 project's v2 stubs, 100 a request) before the first comes due; then a consumer thread
 a queue long-polls the topic's queues (ReceiveMessage, batches of 256, acknowledging each batch).
-The writer's own release lateness is read from each copy's TIMER_DEQUEUE_MS.
+The writer's own release lateness is read, after the run, from each stored copy's
+TIMER_DEQUEUE_MS (a received message no longer carries it, as in Apache).
 Lateness is receive time − due time, on the machine's one clock. Target: p99 ≤ 100 ms
 (Apache's timer works to a precision of 1 s by default). A message received before its due
 time is counted apart (there must be none).
@@ -43,6 +44,8 @@ sys.path.insert(0, str(HERE))
 
 from bench_common import Nodes, load_average, machine_facts, process_memory  # noqa: E402
 
+from rmqstore.common.files.commitlog import CommitLog  # noqa: E402
+from rmqstore.common.files.geometry import read_geometry  # noqa: E402
 from rmqstore.rocketmq_v2 import definition_pb2 as v2  # noqa: E402
 from rmqstore.rocketmq_v2 import service_pb2 as v2s  # noqa: E402
 from rmqstore.rocketmq_v2 import service_pb2_grpc  # noqa: E402
@@ -79,6 +82,22 @@ def percentile(values: list[float], q: int) -> float:
     return round(statistics.quantiles(values, n=100, method="inclusive")[q - 1], 1) if len(values) > 1 else values[0]
 
 
+def release_lateness(store: Path) -> list[float]:
+    """Each released copy's TIMER_DEQUEUE_MS (when the writer appended it) − its due time
+    (in its body), read from the stopped writer's commit log."""
+    geometry = read_geometry(str(store / "config"))
+    assert geometry is not None, f"{store} has no geometry file"
+    log = CommitLog(str(store / "commitlog"), geometry.commitlog_file_size_bytes)
+    try:
+        return [
+            float(int(record.properties["TIMER_DEQUEUE_MS"]) - int(record.body.split()[1]))
+            for record in log.records()
+            if record.topic == TOPIC and "TIMER_DEQUEUE_MS" in record.properties
+        ]
+    finally:
+        log.close()
+
+
 def lateness(nodes: Nodes, work: Path, messages: int, spread_s: float) -> dict[str, Any]:
     writer = nodes.start("writer", work / "lateness")
     channel = grpc.insecure_channel(writer.endpoint)
@@ -89,7 +108,6 @@ def lateness(nodes: Nodes, work: Path, messages: int, spread_s: float) -> dict[s
     first_due = now_ms() + int(max(LEAD_S, messages / SEND_RATE_FLOOR) * 1000)
     dues = [first_due + (n * int(spread_s * 1000)) // messages for n in range(messages)]
     late_ms: list[float] = []
-    released_late_ms: list[float] = []  # the writer's release (TIMER_DEQUEUE_MS) − due
     early: list[int] = []
     seen: set[int] = set()
     stop = threading.Event()
@@ -117,9 +135,6 @@ def lateness(nodes: Nodes, work: Path, messages: int, spread_s: float) -> dict[s
                         continue
                     seen.add(number)
                     (early.append(number) if at < due else late_ms.append(at - due))
-                    dequeued = answer.message.user_properties.get("TIMER_DEQUEUE_MS")
-                    if dequeued is not None:
-                        released_late_ms.append(int(dequeued) - due)
                 entries.append(v2s.AckMessageEntry(
                     message_id=answer.message.system_properties.message_id,
                     receipt_handle=answer.message.system_properties.receipt_handle,
@@ -146,6 +161,7 @@ def lateness(nodes: Nodes, work: Path, messages: int, spread_s: float) -> dict[s
     memory = process_memory(writer.proc.pid)
     writer.stop()
     channel.close()
+    released_late_ms = release_lateness(work / "lateness")
     return {
         "messages": messages,
         "spread_s": spread_s,

@@ -132,7 +132,7 @@ def reroute(
     return Rerouted(topics, queue_ids, properties, codes)
 
 
-def _as_message(record: Record, topic: str, queue_id: int, properties: Mapping[str, str]) -> MessageInput:
+def record_copy(record: Record, topic: str, queue_id: int, properties: Mapping[str, str]) -> MessageInput:
     """A copy of ``record`` in ``topic``/``queue_id`` with ``properties`` (all of them, in
     the record's order: Writer.append_released stores them so), the body, flag, born
     time and born host kept (MessageExtBrokerInner as messageTimeup fills it)."""
@@ -151,8 +151,9 @@ def _as_message(record: Record, topic: str, queue_id: int, properties: Mapping[s
 
 
 def real_queue(record: Record) -> tuple[str, int] | None:
-    """The topic and queue a scheduled record is released to, or None when its
-    REAL_TOPIC or REAL_QID is missing or no queue id (such a record is skipped)."""
+    """The topic and queue a scheduled record is released to (or a half message commits
+    to), or None when its REAL_TOPIC or REAL_QID is missing or no queue id (such a record
+    is skipped)."""
     topic = record.properties.get(props.REAL_TOPIC)
     queue = record.properties.get(props.REAL_QID, "")
     if not topic or not queue.isascii() or not queue.isdigit():
@@ -167,7 +168,7 @@ def level_copy(record: Record) -> MessageInput | None:
     real = real_queue(record)
     if real is None:
         return None
-    return _as_message(record, real[0], real[1], record.properties)
+    return record_copy(record, real[0], real[1], record.properties)
 
 
 def timer_copy(record: Record, dequeue_ms: int) -> MessageInput | None:
@@ -181,7 +182,7 @@ def timer_copy(record: Record, dequeue_ms: int) -> MessageInput | None:
     properties = dict(record.properties)
     properties[props.TIMER_ENQUEUE_MS] = str(record.store_timestamp_ms)
     properties[props.TIMER_DEQUEUE_MS] = str(dequeue_ms)
-    return _as_message(record, real[0], real[1], properties)
+    return record_copy(record, real[0], real[1], properties)
 
 
 def delete_key(real_topic: str, uniq_key: str) -> str:

@@ -34,6 +34,7 @@ from rmqstore.common.codec.hosts import SocketAddress
 from rmqstore.common.codec.record import Record
 from rmqstore.common.message_rules import MessageInput, is_half_message
 from rmqstore.common.sequences import all_equal
+from rmqstore.writer.schedule import real_queue, record_copy
 
 HALF_QUEUE_ID = 0
 OP_QUEUE_ID = 0
@@ -88,30 +89,6 @@ def to_half(
     return topics, queue_ids, properties
 
 
-def _copy(record: Record, topic: str, queue_id: int, properties: Mapping[str, str]) -> MessageInput:
-    return MessageInput(
-        topic=topic,
-        body=record.body,
-        keys=props.split_keys(properties.get(props.KEYS)),
-        tags=properties.get(props.TAGS) or "",
-        properties=properties,
-        queue_id=queue_id,
-        uniq_key=properties.get(props.UNIQ_KEY) or "",
-        flag=record.flag,
-        born_timestamp_ms=record.born_timestamp_ms,
-        born_host=record.born_host,
-    )
-
-
-def real_queue(record: Record) -> tuple[str, int] | None:
-    """The topic and queue a half message commits to; None without REAL_TOPIC/REAL_QID."""
-    topic = record.properties.get(props.REAL_TOPIC)
-    queue = record.properties.get(props.REAL_QID, "")
-    if not topic or not queue.isascii() or not queue.isdigit():
-        return None
-    return topic, int(queue)
-
-
 def committed_copy(half: Record) -> MessageInput | None:
     """endMessageTransaction: the half message in its real topic and queue, with all of its
     stored properties. The writer stores it with sysFlag COMMIT and the half's commit log
@@ -119,7 +96,7 @@ def committed_copy(half: Record) -> MessageInput | None:
     real = real_queue(half)
     if real is None:
         return None
-    return _copy(half, real[0], real[1], half.properties)
+    return record_copy(half, real[0], real[1], half.properties)
 
 
 def op_message(half_queue_offset: int, store_host: SocketAddress, now_ms: int) -> MessageInput:
@@ -157,12 +134,12 @@ def renewed_half(half: Record, times: int) -> MessageInput:
     """renewHalfMessageInner: the half message again in the half queue, its check count set."""
     properties = dict(half.properties)
     properties[props.TRANSACTION_CHECK_TIMES] = str(times)
-    return _copy(half, HALF_TOPIC, HALF_QUEUE_ID, properties)
+    return record_copy(half, HALF_TOPIC, HALF_QUEUE_ID, properties)
 
 
 def discarded_copy(half: Record) -> MessageInput:
     """toMessageExtBrokerInner: a half message checked too often, in TRANS_CHECK_MAX_TIME_TOPIC queue 0."""
-    return _copy(half, CHECK_MAX_TIME_TOPIC, 0, half.properties)
+    return record_copy(half, CHECK_MAX_TIME_TOPIC, 0, half.properties)
 
 
 def first_check_ms(half: Record, timeout_ms: int) -> int:

@@ -26,8 +26,11 @@ IDLE_STREAMS = 500
 STALLED_STREAMS = 500
 CONNECTIONS = 16
 OPEN_TIMEOUT_S = 180.0
-SAMPLES = 200
+SAMPLES = 1_000
+# The p99 a call may take while the streams are held: 100 ms, or 20 times the p99 measured
+# just before them in the same run if the machine itself is slower than that.
 P99_MAX_S = 0.100
+P99_RATIO_MAX = 20.0
 # What a node may grow by while it holds the streams (docs/security.md states it).
 RSS_GROWTH_MAX_BYTES = 256 * 1024 * 1024
 SEED_MESSAGES = 2_000
@@ -82,7 +85,7 @@ def test_a_thousand_hostile_streams_leave_health_and_ping_fast(nodes: Nodes, tmp
     def check():
         return health.Check(health_pb2.HealthCheckRequest(service=""), timeout=RPC_TIMEOUT_S)
     try:
-        p99_s(check)
+        bounds_s = [max(P99_MAX_S, P99_RATIO_MAX * p99_s(call)) for call in (check, ping)]
         rss_before = rss_bytes(target.proc.pid)
         hostile, opened = open_hostile(target, kind)
         try:
@@ -93,8 +96,8 @@ def test_a_thousand_hostile_streams_leave_health_and_ping_fast(nodes: Nodes, tmp
         finally:
             stop_hostile(hostile)
         print(f"{kind}: health p99 {health_p99 * 1000:.1f} ms, ping p99 {ping_p99 * 1000:.1f} ms, RSS +{grown >> 20} MiB")
-        assert health_p99 <= P99_MAX_S, f"health p99 {health_p99 * 1000:.1f} ms"
-        assert ping_p99 <= P99_MAX_S, f"ping p99 {ping_p99 * 1000:.1f} ms"
+        assert health_p99 <= bounds_s[0], f"health p99 {health_p99 * 1000:.1f} ms, bound {bounds_s[0] * 1000:.1f} ms"
+        assert ping_p99 <= bounds_s[1], f"ping p99 {ping_p99 * 1000:.1f} ms, bound {bounds_s[1] * 1000:.1f} ms"
         assert grown <= RSS_GROWTH_MAX_BYTES, f"RSS grew by {grown >> 20} MiB"
         assert check().status == health_pb2.HealthCheckResponse.SERVING
     finally:

@@ -37,6 +37,19 @@ os_and_npm() {
             exit 1
         fi
     fi
+    # The consumer benchmark's smoke test runs its peers, Redis and NATS JetStream (Debian's
+    # redis-server and nats-server), installed from the OS's packages if missing.
+    if ! { command -v redis-server && command -v nats-server; } > /dev/null 2>&1; then
+        if [ "$(id -u)" = 0 ] && command -v apt-get > /dev/null; then
+            if ! { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server nats-server; } > "$VENV/apt-peers.log" 2>&1; then
+                cat "$VENV/apt-peers.log" >&2
+                exit 1
+            fi
+        else
+            echo "test.sh: the consumer benchmark's peers need redis-server and nats-server; install them (Debian)" >&2
+            exit 1
+        fi
+    fi
     # The Node.js clients (tests/node: the official RocketMQ 5 client and one of our own
     # contracts) need Node.js and npm, from the OS's packages where missing, and their npm
     # packages, installed from the committed lock file whenever it is newer than them.

@@ -42,6 +42,7 @@ REPO = HERE.parent
 sys.path.insert(0, str(HERE))
 
 from bench_common import Nodes, load_average, machine_facts, quiet_env, ratio  # noqa: E402
+from consumer_peers import PEERS, missing_servers, peer_rate  # noqa: E402
 from rocketmq5_bench import process_cpu_s  # noqa: E402
 
 RATE_TARGET = 5.0
@@ -139,9 +140,12 @@ def rmqstore_rate(nodes: Nodes, work: Path, count: int, batch: int) -> dict[str,
     return result
 
 
-def own_v2_consume(endpoint: str, count: int, batch: int) -> dict[str, Any]:
+def own_v2_consume(endpoint: str, count: int, batch: int, deadline_s: float | None = None) -> dict[str, Any]:
     """The writer's receive and ack path with the least client cost the protocol allows:
-    our own v2 stubs, a receive of ``batch`` and one AckMessage carrying all of them."""
+    our own v2 stubs, a receive of ``batch`` and one AckMessage carrying all of them.
+    With ``deadline_s``, one of several consumers of a paced producer's stamped messages
+    (bodies: time.time_ns at the send): an empty long poll is no error, it stops at ``count``
+    or the deadline, and the result has each message's send → receive latency."""
     import grpc
     from google.protobuf import duration_pb2
 
@@ -157,13 +161,20 @@ def own_v2_consume(endpoint: str, count: int, batch: int) -> dict[str, Any]:
     )  # fmt: skip
     seen: set[str] = set()
     duplicates = 0
+    latencies_us: list[int] = []
+    stop_at = time.monotonic() + (deadline_s if deadline_s is not None else TIMEOUT_S)
     with grpc.insecure_channel(endpoint) as channel:
         stub = service_pb2_grpc.MessagingServiceStub(channel)
         started = time.perf_counter()
-        while len(seen) < count:
+        while len(seen) < count and time.monotonic() < stop_at:
             messages = [a.message for a in stub.ReceiveMessage(request, timeout=30) if a.HasField("message")]
-            if not messages:
+            arrived_ns = time.time_ns()
+            if not messages and deadline_s is None:
                 raise RuntimeError(f"the writer had nothing more to hand out after {len(seen)} of {count} messages")
+            if not messages:
+                continue
+            if deadline_s is not None:
+                latencies_us += [(arrived_ns - int(message.body)) // 1000 for message in messages]
             entries = []
             for message in messages:
                 system = message.system_properties
@@ -174,7 +185,10 @@ def own_v2_consume(endpoint: str, count: int, batch: int) -> dict[str, Any]:
             if answer.status.code != v2.OK:
                 raise RuntimeError(f"AckMessage answered {answer.status.code}: {answer.status.message}")
         seconds = time.perf_counter() - started
-    return {"messages": len(seen), "duplicates": duplicates, "seconds": seconds}
+    result: dict[str, Any] = {"messages": len(seen), "duplicates": duplicates, "seconds": seconds}
+    if deadline_s is not None:
+        result["latencies_us"] = latencies_us
+    return result
 
 
 def paced(rate: int, seconds: float, send: Any) -> int:
@@ -191,22 +205,27 @@ def paced(rate: int, seconds: float, send: Any) -> int:
     return sent
 
 
-def rmqstore_latency(nodes: Nodes, work: Path, rate: int, seconds: float, batch: int, consumers: int) -> dict[str, Any]:
+def rmqstore_latency(
+    nodes: Nodes, work: Path, rate: int, seconds: float, batch: int, consumers: int, own_v2: bool = False
+) -> dict[str, Any]:
+    """Send → receive at ``rate`` with ``consumers`` processes of one group: the official
+    SimpleConsumer's, or with ``own_v2`` our own v2 caller's (a batch acknowledged in one call)."""
     import grpc
 
     from rmqstore.v1 import messages_pb2, writer_pb2, writer_pb2_grpc
 
-    writer = nodes.start("writer", work / f"store-latency-{rate}")
+    writer = nodes.start("writer", work / f"store-latency-{rate}{'-own-v2' if own_v2 else ''}")
     total = int(rate * seconds)
     deadline_s = CONSUMER_START_S + seconds + DRAIN_S
     with grpc.insecure_channel(writer.endpoint) as channel:
         stub = writer_pb2_grpc.WriterServiceStub(channel)
         create_topic(stub)  # before the consumers ask for its route
         command = [rmq5_python(), str(HERE / "consumer_client.py"), "latency", writer.endpoint, TOPIC, GROUP, str(total), str(batch), str(deadline_s)]
-        procs = [
-            subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=client_env(work))
-            for _ in range(consumers)
-        ]
+        env = client_env(work)
+        if own_v2:
+            command = [sys.executable, __file__, "--own-v2-consumer", writer.endpoint, str(total), str(batch), str(deadline_s)]
+            env = quiet_env()
+        procs = [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env) for _ in range(consumers)]
         try:
             time.sleep(CONSUMER_START_S)
 
@@ -348,6 +367,64 @@ def sqlite_latency(work: Path, rate: int, seconds: float, batch: int) -> dict[st
 # The run
 
 
+def peer_ratios(own_v2: dict[str, Any], peers: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Our own v2 caller's figures over each peer's, same run: the writer's CPU a message ÷
+    the peer server's (> 1: the writer costs more) and msgs/s ÷ the peer's (> 1: ours faster),
+    from the figures as the report rounds them."""
+    own_v2 = _rounded(own_v2)
+    peers = {peer: _rounded(figures) for peer, figures in peers.items()}
+    ratios = {
+        peer: {
+            "server_cpu_ratio": round(own_v2["writer_cpu_us_per_message"] / figures["server_cpu_us_per_message"], 2)
+            if figures["server_cpu_us_per_message"] else None,
+            "msgs_per_s_ratio": round(own_v2["msgs_per_s"] / figures["msgs_per_s"], 2),
+        }
+        for peer, figures in peers.items()
+    }  # fmt: skip
+    return {"peer_ratios": ratios}
+
+
+PEER_NAMES = {
+    "redis": "Redis Streams, redis-py (XREADGROUP COUNT {batch}, one XACK of {batch})",
+    "nats-explicit": "NATS JetStream pull, nats-py (fetch {batch}, {batch} explicit acks in one flush)",
+    "nats-ack-all": "NATS JetStream pull, nats-py (fetch {batch}, AckPolicy.ALL: one ack)",
+}
+
+
+def peers_markdown(report: dict[str, Any]) -> str:
+    if not report["peers"]:
+        return ""
+    batch = report["batch"]
+    own = report["receive_ack"]["rmqstore_own_v2"]
+    rows = [
+        f"| rmqstore writer, our own v2 caller (receive {batch}, one AckMessage of {batch}) | {own['msgs_per_s']:,.0f} | "
+        f"{own['writer_cpu_us_per_message']:,.1f} | {own['consumer_cpu_us_per_message']:,.1f} | 1 | 1 |"
+    ]
+    for peer, figures in report["peers"].items():
+        ratios = report["peer_ratios"][peer]
+        rows.append(
+            f"| {PEER_NAMES[peer].format(batch=batch)} | {figures['msgs_per_s']:,.0f} | {figures['server_cpu_us_per_message']:,.1f} | "
+            f"{figures['consumer_cpu_us_per_message']:,.1f} | {ratios['server_cpu_ratio']} | {ratios['msgs_per_s_ratio']} |"
+        )
+    twice = ", ".join(f"{peer} {figures['duplicates']}" for peer, figures in report["peers"].items())
+    return f"""
+## Beside the servers users would pick instead
+
+The same {report['messages']:,} messages of {BODY_BYTES} bytes stored in each server first, then consumed by one
+consumer process in batches of {batch}, each batch acknowledged before the next receive; each server fresh,
+alone on 127.0.0.1, in a temporary directory (benchmarks/consumer_peers.py says how each is configured).
+Server CPU: the server process's user + system seconds (/proc, every thread) while the consumer ran, a
+message; consumer CPU: the consumer process's, its start-up included. The ratios are ours over the peer's
+(CPU: > 1 means the writer spends more a message; msgs/s: > 1 means ours is faster).
+
+| server and client | msgs/s | server CPU µs/msg | consumer CPU µs/msg | writer CPU ÷ server CPU | msgs/s ÷ |
+|---|---|---|---|---|---|
+{chr(10).join(rows)}
+
+Messages received twice: {twice}.
+"""
+
+
 def _rounded(figures: dict[str, Any]) -> dict[str, Any]:
     return {k: round(v, 3) if isinstance(v, float) else v for k, v in figures.items()}
 
@@ -364,17 +441,25 @@ def main() -> None:
     parser.add_argument("--consumers", type=int, default=1, help="SimpleConsumer processes of the group for the latency")
     parser.add_argument("--out", type=Path, help="write the results as markdown here, and as JSON in results/ beside it")
     parser.add_argument("--sqlite-consumer", nargs=6, help=argparse.SUPPRESS)
-    parser.add_argument("--own-v2-consumer", nargs=3, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--own-v2-consumers", type=int, default=2,
+        help="processes of our own v2 caller (receive a batch, one AckMessage) of one group for the latency",
+    )  # fmt: skip
+    parser.add_argument("--no-peers", action="store_true", help="leave out Redis Streams and NATS JetStream")
+    parser.add_argument("--own-v2-consumer", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.own_v2_consumer:
-        endpoint, count, batch = args.own_v2_consumer
-        print(json.dumps(own_v2_consume(endpoint, int(count), int(batch))), flush=True)
+        endpoint, count, batch, *deadline = args.own_v2_consumer
+        deadline_s = float(deadline[0]) if deadline else None
+        print(json.dumps(own_v2_consume(endpoint, int(count), int(batch), deadline_s)), flush=True)
         return
     if args.sqlite_consumer:
         path, count, batch, deadline_s, stamped, synchronous = args.sqlite_consumer
         result = sqlite_consume(Path(path), int(count), int(batch), float(deadline_s), stamped == "1", synchronous)
         print(json.dumps(result), flush=True)
         return
+    if not args.no_peers and (missing := missing_servers()):
+        raise SystemExit(f"the peers' servers are missing ({', '.join(missing)}): install Debian's redis-server and nats-server, or pass --no-peers")
     with tempfile.TemporaryDirectory(prefix="consumer-bench-") as work_text:
         work = Path(work_text)
         with Nodes(work / "logs") as nodes:
@@ -385,10 +470,13 @@ def main() -> None:
                 "sqlite": sqlite_rate(work, args.messages, args.batch, "NORMAL"),
                 "sqlite_full": sqlite_rate(work, args.messages, args.batch, "FULL"),
             }
+            # The servers users would pick instead, the same messages consumed the same way.
+            peers = {} if args.no_peers else {peer: peer_rate(peer, work / "peers", args.messages, args.batch, _body) for peer in PEERS}
             latency = [
                 {
                     "rate": rate,
                     "rmqstore": rmqstore_latency(nodes, work, rate, args.seconds, args.batch, args.consumers),
+                    "rmqstore_own_v2": rmqstore_latency(nodes, work, rate, args.seconds, args.batch, args.own_v2_consumers, own_v2=True),
                     "sqlite": sqlite_latency(work, rate, args.seconds, args.batch),
                 }
                 for rate in args.rates
@@ -400,6 +488,7 @@ def main() -> None:
         "batch": args.batch,
         "seconds": args.seconds,
         "consumers": args.consumers,
+        "own_v2_consumers": args.own_v2_consumers,
         "queues": QUEUES,
         "receive_ack": {name: _rounded(figures) for name, figures in rates.items()},
         "rate_ratio": figure,
@@ -411,6 +500,10 @@ def main() -> None:
         "p99_target_ms": P99_TARGET_MS,
         "rate_met": figure is not None and figure >= RATE_TARGET,
         "p99_met": target_p99 is not None and target_p99 <= P99_TARGET_MS,
+        "peers": {peer: _rounded(figures) for peer, figures in peers.items()},
+        **peer_ratios(rates["rmqstore_own_v2"], peers),
+        "own_v2_p99_ms": latency[0]["rmqstore_own_v2"]["p99_ms"],
+        "own_v2_p99_met": latency[0]["rmqstore_own_v2"]["p99_ms"] is not None and latency[0]["rmqstore_own_v2"]["p99_ms"] <= P99_TARGET_MS,
     }
     print(json.dumps(report), flush=True)
     if args.out:
@@ -455,7 +548,11 @@ def markdown(report: dict[str, Any], command: str) -> str:
     latency_rows = "\n".join(
         row
         for run in report["latency"]
-        for row in (latency_row(run["rate"], "rmqstore", run["rmqstore"]), latency_row(run["rate"], "SQLite", run["sqlite"]))
+        for row in (
+            latency_row(run["rate"], "rmqstore", run["rmqstore"]),
+            *([latency_row(run["rate"], f"rmqstore, own v2 caller ×{report['own_v2_consumers']}", run["rmqstore_own_v2"])] if "rmqstore_own_v2" in run else []),
+            latency_row(run["rate"], "SQLite", run["sqlite"]),
+        )
     )
     first = report["latency"][0]
     return f"""# RocketMQ 5 consumers: the official Python SimpleConsumer beside SQLite as a queue
@@ -486,17 +583,18 @@ start-up included), {rate['rmqstore']['writer_cpu_us_per_message']:,.0f} µs in 
 group of its own (not the target's figure: it shows the writer's path without the client's call a message):
 {report['own_v2_rate_ratio']} of SQLite NORMAL's rate; {rate['rmqstore_own_v2']['consumer_cpu_us_per_message']:,.0f} µs a message in the caller,
 {rate['rmqstore_own_v2']['writer_cpu_us_per_message']:,.0f} µs in the writer.
-
+{peers_markdown(report)}
 ## Send → receive under a steady producer
 
 {report['seconds']:g} s of sending at each rate; rmqstore: {report['consumers']} SimpleConsumer process(es) in a
-waiting long poll; SQLite: one consumer process polling every {SQLITE_POLL_SLEEP_S * 1000:g} ms when the table is empty.
+waiting long poll (then, against a fresh writer, {report['own_v2_consumers']} process(es) of our own v2 caller); SQLite: one consumer process polling every {SQLITE_POLL_SLEEP_S * 1000:g} ms when the table is empty.
 
 | msgs/s | system | sent | received | twice | p50 ms | p99 ms | max ms |
 |---|---|---|---|---|---|---|---|
 {latency_rows}
 
 rmqstore's p99 at {first['rate']:,} msgs/s: **{first['rmqstore']['p99_ms']} ms** (target ≤ {report['p99_target_ms']:g} ms: {verdict(report['p99_met'])}).
+With {report['own_v2_consumers']} processes of our own v2 caller (a batch acknowledged in one call): **{report['own_v2_p99_ms']} ms** ({verdict(report['own_v2_p99_met'])}).
 """
 
 

@@ -366,12 +366,13 @@ def test_the_metrics_cost_probe_times_every_variant() -> None:
 
 @pytest.mark.slow
 def test_the_consumer_benchmark_measures_both_queues(tmp_path: Path) -> None:
-    """benchmarks/consumer_bench.py at a smoke size: the official Python SimpleConsumer and
-    the SQLite queue each consume every stored message once, the paced producers' messages
-    all arrive with a latency each, and the ratio is theirs. No timing is asserted."""
+    """benchmarks/consumer_bench.py at a smoke size: the official Python SimpleConsumer, our
+    own v2 caller, the SQLite queue and the peers (Redis Streams, NATS JetStream, real servers)
+    each consume every stored message once, the paced producers' messages all arrive with a
+    latency each, and the ratios are theirs. No timing is asserted."""
     out = tmp_path / "CONSUMERS.md"
     out.write_text("# old figures\n\n## What bounds the figures\n\nkept as written\n")
-    args = ["--messages", "300", "--rates", "200", "--seconds", "1", "--out", str(out)]
+    args = ["--messages", "300", "--rates", "200", "--seconds", "1", "--own-v2-consumers", "1", "--out", str(out)]
     done = subprocess.run(
         [sys.executable, str(REPO / "benchmarks" / "consumer_bench.py"), *args],
         cwd=REPO, capture_output=True, text=True, timeout=TIMEOUT_S, check=False,
@@ -386,15 +387,25 @@ def test_the_consumer_benchmark_measures_both_queues(tmp_path: Path) -> None:
     assert (rates["sqlite"]["messages"], rates["sqlite_full"]["messages"]) == (300, 300)
     assert result["rate_ratio"] == round(rates["rmqstore"]["msgs_per_s"] / rates["sqlite"]["msgs_per_s"], 2)
     assert result["rate_met"] == (result["rate_ratio"] >= 5.0)
+    own = rates["rmqstore_own_v2"]
+    assert sorted(result["peers"]) == ["nats-ack-all", "nats-explicit", "redis"]
+    for peer, figures in result["peers"].items():
+        assert (figures["messages"], figures["duplicates"]) == (300, 0), peer
+        assert figures["server_cpu_us_per_message"] > 0 and figures["consumer_cpu_us_per_message"] > 0, peer
+        ratios = result["peer_ratios"][peer]
+        assert ratios["msgs_per_s_ratio"] == round(own["msgs_per_s"] / figures["msgs_per_s"], 2), peer
+        assert ratios["server_cpu_ratio"] == round(own["writer_cpu_us_per_message"] / figures["server_cpu_us_per_message"], 2), peer
     [run] = result["latency"]
     assert run["rate"] == 200
-    for system in ("rmqstore", "sqlite"):
+    for system in ("rmqstore", "rmqstore_own_v2", "sqlite"):
         latency = run[system]
         assert (latency["sent"], latency["received"], latency["duplicates"]) == (200, 200, 0), system
         assert 0 <= latency["p50_ms"] <= latency["p99_ms"] <= latency["max_ms"], system
     assert result["p99_met"] == (run["rmqstore"]["p99_ms"] <= 50.0)
+    assert result["own_v2_p99_met"] == (run["rmqstore_own_v2"]["p99_ms"] <= 50.0)
     report = out.read_text()
     assert report.startswith("# RocketMQ 5 consumers") and "`python benchmarks/consumer_bench.py --messages 300" in report
+    assert "## Beside the servers users would pick instead" in report and "| Redis Streams, redis-py" in report
     assert "# old figures" not in report and report.endswith("\n## What bounds the figures\n\nkept as written\n")
     [saved] = (tmp_path / "results").glob("consumers-*-300.json")
     assert json.loads(saved.read_text()) == result

@@ -11,59 +11,32 @@ fi
 # client's virtualenv, npm's packages) run beside pip's, each in the background: all of them
 # mostly wait on downloads. Each prints its own log if it fails; any failing fails this script.
 os_and_npm() {
-    # The console's browser tests drive Debian's chromium through its chromedriver (Selenium),
-    # installed from the OS's packages if missing.
-    if ! { command -v chromium && command -v chromedriver; } > /dev/null 2>&1; then
+    # The OS's packages the tests use, installed with one `apt-get` where missing: Debian's
+    # chromium and its chromedriver (the console's browser tests, through Selenium), a real
+    # etcd v3 (a writer group's election tests), Redis and NATS JetStream (the consumer
+    # benchmark's peers, which its smoke test runs), and Node.js with npm (tests/node: the
+    # official RocketMQ 5 client and one of our own contracts).
+    missing=()
+    command -v chromium > /dev/null 2>&1 || missing+=(chromium)
+    command -v chromedriver > /dev/null 2>&1 || missing+=(chromium-driver)
+    command -v etcd > /dev/null 2>&1 || missing+=(etcd-server)
+    command -v redis-server > /dev/null 2>&1 || missing+=(redis-server)
+    command -v nats-server > /dev/null 2>&1 || missing+=(nats-server)
+    command -v node > /dev/null 2>&1 || missing+=(nodejs)
+    command -v npm > /dev/null 2>&1 || missing+=(npm)
+    if [ ${#missing[@]} -gt 0 ]; then
         if [ "$(id -u)" = 0 ] && command -v apt-get > /dev/null; then
-            if ! { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver; } > "$VENV/apt-chromium.log" 2>&1; then
-                cat "$VENV/apt-chromium.log" >&2
+            if ! { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}"; } > "$VENV/apt.log" 2>&1; then
+                cat "$VENV/apt.log" >&2
                 exit 1
             fi
         else
-            echo "test.sh: the console's browser tests need chromium and chromium-driver (Debian); install them" >&2
+            echo "test.sh: the tests need these Debian packages: ${missing[*]}; install them" >&2
             exit 1
         fi
     fi
-    # A writer group's election tests run a real etcd v3 (Debian's etcd-server), installed
-    # from the OS's packages if missing.
-    if ! command -v etcd > /dev/null 2>&1; then
-        if [ "$(id -u)" = 0 ] && command -v apt-get > /dev/null; then
-            if ! { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq etcd-server; } > "$VENV/apt-etcd.log" 2>&1; then
-                cat "$VENV/apt-etcd.log" >&2
-                exit 1
-            fi
-        else
-            echo "test.sh: the writer group tests need etcd; install etcd-server (Debian)" >&2
-            exit 1
-        fi
-    fi
-    # The consumer benchmark's smoke test runs its peers, Redis and NATS JetStream (Debian's
-    # redis-server and nats-server), installed from the OS's packages if missing.
-    if ! { command -v redis-server && command -v nats-server; } > /dev/null 2>&1; then
-        if [ "$(id -u)" = 0 ] && command -v apt-get > /dev/null; then
-            if ! { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server nats-server; } > "$VENV/apt-peers.log" 2>&1; then
-                cat "$VENV/apt-peers.log" >&2
-                exit 1
-            fi
-        else
-            echo "test.sh: the consumer benchmark's peers need redis-server and nats-server; install them (Debian)" >&2
-            exit 1
-        fi
-    fi
-    # The Node.js clients (tests/node: the official RocketMQ 5 client and one of our own
-    # contracts) need Node.js and npm, from the OS's packages where missing, and their npm
-    # packages, installed from the committed lock file whenever it is newer than them.
-    if ! command -v node > /dev/null || ! command -v npm > /dev/null; then
-        if [ "$(id -u)" = 0 ] && command -v apt-get > /dev/null; then
-            if ! { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm; } > "$VENV/apt-node.log" 2>&1; then
-                cat "$VENV/apt-node.log" >&2
-                exit 1
-            fi
-        else
-            echo "test.sh: the Node.js client tests need node and npm; install nodejs and npm (Debian)" >&2
-            exit 1
-        fi
-    fi
+    # The Node.js clients' npm packages, installed from the committed lock file whenever it
+    # is newer than them.
     if [ ! -d tests/node/node_modules ] || [ tests/node/package-lock.json -nt tests/node/node_modules ]; then
         if ! (cd tests/node && npm ci --no-audit --no-fund) > "$VENV/npm.log" 2>&1; then
             cat "$VENV/npm.log" >&2

@@ -1132,3 +1132,260 @@ def test_chart_refuses_inconsistent_group_values(chart: helm.Chart, case: str) -
     values, message = GROUP_BAD_COMBINATIONS[case]
     with pytest.raises(helm.HelmRenderError, match=re.escape(message)):
         chart.render({**OPEN, **values}, name=RELEASE, namespace=NAMESPACE)
+
+
+# Cluster mode (docs/cluster.md): writer groups (groups) and the proxies in front (proxy).
+
+PROXY = f"{FULLNAME}-proxy"
+PROXY_ON = {"proxy": {"enabled": True}}
+CLUSTER_RENDERINGS: dict[str, dict[str, Any]] = {
+    "proxy-one-group": {"groups": ["broker-a"], **PROXY_ON, **OPEN},
+    "proxy-three-groups": {"groups": ["broker-a", "broker-b", "broker-c"], **PROXY_ON, **OPEN},
+    "proxy-three-replicated-groups-shared": {
+        "mode": "shared", "groups": ["broker-a", "broker-b", "broker-c"],
+        "writer": {"replicas": 3}, "etcd": {"enabled": True},
+        "proxy": {"enabled": True, "autoscaling": {"enabled": False}, "replicas": 3, "port": 9081,
+                  "lingerMs": 0.5, "batchMax": 64, "cursorKeySecret": "proxy-cursor-key"},
+        "console": {"enabled": True, "noAuth": True}, **OPEN,
+    },
+    "proxy-in-front-of-the-single-writer": {**PROXY_ON, **OPEN},
+    "groups-without-proxy-mutual-tls-acl": {
+        "groups": ["broker-a", "broker-b"], "writer": {"replicas": 3, "group": {"etcd": ["etcd.infra:2379"]}},
+        "tls": {"enabled": True, "secretName": "rmqstore-tls", "clientAuth": True}, **ACL_SECRET,
+    },
+}  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def cluster_renderings(chart: helm.Chart) -> dict[str, Rendering]:
+    return {name: render(chart, values) for name, values in CLUSTER_RENDERINGS.items()}
+
+
+def group_names(rendering: Rendering) -> list[str]:
+    return list(rendering.values.get("groups", []))
+
+
+def group_fullname(group: str) -> str:
+    return f"{FULLNAME}-{group}" if group else FULLNAME
+
+
+@pytest.mark.parametrize("name", sorted(CLUSTER_RENDERINGS))
+@pytest.mark.parametrize("kube_version", GROUP_KUBE_VERSIONS)
+def test_cluster_renderings_lint_and_validate(chart: helm.Chart, name: str, kube_version: str) -> None:
+    chart.validate_schema(chart.merge_values(CLUSTER_RENDERINGS[name]))
+    report = helm.lint(CHART, CLUSTER_RENDERINGS[name], strict=True, kube_version=f"v{kube_version}.0")
+    assert report["errors"] == []
+    assert [m for m in report["messages"] if m["severity"] >= 2] == []
+    for obj in render(chart, CLUSTER_RENDERINGS[name]).objects:
+        try:
+            kubernetes_validate.validate(obj, kube_version, strict=True)
+        except kubernetes_validate.ValidationError as error:
+            pytest.fail(f"{obj['kind']}/{obj['metadata']['name']} invalid for Kubernetes {kube_version}: {error.message}")
+
+
+def test_proxy_disabled_renders_todays_objects(chart: helm.Chart, renderings: dict[str, Rendering]) -> None:
+    for name, values in RENDERINGS.items():
+        assert not [o for o in renderings[name].objects if o["metadata"]["labels"].get("app.kubernetes.io/component") == "proxy"]
+        explicit = render(chart, {**values, "groups": [], "proxy": {"enabled": False}})
+        assert explicit.objects == renderings[name].objects, name
+        assert explicit.notes == renderings[name].notes, name
+
+
+@pytest.mark.parametrize("name", sorted(CLUSTER_RENDERINGS))
+def test_each_group_is_a_writer_statefulset_with_its_query_nodes(cluster_renderings: dict[str, Rendering], name: str) -> None:
+    rendering = cluster_renderings[name]
+    shared = is_shared(rendering)
+    replicas = value(rendering, "writer", "replicas") or 1
+    groups = group_names(rendering) or [""]
+    expected = {("ServiceAccount", FULLNAME)}
+    store_hosts, elections = set(), set()
+    for group in groups:
+        writer, query = f"{group_fullname(group)}-writer", f"{group_fullname(group)}-query"
+        broker = group or "rmqstore-0"
+        expected |= {("StatefulSet", writer), ("Service", writer), ("Service", query)}
+        if shared:
+            expected |= {("Deployment", query), ("PodDisruptionBudget", query)}
+        if replicas > 1:
+            expected.add(("PodDisruptionBudget", writer))
+        statefulset = rendering.one("StatefulSet", writer)
+        assert statefulset["spec"]["replicas"] == replicas
+        assert statefulset["spec"]["serviceName"] == writer
+        (claim,) = statefulset["spec"]["volumeClaimTemplates"]
+        assert claim["metadata"]["name"] == "data"  # the claims: data-<writer>-K, one store per group
+        containers = {c["name"]: c for c in statefulset["spec"]["template"]["spec"]["containers"]}
+        assert sorted(containers) == (["writer"] if shared else ["query", "writer"])
+        # A writer group's replica takes its id from its pod's ordinal (the kubelet expands it).
+        writer_args = parse_cli([a.replace("$(RMQSTORE_REPLICA_ID)", "0") for a in containers["writer"]["args"]])
+        assert writer_args.handler is writer_tools.cmd_writer_serve
+        assert writer_args.broker_name == broker
+        assert writer_args.advertise == f"{writer}.{NAMESPACE}.svc:10911"
+        store_hosts.add(writer_args.store_host)
+        if replicas > 1:
+            elections.add(writer_args.group)
+            assert writer_args.replicas == ",".join(f"{k}={writer}-{k}.{writer}.{NAMESPACE}.svc:10911" for k in range(replicas))
+        if shared:
+            deployment = rendering.one("Deployment", query)
+            (query_container,) = deployment["spec"]["template"]["spec"]["containers"]
+            claim_name = deployment["spec"]["template"]["spec"]["volumes"][0]["persistentVolumeClaim"]["claimName"]
+            assert claim_name == f"data-{writer}-0"
+        else:
+            query_container = containers["query"]
+        assert parse_cli(query_container["args"]).broker_name == broker
+        if tls_enabled(rendering):
+            assert parse_cli(query_container["args"]).tls_client_ca is not None and writer_args.acl is not None
+    if rendering.values.get("etcd", {}).get("enabled"):
+        expected |= {("StatefulSet", ETCD), ("Service", ETCD)}  # one etcd for every group's election
+    if value(rendering, "proxy", "enabled"):
+        expected |= {("ConfigMap", PROXY), ("Deployment", PROXY), ("Service", PROXY), ("PodDisruptionBudget", PROXY)}
+        if value(rendering, "proxy", "autoscaling", "enabled") is not False:
+            expected.add(("HorizontalPodAutoscaler", PROXY))
+    if value(rendering, "console", "enabled"):
+        expected |= {("Deployment", CONSOLE), ("Service", CONSOLE)}
+    rendered = [(o["kind"], o["metadata"]["name"]) for o in rendering.objects]
+    assert sorted(rendered) == sorted(expected)
+    # Each group's writers sign their records with a store host of their own (a message id
+    # routes to its group by it), and elect their primary under a name of their own.
+    assert len(store_hosts) == len(groups)
+    if group_names(rendering):
+        assert store_hosts == {f"127.0.0.{k + 1}:10911" for k in range(len(groups))}
+    if replicas > 1:
+        assert len(elections) == len(groups)
+
+
+@pytest.mark.parametrize("name", sorted(CLUSTER_RENDERINGS))
+def test_cluster_selectors_pick_one_workload_each(cluster_renderings: dict[str, Rendering], name: str) -> None:
+    rendering = cluster_renderings[name]
+    pods = {(w["kind"], w["metadata"]["name"]): w["spec"]["template"] for w in rendering.workloads()}
+    for workload in rendering.workloads():
+        selector = workload["spec"]["selector"]["matchLabels"]
+        assert subset(selector, workload["spec"]["template"]["metadata"]["labels"])
+        others = [n for n, p in pods.items() if n != (workload["kind"], workload["metadata"]["name"]) and subset(selector, p["metadata"]["labels"])]
+        assert others == [], f"{workload['metadata']['name']}'s selector also picks {others}"
+    for service in rendering.kinds("Service"):
+        selected = [n for n, p in pods.items() if subset(service["spec"]["selector"], p["metadata"]["labels"])]
+        assert len(selected) == 1, f"Service {service['metadata']['name']} selects {selected}"
+        port_names = {p["name"] for c in pods[selected[0]]["spec"]["containers"] for p in c.get("ports", [])}
+        assert {p["targetPort"] for p in service["spec"]["ports"]} <= port_names
+    for budget in rendering.kinds("PodDisruptionBudget"):
+        selected = [n for n, p in pods.items() if subset(budget["spec"]["selector"]["matchLabels"], p["metadata"]["labels"])]
+        assert [n for _, n in selected] == [budget["metadata"]["name"]]
+
+
+@pytest.mark.parametrize("name", sorted(n for n, v in CLUSTER_RENDERINGS.items() if v.get("proxy", {}).get("enabled")))
+def test_proxies_serve_the_cluster_file_the_chart_renders(cluster_renderings: dict[str, Rendering], name: str) -> None:
+    from rmqstore.cli import proxy_tools
+    from rmqstore.proxy.cluster import GroupEndpoints, parse_cluster
+    from rmqstore.proxy.node import DEFAULT_BATCH_MAX, DEFAULT_LINGER_MS
+    from rmqstore.writer.rocketmq5 import SERVICE_NAME as MESSAGING_SERVICE
+
+    rendering = cluster_renderings[name]
+    proxy_values = rendering.values["proxy"]
+    replicas = value(rendering, "writer", "replicas") or 1
+    # The cluster file, as the proxy reads it: each group's writers (a writer group's
+    # replicas in order, by their pods' stable names) and its query Service.
+    cluster = rendering.one("ConfigMap", PROXY)["data"]["cluster.yaml"]
+    expected = []
+    for group in group_names(rendering) or [""]:
+        writer, query = f"{group_fullname(group)}-writer", f"{group_fullname(group)}-query"
+        writers = tuple(f"{writer}-{k}.{writer}.{NAMESPACE}.svc:10911" for k in range(replicas))
+        expected.append(GroupEndpoints(group or "rmqstore-0", writers, (f"{query}.{NAMESPACE}.svc:10912",)))
+        # Each name resolves: the pods of the group's headless writer Service, its query Service.
+        assert rendering.one("Service", writer)["spec"]["clusterIP"] == "None"
+        assert rendering.one("Service", query)["spec"]["ports"][0]["port"] == 10912
+    assert parse_cluster(cluster) == tuple(expected)
+    deployment = rendering.one("Deployment", PROXY)
+    pod = deployment["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    args = parse_cli(container["args"])
+    assert args.handler is proxy_tools.cmd_proxy_serve
+    mounts = {m["name"]: m for m in container["volumeMounts"]}
+    volumes = volumes_of(deployment)
+    assert Path(args.cluster) == Path(mounts["cluster"]["mountPath"]) / "cluster.yaml" and mounts["cluster"]["readOnly"]
+    assert volumes["cluster"]["configMap"]["name"] == PROXY
+    port = proxy_values.get("port", 8081)
+    assert (args.host, args.port) == ("0.0.0.0", port)
+    assert container["ports"] == [{"name": "grpc-proxy", "containerPort": port, "protocol": "TCP"}]
+    assert args.advertise == (f"{PROXY}.{NAMESPACE}.svc:{port}",)
+    assert (args.linger_ms, args.batch_max) == (proxy_values.get("lingerMs", DEFAULT_LINGER_MS), proxy_values.get("batchMax", DEFAULT_BATCH_MAX))
+    if proxy_values.get("cursorKeySecret"):
+        assert Path(args.cursor_key) == Path(mounts["cursor-key"]["mountPath"]) / "cursor.key" and mounts["cursor-key"]["readOnly"]
+        assert volumes["cursor-key"]["secret"]["secretName"] == proxy_values["cursorKeySecret"]
+    else:
+        assert args.cursor_key is None and "cursor-key" not in mounts
+    for kind in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert container[kind]["grpc"]["port"] == port
+    assert container["readinessProbe"]["grpc"]["service"] == MESSAGING_SERVICE
+    assert pod["securityContext"]["runAsNonRoot"] is True and pod["automountServiceAccountToken"] is False
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    assert pod["terminationGracePeriodSeconds"] > ProxyNodeKind().shutdown_grace_s
+    service = rendering.one("Service", PROXY)["spec"]
+    assert service["ports"] == [{"name": "grpc-proxy", "port": port, "targetPort": "grpc-proxy", "protocol": "TCP", "appProtocol": "grpc"}]
+    # Scaled by the autoscaler (which then owns the replica count), drained one at a time.
+    autoscaled = rendering.kinds("HorizontalPodAutoscaler")
+    if proxy_values.get("autoscaling", {}).get("enabled", True):
+        (hpa,) = autoscaled
+        assert (hpa["spec"]["scaleTargetRef"]["kind"], hpa["spec"]["scaleTargetRef"]["name"]) == ("Deployment", PROXY)
+        assert (hpa["spec"]["minReplicas"], hpa["spec"]["maxReplicas"]) == (2, 10)
+        assert "replicas" not in deployment["spec"]
+    else:
+        assert autoscaled == [] and deployment["spec"]["replicas"] == proxy_values["replicas"]
+    assert rendering.one("PodDisruptionBudget", PROXY)["spec"]["maxUnavailable"] == 1
+    # The console reads through the proxies.
+    if value(rendering, "console", "enabled"):
+        console = parse_cli(rendering.one("Deployment", CONSOLE)["spec"]["template"]["spec"]["containers"][0]["args"])
+        assert (console.query_endpoint, console.writer_endpoint) == (f"{PROXY}.{NAMESPACE}.svc:{port}", None)
+    # The notes name the proxies and every group, and their commands parse.
+    assert f"port-forward service/{PROXY} {port}:{port}" in rendering.notes
+    for group in group_names(rendering):
+        assert f"statefulset/{group_fullname(group)}-writer" in rendering.notes
+    for line in rendering.notes.splitlines():
+        if line.startswith("  rmqstore "):
+            assert parse_cli(shlex.split(line)[1:]).endpoint == f"127.0.0.1:{port}"
+
+
+def ProxyNodeKind() -> Any:
+    from rmqstore.proxy.node import ProxyNode
+
+    return ProxyNode.KIND
+
+
+CLUSTER_BAD_VALUES = {
+    "group name with capitals": ({"groups": ["Broker-A"]}, "/groups/0"),
+    "group named twice": ({"groups": ["broker-a", "broker-a"]}, "/groups"),
+    "empty group name": ({"groups": [""]}, "/groups/0"),
+    "proxy port out of range": ({"proxy": {"port": 0}}, "/proxy/port"),
+    "negative linger": ({"proxy": {"lingerMs": -1}}, "/proxy/lingerMs"),
+    "batch of none": ({"proxy": {"batchMax": 0}}, "/proxy/batchMax"),
+    "advertise without a port": ({"proxy": {"advertise": "proxy.example"}}, "/proxy/advertise"),
+    "misspelt proxy key": ({"proxy": {"replica": 2}}, "replica"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CLUSTER_BAD_VALUES))
+def test_schema_refuses_bad_cluster_values(chart: helm.Chart, case: str) -> None:
+    values, where = CLUSTER_BAD_VALUES[case]
+    with pytest.raises(helm.HelmValuesError, match=re.escape(where)):
+        chart.render({**OPEN, **values}, name=RELEASE, namespace=NAMESPACE)
+
+
+PROXY_REFUSAL = "proxy.enabled: the proxy has no ACL and no TLS yet"
+CLUSTER_BAD_COMBINATIONS = {
+    "proxy under an ACL": ({**PROXY_ON, **ACL_SECRET}, PROXY_REFUSAL),
+    "proxy with TLS": ({**PROXY_ON, "tls": {"enabled": True, "secretName": "s", "clientAuth": True}}, PROXY_REFUSAL),
+    "proxy without insecureOpen": ({**PROXY_ON, "tls": {"enabled": False}, "insecureOpen": False, **ACL_SECRET}, PROXY_REFUSAL),
+    "one store host for every group": ({"groups": ["a", "b"], "store": {"storeHost": "10.0.0.1:10911"}, **OPEN}, "store.storeHost names one writer"),
+    "one advertised writer for every group": ({"groups": ["a", "b"], "writer": {"advertise": "mq:443"}, **OPEN}, "writer.advertise names one writer"),
+    "console over groups without proxies": ({"groups": ["a", "b"], "console": {"enabled": True, "noAuth": True}, **OPEN}, "set proxy.enabled"),
+    "group name too long for the release": ({"groups": ["b" * 40], **OPEN}, "may have 45"),
+    "proxy autoscaling minimum above maximum": (
+        {**PROXY_ON, "proxy": {"enabled": True, "autoscaling": {"enabled": True, "minReplicas": 5, "maxReplicas": 2}}, **OPEN},
+        "proxy.autoscaling.minReplicas",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CLUSTER_BAD_COMBINATIONS))
+def test_chart_refuses_inconsistent_cluster_values(chart: helm.Chart, case: str) -> None:
+    values, message = CLUSTER_BAD_COMBINATIONS[case]
+    with pytest.raises(helm.HelmRenderError, match=re.escape(message)):
+        chart.render(values, name=RELEASE, namespace=NAMESPACE)

@@ -24,8 +24,55 @@ and the claim "data-<fullname>-writer-0" within 63.
 {{- printf "%s-writer" (include "rmqstore.fullname" .) }}
 {{- end }}
 
+{{/* One etcd serves the elections of every writer group of the release (each group its own election name). */}}
 {{- define "rmqstore.etcdName" -}}
-{{- printf "%s-etcd" (include "rmqstore.fullname" .) }}
+{{- printf "%s-etcd" (include "rmqstore.releaseFullname" .) }}
+{{- end }}
+
+{{/* The release's full name, also from a group's context (whose fullname has the group in it). */}}
+{{- define "rmqstore.releaseFullname" -}}
+{{- get . "releaseFullname" | default (include "rmqstore.fullname" .) }}
+{{- end }}
+
+{{/*
+The writer groups of a cluster (values: groups), each rendered from a context of its own:
+the release's, with the values a group changes. Call with
+(dict "root" $ "index" K "group" NAME "into" (dict)); fills "into". An empty NAME is today's
+single group: the release's context unchanged, so its objects keep their names. A group's
+objects are named <fullname>-<group>-writer, -query, data-<fullname>-<group>-writer-0; its
+writers run with --broker-name <group>, their own --store-host and election name.
+*/}}
+{{- define "rmqstore.groupContext" -}}
+{{- $root := .root }}
+{{- range $key, $item := $root }}
+{{- $_ := set $.into $key $item }}
+{{- end }}
+{{- $_ := set .into "group" .group }}
+{{- if .group }}
+{{- $fullname := include "rmqstore.fullname" $root }}
+{{- $groupFullname := printf "%s-%s" $fullname .group }}
+{{- if gt (len $groupFullname) 45 }}
+{{- fail (printf "group %s: %s is %d characters; the release's full name and a group's name together may have 45 (a StatefulSet's name limit less -writer): shorten the group's name, the release's, or fullnameOverride" .group $groupFullname (len $groupFullname)) }}
+{{- end }}
+{{- $values := deepCopy $root.Values }}
+{{- $_ := set $values "fullnameOverride" $groupFullname }}
+{{- $_ := set $values.writer "brokerName" .group }}
+{{- if not $values.store.storeHost }}
+{{- $_ := set $values.store "storeHost" (printf "127.0.0.%d:%d" (add .index 1) (int64 $values.writer.port)) }}
+{{- end }}
+{{- $_ := set $values.writer.group "name" (printf "%s-%s" ($values.writer.group.name | default $fullname) .group) }}
+{{- $_ := set .into "Values" $values }}
+{{- $_ := set .into "releaseFullname" $fullname }}
+{{- end }}
+{{- end }}
+
+{{/* The group names to render: values.groups, or one unnamed group (today's single writer). */}}
+{{- define "rmqstore.groupNames" -}}
+{{- toJson (.Values.groups | default (list "")) }}
+{{- end }}
+
+{{- define "rmqstore.proxyName" -}}
+{{- printf "%s-proxy" (include "rmqstore.fullname" .) }}
 {{- end }}
 
 {{/* A writer group's etcd members, HOST:PORT,…: writer.group.etcd or the chart's own. */}}
@@ -63,7 +110,7 @@ and the claim "data-<fullname>-writer-0" within 63.
 
 {{- define "rmqstore.serviceAccountName" -}}
 {{- if .Values.serviceAccount.create }}
-{{- default (include "rmqstore.fullname" .) .Values.serviceAccount.name }}
+{{- default (include "rmqstore.releaseFullname" .) .Values.serviceAccount.name }}
 {{- else }}
 {{- default "default" .Values.serviceAccount.name }}
 {{- end }}
@@ -74,11 +121,15 @@ and the claim "data-<fullname>-writer-0" within 63.
 {{- end }}
 
 {{/* Selector labels: stable for the life of a release (selectors are immutable). */}}
+{{/* A group's objects carry its broker name too, so that groups' selectors do not overlap. */}}
 {{- define "rmqstore.selectorLabels" -}}
 app.kubernetes.io/name: {{ include "rmqstore.name" .root }}
 app.kubernetes.io/instance: {{ .root.Release.Name }}
 {{- with .component }}
 app.kubernetes.io/component: {{ . }}
+{{- end }}
+{{- with get .root "group" }}
+rmqstore/broker-name: {{ . }}
 {{- end }}
 {{- end }}
 
@@ -495,6 +546,25 @@ livenessProbe:
 {{- else if .Values.etcd.enabled }}
 {{- fail "etcd.enabled serves a writer group's election: set writer.replicas above 1, or leave etcd off" }}
 {{- end }}
+{{- if .Values.groups }}
+{{- if .Values.store.storeHost }}
+{{- fail "store.storeHost names one writer: with groups each group's writers get their own (127.0.0.<K+1>:<writer.port> for the K-th group); leave store.storeHost empty" }}
+{{- end }}
+{{- if .Values.writer.advertise }}
+{{- fail "writer.advertise names one writer: with groups each group's writers advertise their own Service (clients reach the groups through the proxies); leave writer.advertise empty" }}
+{{- end }}
+{{- if and .Values.console.enabled (not .Values.proxy.enabled) }}
+{{- fail "console.enabled with groups reads through the proxies: set proxy.enabled" }}
+{{- end }}
+{{- end }}
+{{- if .Values.proxy.enabled }}
+{{- if or .Values.acl.secretName .Values.tls.enabled (not .Values.insecureOpen) }}
+{{- fail "proxy.enabled: the proxy has no ACL and no TLS yet, toward its clients or the writers (docs/cluster.md, \"Not done yet\"): it needs insecureOpen: true, with acl.secretName and tls.enabled off" }}
+{{- end }}
+{{- if gt (int64 .Values.proxy.autoscaling.minReplicas) (int64 .Values.proxy.autoscaling.maxReplicas) }}
+{{- fail "proxy.autoscaling.minReplicas must not exceed maxReplicas" }}
+{{- end }}
+{{- end }}
 {{- if gt (int64 .Values.query.autoscaling.minReplicas) (int64 .Values.query.autoscaling.maxReplicas) }}
 {{- fail "query.autoscaling.minReplicas must not exceed maxReplicas" }}
 {{- end }}
@@ -514,15 +584,22 @@ livenessProbe:
 
 {{/*
 The console's command line: the query and writer Services by their in-cluster names
-(the names a TLS certificate holds), a users file or --no-auth.
+(the names a TLS certificate holds), or with proxies the proxy Service alone (a proxy
+answers lookups for every group; a writer's status describes one writer); a users file or
+--no-auth.
 */}}
 {{- define "rmqstore.consoleArgs" -}}
 {{- $tls := .Values.tls }}
 - console
+{{- if .Values.proxy.enabled }}
+- --query-endpoint
+- {{ printf "%s.%s.svc:%d" (include "rmqstore.proxyName" .) .Release.Namespace (int64 .Values.proxy.port) | quote }}
+{{- else }}
 - --query-endpoint
 - {{ printf "%s.%s.svc:%d" (include "rmqstore.queryName" .) .Release.Namespace (int64 .Values.query.port) | quote }}
 - --writer-endpoint
 - {{ printf "%s.%s.svc:%d" (include "rmqstore.writerName" .) .Release.Namespace (int64 .Values.writer.port) | quote }}
+{{- end }}
 - --host
 - "0.0.0.0"
 - --port
@@ -568,4 +645,22 @@ naming its metrics port (an annotation set in podAnnotations wins); call with
 annotations:
   {{- toYaml . | nindent 2 }}
 {{- end }}
+{{- end }}
+
+{{/*
+A group's entry of the proxies' cluster file (proxy/cluster.py), from its group context:
+its writers by their pods' stable names under the writer's headless Service (one, or a
+writer group's replicas in order), its query nodes by their Service.
+*/}}
+{{- define "rmqstore.clusterGroup" -}}
+{{- $writer := include "rmqstore.writerName" . }}
+{{- $writers := list }}
+{{- range $k := until (int .Values.writer.replicas) }}
+{{- $writers = append $writers (printf "%s-%d.%s.%s.svc:%d" $writer $k $writer $.Release.Namespace (int64 $.Values.writer.port)) }}
+{{- end }}
+name: {{ .Values.writer.brokerName | quote }}
+writers:
+  {{- toYaml $writers | nindent 2 }}
+queries:
+  - {{ printf "%s.%s.svc:%d" (include "rmqstore.queryName" .) .Release.Namespace (int64 .Values.query.port) | quote }}
 {{- end }}

@@ -36,7 +36,7 @@ REPO = HERE.parent
 sys.path.insert(0, str(HERE))
 
 from bench_common import Nodes, latency_summary, load_average, machine_facts, quiet_env  # noqa: E402
-from rocketmq5_bench import _v2_sender, create_topic, process_cpu_s  # noqa: E402
+from rocketmq5_bench import _v2_sender, create_topic, process_cpu_s, v2_send_call  # noqa: E402
 
 TARGET_WRITER_US = 50.0
 TIMEOUT_S = 1800.0
@@ -84,6 +84,65 @@ def own_callers(endpoint: str, topic: str, count: int, concurrency: int) -> dict
     if failures:
         raise RuntimeError(f"{len(failures)} sends failed, first: {failures[0]!r}")
     return {"messages": count, "seconds": seconds, "latency": latency_summary(latencies_ns)}
+
+
+# Calls one paced caller has in flight at most: below a node's streams a connection
+# (service.limits), which refuses more; a send due while these wait starts late, and its
+# latency (from when it was due) says so.
+PACED_IN_FLIGHT_MAX = 100
+
+
+def paced_callers(endpoint: str, topic: str, count: int, rate: float) -> dict[str, Any]:
+    """``count`` one-message v2 sends started at ``rate`` a second whatever the answers
+    (an open loop, on one asyncio channel); each call's latency from the moment it was due,
+    so a caller that falls behind shows in the figures rather than lowering the rate."""
+    import asyncio
+
+    import grpc
+
+    from rmqstore.rocketmq_v2 import definition_pb2 as v2
+    from rmqstore.rocketmq_v2 import service_pb2_grpc
+
+    async def sending() -> dict[str, Any]:
+        channel = grpc.aio.insecure_channel(endpoint)
+        stub = service_pb2_grpc.MessagingServiceStub(channel)  # type: ignore[no-untyped-call]  # generated
+        call = v2_send_call(topic)
+        latencies_ns: list[int] = []
+        failures: list[str] = []
+
+        in_flight = asyncio.Semaphore(PACED_IN_FLIGHT_MAX)
+
+        async def one(n: int, due_ns: int) -> None:
+            request, metadata = call(n)
+            try:
+                async with in_flight:
+                    response = await stub.SendMessage(request, timeout=30, metadata=metadata)
+            except grpc.aio.AioRpcError as error:
+                failures.append(repr(error))
+                return
+            if response.status.code != v2.OK:
+                failures.append(f"SendMessage answered {response.status.code}: {response.status.message}")
+                return
+            latencies_ns.append(time.perf_counter_ns() - due_ns)
+
+        await one(-1, time.perf_counter_ns())  # the route and the channel warmed
+        latencies_ns.clear()
+        tasks = []
+        started_ns = time.perf_counter_ns()
+        for n in range(count):
+            due_ns = started_ns + int(n * 1e9 / rate)
+            ahead_s = (due_ns - time.perf_counter_ns()) / 1e9
+            if ahead_s > 0:
+                await asyncio.sleep(ahead_s)
+            tasks.append(asyncio.get_running_loop().create_task(one(n, due_ns)))
+        await asyncio.gather(*tasks)
+        seconds = (time.perf_counter_ns() - started_ns) / 1e9
+        await channel.close()
+        if failures:
+            raise RuntimeError(f"{len(failures)} sends failed, first: {failures[0]}")
+        return {"messages": count, "seconds": seconds, "offered_rate": rate, "latency": latency_summary(latencies_ns)}
+
+    return asyncio.run(sending())
 
 
 CONSUME_GROUP = "BenchGroup"
@@ -205,13 +264,18 @@ def run(command: list[str], watched: dict[str, int]) -> dict[str, Any]:
     time.sleep(IDLE_S)
     writer_idle_ms_per_s = (process_cpu_s(watched["writer"]) - idle_before) / IDLE_S * 1000
     before = {name: process_cpu_s(pid) for name, pid in watched.items()}
+    started = time.perf_counter()
     done = subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT_S, env=quiet_env(), check=False)
+    wall_s = time.perf_counter() - started
     if done.returncode != 0:
         raise RuntimeError(f"the callers failed ({done.returncode}):\n{done.stderr[-3000:]}")
     result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    result["wall_s"] = wall_s
     for name, pid in watched.items():
         result[f"{name}_cpu_us_per_message"] = (process_cpu_s(pid) - before[name]) / result["messages"] * 1e6
     result["writer_idle_cpu_ms_per_s"] = writer_idle_ms_per_s
+    # Less what the writer's background would have spent meanwhile: the cost the messages add.
+    result["writer_net_cpu_us_per_message"] = result["writer_cpu_us_per_message"] - writer_idle_ms_per_s * wall_s / result["messages"] * 1000
     return result
 
 
@@ -221,20 +285,29 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--linger-ms", type=float, default=2.0)
+    parser.add_argument("--rates", type=float, nargs="*", default=[], metavar="R",
+                        help="also send --messages at each of these rates a second (an open loop), each way")
     parser.add_argument("--consume", type=int, default=0, metavar="N", help="also consume N messages each way (0: not)")
     parser.add_argument("--consume-batch", type=int, default=16)
     parser.add_argument("--consume-concurrency", type=int, default=4)
     parser.add_argument("--out", type=Path, help="write the results as markdown here")
     parser.add_argument("--callers", nargs=2, metavar=("ENDPOINT", "TOPIC"), help=argparse.SUPPRESS)
+    parser.add_argument("--paced", nargs=3, metavar=("ENDPOINT", "TOPIC", "RATE"), help=argparse.SUPPRESS)
     parser.add_argument("--consumers", nargs=2, metavar=("ENDPOINT", "TOPIC"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.callers:
         print(json.dumps(own_callers(*args.callers, args.messages, args.concurrency)), flush=True)
         return
+    if args.paced:
+        endpoint, topic, rate = args.paced
+        print(json.dumps(paced_callers(endpoint, topic, args.messages, float(rate))), flush=True)
+        return
     if args.consumers:
         print(json.dumps(own_consumers(*args.consumers, args.consume, args.consume_concurrency, args.consume_batch)), flush=True)
         return
     runs: dict[str, list[dict[str, Any]]] = {"direct": [], "proxy": []}
+    for rate in args.rates:
+        runs.update({f"direct {rate:g}/s": [], f"proxy {rate:g}/s": []})
     if args.consume:
         runs.update({"consume direct": [], "consume proxy": []})
     load_before = load_average()
@@ -249,7 +322,7 @@ def main() -> None:
                     watched = {"writer": writer.proc.pid}
                     proxy = None
                     endpoint = writer.endpoint
-                    if way.endswith("proxy"):
+                    if through_proxy(way):
                         proxy = Proxy(work, writer.endpoint, args.linger_ms)
                         watched["proxy"] = proxy.proc.pid
                         endpoint = proxy.endpoint
@@ -257,6 +330,9 @@ def main() -> None:
                         preload(writer.endpoint, "Bench", args.consume)
                         command = [sys.executable, __file__, "--consumers", endpoint, "Bench", "--consume", str(args.consume),
                                    "--consume-batch", str(args.consume_batch), "--consume-concurrency", str(args.consume_concurrency)]  # fmt: skip
+                    elif way.endswith("/s"):
+                        rate = way.split()[-1].removesuffix("/s")
+                        command = [sys.executable, __file__, "--paced", endpoint, "Bench", rate, "--messages", str(args.messages)]
                     else:
                         command = [sys.executable, __file__, "--callers", endpoint, "Bench",
                                    "--messages", str(args.messages), "--concurrency", str(args.concurrency)]  # fmt: skip
@@ -277,6 +353,10 @@ def main() -> None:
         args.out.write_text(text + ("\n" + kept if kept else ""), encoding="utf-8")
 
 
+def through_proxy(way: str) -> bool:
+    return "proxy" in way.split()
+
+
 def summary(runs: dict[str, list[dict[str, Any]]], args: argparse.Namespace, load_before: list[float]) -> dict[str, Any]:
     def median(way: str, pick: Any) -> float:
         return round(statistics.median(pick(r) for r in runs[way]), 1)
@@ -285,6 +365,7 @@ def summary(runs: dict[str, list[dict[str, Any]]], args: argparse.Namespace, loa
         way: {
             "msgs_per_s": median(way, lambda r: r["messages"] / r["seconds"]),
             "writer_cpu_us_per_message": median(way, lambda r: r["writer_cpu_us_per_message"]),
+            "writer_net_cpu_us_per_message": median(way, lambda r: r["writer_net_cpu_us_per_message"]),
             "latency_p50_ms": median(way, lambda r: r["latency"]["p50_us"] / 1000),
             "latency_p99_ms": median(way, lambda r: r["latency"]["p99_us"] / 1000),
             "writer_idle_cpu_ms_per_s": median(way, lambda r: r["writer_idle_cpu_ms_per_s"]),
@@ -292,7 +373,7 @@ def summary(runs: dict[str, list[dict[str, Any]]], args: argparse.Namespace, loa
         for way in runs
     }
     for way in runs:
-        if way.endswith("proxy"):
+        if through_proxy(way):
             per_way[way]["proxy_cpu_us_per_message"] = median(way, lambda r: r["proxy_cpu_us_per_message"])
             batch = "ack_batch_avg" if way.startswith("consume") else "send_batch_avg"
             if all(batch in r for r in runs[way]):
@@ -323,11 +404,22 @@ def markdown(report: dict[str, Any], command: str) -> str:
     medians = report["medians"]
     def rows(ways: list[str]) -> str:
         return "\n".join(
-            f"| {way} | {m['msgs_per_s']} | {m['writer_cpu_us_per_message']} | {m.get('proxy_cpu_us_per_message', '–')} | "
+            f"| {way} | {m['msgs_per_s']} | {m['writer_cpu_us_per_message']} | {m['writer_net_cpu_us_per_message']} | {m.get('proxy_cpu_us_per_message', '–')} | "
             f"{m.get('batch_avg', '–')} | {m['latency_p50_ms']} | {m['latency_p99_ms']} | {m['writer_idle_cpu_ms_per_s']} |"
             for way, m in medians.items() if way in ways
         )
 
+    paced = ""
+    rated = [way for way in medians if way.endswith("/s")]
+    if rated:
+        paced = f"""
+At a set rate (an open loop: sends started at the rate whatever the answers, latency from
+each send's due moment; `--rates`), same rounds, medians:
+
+| way | msgs/s | writer CPU µs/msg | writer CPU less idle µs/msg | proxy CPU µs/msg | messages per writer batch | latency p50 ms | latency p99 ms | writer idle CPU ms/s |
+|---|---|---|---|---|---|---|---|---|
+{rows(rated)}
+"""
     consumed = ""
     if "consume" in report:
         consumed = f"""
@@ -340,8 +432,8 @@ AckMessage (as the official clients do), direct from the writer's gateway and th
 proxy (which coalesces the acknowledgements into multi-entry AckMessage calls); same
 rounds, medians. Latency: each acknowledgement's.
 
-| way | msgs/s | writer CPU µs/msg | proxy CPU µs/msg | acks per AckMessage to the writer | ack p50 ms | ack p99 ms | writer idle CPU ms/s |
-|---|---|---|---|---|---|---|---|
+| way | msgs/s | writer CPU µs/msg | writer CPU less idle µs/msg | proxy CPU µs/msg | acks per AckMessage to the writer | ack p50 ms | ack p99 ms | writer idle CPU ms/s |
+|---|---|---|---|---|---|---|---|---|
 {rows(["consume direct", "consume proxy"])}
 
 Writer CPU per consumed message, direct / through the proxy: **{report['consume_writer_cpu_direct_to_proxy']}x**.
@@ -356,9 +448,10 @@ alternating, {report['rounds']} rounds, a fresh writer (ASYNC flush) each run; m
 Load average before/after: {report['load_average_before']} / {report['load_average_after']}
 (a shared 2-core machine: the ratios matter, not the absolute figures).
 
-| way | msgs/s | writer CPU µs/msg | proxy CPU µs/msg | messages per writer batch | latency p50 ms | latency p99 ms | writer idle CPU ms/s |
-|---|---|---|---|---|---|---|---|
+| way | msgs/s | writer CPU µs/msg | writer CPU less idle µs/msg | proxy CPU µs/msg | messages per writer batch | latency p50 ms | latency p99 ms | writer idle CPU ms/s |
+|---|---|---|---|---|---|---|---|---|
 {rows(["direct", "proxy"])}
+{paced}
 
 Writer CPU per message, direct / through the proxy: **{report['writer_cpu_direct_to_proxy']}x**.
 Target (writer ≤ {report['target_writer_cpu_us']:g} µs a client message through the proxy): **{'met' if report['met'] else 'not met'}**.

@@ -108,19 +108,35 @@ def _v1_sender(channel: Any, topic: str) -> Any:
 def _v2_sender(channel: Any, topic: str) -> Any:
     """v2 SendMessage with what the official Python client puts in each call: the message
     with its id, born time and host, and its eight metadata headers (a request id each)."""
+    from rmqstore.rocketmq_v2 import definition_pb2 as v2
+    from rmqstore.rocketmq_v2 import service_pb2_grpc
+
+    stub = service_pb2_grpc.MessagingServiceStub(channel)
+    call = v2_send_call(topic)
+
+    def send(n: int) -> None:
+        request, metadata = call(n)
+        response = stub.SendMessage(request, timeout=30, metadata=metadata)
+        if response.status.code != v2.OK:
+            raise RuntimeError(f"SendMessage answered {response.status.code}: {response.status.message}")
+
+    return send
+
+
+def v2_send_call(topic: str) -> Any:
+    """n → (SendMessageRequest, metadata) of message ``n`` as the official Python client
+    makes the call (for a sync or an asyncio stub alike)."""
     import socket
     import uuid
 
     from rmqstore.rocketmq_v2 import definition_pb2 as v2
     from rmqstore.rocketmq_v2 import service_pb2 as v2s
-    from rmqstore.rocketmq_v2 import service_pb2_grpc
 
-    stub = service_pb2_grpc.MessagingServiceStub(channel)
     born_host = socket.gethostbyname(socket.gethostname())
     client_id = f"{socket.gethostname()}@{os.getpid()}@0@{uuid.uuid4().hex[:10]}"
     signature = "MQv2-HMAC-SHA1 Credential=, SignedHeaders=x-mq-date-time, Signature=" + "0" * 40
 
-    def send(n: int) -> None:
+    def call(n: int) -> tuple[Any, tuple[tuple[str, str], ...]]:
         message = v2.Message(body=f"message {n} to {topic}".encode(), user_properties={"seq": str(n), "origin": "python-client"})
         message.topic.name = topic
         system = message.system_properties
@@ -136,11 +152,9 @@ def _v2_sender(channel: Any, topic: str) -> Any:
             ("x-mq-date-time", time.strftime("%Y%m%dT%H%M%SZ")), ("x-mq-request-id", str(uuid.uuid4())),
             ("x-mq-client-id", client_id), ("x-mq-namespace", ""), ("authorization", signature),
         )  # fmt: skip
-        response = stub.SendMessage(v2s.SendMessageRequest(messages=[message]), timeout=30, metadata=metadata)
-        if response.status.code != v2.OK:
-            raise RuntimeError(f"SendMessage answered {response.status.code}: {response.status.message}")
+        return v2s.SendMessageRequest(messages=[message]), metadata
 
-    return send
+    return call
 
 
 def process_cpu_s(pid: int) -> float:

@@ -197,7 +197,10 @@ class GroupSender:
         elif self._timer is None:
             self._timer = asyncio.get_running_loop().call_later(self.linger_s, self._flush)
         try:
-            return await asyncio.wait_for(asyncio.shield(future), BATCH_TIMEOUT_S)
+            # No task a send, as wait_for makes; the future is this caller's alone (its
+            # batch's answer skips a future that is done, cancelled included).
+            async with asyncio.timeout(BATCH_TIMEOUT_S):
+                return await future
         except TimeoutError:
             raise BatchFailed(grpc.StatusCode.DEADLINE_EXCEEDED, f"writer group {self.name} did not answer within {BATCH_TIMEOUT_S:g} s") from None
 

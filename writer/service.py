@@ -94,7 +94,8 @@ class WriterServicer(writer_pb2_grpc.WriterServiceServicer):
             # reads no acks is held by HTTP/2 flow control (its sends wait), so what the
             # writer holds for it stays one window, and after the limit its stream ends.
             try:
-                await asyncio.wait_for(context.write(response), self.stalled_write_s)
+                async with asyncio.timeout(self.stalled_write_s):  # no task a write, as wait_for makes
+                    await context.write(response)
             except TimeoutError:
                 await context.abort(
                     grpc.StatusCode.RESOURCE_EXHAUSTED,

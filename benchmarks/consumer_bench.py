@@ -225,6 +225,10 @@ def rmqstore_latency(
         if own_v2:
             command = [sys.executable, __file__, "--own-v2-consumer", writer.endpoint, str(total), str(batch), str(deadline_s)]
             env = quiet_env()
+        # What bounds a run that falls behind: the cores the writer and the consumers used
+        # from the consumers' start to their end (the writer's include the producer's sends).
+        writer_before, started = process_cpu_s(writer.proc.pid), time.monotonic()
+        children_before = resource.getrusage(resource.RUSAGE_CHILDREN)
         procs = [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env) for _ in range(consumers)]
         try:
             time.sleep(CONSUMER_START_S)
@@ -236,6 +240,8 @@ def rmqstore_latency(
 
             sent = paced(rate, seconds, send)
             outputs = [proc.communicate(timeout=deadline_s + 60) for proc in procs]
+            elapsed_s, writer_cpu_s = time.monotonic() - started, process_cpu_s(writer.proc.pid) - writer_before
+            children_after = resource.getrusage(resource.RUSAGE_CHILDREN)
         finally:
             for proc in procs:
                 if proc.poll() is None:
@@ -251,7 +257,9 @@ def rmqstore_latency(
         latencies += result["latencies_us"]
         received += result["messages"]
         duplicates += result["duplicates"]
-    return {"sent": sent, "received": received, "duplicates": duplicates, **percentiles(latencies)}
+    consumers_cpu_s = (children_after.ru_utime + children_after.ru_stime) - (children_before.ru_utime + children_before.ru_stime)
+    cores = {"writer_cores": round(writer_cpu_s / elapsed_s, 2), "consumers_cores": round(consumers_cpu_s / elapsed_s, 2)}
+    return {"sent": sent, "received": received, "duplicates": duplicates, **percentiles(latencies), **cores}
 
 
 def percentiles(latencies_us: list[int]) -> dict[str, Any]:
@@ -542,7 +550,7 @@ def markdown(report: dict[str, Any], command: str) -> str:
     def latency_row(rate_per_s: int, name: str, figures: dict[str, Any]) -> str:
         return (
             f"| {rate_per_s:,} | {name} | {figures['sent']:,} | {figures['received']:,} | {figures['duplicates']} | "
-            f"{figures['p50_ms']} | {figures['p99_ms']} | {figures['max_ms']} |"
+            f"{figures['p50_ms']} | {figures['p99_ms']} | {figures['max_ms']} | {figures.get('writer_cores', '')} | {figures.get('consumers_cores', '')} |"
         )
 
     latency_rows = "\n".join(
@@ -589,8 +597,8 @@ group of its own (not the target's figure: it shows the writer's path without th
 {report['seconds']:g} s of sending at each rate; rmqstore: {report['consumers']} SimpleConsumer process(es) in a
 waiting long poll (then, against a fresh writer, {report['own_v2_consumers']} process(es) of our own v2 caller); SQLite: one consumer process polling every {SQLITE_POLL_SLEEP_S * 1000:g} ms when the table is empty.
 
-| msgs/s | system | sent | received | twice | p50 ms | p99 ms | max ms |
-|---|---|---|---|---|---|---|---|
+| msgs/s | system | sent | received | twice | p50 ms | p99 ms | max ms | writer cores | consumer cores |
+|---|---|---|---|---|---|---|---|---|---|
 {latency_rows}
 
 rmqstore's p99 at {first['rate']:,} msgs/s: **{first['rmqstore']['p99_ms']} ms** (target ≤ {report['p99_target_ms']:g} ms: {verdict(report['p99_met'])}).

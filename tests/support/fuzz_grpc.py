@@ -1,13 +1,12 @@
-"""Hypothesis-fuzzed requests to every method of both nodes (the writer's RocketMQ 5
-gateway included), through real gRPC servers on 127.0.0.1: well-formed messages with
-arbitrary field values (drawn from each request type's descriptor) and arbitrary bytes.
-Every answer is OK or one of the documented codes; none is UNKNOWN or INTERNAL, and the
-nodes keep serving."""
+"""The gRPC fuzz tests' parts (tests/test_fuzz_grpc_writer.py, _query.py, _gateway.py, a
+module a node so that .ci/run's workers, which take a module each, run them side by side):
+Hypothesis strategies for well-formed messages with arbitrary field values (drawn from each
+request type's descriptor) and arbitrary bytes; the nodes, in-process, on 127.0.0.1; and the
+check that every answer is OK or one of the documented codes."""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,10 +15,10 @@ import pytest
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from support.inprocess import QueryNode, WriterNode, gateway_node
 
 from rmqstore.rocketmq_v2 import definition_pb2, service_pb2
 from rmqstore.v1 import messages_pb2, query_pb2, writer_pb2
+from support.inprocess import QueryNode, WriterNode, gateway_node
 
 # Requests a method (the writer's, the query node's and the writer's RocketMQ 5 gateway's):
 # 1,000 unless FUZZ_EXAMPLES says otherwise; a release runs 10,000 (README.md, "Set-up").
@@ -176,26 +175,19 @@ class Nodes:
         self.writer.close()
 
 
-@pytest.fixture(scope="module")
-def fuzzed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Nodes]:
-    nodes = Nodes(tmp_path_factory.mktemp("fuzz"))
-    yield nodes
-    nodes.close()
+def methods(module: Any) -> list[Any]:
+    """``(service, method)`` parameters for every method of a generated module's services,
+    each named by its method."""
+    return [
+        pytest.param(service.full_name, method, id=method.name)
+        for service in module.DESCRIPTOR.services_by_name.values()
+        for method in service.methods
+    ]
 
 
-METHODS = [
-    (node, service.full_name, method)
-    for node, module in (("writer", writer_pb2), ("query", query_pb2), ("gateway", service_pb2))
-    for service in module.DESCRIPTOR.services_by_name.values()
-    for method in service.methods
-]
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("node, service, method", METHODS, ids=[f"{n}-{m.name}" for n, _, m in METHODS])
-def test_fuzzed_requests_get_only_documented_codes(fuzzed: Nodes, node: str, service: str, method: Any) -> None:
-    channel = {"writer": fuzzed.writer.channel, "query": fuzzed.query_channel, "gateway": fuzzed.gateway.channel}[node]
-    on_writer = node != "query"
+def fuzz(channel: grpc.Channel, service: str, method: Any, on_writer: bool) -> None:
+    """EXAMPLES Hypothesis-generated requests to one method: every answer OK or documented,
+    and the arbitrary bytes among them refused as INVALID_ARGUMENT."""
     path = f"/{service}/{method.name}"
     seen: dict[grpc.StatusCode, int] = {}
 

@@ -611,6 +611,24 @@ def test_pull_message_reads_from_an_offset_and_names_the_next(node: WriterNode) 
     assert (status.code, bodies(messages), next_offset) == (v2.OK, [b"m0"], 6)
 
 
+def test_answers_larger_than_a_piece_come_whole_and_in_order(node: WriterNode) -> None:
+    """A receive and a pull of 6 MB (made and sent a piece of about 1 MiB at a time) hand
+    out every message, in queue order, each body whole."""
+    expected = [bytes([i]) * 200_000 for i in range(30)]
+    for at in range(0, 30, 5):
+        messages = [messages_pb2.Message(topic="Orders", body=body, queue_id=0) for body in expected[at : at + 5]]
+        node.stub.SendBatch(writer_pb2.SendBatchRequest(messages=messages), timeout=RPC_TIMEOUT_S)
+    status, received = receive(node, batch=32)
+    assert status.code == v2.OK and bodies(received) == expected
+    assert [m.system_properties.queue_offset for m in received] == list(range(30))
+    request = v2s.PullMessageRequest(
+        group=GROUP, message_queue=queue(), offset=0, batch_size=32, filter_expression=v2.FilterExpression(type=v2.TAG, expression="*")
+    )
+    answers = list(node.v2.PullMessage(request, timeout=RPC_TIMEOUT_S))
+    assert answers[0].status.code == v2.OK and answers[-1].next_offset == 30
+    assert bodies([a.message for a in answers if a.HasField("message")]) == expected
+
+
 def test_an_ack_in_a_fifo_group_wakes_a_poll_waiting_for_the_next_of_its_message_group(node: WriterNode) -> None:
     node.messaging.consumers.fifo_groups = frozenset({"audit"})
     send(node, 2, properties={"__SHARDINGKEY": "g"})

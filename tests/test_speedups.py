@@ -573,6 +573,20 @@ def test_the_crc_is_checked_only_when_asked() -> None:
     assert zlib.crc32(unchecked.body) & 0x7FFFFFFF != unchecked.body_crc
 
 
+def test_a_large_body_decodes_the_same_and_its_crc_is_checked() -> None:
+    """Bodies from 256 KiB are checked and copied without the GIL: the same record, and a
+    flipped byte in the body still hands the record back."""
+    for length in (256 * 1024 - 1, 256 * 1024, 4 * 1024 * 1024):
+        body = bytes(range(256)) * (length // 256) + b"x" * (length % 256)
+        encoded = b"\x00" * 3 + _sample_record(body=body, body_crc=zlib.crc32(body) & 0x7FFFFFFF)
+        decoded = _speedups.decode_record(encoded, 3, True, len(encoded))
+        assert decoded == _python(encoded, 3) and decoded.body == body
+        flipped = bytearray(encoded)
+        flipped[3 + 88 + length // 2] ^= 0x01
+        assert _speedups.decode_record(bytes(flipped), 3, True, len(flipped)) is None
+        assert _speedups.decode_record(bytes(flipped), 3, False, len(flipped)).body[length // 2] == body[length // 2] ^ 0x01
+
+
 def test_the_end_limits_what_is_read() -> None:
     encoded = _sample_record()
     assert _speedups.decode_record(encoded, 0, True, len(encoded) - 1) is None

@@ -26,7 +26,7 @@ import zlib
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 import grpc
 from google.protobuf import duration_pb2, timestamp_pb2
@@ -152,6 +152,12 @@ RECEIVE_BATCH_SIZE = 32
 # loop: a thread's hop costs more than that. Larger ones are read on the executor, so a
 # receive of 16 MiB holds no other call up.
 INLINE_READ_BYTES_MAX = 256 * 1024
+# A larger answer's messages are made on the executor in pieces of about this many bytes
+# of bodies (a message never split), each sent before the next is made, and by one call at
+# a time (MessagingServicer._large): clients asking 16 MiB answers without a pause share
+# one thread, whose each hop holds the interpreter's lock only briefly, rather than take
+# the lock from the loop that serves everyone else's sends (benchmarks/GATEWAY.md).
+ANSWER_PIECE_BYTES = 1024 * 1024
 # A group's retries (push consumers): Apache's maxReconsumeTimes 16 is 17 deliveries, and
 # its delay levels from the fourth (1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h).
 DEFAULT_RETRY_DELAYS_S = (1, 5, 10, 30, 60, 120, 180, 240, 300, 360, 420, 480, 540, 600, 1200, 1800, 3600, 7200)
@@ -163,6 +169,7 @@ ORIGIN_MESSAGE_ID = "ORIGIN_MESSAGE_ID"
 RECONSUME_TIMES = "RECONSUME_TIME"
 
 T = TypeVar("T")
+A = TypeVar("A")
 log = logging.getLogger(__name__)
 _TRACER = trace.get_tracer(__name__)
 
@@ -669,6 +676,33 @@ class Wakeup:
                     del self._waiters[topic]
 
 
+@dataclass
+class Piece(Generic[T]):
+    """Messages of one answer made at once (ANSWER_PIECE_BYTES), and their bodies' size."""
+
+    items: list[T]
+    body_bytes: int
+
+
+def _pieces(items: list[T], body_bytes: Callable[[T], int]) -> list[Piece[T]]:
+    """``items`` in order, cut into pieces of about ANSWER_PIECE_BYTES of bodies each (a
+    piece ends once it reaches that; an answer within INLINE_READ_BYTES_MAX is one piece)."""
+    sizes = [body_bytes(one) for one in items]
+    if sum(sizes) <= INLINE_READ_BYTES_MAX:
+        return [Piece(items, sum(sizes))]
+    pieces: list[Piece[T]] = []
+    piece: Piece[T] = Piece([], 0)
+    for one, size in zip(items, sizes):
+        piece.items.append(one)
+        piece.body_bytes += size
+        if piece.body_bytes >= ANSWER_PIECE_BYTES:
+            pieces.append(piece)
+            piece = Piece([], 0)
+    if piece.items:
+        pieces.append(piece)
+    return pieces
+
+
 def _receive_span(group: str, handed: list[Handed]) -> AbstractContextManager[Any]:
     """The span of a receive that hands out messages, linked to the trace contexts their
     producers stored with them, so one trace runs from a producer through the writer to
@@ -740,6 +774,9 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         # group is its topic): where a check's RecoverOrphanedTransactionCommand goes.
         self._producers: dict[str, dict[int, asyncio.Queue[Any]]] = {}
         self._checker: asyncio.Task[None] | None = None
+        # Held while a large answer's records are read or a piece of its messages made:
+        # one call at a time, in the order they asked (ANSWER_PIECE_BYTES).
+        self._large = asyncio.Lock()
 
     async def end_streams(self) -> None:
         """End every open Telemetry stream and long poll (on the server's loop), and any
@@ -1071,20 +1108,29 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             )
             return
         resource = request.message_queue.topic
+        pieces = _pieces(handed, lambda one: len(one.record.body))
         with _receive_span(request.group.name, handed):
+            del handed  # each piece's records freed once its answers are sent
             try:
-                answers = await self._answers(handed, resource)
+                piece = pieces.pop(0)
+                answers = await self._made(functools.partial(self._make_answers, piece.items, resource), piece)
             except Exception as error:
                 yield v2s.ReceiveMessageResponse(status=self._failed("ReceiveMessage", error))
                 return
-        del handed  # the records: each answer holds its body now
         yield v2s.ReceiveMessageResponse(status=ok_status())
         # When the batch left the server: the clients measure their receive latency from
         # it (the Python push consumer fails every message of a batch without it).
         yield v2s.ReceiveMessageResponse(delivery_timestamp=_timestamp(_now_ms()))
-        answers.reverse()
-        while answers:
-            yield answers.pop()  # each answer freed once sent
+        while True:
+            answers.reverse()
+            while answers:
+                yield answers.pop()  # each answer freed once sent
+            if not pieces:
+                return
+            # A later piece that cannot be made ends the call with an error; its messages
+            # stay invisible until their time runs out, then are handed out again.
+            piece = pieces.pop(0)
+            answers = await self._made(functools.partial(self._make_answers, piece.items, resource), piece)
 
     async def _receive(self, request: v2s.ReceiveMessageRequest, context: grpc.aio.ServicerContext) -> list[Handed]:
         group = check_group(request.group.name)
@@ -1150,7 +1196,8 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         if sum(one.size for one in picked) <= INLINE_READ_BYTES_MAX:
             records = self.consumers.read(picked)
         else:
-            records = await self._blocking(functools.partial(self.consumers.read, picked))
+            async with self._large:
+                records = await self._blocking(functools.partial(self.consumers.read, picked))
         handed = []
         for one, record in zip(picked, records):
             if record is None or not tag_filter.admits(record):
@@ -1159,12 +1206,13 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
                 handed.append(one.handed(record))
         return handed
 
-    async def _answers(self, handed: list[Handed], resource: v2.Resource) -> list[v2s.ReceiveMessageResponse]:
-        """The answers carrying ``handed`` (each body's MD5 and copy), made off the loop
-        unless small."""
-        if sum(len(one.record.body) for one in handed) <= INLINE_READ_BYTES_MAX:
-            return self._make_answers(handed, resource)
-        return await self._blocking(functools.partial(self._make_answers, handed, resource))
+    async def _made(self, make: Callable[[], list[A]], piece: Piece[Any]) -> list[A]:
+        """``make()``, the answers of ``piece``: on the loop when the piece is small, else
+        on the executor, one large piece at a time node-wide (ANSWER_PIECE_BYTES)."""
+        if piece.body_bytes <= INLINE_READ_BYTES_MAX:
+            return make()
+        async with self._large:
+            return await self._blocking(make)
 
     def _make_answers(self, handed: list[Handed], resource: v2.Resource) -> list[v2s.ReceiveMessageResponse]:
         answers = []
@@ -1395,7 +1443,12 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             low, high = self._bounds(topic, queue_id)
             if not low <= request.offset <= high:
                 raise V2Refusal(v2.ILLEGAL_OFFSET, f"offset {request.offset}: queue {queue_id} of {topic} holds {low}-{high}")
-            messages, next_offset = await self._pull(topic, queue_id, request.offset, request.batch_size, tag_filter, poll_ms, context)
+            records, next_offset = await self._pull(topic, queue_id, request.offset, request.batch_size, tag_filter, poll_ms, context)
+            resource = v2.Resource(name=topic)
+            pieces = _pieces(records, lambda one: len(one[1].body))
+            del records  # each piece's records freed once its answers are sent
+            piece = pieces.pop(0)
+            messages = await self._made(functools.partial(self._pulled_messages, piece.items, queue_id, resource), piece)
         except Exception as error:
             yield v2s.PullMessageResponse(status=self._failed("PullMessage", error))
             return
@@ -1403,23 +1456,29 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             yield v2s.PullMessageResponse(status=v2.Status(code=v2.MESSAGE_NOT_FOUND, message="no new message"))
         else:
             yield v2s.PullMessageResponse(status=ok_status())
-        messages.reverse()
-        while messages:
-            yield messages.pop()  # each answer freed once sent
+        while True:
+            messages.reverse()
+            while messages:
+                yield messages.pop()  # each answer freed once sent
+            if not pieces:
+                break
+            # A later piece that cannot be made ends the call with an error (no next_offset:
+            # the client pulls from where it was).
+            piece = pieces.pop(0)
+            messages = await self._made(functools.partial(self._pulled_messages, piece.items, queue_id, resource), piece)
         yield v2s.PullMessageResponse(next_offset=next_offset)
 
     async def _pull(
         self, topic: str, queue_id: int, offset: int, batch_size: int, tag_filter: TagFilter, poll_ms: int,
         context: grpc.aio.ServicerContext,
-    ) -> tuple[list[v2s.PullMessageResponse], int]:  # fmt: skip
-        """The answers carrying the messages from ``offset`` on that pass the filter (up
-        to the response budget), and the offset after the last unit looked at (past the
-        filtered-out ones too)."""
+    ) -> tuple[list[tuple[int, Record]], int]:  # fmt: skip
+        """The queue offsets and records of the messages from ``offset`` on that pass the
+        filter (up to the response budget), and the offset after the last unit looked at
+        (past the filtered-out ones too)."""
         loop = asyncio.get_running_loop()
         remaining_s = context.time_remaining()
         poll_s = poll_ms / 1000 if remaining_s is None else max(0.0, min(poll_ms / 1000, remaining_s - POLL_MARGIN_S))
         deadline = loop.time() + poll_s
-        resource = v2.Resource(name=topic)
         codes = tag_filter.codes
         while True:
             queue = self.writer.queues.find(topic, queue_id)
@@ -1438,25 +1497,33 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
                     size_bytes += unit.size
             left_s = deadline - loop.time()
             if units or next_offset > offset or left_s <= 0 or self._stopping.is_set():
-                read = functools.partial(self._pulled_messages, units, queue_id, tag_filter, resource)
+                read = functools.partial(self._pulled_records, units, tag_filter)
                 if size_bytes <= INLINE_READ_BYTES_MAX:
                     return read(), next_offset
-                return await self._blocking(read), next_offset
+                async with self._large:
+                    return await self._blocking(read), next_offset
             await self.wakeup.wait(topic, queue_id, left_s)
 
-    def _pulled_messages(
-        self, units: list[tuple[int, int]], queue_id: int, tag_filter: TagFilter, resource: v2.Resource
-    ) -> list[v2s.PullMessageResponse]:
-        """The answers carrying the messages at these units that pass the filter (a unit's
-        tag hash may match a tag the filter does not take): the commit log only, so any
-        thread may call it."""
+    def _pulled_records(self, units: list[tuple[int, int]], tag_filter: TagFilter) -> list[tuple[int, Record]]:
+        """The queue offsets and records of the messages at these units that pass the
+        filter (a unit's tag hash may match a tag the filter does not take): the commit log
+        only, so any thread may call it."""
         out = []
         for position, commitlog_offset in units:
             record = self.writer.log.read(commitlog_offset)
             if tag_filter.admits(record):
-                answer = v2s.PullMessageResponse()
-                self._pulled(record, queue_id, position, resource, answer.message)
-                out.append(answer)
+                out.append((position, record))
+        return out
+
+    def _pulled_messages(
+        self, records: list[tuple[int, Record]], queue_id: int, resource: v2.Resource
+    ) -> list[v2s.PullMessageResponse]:
+        """The answers carrying ``records`` (queue offset, record)."""
+        out = []
+        for position, record in records:
+            answer = v2s.PullMessageResponse()
+            self._pulled(record, queue_id, position, resource, answer.message)
+            out.append(answer)
         return out
 
     def _pulled(self, record: Record, queue_id: int, queue_offset: int, resource: v2.Resource, into: v2.Message) -> None:

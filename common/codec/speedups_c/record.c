@@ -195,6 +195,10 @@ static int matches(const unsigned char *r, const Layout *l, const Match *match) 
     return 0;
 }
 
+/* Bodies of at least this many bytes are checked and copied without the GIL: below it,
+ * releasing and taking it back costs more than the work. */
+#define BODY_UNLOCKED_BYTES_MIN (256 * 1024)
+
 /* The record at buf[pos:], reading nothing at or past end: a Record, None for anything
  * else, False for a well-formed record match does not keep, NULL with an error set. */
 static PyObject *decode_at(const unsigned char *buf, Py_ssize_t pos, Py_ssize_t end, int check_crc,
@@ -207,11 +211,33 @@ static PyObject *decode_at(const unsigned char *buf, Py_ssize_t pos, Py_ssize_t 
     if (record_layout(r, end - pos, &l) < 0) goto slow;
     int32_t stored_crc = (int32_t)be32(r + 8);
 
-    if (check_crc && l.body_length > 0 && (int32_t)(crc32_of(l.body, l.body_length) & 0x7FFFFFFF) != stored_crc)
-        goto slow;
+    /* A large body's CRC and copy run without the GIL (the caller holds the buffer, and
+     * the new bytes object is no one else's yet), so a thread reading a 4 MiB record
+     * does not hold up every other thread (the node's event loop) for its length. */
+    int unlocked = l.body_length >= BODY_UNLOCKED_BYTES_MIN;
+    uint32_t crc = 0;
+    if (check_crc && l.body_length > 0) {
+        if (unlocked) {
+            Py_BEGIN_ALLOW_THREADS
+            crc = crc32_of(l.body, l.body_length);
+            Py_END_ALLOW_THREADS
+        } else {
+            crc = crc32_of(l.body, l.body_length);
+        }
+        if ((int32_t)(crc & 0x7FFFFFFF) != stored_crc) goto slow;
+    }
     if (match != NULL && !matches(r, &l, match)) return Py_NewRef(Py_False);
-    fields[1] = PyBytes_FromStringAndSize((const char *)l.body, l.body_length);
-    if (fields[1] == NULL) goto done;
+    if (unlocked) {
+        fields[1] = PyBytes_FromStringAndSize(NULL, l.body_length);
+        if (fields[1] == NULL) goto done;
+        char *into = PyBytes_AS_STRING(fields[1]);
+        Py_BEGIN_ALLOW_THREADS
+        memcpy(into, l.body, (size_t)l.body_length);
+        Py_END_ALLOW_THREADS
+    } else {
+        fields[1] = PyBytes_FromStringAndSize((const char *)l.body, l.body_length);
+        if (fields[1] == NULL) goto done;
+    }
     fields[0] = PyUnicode_DecodeUTF8((const char *)l.topic, l.topic_length, "replace");
     fields[2] = decode_properties(l.properties, l.properties_length);
     fields[3] = PyLong_FromLong((int32_t)be32(r + 12));                         /* queue_id */

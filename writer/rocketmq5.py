@@ -1215,35 +1215,45 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             return await self._blocking(make)
 
     def _make_answers(self, handed: list[Handed], resource: v2.Resource) -> list[v2s.ReceiveMessageResponse]:
+        """The batch's answers, made per batch where the messages share it: one clock read,
+        each host's text once."""
+        now = _now_ms()
+        hosts: dict[SocketAddress, str] = {}
         answers = []
         for one in handed:
             answer = v2s.ReceiveMessageResponse()
-            self._message(one, resource, answer.message)
+            self._message(one, resource, answer.message, now, hosts)
             answers.append(answer)
         return answers
 
-    def _message(self, one: Handed, resource: v2.Resource, into: v2.Message) -> None:
-        """Write ``one`` as a v2 message into ``into`` (the answer's own field: its body
-        is copied once)."""
+    def _message(
+        self, one: Handed, resource: v2.Resource, into: v2.Message, now: int | None = None, hosts: dict[SocketAddress, str] | None = None
+    ) -> None:
+        """Write ``one`` as a v2 message into ``into`` (the answer's own field, set in place:
+        its body is copied once); a batch passes its clock reading ``now`` and ``hosts``,
+        the host texts made so far."""
+        now = _now_ms() if now is None else now
+        hosts = {} if hosts is None else hosts
         record = one.record
-        system = v2.SystemProperties(
-            message_id=record.uniq_key or offset_msg_id(record.store_host, record.commitlog_offset),
-            # MD5 in upper-case hex is the one digest every official client checks alike:
-            # for CRC32 the Java client expects unpadded hex, Python's padded hex and
-            # Node.js's decimal, so any one spelling marks some client's messages corrupted.
-            body_digest=v2.Digest(type=v2.MD5, checksum=hashlib.md5(record.body).hexdigest().upper()),
-            body_encoding=v2.IDENTITY,
-            born_timestamp=_timestamp(record.born_timestamp_ms),
-            born_host=record.properties.get(BORN_HOST) or record.born_host.host_text(),
-            store_timestamp=_timestamp(record.store_timestamp_ms),
-            store_host=record.store_host.java_text(),
-            receipt_handle=one.receipt_handle,
-            queue_id=one.queue_id,
-            queue_offset=one.queue_offset,
-            invisible_duration=_duration(one.visible_at_ms - _now_ms()),
-            delivery_attempt=one.attempt,
-        )
+        system = into.system_properties
+        system.message_id = record.uniq_key or offset_msg_id(record.store_host, record.commitlog_offset)
+        # MD5 in upper-case hex is the one digest every official client checks alike:
+        # for CRC32 the Java client expects unpadded hex, Python's padded hex and
+        # Node.js's decimal, so any one spelling marks some client's messages corrupted.
+        system.body_digest.type = v2.MD5
+        system.body_digest.checksum = hashlib.md5(record.body).hexdigest().upper()
+        system.body_encoding = v2.IDENTITY
+        _set_ms(system.born_timestamp, record.born_timestamp_ms)
         properties = dict(record.properties)
+        born_host = properties.pop(BORN_HOST, "")
+        system.born_host = born_host or _host_text(record.born_host, hosts)
+        _set_ms(system.store_timestamp, record.store_timestamp_ms)
+        system.store_host = f"{_host_text(record.store_host, hosts)}:{record.store_host.port}"
+        system.receipt_handle = one.receipt_handle
+        system.queue_id = one.queue_id
+        system.queue_offset = one.queue_offset
+        _set_ms(system.invisible_duration, max(0, one.visible_at_ms - now))
+        system.delivery_attempt = one.attempt
         tag = properties.pop(props.TAGS, "")
         if tag:
             system.tag = tag
@@ -1257,13 +1267,12 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         # time the delivery timestamp; the timer's own properties are not the user's.
         due = properties.get(props.TIMER_DELIVER_MS, "")
         if due.isdigit():
-            system.delivery_timestamp.CopyFrom(_timestamp(int(due)))
+            _set_ms(system.delivery_timestamp, int(due))
         timed = any(name in properties for name in (props.DELAY, props.TIMER_DELIVER_MS, props.TIMER_DELAY_SEC))
         system.message_type = v2.DELAY if timed else v2.FIFO if group else v2.NORMAL
         for name in SCHEDULE_PROPERTIES:
             properties.pop(name, None)
         properties.pop(props.UNIQ_KEY, None)
-        properties.pop(BORN_HOST, None)
         properties.pop(props.PGROUP, None)
         if properties.pop(props.TRAN_MSG, None) == "true":
             # GrpcConverter.buildMessage: a committed transaction's message (or a half
@@ -1276,8 +1285,8 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         if trace_context:
             system.trace_context = trace_context
         into.topic.CopyFrom(resource)
-        into.user_properties.update(properties)
-        into.system_properties.CopyFrom(system)
+        if properties:
+            into.user_properties.update(properties)
         into.body = record.body
 
     async def AckMessage(self, request: v2s.AckMessageRequest, context: grpc.aio.ServicerContext) -> v2s.AckMessageResponse:
@@ -1288,18 +1297,21 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
                 raise V2Refusal(v2.BAD_REQUEST, "the request has no entries")
         except Exception as error:
             return v2s.AckMessageResponse(status=self._failed("AckMessage", error))
-        entries = []
+        response = v2s.AckMessageResponse()
+        entries = response.entries
+        ok = ok_status()
         for entry in request.entries:
             try:
                 self.consumers.ack(group, topic, entry.receipt_handle)
-                status = ok_status()
+                status = ok
             except Exception as error:
                 status = self._failed("AckMessage", error)
-            entries.append(v2s.AckMessageResultEntry(message_id=entry.message_id, receipt_handle=entry.receipt_handle, status=status))
+            entries.add(message_id=entry.message_id, receipt_handle=entry.receipt_handle, status=status)
         if self.consumers.is_fifo(group):
             # An acknowledgement in a FIFO group frees its message group's next message.
             self.wakeup.notify(topic)
-        return v2s.AckMessageResponse(status=_overall(entries), entries=entries)
+        response.status.CopyFrom(_overall(entries))
+        return response
 
     async def ChangeInvisibleDuration(
         self, request: v2s.ChangeInvisibleDurationRequest, context: grpc.aio.ServicerContext
@@ -1661,11 +1673,25 @@ def _timestamp(ms: int) -> timestamp_pb2.Timestamp:
     return timestamp_pb2.Timestamp(seconds=ms // 1000, nanos=(ms % 1000) * 1_000_000)
 
 
+def _set_ms(into: duration_pb2.Duration | timestamp_pb2.Timestamp, ms: int) -> None:
+    """Set a Duration or Timestamp field in place (no message made and copied)."""
+    into.seconds, rest = divmod(ms, 1000)
+    into.nanos = rest * 1_000_000
+
+
+def _host_text(address: SocketAddress, made: dict[SocketAddress, str]) -> str:
+    """``address.host_text()``, made once a batch for each address."""
+    text = made.get(address)
+    if text is None:
+        text = made[address] = address.host_text()
+    return text
+
+
 def _now_ms() -> int:
     return int(time.time() * 1000)
 
 
-def _overall(entries: list[v2s.AckMessageResultEntry]) -> v2.Status:
+def _overall(entries: Sequence[v2s.AckMessageResultEntry]) -> v2.Status:
     """One entry's status is the request's; of several, OK when all are, else MULTIPLE_RESULTS."""
     if len(entries) == 1:
         return entries[0].status

@@ -42,6 +42,7 @@ from rmqstore.common.codec.consumequeue import FILLER_SIZE, SCHEDULE_TOPIC, TIME
 from rmqstore.common.codec.record import Record
 from rmqstore.common.errors import Corruption, InvalidArgument, NotFound, StoreError
 from rmqstore.common.files.config_file import read_or_set_aside, replace_durably
+from rmqstore.common.files.consumequeue import ConsumeQueue
 from rmqstore.common.files.delay_offsets import read_delay_offsets, write_delay_offsets
 from rmqstore.writer.schedule import TIMER_QUEUE_ID, delete_key, level_copy, timer_copy
 from rmqstore.writer.store import AppendResults, Writer
@@ -53,6 +54,8 @@ TIMERS_FILE_NAME = "rmqstore-timers.json"
 TIMERS_MAGIC = "rmqstore-timers"
 TIMERS_VERSION = 1
 DEFAULT_TICK_MS = 10
+# How often a loop looks on disk for a queue the writer has not opened (QueueLookup).
+DISK_LOOK_MS = 1_000
 DEFAULT_CHECKPOINT_INTERVAL_MS = 1000
 # Messages released in one append, at most (a backlog after a long stop is released in
 # batches of this many).
@@ -87,6 +90,30 @@ def _release(writer: Writer, messages: list[MessageInput]) -> AppendResults | No
     return kept[-1] if kept else None
 
 
+class QueueLookup:
+    """The writer's consume queue of (topic, queue id) for a loop that asks every tick:
+    a queue the writer has open is found at once; one it has not is looked for on disk at
+    most every DISK_LOOK_MS (an absent queue is a directory lookup a tick otherwise, the
+    idle writer's largest cost). The writer opens a queue when it appends to it, so a
+    queue made by this process is found the next tick; only files it has not opened wait
+    for the next look on disk."""
+
+    def __init__(self, writer: Writer):
+        self.writer = writer
+        self._disk_at: dict[tuple[str, int], float] = {}
+
+    def find(self, topic: str, queue_id: int) -> ConsumeQueue | None:
+        key = (topic, queue_id)
+        queue = self.writer.queues.queues.get(key)
+        if queue is not None:
+            return queue
+        now = time.monotonic()
+        if now < self._disk_at.get(key, 0.0):
+            return None
+        self._disk_at[key] = now + DISK_LOOK_MS / 1000
+        return self.writer.queues.find(topic, queue_id)
+
+
 class DelayLevels:
     """ScheduleMessageService over the writer's SCHEDULE_TOPIC_XXXX queues."""
 
@@ -96,6 +123,7 @@ class DelayLevels:
         self.offsets = read_delay_offsets(self.config_dir)
         self.levels = sorted(writer.scheduling.delay_levels_ms)
         self._written = dict(self.offsets)
+        self._queues = QueueLookup(writer)
 
     def pending(self) -> int:
         """Delayed messages not released yet."""
@@ -111,7 +139,7 @@ class DelayLevels:
         ahead, or None."""
         soonest: int | None = None
         for level in self.levels:
-            queue = self.writer.queues.find(SCHEDULE_TOPIC, level - 1)
+            queue = self._queues.find(SCHEDULE_TOPIC, level - 1)
             if queue is None:
                 continue
             start = max(self.offsets.get(level, 0), queue.min_offset)
@@ -221,6 +249,7 @@ class TimerWheel:
         self._bucket_heap: list[int] = []
         self.pending_count = 0
         self._written = progress
+        self._queues = QueueLookup(writer)
         queue = writer.queues.find(TIMER_TOPIC, TIMER_QUEUE_ID)
         start = max(progress.pending_from, queue.min_offset) if queue is not None else 0
         self.registered_end = start
@@ -229,7 +258,7 @@ class TimerWheel:
         self._register(progress.registered_end, progress.released_up_to_ms)
 
     def _queue_end(self) -> int:
-        queue = self.writer.queues.find(TIMER_TOPIC, TIMER_QUEUE_ID)
+        queue = self._queues.find(TIMER_TOPIC, TIMER_QUEUE_ID)
         return queue.max_offset if queue is not None else 0
 
     def _register(self, released_below: int = 0, released_up_to_ms: int = -1) -> None:
@@ -237,7 +266,7 @@ class TimerWheel:
         ``released_below`` due at or before ``released_up_to_ms`` are released already),
         column-wise: a restart takes a million pending timers in without a Python step
         each."""
-        queue = self.writer.queues.find(TIMER_TOPIC, TIMER_QUEUE_ID)
+        queue = self._queues.find(TIMER_TOPIC, TIMER_QUEUE_ID)
         if queue is None:
             return
         end = queue.max_offset

@@ -47,6 +47,8 @@ from rocketmq5_bench import process_cpu_s  # noqa: E402
 
 RATE_TARGET = 5.0
 P99_TARGET_MS = 50.0
+# Writer CPU a consumed message, our own v2 caller (receive 32, one AckMessage of 32).
+OWN_V2_WRITER_US_TARGET = 20.0
 TIMEOUT_S = 1800.0
 TICK_S = 0.01
 PRELOAD_BATCH = 256
@@ -137,6 +139,28 @@ def rmqstore_rate(nodes: Nodes, work: Path, count: int, batch: int) -> dict[str,
     own_result["consumer_cpu_us_per_message"] = consumer_cpu_s / own_result["messages"] * 1e6
     own_result["writer_cpu_us_per_message"] = writer_cpu_s / own_result["messages"] * 1e6
     result["own_v2"] = own_result
+    return result
+
+
+def bare_v2_rate(count: int, batch: int) -> dict[str, Any]:
+    """Our own v2 caller against a bare grpc.aio server streaming the same answers
+    (benchmarks/bare_receive.py): grpcio's own cost of a receive and an ack, the floor
+    under the writer's figure."""
+    from bare_receive import BareReceive
+
+    server = BareReceive(count, batch)
+    try:
+        own_command = [sys.executable, __file__, "--own-v2-consumer", server.endpoint, str(count), str(batch)]
+        before = process_cpu_s(server.process.pid)
+        own = subprocess.run(own_command, capture_output=True, text=True, timeout=TIMEOUT_S, env=quiet_env(), check=False)
+        server_cpu_s = process_cpu_s(server.process.pid) - before
+    finally:
+        server.close()
+    if own.returncode != 0:
+        raise RuntimeError(f"our own v2 consumer failed against the bare server ({own.returncode}):\n{own.stderr[-3000:]}")
+    result: dict[str, Any] = json.loads(own.stdout.strip().splitlines()[-1])
+    result["msgs_per_s"] = result["messages"] / result["seconds"]
+    result["server_cpu_us_per_message"] = server_cpu_s / result["messages"] * 1e6
     return result
 
 
@@ -475,6 +499,7 @@ def main() -> None:
             rates = {
                 "rmqstore": official,
                 "rmqstore_own_v2": official.pop("own_v2"),
+                "bare_v2": bare_v2_rate(args.messages, args.batch),
                 "sqlite": sqlite_rate(work, args.messages, args.batch, "NORMAL"),
                 "sqlite_full": sqlite_rate(work, args.messages, args.batch, "FULL"),
             }
@@ -590,7 +615,11 @@ CPU a message cost (user + system): {rate['rmqstore']['consumer_cpu_us_per_messa
 start-up included), {rate['rmqstore']['writer_cpu_us_per_message']:,.0f} µs in the writer. Our own v2 caller, the same messages for a
 group of its own (not the target's figure: it shows the writer's path without the client's call a message):
 {report['own_v2_rate_ratio']} of SQLite NORMAL's rate; {rate['rmqstore_own_v2']['consumer_cpu_us_per_message']:,.0f} µs a message in the caller,
-{rate['rmqstore_own_v2']['writer_cpu_us_per_message']:,.0f} µs in the writer.
+{rate['rmqstore_own_v2']['writer_cpu_us_per_message']:,.0f} µs in the writer (target ≤ {OWN_V2_WRITER_US_TARGET:g} µs:
+{verdict(rate['rmqstore_own_v2']['writer_cpu_us_per_message'] <= OWN_V2_WRITER_US_TARGET)}). The same caller against a bare
+`grpc.aio` server streaming the same answers (benchmarks/bare_receive.py, no store): {rate['bare_v2']['server_cpu_us_per_message']:,.0f} µs a
+message in the server, {rate['bare_v2']['msgs_per_s']:,.0f} msgs/s: the writer's cost above grpcio's is
+{rate['rmqstore_own_v2']['writer_cpu_us_per_message'] - rate['bare_v2']['server_cpu_us_per_message']:,.0f} µs a message.
 {peers_markdown(report)}
 ## Send → receive under a steady producer
 

@@ -59,11 +59,25 @@ def _needs_extra(command: Callable[[argparse.Namespace], int]) -> Callable[[argp
     return run
 
 
-def _add_store(parser: argparse.ArgumentParser) -> None:
+def _add_store(parser: argparse.ArgumentParser, *, several: bool = False) -> None:
     """The store, positional as the jobs have always taken it, or ``--store`` as the
-    servers and lookups take it."""
+    servers and lookups take it; a job that reads several (a cluster's writer groups)
+    takes ``--store`` once per store, and ``--broker-name`` once per store, in the same
+    order, to name each store's group in its output."""
     parser.add_argument("store", nargs="?", metavar="DIR", help="store directory to read (or --store DIR)")
-    parser.add_argument("--store", dest="store_flag", metavar="DIR", help="the same directory, as a flag")
+    if not several:
+        parser.add_argument("--store", dest="store_flag", metavar="DIR", help="the same directory, as a flag")
+        return
+    parser.add_argument(
+        "--store", dest="store_flag", action="append", metavar="DIR",
+        help="a store directory to read, as a flag; once per store to read several as one data set "
+        "(a cluster's writer groups)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--broker-name", dest="broker_names", action="append", metavar="NAME",
+        help="the broker name of each store (its writers' --broker-name), once per store in the order the "
+        "stores are given; the output then names each row's group",
+    )  # fmt: skip
 
 
 def _store_root(args: argparse.Namespace) -> None:
@@ -78,6 +92,41 @@ def _store_root(args: argparse.Namespace) -> None:
     if len(given) == 2 and given[0] != given[1]:
         raise InvalidArgument(f"two store directories given ({given[0]} and --store {given[1]}); give one")
     args.store = splits.store_root(given[0], "store directory" if args.store is not None else "--store")
+
+
+def _store_roots(args: argparse.Namespace) -> None:
+    """The store directories named (``args.stores``) and their broker names
+    (``args.broker_names``, or None): DIR alone, or ``--store`` once per store. Each must
+    be a store (exit 2 otherwise), none given twice, and broker names, when given, one per
+    store and distinct."""
+    from rmqstore.common.errors import InvalidArgument
+    from rmqstore.pipeline import splits
+
+    flags: list[str] = args.store_flag or []
+    if args.store is not None and flags:
+        if flags != [args.store]:
+            shown = " ".join(f"--store {path}" for path in flags)
+            raise InvalidArgument(f"store directories given as DIR ({args.store}) and as {shown}; give one DIR, or every store as --store DIR")
+        flags = []
+    if args.store is None and not flags:
+        raise InvalidArgument("give the store directory: DIR or --store DIR")
+    if args.store is not None:
+        args.stores = [splits.store_root(args.store, "store directory")]
+    else:
+        repeated = sorted({path for path in flags if flags.count(path) > 1})
+        if repeated:
+            raise InvalidArgument(f"--store {repeated[0]} is given twice")
+        args.stores = [splits.store_root(path, "--store") for path in flags]
+    names: list[str] | None = args.broker_names
+    if names is not None:
+        if len(names) != len(args.stores):
+            raise InvalidArgument(f"{len(names)} --broker-name for {len(args.stores)} store(s): give one per store, in the stores' order")
+        if any(not name or any(c.isspace() for c in name) for name in names):
+            raise InvalidArgument("--broker-name: expected a non-empty name without spaces")
+        repeated = sorted({name for name in names if names.count(name) > 1})
+        if repeated:
+            raise InvalidArgument(f"--broker-name {repeated[0]} is given twice: each store is one writer group")
+    args.store = args.stores[0]
 
 
 @_needs_extra
@@ -120,15 +169,16 @@ def cmd_export(args: argparse.Namespace) -> int:
     from rmqstore.common.errors import InvalidArgument
     from rmqstore.pipeline import export
 
-    _store_root(args)
+    _store_roots(args)
     if os.path.exists(args.out):
         raise InvalidArgument(f"--out {args.out} already exists; export writes a new directory")
 
     def job(spark: Any, progress: Any) -> int:
         summary = export.run(
             spark,
-            args.store,
+            args.stores,
             args.out,
+            broker_names=args.broker_names,
             topic=args.topic,
             begin_ms=args.begin,
             end_ms=args.end,
@@ -192,13 +242,17 @@ def cmd_load(args: argparse.Namespace) -> int:
 
 @_needs_extra
 def cmd_stats(args: argparse.Namespace) -> int:
+    from rmqstore.common.errors import InvalidArgument
     from rmqstore.pipeline import stats
 
-    _store_root(args)
+    _store_roots(args)
     sizes = sizes_from(args, args.store)
+    for other in args.stores[1:]:
+        if (other_sizes := sizes_from(args, other)) != sizes:
+            raise InvalidArgument(f"--store {other} has other sizes than --store {args.store} ({other_sizes} and {sizes}): give stores of one geometry")
 
     def job(spark: Any, progress: Any) -> int:
-        report = stats.run(spark, args.store, sizes, top=args.top, progress=progress)
+        report = stats.run(spark, args.stores, sizes, top=args.top, broker_names=args.broker_names, progress=progress)
         if args.json:
             print(json.dumps(report, ensure_ascii=False, indent=2))
         else:
@@ -231,14 +285,14 @@ def register(commands: argparse._SubParsersAction) -> None:  # type: ignore[type
 
     export = jobs.add_parser(
         "export",
-        help="write a store's records as Parquet, partitioned by topic and date",
+        help="write a store's records (or several stores', as one data set) as Parquet, partitioned by topic and date",
         description="Layout: OUT/topic=T/date=yyyy-MM-dd/part-*.parquet (date: UTC day of storeTimestamp). "
         "Columns: every record field of the rmqstore data source (commitLogOffset, size, msgId, queueId, "
         "queueOffset, sysFlag, flag, bodyCRC, bornTimestamp, storeTimestamp, bornHost, storeHost, "
-        "reconsumeTimes, preparedTransactionOffset, keys, tags, uniqKey, properties, body, store); "
-        "topic and date are in the path.",
+        "reconsumeTimes, preparedTransactionOffset, keys, tags, uniqKey, properties, body, store), and brokerName "
+        "with --broker-name; topic and date are in the path.",
     )
-    _add_store(export)
+    _add_store(export, several=True)
     export.add_argument("--out", required=True, help="new directory for the Parquet dataset")
     export.add_argument("--topic", help="only this topic")
     export.add_argument("--begin", type=exits.time_ms, metavar="TIME", help=f"only records stored at or after this time: {exits.TIME_HELP}")
@@ -275,7 +329,7 @@ def register(commands: argparse._SubParsersAction) -> None:  # type: ignore[type
     load.set_defaults(handler=cmd_load)
 
     stats = jobs.add_parser("stats", help="per topic and queue: counts, times, bytes, keys; index fill and chains")
-    _add_store(stats)
+    _add_store(stats, several=True)
     stats.add_argument("--json", action="store_true", help="print one JSON document")
     stats.add_argument("--top", type=int, default=5, help="hottest keys per topic (default 5)")
     add_size_options(stats)

@@ -30,12 +30,18 @@ properties                 map<string, string>         every property, as stored
 body                       binary                      the body as stored (compressed if
                                                        sysFlag bit 0 says so)
 store                      string                      the store directory read
+brokerName                 string                      the store's broker name (with
+                                                       ``broker_names`` only)
 =========================  ==========================  ====================================
+
+Several stores (a cluster's writer groups) are exported as one data set: each partition
+holds every group's rows of its topic and day, ordered by store, then commit log offset.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -72,11 +78,30 @@ def read_store(spark: Any, stores: list[str], *, file_size_bytes: int | None = N
     return reader.load(stores[0] if len(stores) == 1 else stores)
 
 
+def store_list(store: str | Sequence[str]) -> list[str]:
+    """One store directory or several, as a list (a job's ``store`` argument)."""
+    return [store] if isinstance(store, str) else list(store)
+
+
+def with_broker_names(frame: Any, stores: list[str], broker_names: Sequence[str] | None) -> Any:
+    """``frame`` with a ``brokerName`` column naming each row's group by its ``store``
+    (``broker_names[k]`` is ``stores[k]``'s), or as it is without names."""
+    from pyspark.sql import functions as F
+
+    if broker_names is None:
+        return frame
+    if len(broker_names) != len(stores):
+        raise InvalidArgument(f"{len(broker_names)} broker names for {len(stores)} store(s): give one per store")
+    names = F.create_map(*[F.lit(part) for pair in zip(stores, broker_names) for part in pair])
+    return frame.withColumn("brokerName", names[F.col("store")])
+
+
 def run(
     spark: Any,
-    store: str,
+    store: str | Sequence[str],
     out: str,
     *,
+    broker_names: Sequence[str] | None = None,
     topic: str | None = None,
     begin_ms: int | None = None,
     end_ms: int | None = None,
@@ -86,12 +111,14 @@ def run(
     from pyspark.sql import functions as F
 
     progress = progress or Progress(spark, enabled=False)
-    planning.store_root(store)
+    stores = store_list(store)
+    for root in stores:
+        planning.store_root(root)
     if os.path.exists(out):
         raise InvalidArgument(f"{out} already exists; export writes a new directory")
     if begin_ms is not None and end_ms is not None and end_ms < begin_ms:
         raise InvalidArgument(f"--end {iso_time(end_ms)} is before --begin {iso_time(begin_ms)}")
-    frame = read_store(spark, [store], file_size_bytes=file_size_bytes)
+    frame = with_broker_names(read_store(spark, stores, file_size_bytes=file_size_bytes), stores, broker_names)
     if topic is not None:
         frame = frame.where(F.col("topic") == topic)
     if begin_ms is not None:
@@ -99,9 +126,9 @@ def run(
     if end_ms is not None:
         frame = frame.where(F.col("storeTimestamp") <= end_ms)
     frame = frame.withColumn("date", F.expr(f"date_from_unix_date(CAST(floor(storeTimestamp / {DAY_MS}) AS INT))"))
-    with progress.phase(f"exporting {store} to {out}"):
+    with progress.phase(f"exporting {', '.join(stores)} to {out}"):
         (
-            frame.sortWithinPartitions("topic", "date", "commitLogOffset")
+            frame.sortWithinPartitions("topic", "date", "store", "commitLogOffset")
             .write.partitionBy("topic", "date")
             .parquet(out)
         )

@@ -612,6 +612,126 @@ def test_stats_command_prints_a_table_and_json(capsys: pytest.CaptureFixture[str
     assert row.split()[-2:] == [iso_time(topic["beginTimestamp"]), iso_time(topic["endTimestamp"])]
 
 
+# Several stores: a cluster's writer groups read as one data set
+
+CLUSTER_GROUPS = {"broker-a": 30, "broker-b": 20, "broker-c": 10}  # Orders messages each
+ONLY_B = 5  # messages of a topic only broker-b has
+
+
+@pytest.fixture(scope="module")
+def cluster_stores(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Three stores written by three real writers, each a writer group with its own broker
+    name and store host: one topic in every group, one in broker-b only; explicit queues
+    and keys, one of them ("shared") in every group."""
+    root = tmp_path_factory.mktemp("cluster")
+    stores = {}
+    for k, (broker, count) in enumerate(CLUSTER_GROUPS.items()):
+        store = root / broker / "store"
+        node = WriterNode(store, store_host=f"127.0.0.{k + 1}:10911", broker_name=broker)
+        try:
+            sent = [
+                messages_pb2.Message(
+                    topic="Orders", body=f"{broker}-{n}".encode(), queue_id=n % 3,
+                    keys=[f"{broker}-k{n}", *(["shared"] if n % 2 == 0 else [])],
+                )
+                for n in range(count)
+            ]  # fmt: skip
+            if broker == "broker-b":
+                sent += [messages_pb2.Message(topic="Only-b", body=b"b", queue_id=0, keys=["shared"]) for _ in range(ONLY_B)]
+            node.stub.SendBatch(writer_pb2.SendBatchRequest(messages=sent))
+            node.writer.flush_thoroughly()
+        finally:
+            node.close()
+        stores[broker] = store
+    return stores
+
+
+def cluster_args(stores: dict[str, Path]) -> list[str]:
+    args = [arg for store in stores.values() for arg in ("--store", str(store))]
+    return args + [arg for broker in stores for arg in ("--broker-name", broker)]
+
+
+def test_stats_over_several_stores_counts_every_group_and_keeps_queues_apart(
+    cluster_stores: dict[str, Path], capsys: pytest.CaptureFixture[str], spark: Any
+) -> None:
+    assert main(["pipeline", "stats", *cluster_args(cluster_stores), "--quiet", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    records = {broker: records_of(store, SMALL.commitlog_file_size_bytes) for broker, store in cluster_stores.items()}
+    assert report["messages"] == sum(CLUSTER_GROUPS.values()) + ONLY_B == 65
+    assert "store" not in report
+    assert [(s["store"], s["brokerName"], s["messages"]) for s in report["stores"]] == [
+        (str(cluster_stores["broker-a"]), "broker-a", 30), (str(cluster_stores["broker-b"]), "broker-b", 25),
+        (str(cluster_stores["broker-c"]), "broker-c", 10),
+    ]  # fmt: skip
+    for item in report["stores"]:
+        mine = records[item["brokerName"]]
+        assert item["bytes"] == sum(r.size for r in mine)
+        assert (item["beginTimestamp"], item["endTimestamp"]) == (min(r.store_timestamp_ms for r in mine), max(r.store_timestamp_ms for r in mine))
+    topics = {t["topic"]: t for t in report["topics"]}
+    assert {name: t["messages"] for name, t in topics.items()} == {"Orders": 60, "Only-b": 5}
+    # Queue 1 of broker-a is not queue 1 of broker-b: each group's queues apart, in the stores' order.
+    assert [(q["brokerName"], q["queueId"], q["messages"], q["minQueueOffset"], q["maxQueueOffset"]) for q in topics["Orders"]["queues"]] == [
+        ("broker-a", 0, 10, 0, 9), ("broker-a", 1, 10, 0, 9), ("broker-a", 2, 10, 0, 9),
+        ("broker-b", 0, 7, 0, 6), ("broker-b", 1, 7, 0, 6), ("broker-b", 2, 6, 0, 5),
+        ("broker-c", 0, 4, 0, 3), ("broker-c", 1, 3, 0, 2), ("broker-c", 2, 3, 0, 2),
+    ]  # fmt: skip
+    assert [(q["store"], q["brokerName"], q["messages"]) for q in topics["Only-b"]["queues"]] == [(str(cluster_stores["broker-b"]), "broker-b", 5)]
+    # A topic's keys over every group: "shared" is in 15 + 10 + 5 Orders messages.
+    assert topics["Orders"]["hottestKeys"][0] == {"key": "shared", "messages": 30}
+    assert topics["Orders"]["distinctKeys"] == 60 + 1
+    assert {f["brokerName"] for f in report["index"]["files"]} == set(CLUSTER_GROUPS)
+    assert sum(f["entries"] for f in report["index"]["files"] if f["brokerName"] == "broker-c") > 0
+    # The table names each queue's group.
+    assert main(["pipeline", "stats", *cluster_args(cluster_stores), "--quiet"]) == 0
+    table = capsys.readouterr().out
+    assert "Orders/broker-b/1" in table and "Only-b/broker-b/0" in table
+    assert table.startswith(f"stores    {cluster_stores['broker-a']} (broker-a), ")
+    # Without broker names the stores still stay apart, each queue named by its directory.
+    assert main(["pipeline", "stats", "--store", str(cluster_stores["broker-a"]), "--store", str(cluster_stores["broker-c"]), "--quiet", "--json"]) == 0
+    unnamed = json.loads(capsys.readouterr().out)
+    assert unnamed["messages"] == 40
+    assert [(q["store"], q["brokerName"], q["messages"]) for q in unnamed["topics"][0]["queues"]][::3] == [
+        (str(cluster_stores["broker-a"]), None, 10), (str(cluster_stores["broker-c"]), None, 4),
+    ]  # fmt: skip
+
+
+def test_export_over_several_stores_writes_one_data_set_naming_each_rows_group(
+    cluster_stores: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str], spark: Any
+) -> None:
+    out = tmp_path / "out"
+    assert main(["pipeline", "export", *cluster_args(cluster_stores), "--out", str(out), "--quiet"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    rows = pads.dataset(str(out), format="parquet", partitioning="hive").to_table().to_pylist()
+    assert summary["rows"] == len(rows) == 65
+    assert [(p["topic"], p["rows"]) for p in summary["partitions"]] == [("Only-b", 5), ("Orders", 60)]
+    got = sorted((r["brokerName"], r["store"], str(r["topic"]), r["queueId"], r["queueOffset"], r["commitLogOffset"], r["msgId"], r["body"]) for r in rows)
+    expected = sorted(
+        (broker, str(store), r.topic, r.queue_id, r.queue_offset, r.commitlog_offset, offset_msg_id(r.store_host, r.commitlog_offset), r.body)
+        for broker, store in cluster_stores.items()
+        for r in records_of(store, SMALL.commitlog_file_size_bytes)
+    )
+    assert got == expected
+    # Each group's records carry its own store host, so their ids differ where offsets repeat.
+    assert len({r["msgId"] for r in rows}) == 65
+    assert len({r["commitLogOffset"] for r in rows}) < 65
+
+
+def test_several_stores_on_the_command_line_are_checked_before_spark_starts(cluster_stores: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    a, b = (str(cluster_stores[name]) for name in ("broker-a", "broker-b"))
+    cases = [
+        (["stats", "--store", a, "--store", a], f"--store {a} is given twice"),
+        (["stats", "--store", a, "--store", b, "--broker-name", "broker-a"], "1 --broker-name for 2 store(s): give one per store, in the stores' order"),
+        (["stats", "--store", a, "--store", b, "--broker-name", "x", "--broker-name", "x"], "--broker-name x is given twice: each store is one writer group"),
+        (["stats", a, "--store", b], f"store directories given as DIR ({a}) and as --store {b}; give one DIR, or every store as --store DIR"),
+        (["export", "--store", a, "--store", str(tmp_path / "nowhere"), "--out", str(tmp_path / "out")], f"--store {tmp_path / 'nowhere'}: no such directory"),
+    ]  # fmt: skip
+    for argv, message in cases:
+        assert main(["pipeline", *argv, "--quiet"]) == 2
+        captured = capsys.readouterr()
+        assert (captured.out, captured.err) == ("", f"rmqstore: error: {message}\n")
+    assert not (tmp_path / "out").exists()
+
+
 # errors, in one line
 
 

@@ -60,10 +60,22 @@ rmq5_client() {
     # separate process. Made once; a later run only checks it is there.
     if [ ! -x "$RMQ5_VENV/bin/python" ] || ! "$RMQ5_VENV/bin/python" -c 'import rocketmq' 2> /dev/null; then
         python3 -m venv "$RMQ5_VENV"
-        if ! "$RMQ5_VENV/bin/pip" install 'rocketmq-python-client>=5.1,<6' > "$RMQ5_VENV/install.log" 2>&1; then
+        if ! install_into "$RMQ5_VENV" 'rocketmq-python-client>=5.1,<6' > "$RMQ5_VENV/install.log" 2>&1; then
             cat "$RMQ5_VENV/install.log" >&2
             exit 1
         fi
+    fi
+}
+# pip installs into a virtualenv, or uv where RMQSTORE_UV names its binary (.ci/run installs
+# a pinned uv: the same packages, resolved and unpacked in parallel; each module compiled to
+# bytecode at install, as pip does, since CI's processes keep none of what they compile).
+install_into() {
+    local venv="$1"
+    shift
+    if [ -n "${RMQSTORE_UV:-}" ]; then
+        "$RMQSTORE_UV" pip install --python "$venv/bin/python" --compile-bytecode "$@"
+    else
+        "$venv/bin/pip" install "$@"
     fi
 }
 RMQ5_VENV="${RMQSTORE_RMQ5_VENV:-.venv-rmq5}"
@@ -78,7 +90,8 @@ current="$(find pyproject.toml setup.py protos/rmqstore common/codec/speedups_c 
 built() { [ -d protos/gen/rmqstore/v1 ] && compgen -G 'common/codec/_speedups*.so' > /dev/null; }
 if [ ! -x "$VENV/bin/rmqstore" ] || [ "$(cat "$STAMP" 2>/dev/null)" != "$current" ] || ! built; then
     # Install quietly; show pip's output only if it fails.
-    if ! { "$VENV/bin/pip" install --upgrade pip && "$VENV/bin/pip" install -e '.[test]'; } > "$VENV/install.log" 2>&1; then
+    if ! { [ -n "${RMQSTORE_UV:-}" ] || "$VENV/bin/pip" install --upgrade pip; } > "$VENV/install.log" 2>&1 \
+        || ! install_into "$VENV" -e '.[test]' >> "$VENV/install.log" 2>&1; then
         cat "$VENV/install.log" >&2
         exit 1
     fi

@@ -20,7 +20,7 @@ from support.tmpfs import can_mount, tmpfs
 from rmqstore.common.files.store import StoreSizes
 
 # Hypothesis's deadline (200 ms an example by default) times the machine, not the code:
-# CI's two workers share two cores with the static checks and other jobs, and a stalled
+# CI's three workers share two cores with the static checks and other jobs, and a stalled
 # example failed a pure function's round trip. No test means a deadline; a profile loaded
 # before this one (.ci/sanitize's, which has none) stays.
 if settings().deadline is not None:
@@ -38,7 +38,7 @@ FIXTURE_SIZE_ARGS = ["--index-slots", "500", "--index-entries", "1500"]
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """On a pytest-xdist worker (.ci/run: ``-n 2 --dist loadfile --no-loadscope-reorder``,
+    """On a pytest-xdist worker (.ci/run: ``-n 3 --dist loadfile --no-loadscope-reorder``,
     which hands out whole modules in collection order), the modules holding a test marked
     slow or spark first, then the rest, each group in pytest's order: the long modules
     start early and the many short ones fill both workers up to the end, instead of a long

@@ -145,6 +145,66 @@ def paced_callers(endpoint: str, topic: str, count: int, rate: float) -> dict[st
     return asyncio.run(sending())
 
 
+def batch_request(size: int, start: int) -> Any:
+    """A SendBatchRequest as a proxy's coalesced batch of ``size`` client messages (the
+    columns :mod:`rmqstore.proxy.coalesce` fills from _v2_sender's messages)."""
+    from rmqstore.v1 import writer_pb2
+
+    numbers = range(start, start + size)
+    columns = writer_pb2.MessageColumns(
+        bodies=[b"message %d to Bench" % n for n in numbers], topics=["Bench"], queue_ids=[n % 8 for n in numbers],
+        keys=[f"order-{n} customer-{n % 100}" for n in numbers], tags=[f"Tag{n % 3}" for n in numbers],
+        uniq_keys=[f"{n:032X}" for n in numbers], born_timestamps_ms=[int(time.time() * 1000)] * size,
+        born_hosts=["127.0.0.1:50000"] * size, property_counts=[2] * size,
+        property_names=["seq", "origin"] * size, property_values=[v for n in numbers for v in (str(n), "python-client")],
+    )  # fmt: skip
+    return writer_pb2.SendBatchRequest(columns=columns, compact_results=True)
+
+
+def batch_costs(nodes: Nodes, work: Path, sizes: list[int], messages: int) -> dict[str, Any]:
+    """The writer's CPU a batch of each size on one SendStream, one batch in flight (as a
+    proxy sends them), about ``messages`` messages of each size; fitted as a cost a batch
+    plus a cost a message (least squares over the sizes), less the writer's idle
+    background."""
+    import asyncio
+
+    import grpc
+
+    from rmqstore.v1 import writer_pb2_grpc
+
+    async def stream(endpoint: str, requests: list[Any]) -> None:
+        async with grpc.aio.insecure_channel(endpoint) as channel:
+            call = writer_pb2_grpc.WriterServiceStub(channel).SendStream()  # type: ignore[no-untyped-call]  # generated
+            for request in requests:
+                await call.write(request)
+                await call.read()
+            await call.done_writing()
+
+    writer = nodes.start("writer", work / "store-batch-costs", "--broker-name", "broker-a")
+    try:
+        create_topic(writer.endpoint, "Bench")
+        asyncio.run(stream(writer.endpoint, [batch_request(1, n) for n in range(50)]))  # warmed
+        idle_before = process_cpu_s(writer.proc.pid)
+        time.sleep(IDLE_S)
+        idle_per_s = (process_cpu_s(writer.proc.pid) - idle_before) / IDLE_S
+        per_size = {}
+        for size in sizes:
+            count = max(messages // size, 20)
+            requests = [batch_request(size, 1_000_000 * size + k * size) for k in range(count)]
+            before, started = process_cpu_s(writer.proc.pid), time.perf_counter()
+            asyncio.run(stream(writer.endpoint, requests))
+            cpu_s = process_cpu_s(writer.proc.pid) - before - idle_per_s * (time.perf_counter() - started)
+            per_size[size] = {"batches": count, "writer_us_per_batch": round(cpu_s / count * 1e6, 1),
+                              "writer_us_per_message": round(cpu_s / (count * size) * 1e6, 1)}  # fmt: skip
+    finally:
+        writer.stop()
+    xs = sizes
+    ys = [per_size[size]["writer_us_per_batch"] for size in sizes]
+    slope, intercept = statistics.linear_regression(xs, ys) if len(xs) > 1 else (0.0, ys[0])
+    return {"sizes": per_size, "us_per_batch": round(intercept, 1), "us_per_message": round(slope, 1),
+            "idle_cpu_ms_per_s": round(idle_per_s * 1000, 1)}  # fmt: skip
+
+
 CONSUME_GROUP = "BenchGroup"
 PRELOAD_BATCH = 500
 
@@ -247,7 +307,8 @@ class Proxy:
         self._stderr.close()
         log = Path(self._stderr.name).read_text(encoding="utf-8", errors="replace")
         batches: dict[str, float] = {}
-        for name, pattern in (("send_batch_avg", r"(\d+) messages sent in (\d+) batches"), ("ack_batch_avg", r"(\d+) acknowledgements in (\d+) calls")):
+        for name, pattern in (("send_batch_avg", r"(\d+) messages sent in (\d+) batches"), ("ack_batch_avg", r"(\d+) acknowledgements in (\d+) calls"),
+                               ("receive_batch_avg", r"(\d+) messages received in (\d+) writer receives")):
             found = re.search(pattern, log)
             if found and int(found.group(2)):
                 batches[name] = round(int(found.group(1)) / int(found.group(2)), 2)
@@ -290,6 +351,8 @@ def main() -> None:
     parser.add_argument("--consume", type=int, default=0, metavar="N", help="also consume N messages each way (0: not)")
     parser.add_argument("--consume-batch", type=int, default=16)
     parser.add_argument("--consume-concurrency", type=int, default=4)
+    parser.add_argument("--batch-sizes", type=int, nargs="*", default=[1, 8, 32, 128], metavar="N",
+                        help="the writer's CPU a SendStream batch of each size (the cost a batch and a message)")
     parser.add_argument("--out", type=Path, help="write the results as markdown here")
     parser.add_argument("--callers", nargs=2, metavar=("ENDPOINT", "TOPIC"), help=argparse.SUPPRESS)
     parser.add_argument("--paced", nargs=3, metavar=("ENDPOINT", "TOPIC", "RATE"), help=argparse.SUPPRESS)
@@ -342,7 +405,10 @@ def main() -> None:
                         batches = proxy.stop() if proxy is not None else {}
                         writer.stop()
                     results.append({**result, **batches})
+            costs = batch_costs(nodes, work, args.batch_sizes, args.messages) if args.batch_sizes else None
     report = summary(runs, args, load_before)
+    if costs is not None:
+        report["batch_costs"] = costs
     print(json.dumps(report, indent=2))
     if args.out:
         kept = ""
@@ -378,6 +444,8 @@ def summary(runs: dict[str, list[dict[str, Any]]], args: argparse.Namespace, loa
             batch = "ack_batch_avg" if way.startswith("consume") else "send_batch_avg"
             if all(batch in r for r in runs[way]):
                 per_way[way]["batch_avg"] = median(way, lambda r, batch=batch: r[batch])
+            if way.startswith("consume") and all("receive_batch_avg" in r for r in runs[way]):
+                per_way[way]["receive_batch_avg"] = median(way, lambda r: r["receive_batch_avg"])
     writer_proxy = per_way["proxy"]["writer_cpu_us_per_message"]
     consumed: dict[str, Any] = {}
     if "consume proxy" in per_way:
@@ -402,10 +470,14 @@ def summary(runs: dict[str, list[dict[str, Any]]], args: argparse.Namespace, loa
 
 def markdown(report: dict[str, Any], command: str) -> str:
     medians = report["medians"]
+
+    def receives(m: dict[str, Any]) -> str:
+        return f"{m.get('receive_batch_avg', '–')} | " if m is medians.get("consume direct") or m is medians.get("consume proxy") else ""
+
     def rows(ways: list[str]) -> str:
         return "\n".join(
             f"| {way} | {m['msgs_per_s']} | {m['writer_cpu_us_per_message']} | {m['writer_net_cpu_us_per_message']} | {m.get('proxy_cpu_us_per_message', '–')} | "
-            f"{m.get('batch_avg', '–')} | {m['latency_p50_ms']} | {m['latency_p99_ms']} | {m['writer_idle_cpu_ms_per_s']} |"
+            f"{m.get('batch_avg', '–')} | {receives(m)}{m['latency_p50_ms']} | {m['latency_p99_ms']} | {m['writer_idle_cpu_ms_per_s']} |"
             for way, m in medians.items() if way in ways
         )
 
@@ -420,6 +492,24 @@ each send's due moment; `--rates`), same rounds, medians:
 |---|---|---|---|---|---|---|---|---|
 {rows(rated)}
 """
+    costs = ""
+    if "batch_costs" in report:
+        c = report["batch_costs"]
+        lines = "\n".join(
+            f"| {size} | {v['batches']} | {v['writer_us_per_batch']} | {v['writer_us_per_message']} |" for size, v in c["sizes"].items()
+        )
+        costs = f"""
+## The writer's cost a batch and a message
+
+Batches as a proxy sends them (columns, compact results, one in flight) on one SendStream
+to a fresh writer, the writer's CPU less its idle background ({c['idle_cpu_ms_per_s']} ms a second), same run:
+
+| messages a batch | batches | writer CPU µs a batch | writer CPU µs a message |
+|---|---|---|---|
+{lines}
+
+Fitted (least squares): **{c['us_per_batch']} µs a batch + {c['us_per_message']} µs a message**.
+"""
     consumed = ""
     if "consume" in report:
         consumed = f"""
@@ -432,8 +522,8 @@ AckMessage (as the official clients do), direct from the writer's gateway and th
 proxy (which coalesces the acknowledgements into multi-entry AckMessage calls); same
 rounds, medians. Latency: each acknowledgement's.
 
-| way | msgs/s | writer CPU µs/msg | writer CPU less idle µs/msg | proxy CPU µs/msg | acks per AckMessage to the writer | ack p50 ms | ack p99 ms | writer idle CPU ms/s |
-|---|---|---|---|---|---|---|---|---|
+| way | msgs/s | writer CPU µs/msg | writer CPU less idle µs/msg | proxy CPU µs/msg | acks per AckMessage to the writer | messages per writer receive | ack p50 ms | ack p99 ms | writer idle CPU ms/s |
+|---|---|---|---|---|---|---|---|---|---|
 {rows(["consume direct", "consume proxy"])}
 
 Writer CPU per consumed message, direct / through the proxy: **{report['consume_writer_cpu_direct_to_proxy']}x**.
@@ -459,7 +549,7 @@ Target (writer ≤ {report['target_writer_cpu_us']:g} µs a client message throu
 The callers, the writer and the proxy share the machine's two cores, so the rate is what
 all three leave each other, not a proxy's ceiling; the writer's CPU per message is the
 figure that says how many proxies' worth of messages one writer group can take.
-{consumed}"""
+{costs}{consumed}"""
 
 
 if __name__ == "__main__":

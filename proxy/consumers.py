@@ -272,6 +272,8 @@ class ReceiveRouter:
     def __init__(self) -> None:
         self._turn: collections.Counter[tuple[str, str]] = collections.Counter()
         self.polls_cancelled = 0
+        self.writer_receives = 0  # receives asked of writers
+        self.messages_received = 0  # messages they handed out
 
     def order(self, group: str, topic: str, names: list[str]) -> list[str]:
         """``names`` starting at the next group in turn for the consumer group's topic."""
@@ -331,6 +333,7 @@ class ReceiveRouter:
         )
         forwarded.long_polling_timeout.CopyFrom(duration_pb2.Duration(seconds=int(poll_s), nanos=int(poll_s % 1 * 1e9)))
         received = Received()
+        self.writer_receives += 1
         try:
             call = link.messaging.ReceiveMessage(forwarded, timeout=poll_s + CALL_TIMEOUT_S)
             async for answer in call:
@@ -339,6 +342,7 @@ class ReceiveRouter:
                     message = answer.message
                     message.system_properties.receipt_handle = wrap_handle(name, message.system_properties.receipt_handle)
                     received.messages.append(message)
+                    self.messages_received += 1
                 elif content == "status" and answer.status.code not in (v2.OK, v2.MESSAGE_NOT_FOUND):
                     if answer.status.code in _CLIENTS_FAULT:
                         received.refusal = answer.status

@@ -144,6 +144,8 @@ class ProxyServicer(service_pb2_grpc.MessagingServiceServicer):
 
     async def close(self) -> None:
         self._stopping.set()
+        if self.receives.writer_receives:
+            log.info("%d messages received in %d writer receives", self.receives.messages_received, self.receives.writer_receives)
         for acker in self.ackers.values():
             await acker.close()
         for group in self.groups.values():

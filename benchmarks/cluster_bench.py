@@ -86,10 +86,11 @@ def own_callers(endpoint: str, topic: str, count: int, concurrency: int) -> dict
     return {"messages": count, "seconds": seconds, "latency": latency_summary(latencies_ns)}
 
 
-# Calls one paced caller has in flight at most: below a node's streams a connection
-# (service.limits), which refuses more; a send due while these wait starts late, and its
+# Calls one paced caller has in flight at most: well below a node's streams a connection
+# (service.limits' 128), past which a loaded node refused some with REFUSED_STREAM; as
+# many as the closed loop's callers. A send due while these wait starts late, and its
 # latency (from when it was due) says so.
-PACED_IN_FLIGHT_MAX = 100
+PACED_IN_FLIGHT_MAX = 64
 
 
 def paced_callers(endpoint: str, topic: str, count: int, rate: float) -> dict[str, Any]:
@@ -379,7 +380,7 @@ def main() -> None:
         with Nodes(work / "logs") as nodes:
             for round_number in range(args.rounds):
                 for way, results in runs.items():
-                    store = work / f"store-{way.replace(' ', '-')}-{round_number}"
+                    store = work / f"store-{way.replace(' ', '-').replace('/', '')}-{round_number}"
                     writer = nodes.start("writer", store, "--broker-name", "broker-a")
                     create_topic(writer.endpoint, "Bench")
                     watched = {"writer": writer.proc.pid}

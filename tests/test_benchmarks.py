@@ -317,7 +317,7 @@ def test_the_cluster_benchmark_measures_both_ways(tmp_path: Path) -> None:
     out.write_text("# old figures\n\n## What bounds the figure\n\nkept as written\n")
     done = subprocess.run(
         [sys.executable, str(REPO / "benchmarks" / "cluster_bench.py"), "--messages", "100", "--rounds", "1", "--concurrency", "8",
-         "--out", str(out)],
+         "--rates", "200", "--batch-sizes", "1", "16", "--out", str(out)],
         cwd=REPO, capture_output=True, text=True, timeout=TIMEOUT_S, check=False,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
@@ -327,8 +327,14 @@ def test_the_cluster_benchmark_measures_both_ways(tmp_path: Path) -> None:
     assert medians["proxy"]["proxy_cpu_us_per_message"] > 0
     assert [r["messages"] for r in result["runs"]["proxy"]] == [100]
     assert result["met"] == (medians["proxy"]["writer_cpu_us_per_message"] <= 50)
+    # The paced ways send every message at the rate asked, each way.
+    assert [r["messages"] for r in result["runs"]["proxy 200/s"]] == [100] and result["runs"]["direct 200/s"][0]["offered_rate"] == 200
+    assert medians["proxy 200/s"]["proxy_cpu_us_per_message"] > 0
+    costs = result["batch_costs"]
+    assert set(costs["sizes"]) == {"1", "16"} and costs["sizes"]["16"]["writer_us_per_batch"] > 0
     report = out.read_text()
     assert "python benchmarks/cluster_bench.py --messages 100" in report and "# old figures" not in report
+    assert "| proxy 200/s |" in report and "µs a batch +" in report
     assert report.endswith("\n## What bounds the figure\n\nkept as written\n")
 
 

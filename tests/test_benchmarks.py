@@ -394,6 +394,9 @@ def test_the_consumer_benchmark_measures_both_queues(tmp_path: Path) -> None:
     assert result["rate_ratio"] == round(rates["rmqstore"]["msgs_per_s"] / rates["sqlite"]["msgs_per_s"], 2)
     assert result["rate_met"] == (result["rate_ratio"] >= 5.0)
     own = rates["rmqstore_own_v2"]
+    # The floor: the same caller against a bare grpc.aio server streaming the same answers.
+    assert (rates["bare_v2"]["messages"], rates["bare_v2"]["duplicates"]) == (300, 0)
+    assert rates["bare_v2"]["server_cpu_us_per_message"] > 0
     assert sorted(result["peers"]) == ["nats-ack-all", "nats-explicit", "redis"]
     for peer, figures in result["peers"].items():
         assert (figures["messages"], figures["duplicates"]) == (300, 0), peer
@@ -413,6 +416,7 @@ def test_the_consumer_benchmark_measures_both_queues(tmp_path: Path) -> None:
     assert result["own_v2_p99_met"] == (run["rmqstore_own_v2"]["p99_ms"] <= 50.0)
     report = out.read_text()
     assert report.startswith("# RocketMQ 5 consumers") and "`python benchmarks/consumer_bench.py --messages 300" in report
+    assert "(benchmarks/bare_receive.py, no store)" in report and "(target ≤ 20 µs:" in report
     assert "## Beside the servers users would pick instead" in report and "| Redis Streams, redis-py" in report
     assert "# old figures" not in report and report.endswith("\n## What bounds the figures\n\nkept as written\n")
     [saved] = (tmp_path / "results").glob("consumers-*-300.json")

@@ -59,6 +59,8 @@ ROOT = Path(__file__).resolve().parent.parent
 COMMITLOG_FILE_BYTES = 256 * 1024  # tests/test_replication.py's SIZES
 WATCH_INTERVAL_S = 0.02
 EVENT_TIMEOUT_S = 60.0
+# `rmqstore check` of a replica at the end reads every record: minutes on a loaded machine.
+CHECK_TIMEOUT_S = 1800.0
 
 
 def percentile(values: list[float], share: float) -> float | None:
@@ -211,7 +213,7 @@ def main() -> None:
                 lost[k] = sum(1 for offset, uniq_key in acked_by_offset.items() if log.read(offset).uniq_key != uniq_key)
             finally:
                 log.close()
-        checks = {k: run_cli(["check", str(group.store(k))]).returncode for k in range(3)}
+        checks = {k: run_cli(["check", str(group.store(k))], timeout_s=CHECK_TIMEOUT_S).returncode for k in range(3)}
         _assert_identical_over_common_length([group.store(k) for k in range(3)])
         every = expiry_to_ack["kill"] + expiry_to_ack["stop"]
         result: dict[str, Any] = {

@@ -1109,11 +1109,15 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             return
         resource = request.message_queue.topic
         pieces = _pieces(handed, lambda one: len(one.record.body))
+
+        def make(items: list[Handed]) -> list[v2s.ReceiveMessageResponse]:
+            return self._make_answers(items, resource)
+
         with _receive_span(request.group.name, handed):
             del handed  # each piece's records freed once its answers are sent
             try:
                 piece = pieces.pop(0)
-                answers = await self._made(functools.partial(self._make_answers, piece.items, resource), piece)
+                answers = await self._made(functools.partial(make, piece.items), piece)
             except Exception as error:
                 yield v2s.ReceiveMessageResponse(status=self._failed("ReceiveMessage", error))
                 return
@@ -1121,16 +1125,10 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         # When the batch left the server: the clients measure their receive latency from
         # it (the Python push consumer fails every message of a batch without it).
         yield v2s.ReceiveMessageResponse(delivery_timestamp=_timestamp(_now_ms()))
-        while True:
-            answers.reverse()
-            while answers:
-                yield answers.pop()  # each answer freed once sent
-            if not pieces:
-                return
-            # A later piece that cannot be made ends the call with an error; its messages
-            # stay invisible until their time runs out, then are handed out again.
-            piece = pieces.pop(0)
-            answers = await self._made(functools.partial(self._make_answers, piece.items, resource), piece)
+        # A later piece that cannot be made ends the call with an error; its messages stay
+        # invisible until their time runs out, then are handed out again.
+        async for answer in self._piece_by_piece(answers, pieces, make):
+            yield answer
 
     async def _receive(self, request: v2s.ReceiveMessageRequest, context: grpc.aio.ServicerContext) -> list[Handed]:
         group = check_group(request.group.name)
@@ -1205,6 +1203,19 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             else:
                 handed.append(one.handed(record))
         return handed
+
+    async def _piece_by_piece(self, answers: list[A], pieces: list[Piece[T]], make: Callable[[list[T]], list[A]]) -> AsyncIterator[A]:
+        """``answers`` (the first piece's, made already), then each later piece's answers,
+        made by ``make`` only once the piece before is sent; each answer freed once sent.
+        A piece that cannot be made raises, ending the call with an error."""
+        while True:
+            answers.reverse()
+            while answers:
+                yield answers.pop()
+            if not pieces:
+                return
+            piece = pieces.pop(0)
+            answers = await self._made(functools.partial(make, piece.items), piece)
 
     async def _made(self, make: Callable[[], list[A]], piece: Piece[Any]) -> list[A]:
         """``make()``, the answers of ``piece``: on the loop when the piece is small, else
@@ -1459,8 +1470,12 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             resource = v2.Resource(name=topic)
             pieces = _pieces(records, lambda one: len(one[1].body))
             del records  # each piece's records freed once its answers are sent
+
+            def make(items: list[tuple[int, Record]]) -> list[v2s.PullMessageResponse]:
+                return self._pulled_messages(items, queue_id, resource)
+
             piece = pieces.pop(0)
-            messages = await self._made(functools.partial(self._pulled_messages, piece.items, queue_id, resource), piece)
+            messages = await self._made(functools.partial(make, piece.items), piece)
         except Exception as error:
             yield v2s.PullMessageResponse(status=self._failed("PullMessage", error))
             return
@@ -1468,16 +1483,10 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             yield v2s.PullMessageResponse(status=v2.Status(code=v2.MESSAGE_NOT_FOUND, message="no new message"))
         else:
             yield v2s.PullMessageResponse(status=ok_status())
-        while True:
-            messages.reverse()
-            while messages:
-                yield messages.pop()  # each answer freed once sent
-            if not pieces:
-                break
-            # A later piece that cannot be made ends the call with an error (no next_offset:
-            # the client pulls from where it was).
-            piece = pieces.pop(0)
-            messages = await self._made(functools.partial(self._pulled_messages, piece.items, queue_id, resource), piece)
+        # A later piece that cannot be made ends the call with an error (no next_offset: the
+        # client pulls from where it was).
+        async for message in self._piece_by_piece(messages, pieces, make):
+            yield message
         yield v2s.PullMessageResponse(next_offset=next_offset)
 
     async def _pull(

@@ -688,10 +688,11 @@ def test_a_producer_that_reads_no_acks_is_held_then_closed(tmp_path: Path) -> No
         )
         stored = store.status()["queues"]
         held = [hi for topic, queue_id, _, hi in stored if (topic, queue_id) == ("TopicA", 0)]  # type: ignore[attr-defined]
-        # The client library took tens of thousands of requests (it queues them); the
+        # The client library took thousands of requests (it queues them; how many before
+        # the stream closed depends on the machine's pace: 9,420 on a busy CI run); the
         # writer read and stored only what one flow-control window of acks allowed.
-        assert offered > 10_000
         assert 0 < len(acks) <= held[0] <= 5_000
+        assert offered > 2 * held[0], (offered, held[0])
         assert [ack.queue_offset for ack in acks] == list(range(len(acks)))
     finally:
         channel.close()

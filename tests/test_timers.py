@@ -297,6 +297,48 @@ def writer_batch(message: MessageInput):  # type: ignore[no-untyped-def]
     return MessageBatch.of([message])
 
 
+def test_each_tick_releases_exactly_the_timers_due_by_then_across_full_buckets(writer: Writer) -> None:
+    """A second's bucket of 1,500 timers sent out of due order and a later second's 300:
+    a tick releases every timer due by its time and no other, at most RELEASE_BATCH_MAX
+    (1,024) a tick, the earliest-sent first when capped; every timer is released once, and
+    the wheel's pending start is the lowest queue offset still pending."""
+    writer.topics.create("Orders", 1)
+    base = (now_ms() // 1000 + 100) * 1000
+    dues = [base + (i * 7919) % 1000 for i in range(1500)] + [base + 1000 + (i * 31) % 1000 for i in range(300)]
+    for start in range(0, len(dues), 300):
+        send(writer, *(timed("Orders", str(i).encode(), dues[i]) for i in range(start, start + 300)))
+    delivery = ScheduledDelivery(writer)
+    wheel = delivery.wheel
+    released: list[int] = []
+
+    def tick(now: int) -> list[int]:
+        end = writer.log.write_offset or 0
+        delivery.run_once(now)
+        copies = records_from(writer, end)
+        assert all(copy.properties[props.TIMER_DEQUEUE_MS] == str(now) for copy in copies)
+        numbers = [int(copy.body) for copy in copies]
+        assert [dues[n] for n in numbers] == sorted(dues[n] for n in numbers)  # due order within a tick
+        released.extend(numbers)
+        return numbers
+
+    assert tick(base - 1) == []
+    first = tick(base + 499)
+    assert sorted(first) == [i for i, due in enumerate(dues) if due <= base + 499]
+    assert wheel.pending_count == len(dues) - len(first)
+    assert wheel.pending_from() == min(i for i, due in enumerate(dues) if due > base + 499)
+    # Everything is due by now: the rest of the first second (751) and the second one
+    # (300) pass the cap, so the tick takes the first second's rest, then the second's
+    # earliest-sent, up to 1,024 in all; the next tick the remaining 27.
+    rest = 1500 - len(first)
+    capped = tick(base + 5000)
+    assert len(capped) == 1024
+    assert sorted(capped) == sorted(set(range(1500)) - set(first)) + list(range(1500, 1500 + 1024 - rest))
+    assert wheel.pending_from() == 1500 + 1024 - rest
+    assert sorted(tick(base + 5000)) == list(range(1500 + 1024 - rest, 1800))
+    assert tick(base + 6000) == [] and wheel.pending_count == 0
+    assert sorted(released) == list(range(len(dues)))
+
+
 def test_a_thousand_pending_timers_take_a_few_dozen_bytes_each(writer: Writer) -> None:
     now = now_ms()
     for start in range(0, 1000, 250):

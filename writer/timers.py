@@ -54,6 +54,12 @@ TIMERS_FILE_NAME = "rmqstore-timers.json"
 TIMERS_MAGIC = "rmqstore-timers"
 TIMERS_VERSION = 1
 DEFAULT_TICK_MS = 10
+# The shortest wait between two ticks when the next timer is due within the tick: timers due
+# every fraction of a millisecond (1,667 a second) then go out a few ms' worth an append,
+# not one or two (each append, its dispatch and the consumers' wake-up cost the same for
+# one message as for ten; benchmarks/TIMERS.md). A timer is released at most this much
+# after it is due, plus the time the tick takes.
+MIN_TICK_GAP_MS = 5
 # How often a loop looks on disk for a queue the writer has not opened (QueueLookup).
 DISK_LOOK_MS = 1_000
 DEFAULT_CHECKPOINT_INTERVAL_MS = 1000
@@ -515,15 +521,19 @@ class ScheduledDelivery:
 
     def _run(self) -> None:
         while not self._stop.is_set():
+            tick_at = now_ms()
             try:
-                soonest = self.run_once(checkpoint=self._checkpoint_behind)
+                soonest = self.run_once(tick_at, checkpoint=self._checkpoint_behind)
             except (StoreError, OSError):
                 self.failures += 1
                 log.exception("releasing scheduled messages failed; retrying")
                 soonest = None
             wait_s = self.tick_s
             if soonest is not None:
-                wait_s = min(max((soonest - now_ms()) / 1000, 0.0), self.tick_s)
+                # A backlog (more was due at the tick than one append takes) goes on at
+                # once; otherwise wait for the soonest, at least the gap, at most a tick.
+                backlog = soonest <= tick_at
+                wait_s = 0.0 if backlog else min(max(soonest - now_ms(), MIN_TICK_GAP_MS) / 1000, self.tick_s)
             if wait_s > 0:
                 self._wake.wait(wait_s)
                 self._wake.clear()

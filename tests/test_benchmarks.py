@@ -400,7 +400,9 @@ def test_the_consumer_benchmark_measures_both_queues(tmp_path: Path) -> None:
     assert sorted(result["peers"]) == ["nats-ack-all", "nats-explicit", "redis"]
     for peer, figures in result["peers"].items():
         assert (figures["messages"], figures["duplicates"]) == (300, 0), peer
-        assert figures["server_cpu_us_per_message"] > 0 and figures["consumer_cpu_us_per_message"] > 0, peer
+        # A C server's CPU for 300 messages can be under one clock tick (10 ms) of /proc's
+        # count: measured, never negative; the Python consumer's always shows.
+        assert figures["server_cpu_us_per_message"] >= 0 and figures["consumer_cpu_us_per_message"] > 0, peer
         ratios = result["peer_ratios"][peer]
         assert ratios["msgs_per_s_ratio"] == round(own["msgs_per_s"] / figures["msgs_per_s"], 2), peer
         assert ratios["server_cpu_ratio"] == round(own["writer_cpu_us_per_message"] / figures["server_cpu_us_per_message"], 2), peer

@@ -27,6 +27,12 @@ if settings().deadline is not None:
     settings.register_profile("shared-machine", deadline=None)
     settings.load_profile("shared-machine")
 
+# Every JVM a test starts (Spark's, in this process or in a command's) compiles with the
+# quick compiler only: the tests' Spark jobs are small and short, and the optimizing
+# compiler's work, which pays off only in long jobs, was about a third of their CPU
+# (benchmarks/CI.md, "Seventh round"). A value already set is kept.
+os.environ.setdefault("JAVA_TOOL_OPTIONS", "-XX:TieredStopAtLevel=1")
+
 FIXTURES = Path(__file__).parent / "fixtures" / "rocketmq-4.9.4-dev"
 CLEAN = FIXTURES / "store-clean"
 CRASHED = FIXTURES / "store-crashed"

@@ -28,9 +28,8 @@ from support.powerloss import recording
 from support.stores import SMALL, check_ok, fill, verify_store
 
 from rmqstore.common.errors import OutOfResources, Unavailable
-from rmqstore.common.files.check import check_store
 from rmqstore.common.files.progress import read_progress
-from rmqstore.common.files.store import StorePaths, StoreSizes
+from rmqstore.common.files.store import StorePaths
 from rmqstore.query.view import StoreView
 from rmqstore.v1 import messages_pb2, writer_pb2, writer_pb2_grpc
 from rmqstore.writer.config import FlushPolicy, WriterConfig
@@ -213,7 +212,6 @@ SIZE_ARGS = [
     "--index-entries",
     "200",
 ]
-MANY_SIZES = StoreSizes(1 << 20, 50, 17, 200)
 SERVE_TIMEOUT_S = 120.0
 
 
@@ -275,8 +273,7 @@ def many_queues(nodes: Nodes, tmp_path: Path, topics: int, queues_per_topic: int
             ).results
             assert result.queue_offset == 1
     writer.stop()
-    report = check_store(str(store), MANY_SIZES)
-    assert report.ok, report.problems[:5]
+    # The store checked by the command, under the same limit (its output names any problem).
     check = subprocess.run(
         [
             "prlimit",

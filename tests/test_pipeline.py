@@ -768,7 +768,7 @@ def test_runs_under_spark_submit(tmp_path: Path) -> None:
     script = Path(sys.modules["rmqstore.pipeline"].__file__).parent / "__main__.py"  # type: ignore[arg-type]
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable, "SPARK_LOCAL_IP": "127.0.0.1"}
     done = subprocess.run(
-        [str(submit), "--master", "local[1]", "--conf", "spark.ui.enabled=false", str(script),
+        [str(submit), "--master", "local[1]", "--conf", "spark.ui.enabled=false", "--conf", "spark.sql.shuffle.partitions=2", str(script),
          "stats", str(CLEAN), *FIXTURE_SIZE_ARGS, "--json", "--quiet"],
         capture_output=True, text=True, timeout=300, env=env,
     )

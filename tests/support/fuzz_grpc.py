@@ -24,6 +24,9 @@ from support.inprocess import QueryNode, WriterNode, gateway_node
 # 1,000 unless FUZZ_EXAMPLES says otherwise; a release runs 10,000 (README.md, "Set-up").
 # What each count costs: benchmarks/CI.md.
 EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "1000"))
+# Requests a Hypothesis example: its engine's cost an example (seeding, the choice tree,
+# mutations) was over half of this test's CPU at one request each (benchmarks/CI.md).
+PER_EXAMPLE = 10
 RPC_TIMEOUT_S = 10.0
 DOCUMENTED = {
     grpc.StatusCode.OK,
@@ -191,13 +194,14 @@ def fuzz(channel: grpc.Channel, service: str, method: Any, on_writer: bool) -> N
     path = f"/{service}/{method.name}"
     seen: dict[grpc.StatusCode, int] = {}
 
-    @settings(max_examples=EXAMPLES, deadline=None, database=None, suppress_health_check=list(HealthCheck))
-    @given(payloads(method, on_writer))
-    def one(payload: bytes) -> None:
-        code = call(channel, path, method, payload)
-        seen[code] = seen.get(code, 0) + 1
-        assert code in DOCUMENTED, f"{path}: {code} for {payload!r}"
+    @settings(max_examples=-(-EXAMPLES // PER_EXAMPLE), deadline=None, database=None, suppress_health_check=list(HealthCheck))
+    @given(st.lists(payloads(method, on_writer), min_size=PER_EXAMPLE, max_size=PER_EXAMPLE))
+    def some(batch: list[bytes]) -> None:
+        for payload in batch:
+            code = call(channel, path, method, payload)
+            seen[code] = seen.get(code, 0) + 1
+            assert code in DOCUMENTED, f"{path}: {code} for {payload!r}"
 
-    one()
+    some()
     assert sum(seen.values()) >= EXAMPLES
     assert grpc.StatusCode.INVALID_ARGUMENT in seen  # the arbitrary bytes reached the guard

@@ -20,7 +20,6 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection, reflection_pb2, reflection_pb2_grpc
 from opentelemetry import trace
-from opentelemetry.instrumentation.grpc import aio_server_interceptor
 
 from rmqstore.common.transport import MAX_MESSAGE_BYTES, endpoint_text
 from rmqstore.service.acl import (
@@ -58,11 +57,17 @@ class AsyncTracingInterceptor(grpc.aio.ServerInterceptor):
     server started counts from its next call."""
 
     def __init__(self) -> None:
-        self._traced = aio_server_interceptor()
+        # Made on the first traced call: the instrumentation's import (wrapt, packaging,
+        # importlib.metadata) is about 90 ms of a node's start, paid only when traced.
+        self._traced: grpc.aio.ServerInterceptor | None = None
 
     async def intercept_service(self, continuation, handler_call_details):  # type: ignore[no-untyped-def]
         if _untraced():
             return await continuation(handler_call_details)
+        if self._traced is None:
+            from opentelemetry.instrumentation.grpc import aio_server_interceptor
+
+            self._traced = aio_server_interceptor()
         return await self._traced.intercept_service(continuation, handler_call_details)
 
 

@@ -58,7 +58,8 @@ class AsyncTracingInterceptor(grpc.aio.ServerInterceptor):
 
     def __init__(self) -> None:
         # Made on the first traced call: the instrumentation's import (wrapt, packaging,
-        # importlib.metadata) is about 90 ms of a node's start, paid only when traced.
+        # importlib.metadata) was about 40 ms of a writer's 0.75 s of start-up CPU, paid
+        # now only when traced (benchmarks/CI.md, "Seventh round").
         self._traced: grpc.aio.ServerInterceptor | None = None
 
     async def intercept_service(self, continuation, handler_call_details):  # type: ignore[no-untyped-def]

@@ -273,7 +273,7 @@ def test_ten_thousand_forged_cursors_through_grpc(writer: WriterNode, nodes: Nod
     with the same message, none UNKNOWN or INTERNAL; the real cursor still pages. (The
     node is a process of its own: with it in this process, the client's and the server's
     threads took turns at one interpreter lock, and among CI's workers the test took 86 s
-    of CPU, against 18 s so, benchmarks/CI.md.)"""
+    of CPU, against 18 s with the node apart, benchmarks/CI.md.)"""
     send(writer, "TopicA", 5, keys=["k"], body=b"x")
     stub = nodes.query(nodes.start("query", tmp_path / "store", *SIZE_ARGS))
     first = stub.QueryByKey(query_pb2.QueryByKeyRequest(topic="TopicA", key="k", page_size=2), timeout=RPC_TIMEOUT_S)

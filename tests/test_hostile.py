@@ -680,8 +680,25 @@ def test_a_producer_that_reads_no_acks_is_held_then_closed(tmp_path: Path) -> No
                 offered += 1
                 yield request
 
-        call = writer_pb2_grpc.WriterServiceStub(channel).SendStream(requests(), timeout=60.0)
-        time.sleep(4.0)  # the producer under test reads nothing, past the 1 s stall limit
+        def held() -> int:
+            queues = store.status()["queues"]
+            return max((hi for topic, queue_id, _, hi in queues if (topic, queue_id) == ("TopicA", 0)), default=0)  # type: ignore[attr-defined]
+
+        still: list[float] = [-1, time.monotonic()]  # the count last seen, and since when
+
+        def stopped_taking() -> bool:
+            count = held()
+            if count != still[0]:
+                still[:] = [count, time.monotonic()]
+                return False
+            return count > 0 and time.monotonic() - still[1] >= 2.5
+
+        call = writer_pb2_grpc.WriterServiceStub(channel).SendStream(requests(), timeout=120.0)
+        # The producer under test reads nothing until the writer has stopped taking its
+        # requests (one flow-control window of acks unread) and held still past the 1 s
+        # stall limit. How long filling the window takes depends on the machine's pace: a
+        # fixed wait once ran out first on a busy CI run, and the stream then lived on.
+        wait_until(stopped_taking, 90, "the writer to stop taking requests", interval_s=0.1)
         acks = []
         with pytest.raises(grpc.RpcError) as raised:
             for response in call:
@@ -690,13 +707,12 @@ def test_a_producer_that_reads_no_acks_is_held_then_closed(tmp_path: Path) -> No
             grpc.StatusCode.RESOURCE_EXHAUSTED,
             "the client read no ack for 1 s: the stream is closed",
         )
-        stored = store.status()["queues"]
-        held = [hi for topic, queue_id, _, hi in stored if (topic, queue_id) == ("TopicA", 0)]  # type: ignore[attr-defined]
+        stored = held()
         # The client library took thousands of requests (it queues them; how many before
         # the stream closed depends on the machine's pace: 9,420 on a busy CI run); the
         # writer read and stored only what one flow-control window of acks allowed.
-        assert 0 < len(acks) <= held[0] <= 5_000
-        assert offered > 2 * held[0], (offered, held[0])
+        assert 0 < len(acks) <= stored <= 5_000
+        assert offered > 2 * stored, (offered, stored)
         assert [ack.queue_offset for ack in acks] == list(range(len(acks)))
     finally:
         channel.close()

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 import grpc
 
-from rmqstore.proxy import consumers
+from rmqstore.proxy import consumers, queues
 from rmqstore.proxy.cluster import GroupEndpoints
 from rmqstore.proxy.coalesce import UNREACHABLE, BatchFailed, GroupSender
 from rmqstore.rocketmq_v2 import definition_pb2 as v2
@@ -99,9 +99,9 @@ class _Group:
 
 
 class ProxyServicer(service_pb2_grpc.MessagingServiceServicer):
-    """MessagingService for producers and for simple and push consumers (their calls:
-    :mod:`rmqstore.proxy.consumers`); pull consumers and transactions are not served (their
-    gRPC answer is UNIMPLEMENTED)."""
+    """MessagingService for producers, for simple and push consumers (their calls:
+    :mod:`rmqstore.proxy.consumers`) and for pull consumers and offset calls
+    (:mod:`rmqstore.proxy.queues`)."""
 
     def __init__(
         self, groups: Sequence[GroupEndpoints], advertise: v2.Endpoints, *, linger_s: float, batch_max: int,
@@ -374,6 +374,35 @@ class ProxyServicer(service_pb2_grpc.MessagingServiceServicer):
             return await consumers.forward_to_dead_letters(request, self.groups)
         except Exception as error:
             return v2s.ForwardMessageToDeadLetterQueueResponse(status=_consumer_status("ForwardMessageToDeadLetterQueue", error))
+
+    # The calls that name a queue (rmqstore.proxy.queues), routed by its broker name.
+
+    async def PullMessage(
+        self, request: v2s.PullMessageRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[v2s.PullMessageResponse]:
+        try:
+            async for answer in queues.pull(request, self.groups, context.time_remaining()):
+                yield answer
+        except Exception as error:
+            yield v2s.PullMessageResponse(status=_consumer_status("PullMessage", error))
+
+    async def GetOffset(self, request: v2s.GetOffsetRequest, context: grpc.aio.ServicerContext) -> v2s.GetOffsetResponse:
+        try:
+            return await queues.get_offset(request, self.groups)
+        except Exception as error:
+            return v2s.GetOffsetResponse(status=_consumer_status("GetOffset", error))
+
+    async def UpdateOffset(self, request: v2s.UpdateOffsetRequest, context: grpc.aio.ServicerContext) -> v2s.UpdateOffsetResponse:
+        try:
+            return await queues.update_offset(request, self.groups)
+        except Exception as error:
+            return v2s.UpdateOffsetResponse(status=_consumer_status("UpdateOffset", error))
+
+    async def QueryOffset(self, request: v2s.QueryOffsetRequest, context: grpc.aio.ServicerContext) -> v2s.QueryOffsetResponse:
+        try:
+            return await queues.query_offset(request, self.groups)
+        except Exception as error:
+            return v2s.QueryOffsetResponse(status=_consumer_status("QueryOffset", error))
 
 
 def _consumer_status(call: str, error: BaseException) -> v2.Status:

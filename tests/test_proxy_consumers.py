@@ -3,13 +3,12 @@ serve`` processes in front of three writer groups (receives from every group, ea
 acknowledgement routed back to the group that handed the message out), receipt handles
 checked, a group's loss and a proxy's loss (docs/cluster.md).
 
-PROXY_CONSUMER_MESSAGES raises the message count (acceptance 1 asks 30,000; CI takes a
-few hundred)."""
+tests/test_proxy_acceptance.py runs producers, these consumers and every lookup together.
+PROXY_CONSUMER_MESSAGES: the messages of the test that kills a proxy mid-consume."""
 
 from __future__ import annotations
 
 import os
-import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -101,48 +100,6 @@ def ack(messaging: service_pb2_grpc.MessagingServiceStub, topic: str, *handles: 
     )  # fmt: skip
     answer: v2s.AckMessageResponse = messaging.AckMessage(request, timeout=RPC_TIMEOUT_S)
     return answer
-
-
-def test_two_simple_consumers_through_two_proxies_take_each_message_once(nodes: Nodes, tmp_path: Path) -> None:
-    """Acceptance 1's consumers: the topics are made through a proxy (updateTopic), the
-    official producer sends through both proxies to three groups; two SimpleConsumers of one group, through the proxies, receive every message
-    from every group and acknowledge each exactly once; every group took a share, and
-    ``consumerProgress`` through a proxy shows every group's queues with diff 0 (each
-    group's consumerOffset.json at its queues' ends)."""
-    writers = start_writers(nodes, tmp_path, NAMES, {})
-    queries = {name: nodes.start("query", tmp_path / name, *SIZE_ARGS, "--broker-name", name) for name in NAMES}
-    proxies = start_proxies(nodes, cluster_file(tmp_path, writers, queries), 2)
-    for topic, message_type in (("Orders", "NORMAL"), ("Fifo", "FIFO")):
-        made = run_cli(["updateTopic", "--endpoint", proxies[1].endpoint, "-t", topic, "-w", "4", "-a", f"+message.type={message_type}"])
-        assert made.returncode == 0, made.stderr
-    endpoints = ";".join(proxy.endpoint for proxy in proxies)
-    sent = produce(tmp_path, endpoints, MESSAGES)
-    wanted = {line["message_id"] for line in sent}
-    running = consumers(tmp_path, endpoints)
-    try:
-        acked = wait_all_acked(running, wanted)
-        time.sleep(1.0)  # an acknowledgement the wait raced with
-        acked = acked_ids(running)
-    finally:
-        shares = [len([line for line in consumer.stop() if line.get("acked")]) for consumer in running]
-    assert set(acked) == wanted
-    assert max(acked.values()) == 1, [k for k, n in acked.items() if n > 1][:5]
-    assert all(share > 0 for share in shares), shares
-
-    def progress() -> dict[str, Any] | None:
-        shown = run_cli(["consumerProgress", "--endpoint", proxies[0].endpoint, "-g", GROUP, "-t", "Orders", "--json"])
-        assert shown.returncode == 0, shown.stderr
-        document: dict[str, Any] = shown.json_lines()[0]
-        return document if document["diffTotal"] == 0 and {q["brokerName"] for q in document["queues"]} == set(NAMES) else None
-
-    # The writers flush their consumer offsets every second; the query nodes then read them.
-    shown = wait_until(progress, 30, "consumerProgress through the proxy to show diff 0 on every group")
-    assert sorted((q["brokerName"], q["queueId"]) for q in shown["queues"]) == [(name, q) for name in NAMES for q in range(4)]
-    assert all(q["diff"] == 0 and q["consumerOffset"] == q["brokerOffset"] > 0 for q in shown["queues"]), shown
-    for writer in writers.values():
-        writer.stop()
-    stored = {name: {r.properties["UNIQ_KEY"] for r in records(tmp_path / name) if r.topic == "Orders"} for name in NAMES}
-    assert all(len(found & wanted) >= MESSAGES // 20 for found in stored.values()), {n: len(f) for n, f in stored.items()}
 
 
 def test_receipt_handles_route_to_their_group_and_garbled_ones_are_refused(nodes: Nodes, tmp_path: Path) -> None:

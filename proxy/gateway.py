@@ -5,7 +5,8 @@ queues, each under its broker name, all reached through the proxies' endpoints. 
 goes to one group's queue chosen here, as Apache's proxy chooses (a FIFO message group by
 its hash over every group's queues, so a group stays on one queue; other messages round
 robin over the groups that are up), and is stored through that group's coalesced batch
-stream (:mod:`rmqstore.proxy.coalesce`). Messages are read and checked by the writer's own
+stream (:mod:`rmqstore.proxy.coalesce`), but for a transactional or timed message's
+request, which goes whole to the group's writer gateway (:mod:`rmqstore.proxy.transactions`). Messages are read and checked by the writer's own
 gateway reader (:class:`rmqstore.writer.rocketmq5.MessageReader`), so they are stored as
 the writer's gateway stores them."""
 
@@ -21,7 +22,7 @@ from dataclasses import dataclass, field
 
 import grpc
 
-from rmqstore.proxy import consumers, queues
+from rmqstore.proxy import consumers, queues, transactions
 from rmqstore.proxy.cluster import GroupEndpoints
 from rmqstore.proxy.coalesce import UNREACHABLE, BatchFailed, GroupSender
 from rmqstore.rocketmq_v2 import definition_pb2 as v2
@@ -101,7 +102,8 @@ class _Group:
 class ProxyServicer(service_pb2_grpc.MessagingServiceServicer):
     """MessagingService for producers, for simple and push consumers (their calls:
     :mod:`rmqstore.proxy.consumers`) and for pull consumers and offset calls
-    (:mod:`rmqstore.proxy.queues`)."""
+    (:mod:`rmqstore.proxy.queues`), transactions and recalls
+    (:mod:`rmqstore.proxy.transactions`)."""
 
     def __init__(
         self, groups: Sequence[GroupEndpoints], advertise: v2.Endpoints, *, linger_s: float, batch_max: int,
@@ -118,6 +120,7 @@ class ProxyServicer(service_pb2_grpc.MessagingServiceServicer):
         self.receives = consumers.ReceiveRouter()
         self._round_robin = itertools.count()
         self._stopping = asyncio.Event()
+        self._telemetry_outboxes: set[asyncio.Queue[v2s.TelemetryCommand | None]] = set()
         self._pending_groups = tuple(groups)
 
     async def start(self) -> None:
@@ -144,6 +147,8 @@ class ProxyServicer(service_pb2_grpc.MessagingServiceServicer):
 
     async def close(self) -> None:
         self._stopping.set()
+        for outbox in self._telemetry_outboxes:
+            outbox.put_nowait(None)
         if self.receives.writer_receives:
             log.info("%d messages received in %d writer receives", self.receives.messages_received, self.receives.writer_receives)
         for acker in self.ackers.values():
@@ -276,6 +281,8 @@ class ProxyServicer(service_pb2_grpc.MessagingServiceServicer):
         name, queue_id = self._pick(route, groups.pop())
         peer_text = peer.java_text() if peer is not None else ""
         born_hosts = [host.java_text() if host is not None else peer_text for host in batch.born_hosts]
+        if transactions.goes_whole(messages):
+            return await transactions.send_whole(self.groups[name], name, request, queue_id, born_hosts)
         uniq_keys, offsets = await self.groups[name].sender.send(batch, queue_id, born_hosts)
         response = v2s.SendMessageResponse(status=ok_status())
         for uniq_key, offset in zip(uniq_keys, offsets):
@@ -299,24 +306,48 @@ class ProxyServicer(service_pb2_grpc.MessagingServiceServicer):
     ) -> AsyncIterator[v2s.TelemetryCommand]:
         """Answer each producer's Settings as the writer's gateway does, and each simple or
         push consumer's as a writer answers it; other clients are told they are not served.
-        Other commands are read and dropped."""
-        async for command in request_iterator:
-            if self._stopping.is_set():
-                return
-            if command.WhichOneof("command") != "settings":
-                continue
-            settings = command.settings
-            if settings.client_type in consumers.CONSUMER_TYPES:
-                yield await consumers.consumer_settings(settings, self.groups, sorted(self.groups))
-                continue
-            if settings.client_type not in (v2.CLIENT_TYPE_UNSPECIFIED, v2.PRODUCER):
-                name = v2.ClientType.Name(settings.client_type) if settings.client_type in v2.ClientType.values() else str(settings.client_type)
-                yield v2s.TelemetryCommand(
-                    status=v2.Status(code=v2.NOT_IMPLEMENTED, message=f"{name} clients are not served by an rmqstore proxy yet"),
-                    settings=settings,
-                )
-                continue
-            yield v2s.TelemetryCommand(status=ok_status(), settings=self._settings(settings))
+        A producer's stream also carries the writers' transaction checks to it
+        (:class:`rmqstore.proxy.transactions.ProducerChecks`). Other commands are read and
+        dropped. The stream ends when the client ends it or the proxy stops."""
+        if self._stopping.is_set():
+            return
+        outbox: asyncio.Queue[v2s.TelemetryCommand | None] = asyncio.Queue()  # None: the end
+        checks = transactions.ProducerChecks(self.groups, outbox.put_nowait)
+
+        async def read() -> None:
+            try:
+                async for command in request_iterator:
+                    answer = await self._telemetry_answer(command, checks)
+                    if answer is not None:
+                        outbox.put_nowait(answer)
+            finally:
+                outbox.put_nowait(None)  # also when the client's stream fails
+
+        reader = asyncio.ensure_future(read())
+        reader.add_done_callback(_collect)
+        self._telemetry_outboxes.add(outbox)
+        try:
+            while (outgoing := await outbox.get()) is not None:
+                yield outgoing
+        finally:
+            self._telemetry_outboxes.discard(outbox)
+            reader.cancel()
+            await checks.close()
+
+    async def _telemetry_answer(self, command: v2s.TelemetryCommand, checks: transactions.ProducerChecks) -> v2s.TelemetryCommand | None:
+        if command.WhichOneof("command") != "settings":
+            return None
+        settings = command.settings
+        if settings.client_type in consumers.CONSUMER_TYPES:
+            return await consumers.consumer_settings(settings, self.groups, sorted(self.groups))
+        if settings.client_type not in (v2.CLIENT_TYPE_UNSPECIFIED, v2.PRODUCER):
+            name = v2.ClientType.Name(settings.client_type) if settings.client_type in v2.ClientType.values() else str(settings.client_type)
+            return v2s.TelemetryCommand(
+                status=v2.Status(code=v2.NOT_IMPLEMENTED, message=f"{name} clients are not served by an rmqstore proxy yet"),
+                settings=settings,
+            )
+        checks.settings(settings)
+        return v2s.TelemetryCommand(status=ok_status(), settings=self._settings(settings))
 
     def _settings(self, settings: v2.Settings) -> v2.Settings:
         answer = with_retry_policy(settings)
@@ -403,6 +434,28 @@ class ProxyServicer(service_pb2_grpc.MessagingServiceServicer):
             return await queues.query_offset(request, self.groups)
         except Exception as error:
             return v2s.QueryOffsetResponse(status=_consumer_status("QueryOffset", error))
+
+
+    # Transactions and recalls (rmqstore.proxy.transactions), routed by the id or handle.
+
+    async def EndTransaction(self, request: v2s.EndTransactionRequest, context: grpc.aio.ServicerContext) -> v2s.EndTransactionResponse:
+        try:
+            return await transactions.end_transaction(request, self.groups)
+        except Exception as error:
+            return v2s.EndTransactionResponse(status=_consumer_status("EndTransaction", error))
+
+    async def RecallMessage(self, request: v2s.RecallMessageRequest, context: grpc.aio.ServicerContext) -> v2s.RecallMessageResponse:
+        try:
+            return await transactions.recall(request, self.groups)
+        except Exception as error:
+            return v2s.RecallMessageResponse(status=_consumer_status("RecallMessage", error))
+
+
+def _collect(task: asyncio.Future[None]) -> None:
+    """A finished task's outcome retrieved (a client's stream that fails is not an error
+    of the proxy's)."""
+    if not task.cancelled():
+        task.exception()
 
 
 def _consumer_status(call: str, error: BaseException) -> v2.Status:

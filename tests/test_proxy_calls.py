@@ -6,18 +6,25 @@ processes in front of real writer groups."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
 import grpc
+import pytest
 from google.protobuf import duration_pb2
-from support.nodes import Nodes
+from support.nodes import Nodes, ProcessNode
+from support.rmq5 import make_topics
+from support.stores import SIZE_ARGS
 from test_proxy import send_v2, start_proxies, start_writers, v2_message
-from test_proxy_consumers import cluster_file
+from test_proxy_consumers import ack, cluster_file, receive
+from test_transactions_live import consume, transactions
 
+from rmqstore.proxy.transactions import unwrap_transaction, wrap_transaction
 from rmqstore.rocketmq_v2 import definition_pb2 as v2
 from rmqstore.rocketmq_v2 import service_pb2 as v2s
 from rmqstore.rocketmq_v2 import service_pb2_grpc
+from rmqstore.writer.schedule import recall_handle
 
 NAMES = ["broker-a", "broker-b", "broker-c"]
 RPC_TIMEOUT_S = 15.0
@@ -108,3 +115,115 @@ def test_pull_and_offset_calls_through_a_proxy_answer_as_each_groups_writer(node
         assert offsets(via, queue_of("Orders", "broker-a", 0))[0][0] == v2.OK
     finally:
         via_channel.close()
+
+
+def transaction_writers(nodes: Nodes, tmp_path: Path) -> dict[str, ProcessNode]:
+    """Three groups checking their transactions on short timings (a half message first
+    checked at 1.5 s old, every 2 s: the 15 checks leave a producer half a minute)."""
+    spawned = {
+        name: nodes.spawn("writer", [
+            "writer", "serve", "--store", str(tmp_path / name), "--port", "0", *SIZE_ARGS, "--broker-name", name, "--flush", "sync",
+            "--transaction-timeout-ms", "1500", "--transaction-check-interval-ms", "2000",
+        ])
+        for name in NAMES
+    }  # fmt: skip
+    for writer in spawned.values():
+        writer.wait_serving()
+        make_topics(writer.endpoint, {"Payments": "TRANSACTION"})
+    return spawned
+
+
+@pytest.mark.slow
+def test_transactions_through_two_proxies_commit_roll_back_and_are_checked_across_groups(nodes: Nodes, tmp_path: Path) -> None:
+    """The official Python transactional producer through two proxies over three groups:
+    its half messages land in every group, each commit and rollback reaches the group
+    that holds the half message (by the transaction id the proxy tagged); transactions
+    left open through one proxy, which is then killed, are checked by their writers
+    through the other proxy's Telemetry stream with a producer that only answers checks,
+    and its answers end them in the right group. Every commit is consumed once through
+    a proxy, no rollback ever."""
+    writers = transaction_writers(nodes, tmp_path)
+    first, second = start_proxies(nodes, cluster_file(tmp_path, writers), 2)
+    both = f"{first.endpoint};{second.endpoint}"
+    ended = transactions(tmp_path, "end", both, "Payments", "12")
+    assert [line["resolution"] for line in ended] == ["COMMIT", "ROLLBACK"] * 6
+    assert {unwrap_transaction(line["transaction_id"]) for line in ended} == {
+        (group, line["message_id"]) for line in ended for group in NAMES if line["transaction_id"].startswith(wrap_transaction(group, ""))
+    }
+    assert {unwrap_transaction(line["transaction_id"])[0] for line in ended} == set(NAMES)
+    opened = transactions(tmp_path, "orphan", first.endpoint, "Payments", "12")
+    # A check may reach this producer before it stops (on a loaded machine): it answers it.
+    assert {unwrap_transaction(line["transaction_id"])[0] for line in opened if "sent" in line} == set(NAMES)
+    checked_before = {line["checked"] for line in opened if "checked" in line}
+    first.kill()
+    left = 12 - len(checked_before)
+    lines = transactions(tmp_path, "checker", second.endpoint, "Payments", "--checks", str(left), "--seconds", "90") if left else []
+    checked = {line["checked"]: line["answer"] for line in lines if "checked" in line}
+    assert sorted(set(checked) | checked_before) == sorted(f"{'commit' if n % 2 == 0 else 'rollback'} {n}" for n in range(12))
+    assert all(answer == ("COMMIT" if body.startswith("commit") else "ROLLBACK") for body, answer in checked.items())
+    assert consume(tmp_path, second.endpoint, 12) == sorted([f"commit {n}" for n in range(0, 12, 2)] * 2)
+
+
+def end(stub: service_pb2_grpc.MessagingServiceStub, transaction_id: str) -> v2.Status:
+    request = v2s.EndTransactionRequest(
+        topic=v2.Resource(name="Payments"), message_id="M1", transaction_id=transaction_id, resolution=v2.COMMIT,
+        source=v2.SOURCE_CLIENT,
+    )  # fmt: skip
+    status: v2.Status = stub.EndTransaction(request, timeout=RPC_TIMEOUT_S).status
+    return status
+
+
+def recalled(stub: service_pb2_grpc.MessagingServiceStub, handle: str) -> v2.Status:
+    status: v2.Status = stub.RecallMessage(
+        v2s.RecallMessageRequest(topic=v2.Resource(name="Delays"), recall_handle=handle), timeout=RPC_TIMEOUT_S
+    ).status
+    return status
+
+
+def test_delay_messages_through_a_proxy_are_delivered_at_their_time_and_recalled_in_their_group(nodes: Nodes, tmp_path: Path) -> None:
+    """Delay messages sent through a proxy land in every group, each receipt with its
+    group's recall handle; none is received before its time, each after it but the one
+    recalled through the proxy. Garbled transaction ids and recall handles are refused
+    with exact statuses; one naming a group that is down, HA_NOT_AVAILABLE."""
+    writers = start_writers(nodes, tmp_path, NAMES, {"Delays": "DELAY", "Payments": "TRANSACTION"})
+    (proxy,) = start_proxies(nodes, cluster_file(tmp_path, writers), 1)
+    channel, via = messaging(proxy.endpoint)
+    with channel:
+        due_ms = (time.time_ns() // 1_000_000) + 4000
+        receipts = []
+        for n in range(12):
+            message = v2_message("Delays", f"D{n:04d}", message_type=v2.DELAY, delivery_timestamp={"seconds": due_ms // 1000, "nanos": due_ms % 1000 * 1_000_000})
+            answer = via.SendMessage(v2s.SendMessageRequest(messages=[message]), timeout=RPC_TIMEOUT_S)
+            assert answer.status.code == v2.OK, answer.status
+            receipts.append(answer.entries[0])
+        handles = [entry.recall_handle for entry in receipts]
+        groups = {name for name in NAMES for entry in receipts if entry.recall_handle == recall_handle("Delays", name, due_ms, entry.message_id)}
+        assert groups == set(NAMES)
+        assert recalled(via, handles[5]).code == v2.OK
+        early = receive(via, "Delays", 32, poll_s=1)
+        assert early == [] and time.time_ns() // 1_000_000 < due_ms, "received before its time"
+        got: list[v2.Message] = []
+        deadline = time.monotonic() + 30
+        while len(got) < 11 and time.monotonic() < deadline:
+            more = receive(via, "Delays", 32, poll_s=2)
+            if more:
+                assert time.time_ns() // 1_000_000 >= due_ms, "received before its time"
+                assert ack(via, "Delays", *(m.system_properties.receipt_handle for m in more)).status.code == v2.OK
+            got += more
+        assert sorted(m.system_properties.message_id for m in got) == sorted(f"D{n:04d}" for n in range(12) if n != 5)
+        assert receive(via, "Delays", 32, poll_s=2) == []  # the recalled one never comes
+        # Refusals, each exact.
+        assert (end(via, "garbage").code, end(via, "").code) == (v2.INVALID_TRANSACTION_ID, v2.INVALID_TRANSACTION_ID)
+        assert end(via, "rmqt1.!!!.x").code == v2.INVALID_TRANSACTION_ID
+        unknown = end(via, wrap_transaction("broker-x", "M1"))
+        assert (unknown.code, "broker-x" in unknown.message) == (v2.INVALID_TRANSACTION_ID, True)
+        forged = end(via, wrap_transaction("broker-a", "NOSUCH"))  # the writer has no data for it, as Apache answers
+        assert (forged.code, forged.message) == (
+            v2.INTERNAL_SERVER_ERROR, "org.apache.rocketmq.proxy.common.ProxyException: cannot found transaction data"
+        )
+        assert (recalled(via, "!!!").code, recalled(via, "!!!").message) == (v2.INTERNAL_SERVER_ERROR, "recall handle is invalid")
+        foreign = recalled(via, recall_handle("Delays", "broker-x", due_ms + 60_000, "D0099"))
+        assert (foreign.code, foreign.message) == (v2.INTERNAL_SERVER_ERROR, "recall failed, broker service not available")
+        writers["broker-c"].kill()
+        assert end(via, wrap_transaction("broker-c", "M1")).code == v2.HA_NOT_AVAILABLE
+        assert recalled(via, recall_handle("Delays", "broker-c", due_ms + 60_000, "D0099")).code == v2.HA_NOT_AVAILABLE

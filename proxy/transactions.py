@@ -73,9 +73,11 @@ def unwrap_transaction(transaction_id: str) -> tuple[str, str]:
     if prefix != TRANSACTION_PREFIX or not name or not inner.strip():
         raise garbled
     try:
-        group = base64.urlsafe_b64decode(name + "=" * (-len(name) % 4)).decode()
+        group = base64.b64decode(name + "=" * (-len(name) % 4), altchars=b"-_", validate=True).decode()
     except (binascii.Error, ValueError):
         raise garbled from None
+    if not group:
+        raise garbled
     return group, inner
 
 

@@ -24,6 +24,7 @@ from rmqstore.proxy.transactions import unwrap_transaction, wrap_transaction
 from rmqstore.rocketmq_v2 import definition_pb2 as v2
 from rmqstore.rocketmq_v2 import service_pb2 as v2s
 from rmqstore.rocketmq_v2 import service_pb2_grpc
+from rmqstore.writer.rocketmq5 import V2Refusal
 from rmqstore.writer.schedule import recall_handle
 
 NAMES = ["broker-a", "broker-b", "broker-c"]
@@ -115,6 +116,18 @@ def test_pull_and_offset_calls_through_a_proxy_answer_as_each_groups_writer(node
         assert offsets(via, queue_of("Orders", "broker-a", 0))[0][0] == v2.OK
     finally:
         via_channel.close()
+
+
+@pytest.mark.parametrize(("group", "inner"), [("broker-a", "7F0000010B3C18B4AAC2"), ("broker.b", "id.with.dots"), ("группа", "x")])
+def test_a_tagged_transaction_id_gives_back_its_group_and_the_writers_id(group: str, inner: str) -> None:
+    assert unwrap_transaction(wrap_transaction(group, inner)) == (group, inner)
+
+
+@pytest.mark.parametrize("garbled", ["", "  ", "7F0000010B3C18B4AAC2", "rmqt1", "rmqt1.", "rmqt1.YQ", "rmqt1.YQ.", "rmqt2.YQ.x", "rmqt1.!!!.x", "rmqt1.gA.x"])
+def test_a_transaction_id_no_proxy_gave_out_is_refused(garbled: str) -> None:
+    with pytest.raises(V2Refusal) as refused:
+        unwrap_transaction(garbled)
+    assert refused.value.code == v2.INVALID_TRANSACTION_ID
 
 
 def transaction_writers(nodes: Nodes, tmp_path: Path) -> dict[str, ProcessNode]:

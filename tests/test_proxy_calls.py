@@ -6,6 +6,8 @@ processes in front of real writer groups."""
 
 from __future__ import annotations
 
+import json
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -14,7 +16,7 @@ import grpc
 import pytest
 from google.protobuf import duration_pb2
 from support.nodes import Nodes, ProcessNode
-from support.rmq5 import make_topics
+from support.rmq5 import DRIVERS, client_env, make_topics, rmq5_python
 from support.stores import SIZE_ARGS
 from test_proxy import send_v2, start_proxies, start_writers, v2_message
 from test_proxy_consumers import ack, cluster_file, receive
@@ -24,6 +26,7 @@ from rmqstore.proxy.transactions import unwrap_transaction, wrap_transaction
 from rmqstore.rocketmq_v2 import definition_pb2 as v2
 from rmqstore.rocketmq_v2 import service_pb2 as v2s
 from rmqstore.rocketmq_v2 import service_pb2_grpc
+from rmqstore.service.listen import free_port
 from rmqstore.writer.rocketmq5 import V2Refusal
 from rmqstore.writer.schedule import recall_handle
 
@@ -130,16 +133,17 @@ def test_a_transaction_id_no_proxy_gave_out_is_refused(garbled: str) -> None:
     assert refused.value.code == v2.INVALID_TRANSACTION_ID
 
 
-def transaction_writers(nodes: Nodes, tmp_path: Path) -> dict[str, ProcessNode]:
-    """Three groups checking their transactions on short timings (a half message first
-    checked at 1.5 s old, every 2 s: the 15 checks leave a producer half a minute)."""
-    spawned = {
-        name: nodes.spawn("writer", [
-            "writer", "serve", "--store", str(tmp_path / name), "--port", "0", *SIZE_ARGS, "--broker-name", name, "--flush", "sync",
-            "--transaction-timeout-ms", "1500", "--transaction-check-interval-ms", "2000",
-        ])
-        for name in NAMES
-    }  # fmt: skip
+def transaction_writer(nodes: Nodes, tmp_path: Path, name: str, port: int = 0) -> ProcessNode:
+    """A group checking its transactions on short timings (a half message first checked
+    at 1.5 s old, every 2 s: the 15 checks leave a producer half a minute)."""
+    return nodes.spawn("writer", [
+        "writer", "serve", "--store", str(tmp_path / name), "--host", "127.0.0.1", "--port", str(port), *SIZE_ARGS,
+        "--broker-name", name, "--flush", "sync", "--transaction-timeout-ms", "1500", "--transaction-check-interval-ms", "2000",
+    ])  # fmt: skip
+
+
+def transaction_writers(nodes: Nodes, tmp_path: Path, names: list[str] = NAMES) -> dict[str, ProcessNode]:
+    spawned = {name: transaction_writer(nodes, tmp_path, name, free_port("127.0.0.1")) for name in names}
     for writer in spawned.values():
         writer.wait_serving()
         make_topics(writer.endpoint, {"Payments": "TRANSACTION"})
@@ -240,3 +244,40 @@ def test_delay_messages_through_a_proxy_are_delivered_at_their_time_and_recalled
         writers["broker-c"].kill()
         assert end(via, wrap_transaction("broker-c", "M1")).code == v2.HA_NOT_AVAILABLE
         assert recalled(via, recall_handle("Delays", "broker-c", due_ms + 60_000, "D0099")).code == v2.HA_NOT_AVAILABLE
+
+
+@pytest.mark.slow
+@pytest.mark.crash
+def test_a_groups_checks_reach_the_producer_again_once_the_group_is_back(nodes: Nodes, tmp_path: Path) -> None:
+    """Transactions left open in two groups; one group's writer is SIGKILLed before any
+    check. A producer that answers checks connects through the proxy: the live group's
+    checks reach it at once; the other's once its writer restarts (on its store and
+    port), the proxy's mirror of the producer's stream having opened again. Every commit
+    is consumed once, no rollback."""
+    writers = transaction_writers(nodes, tmp_path, NAMES[:2])
+    (proxy,) = start_proxies(nodes, cluster_file(tmp_path, writers), 1)
+    opened = transactions(tmp_path, "orphan", proxy.endpoint, "Payments", "8")
+    groups = {unwrap_transaction(line["transaction_id"])[0] for line in opened if "sent" in line}
+    assert groups == set(NAMES[:2])
+    checked_before = {line["checked"] for line in opened if "checked" in line}
+    port = int(writers["broker-b"].endpoint.rpartition(":")[2])
+    writers["broker-b"].kill()
+    home = tmp_path / "client-home"
+    home.mkdir(exist_ok=True)
+    checker = subprocess.Popen(
+        [rmq5_python(), str(DRIVERS / "python_transactions.py"), "checker", proxy.endpoint, "Payments",
+         "--checks", str(8 - len(checked_before)), "--seconds", "120"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=client_env(home), cwd=tmp_path,
+    )  # fmt: skip
+    try:
+        time.sleep(6)  # broker-a's checks reach the checker meanwhile; broker-b's mirror keeps failing
+        transaction_writer(nodes, tmp_path, "broker-b", port).wait_serving()
+        out, err = checker.communicate(timeout=180)
+    finally:
+        if checker.poll() is None:
+            checker.kill()
+            checker.wait()
+    assert checker.returncode == 0, err.decode(errors="replace")[-3000:]
+    checked = {json.loads(line)["checked"] for line in out.splitlines() if b"checked" in line}
+    assert sorted(checked | checked_before) == sorted(f"{'commit' if n % 2 == 0 else 'rollback'} {n}" for n in range(8))
+    assert consume(tmp_path, proxy.endpoint, 4) == [f"commit {n}" for n in range(0, 8, 2)]

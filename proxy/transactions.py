@@ -173,12 +173,14 @@ class ProducerChecks:
         self._mirrors: dict[str, _Mirror] = {}
 
     def settings(self, settings: v2.Settings) -> None:
-        """The producer's (new) settings, sent on every group's mirror (opened when it has none)."""
+        """The producer's (new) settings, sent on every group's mirror (opened when it has
+        none: a group the cluster file gained since is mirrored from the producer's next
+        settings)."""
         if not settings.publishing.topics:
             return  # a writer keeps a stream as a producer's only for the topics it publishes
         for name in list(self.groups):
             mirror = self._mirrors.get(name)
-            if mirror is None:
+            if mirror is None or mirror.ended:  # a new group, or one that left and came back
                 self._mirrors[name] = _Mirror(name, self.groups, settings, self.deliver)
             else:
                 mirror.update(settings)
@@ -202,6 +204,10 @@ class _Mirror:
         self.deliver = deliver
         self._outgoing: asyncio.Queue[v2s.TelemetryCommand] = asyncio.Queue()
         self._task = asyncio.ensure_future(self._run())
+
+    @property
+    def ended(self) -> bool:
+        return self._task.done()
 
     def update(self, settings: v2.Settings) -> None:
         self.settings = settings
@@ -229,6 +235,8 @@ class _Mirror:
                 log.info("writer group %s: a producer's Telemetry mirror ended: %s", self.name, error.code().name)
             except grpc.aio.UsageError:
                 log.info("writer group %s: a producer's Telemetry mirror ended: its channel closed", self.name)
+            except Exception:  # the mirror keeps the producer's checks coming: it is opened again
+                log.exception("writer group %s: a producer's Telemetry mirror failed", self.name)
             await asyncio.sleep(retry_s)
             retry_s = min(2 * retry_s, MIRROR_RETRY_MAX_S)
 

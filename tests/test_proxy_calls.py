@@ -2,7 +2,8 @@
 queue's broker name, transactions (the official Python client through two proxies over
 three groups: commit, rollback, and an open transaction checked through a proxy's
 Telemetry stream), delay messages and their recall, through ``rmqstore proxy serve``
-processes in front of real writer groups."""
+processes in front of real writer groups; the official Node.js transactional producer
+through a proxy alike."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from support.rmq5 import DRIVERS, client_env, make_topics, rmq5_python
 from support.stores import SIZE_ARGS
 from test_proxy import send_v2, start_proxies, start_writers, v2_message
 from test_proxy_consumers import ack, cluster_file, receive
-from test_transactions_live import consume, transactions
+from test_transactions_live import consume, node_transactions, transactions
 
 from rmqstore.proxy.transactions import unwrap_transaction, wrap_transaction
 from rmqstore.rocketmq_v2 import definition_pb2 as v2
@@ -179,6 +180,23 @@ def test_transactions_through_two_proxies_commit_roll_back_and_are_checked_acros
     assert sorted(set(checked) | checked_before) == sorted(f"{'commit' if n % 2 == 0 else 'rollback'} {n}" for n in range(12))
     assert all(answer == ("COMMIT" if body.startswith("commit") else "ROLLBACK") for body, answer in checked.items())
     assert consume(tmp_path, second.endpoint, 12) == sorted([f"commit {n}" for n in range(0, 12, 2)] * 2)
+
+
+@pytest.mark.slow
+def test_the_nodejs_transactional_producer_through_a_proxy_commits_rolls_back_and_answers_checks(nodes: Nodes, tmp_path: Path) -> None:
+    """The official Node.js transactional producer through a proxy over three groups:
+    its commits and rollbacks reach every group, and a producer that stays up answers
+    the checks of its open transactions, which the proxy brings it from each group."""
+    writers = transaction_writers(nodes, tmp_path)
+    (proxy,) = start_proxies(nodes, cluster_file(tmp_path, writers), 1)
+    ended = node_transactions(tmp_path, "end", proxy.endpoint, "Payments", "12")
+    assert [line["resolution"] for line in ended] == ["COMMIT", "ROLLBACK"] * 6
+    assert {unwrap_transaction(line["transaction_id"])[0] for line in ended} == set(NAMES)
+    lines = node_transactions(tmp_path, "orphan", proxy.endpoint, "Payments", "12", "12", "90")
+    assert {unwrap_transaction(line["transaction_id"])[0] for line in lines if "sent" in line} == set(NAMES)
+    checked = sorted((line["checked"], line["answer"]) for line in lines if "checked" in line)
+    assert checked == sorted((f"commit {n}", "COMMIT") if n % 2 == 0 else (f"rollback {n}", "ROLLBACK") for n in range(12))
+    assert consume(tmp_path, proxy.endpoint, 12) == sorted([f"commit {n}" for n in range(0, 12, 2)] * 2)
 
 
 def end(stub: service_pb2_grpc.MessagingServiceStub, transaction_id: str) -> v2.Status:

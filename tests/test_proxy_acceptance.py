@@ -74,7 +74,7 @@ def test_two_producers_two_consumers_and_every_lookup_through_two_proxies_over_t
         assert len(sent) == 2 * MESSAGES
         wanted = {line["message_id"] for line in sent if line["topic"] == "Orders"}
         assert len(wanted) == 2 * MESSAGES - MESSAGES // 4  # the Python producer's quarter went to Fifo
-        wait_all_acked(running, wanted, timeout_s=max(180.0, MESSAGES / 20))
+        wait_all_acked(running, wanted, timeout_s=max(180.0, MESSAGES / 5))  # 30,000 took 12 min at load 30
         time.sleep(1.0)  # an acknowledgement the wait raced with
         acked = acked_ids(running)
     finally:

@@ -2,31 +2,14 @@
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from typing import Any
 
 import grpc
 
-from rmqstore.common.signing import (
-    ALGORITHM,
-    AUTHORIZATION_KEY,
-    DATE_TIME_FORMAT,
-    DATE_TIME_KEY,
-    signature,
-)
+from rmqstore.common.signing import sign
 
-
-def sign(access_key: str, secret_key: str, now_s: float | None = None) -> list[tuple[str, str]]:
-    """The metadata that signs one call."""
-    date_time = time.strftime(DATE_TIME_FORMAT, time.gmtime(time.time() if now_s is None else now_s))
-    return [
-        (DATE_TIME_KEY, date_time),
-        (
-            AUTHORIZATION_KEY,
-            f"{ALGORITHM} Credential={access_key}, SignedHeaders={DATE_TIME_KEY}, Signature={signature(secret_key.encode(), date_time)}",
-        ),
-    ]
+__all__ = ["sign", "signing_channel"]
 
 
 class _Signing(

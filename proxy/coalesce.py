@@ -29,6 +29,8 @@ from itertools import chain
 import grpc
 
 from rmqstore.common.message_rules import MessageBatch
+from rmqstore.proxy.metrics import proxy_metrics
+from rmqstore.proxy.upstream import PLAINTEXT, Upstream
 from rmqstore.v1 import writer_pb2, writer_pb2_grpc
 
 # What a writer found unreachable is left out of routes and sends for this long, then
@@ -155,14 +157,14 @@ class _Stream:
 class GroupSender:
     """The sends of one writer group, coalesced (see the module's docstring)."""
 
-    def __init__(self, name: str, writers: Sequence[str], linger_s: float, batch_max: int):
+    def __init__(self, name: str, writers: Sequence[str], linger_s: float, batch_max: int, upstream: Upstream = PLAINTEXT):
         self.name = name
         self.writers = tuple(writers)
         self.linger_s = linger_s
         self.batch_max = batch_max
         self.down_until = 0.0  # time.monotonic(): left out of sends and routes until then
         self._writer_index = 0
-        self._channels = [grpc.aio.insecure_channel(w) for w in self.writers]
+        self._channels = [upstream.channel(w) for w in self.writers]
         self._gathering = _Columns()
         self._gathering_since = 0.0  # time.monotonic() of the gathering batch's first message
         self._sealed: collections.deque[_Columns] = collections.deque()  # full batches waiting for a turn
@@ -230,6 +232,7 @@ class GroupSender:
         self._open_stream().send(batch)
         self.batches_sent += 1
         self.messages_sent += len(batch.bodies)
+        proxy_metrics().batch_sent(self.name, len(batch.bodies))
 
     def _open_stream(self) -> _Stream:
         if self._stream is None or not self._stream.open:
@@ -238,6 +241,7 @@ class GroupSender:
         return self._stream
 
     def _ended(self, failure: BatchFailed) -> None:
+        proxy_metrics().upstream_failed(self.name, failure.code)
         if failure.code in UNREACHABLE:
             self.mark_down(f"its stream to {self.writers[self._writer_index]} ended: {failure}")
             self._writer_index = (self._writer_index + 1) % len(self.writers)

@@ -39,6 +39,7 @@ import grpc
 from google.protobuf import duration_pb2
 
 from rmqstore.proxy.coalesce import UNREACHABLE
+from rmqstore.proxy.metrics import proxy_metrics
 from rmqstore.rocketmq_v2 import definition_pb2 as v2
 from rmqstore.rocketmq_v2 import service_pb2 as v2s
 from rmqstore.writer.rocketmq5 import (
@@ -119,6 +120,7 @@ def _link(groups: Mapping[str, ConsumerGroupLink], name: str) -> ConsumerGroupLi
 
 
 def _rpc_failed(link: ConsumerGroupLink, name: str, call: str, error: grpc.aio.AioRpcError) -> V2Refusal:
+    proxy_metrics().upstream_failed(name, error.code())
     if error.code() in UNREACHABLE:
         link.sender.mark_down(f"{call}: {error.code().name}")
         return _down(name)
@@ -213,6 +215,7 @@ class AckBatcher:
     async def _statuses(self, request: v2s.AckMessageRequest) -> list[v2.Status]:
         self.calls += 1
         self.acks += len(request.entries)
+        proxy_metrics().acks_sent(self.name, len(request.entries))
         try:
             answer: v2s.AckMessageResponse = await self.link.messaging.AckMessage(request, timeout=CALL_TIMEOUT_S)
         except grpc.aio.AioRpcError as error:

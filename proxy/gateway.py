@@ -25,9 +25,12 @@ import grpc
 from rmqstore.proxy import consumers, queues, transactions
 from rmqstore.proxy.cluster import GroupEndpoints
 from rmqstore.proxy.coalesce import UNREACHABLE, BatchFailed, GroupSender
+from rmqstore.proxy.metrics import proxy_metrics
+from rmqstore.proxy.upstream import PLAINTEXT, Upstream
 from rmqstore.rocketmq_v2 import definition_pb2 as v2
 from rmqstore.rocketmq_v2 import service_pb2 as v2s
 from rmqstore.rocketmq_v2 import service_pb2_grpc
+from rmqstore.service.acl import Answered
 from rmqstore.writer.config import WriterConfig
 from rmqstore.writer.rocketmq5 import (
     ACCEPTED_TYPES,
@@ -88,10 +91,10 @@ class _ReaderSource:
 class _Group:
     """A writer group as the proxy reaches it: its batch stream and a v2 channel for routes."""
 
-    def __init__(self, endpoints: GroupEndpoints, linger_s: float, batch_max: int):
+    def __init__(self, endpoints: GroupEndpoints, linger_s: float, batch_max: int, upstream: Upstream):
         self.endpoints = endpoints
-        self.sender = GroupSender(endpoints.name, endpoints.writers, linger_s, batch_max)
-        self.channel = grpc.aio.insecure_channel(endpoints.writers[0])
+        self.sender = GroupSender(endpoints.name, endpoints.writers, linger_s, batch_max, upstream)
+        self.channel = upstream.channel(endpoints.writers[0])
         self.messaging = service_pb2_grpc.MessagingServiceStub(self.channel)  # type: ignore[no-untyped-call]  # generated
 
     async def close(self) -> None:
@@ -107,11 +110,12 @@ class ProxyServicer(service_pb2_grpc.MessagingServiceServicer):
 
     def __init__(
         self, groups: Sequence[GroupEndpoints], advertise: v2.Endpoints, *, linger_s: float, batch_max: int,
-        limits: WriterConfig | None = None,
+        limits: WriterConfig | None = None, upstream: Upstream = PLAINTEXT,
     ):  # fmt: skip
         self.advertise = advertise
         self.linger_s = linger_s
         self.batch_max = batch_max
+        self.upstream = upstream
         self.limits = limits or WriterConfig(store="")
         self.routes: dict[str, _Route] = {}
         self.reader = MessageReader(_ReaderSource(self.limits, _RouteTopics(self.routes)))
@@ -137,7 +141,7 @@ class ProxyServicer(service_pb2_grpc.MessagingServiceServicer):
                 await self.groups.pop(name).close()
         for name, endpoints in wanted.items():
             if name not in self.groups:
-                self.groups[name] = _Group(endpoints, self.linger_s, self.batch_max)
+                self.groups[name] = _Group(endpoints, self.linger_s, self.batch_max, self.upstream)
                 self.ackers[name] = consumers.AckBatcher(name, self.groups[name], self.linger_s)
         for route in self.routes.values():
             for name in list(route.queue_counts):
@@ -162,6 +166,7 @@ class ProxyServicer(service_pb2_grpc.MessagingServiceServicer):
         try:
             answer: v2s.QueryRouteResponse = await group.messaging.QueryRoute(request, timeout=ROUTE_TIMEOUT_S)
         except grpc.aio.AioRpcError as error:
+            proxy_metrics().upstream_failed(group.endpoints.name, error.code())
             if error.code() in UNREACHABLE:
                 group.sender.mark_down(f"QueryRoute: {error.code().name}")
             return None
@@ -302,7 +307,7 @@ class ProxyServicer(service_pb2_grpc.MessagingServiceServicer):
         return v2s.NotifyClientTerminationResponse(status=ok_status())
 
     async def Telemetry(
-        self, request_iterator: AsyncIterator[v2s.TelemetryCommand], context: grpc.aio.ServicerContext
+        self, request_iterator: AsyncIterator[v2s.TelemetryCommand | Answered], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[v2s.TelemetryCommand]:
         """Answer each producer's Settings as the writer's gateway does, and each simple or
         push consumer's as a writer answers it; other clients are told they are not served.
@@ -334,7 +339,11 @@ class ProxyServicer(service_pb2_grpc.MessagingServiceServicer):
             reader.cancel()
             await checks.close()
 
-    async def _telemetry_answer(self, command: v2s.TelemetryCommand, checks: transactions.ProducerChecks) -> v2s.TelemetryCommand | None:
+    async def _telemetry_answer(
+        self, command: v2s.TelemetryCommand | Answered, checks: transactions.ProducerChecks
+    ) -> v2s.TelemetryCommand | None:
+        if isinstance(command, Answered):  # refused by the ACL: its status-only reply
+            return command.response  # type: ignore[no-any-return]  # the rule's answer, a TelemetryCommand
         if command.WhichOneof("command") != "settings":
             return None
         settings = command.settings

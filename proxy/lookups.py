@@ -38,6 +38,8 @@ from rmqstore.proxy.lookup_cursor import (
     decode_merged_cursor,
     encode_merged_cursor,
 )
+from rmqstore.proxy.metrics import proxy_metrics
+from rmqstore.proxy.upstream import PLAINTEXT, Upstream
 from rmqstore.query.cursor import query_digest
 from rmqstore.service.errors import REASON_KEY, abort_with_async
 from rmqstore.v1 import messages_pb2, query_pb2, query_pb2_grpc
@@ -80,12 +82,13 @@ class GroupNodes:
         endpoints: tuple[str, ...],
         stub: Callable[[grpc.aio.Channel], Any],
         kind: str,
+        upstream: Upstream = PLAINTEXT,
     ):
         self.group = group
         self.name = group.name
         self.endpoints = endpoints
         self.kind = kind
-        self._channels = [grpc.aio.insecure_channel(e, options=_CHANNEL_OPTIONS) for e in endpoints]
+        self._channels = [upstream.channel(e, _CHANNEL_OPTIONS) for e in endpoints]
         self._stubs = [stub(channel) for channel in self._channels]
         self._first = 0
 
@@ -102,6 +105,7 @@ class GroupNodes:
             except grpc.aio.AioRpcError as error:
                 if error.code() not in _NOT_ANSWERED:
                     raise
+                proxy_metrics().upstream_failed(self.name, error.code())
                 detail = f"{self.endpoints[index]}: {error.code().name}: {error.details()}"
                 continue
             self._first = index
@@ -122,8 +126,8 @@ class GroupNodes:
 class GroupQueries(GroupNodes):
     """A writer group's query nodes."""
 
-    def __init__(self, endpoints: GroupEndpoints):
-        super().__init__(endpoints, endpoints.queries, query_pb2_grpc.QueryServiceStub, "query node")
+    def __init__(self, endpoints: GroupEndpoints, upstream: Upstream = PLAINTEXT):
+        super().__init__(endpoints, endpoints.queries, query_pb2_grpc.QueryServiceStub, "query node", upstream)
 
 
 N = TypeVar("N", bound=GroupNodes)
@@ -266,8 +270,8 @@ class MergedPage:
 class ProxyQueryServicer(GroupSet[GroupQueries], query_pb2_grpc.QueryServiceServicer):
     """QueryService in front of the groups' query nodes."""
 
-    def __init__(self, groups: Sequence[GroupEndpoints], cursor_key: bytes | None = None):
-        super().__init__(groups, GroupQueries)
+    def __init__(self, groups: Sequence[GroupEndpoints], cursor_key: bytes | None = None, upstream: Upstream = PLAINTEXT):
+        super().__init__(groups, lambda endpoints: GroupQueries(endpoints, upstream))
         # Without a shared key a cursor continues only through this proxy process.
         self.cursor_key = cursor_key if cursor_key is not None else secrets.token_bytes(KEY_BYTES)
         # A store host (Java text) → the groups seen storing with it: one, unless writers of

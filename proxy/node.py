@@ -13,6 +13,7 @@ import grpc
 
 from rmqstore.common.errors import InvalidArgument
 from rmqstore.common.transport import endpoint_text, parse_endpoint
+from rmqstore.proxy.upstream import Upstream, UpstreamOptions
 from rmqstore.service import process
 from rmqstore.service.limits import ServerLimits
 from rmqstore.service.listen import ListenOptions
@@ -45,6 +46,19 @@ class ProxyOptions:
     # The key lookup cursors are signed with, shared by the proxies (made if missing);
     # empty: this process's own, so a cursor continues only through this proxy.
     cursor_key: str = ""
+    # How the groups' writers and query nodes are dialled (TLS, the proxy's own user).
+    upstream: UpstreamOptions = field(default_factory=UpstreamOptions)
+
+
+@dataclass(frozen=True)
+class CheckedProxy:
+    """A proxy's options checked: its cluster file read, its listening options (TLS files,
+    ACL, ports) and its upstream TLS files and credentials."""
+
+    options: ProxyOptions
+    cluster: ClusterFile
+    listen: process.CheckedListen
+    upstream: Upstream
 
 
 def advertised_endpoints(endpoints: tuple[str, ...]) -> definition_pb2.Endpoints:
@@ -75,7 +89,7 @@ class ProxyNode(process.ServingNode):
         stop_within_s=20.0,
     )
 
-    def __init__(self, options: ProxyOptions, cluster: ClusterFile, metrics: MetricsEndpoint | None = None):
+    def __init__(self, checked: CheckedProxy, metrics: MetricsEndpoint | None = None):
         from rmqstore.common.files.cursorkey import ensure_key_file
         from rmqstore.proxy.gateway import ProxyServicer
         from rmqstore.proxy.lookups import ProxyQueryServicer
@@ -83,24 +97,29 @@ class ProxyNode(process.ServingNode):
         from rmqstore.query.service import SERVICE_NAME as QUERY_SERVICE_NAME
         from rmqstore.rocketmq_v2 import service_pb2_grpc
         from rmqstore.v1 import query_pb2_grpc, writer_pb2_grpc
-        from rmqstore.writer.rocketmq5 import SERVICE_NAME
+        from rmqstore.writer.rocketmq5 import SERVICE_NAME, acl_rules
         from rmqstore.writer.service import SERVICE_NAME as WRITER_SERVICE_NAME
 
-        checked = process.check_listen(options.listen)
+        options, cluster, upstream = checked.options, checked.cluster, checked.upstream
         listen = options.listen
         advertise = options.advertise or (endpoint_text(listen.host, listen.port or 1),)
         servicer = ProxyServicer(
-            cluster.groups, advertised_endpoints(advertise), linger_s=options.linger_ms / 1000, batch_max=options.batch_max
-        )
-        writes = ProxyWriterServicer(cluster.groups)
-        lookups = ProxyQueryServicer(cluster.groups, ensure_key_file(options.cursor_key) if options.cursor_key else None)
+            cluster.groups, advertised_endpoints(advertise), linger_s=options.linger_ms / 1000, batch_max=options.batch_max,
+            upstream=upstream,
+        )  # fmt: skip
+        writes = ProxyWriterServicer(cluster.groups, upstream)
+        cursor_key = ensure_key_file(options.cursor_key) if options.cursor_key else None
+        lookups = ProxyQueryServicer(cluster.groups, cursor_key, upstream)
 
         def register(server: grpc.aio.Server) -> None:
             service_pb2_grpc.add_MessagingServiceServicer_to_server(servicer, server)  # type: ignore[no-untyped-call]  # generated
             query_pb2_grpc.add_QueryServiceServicer_to_server(lookups, server)  # type: ignore[no-untyped-call]  # generated
             writer_pb2_grpc.add_WriterServiceServicer_to_server(writes, server)  # type: ignore[no-untyped-call]  # generated
 
-        serving = process.start_serving(register, [SERVICE_NAME, QUERY_SERVICE_NAME, WRITER_SERVICE_NAME], checked, listen.port, options.limits)
+        # Under --acl the proxy checks its clients exactly as the nodes do: the v2 gateway's
+        # rules for MessagingService, the nodes' own for rmqstore.v1 (docs/cluster.md).
+        names = [SERVICE_NAME, QUERY_SERVICE_NAME, WRITER_SERVICE_NAME]
+        serving = process.start_serving(register, names, checked.listen, listen.port, options.limits, acl_rules())
         if not options.advertise:
             servicer.advertise = advertised_endpoints((endpoint_text(listen.host, serving.port),))
         serving.call(servicer.start())
@@ -139,6 +158,8 @@ class ProxyNode(process.ServingNode):
             "advertise": [endpoint_text(a.host, a.port) for a in addresses],
             "linger_ms": self.options.linger_ms,
             "batch_max": self.options.batch_max,
+            "upstreamTls": self.options.upstream.tls,
+            "upstreamSigned": self.options.upstream.signed,
             **self.listen_fields(),
         }
 
@@ -152,8 +173,9 @@ class ProxyNode(process.ServingNode):
             self.serving.stop(grace_s)
 
 
-def check(options: ProxyOptions) -> ClusterFile:
-    """The options checked (InvalidArgument naming the flag) and the cluster file read."""
+def check(options: ProxyOptions) -> CheckedProxy:
+    """The options checked (InvalidArgument naming the flag), the cluster file read, the
+    TLS files and the ACL loaded and the ports tried: all before anything starts."""
     from rmqstore.proxy.cluster import ClusterFile
 
     if not 0 <= options.linger_ms <= LINGER_MS_MAX:
@@ -162,10 +184,12 @@ def check(options: ProxyOptions) -> ClusterFile:
         raise InvalidArgument(f"--batch-max must be at least 1, got {options.batch_max}")
     if options.advertise:
         advertised_endpoints(options.advertise)
-    return ClusterFile(options.cluster)
+    cluster = ClusterFile(options.cluster)
+    upstream = Upstream(options.upstream)
+    return CheckedProxy(options, cluster, process.check_listen(options.listen), upstream)
 
 
 def serve(options: ProxyOptions) -> None:
     """Run a proxy node in this process until SIGTERM or SIGINT (service.process.run_node)."""
-    cluster = check(options)
-    process.run_node(ProxyNode.KIND, options.listen, lambda metrics: ProxyNode(options, cluster, metrics))
+    checked = check(options)
+    process.run_node(ProxyNode.KIND, options.listen, lambda metrics: ProxyNode(checked, metrics))

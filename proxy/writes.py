@@ -31,6 +31,7 @@ from rmqstore.proxy.lookups import (
     GroupUnanswered,
     relayed,
 )
+from rmqstore.proxy.upstream import PLAINTEXT, Upstream
 from rmqstore.v1 import messages_pb2, writer_pb2, writer_pb2_grpc
 
 # A group whose writers did not answer a send is left out of the turn this long.
@@ -40,14 +41,14 @@ DOWN_S = 2.0
 class GroupWriters(GroupNodes):
     """A writer group's writers (its replicas: the primary answers the sends)."""
 
-    def __init__(self, endpoints: GroupEndpoints):
-        super().__init__(endpoints, endpoints.writers, writer_pb2_grpc.WriterServiceStub, "writer")
+    def __init__(self, endpoints: GroupEndpoints, upstream: Upstream = PLAINTEXT):
+        super().__init__(endpoints, endpoints.writers, writer_pb2_grpc.WriterServiceStub, "writer", upstream)
         self.down_until = 0.0
 
 
 class ProxyWriterServicer(GroupSet[GroupWriters], writer_pb2_grpc.WriterServiceServicer):
-    def __init__(self, groups: Sequence[GroupEndpoints]):
-        super().__init__(groups, GroupWriters)
+    def __init__(self, groups: Sequence[GroupEndpoints], upstream: Upstream = PLAINTEXT):
+        super().__init__(groups, lambda endpoints: GroupWriters(endpoints, upstream))
         self._turn = itertools.count()
 
     async def _store(self, method: str, request: Any, timeout_s: float) -> Any:

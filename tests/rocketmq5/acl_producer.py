@@ -1,9 +1,10 @@
 """The official RocketMQ 5 Python client with credentials, as a user configures it: one
 producer signed with ACCESS_KEY and SECRET_KEY sends one message to each TOPIC in turn.
 Each outcome is one JSON line on stdout: the receipt, or the exception the client raised
-(its class and text, as an application would see them).
+(its class and text, as an application would see them). ``--tls``: the client's TLS on
+(trusting the CA that GRPC_DEFAULT_SSL_ROOTS_FILE_PATH names).
 
-    python acl_producer.py ENDPOINT ACCESS_KEY SECRET_KEY TOPIC [TOPIC ...]"""
+    python acl_producer.py [--tls] ENDPOINT ACCESS_KEY SECRET_KEY TOPIC [TOPIC ...]"""
 
 from __future__ import annotations
 
@@ -14,8 +15,10 @@ from rocketmq import ClientConfiguration, Credentials, Message, Producer
 
 
 def main() -> None:
-    endpoint, access_key, secret_key, *topics = sys.argv[1:]
-    producer = Producer(ClientConfiguration(endpoint, Credentials(access_key, secret_key), request_timeout=5))
+    arguments = sys.argv[1:]
+    tls = arguments[:1] == ["--tls"]
+    endpoint, access_key, secret_key, *topics = arguments[1:] if tls else arguments
+    producer = Producer(ClientConfiguration(endpoint, Credentials(access_key, secret_key), request_timeout=5), tls_enable=tls)
     producer.startup()
     try:
         for topic in topics:

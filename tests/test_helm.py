@@ -1149,6 +1149,19 @@ CLUSTER_RENDERINGS: dict[str, dict[str, Any]] = {
         "console": {"enabled": True, "noAuth": True}, **OPEN,
     },
     "proxy-in-front-of-the-single-writer": {**PROXY_ON, **OPEN},
+    # The proxies under the nodes' TLS, ACL and metrics: signing upstream as a user of a
+    # Secret, or known to the nodes by their certificate alone.
+    "proxy-three-groups-mutual-tls-acl-metrics": {
+        "groups": ["broker-a", "broker-b", "broker-c"],
+        "proxy": {"enabled": True, "upstreamCredentialsSecret": "proxy-upstream", "healthPort": 7001, "metricsPort": 7002},
+        "tls": {"enabled": True, "secretName": "rmqstore-tls", "clientAuth": True}, **ACL_SECRET,
+        "metrics": {"prometheus": {"enabled": True}},
+    },
+    "proxy-by-certificate-under-an-acl": {
+        "groups": ["broker-a"], **PROXY_ON,
+        "tls": {"enabled": True, "secretName": "rmqstore-tls", "clientAuth": True}, **ACL_SECRET,
+    },
+    "proxy-tls-open": {**PROXY_ON, "tls": {"enabled": True, "secretName": "rmqstore-tls"}, **OPEN},
     "groups-without-proxy-mutual-tls-acl": {
         "groups": ["broker-a", "broker-b"], "writer": {"replicas": 3, "group": {"etcd": ["etcd.infra:2379"]}},
         "tls": {"enabled": True, "secretName": "rmqstore-tls", "clientAuth": True}, **ACL_SECRET,
@@ -1232,7 +1245,8 @@ def test_each_group_is_a_writer_statefulset_with_its_query_nodes(cluster_renderi
             query_container = containers["query"]
         assert parse_cli(query_container["args"]).broker_name == broker
         if tls_enabled(rendering):
-            assert parse_cli(query_container["args"]).tls_client_ca is not None and writer_args.acl is not None
+            assert (parse_cli(query_container["args"]).tls_client_ca is not None) is bool(value(rendering, "tls", "clientAuth"))
+            assert (writer_args.acl is not None) is bool(value(rendering, "acl", "secretName"))
     if rendering.values.get("etcd", {}).get("enabled"):
         expected |= {("StatefulSet", ETCD), ("Service", ETCD)}  # one etcd for every group's election
     if value(rendering, "proxy", "enabled"):
@@ -1304,7 +1318,14 @@ def test_proxies_serve_the_cluster_file_the_chart_renders(cluster_renderings: di
     assert volumes["cluster"]["configMap"]["name"] == PROXY
     port = proxy_values.get("port", 8081)
     assert (args.host, args.port) == ("0.0.0.0", port)
-    assert container["ports"] == [{"name": "grpc-proxy", "containerPort": port, "protocol": "TCP"}]
+    health_port, metrics_port = proxy_values.get("healthPort", 10923), proxy_values.get("metricsPort", 9466)
+    tls, metrics = tls_enabled(rendering), bool(value(rendering, "metrics", "prometheus", "enabled"))
+    assert container["ports"] == [
+        {"name": "grpc-proxy", "containerPort": port, "protocol": "TCP"},
+        *([{"name": "health-proxy", "containerPort": health_port, "protocol": "TCP"}] if tls else []),
+        *([{"name": "metrics-proxy", "containerPort": metrics_port, "protocol": "TCP"}] if metrics else []),
+    ]
+    check_proxy_security(rendering, deployment, container, args)
     assert args.advertise == (f"{PROXY}.{NAMESPACE}.svc:{port}",)
     assert (args.linger_ms, args.batch_max) == (proxy_values.get("lingerMs", DEFAULT_LINGER_MS), proxy_values.get("batchMax", DEFAULT_BATCH_MAX))
     if proxy_values.get("cursorKeySecret"):
@@ -1313,7 +1334,7 @@ def test_proxies_serve_the_cluster_file_the_chart_renders(cluster_renderings: di
     else:
         assert args.cursor_key is None and "cursor-key" not in mounts
     for kind in ("startupProbe", "readinessProbe", "livenessProbe"):
-        assert container[kind]["grpc"]["port"] == port
+        assert container[kind]["grpc"]["port"] == (health_port if tls else port)
     assert container["readinessProbe"]["grpc"]["service"] == MESSAGING_SERVICE
     assert pod["securityContext"]["runAsNonRoot"] is True and pod["automountServiceAccountToken"] is False
     assert container["securityContext"]["readOnlyRootFilesystem"] is True
@@ -1343,6 +1364,51 @@ def test_proxies_serve_the_cluster_file_the_chart_renders(cluster_renderings: di
             assert parse_cli(shlex.split(line)[1:]).endpoint == f"127.0.0.1:{port}"
 
 
+def check_proxy_security(rendering: Rendering, deployment: dict[str, Any], container: dict[str, Any], args: Any) -> None:
+    """The proxy follows the chart's tls, acl, insecureOpen and metrics as the nodes do
+    (docs/cluster.md, "Security"), and reaches the nodes as they require."""
+    from rmqstore.proxy.upstream import ACCESS_KEY_ENV, SECRET_KEY_ENV
+
+    proxy_values = rendering.values["proxy"]
+    mounts = {m["name"]: m for m in container["volumeMounts"]}
+    volumes = volumes_of(deployment)
+    env = {e["name"]: e for e in container["env"]}
+    tls = rendering.values.get("tls", {})
+    if tls.get("enabled"):
+        directory = Path(mounts["tls"]["mountPath"])
+        assert mounts["tls"]["readOnly"] and volumes["tls"]["secret"]["secretName"] == tls["secretName"]
+        assert (Path(args.tls_cert), Path(args.tls_key)) == (directory / "tls.crt", directory / "tls.key")
+        assert args.health_port == proxy_values.get("healthPort", 10923)
+        assert Path(args.upstream_tls_ca) == directory / "ca.crt"
+        if tls.get("clientAuth"):
+            assert Path(args.tls_client_ca) == directory / "ca.crt"
+            assert (Path(args.upstream_tls_cert), Path(args.upstream_tls_key)) == (directory / "tls.crt", directory / "tls.key")
+        else:
+            assert args.tls_client_ca is None and args.upstream_tls_cert is None and args.upstream_tls_key is None
+    else:
+        assert "tls" not in mounts and args.tls_cert is None and args.health_port is None and args.upstream_tls_ca is None
+    acl = rendering.values.get("acl", {})
+    if acl.get("secretName"):
+        assert Path(args.acl) == Path(mounts["acl"]["mountPath"]) / "acl.yaml" and mounts["acl"]["readOnly"]
+        assert volumes["acl"]["secret"]["secretName"] == acl["secretName"] and not args.insecure_open
+    else:
+        assert args.acl is None and "acl" not in mounts and args.insecure_open is bool(rendering.values.get("insecureOpen"))
+    credentials = proxy_values.get("upstreamCredentialsSecret")
+    if credentials:
+        for name, key in ((ACCESS_KEY_ENV, "accessKey"), (SECRET_KEY_ENV, "secretKey")):
+            assert env[name]["valueFrom"]["secretKeyRef"] == {"name": credentials, "key": key}
+    else:
+        assert ACCESS_KEY_ENV not in env and SECRET_KEY_ENV not in env
+    assert args.upstream_access_key is None and args.upstream_secret_key is None  # never in the arguments
+    annotations = deployment["spec"]["template"]["metadata"].get("annotations", {})
+    if rendering.values.get("metrics", {}).get("prometheus", {}).get("enabled"):
+        metrics_port = proxy_values.get("metricsPort", 9466)
+        assert args.metrics_port == metrics_port and metrics_requested({"OTEL_METRICS_EXPORTER": env["OTEL_METRICS_EXPORTER"]["value"]}) == "prometheus"
+        assert annotations == {"prometheus.io/scrape": "true", "prometheus.io/port": str(metrics_port), "prometheus.io/path": "/metrics"}
+    else:
+        assert args.metrics_port is None and "OTEL_METRICS_EXPORTER" not in env and annotations == {}
+
+
 def ProxyNodeKind() -> Any:
     from rmqstore.proxy.node import ProxyNode
 
@@ -1368,11 +1434,13 @@ def test_schema_refuses_bad_cluster_values(chart: helm.Chart, case: str) -> None
         chart.render({**OPEN, **values}, name=RELEASE, namespace=NAMESPACE)
 
 
-PROXY_REFUSAL = "proxy.enabled: the proxy has no ACL and no TLS yet"
+PROXY_UNKNOWN_UPSTREAM = "proxy.enabled under an ACL: the nodes check the proxies too; give proxy.upstreamCredentialsSecret"
 CLUSTER_BAD_COMBINATIONS = {
-    "proxy under an ACL": ({**PROXY_ON, **ACL_SECRET}, PROXY_REFUSAL),
-    "proxy with TLS": ({**PROXY_ON, "tls": {"enabled": True, "secretName": "s", "clientAuth": True}}, PROXY_REFUSAL),
-    "proxy without insecureOpen": ({**PROXY_ON, "tls": {"enabled": False}, "insecureOpen": False, **ACL_SECRET}, PROXY_REFUSAL),
+    "proxy under an ACL with no identity toward the nodes": ({**PROXY_ON, **ACL_SECRET}, PROXY_UNKNOWN_UPSTREAM),
+    "proxy under an ACL and TLS without client certificates": (
+        {**PROXY_ON, "tls": {"enabled": True, "secretName": "s"}, **ACL_SECRET}, PROXY_UNKNOWN_UPSTREAM,
+    ),
+    "proxy open to anyone unasked": ({**PROXY_ON, "insecureOpen": False}, "set acl.secretName (an ACL), tls.clientAuth (mutual TLS) or insecureOpen: true"),
     "one store host for every group": ({"groups": ["a", "b"], "store": {"storeHost": "10.0.0.1:10911"}, **OPEN}, "store.storeHost names one writer"),
     "one advertised writer for every group": ({"groups": ["a", "b"], "writer": {"advertise": "mq:443"}, **OPEN}, "writer.advertise names one writer"),
     "console over groups without proxies": ({"groups": ["a", "b"], "console": {"enabled": True, "noAuth": True}, **OPEN}, "set proxy.enabled"),

@@ -558,8 +558,8 @@ livenessProbe:
 {{- end }}
 {{- end }}
 {{- if .Values.proxy.enabled }}
-{{- if or .Values.acl.secretName .Values.tls.enabled (not .Values.insecureOpen) }}
-{{- fail "proxy.enabled: the proxy has no ACL and no TLS yet, toward its clients or the writers (docs/cluster.md, \"Not done yet\"): it needs insecureOpen: true, with acl.secretName and tls.enabled off" }}
+{{- if and .Values.acl.secretName (not (or .Values.proxy.upstreamCredentialsSecret .Values.tls.clientAuth)) }}
+{{- fail "proxy.enabled under an ACL: the nodes check the proxies too; give proxy.upstreamCredentialsSecret (the user they sign as) or tls.clientAuth (the nodes then know them as Cert:<common name>) (docs/cluster.md, \"Security\")" }}
 {{- end }}
 {{- if gt (int64 .Values.proxy.autoscaling.minReplicas) (int64 .Values.proxy.autoscaling.maxReplicas) }}
 {{- fail "proxy.autoscaling.minReplicas must not exceed maxReplicas" }}

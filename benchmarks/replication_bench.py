@@ -11,7 +11,8 @@ RocketMQ's defaults (seven nodes a round fit a shared disk). Against each:
 * ``PRODUCERS`` SYNC producers: threads of this process, each sending one message a
   request (``SendBatch`` of one) for SECONDS seconds; acknowledged messages a second.
   Meanwhile, against the group, the primary's ``ReplicaStatus`` every 50 ms: each
-  follower's lag (ms since it was caught up, and bytes), whose p50/p99 are reported.
+  follower's lag (ms since it was caught up, and bytes), whose p50/p99 are reported; and
+  the CPU time each node and this process used per acknowledged message.
 
     python benchmarks/replication_bench.py [--messages 50000] [--producers 64] [--seconds 10] [--rounds 1] [--out F.json]
 """
@@ -94,6 +95,27 @@ def producers(endpoint: str, count: int, seconds: float) -> float:
     return sum(acked) / took
 
 
+def cpu_seconds(pid: int) -> float:
+    """User and system CPU time a process has used so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def measured_producers(nodes: dict[str, Node], endpoint: str, args: argparse.Namespace, result: dict[str, Any], prefix: str) -> float:
+    """``producers`` against ``endpoint``, with the CPU time each node (and this process,
+    the producers' side) used per acknowledged message, in microseconds."""
+    before = {name: cpu_seconds(node.proc.pid) for name, node in nodes.items()}
+    own = os.times()
+    started = time.perf_counter()
+    rate = producers(endpoint, args.producers, args.seconds)
+    messages = rate * (time.perf_counter() - started)
+    after = os.times()
+    for name, node in nodes.items():
+        result[f"{prefix}_{name}_cpu_us_per_msg"] = round((cpu_seconds(node.proc.pid) - before[name]) / messages * 1e6, 1)
+    result[f"{prefix}_producers_cpu_us_per_msg"] = round((after.user + after.system - own.user - own.system) / messages * 1e6, 1)
+    return rate
+
+
 def percentile(values: list[float], share: float) -> float:
     ordered = sorted(values)
     return ordered[min(int(len(ordered) * share), len(ordered) - 1)] if ordered else 0.0
@@ -123,7 +145,7 @@ def one_round(work: Path, args: argparse.Namespace, jsonl: Path) -> dict[str, An
             if phase == "file":
                 result["single_send_file_s"] = send_file(node.endpoint, jsonl)
             else:
-                result["single_producers_msgs_s"] = producers(node.endpoint, args.producers, args.seconds)
+                result["single_producers_msgs_s"] = measured_producers({"node": node}, node.endpoint, args, result, "single")
             node.stop()
         finally:
             node.close()
@@ -155,7 +177,8 @@ def one_round(work: Path, args: argparse.Namespace, jsonl: Path) -> dict[str, An
                 until = threading.Event()
                 sampler = threading.Thread(target=sample_lag, args=(primary, until, lag_ms, lag_bytes))
                 sampler.start()
-                result["group_producers_msgs_s"] = producers(primary, args.producers, args.seconds)
+                named = {("primary" if k == 0 else f"follower{k}"): node for k, node in enumerate(group)}
+                result["group_producers_msgs_s"] = measured_producers(named, primary, args, result, "group")
                 until.set()
                 sampler.join()
                 result["lag_ms_p50"], result["lag_ms_p99"] = percentile(lag_ms, 0.5), percentile(lag_ms, 0.99)

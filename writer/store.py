@@ -15,7 +15,7 @@ import os
 import shutil
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple, TypedDict, overload
 
@@ -23,6 +23,7 @@ from opentelemetry import trace
 
 from rmqstore.common.codec import properties as props
 from rmqstore.common.codec.checkpoint import Checkpoint
+from rmqstore.common.codec.columnar import RecordColumns
 from rmqstore.common.codec.dispatch import DEFAULT_DELAY_LEVELS_MS, DispatchBatch
 from rmqstore.common.codec.hosts import SocketAddress
 from rmqstore.common.codec.msgid import offset_msg_id, offset_msg_ids
@@ -332,6 +333,8 @@ class Writer:
         # Why this writer takes no writes of its own (a writer group's follower: the
         # error names the primary); None while it takes them.
         self.refusal: StoreError | None = None
+        # A follower's replicated records, decoded when written, until their dispatch.
+        self._replicated: list[RecordColumns] = []
         with open(self.paths.abort, "wb") as handle:
             handle.write(self.boot_id.encode("ascii", "replace"))
             handle.flush()
@@ -671,10 +674,11 @@ class Writer:
         if refusal is not None:
             raise refusal
 
-    def replicate(self, offset: int, data: bytes) -> int:
-        """Append a primary's commit log bytes at ``offset`` (this log's end) and dispatch
-        them with the code recovery uses, so the consume queues and index come out as the
-        primary's; returns the new end. Under SYNC they are fsynced before it returns."""
+    def write_replicated(self, offset: int, data: bytes) -> int:
+        """Append a primary's commit log bytes at ``offset`` (this log's end), once they
+        decode as whole records with good CRCs; returns the new end. They are neither
+        synced (:meth:`sync_replicated`) nor dispatched (:meth:`dispatch_replicated`)
+        yet: the decoded records are kept for the dispatch."""
         with self._append_lock:
             if self._closed:
                 raise InvalidArgument("the writer is closed")
@@ -683,20 +687,45 @@ class Writer:
             end = offset + len(data)
             self.log.write_replicated(offset, data)
             scan = ColumnScan(self.log, offset, end)
-            try:
-                self.dispatcher.dispatch_columns(scan)
-            except Exception as error:
-                # As for a write of our own: the records stay; the dispatch completes later.
-                self.dispatch_pending = f"dispatch of commit log [{offset}, {end}) failed: {_describe(error)}"
-                raise Unavailable(f"the replicated bytes are stored but their {self.dispatch_pending}") from error
+            decoded = list(scan)
             if scan.stop is not None:
                 self.log.abandon(offset, end)
                 raise Corruption(f"replicated bytes at {offset} do not decode: {scan.stop.describe()}", offset=offset)
+            self._replicated.extend(decoded)
+        return end
+
+    def sync_replicated(self) -> int:
+        """The end of the replicated bytes this replica holds under its flush policy
+        (fsynced first under ``--flush sync``): what a follower reports stored. Their
+        dispatch may come after: recovery dispatches from the commit log whatever a crash
+        left undispatched, so the consume queues and index are not needed for durability."""
+        if self.config.flush is FlushPolicy.SYNC:
+            return self.flush()
+        return self.log.write_offset or 0
+
+    def dispatch_replicated(self) -> None:
+        """Dispatch what :meth:`write_replicated` appended (the consume queues and index
+        come out as the primary's, with the code recovery uses), then publish it. Raises
+        :class:`Unavailable` if the dispatch fails; the next call completes it."""
+        with self._append_lock:
+            decoded, self._replicated = self._replicated, []
+            published = self.publisher.last.dispatched_offset if self.publisher.last else self.log.min_offset
+            end = self.log.write_offset or 0
+            if published >= end:
+                return
+            # The decoded records serve when they continue the dispatch exactly; after a
+            # failed dispatch the log is scanned again (dispatch is idempotent).
+            batches: Iterable[RecordColumns] = decoded
+            if self.dispatch_pending is not None or not decoded or int(decoded[0].commitlog_offset[0]) != published:
+                batches = ColumnScan(self.log, published, end, check_crc=False)
+            try:
+                self.dispatcher.dispatch_columns(batches)
+            except Exception as error:
+                self.dispatch_pending = f"dispatch of commit log [{published}, {end}) failed: {_describe(error)}"
+                raise Unavailable(f"the replicated bytes are stored but their {self.dispatch_pending}") from error
+            self.dispatch_pending = None
             self._last_store_ts = max(self._last_store_ts, self.dispatcher.last_dispatched_timestamp_ms)
             self._publish_dispatched()
-        if self.config.flush is FlushPolicy.SYNC:
-            self.flush()
-        return end
 
     def truncate_replica(self, end: int) -> None:
         """Cut the commit log at ``end`` (a record boundary) for a replica that rejoins its
@@ -704,6 +733,7 @@ class Writer:
         (their directory synced), the consume queue units and index files past it go, the
         index is rebuilt from the log up to it, and the progress file names ``end`` -
         all before this returns, so no crash can bring the cut records back."""
+        self.dispatch_replicated()
         with self._append_lock:
             invariant(self.dispatch_pending is None, "a replica truncates with its dispatch complete")
             if end >= (self.log.write_offset or 0):
@@ -743,7 +773,8 @@ class Writer:
 
     def resume_writing(self) -> None:
         """Take writes of our own again (a follower promoted): the queues' next offsets
-        and the topic table as replication left them."""
+        and the topic table as replication left them, every replicated record dispatched."""
+        self.dispatch_replicated()
         with self._append_lock:
             self._next_queue_offset = {key: queue.max_offset for key, queue in self.queues.queues.items()}
             self.reload_topics()

@@ -158,8 +158,8 @@ class Follower:
                 call.cancel()
             try:
                 for response in call:
-                    self._apply(primary_id, response)
-                    acks.put(replication_pb2.ReplicateRequest(stored_offset=replica.end_offset()))
+                    if not self._apply(primary_id, response, acks):
+                        return
             except grpc.RpcError as error:
                 if error.code() != grpc.StatusCode.CANCELLED:
                     raise
@@ -168,24 +168,35 @@ class Follower:
                 with self._call_lock:
                     self._call = None
 
-    def _apply(self, primary_id: int, response: replication_pb2.ReplicateResponse) -> None:
+    def _apply(
+        self, primary_id: int, response: replication_pb2.ReplicateResponse, acks: queue.SimpleQueue[replication_pb2.ReplicateRequest | None]
+    ) -> bool:
+        """Store ``response``, report the offset stored (under the flush policy: fsynced
+        under SYNC), then dispatch it; False if this replica no longer follows ``primary_id``.
+        The report comes before the dispatch: recovery dispatches from the commit log
+        whatever a crash leaves undispatched, and a move waits for the dispatch (the
+        lock), so a promoted follower serves with every record dispatched."""
         replica = self.replica
+        writer = replica.writer
         with replica.lock:
             if replica.role is not Role.FOLLOWER or replica.primary_id != primary_id:
                 self.interrupt()
-                return
+                return False
             if response.epochs:
                 replica.history.replace(to_epochs(response.epochs))
             for file in response.files:
                 if file.name in REPLICATED_FILES:
                     replica.groups.write_replicated(file.name, file.content)
                 if file.name == TOPICS_FILE_NAME:
-                    replica.writer.reload_topics()  # routes answered here name the primary's topics
+                    writer.reload_topics()  # routes answered here name the primary's topics
                 if file.name == GROUPS_FILE_NAME:
-                    replica.writer.reload_subscription_groups()
+                    writer.reload_subscription_groups()
             if response.data:
-                replica.writer.replicate(response.offset, response.data)
+                writer.write_replicated(response.offset, response.data)
             self.primary_end_offset = response.primary_end_offset
+            acks.put(replication_pb2.ReplicateRequest(stored_offset=writer.sync_replicated()))
+            writer.dispatch_replicated()
+        return True
 
 
 def _describe(error: BaseException) -> str:

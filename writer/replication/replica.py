@@ -80,6 +80,7 @@ class Replica:
         with self.lock:
             if epoch <= self.epoch:
                 raise InvalidArgument(f"epoch {epoch} is not past this replica's epoch {self.epoch}")
+            self.writer.dispatch_replicated()  # the epoch starts at the end of a dispatched log
             started = Epoch(epoch, self.end_offset(), self.options.replica_id)
             self.history.append(started)
             self.writer.resume_writing()

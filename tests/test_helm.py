@@ -1361,7 +1361,11 @@ def test_proxies_serve_the_cluster_file_the_chart_renders(cluster_renderings: di
         assert f"statefulset/{group_fullname(group)}-writer" in rendering.notes
     for line in rendering.notes.splitlines():
         if line.startswith("  rmqstore "):
-            assert parse_cli(shlex.split(line)[1:]).endpoint == f"127.0.0.1:{port}"
+            command = parse_cli(shlex.split(line)[1:])
+            assert command.endpoint == f"127.0.0.1:{port}"
+            # Under TLS the commands trust the chart's CA (and present a certificate where required).
+            assert (command.tls_ca is not None) is tls_enabled(rendering)
+            assert (command.tls_client_cert is not None) is bool(value(rendering, "tls", "clientAuth"))
 
 
 def check_proxy_security(rendering: Rendering, deployment: dict[str, Any], container: dict[str, Any], args: Any) -> None:

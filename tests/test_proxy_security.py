@@ -63,6 +63,10 @@ acls:
     policies:
       - resource: ["Topic:orders-*", "Group:audit"]
         actions: [Sub]
+  - subject: Cert:rmqstore test client
+    policies:
+      - resource: ["Topic:orders-*"]
+        actions: [Pub]
 """
 SECRETS = {"ops": "ops-secret-1", "orders": "orders-secret-1", "pubonly": "pubonly-secret-1", "watcher": "watcher-secret-1"}
 GROUPS = ("broker-a", "broker-b")
@@ -236,6 +240,29 @@ def test_the_official_client_through_a_tls_proxy_with_an_acl_to_secure_groups(no
     # The proxy left no complaint in its log.
     proxy.stop()
     assert "Traceback" not in proxy.stderr_path.read_text(encoding="utf-8", errors="replace")
+
+
+def v2_send(topic: str, message_id: str) -> v2s.SendMessageRequest:
+    system = v2.SystemProperties(message_id=message_id, body_encoding=v2.IDENTITY)
+    return v2s.SendMessageRequest(messages=[v2.Message(topic=v2.Resource(name=topic), body=b"x", system_properties=system)])
+
+
+def test_a_proxy_with_mutual_tls_knows_a_client_by_its_certificate(nodes: Nodes, tmp_path: Path, pki: Pki) -> None:
+    """With --tls-client-ca a client without a certificate does not connect; one with a
+    certificate and no signature is Cert:<its common name> to the proxy's ACL, as to a
+    node's."""
+    cluster = SecureCluster(nodes, tmp_path, pki, "--tls-client-ca", str(pki.ca))
+    proxy = cluster.proxy
+    assert (proxy.serving["tls"], proxy.serving["clientAuth"]) == (True, True)
+    with node_channel(proxy.endpoint, pki, "ops", client_cert=False) as channel, pytest.raises(grpc.RpcError) as refused:
+        service_pb2_grpc.MessagingServiceStub(channel).SendMessage(v2_send("orders-1", "C1"), timeout=RPC_TIMEOUT_S)
+    assert refused.value.code() == grpc.StatusCode.UNAVAILABLE  # type: ignore[attr-defined]
+    with node_channel(proxy.endpoint, pki, None) as channel:
+        stub = service_pb2_grpc.MessagingServiceStub(channel)
+        sent = stub.SendMessage(v2_send("orders-1", "C2"), timeout=RPC_TIMEOUT_S)
+        denied = stub.SendMessage(v2_send("payments", "C3"), timeout=RPC_TIMEOUT_S)
+    assert sent.status.code == v2.OK and sent.entries[0].message_id == "C2", sent.status
+    assert (denied.status.code, denied.status.message) == (v2.FORBIDDEN, "Cert:rmqstore test client may not Pub Topic:payments")
 
 
 def test_without_its_upstream_user_the_proxy_is_refused_by_the_nodes(nodes: Nodes, tmp_path: Path, pki: Pki) -> None:

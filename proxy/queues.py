@@ -18,6 +18,7 @@ import grpc
 
 from rmqstore.proxy.coalesce import UNREACHABLE
 from rmqstore.proxy.consumers import CALL_TIMEOUT_S, ConsumerGroupLink
+from rmqstore.proxy.metrics import proxy_metrics
 from rmqstore.rocketmq_v2 import definition_pb2 as v2
 from rmqstore.rocketmq_v2 import service_pb2 as v2s
 from rmqstore.writer.rocketmq5 import LONG_POLL_MS_MAX, V2Refusal
@@ -42,7 +43,9 @@ def group_named(groups: Mapping[str, ConsumerGroupLink], name: str, what: str) -
 
 def unanswered(link: ConsumerGroupLink, name: str, call: str, error: grpc.aio.AioRpcError) -> V2Refusal:
     """A writer's gRPC failure as the proxy's answer: an unreachable writer marks its group
-    down (HA_NOT_AVAILABLE); anything else is the writer's fault (INTERNAL_SERVER_ERROR)."""
+    down (HA_NOT_AVAILABLE); anything else is the writer's fault (INTERNAL_SERVER_ERROR).
+    Either is counted among the proxy's upstream errors."""
+    proxy_metrics().upstream_failed(name, error.code())
     if error.code() in UNREACHABLE:
         link.sender.mark_down(f"{call}: {error.code().name}")
         return V2Refusal(v2.HA_NOT_AVAILABLE, f"writer group {name} did not answer {call}: {error.code().name}; ask again")

@@ -175,7 +175,7 @@ def test_transactions_through_two_proxies_commit_roll_back_and_are_checked_acros
     checked_before = {line["checked"] for line in opened if "checked" in line}
     first.kill()
     left = 12 - len(checked_before)
-    lines = transactions(tmp_path, "checker", second.endpoint, "Payments", "--checks", str(left), "--seconds", "90") if left else []
+    lines = transactions(tmp_path, "checker", second.endpoint, "Payments", "--checks", str(left), "--seconds", "240") if left else []
     checked = {line["checked"]: line["answer"] for line in lines if "checked" in line}
     assert sorted(set(checked) | checked_before) == sorted(f"{'commit' if n % 2 == 0 else 'rollback'} {n}" for n in range(12))
     assert all(answer == ("COMMIT" if body.startswith("commit") else "ROLLBACK") for body, answer in checked.items())
@@ -192,7 +192,7 @@ def test_the_nodejs_transactional_producer_through_a_proxy_commits_rolls_back_an
     ended = node_transactions(tmp_path, "end", proxy.endpoint, "Payments", "12")
     assert [line["resolution"] for line in ended] == ["COMMIT", "ROLLBACK"] * 6
     assert {unwrap_transaction(line["transaction_id"])[0] for line in ended} == set(NAMES)
-    lines = node_transactions(tmp_path, "orphan", proxy.endpoint, "Payments", "12", "12", "90")
+    lines = node_transactions(tmp_path, "orphan", proxy.endpoint, "Payments", "12", "12", "240")
     assert {unwrap_transaction(line["transaction_id"])[0] for line in lines if "sent" in line} == set(NAMES)
     checked = sorted((line["checked"], line["answer"]) for line in lines if "checked" in line)
     assert checked == sorted((f"commit {n}", "COMMIT") if n % 2 == 0 else (f"rollback {n}", "ROLLBACK") for n in range(12))

@@ -14,12 +14,17 @@ RocketMQ's defaults (seven nodes a round fit a shared disk). Against each:
   follower's lag (ms since it was caught up, and bytes), whose p50/p99 are reported; and
   the CPU time each node and this process used per acknowledged message.
 
-    python benchmarks/replication_bench.py [--messages 50000] [--producers 64] [--seconds 10] [--rounds 1] [--out F.json]
+With ``--baseline DIR`` each round also runs the group with the ``rmqstore`` package found
+on that PYTHONPATH (a directory holding another version's tree as ``rmqstore``), so two
+versions are compared under the same load.
+
+    python benchmarks/replication_bench.py [--messages 50000] [--producers 64] [--seconds 10] [--rounds 1] [--out F.json] [--baseline DIR]
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import random
@@ -149,13 +154,17 @@ def one_round(work: Path, args: argparse.Namespace, jsonl: Path) -> dict[str, An
             node.stop()
         finally:
             node.close()
-    # A group of three, SYNC replication, min-insync 2.
-    for phase in ("file", "producers"):
+    # A group of three, SYNC replication, min-insync 2; with --baseline, the same again
+    # with the other version's package ("baseline_" figures).
+    runs = [("", None)]
+    if args.baseline is not None:
+        runs.append(("baseline_", {**quiet_env(), "PYTHONPATH": str(args.baseline)}))
+    for (prefix, env), phase in itertools.product(runs, ("file", "producers")):
         ports = {k: free_port("127.0.0.1") for k in range(3)}
         replicas = ",".join(f"{k}=127.0.0.1:{p}" for k, p in ports.items())
         group = [
-            Node("writer", work / f"group-{phase}-{k}", logs, *sync, "--port", str(ports[k]), "--group", "bench",
-                 "--replica-id", str(k), "--replicas", replicas, "--replication", "sync", "--min-insync", "2")
+            Node("writer", work / f"{prefix}group-{phase}-{k}", logs, *sync, "--port", str(ports[k]), "--group", "bench",
+                 "--replica-id", str(k), "--replicas", replicas, "--replication", "sync", "--min-insync", "2", env=env)
             for k in range(3)
         ]  # fmt: skip
         try:
@@ -170,7 +179,7 @@ def one_round(work: Path, args: argparse.Namespace, jsonl: Path) -> dict[str, An
                         raise RuntimeError("the followers did not get in sync")
                     time.sleep(0.1)
             if phase == "file":
-                result["group_send_file_s"] = send_file(primary, jsonl)
+                result[f"{prefix}group_send_file_s"] = send_file(primary, jsonl)
             else:
                 lag_ms: list[float] = []
                 lag_bytes: list[float] = []
@@ -178,11 +187,11 @@ def one_round(work: Path, args: argparse.Namespace, jsonl: Path) -> dict[str, An
                 sampler = threading.Thread(target=sample_lag, args=(primary, until, lag_ms, lag_bytes))
                 sampler.start()
                 named = {("primary" if k == 0 else f"follower{k}"): node for k, node in enumerate(group)}
-                result["group_producers_msgs_s"] = measured_producers(named, primary, args, result, "group")
+                result[f"{prefix}group_producers_msgs_s"] = measured_producers(named, primary, args, result, f"{prefix}group")
                 until.set()
                 sampler.join()
-                result["lag_ms_p50"], result["lag_ms_p99"] = percentile(lag_ms, 0.5), percentile(lag_ms, 0.99)
-                result["lag_bytes_p50"], result["lag_bytes_p99"] = percentile(lag_bytes, 0.5), percentile(lag_bytes, 0.99)
+                result[f"{prefix}lag_ms_p50"], result[f"{prefix}lag_ms_p99"] = percentile(lag_ms, 0.5), percentile(lag_ms, 0.99)
+                result[f"{prefix}lag_bytes_p50"], result[f"{prefix}lag_bytes_p99"] = percentile(lag_bytes, 0.5), percentile(lag_bytes, 0.99)
             for node in group:
                 node.stop()
         finally:
@@ -190,6 +199,9 @@ def one_round(work: Path, args: argparse.Namespace, jsonl: Path) -> dict[str, An
                 node.close()
     result["send_file_ratio"] = result["single_send_file_s"] / result["group_send_file_s"]
     result["producers_ratio"] = result["group_producers_msgs_s"] / result["single_producers_msgs_s"]
+    if args.baseline is not None:
+        result["baseline_send_file_ratio"] = result["single_send_file_s"] / result["baseline_group_send_file_s"]
+        result["baseline_producers_ratio"] = result["baseline_group_producers_msgs_s"] / result["single_producers_msgs_s"]
     result["load_average"] = load_average()
     return result
 
@@ -201,6 +213,10 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--out", type=Path)
+    parser.add_argument(
+        "--baseline", type=Path, metavar="DIR",
+        help="also run the group with the rmqstore package found on this PYTHONPATH (another version), in the same rounds",
+    )  # fmt: skip
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="replication-bench-") as temp:
         work = Path(temp)
@@ -216,6 +232,11 @@ def main() -> None:
         "rounds": rounds,
         "send_file_ratio_median": statistics.median(r["send_file_ratio"] for r in rounds),
         "producers_ratio_median": statistics.median(r["producers_ratio"] for r in rounds),
+        **({
+            "baseline": str(args.baseline),
+            "baseline_send_file_ratio_median": statistics.median(r["baseline_send_file_ratio"] for r in rounds),
+            "baseline_producers_ratio_median": statistics.median(r["baseline_producers_ratio"] for r in rounds),
+        } if args.baseline is not None else {}),
     }
     text = json.dumps(document, indent=1)
     if args.out is not None:

@@ -22,11 +22,12 @@ from rmqstore.writer.replication.replica import Replica, Role
 
 SERVICE_NAME = "rmqstore.v1.ReplicationService"
 CHUNK_BYTES_MAX = 1024 * 1024
-# Messages sent to a follower and not yet acknowledged, at most: while they are out, what
-# the primary appends gathers into the next one, so a follower's writes and fsyncs come in
-# batches as large as the load makes them (one a group commit would cap it at one fsync's
-# worth of group commits).
-IN_FLIGHT_MAX = 2
+# Messages sent to a follower and not yet acknowledged, at most: while one is out, what
+# the primary appends gathers into the next, so a follower's writes and fsyncs come in
+# batches as large as the load makes them. One: a round costs both sides CPU per message
+# sent, not per byte, and with two out the messages were half as large for the same
+# acknowledgements (benchmarks/REPLICATION.md: 0.54x against 0.40x of a single node).
+IN_FLIGHT_MAX = 1
 IDLE_WAIT_S = 0.05
 FILES_CHECK_S = 0.2
 # The files of config/ a follower takes from its primary: the consumer groups' progress

@@ -389,6 +389,15 @@ def _bad_arguments(d: dict[str, str]) -> dict[tuple[str, str], tuple[list[str], 
     table[("proxy serve", "host")] = ([*proxy, "--host", "127.0.0.1:80"], usage("proxy serve", "--host", with_port))
     table[("proxy serve", "port")] = ([*proxy, "--port", "70000"], usage("proxy serve", "--port", big_port))
     table[("proxy serve", "advertise")] = ([*proxy, "--advertise", "127.0.0.1:1,localhost"], usage("proxy serve", "--advertise", no_port))
+    fronting = ["proxy", "serve", "--cluster", d["cluster"]]
+    for flag in ("--health-port", "--metrics-port"):
+        table[("proxy serve", flag[2:].replace("-", "_"))] = ([*fronting, flag, "70000"], usage("proxy serve", flag, big_port))
+    table[("proxy serve", "acl")] = ([*fronting, "--acl", missing], error(f"--acl {missing}: {NO_FILE}"))
+    table[("proxy serve", "tls_cert")] = ([*fronting, "--tls-cert", missing, "--tls-key", d["key"]], error(f"--tls-cert {missing}: {NO_FILE}"))
+    table[("proxy serve", "tls_key")] = ([*fronting, "--tls-cert", d["cert"], "--tls-key", missing], error(f"--tls-key {missing}: {NO_FILE}"))
+    table[("proxy serve", "tls_client_ca")] = (
+        [*fronting, "--tls-cert", d["cert"], "--tls-key", d["key"], "--tls-client-ca", missing], error(f"--tls-client-ca {missing}: {NO_FILE}")
+    )
     # The clients: an endpoint, and the TLS files of the channel to it.
     clients = {name: ([name], rest) for name, rest in LOOKUPS.items()}
     clients["send"] = (["send"], ["-t", "T", "--body", "x"])
@@ -434,10 +443,11 @@ def test_every_path_and_endpoint_argument_refuses_a_bad_value_in_one_line(tmp_pa
     (tmp_path / "notes").mkdir()
     (tmp_path / "notes" / "notes.txt").write_text("keep me")
     (tmp_path / "f").write_text("x")
+    (tmp_path / "cluster.yaml").write_text("groups:\n  - name: broker-a\n    writers: [\"127.0.0.1:1\"]\n")
     paths = {
         "empty": str(tmp_path / "empty"), "notes": str(tmp_path / "notes"), "missing": str(tmp_path / "nowhere"),
         "file": str(tmp_path / "f"), "tmp": str(tmp_path), "clean": [str(CLEAN), *FIXTURE_SIZE_ARGS],
-        "cert": str(pki.server_cert), "key": str(pki.server_key),
+        "cert": str(pki.server_cert), "key": str(pki.server_key), "cluster": str(tmp_path / "cluster.yaml"),
     }  # fmt: skip
     table = _bad_arguments(paths)  # type: ignore[arg-type]
     assert set(table) == _path_and_endpoint_arguments()
@@ -449,7 +459,7 @@ def test_every_path_and_endpoint_argument_refuses_a_bad_value_in_one_line(tmp_pa
             got, out, err = run(capsys, *argv)
             answer = (got, out, err.splitlines()[:1])
         assert answer == (code, "", [line]), (command, argument, argv)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["empty", "f", "notes", "pki"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cluster.yaml", "empty", "f", "notes", "pki"]
     assert [p.name for p in (tmp_path / "notes").iterdir()] == ["notes.txt"] and not any((tmp_path / "empty").iterdir())
 
 

@@ -73,23 +73,38 @@ log = logging.getLogger(__name__)
 # Receipt handles
 
 
-def wrap_handle(group: str, handle: str) -> str:
+def tag_with_group(prefix: str, group: str, inner: str) -> str:
+    """``inner`` (a writer's receipt handle or transaction id) tagged with the writer group
+    that gave it out: ``PREFIX.<group, unpadded base64url>.<inner>``."""
     name = base64.urlsafe_b64encode(group.encode()).decode().rstrip("=")
-    return f"{HANDLE_PREFIX}.{name}.{handle}"
+    return f"{prefix}.{name}.{inner}"
+
+
+def group_of_tag(prefix: str, tagged: str) -> tuple[str, str] | None:
+    """The group and the writer's own text of a :func:`tag_with_group` text; None for
+    anything else (another prefix, a name that is not strict base64url, an empty part)."""
+    head, _, rest = tagged.partition(".")
+    name, _, inner = rest.partition(".")
+    if head != prefix or not name or not inner:
+        return None
+    try:
+        group = base64.b64decode(name + "=" * (-len(name) % 4), altchars=b"-_", validate=True).decode()
+    except (binascii.Error, ValueError):
+        return None
+    return (group, inner) if group else None
+
+
+def wrap_handle(group: str, handle: str) -> str:
+    return tag_with_group(HANDLE_PREFIX, group, handle)
 
 
 def unwrap_handle(handle: str) -> tuple[str, str]:
     """The group and the writer's handle of a proxy's receipt handle; V2Refusal
     INVALID_RECEIPT_HANDLE for anything else."""
-    prefix, _, rest = handle.partition(".")
-    name, _, inner = rest.partition(".")
-    if prefix != HANDLE_PREFIX or not name or not inner:
+    untagged = group_of_tag(HANDLE_PREFIX, handle)
+    if untagged is None:
         raise V2Refusal(v2.INVALID_RECEIPT_HANDLE, "the receipt handle is not one an rmqstore proxy gave out")
-    try:
-        group = base64.urlsafe_b64decode(name + "=" * (-len(name) % 4)).decode()
-    except (binascii.Error, ValueError):
-        raise V2Refusal(v2.INVALID_RECEIPT_HANDLE, "the receipt handle is not one an rmqstore proxy gave out") from None
-    return group, inner
+    return untagged
 
 
 # What the consumer calls need of the proxy's groups

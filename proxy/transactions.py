@@ -29,8 +29,6 @@ through another proxy."""
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
@@ -38,7 +36,7 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 import grpc
 
 from rmqstore.common.errors import InvalidArgument
-from rmqstore.proxy.consumers import CALL_TIMEOUT_S, ConsumerGroupLink
+from rmqstore.proxy.consumers import CALL_TIMEOUT_S, ConsumerGroupLink, group_of_tag, tag_with_group
 from rmqstore.proxy.queues import group_named, unanswered
 from rmqstore.rocketmq_v2 import definition_pb2 as v2
 from rmqstore.rocketmq_v2 import service_pb2 as v2s
@@ -58,8 +56,7 @@ log = logging.getLogger(__name__)
 
 
 def wrap_transaction(group: str, transaction_id: str) -> str:
-    name = base64.urlsafe_b64encode(group.encode()).decode().rstrip("=")
-    return f"{TRANSACTION_PREFIX}.{name}.{transaction_id}"
+    return tag_with_group(TRANSACTION_PREFIX, group, transaction_id)
 
 
 def unwrap_transaction(transaction_id: str) -> tuple[str, str]:
@@ -67,18 +64,10 @@ def unwrap_transaction(transaction_id: str) -> tuple[str, str]:
     INVALID_TRANSACTION_ID for anything else."""
     if not transaction_id.strip():
         raise V2Refusal(v2.INVALID_TRANSACTION_ID, "transaction id cannot be empty")
-    garbled = V2Refusal(v2.INVALID_TRANSACTION_ID, "the transaction id is not one an rmqstore proxy gave out")
-    prefix, _, rest = transaction_id.partition(".")
-    name, _, inner = rest.partition(".")
-    if prefix != TRANSACTION_PREFIX or not name or not inner.strip():
-        raise garbled
-    try:
-        group = base64.b64decode(name + "=" * (-len(name) % 4), altchars=b"-_", validate=True).decode()
-    except (binascii.Error, ValueError):
-        raise garbled from None
-    if not group:
-        raise garbled
-    return group, inner
+    untagged = group_of_tag(TRANSACTION_PREFIX, transaction_id)
+    if untagged is None or not untagged[1].strip():
+        raise V2Refusal(v2.INVALID_TRANSACTION_ID, "the transaction id is not one an rmqstore proxy gave out")
+    return untagged
 
 
 def _transaction_group(groups: Mapping[str, ConsumerGroupLink], transaction_id: str) -> tuple[str, str, ConsumerGroupLink]:

@@ -22,6 +22,8 @@ from support.nodes import Nodes, ProcessNode
 from support.pki import Pki
 from support.rmq5 import DRIVERS, client_env, rmq5_python
 from support.stores import SIZE_ARGS
+from test_rocketmq5_acl import ACL as GATEWAY_ACL
+from test_rocketmq5_acl import SECRETS
 
 from rmqstore.client import Credentials, Tls, connect
 from rmqstore.rocketmq_v2 import definition_pb2 as v2
@@ -38,37 +40,16 @@ users:
     secretKey: proxy-secret-1
     userType: Super
 """
-# The proxy's ACL: its clients, as a writer's gateway would know them.
-PROXY_ACL = """
-users:
-  - accessKey: ops
-    secretKey: ops-secret-1
-    userType: Super
-  - accessKey: orders
-    secretKey: orders-secret-1
-  - accessKey: pubonly
-    secretKey: pubonly-secret-1
-  - accessKey: watcher
-    secretKey: watcher-secret-1
-acls:
-  - subject: User:orders
-    policies:
-      - resource: ["Topic:orders-*"]
-        actions: [Pub, Create]
-  - subject: User:pubonly
-    policies:
-      - resource: ["Topic:orders-*"]
-        actions: [Pub]
-  - subject: User:watcher
-    policies:
-      - resource: ["Topic:orders-*", "Group:audit"]
-        actions: [Sub]
-  - subject: Cert:rmqstore test client
+# The proxy's ACL: its clients, as a writer's gateway knows them (test_rocketmq5_acl's),
+# and one known by its certificate.
+PROXY_ACL = (
+    GATEWAY_ACL
+    + """  - subject: Cert:rmqstore test client
     policies:
       - resource: ["Topic:orders-*"]
         actions: [Pub]
 """
-SECRETS = {"ops": "ops-secret-1", "orders": "orders-secret-1", "pubonly": "pubonly-secret-1", "watcher": "watcher-secret-1"}
+)
 GROUPS = ("broker-a", "broker-b")
 
 

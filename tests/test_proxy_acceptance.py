@@ -30,7 +30,7 @@ from support.rmq5 import run_node, run_python_client
 from support.wait import wait_until
 from test_proxy import records
 from test_proxy_consumers import GROUP, acked_ids, cluster_file, consumers, wait_all_acked
-from test_proxy_lookups import start_group
+from test_proxy_lookups import start_group, wire
 
 from rmqstore.common.codec.msgid import offset_msg_id
 from rmqstore.v1 import messages_pb2, query_pb2, query_pb2_grpc
@@ -38,11 +38,6 @@ from rmqstore.v1 import messages_pb2, query_pb2, query_pb2_grpc
 MESSAGES = int(os.environ.get("CLUSTER_MESSAGES", "300"))
 NAMES = ["broker-a", "broker-b", "broker-c"]
 TIMEOUT_S = 30.0
-
-
-def wire(stored: messages_pb2.StoredMessage) -> bytes:
-    """A message's bytes (map entries in key order: protobuf leaves their order free)."""
-    return stored.SerializeToString(deterministic=True)
 
 
 @pytest.mark.slow

@@ -1,5 +1,6 @@
-"""A bare RocketMQ 5 receive and acknowledge on a plain ``grpc.aio`` server: the floor the
-writer's consumer path is read against (benchmarks/consumer_bench.py).
+"""A bare RocketMQ 5 receive, acknowledge and send on a plain ``grpc.aio`` server: the floor
+the writer's consumer path and its one-message calls are read against
+(benchmarks/consumer_bench.py, benchmarks/one_call_bench.py).
 
     python benchmarks/bare_receive.py serve COUNT BATCH
 
@@ -7,10 +8,12 @@ serves MessagingService with a ``ReceiveMessage`` that streams what the writer s
 a batch (a status, a delivery timestamp, then BATCH messages, each one answer: the v2
 protocol's one message a response) and an ``AckMessage`` that answers every entry OK, on
 ``grpc.aio.server`` (the writer's framework) with ``async def`` handlers and nothing else
-(no interceptor, no store, no bookkeeping). The COUNT messages are made before it serves,
+(no interceptor, no store, no bookkeeping), and a ``SendMessage`` that answers each
+message OK with its id and an offset. The COUNT messages are made before it serves,
 with the fields, sizes and 100-byte bodies of the benchmark's stored messages and receipt
 handles of a writer's length, so a call costs only grpcio's work: the same client's
-receive of BATCH and one AckMessage against it cost what grpcio itself costs them here.
+receive of BATCH, one AckMessage or one SendMessage against it cost what grpcio itself
+costs them here.
 """
 
 from __future__ import annotations
@@ -89,6 +92,12 @@ def serve(count: int, batch: int) -> None:
             answer.CopyFrom(acked)
             for entry in request.entries:
                 answer.entries.add(message_id=entry.message_id, receipt_handle=entry.receipt_handle, status=acked.status)
+            return answer
+
+        async def SendMessage(self, request: Any, context: Any) -> Any:  # type: ignore[override]
+            answer = v2s.SendMessageResponse(status=acked.status)
+            for n, message in enumerate(request.messages):
+                answer.entries.add(status=acked.status, message_id=message.system_properties.message_id, offset=n)
             return answer
 
     async def main() -> None:

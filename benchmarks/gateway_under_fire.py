@@ -1,7 +1,8 @@
 """Issue 40's acceptance 2: a writer's send latency and memory under every hostile client
 of the RocketMQ 5 gateway at once, measured in one run.
 
-    .venv/bin/python benchmarks/gateway_under_fire.py [--sends N] [--loads watch,polls,repoll,greedy] [--out FILE.json]
+    .venv/bin/python benchmarks/gateway_under_fire.py [--sends N] [--loads watch,polls,repoll,greedy]
+        [--elsewhere] [--large-answer-rate MIB_PER_S] [--out FILE.json]
 
 A writer process on a fresh store in a temporary directory; its send p50/p99 (rmqstore.v1
 Send of 100 bytes, one at a time, from this process) and resident memory measured alone,
@@ -11,6 +12,11 @@ then beside, each from a process of its own (tests/support/hostile_gateway.py):
 * 500 idle ReceiveMessage long polls on a topic of their own;
 * a group holding 65,536 messages in flight (12 h) whose two clients re-poll every 10 ms;
 * two clients asking 100 messages of 4 MiB, by ReceiveMessage and PullMessage in turn.
+
+With ``--elsewhere`` the hostile clients are aimed at a second writer process (seeded the
+same), not at the one whose sends are timed: what the loads cost a send through the
+machine alone (its cores, the kernel, loopback), the control the writer's own share is
+read against.
 
 Prints one JSON document (and writes it to --out): the figures and the targets (send p99
 at most 2x alone, RSS growth at most 256 MiB). benchmarks/GATEWAY.md records runs.
@@ -54,9 +60,9 @@ LOADS = {
 P99_RATIO_MAX = 2.0
 
 
-def start_writer(store: Path) -> tuple[subprocess.Popen[bytes], int]:
+def start_writer(store: Path, *extra: str) -> tuple[subprocess.Popen[bytes], int]:
     writer = subprocess.Popen(
-        [sys.executable, "-m", "rmqstore.cli.main", "writer", "serve", "--store", str(store), "--port", "0"],
+        [sys.executable, "-m", "rmqstore.cli.main", "writer", "serve", "--store", str(store), "--port", "0", *extra],
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
     )
@@ -115,23 +121,33 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sends", type=int, default=2000)
     parser.add_argument("--loads", default=",".join(LOADS), help="the hostile loads to run (default: all four)")
+    parser.add_argument("--large-answer-rate", metavar="MIB_PER_S", help="the writers' --large-answer-rate (default: theirs)")
+    parser.add_argument("--elsewhere", action="store_true", help="aim the loads at a second writer (the control)")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     loads = [load for load in args.loads.split(",") if load]
     if not loads or any(load not in LOADS for load in loads):
         parser.error(f"--loads: some of {','.join(LOADS)}")
     with tempfile.TemporaryDirectory(prefix="gateway-under-fire-") as scratch:
-        writer, port = start_writer(Path(scratch) / "store")
+        extra = ("--large-answer-rate", args.large_answer_rate) if args.large_answer_rate is not None else ()
+        writer, port = start_writer(Path(scratch) / "store", *extra)
         endpoint = f"127.0.0.1:{port}"
         channel = grpc.insecure_channel(endpoint, options=[("grpc.max_receive_message_length", 64 << 20)])
         hostiles: list[subprocess.Popen[bytes]] = []
+        target: subprocess.Popen[bytes] | None = None
         try:
             seed(channel)
+            hostile_endpoint = endpoint
+            if args.elsewhere:
+                target, target_port = start_writer(Path(scratch) / "target", *extra)
+                hostile_endpoint = f"127.0.0.1:{target_port}"
+                with grpc.insecure_channel(hostile_endpoint) as target_channel:
+                    seed(target_channel)
             time.sleep(2)  # the consumer groups' first flush of the 65,536 in flight is behind us
             alone = sends(channel, args.sends, writer.pid)
             rss_before = rss_bytes(writer.pid)
             for load in loads:
-                hostiles.append(open_hostile(endpoint, *LOADS[load]))
+                hostiles.append(open_hostile(hostile_endpoint, *LOADS[load]))
             time.sleep(2)
             beside = sends(channel, args.sends, writer.pid)
             alive = all(hostile.poll() is None for hostile in hostiles)
@@ -139,11 +155,15 @@ def main() -> None:
             for hostile in hostiles:
                 gateway_load.stop_hostile(hostile)
             channel.close()
-            writer.terminate()
-            writer.wait()
+            for node in (writer, target):
+                if node is not None:
+                    node.terminate()
+                    node.wait()
     growth_mib = round(beside["rss_peak_mib"] - rss_before / 2**20, 1)
     result: dict[str, Any] = {
         "loads": loads,
+        "elsewhere": args.elsewhere,
+        "large_answer_rate": args.large_answer_rate,
         "alone": alone,
         "beside": beside,
         "hostile_clients_alive": alive,

@@ -132,6 +132,7 @@ offset = _bounded("an offset", 0, INT64_MAX)
 port = _bounded("a TCP port", 0, 65535)
 positive = _bounded("a count of at least 1", 1, INT32_MAX)
 size = _bounded("a size of at least 1", 1, INT64_MAX)
+rate_mib = _bounded("MiB a second, 0 for no limit", 0, 1 << 20)
 
 
 def _bounded_real(kind: str, low: float, high: float, low_open: bool = False) -> Callable[[str], float]:

@@ -196,6 +196,7 @@ def cmd_writer_serve(args: argparse.Namespace) -> int:
             consumer_retry_delays_s=args.consumer_retry_delays,
             consumer_min_invisible_ms=args.consumer_min_invisible * 1000,
             fifo_groups=tuple(args.fifo_group),
+            large_answer_bytes_per_s=args.large_answer_rate << 20,
             retention_hours=args.retention_hours,
             disk_clean_ratio=args.disk_clean_ratio,
             disk_full_ratio=args.disk_full_ratio,
@@ -507,6 +508,14 @@ def register(commands: argparse._SubParsersAction) -> None:  # type: ignore[type
         type=exits.positive,
         default=1_000,
         help="consumer groups the writer keeps progress for at most (default 1000; a receive of one more: TOO_MANY_REQUESTS)",
+    )
+    consumers.add_argument(
+        "--large-answer-rate",
+        type=exits.rate_mib,
+        default=64,
+        metavar="MIB_PER_S",
+        help="answers over 256 KiB (receives and pulls of large messages) are read at most this many MiB a second, every "
+        "client's together, so that they cannot starve sends of the cores (default 64; 0: no limit)",
     )
     consumers.add_argument(
         "--fifo-group",

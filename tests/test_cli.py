@@ -532,6 +532,8 @@ def test_numbers_a_node_cannot_use_are_refused(tmp_path: Path, capsys: pytest.Ca
         ("--disk-clean-ratio", "-0.1", "-0.1 is outside [0, 1] (a share of the disk)"),
         ("--flush-interval-ms", "-1", "-1 is outside [1, 2147483647] (a count of at least 1)"),
         ("--retention-hours", "-3", "-3 is outside [0, 1e+09] (hours)"),
+        ("--large-answer-rate", "-1", "-1 is outside [0, 1048576] (MiB a second, 0 for no limit)"),
+        ("--large-answer-rate", "1.5", "'1.5' is not a whole number"),
     ):
         assert run(capsys, *serve, flag, value) == (
             2, "", f"rmqstore: error: writer serve: argument {flag}: {why} (see rmqstore writer serve --help)\n"

@@ -69,6 +69,7 @@ CUSTOM_STORE = {
     "maxTopics": 300,
     "maxQueues": 2400,
     "maxGroups": 50,
+    "largeAnswerRate": 0,
     "storeHost": "10.1.2.3:10911",
     "sizes": {"commitlogFileSizeBytes": 65536, "cqFileUnits": 1000, "indexSlots": 512, "indexEntries": 2048},
 }
@@ -403,6 +404,7 @@ BAD_VALUES = {
     "store host without a port": ({"store": {"storeHost": "10.0.0.1"}}, "/store/storeHost"),
     "no topics allowed": ({"store": {"maxTopics": 0}}, "/store/maxTopics"),
     "fractional queue cap": ({"store": {"maxQueues": 1.5}}, "/store/maxQueues"),
+    "negative large answer rate": ({"store": {"largeAnswerRate": -1}}, "/store/largeAnswerRate"),
     "root user": ({"podSecurityContext": {"runAsNonRoot": False}}, "/podSecurityContext/runAsNonRoot"),
     "writable root file system": ({"securityContext": {"readOnlyRootFilesystem": False}}, "readOnlyRootFilesystem"),
     "added capability": ({"securityContext": {"capabilities": {"add": ["NET_ADMIN"]}}}, "/securityContext/capabilities/add"),
@@ -591,6 +593,7 @@ def test_store_values_reach_the_writers_command_line(chart: helm.Chart) -> None:
     assert (args.disk_clean_ratio, args.disk_full_ratio) == (0.6, 0.85)
     assert args.no_auto_create is True
     assert (args.max_topics, args.max_queues, args.max_groups) == (300, 2400, 50)
+    assert args.large_answer_rate == 0
     assert args.store_host == "10.1.2.3:10911"
     sizes = CUSTOM_STORE["sizes"]
     assert (args.commitlog_file_size, args.cq_file_units, args.index_slots, args.index_entries) == (
@@ -629,6 +632,7 @@ def test_default_command_lines_use_rocketmqs_sizes_without_float_notation(chart:
     assert (args.flush, args.no_auto_create, args.store_host) == ("async", False, None)
     # The caps are the writer's own defaults.
     assert (args.max_topics, args.max_queues, args.max_groups) == (10_000, 100_000, 1_000)
+    assert args.large_answer_rate == 64
 
 
 # OpenTelemetry and TLS

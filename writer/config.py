@@ -9,6 +9,12 @@ from dataclasses import dataclass, field
 from rmqstore.common.files.store import StoreSizes
 from rmqstore.writer.validate import DEFAULT_LIMITS
 
+# The bytes of RocketMQ 5 answers over 256 KiB (receives and pulls of large messages) the
+# writer reads a second at most, every client's together (--large-answer-rate): clients
+# taking 16 MiB answers without a pause would otherwise take the machine's cores from
+# everyone else's sends (benchmarks/GATEWAY.md).
+LARGE_ANSWER_BYTES_PER_S = 64 * 1024 * 1024
+
 
 class FlushPolicy(enum.Enum):
     SYNC = "sync"  # ack after the commit log is fsynced (group commit)

@@ -23,7 +23,7 @@ from rmqstore.common.transport import endpoint_text, parse_endpoint
 from rmqstore.service import process
 from rmqstore.service.limits import ServerLimits
 from rmqstore.service.listen import ListenOptions, free_port
-from rmqstore.writer.config import FlushPolicy, WriterConfig
+from rmqstore.writer.config import LARGE_ANSWER_BYTES_PER_S, FlushPolicy, WriterConfig
 
 if TYPE_CHECKING:
     from rmqstore.service.metrics import MetricsEndpoint
@@ -67,6 +67,8 @@ class WriterOptions:
     consumer_retry_delays_s: tuple[int, ...] | None = None  # None: Apache's levels
     consumer_min_invisible_ms: int = 10_000  # Apache's proxy's minInvisibleTimeMillsForRecv
     fifo_groups: tuple[str, ...] = ()  # consumer groups that consume FIFO
+    # Large answers' bytes a second, every client's together (--large-answer-rate; 0: unlimited).
+    large_answer_bytes_per_s: int = LARGE_ANSWER_BYTES_PER_S
     retention_hours: float = 72.0
     retention_delete_hours: tuple[int, ...] = WriterConfig.retention_delete_hours  # hours of day files expire in
     disk_clean_ratio: float = 0.75
@@ -180,6 +182,7 @@ class WriterNode(process.ServingNode):
             max_attempts=options.consumer_max_attempts,
             retry_delays_s=options.consumer_retry_delays_s or DEFAULT_RETRY_DELAYS_S,
             min_invisible_ms=options.consumer_min_invisible_ms,
+            large_answer_bytes_per_s=options.large_answer_bytes_per_s,
         )
         writer = Writer(config)
         try:

@@ -23,7 +23,7 @@ import logging
 import threading
 import time
 import zlib
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
@@ -65,7 +65,7 @@ from rmqstore.rocketmq_v2 import definition_pb2 as v2
 from rmqstore.rocketmq_v2 import service_pb2 as v2s
 from rmqstore.rocketmq_v2 import service_pb2_grpc
 from rmqstore.service.acl import Answered, MethodRule, Need, Refused, Requirement
-from rmqstore.writer.config import WriterConfig
+from rmqstore.writer.config import LARGE_ANSWER_BYTES_PER_S, WriterConfig
 from rmqstore.writer.consumers import (
     BATCH_MAX,
     DLQ_PREFIX,
@@ -618,6 +618,44 @@ class ConsumerPolicy:
     # The shortest invisible duration a receive may ask (the proxy's
     # minInvisibleTimeMillsForRecv); ChangeInvisibleDuration may ask 0.
     min_invisible_ms: int = INVISIBLE_MS_APACHE_MIN
+    # Large answers' bytes a second, every client's together (0: unlimited).
+    large_answer_bytes_per_s: int = LARGE_ANSWER_BYTES_PER_S
+
+
+class LargeAnswers:
+    """Answers larger than INLINE_READ_BYTES_MAX, node-wide: their records read and their
+    pieces made one call at a time, in the order they asked (``lock``), and their reads
+    paced to ``bytes_per_s`` (0: unpaced) by a token bucket holding one second's worth:
+    a read takes its bytes at once, going into debt if it must, and waits until the debt
+    is paid, so the calls after it wait their turn behind it."""
+
+    def __init__(self, bytes_per_s: int, clock: Callable[[], float] = time.monotonic):
+        self.lock = asyncio.Lock()
+        self.bytes_per_s = bytes_per_s
+        self._clock = clock
+        self._tokens = float(bytes_per_s)
+        self._stamp = clock()
+
+    def reserve(self, size: int) -> float:
+        """Take ``size`` bytes from the bucket: the seconds to wait before reading them."""
+        if not self.bytes_per_s:
+            return 0.0
+        now = self._clock()
+        self._tokens = min(float(self.bytes_per_s), self._tokens + (now - self._stamp) * self.bytes_per_s) - size
+        self._stamp = now
+        return max(0.0, -self._tokens / self.bytes_per_s)
+
+    async def read(self, size: int, read: Callable[[], Awaitable[T]]) -> T:
+        """``read()`` of an answer's ``size`` bytes, once the pace allows, under the lock."""
+        wait_s = self.reserve(size)
+        if wait_s:
+            try:
+                await asyncio.sleep(wait_s)
+            except asyncio.CancelledError:
+                self._tokens += size  # the call is gone (its deadline, its client): nothing was read
+                raise
+        async with self.lock:
+            return await read()
 
 
 class Wakeup:
@@ -774,9 +812,9 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         # group is its topic): where a check's RecoverOrphanedTransactionCommand goes.
         self._producers: dict[str, dict[int, asyncio.Queue[Any]]] = {}
         self._checker: asyncio.Task[None] | None = None
-        # Held while a large answer's records are read or a piece of its messages made:
-        # one call at a time, in the order they asked (ANSWER_PIECE_BYTES).
-        self._large = asyncio.Lock()
+        # Large answers: read at a pace, and read or made one call at a time
+        # (ANSWER_PIECE_BYTES, LARGE_ANSWER_BYTES_PER_S).
+        self._large = LargeAnswers(self.policy.large_answer_bytes_per_s)
 
     async def end_streams(self) -> None:
         """End every open Telemetry stream and long poll (on the server's loop), and any
@@ -1191,11 +1229,12 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         those the filter does not take after all, or retention removed, are unpicked."""
         if not picked:
             return []
-        if sum(one.size for one in picked) <= INLINE_READ_BYTES_MAX:
+        size = sum(one.size for one in picked)
+        if size <= INLINE_READ_BYTES_MAX:
             records = self.consumers.read(picked)
         else:
-            async with self._large:
-                records = await self._blocking(functools.partial(self.consumers.read, picked))
+            read = functools.partial(self._blocking, functools.partial(self.consumers.read, picked))
+            records = await self._large.read(size, read)
         handed = []
         for one, record in zip(picked, records):
             if record is None or not tag_filter.admits(record):
@@ -1222,7 +1261,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         on the executor, one large piece at a time node-wide (ANSWER_PIECE_BYTES)."""
         if piece.body_bytes <= INLINE_READ_BYTES_MAX:
             return make()
-        async with self._large:
+        async with self._large.lock:
             return await self._blocking(make)
 
     def _make_answers(self, handed: list[Handed], resource: v2.Resource) -> list[v2s.ReceiveMessageResponse]:
@@ -1521,8 +1560,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
                 read = functools.partial(self._pulled_records, units, tag_filter)
                 if size_bytes <= INLINE_READ_BYTES_MAX:
                     return read(), next_offset
-                async with self._large:
-                    return await self._blocking(read), next_offset
+                return await self._large.read(size_bytes, functools.partial(self._blocking, read)), next_offset
             await self.wakeup.wait(topic, queue_id, left_s)
 
     def _pulled_records(self, units: list[tuple[int, int]], tag_filter: TagFilter) -> list[tuple[int, Record]]:

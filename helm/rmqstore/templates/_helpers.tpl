@@ -246,6 +246,8 @@ TLS flags of a server, and its plaintext health port, when tls.enabled; call wit
 - {{ int64 .Values.store.maxQueues | quote }}
 - --max-groups
 - {{ int64 .Values.store.maxGroups | quote }}
+- --large-answer-rate
+- {{ int64 .Values.store.largeAnswerRate | quote }}
 {{- if .Values.store.storeHost }}
 - --store-host
 - {{ .Values.store.storeHost | quote }}

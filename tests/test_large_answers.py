@@ -8,7 +8,6 @@ import threading
 import time
 from pathlib import Path
 
-import grpc
 from google.protobuf import duration_pb2
 from hypothesis import given, settings
 from hypothesis import strategies as st

@@ -246,6 +246,17 @@ def test_batch_dispatch_writes_the_bytes_of_one_record_at_a_time(
         shutil.rmtree(root)
 
 
+def test_a_batch_of_records_without_units_dispatches_their_keys_only(tmp_path: Path) -> None:
+    """PREPARED and ROLLBACK records only (no consume queue unit, index keys still): as
+    one batch, dispatched as arrays, the bytes of one record at a time (the queue grouping
+    once failed on a batch with no unit at all)."""
+    records = [r for r in make_records(random.Random(7), 200, 1 << 20) if r.sys_flag in (0x4, 0xC)][:20]
+    assert len(records) == 20
+    ends = dispatch_into(tmp_path / "one", records, None)
+    assert dispatch_into(tmp_path / "many", records, len(records)) == ends == {}
+    assert tree_bytes(tmp_path / "many") == tree_bytes(tmp_path / "one")
+
+
 @pytest.mark.parametrize("grouping", ["compiled", "python", "arrays"])
 def test_each_queues_units_written_as_one_block_are_the_bytes_of_one_record_at_a_time(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, grouping: str

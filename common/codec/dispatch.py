@@ -396,6 +396,8 @@ class DispatchBatch:
             return []
         distinct, record_topics = numbered(self.topics)
         queued = np.flatnonzero(np.asarray(self.has_unit, dtype=bool))
+        if not len(queued):
+            return []  # no record has a unit (PREPARED and ROLLBACK records only)
         # One int64 per queue: the topic's number above a queue id made non-negative.
         queue_ids = np.asarray(self.queue_ids, dtype=np.int64)[queued] + 2**31
         key = (record_topics[queued] << 33) | queue_ids

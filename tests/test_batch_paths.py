@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from rmqstore.common.codec import properties as props
 from rmqstore.common.codec import record as record_module
-from rmqstore.common.codec.dispatch import DispatchBatch
+from rmqstore.common.codec.dispatch import SMALL_BATCH_RECORDS, DispatchBatch
 from rmqstore.common.codec.hosts import SocketAddress
 from rmqstore.common.codec.javahash import (
     index_key,
@@ -283,8 +283,9 @@ def test_each_queues_units_written_as_one_block_are_the_bytes_of_one_record_at_a
     ends = dispatch_into(tmp_path / "one", records, None)
     assert dispatch_into(tmp_path / "many", records, 50) == ends
     assert tree_bytes(tmp_path / "many") == tree_bytes(tmp_path / "one")
-    if grouping != "arrays":  # every batch of 16 records or more was grouped: none handed back
-        assert len(blocks) == sum(len(records[s : s + 50]) >= 16 for s in range(0, len(records), 50)) >= 5
+    if grouping != "arrays":  # every batch dispatched as arrays was grouped: none handed back
+        batches = [records[s : s + 50] for s in range(0, len(records), 50)]
+        assert len(blocks) == sum(len(batch) >= SMALL_BATCH_RECORDS for batch in batches) >= 5
         assert None not in blocks
 
 

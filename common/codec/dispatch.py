@@ -182,7 +182,9 @@ def _value_spans(columns: RecordColumns, pairs: np.ndarray) -> tuple[np.ndarray,
 
 # Fewer records than this are dispatched one plan at a time (files.store.Dispatcher):
 # numpy's fixed cost per call outweighs its per-record saving for a handful of records.
-SMALL_BATCH_RECORDS = 16
+# The writer's append of a batch of 6, 8 or 12 messages (three index keys each) costs
+# 20-40% less as arrays, of 4 or 5 about the same (benchmarks/CLUSTER.md, 2026-11-30).
+SMALL_BATCH_RECORDS = 6
 
 
 def record_tags_code(record: Record, delay_levels_ms: dict[int, int] = DEFAULT_DELAY_LEVELS_MS) -> int:

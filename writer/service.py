@@ -20,6 +20,7 @@ from rmqstore.common.errors import InvalidArgument, StoreError
 from rmqstore.service.acl import may_see_paths
 from rmqstore.service.errors import abort_with_async, mapped_async
 from rmqstore.service.limits import STALLED_WRITE_S
+from rmqstore.service.stall import Stalled, StallWatch
 from rmqstore.v1 import messages_pb2, writer_pb2, writer_pb2_grpc
 from rmqstore.writer.consumers import check_group
 from rmqstore.writer.group_commit import GroupAppender
@@ -84,23 +85,23 @@ class WriterServicer(writer_pb2_grpc.WriterServiceServicer):
         self, request_iterator: AsyncIterator[writer_pb2.SendBatchRequest], context: grpc.aio.ServicerContext
     ) -> None:
         peer = peer_address(context)
-        async for request in request_iterator:
-            try:
-                response = await self._append(request, peer)
-            except StoreError as error:
-                await abort_with_async(context, error)
-                return
-            # The next request is read only once this ack is on its way: a producer that
-            # reads no acks is held by HTTP/2 flow control (its sends wait), so what the
-            # writer holds for it stays one window, and after the limit its stream ends.
-            try:
-                async with asyncio.timeout(self.stalled_write_s):  # no task a write, as wait_for makes
-                    await context.write(response)
-            except TimeoutError:
-                await context.abort(
-                    grpc.StatusCode.RESOURCE_EXHAUSTED,
-                    f"the client read no ack for {self.stalled_write_s:g} s: the stream is closed",
-                )
+        with StallWatch(self.stalled_write_s) as watch:
+            async for request in request_iterator:
+                try:
+                    response = await self._append(request, peer)
+                except StoreError as error:
+                    await abort_with_async(context, error)
+                    return
+                # The next request is read only once this ack is on its way: a producer that
+                # reads no acks is held by HTTP/2 flow control (its sends wait), so what the
+                # writer holds for it stays one window, and after the limit its stream ends.
+                try:
+                    await watch.write(context, response)
+                except Stalled:
+                    await context.abort(
+                        grpc.StatusCode.RESOURCE_EXHAUSTED,
+                        f"the client read no ack for {self.stalled_write_s:g} s: the stream is closed",
+                    )
 
     @mapped_async
     async def CreateTopic(

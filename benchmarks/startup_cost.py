@@ -1,0 +1,157 @@
+"""The CPU a process of each kind the test suite starts costs, from exec to exit.
+
+Kinds: a writer, a query node and a proxy, each started (``… serve --port 0``), read to its
+serving line and stopped with SIGTERM; and the short commands (``send`` to the writer,
+``queryMsgByKey --store``, ``check``, ``--version``) run to their exit. Each process runs
+as the tests run them (tests/support/cli.py: ``python -m rmqstore.cli.main``, no
+OpenTelemetry setting, ``OTEL_SDK_DISABLED=true``); its CPU is user + system from
+``os.wait4``, its wall time from exec to exit.
+
+Given several interpreters (each a virtualenv with rmqstore installed, e.g. the tree before
+and after a change), the runs alternate between them and between kinds, in the same order
+every round, so that the machine's own pace falls on all of them alike; the last column
+is the later interpreter's mean over the first's.
+
+    python benchmarks/startup_cost.py BEFORE/.venv/bin/python AFTER/.venv/bin/python --rounds 8
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+SERVING_TIMEOUT_S = 60.0
+TOPIC = "StartupTopic"
+KEY = "startup-key"
+# Small files, as the tests' stores have (a 1 GiB commit log file would cost a fresh
+# store's first mapping, not the start-up this measures).
+SIZE_ARGS = ("--commitlog-file-size", str(1 << 20), "--cq-file-units", "1000", "--index-slots", "100", "--index-entries", "400")
+
+
+@dataclass(frozen=True)
+class Cost:
+    cpu_s: float
+    wall_s: float
+
+
+def quiet_env() -> dict[str, str]:
+    """The tests' environment for the processes they start (tests/support/cli.py)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    env["OTEL_SDK_DISABLED"] = "true"
+    return env
+
+
+def command(python: str, *args: str) -> list[str]:
+    return [python, "-m", "rmqstore.cli.main", *args]
+
+
+def reap(process: subprocess.Popen[bytes], started: float) -> Cost:
+    _, status, usage = os.wait4(process.pid, 0)
+    process.returncode = os.waitstatus_to_exitcode(status)
+    if process.returncode != 0:
+        raise SystemExit(f"{process.args} exited {process.returncode}")
+    return Cost(usage.ru_utime + usage.ru_stime, time.monotonic() - started)
+
+
+def short(python: str, *args: str) -> Cost:
+    """A command run to its exit."""
+    started = time.monotonic()
+    process = subprocess.Popen(command(python, *args), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=quiet_env())
+    return reap(process, started)
+
+
+def serving(python: str, *args: str) -> tuple[subprocess.Popen[bytes], dict[str, object]]:
+    """A node started and read to its serving line (its first stdout line)."""
+    process = subprocess.Popen(command(python, *args), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=quiet_env())
+    assert process.stdout is not None
+    # Bounded by the node's own start: one that fails exits, closing its stdout.
+    line = process.stdout.readline()
+    if not line:
+        process.kill()
+        raise SystemExit(f"{args} ended before its serving line")
+    return process, json.loads(line)
+
+
+def node(python: str, *args: str) -> Cost:
+    """A node started, read to its serving line and stopped with SIGTERM."""
+    started = time.monotonic()
+    process, _ = serving(python, *args)
+    process.send_signal(signal.SIGTERM)
+    assert process.stdout is not None
+    process.stdout.read()
+    return reap(process, started)
+
+
+def fixture(python: str, work: Path) -> tuple[subprocess.Popen[bytes], str, Path, Path]:
+    """A store holding one keyed message, its writer left serving (for ``send``), and a
+    cluster file naming it (for the proxy)."""
+    store = work / "store"
+    writer, line = serving(python, "writer", "serve", "--store", str(store), "--port", "0", *SIZE_ARGS)
+    endpoint = f"127.0.0.1:{line['port']}"
+    subprocess.run(command(python, "send", "--endpoint", endpoint, "-t", TOPIC, "-k", KEY, "--body", "x"), check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=quiet_env())
+    cluster = work / "cluster.yaml"
+    cluster.write_text(f'groups:\n  - name: rmqstore-0\n    writers: ["{endpoint}"]\n    queries: ["{endpoint}"]\n')
+    return writer, endpoint, store, cluster
+
+
+def kinds(python: str, work: Path, endpoint: str, store: Path, cluster: Path) -> dict[str, Callable[[], Cost]]:
+    fresh = iter(range(1_000_000))
+    return {
+        "writer serve (new store)": lambda: node(python, "writer", "serve", "--store", str(work / f"w{next(fresh)}"), "--port", "0", *SIZE_ARGS),
+        "query serve": lambda: node(python, "query", "serve", "--store", str(store), "--port", "0", *SIZE_ARGS),
+        "proxy serve": lambda: node(python, "proxy", "serve", "--cluster", str(cluster), "--port", "0"),
+        "send (one message)": lambda: short(python, "send", "--endpoint", endpoint, "-t", TOPIC, "--body", "y", "--acks", "none"),
+        "queryMsgByKey --store": lambda: short(python, "queryMsgByKey", "--store", str(store), "-t", TOPIC, "-k", KEY, *SIZE_ARGS),
+        "check": lambda: short(python, "check", str(store), *SIZE_ARGS),
+        "--version": lambda: short(python, "--version"),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("pythons", nargs="+", help="interpreters of virtualenvs with rmqstore installed")
+    parser.add_argument("--rounds", type=int, default=8)
+    args = parser.parse_args()
+    costs: dict[tuple[str, str], list[Cost]] = {}
+    with tempfile.TemporaryDirectory(prefix="startup-cost-") as tmp:
+        writers = []
+        runs: list[tuple[str, dict[str, Callable[[], Cost]]]] = []
+        try:
+            for index, python in enumerate(args.pythons):
+                work = Path(tmp) / str(index)
+                work.mkdir()
+                writer, endpoint, store, cluster = fixture(python, work)
+                writers.append(writer)
+                runs.append((python, kinds(python, work, endpoint, store, cluster)))
+            for _ in range(args.rounds):
+                for python, measured in runs:
+                    for kind, run in measured.items():
+                        costs.setdefault((kind, python), []).append(run())
+        finally:
+            for writer in writers:
+                writer.send_signal(signal.SIGTERM)
+                writer.wait(timeout=SERVING_TIMEOUT_S)
+    pythons = args.pythons
+    print(f"mean of {args.rounds} runs each, CPU (user+sys) and wall, seconds")
+    print("| kind | " + " | ".join(f"CPU {i}, wall {i}" for i in range(len(pythons))) + (" | CPU last/first |" if len(pythons) > 1 else " |"))
+    for kind in runs[0][1]:
+        means = [(statistics.fmean(c.cpu_s for c in costs[kind, p]), statistics.fmean(c.wall_s for c in costs[kind, p])) for p in pythons]
+        cells = " | ".join(f"{cpu:.3f}, {wall:.3f}" for cpu, wall in means)
+        ratio = f" | {means[-1][0] / means[0][0]:.2f} |" if len(pythons) > 1 else " |"
+        print(f"| {kind} | {cells}{ratio}")
+    for index, python in enumerate(pythons):
+        print(f"{index}: {python}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

@@ -14,17 +14,25 @@ read through an imported module.
   point, like the command line itself).
 * No module uses another module's private (underscore) name, except that a package's own
   modules share its compiled module (``_speedups``, as the json module uses ``_json``).
+
+And what the processes the command line starts import on their way, since every node and
+command the tests and a deployment start pays for it (benchmarks/CI.md, "Ninth round"):
+numpy runs one OpenBLAS thread.
 """
 
 from __future__ import annotations
 
 import ast
 import functools
+import os
+import subprocess
+import sys
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from support.cli import quiet_env
 
 ROOT = Path(__file__).resolve().parent.parent
 # The folders installed as rmqstore.<name> (pyproject.toml's package-dir).
@@ -276,3 +284,24 @@ def test_every_folder_of_modules_is_installed() -> None:
                 found.add(".".join([name, *init.parent.relative_to(ROOT / folder).parts]))
     assert found - listed == set()
     assert set(folders) <= listed
+
+
+# What the processes import
+
+
+THREADS = "import os, numpy; print(len(os.listdir('/proc/self/task')))"
+
+
+def test_the_command_line_runs_numpy_with_one_openblas_thread() -> None:
+    """Set by the command line's package before numpy's import, unless the environment
+    sets it."""
+    env = {k: v for k, v in quiet_env().items() if k != "OPENBLAS_NUM_THREADS"}
+
+    def threads(code: str, **extra: str) -> str:
+        return subprocess.run([sys.executable, "-c", code], env={**env, **extra}, capture_output=True, text=True, check=True).stdout.strip()
+
+    assert threads("import rmqstore.cli.main; " + THREADS) == "1"
+    assert threads("import os, rmqstore.cli.main; print(os.environ['OPENBLAS_NUM_THREADS'])", OPENBLAS_NUM_THREADS="2") == "2"
+    if (os.cpu_count() or 1) > 1:
+        # Without the command line numpy starts a thread per core: the first assert can fail.
+        assert int(threads(THREADS)) > 1

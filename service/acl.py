@@ -47,7 +47,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
-import yaml
 from opentelemetry import metrics
 
 from rmqstore.common.errors import InvalidArgument
@@ -131,6 +130,10 @@ def _need(condition: bool, path: str, problem: str) -> None:
 
 def load_acl(path: str) -> Acl:
     """The ACL file, checked whole: any mistake is InvalidArgument naming the entry."""
+    # Imported here: a node started without --acl (and every command line importing this
+    # module for its rules) never reads YAML.
+    import yaml
+
     try:
         with open(path, encoding="utf-8") as handle:
             document = yaml.safe_load(handle)

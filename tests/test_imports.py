@@ -15,9 +15,10 @@ read through an imported module.
 * No module uses another module's private (underscore) name, except that a package's own
   modules share its compiled module (``_speedups``, as the json module uses ``_json``).
 
-And what the processes the command line starts import on their way, since every node and
-command the tests and a deployment start pays for it (benchmarks/CI.md, "Ninth round"):
-numpy runs one OpenBLAS thread.
+And what the processes the command line starts import on their way (read from
+``PYTHONPROFILEIMPORTTIME``'s list), since every node and command the tests and a
+deployment start pays for it (benchmarks/CI.md, "Ninth round"): numpy runs one OpenBLAS
+thread, a node without ``--acl`` reads no YAML and ``send`` loads no numpy.
 """
 
 from __future__ import annotations
@@ -32,7 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from support.cli import quiet_env
+from support.cli import quiet_env, run_cli
+from support.nodes import Nodes
 
 ROOT = Path(__file__).resolve().parent.parent
 # The folders installed as rmqstore.<name> (pyproject.toml's package-dir).
@@ -305,3 +307,29 @@ def test_the_command_line_runs_numpy_with_one_openblas_thread() -> None:
     if (os.cpu_count() or 1) > 1:
         # Without the command line numpy starts a thread per core: the first assert can fail.
         assert int(threads(THREADS)) > 1
+
+
+def imported(stderr: str) -> set[str]:
+    """The modules a process imported, from the list PYTHONPROFILEIMPORTTIME writes to its
+    stderr (``import time: self | cumulative | name``)."""
+    return {line.rpartition("|")[2].strip() for line in stderr.splitlines() if line.startswith("import time:")}
+
+
+def top_level(modules: set[str]) -> set[str]:
+    return {module.split(".")[0] for module in modules}
+
+
+IMPORT_LIST = {"PYTHONPROFILEIMPORTTIME": "1"}
+
+
+def test_a_node_without_acl_reads_no_yaml_and_send_loads_no_numpy(tmp_path: Path, nodes: Nodes) -> None:
+    writer = nodes.start("writer", tmp_path / "store", env=quiet_env(**IMPORT_LIST))
+    sent = run_cli(["send", "--endpoint", writer.endpoint, "-t", "T", "--body", "b"], env=quiet_env(**IMPORT_LIST))
+    assert sent.returncode == 0, sent.stderr
+    query = nodes.start("query", tmp_path / "store", env=quiet_env(**IMPORT_LIST))
+    for node in (writer, query):
+        node.stop()
+        listed = top_level(imported(node.stderr_path.read_text(encoding="utf-8")))
+        assert "grpc" in listed and "yaml" not in listed, node.service
+    listed = top_level(imported(sent.stderr))
+    assert "grpc" in listed and listed & {"numpy", "yaml"} == set()

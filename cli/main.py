@@ -57,7 +57,8 @@ class VersionAction(argparse.Action):
 
 def build_parser(command: str | None = None) -> exits.Parser:
     """The command line's parser: with ``command`` (a name the table above knows), only its
-    module's commands; else all of them."""
+    module's commands; with ``--version`` (which prints and exits before a command is
+    parsed), none; else all of them."""
     parser = exits.Parser(
         prog="rmqstore",
         description="Apache RocketMQ 4.9's on-disk message store: tools, writer and query nodes.",
@@ -67,7 +68,10 @@ def build_parser(command: str | None = None) -> exits.Parser:
     )
     parser.add_argument("--version", action=VersionAction, help="show the version and exit")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    modules = [name for name, names in COMMAND_MODULES.items() if command in names] or list(COMMAND_MODULES)
+    if command == "--version":
+        modules = []
+    else:
+        modules = [name for name, names in COMMAND_MODULES.items() if command in names] or list(COMMAND_MODULES)
     for name in modules:
         importlib.import_module(f"rmqstore.cli.{name}").register(commands)
     return parser

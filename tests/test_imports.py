@@ -18,7 +18,8 @@ read through an imported module.
 And what the processes the command line starts import on their way (read from
 ``PYTHONPROFILEIMPORTTIME``'s list), since every node and command the tests and a
 deployment start pays for it (benchmarks/CI.md, "Ninth round"): numpy runs one OpenBLAS
-thread, a node without ``--acl`` reads no YAML and ``send`` loads no numpy.
+thread, a node without ``--acl`` reads no YAML, ``send`` loads no numpy and ``--version``
+no command's module.
 """
 
 from __future__ import annotations
@@ -333,3 +334,12 @@ def test_a_node_without_acl_reads_no_yaml_and_send_loads_no_numpy(tmp_path: Path
         assert "grpc" in listed and "yaml" not in listed, node.service
     listed = top_level(imported(sent.stderr))
     assert "grpc" in listed and listed & {"numpy", "yaml"} == set()
+
+
+def test_version_loads_no_command_module() -> None:
+    done = run_cli(["--version"], env=quiet_env(**IMPORT_LIST))
+    assert done.returncode == 0 and done.stdout.startswith("rmqstore ")
+    listed = imported(done.stderr)
+    assert "rmqstore.cli.exits" in listed
+    assert sorted(m for m in listed if m.startswith("rmqstore.cli.") and m != "rmqstore.cli.exits") == []
+    assert top_level(listed) & {"numpy", "yaml", "opentelemetry"} == set()

@@ -13,9 +13,12 @@ the official clients do), once directly from the writer's gateway and once throu
 proxy, alternating likewise: the writer's and the proxy's CPU per consumed message
 (target for the writer through the proxy: at most 50 µs), the rate, each ack's latency.
 
+With ``--batch-sizes`` (on by default), the writer's CPU a SendStream batch of each size,
+beside a bare grpc stream's (the floor under it); ``--rounds 0`` measures only that.
+
     python benchmarks/cluster_bench.py [--messages N] [--concurrency C] [--rounds R]
         [--linger-ms MS] [--consume N [--consume-batch B] [--consume-concurrency C]]
-        [--out benchmarks/CLUSTER.md]"""
+        [--batch-sizes N ...] [--out benchmarks/CLUSTER.md]"""
 
 from __future__ import annotations
 
@@ -162,11 +165,45 @@ def batch_request(size: int, start: int) -> Any:
     return writer_pb2.SendBatchRequest(columns=columns, compact_results=True)
 
 
+def serve_floor() -> None:
+    """A bare SendStream server for the floor under the writer's cost a batch: grpc's
+    asyncio server with no interceptor, on an event loop of its own thread as a node's,
+    answering every request with the same compact response, storing nothing. Prints its
+    port, serves until killed."""
+    import asyncio
+
+    import grpc
+
+    from rmqstore.v1 import writer_pb2, writer_pb2_grpc
+
+    class Floor(writer_pb2_grpc.WriterServiceServicer):
+        async def SendStream(self, request_iterator: Any, context: Any) -> None:
+            response = writer_pb2.SendBatchResponse()
+            response.compact.SetInParent()
+            async for _ in request_iterator:
+                await context.write(response)
+
+    async def serve(started: threading.Event, port: list[int]) -> None:
+        server = grpc.aio.server()
+        writer_pb2_grpc.add_WriterServiceServicer_to_server(Floor(), server)
+        port.append(server.add_insecure_port("127.0.0.1:0"))
+        await server.start()
+        started.set()
+        await server.wait_for_termination()
+
+    started, port = threading.Event(), []
+    threading.Thread(target=asyncio.run, args=(serve(started, port),), daemon=True).start()
+    started.wait()
+    print(json.dumps({"port": port[0]}), flush=True)
+    threading.Event().wait()
+
+
 def batch_costs(nodes: Nodes, work: Path, sizes: list[int], messages: int) -> dict[str, Any]:
     """The writer's CPU a batch of each size on one SendStream, one batch in flight (as a
     proxy sends them), about ``messages`` messages of each size; fitted as a cost a batch
     plus a cost a message (least squares over the sizes), less the writer's idle
-    background."""
+    background. Then the same batches to :func:`serve_floor`'s bare server: what grpc's
+    stream alone costs a batch."""
     import asyncio
 
     import grpc
@@ -199,6 +236,20 @@ def batch_costs(nodes: Nodes, work: Path, sizes: list[int], messages: int) -> di
                               "writer_us_per_message": round(cpu_s / (count * size) * 1e6, 1)}  # fmt: skip
     finally:
         writer.stop()
+    floor = subprocess.Popen([sys.executable, __file__, "--floor-server"], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, env=quiet_env())
+    try:
+        assert floor.stdout is not None
+        endpoint = f"127.0.0.1:{json.loads(floor.stdout.readline())['port']}"
+        asyncio.run(stream(endpoint, [batch_request(1, n) for n in range(50)]))  # warmed
+        for size in sizes:
+            count = per_size[size]["batches"]
+            requests = [batch_request(size, k * size) for k in range(count)]
+            before = process_cpu_s(floor.pid)
+            asyncio.run(stream(endpoint, requests))
+            per_size[size]["floor_us_per_batch"] = round((process_cpu_s(floor.pid) - before) / count * 1e6, 1)
+    finally:
+        floor.kill()
+        floor.wait()
     xs = sizes
     ys = [per_size[size]["writer_us_per_batch"] for size in sizes]
     slope, intercept = statistics.linear_regression(xs, ys) if len(xs) > 1 else (0.0, ys[0])
@@ -345,7 +396,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--messages", type=int, default=5000)
     parser.add_argument("--concurrency", type=int, default=32)
-    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=2, help="0: only --batch-sizes' costs, printed as JSON")
     parser.add_argument("--linger-ms", type=float, default=2.0)
     parser.add_argument("--rates", type=float, nargs="*", default=[], metavar="R",
                         help="also send --messages at each of these rates a second (an open loop), each way")
@@ -358,7 +409,11 @@ def main() -> None:
     parser.add_argument("--callers", nargs=2, metavar=("ENDPOINT", "TOPIC"), help=argparse.SUPPRESS)
     parser.add_argument("--paced", nargs=3, metavar=("ENDPOINT", "TOPIC", "RATE"), help=argparse.SUPPRESS)
     parser.add_argument("--consumers", nargs=2, metavar=("ENDPOINT", "TOPIC"), help=argparse.SUPPRESS)
+    parser.add_argument("--floor-server", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.floor_server:
+        serve_floor()
+        return
     if args.callers:
         print(json.dumps(own_callers(*args.callers, args.messages, args.concurrency)), flush=True)
         return
@@ -375,6 +430,12 @@ def main() -> None:
     if args.consume:
         runs.update({"consume direct": [], "consume proxy": []})
     load_before = load_average()
+    if args.rounds == 0:  # the batch costs alone (their figures as JSON)
+        with tempfile.TemporaryDirectory(prefix="cluster-bench-") as work_text, Nodes(Path(work_text) / "logs") as nodes:
+            costs = batch_costs(nodes, Path(work_text), args.batch_sizes, args.messages)
+        print(json.dumps({"batch_costs": costs, "load_average_before": load_before, "load_average_after": load_average(),
+                          "machine": machine_facts(REPO)}, indent=2))  # fmt: skip
+        return
     with tempfile.TemporaryDirectory(prefix="cluster-bench-") as work_text:
         work = Path(work_text)
         with Nodes(work / "logs") as nodes:
@@ -497,16 +558,19 @@ each send's due moment; `--rates`), same rounds, medians:
     if "batch_costs" in report:
         c = report["batch_costs"]
         lines = "\n".join(
-            f"| {size} | {v['batches']} | {v['writer_us_per_batch']} | {v['writer_us_per_message']} |" for size, v in c["sizes"].items()
+            f"| {size} | {v['batches']} | {v['writer_us_per_batch']} | {v['writer_us_per_message']} | {v['floor_us_per_batch']} |"
+            for size, v in c["sizes"].items()
         )
         costs = f"""
 ## The writer's cost a batch and a message
 
 Batches as a proxy sends them (columns, compact results, one in flight) on one SendStream
-to a fresh writer, the writer's CPU less its idle background ({c['idle_cpu_ms_per_s']} ms a second), same run:
+to a fresh writer, the writer's CPU less its idle background ({c['idle_cpu_ms_per_s']} ms a second), same run;
+then the same batches to a bare grpc asyncio server that stores nothing (no interceptor, one
+fixed answer): what the stream alone costs a batch:
 
-| messages a batch | batches | writer CPU µs a batch | writer CPU µs a message |
-|---|---|---|---|
+| messages a batch | batches | writer CPU µs a batch | writer CPU µs a message | bare grpc stream CPU µs a batch |
+|---|---|---|---|---|
 {lines}
 
 Fitted (least squares): **{c['us_per_batch']} µs a batch + {c['us_per_message']} µs a message**.

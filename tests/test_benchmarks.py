@@ -332,6 +332,7 @@ def test_the_cluster_benchmark_measures_both_ways(tmp_path: Path) -> None:
     assert medians["proxy 200/s"]["proxy_cpu_us_per_message"] > 0
     costs = result["batch_costs"]
     assert set(costs["sizes"]) == {"1", "16"} and costs["sizes"]["16"]["writer_us_per_batch"] > 0
+    assert costs["sizes"]["1"]["floor_us_per_batch"] > 0  # the bare grpc stream's, same batches
     report = out.read_text()
     assert "python benchmarks/cluster_bench.py --messages 100" in report and "# old figures" not in report
     assert "| proxy 200/s |" in report and "µs a batch +" in report

@@ -3,9 +3,10 @@ stream: the handler writes through :meth:`StallWatch.write`, and a write its cli
 taken after the limit ends in :class:`Stalled`.
 
 One timer a stream rather than a timeout around each write (``asyncio.timeout`` makes a
-timer and cancels it for every message written): a SendStream writes an ack for every
-batch it stores, and that timer was a measurable part of a batch's cost on the writer
-(benchmarks/CLUSTER.md). The timer fires at most once a limit while writes go through,
+timer and cancels it for every message written, ``asyncio.wait_for`` a task as well): a
+SendStream writes an ack for every batch it stores, and that timer was a measurable part of
+a batch's cost on the writer (benchmarks/CLUSTER.md); a StreamByTime writes a message for
+every record it streams. The timer fires at most once a limit while writes go through,
 and when it finds a write waiting it fires again when that write's limit is out, so a
 stalled write is still caught ``limit_s`` after it began."""
 

@@ -38,12 +38,11 @@ from typing import Any
 
 import numpy as np
 
-from rmqstore.common.codec import consumequeue as cq
 from rmqstore.common.codec import index as ix
 from rmqstore.common.codec.dispatch import DispatchBatch
 from rmqstore.common.errors import Corruption, InvalidArgument, invariant
 from rmqstore.common.files.commitlog import CommitLog, ScanStop, StopReason
-from rmqstore.common.files.consumequeue import ConsumeQueue
+from rmqstore.common.files.consumequeue import UNIT_DTYPE, ConsumeQueue
 from rmqstore.common.files.index import IndexFile
 from rmqstore.common.files.scan import ColumnScan
 from rmqstore.common.files.store import StorePaths, StoreSizes
@@ -407,7 +406,7 @@ def _write_queues(queues: list[tuple[str, int]], paths: list[str], out: str, siz
             order = np.argsort(queue_number, kind="stable")
             queue_number = queue_number[order]
             queue_offsets = table.column("queue_offset").to_numpy()[order]
-            units = np.empty(len(order), dtype=cq.UNIT_DTYPE)
+            units = np.empty(len(order), dtype=UNIT_DTYPE)
             for field in ("commitlog_offset", "size", "tags_code"):
                 units[field] = table.column(field).to_numpy()[order]
             bounds = np.flatnonzero(np.diff(queue_number)) + 1

@@ -18,8 +18,8 @@ read through an imported module.
 And what the processes the command line starts import on their way (read from
 ``PYTHONPROFILEIMPORTTIME``'s list), since every node and command the tests and a
 deployment start pays for it (benchmarks/CI.md, "Ninth round"): numpy runs one OpenBLAS
-thread, a node without ``--acl`` reads no YAML, ``send`` loads no numpy and ``--version``
-no command's module.
+thread, a node without ``--acl`` reads no YAML, ``send`` and a lookup through a query node
+load no numpy, and ``--version`` no command's module.
 """
 
 from __future__ import annotations
@@ -323,17 +323,20 @@ def top_level(modules: set[str]) -> set[str]:
 IMPORT_LIST = {"PYTHONPROFILEIMPORTTIME": "1"}
 
 
-def test_a_node_without_acl_reads_no_yaml_and_send_loads_no_numpy(tmp_path: Path, nodes: Nodes) -> None:
+def test_a_node_without_acl_reads_no_yaml_and_commands_through_nodes_load_no_numpy(tmp_path: Path, nodes: Nodes) -> None:
     writer = nodes.start("writer", tmp_path / "store", env=quiet_env(**IMPORT_LIST))
-    sent = run_cli(["send", "--endpoint", writer.endpoint, "-t", "T", "--body", "b"], env=quiet_env(**IMPORT_LIST))
+    sent = run_cli(["send", "--endpoint", writer.endpoint, "-t", "T", "-k", "K", "--body", "b"], env=quiet_env(**IMPORT_LIST))
     assert sent.returncode == 0, sent.stderr
     query = nodes.start("query", tmp_path / "store", env=quiet_env(**IMPORT_LIST))
+    found = run_cli(["queryMsgByKey", "--endpoint", query.endpoint, "-t", "T", "-k", "K", "--json"], env=quiet_env(**IMPORT_LIST))
+    assert found.returncode == 0 and len(found.json_lines()) == 1, found.stderr[-2000:]
     for node in (writer, query):
         node.stop()
         listed = top_level(imported(node.stderr_path.read_text(encoding="utf-8")))
         assert "grpc" in listed and "yaml" not in listed, node.service
-    listed = top_level(imported(sent.stderr))
-    assert "grpc" in listed and listed & {"numpy", "yaml"} == set()
+    for command in (sent, found):
+        listed = top_level(imported(command.stderr))
+        assert "grpc" in listed and listed & {"numpy", "yaml"} == set()
 
 
 def test_version_loads_no_command_module() -> None:

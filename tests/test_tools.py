@@ -13,11 +13,11 @@ import pytest
 from conftest import CLEAN, CRASHED, FIXTURE_SIZE_ARGS, FIXTURE_SIZES
 
 from rmqstore.cli.main import main
-from rmqstore.common.codec.consumequeue import FILLER, UNIT_DTYPE, encode_unit
+from rmqstore.common.codec.consumequeue import FILLER, encode_unit
 from rmqstore.common.errors import Corruption, NotFound
 from rmqstore.common.files.check import check_store
 from rmqstore.common.files.commitlog import CommitLog
-from rmqstore.common.files.consumequeue import ConsumeQueue
+from rmqstore.common.files.consumequeue import UNIT_DTYPE, ConsumeQueue
 from rmqstore.common.files.index import IndexFileList
 
 

@@ -14,8 +14,6 @@ import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import numpy as np
-
 from rmqstore.common.codec.javahash import java_string_hash
 from rmqstore.common.codec.speedups import _speedups
 
@@ -26,9 +24,10 @@ UNIT = struct.Struct(
 )
 UNIT_SIZE = UNIT.size
 assert UNIT_SIZE == 20
-# The same layout as a numpy record, for reading and writing many units at once.
-UNIT_DTYPE = np.dtype([("commitlog_offset", ">i8"), ("size", ">i4"), ("tags_code", ">i8")])
-assert UNIT_DTYPE.itemsize == UNIT_SIZE
+# The same layout as a numpy record's fields: the file layer's UNIT_DTYPE, which reads and
+# writes many units at once. Built there, so that this module's rules (the topics, the
+# delay levels, a lookup's output of them) load no numpy.
+UNIT_FIELDS = (("commitlog_offset", ">i8"), ("size", ">i4"), ("tags_code", ">i8"))
 FILLER_SIZE = 0x7FFFFFFF
 FILLER = UNIT.pack(0, FILLER_SIZE, 0)
 DEFAULT_FILE_UNITS = 300_000

@@ -14,6 +14,9 @@ from rmqstore.common.errors import Corruption, InvalidArgument, invariant
 from rmqstore.common.files.mapped import MappedFile, MappedFileQueue
 
 UNIT_SIZE = cq.UNIT_SIZE
+# cq.UNIT as a numpy record, for reading and writing many units at once.
+UNIT_DTYPE = np.dtype(list(cq.UNIT_FIELDS))
+assert UNIT_DTYPE.itemsize == UNIT_SIZE
 
 
 # (units of one file, lo, hi, the first and last unit's commit log offsets, timestamp_ms,
@@ -68,7 +71,7 @@ class ConsumeQueue:
     def _valid_end(mapped: MappedFile) -> tuple[int, cq.Unit | None]:
         end = mapped.last_nonzero_position(0)
         end += -end % UNIT_SIZE
-        units = np.frombuffer(mapped.buf, dtype=cq.UNIT_DTYPE, count=end // UNIT_SIZE)
+        units = np.frombuffer(mapped.buf, dtype=UNIT_DTYPE, count=end // UNIT_SIZE)
         invalid = np.flatnonzero((units["commitlog_offset"] < 0) | (units["size"] <= 0))
         count = int(invalid[0]) if invalid.size else len(units)
         del units  # no numpy view may outlive a pass over the mapping
@@ -154,7 +157,7 @@ class ConsumeQueue:
                 position += UNIT_SIZE
 
     def unit_columns(self, start: int, stop: int) -> Iterator[tuple[int, np.ndarray]]:
-        """The units in [start, stop) (within the queue's bounds) as ``cq.UNIT_DTYPE``
+        """The units in [start, stop) (within the queue's bounds) as ``UNIT_DTYPE``
         arrays, a file's part at a time with the queue offset it starts at: copies, which
         outlive the mapping; fillers included (``is_filler``'s test, column-wise, is the
         caller's)."""
@@ -165,7 +168,7 @@ class ConsumeQueue:
             assert mapped is not None
             chunk_end = min(end, mapped.end_offset)
             at = position - mapped.start_offset
-            units = np.frombuffer(mapped.buf, dtype=cq.UNIT_DTYPE, count=(chunk_end - position) // UNIT_SIZE, offset=at)
+            units = np.frombuffer(mapped.buf, dtype=UNIT_DTYPE, count=(chunk_end - position) // UNIT_SIZE, offset=at)
             yield position // UNIT_SIZE, units.copy()
             del units
             position = chunk_end
@@ -329,7 +332,7 @@ class ConsumeQueue:
         self.max_commitlog_end = last_commitlog_end
 
     def append_units(self, queue_offsets: np.ndarray, units: np.ndarray) -> int:
-        """Write ``units`` (``cq.UNIT_DTYPE``, in commit log order) at ``queue_offsets``
+        """Write ``units`` (``UNIT_DTYPE``, in commit log order) at ``queue_offsets``
         (increasing): consecutive ones from the queue's end as one block, anything else
         (fillers before a new queue's first unit, a gap, units already there) through
         :meth:`append`. Returns how many units were written."""

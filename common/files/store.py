@@ -22,7 +22,7 @@ from rmqstore.common.codec.dispatch import (
 from rmqstore.common.codec.record import Record
 from rmqstore.common.errors import Corruption, InvalidArgument
 from rmqstore.common.files.commitlog import DEFAULT_FILE_SIZE_BYTES, CommitLog, ScanStop
-from rmqstore.common.files.consumequeue import ConsumeQueueSet, infer_file_units
+from rmqstore.common.files.consumequeue import UNIT_DTYPE, ConsumeQueueSet, infer_file_units
 from rmqstore.common.files.geometry import Geometry, infer_index_geometry, read_geometry
 from rmqstore.common.files.index import IndexFileList
 from rmqstore.common.files.scan import ColumnScan
@@ -287,7 +287,7 @@ class Dispatcher:
 
     def _append_queue_units(self, batch: DispatchBatch) -> None:
         """Each queue's units of the batch, found and written with array operations."""
-        units = np.empty(len(batch), dtype=cq.UNIT_DTYPE)
+        units = np.empty(len(batch), dtype=UNIT_DTYPE)
         units["commitlog_offset"] = batch.commitlog_offsets
         units["size"] = batch.sizes
         units["tags_code"] = batch.tags_codes

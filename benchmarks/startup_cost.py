@@ -1,11 +1,11 @@
 """The CPU a process of each kind the test suite starts costs, from exec to exit.
 
 Kinds: a writer, a query node and a proxy, each started (``… serve --port 0``), read to its
-serving line and stopped with SIGTERM; and the short commands (``send`` to the writer,
-``queryMsgByKey --store``, ``check``, ``--version``) run to their exit. Each process runs
-as the tests run them (tests/support/cli.py: ``python -m rmqstore.cli.main``, no
-OpenTelemetry setting, ``OTEL_SDK_DISABLED=true``); its CPU is user + system from
-``os.wait4``, its wall time from exec to exit.
+serving line and stopped with SIGTERM; and the short commands (``send`` to a writer,
+``queryMsgByKey`` through a query node and on the store itself, ``check``, ``--version``)
+run to their exit. Each process runs as the tests run them (tests/support/cli.py:
+``python -m rmqstore.cli.main``, no OpenTelemetry setting, ``OTEL_SDK_DISABLED=true``);
+its CPU is user + system from ``os.wait4``, its wall time from exec to exit.
 
 Given several interpreters (each a virtualenv with rmqstore installed, e.g. the tree before
 and after a change), the runs alternate between them and between kinds, in the same order
@@ -92,27 +92,42 @@ def node(python: str, *args: str) -> Cost:
     return reap(process, started)
 
 
-def fixture(python: str, work: Path) -> tuple[subprocess.Popen[bytes], str, Path, Path]:
-    """A store holding one keyed message, its writer left serving (for ``send``), and a
-    cluster file naming it (for the proxy)."""
+@dataclass
+class Fixture:
+    """A store holding one keyed message, its writer (for ``send``) and a query node on it
+    (for lookups through a node) left serving, and a cluster file naming them (for the
+    proxy)."""
+
+    store: Path
+    writer_endpoint: str
+    query_endpoint: str
+    cluster: Path
+    processes: list[subprocess.Popen[bytes]]
+
+
+def fixture(python: str, work: Path) -> Fixture:
     store = work / "store"
     writer, line = serving(python, "writer", "serve", "--store", str(store), "--port", "0", *SIZE_ARGS)
-    endpoint = f"127.0.0.1:{line['port']}"
-    subprocess.run(command(python, "send", "--endpoint", endpoint, "-t", TOPIC, "-k", KEY, "--body", "x"), check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=quiet_env())
+    writer_endpoint = f"127.0.0.1:{line['port']}"
+    subprocess.run(command(python, "send", "--endpoint", writer_endpoint, "-t", TOPIC, "-k", KEY, "--body", "x"), check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=quiet_env())
+    query, line = serving(python, "query", "serve", "--store", str(store), "--port", "0", *SIZE_ARGS)
+    query_endpoint = f"127.0.0.1:{line['port']}"
     cluster = work / "cluster.yaml"
-    cluster.write_text(f'groups:\n  - name: rmqstore-0\n    writers: ["{endpoint}"]\n    queries: ["{endpoint}"]\n')
-    return writer, endpoint, store, cluster
+    cluster.write_text(f'groups:\n  - name: rmqstore-0\n    writers: ["{writer_endpoint}"]\n    queries: ["{query_endpoint}"]\n')
+    return Fixture(store, writer_endpoint, query_endpoint, cluster, [writer, query])
 
 
-def kinds(python: str, work: Path, endpoint: str, store: Path, cluster: Path) -> dict[str, Callable[[], Cost]]:
+def kinds(python: str, work: Path, at: Fixture) -> dict[str, Callable[[], Cost]]:
     fresh = iter(range(1_000_000))
+    store = str(at.store)
     return {
         "writer serve (new store)": lambda: node(python, "writer", "serve", "--store", str(work / f"w{next(fresh)}"), "--port", "0", *SIZE_ARGS),
-        "query serve": lambda: node(python, "query", "serve", "--store", str(store), "--port", "0", *SIZE_ARGS),
-        "proxy serve": lambda: node(python, "proxy", "serve", "--cluster", str(cluster), "--port", "0"),
-        "send (one message)": lambda: short(python, "send", "--endpoint", endpoint, "-t", TOPIC, "--body", "y", "--acks", "none"),
-        "queryMsgByKey --store": lambda: short(python, "queryMsgByKey", "--store", str(store), "-t", TOPIC, "-k", KEY, *SIZE_ARGS),
-        "check": lambda: short(python, "check", str(store), *SIZE_ARGS),
+        "query serve": lambda: node(python, "query", "serve", "--store", store, "--port", "0", *SIZE_ARGS),
+        "proxy serve": lambda: node(python, "proxy", "serve", "--cluster", str(at.cluster), "--port", "0"),
+        "send (one message)": lambda: short(python, "send", "--endpoint", at.writer_endpoint, "-t", TOPIC, "--body", "y", "--acks", "none"),
+        "queryMsgByKey --endpoint": lambda: short(python, "queryMsgByKey", "--endpoint", at.query_endpoint, "-t", TOPIC, "-k", KEY),
+        "queryMsgByKey --store": lambda: short(python, "queryMsgByKey", "--store", store, "-t", TOPIC, "-k", KEY, *SIZE_ARGS),
+        "check": lambda: short(python, "check", store, *SIZE_ARGS),
         "--version": lambda: short(python, "--version"),
     }
 
@@ -124,23 +139,23 @@ def main() -> None:
     args = parser.parse_args()
     costs: dict[tuple[str, str], list[Cost]] = {}
     with tempfile.TemporaryDirectory(prefix="startup-cost-") as tmp:
-        writers = []
+        serving_nodes: list[subprocess.Popen[bytes]] = []
         runs: list[tuple[str, dict[str, Callable[[], Cost]]]] = []
         try:
             for index, python in enumerate(args.pythons):
                 work = Path(tmp) / str(index)
                 work.mkdir()
-                writer, endpoint, store, cluster = fixture(python, work)
-                writers.append(writer)
-                runs.append((python, kinds(python, work, endpoint, store, cluster)))
+                at = fixture(python, work)
+                serving_nodes += at.processes
+                runs.append((python, kinds(python, work, at)))
             for _ in range(args.rounds):
                 for python, measured in runs:
                     for kind, run in measured.items():
                         costs.setdefault((kind, python), []).append(run())
         finally:
-            for writer in writers:
-                writer.send_signal(signal.SIGTERM)
-                writer.wait(timeout=SERVING_TIMEOUT_S)
+            for process in serving_nodes:
+                process.send_signal(signal.SIGTERM)
+                process.wait(timeout=SERVING_TIMEOUT_S)
     pythons = args.pythons
     print(f"mean of {args.rounds} runs each, CPU (user+sys) and wall, seconds")
     print("| kind | " + " | ".join(f"CPU {i}, wall {i}" for i in range(len(pythons))) + (" | CPU last/first |" if len(pythons) > 1 else " |"))

@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import select
 import signal
 import statistics
 import subprocess
@@ -31,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 SERVING_TIMEOUT_S = 60.0
+STOP_TIMEOUT_S = 30.0
 TOPIC = "StartupTopic"
 KEY = "startup-key"
 # Small files, as the tests' stores have (a 1 GiB commit log file would cost a fresh
@@ -82,13 +84,26 @@ def serving(python: str, *args: str) -> tuple[subprocess.Popen[bytes], dict[str,
     return process, json.loads(line)
 
 
+def stopped(process: subprocess.Popen[bytes]) -> bool:
+    """SIGTERM, then its stdout read to the end: False if it did not end in STOP_TIMEOUT_S
+    (the process is then killed)."""
+    process.send_signal(signal.SIGTERM)
+    assert process.stdout is not None
+    deadline = time.monotonic() + STOP_TIMEOUT_S
+    while (left_s := deadline - time.monotonic()) > 0:
+        ready, _, _ = select.select([process.stdout], [], [], left_s)
+        if ready and not os.read(process.stdout.fileno(), 65536):
+            return True
+    process.kill()
+    return False
+
+
 def node(python: str, *args: str) -> Cost:
     """A node started, read to its serving line and stopped with SIGTERM."""
     started = time.monotonic()
     process, _ = serving(python, *args)
-    process.send_signal(signal.SIGTERM)
-    assert process.stdout is not None
-    process.stdout.read()
+    if not stopped(process):
+        raise SystemExit(f"{args} did not stop within {STOP_TIMEOUT_S} s of SIGTERM")
     return reap(process, started)
 
 
@@ -154,8 +169,9 @@ def main() -> None:
                         costs.setdefault((kind, python), []).append(run())
         finally:
             for process in serving_nodes:
-                process.send_signal(signal.SIGTERM)
-                process.wait(timeout=SERVING_TIMEOUT_S)
+                if not stopped(process):
+                    print(f"{process.args} did not stop within {STOP_TIMEOUT_S} s of SIGTERM: killed", file=sys.stderr)
+                process.wait()
     pythons = args.pythons
     print(f"mean of {args.rounds} runs each, CPU (user+sys) and wall, seconds")
     print("| kind | " + " | ".join(f"CPU {i}, wall {i}" for i in range(len(pythons))) + (" | CPU last/first |" if len(pythons) > 1 else " |"))

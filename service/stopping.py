@@ -1,7 +1,7 @@
 """How a node's process is told to stop, and what ends it when its stop stalls.
 
-SIGTERM (the orchestrator) and SIGINT (Ctrl-C) set one event; the main thread waits for
-it and then stops the node under a watchdog."""
+SIGTERM (the orchestrator) and SIGINT (Ctrl-C) set one stop request; the main thread
+waits for it and then stops the node under a watchdog."""
 
 from __future__ import annotations
 
@@ -23,19 +23,47 @@ EXIT_STOP_STALLED = 4
 STOP_POLL_S = 0.2
 
 
-def stop_requested() -> threading.Event:
-    """An event that SIGTERM and SIGINT set (their handlers are installed here; the main
-    thread only)."""
-    stopping = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stopping.set())
-    signal.signal(signal.SIGINT, lambda *_: stopping.set())
+class StopRequest:
+    """Set once SIGTERM or SIGINT arrives; the main thread waits for it.
+
+    A handler runs in the main thread between any two of its bytecodes, so it takes no
+    lock: a ``threading.Event``'s ``set()`` takes the event's own lock, which the main
+    thread holds for a moment inside each ``wait()``, and a signal in that moment left the
+    handler waiting for itself and the node never stopping (benchmarks/CI.md, "Ninth
+    round"). The handler sets a flag and releases a lock the main thread waits to take
+    again; neither blocks."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self._wake = threading.Lock()
+        self._wake.acquire()
+
+    def request(self, *_: object) -> None:
+        """The signal handler."""
+        self.requested = True
+        try:
+            self._wake.release()
+        except RuntimeError:
+            pass  # released already, by an earlier signal's handler
+
+    def wait(self) -> None:
+        """Block until requested, running due signal handlers meanwhile."""
+        while not self.requested:
+            self._wake.acquire(timeout=STOP_POLL_S)
+
+
+def stop_requested() -> StopRequest:
+    """A stop request that SIGTERM and SIGINT make (their handlers are installed here; the
+    main thread only)."""
+    stopping = StopRequest()
+    signal.signal(signal.SIGTERM, stopping.request)
+    signal.signal(signal.SIGINT, stopping.request)
     return stopping
 
 
-def wait_for_stop(stopping: threading.Event) -> None:
-    """Block until ``stopping`` is set, running due signal handlers meanwhile."""
-    while not stopping.wait(STOP_POLL_S):
-        pass
+def wait_for_stop(stopping: StopRequest) -> None:
+    """Block until ``stopping`` is requested, running due signal handlers meanwhile."""
+    stopping.wait()
 
 
 def stop_watchdog(service: str, within_s: float) -> threading.Timer:

@@ -208,6 +208,33 @@ def test_exit_4_a_stop_that_stalls_ends_with_every_threads_stack() -> None:
     assert done.stdout == ""
 
 
+def test_a_stop_signal_ends_the_wait_and_its_handler_takes_no_lock() -> None:
+    """SIGTERM, sent from another thread (the kernel hands it to any thread), ends the
+    main thread's wait; its handler, run in the main thread, returns even twice over
+    (SIGINT after SIGTERM). The handler takes no lock: setting a threading.Event
+    there hung a node whose signal came while the main thread held the event's lock
+    inside its wait (benchmarks/CI.md, "Ninth round")."""
+    program = (
+        "import os, signal, threading, time\n"
+        "from rmqstore.service.stopping import stop_requested, wait_for_stop\n"
+        "stopping = stop_requested()\n"
+        "threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGTERM)).start()\n"
+        "started = time.monotonic()\n"
+        "wait_for_stop(stopping)\n"
+        "print(round(time.monotonic() - started, 3))\n"
+        "signal.raise_signal(signal.SIGINT)\n"
+        "again = stop_requested()\n"
+        "again.request()\n"
+        "again.request()\n"
+        "wait_for_stop(again)\n"
+        "print('done')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    waited_s, said = done.stdout.split()
+    assert 0.25 <= float(waited_s) < 5 and said == "done"
+
+
 def test_an_empty_answer_in_a_known_topic_is_success(cluster: Cluster, capsys: pytest.CaptureFixture[str]) -> None:
     code, out, err = both(cluster, capsys, "queryMsgByKey", "-t", TOPIC, "-k", "no-such-key")
     assert (code, err) == (0, "") and out.split() == ["#Message", "ID", "#QID", "#Offset"]

@@ -10,7 +10,8 @@ its CPU is user + system from ``os.wait4``, its wall time from exec to exit.
 Given several interpreters (each a virtualenv with rmqstore installed, e.g. the tree before
 and after a change), the runs alternate between them and between kinds, in the same order
 every round, so that the machine's own pace falls on all of them alike; the last column
-is the later interpreter's mean over the first's.
+is the later interpreter's mean over the first's. Each tree's modules are compiled to
+bytecode first, as .ci/run compiles them.
 
     python benchmarks/startup_cost.py BEFORE/.venv/bin/python AFTER/.venv/bin/python --rounds 8
 """
@@ -120,6 +121,22 @@ class Fixture:
     processes: list[subprocess.Popen[bytes]]
 
 
+# The package's folders (rmqstore.<name>), compiled to bytecode before any run, as .ci/run
+# compiles them: under PYTHONDONTWRITEBYTECODE a stale or missing .pyc is compiled again
+# by every process, and the figures would be the compiler's.
+PACKAGES = ("common", "cli", "client", "writer", "query", "pipeline", "service", "console", "proxy", "v1", "rocketmq_v2")
+COMPILE = (
+    "import compileall, importlib, sys\n"
+    "for name in sys.argv[1:]:\n"
+    "    for folder in importlib.import_module('rmqstore.' + name).__path__:\n"
+    "        assert compileall.compile_dir(folder, quiet=1), folder\n"
+)
+
+
+def compile_tree(python: str) -> None:
+    subprocess.run([python, "-c", COMPILE, *PACKAGES], check=True, env=quiet_env())
+
+
 def fixture(python: str, work: Path) -> Fixture:
     store = work / "store"
     writer, line = serving(python, "writer", "serve", "--store", str(store), "--port", "0", *SIZE_ARGS)
@@ -160,6 +177,7 @@ def main() -> None:
             for index, python in enumerate(args.pythons):
                 work = Path(tmp) / str(index)
                 work.mkdir()
+                compile_tree(python)
                 at = fixture(python, work)
                 serving_nodes += at.processes
                 runs.append((python, kinds(python, work, at)))

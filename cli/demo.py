@@ -17,6 +17,7 @@ from typing import Any
 
 from rmqstore.cli import exits
 from rmqstore.common.errors import InvalidArgument
+from rmqstore.service.stopping import stop_requested, wait_for_stop
 
 START_TIMEOUT_S = 60.0
 # The demo recreates its store on every run; it deletes a directory only when this file of
@@ -175,12 +176,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _wait_for_interrupt() -> None:
-    """Until SIGINT or SIGTERM; the nodes, in the same process group, see a terminal's Ctrl-C too."""
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
-    while not stop.wait(0.2):
-        pass
+    """Until SIGINT or SIGTERM (as a node waits: a handler that takes no lock); the nodes, in
+    the same process group, see a terminal's Ctrl-C too."""
+    wait_for_stop(stop_requested())
 
 
 def register(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

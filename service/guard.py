@@ -7,8 +7,7 @@ own. The interceptor puts a parser that cannot raise in front of every method (o
 health, reflection): it hands the handler wrapper a marker instead, which answers
 INVALID_ARGUMENT naming the message type, before the handler runs (for a stream, when the
 handler reaches the bad message). It wraps whatever the server has, so that any service
-added later (a gateway on the writer's port) is covered too. On the way out it lets a
-handler hand over an answer it has already serialized (bytes), sent as it is.
+added later (a gateway on the writer's port) is covered too.
 """
 
 from __future__ import annotations
@@ -114,20 +113,8 @@ def _asynchronous(handler: Handler) -> Handler:
     return handler_constructor(handler)(
         wrapped,
         request_deserializer=_guarded(handler.request_deserializer),
-        response_serializer=_encoded_as_given(handler.response_serializer),
+        response_serializer=handler.response_serializer,
     )
-
-
-def _encoded_as_given(serialize: Callable[[Any], bytes] | None) -> Callable[[Any], bytes] | None:
-    """The method's serializer, but an answer a handler already encoded (bytes: the
-    writer's large answers, serialized off the event loop) is sent as it is."""
-    if serialize is None:
-        return None
-
-    def encode(answer: Any) -> bytes:
-        return answer if type(answer) is bytes else serialize(answer)
-
-    return encode
 
 
 class AsyncMalformedRequestGuard(grpc.aio.ServerInterceptor):

@@ -30,7 +30,6 @@ from typing import Any, Generic, Protocol, TypeVar
 
 import grpc
 from google.protobuf import duration_pb2, timestamp_pb2
-from google.protobuf.message import Message
 from opentelemetry import trace
 
 from rmqstore.common.codec import properties as props
@@ -170,7 +169,7 @@ ORIGIN_MESSAGE_ID = "ORIGIN_MESSAGE_ID"
 RECONSUME_TIMES = "RECONSUME_TIME"
 
 T = TypeVar("T")
-A = TypeVar("A", bound=Message)  # an answer
+A = TypeVar("A")
 log = logging.getLogger(__name__)
 _TRACER = trace.get_tracer(__name__)
 
@@ -1133,10 +1132,9 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
 
     async def ReceiveMessage(
         self, request: v2s.ReceiveMessageRequest, context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[v2s.ReceiveMessageResponse | bytes]:
+    ) -> AsyncIterator[v2s.ReceiveMessageResponse]:
         """Up to batch_size messages, after a long poll when none is visible; then the
-        status (the clients wait for it), MESSAGE_NOT_FOUND when none came. A large
-        answer's messages come already encoded (bytes: ``_made``)."""
+        status (the clients wait for it), MESSAGE_NOT_FOUND when none came."""
         try:
             handed = await self._receive(request, context)
         except Exception as error:
@@ -1245,9 +1243,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
                 handed.append(one.handed(record))
         return handed
 
-    async def _piece_by_piece(
-        self, answers: list[A] | list[bytes], pieces: list[Piece[T]], make: Callable[[list[T]], list[A]]
-    ) -> AsyncIterator[A | bytes]:
+    async def _piece_by_piece(self, answers: list[A], pieces: list[Piece[T]], make: Callable[[list[T]], list[A]]) -> AsyncIterator[A]:
         """``answers`` (the first piece's, made already), then each later piece's answers,
         made by ``make`` only once the piece before is sent; each answer freed once sent.
         A piece that cannot be made raises, ending the call with an error."""
@@ -1260,19 +1256,13 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             piece = pieces.pop(0)
             answers = await self._made(functools.partial(make, piece.items), piece)
 
-    async def _made(self, make: Callable[[], list[A]], piece: Piece[Any]) -> list[A] | list[bytes]:
+    async def _made(self, make: Callable[[], list[A]], piece: Piece[Any]) -> list[A]:
         """``make()``, the answers of ``piece``: on the loop when the piece is small, else
-        on the executor, one large piece at a time node-wide (ANSWER_PIECE_BYTES), and
-        serialized there too (service.guard sends bytes as they are): copying a piece's
-        bodies into the encoded answers is then not the loop's work."""
+        on the executor, one large piece at a time node-wide (ANSWER_PIECE_BYTES)."""
         if piece.body_bytes <= INLINE_READ_BYTES_MAX:
             return make()
-
-        def encoded() -> list[bytes]:
-            return [answer.SerializeToString() for answer in make()]
-
         async with self._large.lock:
-            return await self._blocking(encoded)
+            return await self._blocking(make)
 
     def _make_answers(self, handed: list[Handed], resource: v2.Resource) -> list[v2s.ReceiveMessageResponse]:
         """The batch's answers, made per batch where the messages share it: one clock read,
@@ -1497,7 +1487,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
 
     async def PullMessage(
         self, request: v2s.PullMessageRequest, context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[v2s.PullMessageResponse | bytes]:
+    ) -> AsyncIterator[v2s.PullMessageResponse]:
         """Up to batch_size messages from the offset on, for clients that keep their own
         offsets (no invisibility, no receipt handles): the status, the messages, then the
         offset to pull from next. Long-polls when the offset is the queue's end."""

@@ -4,6 +4,7 @@ process whose large receive and pull wait their turn while a small one does not.
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from pathlib import Path
@@ -65,6 +66,29 @@ def test_unpaced_reads_never_wait() -> None:
     clock = Clock()
     bucket = LargeAnswers(0, clock)
     assert [bucket.reserve(size) for size in (16 * MIB, 16 * MIB, 1)] == [0.0, 0.0, 0.0]
+
+
+def test_a_read_cancelled_while_it_waits_gives_its_bytes_back() -> None:
+    """A call whose deadline passes (or whose client goes) while it waits its turn read
+    nothing: the bytes it took are the next read's."""
+    clock = Clock()
+    bucket = LargeAnswers(MIB, clock)
+
+    async def cancelled_then_another() -> float:
+        waiting = asyncio.ensure_future(bucket.read(3 * MIB, _never_read))
+        await asyncio.sleep(0.01)  # the read is waiting out its 2 s of debt
+        waiting.cancel()
+        try:
+            await waiting
+        except asyncio.CancelledError:
+            pass
+        return bucket.reserve(MIB)
+
+    assert asyncio.run(cancelled_then_another()) == 0.0  # the second's worth it took is back
+
+
+async def _never_read() -> None:
+    raise AssertionError("a cancelled read must not read")
 
 
 def test_a_paced_bucket_waits_its_debt_out() -> None:

@@ -14,8 +14,10 @@ os_and_npm() {
     # The OS's packages the tests use, installed with one `apt-get` where missing: Debian's
     # chromium and its chromedriver (the console's browser tests, through Selenium), a real
     # etcd v3 (a writer group's election tests), Redis and NATS JetStream (the consumer
-    # benchmark's peers, which its smoke test runs), and Node.js with npm (tests/node: the
-    # official RocketMQ 5 client and one of our own contracts).
+    # benchmark's peers, which its smoke test runs), Node.js with npm (tests/node: the
+    # official RocketMQ 5 client and one of our own contracts), and gRPC's C++ library
+    # with pkg-config (benchmarks/native_client.py's producers, which the front probe's
+    # smoke test builds).
     missing=()
     command -v chromium > /dev/null 2>&1 || missing+=(chromium)
     command -v chromedriver > /dev/null 2>&1 || missing+=(chromium-driver)
@@ -24,6 +26,8 @@ os_and_npm() {
     command -v nats-server > /dev/null 2>&1 || missing+=(nats-server)
     command -v node > /dev/null 2>&1 || missing+=(nodejs)
     command -v npm > /dev/null 2>&1 || missing+=(npm)
+    command -v pkg-config > /dev/null 2>&1 || missing+=(pkg-config)
+    pkg-config --exists grpc++ 2> /dev/null || missing+=(libgrpc++-dev)
     if [ ${#missing[@]} -gt 0 ]; then
         if [ "$(id -u)" = 0 ] && command -v apt-get > /dev/null; then
             if ! { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}"; } > "$VENV/apt.log" 2>&1; then

@@ -788,13 +788,29 @@ def _requested_urls(driver: Any) -> list[str]:
 def _click_and_wait(driver: Any, element: Any) -> None:
     """Click what navigates, and wait until the next page has replaced this one."""
     from selenium.webdriver.common.by import By
-    from selenium.webdriver.support import expected_conditions
     from selenium.webdriver.support.wait import WebDriverWait
 
     page = driver.find_element(By.TAG_NAME, "html")
     element.click()
-    WebDriverWait(driver, HTTP_TIMEOUT_S).until(expected_conditions.staleness_of(page))
+    WebDriverWait(driver, HTTP_TIMEOUT_S).until(lambda _: _gone(page))
     WebDriverWait(driver, HTTP_TIMEOUT_S).until(lambda d: d.find_elements(By.TAG_NAME, "footer"))
+
+
+def _gone(element: Any) -> bool:
+    """Whether ``element``'s page has been replaced. Selenium's ``staleness_of`` knows only
+    the stale-element error; ChromeDriver also answers a node of a page being replaced with
+    an "unknown error" saying the node does not belong to the document (seen once in CI)."""
+    from selenium.common.exceptions import StaleElementReferenceException, WebDriverException
+
+    try:
+        element.is_enabled()
+    except StaleElementReferenceException:
+        return True
+    except WebDriverException as error:
+        if "does not belong to the document" in str(error):
+            return True
+        raise
+    return False
 
 
 def _submit(driver: Any, form_id: str, values: dict[str, str]) -> None:

@@ -62,6 +62,13 @@ class Cluster:
         return {"endpoint": ["--endpoint", self.query.endpoint], "store": ["--store", str(self.store)]}
 
 
+def copy_live_store(store: Path, to: Path, *left_out: str) -> None:
+    """A copy of a store a writer is running on, without the files it writes under a
+    temporary name and renames (its checkpoint's, its config's), which may be gone by the
+    time the copy reaches them."""
+    shutil.copytree(store, to, ignore=shutil.ignore_patterns("*.writing", "*.tmp", *left_out))
+
+
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     root = tmp_path_factory.mktemp("cli")
@@ -756,7 +763,7 @@ def test_inspect_tells_a_live_writer_from_an_unclean_exit(cluster: Cluster, tmp_
     assert code == 0
     assert "abort marker present (a writer is running)" in out and "lock file    held by a running writer" in out
     copy = tmp_path / "copy"
-    shutil.copytree(cluster.store, copy)  # the abort marker, without the writer: an unclean exit
+    copy_live_store(cluster.store, copy)  # the abort marker, without the writer: an unclean exit
     code, out, _ = run(capsys, "inspect", str(copy))
     assert "abort marker present (last exit was unclean)" in out and "lock file    present, not held (no writer running)" in out
 
@@ -1010,7 +1017,7 @@ def test_the_writer_records_its_geometry_and_tools_read_it(cluster: Cluster, cap
 
 def test_a_writer_refuses_other_sizes_than_its_store_was_made_with(cluster: Cluster, tmp_path: Path) -> None:
     store = tmp_path / "store"
-    shutil.copytree(cluster.store, store, ignore=shutil.ignore_patterns("lock"))
+    copy_live_store(cluster.store, store, "lock")
     done = subprocess.run(rmqstore("writer", "serve", "--store", str(store), "--cq-file-units", "60"), capture_output=True, text=True, timeout=60, check=False)
     assert (done.returncode, done.stdout) == (2, "")
     assert done.stderr.startswith("rmqstore: error: consume queue file ") and done.stderr.endswith(

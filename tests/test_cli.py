@@ -12,7 +12,6 @@ import json
 import os
 import pty
 import select
-import shutil
 import signal
 import subprocess
 import sys
@@ -28,6 +27,7 @@ from conftest import CLEAN, FIXTURE_SIZE_ARGS
 from support.cli import rmqstore, run
 from support.nodes import Nodes, ProcessNode
 from support.pki import make_pki
+from support.stores import copy_live_store
 
 from rmqstore.cli.main import build_parser, main
 from rmqstore.common.codec import index as ix
@@ -60,13 +60,6 @@ class Cluster:
         """The two places a lookup runs: a node, and the directory (no size flags: the
         writer's geometry file gives them)."""
         return {"endpoint": ["--endpoint", self.query.endpoint], "store": ["--store", str(self.store)]}
-
-
-def copy_live_store(store: Path, to: Path, *left_out: str) -> None:
-    """A copy of a store a writer is running on, without the files it writes under a
-    temporary name and renames (its checkpoint's, its config's), which may be gone by the
-    time the copy reaches them."""
-    shutil.copytree(store, to, ignore=shutil.ignore_patterns("*.writing", "*.tmp", *left_out))
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,6 @@ letters, the groups' progress files, and every refusal's exact v2 status."""
 from __future__ import annotations
 
 import hashlib
-import shutil
 import threading
 import time
 from collections import Counter
@@ -19,6 +18,7 @@ from google.protobuf import duration_pb2
 from hypothesis import given
 from hypothesis import strategies as st
 from support.inprocess import WriterNode, gateway_node
+from support.stores import copy_live_store
 from support.telemetry import collected, metric_reader
 from support.wait import clock_past, wait_until
 
@@ -511,9 +511,7 @@ def test_deliveries_since_the_last_flush_are_kept_by_the_journal_a_torn_line_end
         send(node, 4)
         _, first = receive(node, batch=2, invisible_s=600)
         crashed = tmp_path / "crashed"
-        # Not the files written under a temporary name and renamed, which may be gone by
-        # the time the copy reaches them.
-        shutil.copytree(store, crashed, ignore=shutil.ignore_patterns("*.writing", "*.tmp"))
+        copy_live_store(store, crashed)
     finally:
         node.close()
     journal = crashed / "config" / JOURNAL_FILE_NAME

@@ -4,6 +4,7 @@ library (check_store, then every record findable every way)."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from collections import defaultdict
@@ -40,6 +41,13 @@ class StoreFacts:
     commitlog_files: int
     end_offset: int
     most_queue_files: int
+
+
+def copy_live_store(store: Path, to: Path, *left_out: str) -> None:
+    """A copy of a store a writer is running on, without the files it writes under a
+    temporary name and renames (its checkpoint's, its config's), which may be gone by the
+    time the copy reaches them; and without the ``left_out`` patterns."""
+    shutil.copytree(store, to, ignore=shutil.ignore_patterns("*.writing", "*.tmp", *left_out))
 
 
 def repeated_index_entries(report: CheckReport) -> list[str]:

@@ -387,6 +387,29 @@ def test_the_progress_is_written_behind_the_releases_so_a_slow_flush_holds_none_
     assert (copy.topic, copy.body) == ("Orders", b"due while the disk is busy")
 
 
+def test_an_idle_delivery_sleeps_until_a_scheduled_message_is_stored(writer: Writer) -> None:
+    """With nothing scheduled the running delivery sleeps until its next checkpoint (an
+    hour here) rather than waking every tick; storing a timed message or a delayed one
+    wakes it, so each is released when due, not an hour later."""
+    writer.topics.create("Orders", 1)
+    delivery = ScheduledDelivery(writer, checkpoint_interval_ms=3_600_000).start()
+    try:
+        wakes: list[None] = []
+        writer.scheduled_listeners.append(lambda: wakes.append(None))
+        writer.append([MessageInput("Orders", b"plain")])
+        assert wakes == []  # an ordinary message wakes nobody
+        writer.append([timed("Orders", b"timed", now_ms() + 200)])
+        assert len(wakes) == 1
+        wait_until(lambda: writer.queues.get("Orders", 0).max_offset == 2, 10, "the timed message released")
+        level = {props.DELAY: "1"}  # level 1: 1 s
+        writer.append([MessageInput("Orders", b"delayed", properties=level)])  # type: ignore[arg-type]
+        assert len(wakes) == 2
+        wait_until(lambda: writer.queues.get("Orders", 0).max_offset == 3, 10, "the delayed message released")
+    finally:
+        delivery.stop()
+    assert [r.body for r in records_from(writer, 0) if r.topic == "Orders"] == [b"plain", b"timed", b"delayed"]
+
+
 def test_a_store_without_timers_opens_without_them(tmp_path: Path) -> None:
     store = tmp_path / "store"
     shutil.copytree(CLEAN, store)

@@ -24,6 +24,7 @@ from opentelemetry import trace
 from rmqstore.common.codec import properties as props
 from rmqstore.common.codec.checkpoint import Checkpoint
 from rmqstore.common.codec.columnar import RecordColumns
+from rmqstore.common.codec.consumequeue import SCHEDULE_TOPIC, TIMER_TOPIC
 from rmqstore.common.codec.dispatch import DEFAULT_DELAY_LEVELS_MS, DispatchBatch
 from rmqstore.common.codec.hosts import SocketAddress
 from rmqstore.common.codec.msgid import offset_msg_id, offset_msg_ids
@@ -95,6 +96,9 @@ class AppendResult(NamedTuple):
     commitlog_offset: int
     store_timestamp_ms: int
     size: int
+
+
+_SCHEDULED_TOPICS = frozenset((SCHEDULE_TOPIC, TIMER_TOPIC))
 
 
 class AppendResults(Sequence[AppendResult]):
@@ -333,6 +337,10 @@ class Writer:
         # Why this writer takes no writes of its own (a writer group's follower: the
         # error names the primary); None while it takes them.
         self.refusal: StoreError | None = None
+        # Told after a batch with delayed or timed messages is dispatched, and when a
+        # follower takes writes again: the scheduled-delivery thread, which otherwise
+        # sleeps while nothing is scheduled (writer.timers.ScheduledDelivery).
+        self.scheduled_listeners: list[Callable[[], None]] = []
         # A follower's replicated records, decoded when written, until their dispatch.
         self._replicated: list[RecordColumns] = []
         with open(self.paths.abort, "wb") as handle:
@@ -632,6 +640,8 @@ class Writer:
                     "and the writer refuses writes until then"
                 ) from error
         self._publish_dispatched()
+        if not _SCHEDULED_TOPICS.isdisjoint(results.topics):
+            self._tell_scheduled()
         start = 0
         for request in requests:
             stop = start + request.count
@@ -779,6 +789,11 @@ class Writer:
             self._next_queue_offset = {key: queue.max_offset for key, queue in self.queues.queues.items()}
             self.reload_topics()
             self.refusal = None
+        self._tell_scheduled()
+
+    def _tell_scheduled(self) -> None:
+        for listener in self.scheduled_listeners:
+            listener()
 
     def reload_topics(self) -> None:
         """Read the topic table again (a follower's, replaced by its primary's copy)."""

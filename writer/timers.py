@@ -440,6 +440,7 @@ class ScheduledDelivery:
         self._progress: tuple[TimerProgress, dict[int, int]] | None = None
         self._checkpointed_at = 0
         self._following = False
+        writer.scheduled_listeners.append(self.wake)
 
     def start(self) -> ScheduledDelivery:
         self._writer_thread.start()
@@ -447,7 +448,8 @@ class ScheduledDelivery:
         return self
 
     def wake(self) -> None:
-        """Look now (a timed message was just sent)."""
+        """Look now (a delayed or timed message was just stored, or the writer takes
+        writes again)."""
         self._wake.set()
 
     def run_once(self, now: int | None = None, checkpoint: Callable[[int], None] | None = None) -> int | None:
@@ -522,13 +524,16 @@ class ScheduledDelivery:
     def _run(self) -> None:
         while not self._stop.is_set():
             tick_at = now_ms()
+            # Nothing scheduled: sleep until the writer stores a delayed or timed message
+            # (Writer.scheduled_listeners) or takes writes again, or the next checkpoint
+            # is due (the progress of the last releases), instead of a tick's wake-up.
+            wait_s = self.checkpoint_interval_ms / 1000
             try:
                 soonest = self.run_once(tick_at, checkpoint=self._checkpoint_behind)
             except (StoreError, OSError):
                 self.failures += 1
                 log.exception("releasing scheduled messages failed; retrying")
-                soonest = None
-            wait_s = self.tick_s
+                soonest, wait_s = None, self.tick_s
             if soonest is not None:
                 # A backlog (more was due at the tick than one append takes) goes on at
                 # once; otherwise wait for the soonest, at least the gap, at most a tick.

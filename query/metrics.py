@@ -3,9 +3,6 @@ process's meter provider (service.metrics)."""
 
 from __future__ import annotations
 
-import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 from rmqstore.common.files.progress import read_progress
@@ -45,10 +42,6 @@ class QueryMetrics:
             view, store, lambda v: v.status().refreshed_ago_ms
         )
 
-    @contextmanager
-    def timed(self, lookup: str) -> Iterator[None]:
-        started = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.duration.record(time.perf_counter() - started, {"rmqstore.lookup": lookup})
+    def record(self, lookup: str, duration_s: float) -> None:
+        """One lookup's duration."""
+        self.duration.record(duration_s, {"rmqstore.lookup": lookup})

@@ -6,16 +6,17 @@ import asyncio
 import contextvars
 import functools
 import itertools
-from collections.abc import Awaitable, Callable, Iterator
-from contextlib import contextmanager
+import time
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
+from types import TracebackType
 from typing import Any
 
 import grpc
 from opentelemetry import trace
 
 from rmqstore.common.codec.hosts import SocketAddress
-from rmqstore.common.codec.msgid import offset_msg_id
-from rmqstore.common.codec.properties import split_keys
+from rmqstore.common.codec.msgid import offset_msg_id_prefix, offset_msg_id_tail
+from rmqstore.common.codec.properties import KEYS, TAGS, UNIQ_KEY, split_keys
 from rmqstore.common.codec.record import Record
 from rmqstore.common.conventions import MESSAGING_DESTINATION_NAME, MESSAGING_SYSTEM, ROCKETMQ
 from rmqstore.common.errors import InvalidArgument, StoreError
@@ -46,16 +47,32 @@ _BOUNDARIES = {query_pb2.BOUNDARY_LOWER: Boundary.LOWER, query_pb2.BOUNDARY_UPPE
 # Hosts repeat from record to record; formatting one is the slowest part of a message.
 _java_text = functools.lru_cache(maxsize=4096)(SocketAddress.java_text)
 
+# An answer's hosts by identity (the compiled reader gives the records of one host the same
+# SocketAddress): each host's java_text and msgId prefix once an answer, not a hash of the
+# SocketAddress a record. The host is kept beside its texts so that its id is not reused.
+_HostTexts = dict[int, tuple[SocketAddress, str, str]]
 
-def to_stored(record: Record) -> messages_pb2.StoredMessage:
-    return messages_pb2.StoredMessage(**stored_fields(record))
+
+def _host_texts(hosts: _HostTexts, host: SocketAddress) -> tuple[SocketAddress, str, str]:
+    known = hosts.get(id(host))
+    if known is None or known[0] is not host:
+        known = hosts[id(host)] = (host, _java_text(host), offset_msg_id_prefix(host))
+    return known
 
 
-def stored_fields(record: Record) -> dict[str, Any]:
-    """A record's StoredMessage as its fields: an answer made from these (a dict a message
-    field) is built in place, where one made from StoredMessages copies each of them, which
-    cost a third of the answer's making for a page of 32 (benchmarks/LOOKUPS.md)."""
-    return dict(
+def stored_fields(record: Record, hosts: _HostTexts | None = None) -> dict[str, Any]:
+    """A record's StoredMessage as its fields, its properties aside (:func:`stored`): an
+    answer made from these (a dict a message field) is built in place, where one made from
+    StoredMessages copies each of them, which cost a third of the answer's making for a
+    page of 32 (benchmarks/LOOKUPS.md). Zero numbers are left out, as proto3 leaves them
+    out of the bytes: a field not given costs nothing to set. ``hosts``: the texts of the
+    hosts of the answer's records so far."""
+    if hosts is None:
+        hosts = {}
+    properties = record.properties
+    keys = properties.get(KEYS)
+    born, store = _host_texts(hosts, record.born_host), _host_texts(hosts, record.store_host)
+    fields = dict(
         topic=record.topic,
         queue_id=record.queue_id,
         queue_offset=record.queue_offset,
@@ -63,20 +80,72 @@ def stored_fields(record: Record) -> dict[str, Any]:
         size=record.size,
         store_timestamp_ms=record.store_timestamp_ms,
         born_timestamp_ms=record.born_timestamp_ms,
-        born_host=_java_text(record.born_host),
-        store_host=_java_text(record.store_host),
-        sys_flag=record.sys_flag,
-        flag=record.flag,
+        born_host=born[1],
+        store_host=store[1],
         body_crc=record.body_crc,
-        reconsume_times=record.reconsume_times,
-        prepared_transaction_offset=record.prepared_transaction_offset,
-        keys=split_keys(record.keys),
-        tags=record.tags or "",
-        uniq_key=record.uniq_key or "",
-        properties=record.properties,
+        keys=split_keys(keys) if keys else [],
+        tags=properties.get(TAGS) or "",
+        uniq_key=properties.get(UNIQ_KEY) or "",
         body=record.body,
-        offset_msg_id=offset_msg_id(record.store_host, record.commitlog_offset),
+        offset_msg_id=store[2] + offset_msg_id_tail(record.commitlog_offset),
     )
+    if record.sys_flag:
+        fields["sys_flag"] = record.sys_flag
+    if record.flag:
+        fields["flag"] = record.flag
+    if record.reconsume_times:
+        fields["reconsume_times"] = record.reconsume_times
+    if record.prepared_transaction_offset:
+        fields["prepared_transaction_offset"] = record.prepared_transaction_offset
+    return fields
+
+
+def many_stored_fields(records: Sequence[Record]) -> list[dict[str, Any]]:
+    """:func:`stored_fields` of an answer's records."""
+    hosts: _HostTexts = {}
+    return [stored_fields(record, hosts) for record in records]
+
+
+def with_properties(messages: Iterable[messages_pb2.StoredMessage], records: Iterable[Record]) -> None:
+    """Each record's properties into its StoredMessage made from :func:`stored_fields`: a
+    map given to a message's constructor goes through the Python MutableMapping.update of
+    protobuf's map (an ABC isinstance check and a lookup an entry), at twice the cost of
+    setting its entries here, which insert them in the same order (the same bytes)."""
+    for message, record in zip(messages, records, strict=True):
+        properties = message.properties
+        for name, value in record.properties.items():
+            properties[name] = value
+
+
+def to_stored(record: Record) -> messages_pb2.StoredMessage:
+    message = messages_pb2.StoredMessage(**stored_fields(record))
+    with_properties((message,), (record,))
+    return message
+
+
+class _Lookup:
+    """A lookup's span ``rmqstore.lookup.<kind>`` (with the topic looked in) and its
+    duration (QueryMetrics.record) as one context manager: the two, nested in a generator's
+    context manager, cost a few µs of every lookup."""
+
+    __slots__ = ("kind", "metrics", "spanning", "started_s", "topic")
+
+    def __init__(self, metrics: QueryMetrics, kind: str, topic: str):
+        self.metrics, self.kind, self.topic = metrics, kind, topic
+
+    def __enter__(self) -> trace.Span:
+        self.started_s = time.perf_counter()
+        self.spanning = span(_TRACER, f"rmqstore.lookup.{self.kind}")
+        current = self.spanning.__enter__()
+        if self.topic and current.is_recording():
+            current.set_attributes({MESSAGING_SYSTEM: ROCKETMQ, MESSAGING_DESTINATION_NAME: self.topic})
+        return current
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, trace_back: TracebackType | None) -> None:
+        try:
+            self.spanning.__exit__(kind, error, trace_back)
+        finally:
+            self.metrics.record(self.kind, time.perf_counter() - self.started_s)
 
 
 class QueryServicer(query_pb2_grpc.QueryServiceServicer):
@@ -86,14 +155,8 @@ class QueryServicer(query_pb2_grpc.QueryServiceServicer):
         self.broker_name = broker_name
         self.group_offsets = GroupOffsets(view.paths.config)
 
-    @contextmanager
-    def _lookup(self, kind: str, topic: str = "") -> Iterator[trace.Span]:
-        """A span ``rmqstore.lookup.<kind>`` (with the topic looked in) and the lookup's
-        duration."""
-        with self.metrics.timed(kind), span(_TRACER, f"rmqstore.lookup.{kind}") as current:
-            if topic and current.is_recording():
-                current.set_attributes({MESSAGING_SYSTEM: ROCKETMQ, MESSAGING_DESTINATION_NAME: topic})
-            yield current
+    def _lookup(self, kind: str, topic: str = "") -> _Lookup:
+        return _Lookup(self.metrics, kind, topic)
 
     @mapped
     def QueryByKey(self, request: query_pb2.QueryByKeyRequest, context: grpc.ServicerContext) -> query_pb2.QueryByKeyResponse:
@@ -107,25 +170,31 @@ class QueryServicer(query_pb2_grpc.QueryServiceServicer):
                 cursor=request.cursor,
             )
             span.set_attribute("rmqstore.results", len(page.records))
-        return query_pb2.QueryByKeyResponse(
-            messages=[stored_fields(r) for r in page.records], cursor=page.cursor, complete=page.complete
+        response = query_pb2.QueryByKeyResponse(
+            messages=many_stored_fields(page.records), cursor=page.cursor, complete=page.complete
         )
+        with_properties(response.messages, page.records)
+        return response
 
     @mapped
     def QueryByUniqKey(self, request: query_pb2.QueryByUniqKeyRequest, context: grpc.ServicerContext) -> query_pb2.QueryByUniqKeyResponse:
         with self._lookup("uniq_key", request.topic) as span:
             page = self.view.uniq_key_page(request.topic, request.uniq_key, request.cursor)
             span.set_attribute("rmqstore.results", len(page.records))
-        return query_pb2.QueryByUniqKeyResponse(
-            messages=[stored_fields(r) for r in page.records], cursor=page.cursor, complete=page.complete
+        response = query_pb2.QueryByUniqKeyResponse(
+            messages=many_stored_fields(page.records), cursor=page.cursor, complete=page.complete
         )
+        with_properties(response.messages, page.records)
+        return response
 
     @mapped
     def QueryByMsgId(self, request: query_pb2.QueryByMsgIdRequest, context: grpc.ServicerContext) -> query_pb2.QueryByMsgIdResponse:
         with self._lookup("msg_id") as span:
             record = self.view.by_msg_id(request.msg_id)
             span.set_attributes({MESSAGING_SYSTEM: ROCKETMQ, MESSAGING_DESTINATION_NAME: record.topic, "rmqstore.results": 1})
-        return query_pb2.QueryByMsgIdResponse(message=stored_fields(record))
+        response = query_pb2.QueryByMsgIdResponse(message=stored_fields(record))
+        with_properties((response.message,), (record,))
+        return response
 
     @mapped
     def QueryByQueueOffset(
@@ -134,7 +203,9 @@ class QueryServicer(query_pb2_grpc.QueryServiceServicer):
         with self._lookup("queue_offset", request.topic) as span:
             span.set_attribute("rmqstore.results", 1)
             record = self.view.by_queue_offset(request.topic, request.queue_id, request.queue_offset)
-        return query_pb2.QueryByQueueOffsetResponse(message=stored_fields(record))
+        response = query_pb2.QueryByQueueOffsetResponse(message=stored_fields(record))
+        with_properties((response.message,), (record,))
+        return response
 
     @mapped
     def Pull(self, request: query_pb2.PullRequest, context: grpc.ServicerContext) -> query_pb2.PullResponse:
@@ -144,9 +215,11 @@ class QueryServicer(query_pb2_grpc.QueryServiceServicer):
             )
             low, high = self.view.queue_bounds(request.topic, request.queue_id)
             span.set_attribute("rmqstore.results", len(records))
-        return query_pb2.PullResponse(
-            messages=[stored_fields(r) for r in records], next_offset=next_offset, min_offset=low, max_offset=high
+        response = query_pb2.PullResponse(
+            messages=many_stored_fields(records), next_offset=next_offset, min_offset=low, max_offset=high
         )
+        with_properties(response.messages, records)
+        return response
 
     @mapped
     def QueueBounds(self, request: query_pb2.QueueBoundsRequest, context: grpc.ServicerContext) -> query_pb2.QueueBoundsResponse:

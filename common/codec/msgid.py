@@ -35,9 +35,19 @@ def offset_msg_id(store_host: SocketAddress, commitlog_offset: int) -> str:
 MSG_ID_OFFSET_DIGITS = 16  # the commit log offset ends every offsetMsgId
 
 
+def offset_msg_id_prefix(store_host: SocketAddress) -> str:
+    """What every :func:`offset_msg_id` of one store host starts with: its ip and port."""
+    return store_host.ip.hex().upper() + f"{store_host.port & 0xFFFFFFFF:08X}"
+
+
+def offset_msg_id_tail(commitlog_offset: int) -> str:
+    """What ends an :func:`offset_msg_id`: the commit log offset, after the host's prefix."""
+    return f"{commitlog_offset & 0xFFFFFFFFFFFFFFFF:0{MSG_ID_OFFSET_DIGITS}X}"
+
+
 def offset_msg_ids(store_host: SocketAddress, commitlog_offsets: list[int]) -> list[str]:
     """:func:`offset_msg_id` of many offsets of one store host."""
-    prefix = store_host.ip.hex().upper() + f"{store_host.port & 0xFFFFFFFF:08X}"
+    prefix = offset_msg_id_prefix(store_host)
     return [f"{prefix}{offset & 0xFFFFFFFFFFFFFFFF:0{MSG_ID_OFFSET_DIGITS}X}" for offset in commitlog_offsets]
 
 

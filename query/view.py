@@ -12,6 +12,7 @@ and other topics dropped), and time ranges apply to exact store timestamps.
 
 from __future__ import annotations
 
+import functools
 import heapq
 import itertools
 import mmap
@@ -19,7 +20,7 @@ import os
 import secrets
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Literal
 
@@ -588,7 +589,7 @@ class StoreView:
         if not 1 <= page_size <= PAGE_SIZE_MAX:
             raise InvalidArgument(f"page size must be in [1, {PAGE_SIZE_MAX}], got {page_size}")
         self.refresh()
-        query = query_digest("key", topic, key, begin_ms, end_ms)
+        query = functools.partial(query_digest, "key", topic, key, begin_ms, end_ms)
         with self._lock:
             below = self._cursor_offset(cursor, query)
             records: list[Record] = []
@@ -624,7 +625,7 @@ class StoreView:
         UNIQ_KEY: a producer's retries, or a client that sets it)."""
         self._check_uniq_key(topic, uniq_key)
         self.refresh()
-        query = query_digest("uniq_key", topic, uniq_key)
+        query = functools.partial(query_digest, "uniq_key", topic, uniq_key)
         with self._lock:
             below = self._cursor_offset(cursor, query)
             records: list[Record] = []
@@ -651,15 +652,17 @@ class StoreView:
                 self._cursor_key_value, self._cursor_key_shared = stored, True
         return self._cursor_key_value
 
-    def _cursor(self, offset: int, query: bytes) -> str:
-        return encode_cursor(self._cursor_key(), offset, query)
+    def _cursor(self, offset: int, query: Callable[[], bytes]) -> str:
+        """The cursor of the page after ``offset``. ``query``: the query's digest, made
+        only for a cursor (most lookups read one page)."""
+        return encode_cursor(self._cursor_key(), offset, query())
 
-    def _cursor_offset(self, cursor: str, query: bytes) -> int:
+    def _cursor_offset(self, cursor: str, query: Callable[[], bytes]) -> int:
         """Where a page starts: below the cursor's offset, or (first page) below the
         visible end. A cursor from a node further ahead is kept within what this one shows."""
         if not cursor:
             return self.visible_offset
-        return min(decode_cursor(self._cursor_key(), cursor, query), self.visible_offset)
+        return min(decode_cursor(self._cursor_key(), cursor, query()), self.visible_offset)
 
     def _check_uniq_key(self, topic: str, uniq_key: str) -> None:
         problem = topic_problem(topic)

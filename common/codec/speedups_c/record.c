@@ -23,6 +23,26 @@ typedef struct {
 } HostCache;
 static HostCache born_cache, store_cache;
 
+/* The last topic decoded: a key page's or a queue's records all name one topic, and a
+ * topic's text is made once for them (longer names than the raw buffer are not kept). */
+typedef struct {
+    unsigned char raw[256];
+    Py_ssize_t length;
+    PyObject *text;
+} TopicCache;
+static TopicCache topic_cache;
+
+static PyObject *topic_at(const unsigned char *p, Py_ssize_t length) {
+    if (topic_cache.text != NULL && topic_cache.length == length && memcmp(topic_cache.raw, p, length) == 0)
+        return Py_NewRef(topic_cache.text);
+    PyObject *text = PyUnicode_DecodeUTF8((const char *)p, length, "replace");
+    if (text == NULL || length > (Py_ssize_t)sizeof(topic_cache.raw)) return text;
+    memcpy(topic_cache.raw, p, length);
+    topic_cache.length = length;
+    Py_XSETREF(topic_cache.text, Py_NewRef(text));
+    return text;
+}
+
 /* Where each of Record's fields lies in a Record, in the order decode_at lists them, when
  * configure was given its slot names: a record is then allocated and its slots filled in
  * place, which is what the dataclass's generated __init__ does, at a fifth of the cost. */
@@ -62,6 +82,7 @@ PyObject *configure(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     Py_XSETREF(address_factory, Py_NewRef(args[1]));
     Py_CLEAR(born_cache.address);
     Py_CLEAR(store_cache.address);
+    Py_CLEAR(topic_cache.text);
     Py_RETURN_NONE;
 }
 
@@ -238,7 +259,7 @@ static PyObject *decode_at(const unsigned char *buf, Py_ssize_t pos, Py_ssize_t 
         fields[1] = PyBytes_FromStringAndSize((const char *)l.body, l.body_length);
         if (fields[1] == NULL) goto done;
     }
-    fields[0] = PyUnicode_DecodeUTF8((const char *)l.topic, l.topic_length, "replace");
+    fields[0] = topic_at(l.topic, l.topic_length);
     fields[2] = decode_properties(l.properties, l.properties_length);
     fields[3] = PyLong_FromLong((int32_t)be32(r + 12));                         /* queue_id */
     fields[4] = PyLong_FromLong((int32_t)be32(r + 16));                         /* flag */

@@ -290,6 +290,10 @@ class Writer:
         self._lock_file = StoreLock(self.paths.lock)
         self._append_lock = threading.Lock()
         self._flushed_lock = threading.Lock()
+        # One flush at a time (the periodic flush, the thorough flush's, a SYNC group's):
+        # a second waits, then finds the bytes synced, instead of fsyncing them again and
+        # reporting them in a span of its own.
+        self._flush_lock = threading.Lock()
         self._closed = False
         # Told the bytes and seconds of every commit log fsync (the service's metrics).
         self.flush_observer: Callable[[int, float], None] | None = None
@@ -992,6 +996,10 @@ class Writer:
         publish the durable offset. Returns the flushed commit log offset. A flush with
         bytes to sync has a span (in the caller's trace, ``links`` naming the other
         requests it acknowledges); one with none has no span."""
+        with self._flush_lock:
+            return self._flush(links)
+
+    def _flush(self, links: list[trace.Link] | None) -> int:
         with self._append_lock:
             target = self.log.write_offset or 0
             start = self.flushed_offset

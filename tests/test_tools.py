@@ -87,6 +87,37 @@ def test_check_names_a_missing_consume_queue(clean_copy: Path) -> None:
     )
 
 
+def test_check_names_index_entries_chained_from_the_wrong_slot(clean_copy: Path) -> None:
+    """Two slots' heads swapped in an index file: every entry of both chains is then
+    reached from a slot its hash does not give, and check names each, in slot order."""
+    from rmqstore.common.codec import index as ix
+
+    oldest = sorted((clean_copy / "index").iterdir())[0]
+    data = bytearray(oldest.read_bytes())
+    slots = FIXTURE_SIZES.index_slots
+    heads = np.frombuffer(bytes(data[ix.HEADER_SIZE : ix.HEADER_SIZE + 4 * slots]), dtype=">i4")
+    first, second = np.flatnonzero(heads)[:2].tolist()
+
+    def chain(number: int) -> list[tuple[int, int]]:
+        numbers = []
+        while number > 0:
+            key_hash, _, _, prev = ix.ENTRY.unpack_from(data, ix.entry_position(slots, number))
+            numbers.append((number, key_hash))
+            number = prev
+        return numbers
+
+    moved_first, moved_second = chain(int(heads[first])), chain(int(heads[second]))
+    ix.SLOT.pack_into(data, ix.HEADER_SIZE + 4 * first, int(heads[second]))
+    ix.SLOT.pack_into(data, ix.HEADER_SIZE + 4 * second, int(heads[first]))
+    oldest.write_bytes(data)
+    report = check_store(str(clean_copy), FIXTURE_SIZES)
+    assert report.problems == [
+        f"index {oldest.name}: entry {number} (hash {key_hash}) is chained from slot {slot}"
+        for slot, moved in ((first, moved_second), (second, moved_first))
+        for number, key_hash in moved
+    ]
+
+
 def test_console_script_runs(tmp_path: Path) -> None:
     """The installed `rmqstore` command, as a user runs it."""
     exe = Path(sys.executable).with_name("rmqstore")

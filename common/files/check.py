@@ -14,6 +14,8 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from rmqstore.common.codec import index as ix
 from rmqstore.common.codec.consumequeue import encode_unit
 from rmqstore.common.codec.dispatch import plan_dispatch
@@ -48,6 +50,9 @@ class CheckReport:
             self.problems.append(text)
 
 
+SLOT_DTYPE = np.dtype(">i4")  # ix.SLOT, a slot's head entry number
+
+
 def _index_entries(index_file: IndexFile, report: CheckReport) -> Counter[tuple[int, int]]:
     """(keyHash, phyOffset) of every entry in use, checking each is reachable from its slot."""
     count = index_file.header.index_count
@@ -58,8 +63,11 @@ def _index_entries(index_file: IndexFile, report: CheckReport) -> Counter[tuple[
     entries = list(ix.ENTRY.iter_unpack(entries_view))
     reachable = bytearray(count)
     slots_view = index_file.mapped.buf[ix.HEADER_SIZE : ix.HEADER_SIZE + ix.SLOT_SIZE * index_file.slots]
-    for slot, (head,) in enumerate(ix.SLOT.iter_unpack(slots_view)):
-        number = head
+    heads = np.frombuffer(slots_view, dtype=SLOT_DTYPE)
+    # Only the slots in use are walked: a default index file has 5,000,000 slots, most of
+    # them empty in any store, and a Python step each took seconds.
+    used = np.flatnonzero(heads)
+    for slot, number in zip(used.tolist(), heads[used].tolist()):
         steps = 0
         while 0 < number < count and steps < count:
             key_hash, _, _, prev = entries[number - 1]

@@ -10,6 +10,7 @@ text: there is no Docker engine here.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import itertools
 import json
@@ -111,6 +112,11 @@ RENDERINGS: dict[str, dict[str, Any]] = {
 }
 
 
+# kubernetes_validate reads and parses its schema files (the definitions are megabytes of
+# JSON) on every call; they do not change during a run, so each is parsed once.
+kubernetes_validate.utils.schema_contents = functools.cache(kubernetes_validate.utils.schema_contents)
+
+
 @dataclass(frozen=True)
 class Rendering:
     values: dict[str, Any]
@@ -149,7 +155,7 @@ def render(chart: helm.Chart, values: dict[str, Any]) -> Rendering:
         if path.endswith("NOTES.txt"):
             notes = text
             continue
-        objects.extend(document for document in yaml.safe_load_all(text) if document)
+        objects.extend(document for document in yaml.load_all(text, Loader=yaml.CSafeLoader) if document)
     return Rendering(values, objects, notes)
 
 
@@ -531,10 +537,15 @@ def rmqstore_command() -> list[str]:
     return [str(script)]
 
 
+@functools.cache
+def _parser() -> Any:
+    return build_parser()
+
+
 def parse_cli(argv: list[str]) -> Any:
     """Parse a command line with the real rmqstore parser, failing the test on refusal."""
     try:
-        return build_parser().parse_args(argv)
+        return _parser().parse_args(argv)
     except SystemExit as stop:
         pytest.fail(f"rmqstore refuses {shlex.join(argv)} (exit {stop.code})")
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-import functools
 import itertools
 import time
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
@@ -44,34 +43,33 @@ _TRACER = trace.get_tracer("rmqstore.query")
 
 _BOUNDARIES = {query_pb2.BOUNDARY_LOWER: Boundary.LOWER, query_pb2.BOUNDARY_UPPER: Boundary.UPPER}
 
-# Hosts repeat from record to record; formatting one is the slowest part of a message.
-_java_text = functools.lru_cache(maxsize=4096)(SocketAddress.java_text)
+# Hosts repeat from record to record (the compiled reader gives the records of one host the
+# same SocketAddress): each host's java_text and msgId prefix are kept by the host's
+# identity, which costs less than hashing a SocketAddress (a dataclass) twice a record. The
+# host is kept beside its texts, so its id is not reused while it is here; past
+# HOST_TEXTS_MAX hosts the table starts again.
+HOST_TEXTS_MAX = 4096
+_host_texts_by_id: dict[int, tuple[SocketAddress, str, str]] = {}
 
-# An answer's hosts by identity (the compiled reader gives the records of one host the same
-# SocketAddress): each host's java_text and msgId prefix once an answer, not a hash of the
-# SocketAddress a record. The host is kept beside its texts so that its id is not reused.
-_HostTexts = dict[int, tuple[SocketAddress, str, str]]
 
-
-def _host_texts(hosts: _HostTexts, host: SocketAddress) -> tuple[SocketAddress, str, str]:
-    known = hosts.get(id(host))
+def _host_texts(host: SocketAddress) -> tuple[SocketAddress, str, str]:
+    known = _host_texts_by_id.get(id(host))
     if known is None or known[0] is not host:
-        known = hosts[id(host)] = (host, _java_text(host), offset_msg_id_prefix(host))
+        if len(_host_texts_by_id) >= HOST_TEXTS_MAX:
+            _host_texts_by_id.clear()
+        known = _host_texts_by_id[id(host)] = (host, host.java_text(), offset_msg_id_prefix(host))
     return known
 
 
-def stored_fields(record: Record, hosts: _HostTexts | None = None) -> dict[str, Any]:
-    """A record's StoredMessage as its fields, its properties aside (:func:`stored`): an
-    answer made from these (a dict a message field) is built in place, where one made from
-    StoredMessages copies each of them, which cost a third of the answer's making for a
-    page of 32 (benchmarks/LOOKUPS.md). Zero numbers are left out, as proto3 leaves them
-    out of the bytes: a field not given costs nothing to set. ``hosts``: the texts of the
-    hosts of the answer's records so far."""
-    if hosts is None:
-        hosts = {}
+def stored_fields(record: Record) -> dict[str, Any]:
+    """A record's StoredMessage as its fields, its properties aside (:func:`with_properties`):
+    an answer made from these (a dict a message field) is built in place, where one made
+    from StoredMessages copies each of them, which cost a third of the answer's making for
+    a page of 32 (benchmarks/LOOKUPS.md). Zero numbers are left out, as proto3 leaves them
+    out of the bytes: a field not given costs nothing to set."""
     properties = record.properties
     keys = properties.get(KEYS)
-    born, store = _host_texts(hosts, record.born_host), _host_texts(hosts, record.store_host)
+    born, store = _host_texts(record.born_host), _host_texts(record.store_host)
     fields = dict(
         topic=record.topic,
         queue_id=record.queue_id,
@@ -102,8 +100,7 @@ def stored_fields(record: Record, hosts: _HostTexts | None = None) -> dict[str, 
 
 def many_stored_fields(records: Sequence[Record]) -> list[dict[str, Any]]:
     """:func:`stored_fields` of an answer's records."""
-    hosts: _HostTexts = {}
-    return [stored_fields(record, hosts) for record in records]
+    return [stored_fields(record) for record in records]
 
 
 def with_properties(messages: Iterable[messages_pb2.StoredMessage], records: Iterable[Record]) -> None:

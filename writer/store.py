@@ -24,8 +24,7 @@ from opentelemetry import trace
 from rmqstore.common.codec import properties as props
 from rmqstore.common.codec.checkpoint import Checkpoint
 from rmqstore.common.codec.columnar import RecordColumns
-from rmqstore.common.codec.consumequeue import SCHEDULE_TOPIC, TIMER_TOPIC
-from rmqstore.common.codec.dispatch import DEFAULT_DELAY_LEVELS_MS, DispatchBatch
+from rmqstore.common.codec.dispatch import DEFAULT_DELAY_LEVELS_MS, SCHEDULED_TOPICS, DispatchBatch
 from rmqstore.common.codec.hosts import SocketAddress
 from rmqstore.common.codec.msgid import offset_msg_id, offset_msg_ids
 from rmqstore.common.codec.record import encode_records, set_physical_offsets, set_transaction
@@ -96,9 +95,6 @@ class AppendResult(NamedTuple):
     commitlog_offset: int
     store_timestamp_ms: int
     size: int
-
-
-_SCHEDULED_TOPICS = frozenset((SCHEDULE_TOPIC, TIMER_TOPIC))
 
 
 class AppendResults(Sequence[AppendResult]):
@@ -644,7 +640,7 @@ class Writer:
                     "and the writer refuses writes until then"
                 ) from error
         self._publish_dispatched()
-        if not _SCHEDULED_TOPICS.isdisjoint(results.topics):
+        if not SCHEDULED_TOPICS.isdisjoint(results.topics):
             self._tell_scheduled()
         start = 0
         for request in requests:

@@ -80,7 +80,8 @@ def _utf8(data: bytes) -> str:
 _text = functools.lru_cache(maxsize=4096)(_utf8)
 
 
-_SCHEDULED_TOPICS = frozenset((SCHEDULE_TOPIC, TIMER_TOPIC))
+# The system topics delayed and timed messages wait in until released.
+SCHEDULED_TOPICS = frozenset((SCHEDULE_TOPIC, TIMER_TOPIC))
 
 
 def _tags_code_of(
@@ -277,8 +278,8 @@ class DispatchBatch:
         SCHEDULE_TOPIC_XXXX or rmq_sys_wheel_timer are those of ``scheduled_tags_codes``,
         each with the tagsCode the one-record rule gives it (its deliver or due time)."""
         invariant(
-            set(scheduled_tags_codes or ()) == {i for i, topic in enumerate(topics) if topic in _SCHEDULED_TOPICS}
-            if scheduled_tags_codes or not _SCHEDULED_TOPICS.isdisjoint(topics)
+            set(scheduled_tags_codes or ()) == {i for i, topic in enumerate(topics) if topic in SCHEDULED_TOPICS}
+            if scheduled_tags_codes or not SCHEDULED_TOPICS.isdisjoint(topics)
             else True,
             "the scheduled rows are those in the schedule and timer topics",
         )
@@ -352,7 +353,7 @@ class DispatchBatch:
         store_timestamps = columns.store_timestamp_ms.tolist()
         tags_codes = _speedups.tags_codes(tags) if _speedups is not None else [_cached_tags_code(t) for t in tags]
         scheduled = SCHEDULE_TOPIC in topics or TIMER_TOPIC in topics
-        delayed = [i for i, topic in enumerate(topics) if topic in _SCHEDULED_TOPICS] if scheduled else []
+        delayed = [i for i, topic in enumerate(topics) if topic in SCHEDULED_TOPICS] if scheduled else []
         for row in delayed:
             # Delayed and timed messages: tagsCode from DELAY or TIMER_OUT_MS, read as the
             # one-record rule reads it.

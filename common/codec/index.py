@@ -41,6 +41,9 @@ HEADER_OFFSET_HASH_SLOT_COUNT = 32
 HEADER_OFFSET_INDEX_COUNT = 36
 SLOT = struct.Struct(">i")
 SLOT_SIZE = SLOT.size
+# A slot (its chain's newest entry number) as a numpy item, for the slot table at once.
+SLOT_DTYPE = np.dtype(">i4")
+assert SLOT_DTYPE.itemsize == SLOT_SIZE
 ENTRY = struct.Struct(
     ">i"  # keyHash
     "q"  # phyOffset

@@ -50,9 +50,6 @@ class CheckReport:
             self.problems.append(text)
 
 
-SLOT_DTYPE = np.dtype(">i4")  # ix.SLOT, a slot's head entry number
-
-
 def _index_entries(index_file: IndexFile, report: CheckReport) -> Counter[tuple[int, int]]:
     """(keyHash, phyOffset) of every entry in use, checking each is reachable from its slot."""
     count = index_file.header.index_count
@@ -62,8 +59,7 @@ def _index_entries(index_file: IndexFile, report: CheckReport) -> Counter[tuple[
     entries_view = index_file.mapped.buf[ix.entry_position(index_file.slots, 1) : ix.entry_position(index_file.slots, count)]
     entries = list(ix.ENTRY.iter_unpack(entries_view))
     reachable = bytearray(count)
-    slots_view = index_file.mapped.buf[ix.HEADER_SIZE : ix.HEADER_SIZE + ix.SLOT_SIZE * index_file.slots]
-    heads = np.frombuffer(slots_view, dtype=SLOT_DTYPE)
+    heads = np.frombuffer(index_file.mapped.buf, dtype=ix.SLOT_DTYPE, count=index_file.slots, offset=ix.HEADER_SIZE)
     # Only the slots in use are walked: a default index file has 5,000,000 slots, most of
     # them empty in any store, and a Python step each took seconds.
     used = np.flatnonzero(heads)

@@ -175,7 +175,7 @@ class IndexFile:
         numbers = np.arange(start, start + count, dtype=np.int64)
         slots = key_hashes[:count] % self.slots
         buf = self.mapped.buf
-        slot_table = np.frombuffer(buf, dtype=">i4", count=self.slots, offset=ix.HEADER_SIZE)
+        slot_table = np.frombuffer(buf, dtype=ix.SLOT_DTYPE, count=self.slots, offset=ix.HEADER_SIZE)
         previous = slot_table[slots].astype(np.int64)
         if (previous == numbers).any():
             # A slot already names the entry about to be written (a kill inside put_key):
@@ -230,7 +230,7 @@ class IndexFile:
         chain, following the interrupted entries' prevIndex links, which were written
         before any slot. Returns how many slots changed."""
         count = self._index_count
-        slot_table = np.frombuffer(self.mapped.buf, dtype=">i4", count=self.slots, offset=ix.HEADER_SIZE)
+        slot_table = np.frombuffer(self.mapped.buf, dtype=ix.SLOT_DTYPE, count=self.slots, offset=ix.HEADER_SIZE)
         ahead = np.flatnonzero(slot_table >= count)
         heads = [int(slot_table[slot]) for slot in ahead]
         del slot_table

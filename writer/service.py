@@ -20,7 +20,7 @@ from rmqstore.common.errors import InvalidArgument, StoreError
 from rmqstore.service.acl import may_see_paths
 from rmqstore.service.errors import abort_with_async, mapped_async
 from rmqstore.service.limits import STALLED_WRITE_S
-from rmqstore.service.stall import Stalled, StallWatch
+from rmqstore.service.stall import StallWatch
 from rmqstore.v1 import messages_pb2, writer_pb2, writer_pb2_grpc
 from rmqstore.writer.consumers import check_group
 from rmqstore.writer.group_commit import GroupAppender
@@ -85,7 +85,7 @@ class WriterServicer(writer_pb2_grpc.WriterServiceServicer):
         self, request_iterator: AsyncIterator[writer_pb2.SendBatchRequest], context: grpc.aio.ServicerContext
     ) -> None:
         peer = peer_address(context)
-        with StallWatch(self.stalled_write_s) as watch:
+        with StallWatch(self.stalled_write_s, "no ack") as watch:
             async for request in request_iterator:
                 try:
                     response = await self._append(request, peer)
@@ -95,13 +95,7 @@ class WriterServicer(writer_pb2_grpc.WriterServiceServicer):
                 # The next request is read only once this ack is on its way: a producer that
                 # reads no acks is held by HTTP/2 flow control (its sends wait), so what the
                 # writer holds for it stays one window, and after the limit its stream ends.
-                try:
-                    await watch.write(context, response)
-                except Stalled:
-                    await context.abort(
-                        grpc.StatusCode.RESOURCE_EXHAUSTED,
-                        f"the client read no ack for {self.stalled_write_s:g} s: the stream is closed",
-                    )
+                await watch.write(context, response)
 
     @mapped_async
     async def CreateTopic(

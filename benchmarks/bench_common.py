@@ -14,7 +14,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +42,45 @@ def latency_summary(samples_ns: Sequence[int]) -> dict[str, Any]:
         "mean_us": round(statistics.fmean(us), 2),
         "max_us": round(max(us), 2),
     }
+
+
+def closed_loop(call: Callable[[int], object], count: int, concurrency: int, what: str) -> tuple[float, list[int]]:
+    """``call(n)`` for each n below ``count``, from ``concurrency`` threads that each wait
+    for their call before taking the next number: the seconds it all took and each call's
+    latency (ns). A call that raises stops every thread; then RuntimeError names ``what``
+    and the first failure."""
+    next_n = iter(range(count))
+    lock = threading.Lock()
+    latencies_ns: list[int] = []
+    failures: list[BaseException] = []
+
+    def caller() -> None:
+        mine: list[int] = []
+        while not failures:
+            with lock:
+                n = next(next_n, None)
+            if n is None:
+                break
+            started = time.perf_counter_ns()
+            try:
+                call(n)
+            except Exception as error:  # reported below, whatever it is
+                failures.append(error)
+                break
+            mine.append(time.perf_counter_ns() - started)
+        with lock:
+            latencies_ns.extend(mine)
+
+    threads = [threading.Thread(target=caller) for _ in range(concurrency)]
+    started = time.perf_counter()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    seconds = time.perf_counter() - started
+    if failures:
+        raise RuntimeError(f"{len(failures)} {what} failed, first: {failures[0]!r}")
+    return seconds, latencies_ns
 
 
 def median_of(runs: Sequence[dict[str, Any]], key: str) -> float | None:

@@ -38,7 +38,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(HERE))
 
-from bench_common import Nodes, latency_summary, load_average, machine_facts, quiet_env  # noqa: E402
+from bench_common import Nodes, closed_loop, latency_summary, load_average, machine_facts, quiet_env  # noqa: E402
 from rocketmq5_bench import _v2_sender, create_topic, process_cpu_s, v2_send_call  # noqa: E402
 
 TARGET_WRITER_US = 50.0
@@ -54,38 +54,10 @@ def own_callers(endpoint: str, topic: str, count: int, concurrency: int) -> dict
     channel = grpc.insecure_channel(endpoint)
     send = _v2_sender(channel, topic)
     send(-1)  # the route and the channel warmed
-    next_n = iter(range(count))
-    lock = threading.Lock()
-    latencies_ns: list[int] = []
-    failures: list[BaseException] = []
-
-    def caller() -> None:
-        mine: list[int] = []
-        while True:
-            with lock:
-                n = next(next_n, None)
-            if n is None:
-                break
-            started = time.perf_counter_ns()
-            try:
-                send(n)
-            except (grpc.RpcError, RuntimeError) as error:
-                failures.append(error)
-                break
-            mine.append(time.perf_counter_ns() - started)
-        with lock:
-            latencies_ns.extend(mine)
-
-    threads = [threading.Thread(target=caller) for _ in range(concurrency)]
-    started = time.perf_counter()
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    seconds = time.perf_counter() - started
-    channel.close()
-    if failures:
-        raise RuntimeError(f"{len(failures)} sends failed, first: {failures[0]!r}")
+    try:
+        seconds, latencies_ns = closed_loop(send, count, concurrency, "sends")
+    finally:
+        channel.close()
     return {"messages": count, "seconds": seconds, "latency": latency_summary(latencies_ns)}
 
 

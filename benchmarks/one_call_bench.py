@@ -36,7 +36,7 @@ REPO = HERE.parent
 sys.path.insert(0, str(HERE))
 
 from bare_receive import BareReceive  # noqa: E402
-from bench_common import Nodes, latency_summary, load_average, machine_facts, quiet_env  # noqa: E402
+from bench_common import Nodes, closed_loop, latency_summary, load_average, machine_facts, quiet_env  # noqa: E402
 from rocketmq5_bench import create_topic, process_cpu_s, v2_send_call  # noqa: E402
 
 TARGET = 1.3
@@ -68,10 +68,7 @@ def client_phase(phase: str, endpoint: str, calls: int, concurrency: int, handle
     )  # fmt: skip
     entries = [line.split(" ", 1) for line in handles.read_text().splitlines()] if phase == "ack" else []
     received: list[str] = []
-    failures: list[str] = []
     lock = threading.Lock()
-    next_n = iter(range(calls))
-    latencies_ns: list[int] = []
 
     def one(n: int) -> None:
         if phase == "send":
@@ -97,33 +94,10 @@ def client_phase(phase: str, endpoint: str, calls: int, concurrency: int, handle
         if status.code != v2.OK:
             raise RuntimeError(f"{phase} answered {status.code}: {status.message}")
 
-    def caller() -> None:
-        mine: list[int] = []
-        while not failures:
-            with lock:
-                n = next(next_n, None)
-            if n is None:
-                break
-            started = time.perf_counter_ns()
-            try:
-                one(n)
-            except (grpc.RpcError, RuntimeError) as error:
-                failures.append(repr(error))
-                break
-            mine.append(time.perf_counter_ns() - started)
-        with lock:
-            latencies_ns.extend(mine)
-
-    threads = [threading.Thread(target=caller) for _ in range(concurrency)]
-    started = time.perf_counter()
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    seconds = time.perf_counter() - started
-    channel.close()
-    if failures:
-        raise RuntimeError(f"{len(failures)} {phase} calls failed, first: {failures[0]}")
+    try:
+        seconds, latencies_ns = closed_loop(one, calls, concurrency, f"{phase} calls")
+    finally:
+        channel.close()
     if phase == "receive":
         handles.write_text("".join(line + "\n" for line in received))
     return {"calls": calls, "seconds": seconds, "latency": latency_summary(latencies_ns)}

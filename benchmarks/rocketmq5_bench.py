@@ -25,7 +25,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -34,7 +33,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(HERE))
 
-from bench_common import Nodes, load_average, machine_facts, quiet_env, ratio  # noqa: E402
+from bench_common import Nodes, closed_loop, load_average, machine_facts, quiet_env, ratio  # noqa: E402
 
 TARGET = 0.8
 TIMEOUT_S = 1800.0
@@ -58,32 +57,10 @@ def own_send(endpoint: str, topic: str, count: int, concurrency: int, protocol: 
     channel = grpc.insecure_channel(endpoint)
     send = _v2_sender(channel, topic) if protocol == "v2" else _v1_sender(channel, topic)
     send(-1)  # the topic and the channel warmed, as the client's are
-    next_n = iter(range(count))
-    lock = threading.Lock()
-    failures: list[BaseException] = []
-
-    def caller() -> None:
-        while True:
-            with lock:
-                n = next(next_n, None)
-            if n is None:
-                return
-            try:
-                send(n)
-            except (grpc.RpcError, RuntimeError) as error:
-                failures.append(error)
-                return
-
-    threads = [threading.Thread(target=caller) for _ in range(concurrency)]
-    started = time.perf_counter()
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    seconds = time.perf_counter() - started
-    channel.close()
-    if failures:
-        raise RuntimeError(f"{len(failures)} Sends failed, first: {failures[0]!r}")
+    try:
+        seconds, _ = closed_loop(send, count, concurrency, "sends")
+    finally:
+        channel.close()
     return {"messages": count, "seconds": seconds}
 
 

@@ -339,6 +339,28 @@ def test_the_cluster_benchmark_measures_both_ways(tmp_path: Path) -> None:
     assert report.endswith("\n## What bounds the figure\n\nkept as written\n")
 
 
+def test_the_consume_floor_acknowledges_every_message_both_ways(tmp_path: Path) -> None:
+    """benchmarks/consume_floor.py at a smoke size: each way receives and acknowledges
+    every stored message, with the calls its way makes (one AckMessage a received batch,
+    or one a message), and the medians are its rounds'."""
+    out = tmp_path / "floor.json"
+    done = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "consume_floor.py"), "--messages", "96", "--batch", "32", "--threads", "2",
+         "--rounds", "1", "--out", str(out)],
+        cwd=REPO, capture_output=True, text=True, timeout=TIMEOUT_S, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["command"] == "python benchmarks/consume_floor.py --messages 96 --batch 32 --threads 2 --rounds 1 --out " + str(out)
+    (only,) = result["rounds"]
+    batched, single = only["batch_acks"], only["one_ack_a_message"]
+    assert batched["acknowledged"] == single["acknowledged"] == 96
+    assert single["acks"] == 96 and single["receives"] >= 3  # at most 32 a receive
+    assert 3 <= batched["acks"] <= batched["receives"]  # one call a batch received, empty ones aside
+    assert result["batch_acks_writer_cpu_us_per_message_median"] == batched["writer_cpu_us_per_message"] > 0
+    assert result["one_ack_a_message_writer_cpu_us_per_message_median"] == single["writer_cpu_us_per_message"] > 0
+
+
 def test_queue_count_latency_smoke(tmp_path: Path) -> None:
     """benchmarks/queue_count_latency.py at a smoke size: it runs and writes its figures."""
     out = tmp_path / "latency.json"

@@ -218,6 +218,10 @@ def main() -> None:
         help="also run the group with the rmqstore package found on this PYTHONPATH (another version), in the same rounds",
     )  # fmt: skip
     args = parser.parse_args()
+    if args.baseline is not None and not any((args.baseline / "rmqstore" / "common" / "codec").glob("_speedups*.so")):
+        # Built at install, not kept in git: a tree unpacked from git alone runs the
+        # pure-Python fallbacks, and the comparison would measure that instead.
+        parser.error(f"--baseline {args.baseline}: rmqstore/common/codec has no compiled _speedups module (copy or build it)")
     with tempfile.TemporaryDirectory(prefix="replication-bench-") as temp:
         work = Path(temp)
         jsonl = work / "messages.jsonl"

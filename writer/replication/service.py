@@ -124,7 +124,8 @@ class ReplicationServicer(replication_pb2_grpc.ReplicationServiceServicer):
                 else:
                     state.wake.clear()
                     with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(state.wake.wait(), IDLE_WAIT_S)
+                        async with asyncio.timeout(IDLE_WAIT_S):  # a timer, not wait_for's task a wait
+                            await state.wake.wait()
         finally:
             reader.cancel()
             tracker.detach(state)

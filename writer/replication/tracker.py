@@ -170,8 +170,11 @@ class SyncTracker:
             )
 
     def appended(self) -> None:
+        """New bytes: a follower with nothing in flight is sent them now; one waiting
+        for its last bytes' acknowledgement is woken by it (:meth:`stored`), not by
+        every group commit meanwhile."""
         for state in self.followers.values():
-            if state.connected:
+            if state.connected and not state.in_flight:
                 state.wake.set()
 
     def confirmed_offset(self) -> int:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 import random
 import shutil
+import zlib
 from collections.abc import Callable
 from pathlib import Path
 
@@ -27,10 +28,11 @@ import pytest
 from support.powerloss import Snapshot, recording, write_crash_state
 from support.stores import SMALL, check_ok, verify_store
 
+from rmqstore.common.errors import Corruption
 from rmqstore.common.files.commitlog import CommitLog
 from rmqstore.writer.config import FlushPolicy, WriterConfig
 from rmqstore.writer.replication.service import chunk_end
-from rmqstore.writer.store import Writer
+from rmqstore.writer.store import REPLICATED_SINGLY_MAX, Writer
 from rmqstore.writer.validate import MessageInput
 
 pytestmark = pytest.mark.crash
@@ -277,3 +279,43 @@ CQ_UNIT = 20  # a consume queue unit: commit log offset (8 bytes), size (4), tag
 
 def _unit_offset(units: bytes, at: int) -> int:
     return int.from_bytes(units[at : at + 8], "big")
+
+
+@pytest.mark.parametrize("records", [5, 40], ids=["a-record-at-a-time", "in-columns"])
+def test_a_corrupt_chunk_is_refused_and_the_good_bytes_make_the_same_store(tmp_path: Path, records: int) -> None:
+    """A follower decodes what its primary streams before reporting it stored: a record at
+    a time for a chunk of a few (REPLICATED_SINGLY_MAX), in columns for more. On either
+    path a chunk with one flipped body byte is refused with Corruption, nothing of it
+    stays in the log, and the same chunk unharmed then gives files byte-identical to the
+    primary's."""
+    rng = random.Random(SEED + records)
+    config = {"sizes": SMALL, "flush": FlushPolicy.SYNC}
+    primary = Writer(WriterConfig(store=str(tmp_path / "primary"), **config))
+    _append(primary, _messages(rng, "P", records), rng)
+    end = primary.log.write_offset
+    mapped = primary.log.files.find(0)
+    assert mapped is not None and end < mapped.end_offset  # one file, one chunk
+    assert (records <= REPLICATED_SINGLY_MAX) == (records == 5)
+    good = bytes(mapped.buf[:end])
+    last = list(primary.log.records(0))[-1]
+    primary.close()
+    bad = bytearray(good)
+    bad[good.rindex(last.body)] ^= 0xFF  # the last record's body: its CRC no longer matches
+    replica = Writer(WriterConfig(store=str(tmp_path / "replica"), **config))
+    try:
+        with pytest.raises(Corruption) as refused:
+            replica.write_replicated(0, bytes(bad))
+        at, flipped = last.commitlog_offset, bytes(bad[good.rindex(last.body) :][: len(last.body)])
+        assert str(refused.value) == (
+            f"replicated bytes at 0 do not decode: corruption at commit log offset {at}: body CRC mismatch at commit log "
+            f"offset {at}: stored {last.body_crc:08X}, computed {zlib.crc32(flipped) & 0x7FFFFFFF:08X} ({end - at} bytes after it)"
+        )
+        assert replica.log.write_offset == 0
+        replica.dispatch_replicated()
+        assert replica.write_replicated(0, good) == end
+        replica.sync_replicated()
+        replica.dispatch_replicated()
+    finally:
+        replica.close()
+    assert _store_files(tmp_path / "replica") == _store_files(tmp_path / "primary")
+    check_ok(tmp_path / "replica")

@@ -55,12 +55,11 @@ class StallWatch:
         self._write_began = self._loop.time()
         try:
             await context.write(message)
+            return
         except asyncio.CancelledError:
             if not self._stalled:
                 raise  # the call was cancelled (its client went away)
             self._task.uncancel()
-        else:
-            return
         finally:
             self._write_began = None
         await context.abort(

@@ -124,7 +124,7 @@ class ReplicationServicer(replication_pb2_grpc.ReplicationServiceServicer):
                 else:
                     state.wake.clear()
                     with contextlib.suppress(TimeoutError):
-                        async with asyncio.timeout(IDLE_WAIT_S):  # a timer, not wait_for's task a wait
+                        async with asyncio.timeout(IDLE_WAIT_S):  # a timer (wait_for would make a task a wait)
                             await state.wake.wait()
         finally:
             reader.cancel()

@@ -71,16 +71,21 @@ def closed_loop(call: Callable[[int], object], count: int, concurrency: int, wha
         with lock:
             latencies_ns.extend(mine)
 
-    threads = [threading.Thread(target=caller) for _ in range(concurrency)]
+    seconds = in_threads(caller, concurrency)
+    if failures:
+        raise RuntimeError(f"{len(failures)} {what} failed, first: {failures[0]!r}")
+    return seconds, latencies_ns
+
+
+def in_threads(target: Callable[[], object], count: int) -> float:
+    """``target`` run by ``count`` threads at once; the seconds until the last ended."""
+    threads = [threading.Thread(target=target) for _ in range(count)]
     started = time.perf_counter()
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
-    seconds = time.perf_counter() - started
-    if failures:
-        raise RuntimeError(f"{len(failures)} {what} failed, first: {failures[0]!r}")
-    return seconds, latencies_ns
+    return time.perf_counter() - started
 
 
 def median_of(runs: Sequence[dict[str, Any]], key: str) -> float | None:

@@ -38,7 +38,15 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(HERE))
 
-from bench_common import Nodes, closed_loop, latency_summary, load_average, machine_facts, quiet_env  # noqa: E402
+from bench_common import (  # noqa: E402
+    Nodes,
+    closed_loop,
+    in_threads,
+    latency_summary,
+    load_average,
+    machine_facts,
+    quiet_env,
+)
 from rocketmq5_bench import _v2_sender, create_topic, process_cpu_s, v2_send_call  # noqa: E402
 
 TARGET_WRITER_US = 50.0
@@ -246,23 +254,33 @@ def preload(endpoint: str, topic: str, count: int) -> None:
             stub.SendBatch(writer_pb2.SendBatchRequest(messages=messages), timeout=60)
 
 
+def receive_request(group: str, topic: str, batch: int) -> Any:
+    """A v2 ReceiveMessageRequest of ``group`` for up to ``batch`` messages of queue 0 of
+    ``topic``, every tag, invisible for 60 s, long-polling 1 s."""
+    from google.protobuf import duration_pb2
+
+    from rmqstore.rocketmq_v2 import definition_pb2 as v2
+    from rmqstore.rocketmq_v2 import service_pb2 as v2s
+
+    return v2s.ReceiveMessageRequest(
+        group=v2.Resource(name=group), message_queue=v2.MessageQueue(topic=v2.Resource(name=topic), id=0),
+        filter_expression=v2.FilterExpression(type=v2.TAG, expression="*"), batch_size=batch,
+        invisible_duration=duration_pb2.Duration(seconds=60), long_polling_timeout=duration_pb2.Duration(seconds=1),
+    )  # fmt: skip
+
+
 def own_consumers(endpoint: str, topic: str, count: int, concurrency: int, batch: int) -> dict[str, Any]:
     """``concurrency`` threads of one group receiving batches of ``batch`` and acknowledging
     each message with its own AckMessage until ``count`` messages are acknowledged; each
     acknowledgement's latency."""
     import grpc
-    from google.protobuf import duration_pb2
 
     from rmqstore.rocketmq_v2 import definition_pb2 as v2
     from rmqstore.rocketmq_v2 import service_pb2 as v2s
     from rmqstore.rocketmq_v2 import service_pb2_grpc
 
-    group, resource = v2.Resource(name=CONSUME_GROUP), v2.Resource(name=topic)
-    request = v2s.ReceiveMessageRequest(
-        group=group, message_queue=v2.MessageQueue(topic=resource, id=0),
-        filter_expression=v2.FilterExpression(type=v2.TAG, expression="*"), batch_size=batch,
-        invisible_duration=duration_pb2.Duration(seconds=60), long_polling_timeout=duration_pb2.Duration(seconds=1),
-    )  # fmt: skip
+    request = receive_request(CONSUME_GROUP, topic, batch)
+    group, resource = request.group, request.message_queue.topic
     channel = grpc.insecure_channel(endpoint)
     stub = service_pb2_grpc.MessagingServiceStub(channel)  # type: ignore[no-untyped-call]  # generated
     lock = threading.Lock()
@@ -291,13 +309,7 @@ def own_consumers(endpoint: str, topic: str, count: int, concurrency: int, batch
         with lock:
             latencies_ns.extend(mine)
 
-    threads = [threading.Thread(target=consumer) for _ in range(concurrency)]
-    started = time.perf_counter()
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    seconds = time.perf_counter() - started
+    seconds = in_threads(consumer, concurrency)
     channel.close()
     if failures:
         raise RuntimeError(f"{len(failures)} acknowledgements failed, first: {failures[0]}")

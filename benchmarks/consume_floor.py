@@ -27,8 +27,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from bench_common import Nodes, load_average, machine_facts
-from cluster_bench import preload
+from bench_common import Nodes, in_threads, load_average, machine_facts
+from cluster_bench import preload, receive_request
 from rocketmq5_bench import create_topic, process_cpu_s
 
 REPO = Path(__file__).resolve().parent.parent
@@ -40,18 +40,13 @@ IDLE_S = 2.0
 def consume(endpoint: str, count: int, batch: int, threads: int, ack_whole_batch: bool) -> dict[str, int]:
     """Receive and acknowledge ``count`` messages; the calls made of each kind."""
     import grpc
-    from google.protobuf import duration_pb2
 
     from rmqstore.rocketmq_v2 import definition_pb2 as v2
     from rmqstore.rocketmq_v2 import service_pb2 as v2s
     from rmqstore.rocketmq_v2 import service_pb2_grpc
 
-    group, topic = v2.Resource(name=GROUP), v2.Resource(name=TOPIC)
-    request = v2s.ReceiveMessageRequest(
-        group=group, message_queue=v2.MessageQueue(topic=topic, id=0),
-        filter_expression=v2.FilterExpression(type=v2.TAG, expression="*"), batch_size=batch,
-        invisible_duration=duration_pb2.Duration(seconds=60), long_polling_timeout=duration_pb2.Duration(seconds=1),
-    )  # fmt: skip
+    request = receive_request(GROUP, TOPIC, batch)
+    group, topic = request.group, request.message_queue.topic
     calls = {"receives": 0, "acks": 0, "acknowledged": 0}
     lock = threading.Lock()
     failures: list[str] = []
@@ -77,11 +72,7 @@ def consume(endpoint: str, count: int, batch: int, threads: int, ack_whole_batch
                         calls["acks"] += 1
                         calls["acknowledged"] += len(part)
 
-        workers = [threading.Thread(target=consumer) for _ in range(threads)]
-        for worker in workers:
-            worker.start()
-        for worker in workers:
-            worker.join()
+        in_threads(consumer, threads)
     if failures:
         raise RuntimeError(f"{len(failures)} acknowledgements failed, first: {failures[0]}")
     if calls["acknowledged"] != count:

@@ -173,6 +173,7 @@ def cmd_writer_serve(args: argparse.Namespace) -> int:
             replication=Replication(args.replication),
             min_insync=args.min_insync,
             replica_lag_max_ms=args.replica_lag_max_ms,
+            replica_pace_ms=args.replica_pace_ms,
             etcd=tuple(e for e in (args.etcd or "").split(",") if e),
             lease_ttl_s=args.lease_ttl_s,
             peer_tls=_peer_tls(args),
@@ -603,6 +604,10 @@ def register(commands: argparse._SubParsersAction) -> None:  # type: ignore[type
     replication.add_argument("--replication", choices=["sync", "async"], default="async", help="acknowledge after the in-sync replicas store a send (sync) or after the primary's own flush (async, the default)")
     replication.add_argument("--min-insync", type=exits.positive, default=1, help="sync: replicas, the primary included, that must be in sync for a send to be taken (default 1)")
     replication.add_argument("--replica-lag-max-ms", type=exits.positive, default=5000, help="a follower not caught up within this leaves the in-sync set (default 5000)")
+    replication.add_argument(
+        "--replica-pace-ms", type=exits.pace_ms, default=20,
+        help="while the primary's event loop is busy, send each follower at most one chunk this often, 0 to 1000 (0: never paced; default 20)",
+    )  # fmt: skip
     replication.add_argument("--etcd", type=exits.endpoints, metavar="HOST:PORT[,HOST:PORT...]", help="etcd v3 members: the primary is elected there (default: none; fail over with writer promote)")
     replication.add_argument("--lease-ttl-s", type=exits.positive, default=5, help="the primary's etcd lease, seconds (default 5)")
     replication.add_argument("--replica-tls-ca", metavar="FILE", help="with --tls-cert: the CA the other replicas' certificates are checked against")

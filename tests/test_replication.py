@@ -225,6 +225,7 @@ def test_a_sync_group_replicates_byte_for_byte(nodes: Nodes, tmp_path: Path) -> 
     assert scraped[("rmqstore_replication_in_sync", str(primary))] == 3
     assert scraped[("rmqstore_replication_lag_bytes", str(primary))] == 0
     assert scraped[("rmqstore_replication_epoch", str(primary))] == 1
+    assert 0.0 < scraped[("rmqstore_replication_loop_busy", str(primary))] < 1.0  # the loop's share on CPU, measured
     group.stop(0, 1, 2)
     _assert_identical_over_common_length([group.store(k) for k in range(3)])
     for k in range(3):
@@ -442,6 +443,7 @@ def test_killing_the_primary_loses_no_acknowledged_message(nodes: Nodes, tmp_pat
         (["--group", "g1", "--replica-id", "0", "--replicas", "0=127.0.0.1:1,0=127.0.0.1:2"], "names replica 0 twice"),
         (["--group", "g1", "--replica-id", "0", "--replicas", "0=nowhere"], "--replicas:"),
         (["--group", "g/1", "--replica-id", "0", "--replicas", "0=127.0.0.1:1"], "--group 'g/1'"),
+        (["--group", "g1", "--replica-id", "0", "--replicas", "0=127.0.0.1:1", "--replica-pace-ms", "1001"], "--replica-pace-ms: 1001 is outside [0, 1000]"),
     ],
 )
 def test_bad_group_flags_are_refused_before_anything_is_made(tmp_path: Path, flags: list[str], words: str) -> None:

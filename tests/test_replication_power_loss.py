@@ -32,7 +32,7 @@ from rmqstore.common.errors import Corruption
 from rmqstore.common.files.commitlog import CommitLog
 from rmqstore.writer.config import FlushPolicy, WriterConfig
 from rmqstore.writer.replication.service import chunk_end
-from rmqstore.writer.store import Writer
+from rmqstore.writer.store import REPLICATED_SINGLY_MAX, Writer
 from rmqstore.writer.validate import MessageInput
 
 pytestmark = pytest.mark.crash
@@ -281,10 +281,11 @@ def _unit_offset(units: bytes, at: int) -> int:
     return int.from_bytes(units[at : at + 8], "big")
 
 
-@pytest.mark.parametrize("records", [1, 5, 40])
+@pytest.mark.parametrize("records", [1, 5, 40], ids=["one-record", "a-record-at-a-time", "in-columns"])
 def test_a_corrupt_chunk_is_refused_and_the_good_bytes_make_the_same_store(tmp_path: Path, records: int) -> None:
-    """A follower decodes what its primary streams, CRCs checked, before it reports it
-    stored: a chunk with one flipped body byte is refused with Corruption, nothing of it
+    """A follower decodes what its primary streams before reporting it stored: a record at
+    a time for a chunk of a few (REPLICATED_SINGLY_MAX), in columns for more. On either
+    path a chunk with one flipped body byte is refused with Corruption, nothing of it
     stays in the log, and the same chunk unharmed then gives files byte-identical to the
     primary's."""
     rng = random.Random(SEED + records)
@@ -294,6 +295,7 @@ def test_a_corrupt_chunk_is_refused_and_the_good_bytes_make_the_same_store(tmp_p
     end = primary.log.write_offset
     mapped = primary.log.files.find(0)
     assert mapped is not None and end < mapped.end_offset  # one file, one chunk
+    assert (records <= REPLICATED_SINGLY_MAX) == (records < 40)
     good = bytes(mapped.buf[:end])
     last = list(primary.log.records(0))[-1]
     primary.close()

@@ -13,6 +13,8 @@ from rmqstore.common.transport import parse_endpoint
 
 GROUP_NAME_MAX = 64
 REPLICAS_MAX = 9
+# --replica-pace-ms at most: what a paced chunk adds to an acknowledgement under load.
+PACE_MS_MAX = 1000
 
 
 class Replication(enum.Enum):
@@ -51,6 +53,7 @@ class GroupOptions:
     replication: Replication = Replication.ASYNC
     min_insync: int = 1  # replicas, the primary included, that must hold a record before its ack (SYNC)
     replica_lag_max_ms: int = 5000  # a follower further behind than this drops out of the in-sync set
+    replica_pace_ms: int = 20  # under load, a follower is sent at most one chunk this often (0: never paced)
     etcd: tuple[str, ...] = ()  # HOST:PORT of etcd's members; none: manual failover (writer promote)
     lease_ttl_s: int = 5  # the primary's etcd lease
     peer_tls: PeerTls | None = None  # None: the replicas serve plaintext, and are dialled so
@@ -64,6 +67,8 @@ class GroupOptions:
             raise InvalidArgument(f"--min-insync {self.min_insync}: expected 1 to the {len(self.replicas)} replicas")
         if self.replica_lag_max_ms < 1:
             raise InvalidArgument(f"--replica-lag-max-ms {self.replica_lag_max_ms}: expected a positive number")
+        if not 0 <= self.replica_pace_ms <= PACE_MS_MAX:
+            raise InvalidArgument(f"--replica-pace-ms {self.replica_pace_ms}: expected 0 to {PACE_MS_MAX}")
         if self.lease_ttl_s < 2:
             raise InvalidArgument(f"--lease-ttl-s {self.lease_ttl_s}: expected 2 or more (etcd's smallest lease)")
         for member in self.etcd:

@@ -36,6 +36,9 @@ def watch_replica(replica: Replica, follower: Follower) -> None:
         replica, attributes, lambda r: len(r.tracker.in_sync) + 1 if r.role is Role.PRIMARY else 0
     )
     gauge("rmqstore.replication.epoch", "1", "the replica's epoch").watch(replica, attributes, lambda r: r.epoch)
+    gauge(
+        "rmqstore.replication.loop.busy", "1", "on a primary: the share of time its event loop is on CPU (from 0.5 its followers are paced)"
+    ).watch(replica, attributes, lambda r: round(r.tracker.loop_busy, 3) if r.role is Role.PRIMARY else 0.0)
     gauge("rmqstore.replication.role_changes", "{change}", "moves to primary or to follower since the start").watch(
         replica, attributes, lambda r: r.epoch_changes
     )

@@ -29,6 +29,12 @@ CHUNK_BYTES_MAX = 1024 * 1024
 # acknowledgements (benchmarks/REPLICATION.md: 0.54x against 0.40x of a single node).
 IN_FLIGHT_MAX = 1
 IDLE_WAIT_S = 0.05
+# Under load (SyncTracker.paced) a follower is sent at most one chunk every
+# --replica-pace-ms: what is appended within that time of its last chunk waits and goes
+# with its next. A round (a chunk out, its report back) costs both sides CPU per chunk,
+# not per byte, and a follower that stores a chunk quickly would otherwise be sent more,
+# smaller ones (benchmarks/REPLICATION.md: 64 one-message producers). Otherwise a chunk
+# goes as soon as the follower is free.
 FILES_CHECK_S = 0.2
 # The files of config/ a follower takes from its primary: the consumer groups' progress
 # (Apache's and ours), the topics and the groups' configuration (Apache's topics.json and
@@ -98,25 +104,33 @@ class ReplicationServicer(replication_pb2_grpc.ReplicationServiceServicer):
             async for request in requests:
                 tracker.stored(state, request.stored_offset)
 
-        reader = asyncio.get_running_loop().create_task(read_acks())
+        loop = asyncio.get_running_loop()
+        reader = loop.create_task(read_acks())
         sent_files: dict[str, tuple[int, int]] = {}
         files_checked = 0.0
+        pace_s = options.replica_pace_ms / 1000
+        sent_at = loop.time() - pace_s  # when the last chunk was sent
         try:
             yield replication_pb2.ReplicateResponse(epochs=epoch_messages(history), primary_end_offset=tracker.end_offset())
             offset = start
             while replica.role is Role.PRIMARY and not reader.done():
-                now = asyncio.get_running_loop().time()
+                now = loop.time()
+                end = tracker.end_offset()
+                sendable = offset < end and len(state.in_flight) < IN_FLIGHT_MAX
+                if sendable and now < sent_at + pace_s and tracker.paced():
+                    await asyncio.sleep(sent_at + pace_s - now)
+                    continue
                 files = []
                 if now - files_checked >= FILES_CHECK_S:
                     files_checked = now
                     files = self._changed_files(sent_files)
-                end = tracker.end_offset()
-                if offset < end and len(state.in_flight) < IN_FLIGHT_MAX:
+                if sendable:
                     stop = chunk_end(writer.log, offset, end)
                     mapped = writer.log.files.find(offset)
                     assert mapped is not None
                     data = bytes(mapped.buf[offset - mapped.start_offset : stop - mapped.start_offset])
                     tracker.sent(state, stop)
+                    sent_at = now
                     yield replication_pb2.ReplicateResponse(offset=offset, data=data, primary_end_offset=end, files=files)
                     offset = stop
                 elif files:

@@ -24,6 +24,10 @@ from rmqstore.writer.store import Writer
 TICK_S = 0.05
 # A held acknowledgement is refused once it has waited this long past the lag bound.
 HOLD_GRACE_MS = 1000
+# The followers' streams are paced (--replica-pace-ms) while the loop's thread is on CPU
+# this share of the time or more: the primary's loop is then what bounds the group
+# (benchmarks/REPLICATION.md), and each round it saves is CPU for more requests.
+LOOP_BUSY_PACED = 0.5
 
 
 @dataclass
@@ -40,7 +44,13 @@ class FollowerState:
 class SyncTracker:
     """The followers of a primary and its held acknowledgements (writer.group_commit.AckGate)."""
 
-    def __init__(self, options: GroupOptions, writer: Writer, clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self,
+        options: GroupOptions,
+        writer: Writer,
+        clock: Callable[[], float] = time.monotonic,
+        cpu_clock: Callable[[], float] = time.thread_time,
+    ):
         self.options = options
         self.writer = writer
         self.clock = clock
@@ -51,6 +61,11 @@ class SyncTracker:
         self.refusal: StoreError | None = None
         self._ticking: asyncio.TimerHandle | None = None
         self.in_sync_changes = 0
+        # The share of the time the loop's thread spends on CPU (smoothed over the
+        # ticks): the load that paces the followers' streams.
+        self.cpu_clock = cpu_clock
+        self.loop_busy = 0.0
+        self._ticked, self._ticked_cpu = clock(), cpu_clock()
         # With etcd (writer.replication.election): the monotonic time this primary stops
         # acknowledging unless its lease is renewed, and the in-sync set last written
         # there (followers only). A follower dropped from the set here keeps holding
@@ -59,6 +74,8 @@ class SyncTracker:
         self.persisted_in_sync: set[int] | None = None
 
     def start(self) -> None:
+        """On the loop: the ticks start, and the load is measured on this thread."""
+        self._ticked, self._ticked_cpu = self.clock(), self.cpu_clock()
         self._ticking = asyncio.get_running_loop().call_later(TICK_S, self._tick)
 
     def stop(self) -> None:
@@ -128,6 +145,7 @@ class SyncTracker:
         self._refresh()
         self._release()
         now = self.clock()
+        self.measure_load(now, self.cpu_clock())
         if self._held and self._held[0][1] <= now:
             expired = [h for h in self._held if h[1] <= now]
             self._held = [h for h in self._held if h[1] > now]
@@ -138,6 +156,20 @@ class SyncTracker:
             for _, _, release in expired:
                 release(error)
         self._ticking = asyncio.get_running_loop().call_later(TICK_S, self._tick)
+
+    def measure_load(self, now: float, cpu: float) -> None:
+        """Take the loop thread's CPU time ``cpu`` at ``now`` (on the loop, each tick)."""
+        if now > self._ticked:
+            busy = (cpu - self._ticked_cpu) / (now - self._ticked)
+            self.loop_busy = (self.loop_busy + busy) / 2
+            self._ticked, self._ticked_cpu = now, cpu
+
+    def paced(self) -> bool:
+        """Whether a follower is sent at most one chunk every ``--replica-pace-ms``: while
+        the loop is busy LOOP_BUSY_PACED of the time or more. Rounds cost the loop CPU
+        per chunk, not per byte; a loop with time to spare sends each follower its bytes
+        as soon as it is free."""
+        return self.options.replica_pace_ms > 0 and self.loop_busy >= LOOP_BUSY_PACED
 
     def in_sync_text(self) -> str:
         return ", ".join(str(k) for k in sorted({self.options.replica_id, *self.in_sync}))
@@ -170,9 +202,9 @@ class SyncTracker:
             )
 
     def appended(self) -> None:
-        """New bytes: a follower with nothing in flight is sent them now; one waiting
-        for its last bytes' acknowledgement is woken by it (:meth:`stored`), not by
-        every group commit meanwhile."""
+        """New bytes: a follower with nothing in flight is sent them now (or at the
+        pace: :meth:`paced`); one waiting for its last bytes' acknowledgement is woken
+        by it (:meth:`stored`), not by every group commit meanwhile."""
         for state in self.followers.values():
             if state.connected and not state.in_flight:
                 state.wake.set()

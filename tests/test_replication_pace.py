@@ -18,7 +18,7 @@ from rmqstore.writer.config import WriterConfig
 from rmqstore.writer.consumers import ConsumerGroups
 from rmqstore.writer.replication.group import GroupOptions, Replication
 from rmqstore.writer.replication.replica import Replica
-from rmqstore.writer.replication.service import ReplicationServicer
+from rmqstore.writer.replication.service import PACE_BYTES_MAX, ReplicationServicer
 from rmqstore.writer.replication.tracker import LOOP_BUSY_PACED, SyncTracker
 from rmqstore.writer.store import Writer
 from rmqstore.writer.validate import MessageInput
@@ -34,10 +34,11 @@ def _options(pace_ms: int) -> GroupOptions:
     )
 
 
-async def _chunks(store: Path, *, busy: bool) -> list[tuple[float, int]]:
-    """(when, records) of each chunk a follower is sent while one message a SEND_EVERY_S
-    is appended, with the primary's loop seen busy all the time (its thread's CPU clock
-    running with the wall clock) or never; the follower reports each chunk stored at once."""
+async def _chunks(store: Path, *, busy: bool, body_bytes: int = 10) -> list[tuple[float, int]]:
+    """(when, records) of each chunk a follower is sent while one message of
+    ``body_bytes`` a SEND_EVERY_S is appended, with the primary's loop seen busy all the
+    time (its thread's CPU clock running with the wall clock) or never; the follower
+    reports each chunk stored at once."""
     writer = Writer(WriterConfig(store=str(store), sizes=SMALL))
     groups = ConsumerGroups(writer, writer.paths.config)
     replica = Replica(_options(PACE_MS), writer, groups)
@@ -58,7 +59,7 @@ async def _chunks(store: Path, *, busy: bool) -> list[tuple[float, int]]:
 
         async def send() -> None:
             for n in range(SENDS):
-                writer.append([MessageInput(topic="PaceTopic", body=b"m%d" % n)])
+                writer.append([MessageInput(topic="PaceTopic", body=(b"m%d-" % n).ljust(body_bytes, b"x"))])
                 tracker.appended()
                 await asyncio.sleep(SEND_EVERY_S)
 
@@ -89,6 +90,18 @@ def test_a_busy_primary_sends_a_follower_one_chunk_a_pace(tmp_path: Path) -> Non
     # SENDS messages over at least SENDS * SEND_EVERY_S, in chunks a pace apart.
     assert len(chunks) <= SENDS * SEND_EVERY_S / (PACE_MS / 1000) + 2, chunks
     assert max(records for _, records in chunks) > 1
+
+
+def test_a_busy_primary_sends_a_follower_its_bytes_once_they_reach_pace_bytes_max(tmp_path: Path) -> None:
+    """Records of 8 KiB: once four are waiting the bytes reach PACE_BYTES_MAX (32 KiB),
+    long before the pace, and they go at once (a commit log file's end, every 64 KiB
+    here, cuts a chunk short)."""
+    chunks = asyncio.run(_chunks(tmp_path / "store", busy=True, body_bytes=8 * 1024))
+    assert PACE_BYTES_MAX == 32 * 1024
+    assert max(records for _, records in chunks) <= 5, chunks
+    assert len(chunks) >= SENDS // 5, chunks
+    gaps = [b - a for (a, _), (b, _) in itertools.pairwise(chunks)]
+    assert min(gaps) < PACE_MS / 1000 / 2, gaps
 
 
 def test_a_primary_with_time_to_spare_sends_each_message_at_once(tmp_path: Path) -> None:

@@ -34,7 +34,9 @@ IDLE_WAIT_S = 0.05
 # with its next. A round (a chunk out, its report back) costs both sides CPU per chunk,
 # not per byte, and a follower that stores a chunk quickly would otherwise be sent more,
 # smaller ones (benchmarks/REPLICATION.md: 64 one-message producers). Otherwise a chunk
-# goes as soon as the follower is free.
+# goes as soon as the follower is free, and so does one of PACE_BYTES_MAX or more (its
+# round's cost is already small per byte: batches, as send --file's, are not held).
+PACE_BYTES_MAX = 32 * 1024
 FILES_CHECK_S = 0.2
 # The files of config/ a follower takes from its primary: the consumer groups' progress
 # (Apache's and ours), the topics and the groups' configuration (Apache's topics.json and
@@ -117,8 +119,11 @@ class ReplicationServicer(replication_pb2_grpc.ReplicationServiceServicer):
                 now = loop.time()
                 end = tracker.end_offset()
                 sendable = offset < end and len(state.in_flight) < IN_FLIGHT_MAX
-                if sendable and now < sent_at + pace_s and tracker.paced():
-                    await asyncio.sleep(sent_at + pace_s - now)
+                if sendable and end - offset < PACE_BYTES_MAX and now < sent_at + pace_s and tracker.paced():
+                    state.wake.clear()  # a group commit wakes it: the bytes may reach PACE_BYTES_MAX
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout(sent_at + pace_s - now):
+                            await state.wake.wait()
                     continue
                 files = []
                 if now - files_checked >= FILES_CHECK_S:

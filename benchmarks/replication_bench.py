@@ -10,6 +10,8 @@ RocketMQ's defaults (seven nodes a round fit a shared disk). Against each:
   exit;
 * ``PRODUCERS`` SYNC producers: threads of this process, each sending one message a
   request (``SendBatch`` of one) for SECONDS seconds; acknowledged messages a second.
+  Then one such producer alone for LONE_SECONDS (a light load, which the primary does
+  not pace: docs/replication.md).
   Meanwhile, against the group, the primary's ``ReplicaStatus`` every 50 ms: each
   follower's lag (ms since it was caught up, and bytes), whose p50/p99 are reported; and
   the CPU time each node and this process used per acknowledged message.
@@ -18,7 +20,8 @@ With ``--baseline DIR`` each round also runs the group with the ``rmqstore`` pac
 on that PYTHONPATH (a directory holding another version's tree as ``rmqstore``), so two
 versions are compared under the same load.
 
-    python benchmarks/replication_bench.py [--messages 50000] [--producers 64] [--seconds 10] [--rounds 1] [--out F.json] [--baseline DIR]
+    python benchmarks/replication_bench.py [--messages 50000] [--producers 64] [--seconds 10] [--lone-seconds 5]
+        [--rounds 1] [--out F.json] [--baseline DIR]
 """
 
 from __future__ import annotations
@@ -151,6 +154,8 @@ def one_round(work: Path, args: argparse.Namespace, jsonl: Path) -> dict[str, An
                 result["single_send_file_s"] = send_file(node.endpoint, jsonl)
             else:
                 result["single_producers_msgs_s"] = measured_producers({"node": node}, node.endpoint, args, result, "single")
+                if args.lone_seconds:
+                    result["single_lone_msgs_s"] = producers(node.endpoint, 1, args.lone_seconds)
             node.stop()
         finally:
             node.close()
@@ -190,6 +195,8 @@ def one_round(work: Path, args: argparse.Namespace, jsonl: Path) -> dict[str, An
                 result[f"{prefix}group_producers_msgs_s"] = measured_producers(named, primary, args, result, f"{prefix}group")
                 until.set()
                 sampler.join()
+                if args.lone_seconds:
+                    result[f"{prefix}group_lone_msgs_s"] = producers(primary, 1, args.lone_seconds)
                 result[f"{prefix}lag_ms_p50"], result[f"{prefix}lag_ms_p99"] = percentile(lag_ms, 0.5), percentile(lag_ms, 0.99)
                 result[f"{prefix}lag_bytes_p50"], result[f"{prefix}lag_bytes_p99"] = percentile(lag_bytes, 0.5), percentile(lag_bytes, 0.99)
             for node in group:
@@ -199,9 +206,13 @@ def one_round(work: Path, args: argparse.Namespace, jsonl: Path) -> dict[str, An
                 node.close()
     result["send_file_ratio"] = result["single_send_file_s"] / result["group_send_file_s"]
     result["producers_ratio"] = result["group_producers_msgs_s"] / result["single_producers_msgs_s"]
+    if args.lone_seconds:
+        result["lone_ratio"] = result["group_lone_msgs_s"] / result["single_lone_msgs_s"]
     if args.baseline is not None:
         result["baseline_send_file_ratio"] = result["single_send_file_s"] / result["baseline_group_send_file_s"]
         result["baseline_producers_ratio"] = result["baseline_group_producers_msgs_s"] / result["single_producers_msgs_s"]
+        if args.lone_seconds:
+            result["baseline_lone_ratio"] = result["baseline_group_lone_msgs_s"] / result["single_lone_msgs_s"]
     result["load_average"] = load_average()
     return result
 
@@ -211,6 +222,7 @@ def main() -> None:
     parser.add_argument("--messages", type=int, default=50_000)
     parser.add_argument("--producers", type=int, default=64)
     parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--lone-seconds", type=float, default=5.0, help="then one SYNC producer for this long against each (0: not)")
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--out", type=Path)
     parser.add_argument(
@@ -236,10 +248,12 @@ def main() -> None:
         "rounds": rounds,
         "send_file_ratio_median": statistics.median(r["send_file_ratio"] for r in rounds),
         "producers_ratio_median": statistics.median(r["producers_ratio"] for r in rounds),
+        **({"lone_ratio_median": statistics.median(r["lone_ratio"] for r in rounds)} if args.lone_seconds else {}),
         **({
             "baseline": str(args.baseline),
             "baseline_send_file_ratio_median": statistics.median(r["baseline_send_file_ratio"] for r in rounds),
             "baseline_producers_ratio_median": statistics.median(r["baseline_producers_ratio"] for r in rounds),
+            **({"baseline_lone_ratio_median": statistics.median(r["baseline_lone_ratio"] for r in rounds)} if args.lone_seconds else {}),
         } if args.baseline is not None else {}),
     }
     text = json.dumps(document, indent=1)

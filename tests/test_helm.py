@@ -1025,7 +1025,7 @@ GROUP_RENDERINGS: dict[str, dict[str, Any]] = {
         "tls": {"enabled": True, "secretName": "rmqstore-tls", "clientAuth": True}, **ACL_SECRET,
     },  # fmt: skip
     "group-shared-preferred": {
-        "mode": "shared", "writer": {"replicas": 5, "group": {"etcd": ["etcd.infra:2379"], "antiAffinity": "preferred", "minInsync": 3}}, **OPEN,
+        "mode": "shared", "writer": {"replicas": 5, "group": {"etcd": ["etcd.infra:2379"], "antiAffinity": "preferred", "minInsync": 3, "replicaPaceMs": 0}}, **OPEN,
     },  # fmt: skip
 }
 # A writer group takes each replica's id from its pod's pod-index label (Kubernetes 1.28).
@@ -1084,9 +1084,13 @@ def test_a_writer_group_is_a_statefulset_of_replicas(group_renderings: dict[str,
         options = GroupOptions(
             name=args.group, replica_id=args.replica_id, replicas=parse_replicas(args.replicas),
             replication=Replication(args.replication), min_insync=args.min_insync,
+            replica_lag_max_ms=args.replica_lag_max_ms, replica_pace_ms=args.replica_pace_ms,
             etcd=tuple(args.etcd.split(",")), lease_ttl_s=args.lease_ttl_s, peer_tls=_peer_tls(args),
         )  # fmt: skip
         assert options.name == FULLNAME
+        assert (options.replica_lag_max_ms, options.replica_pace_ms) == (
+            group_values.get("replicaLagMaxMs", 5000), group_values.get("replicaPaceMs", 20)
+        )  # values.yaml's defaults
         # Each replica by its pod's stable name under the headless Service.
         assert options.replicas == {k: f"{WRITER}-{k}.{WRITER}.{NAMESPACE}.svc:10911" for k in range(count)}
         assert (options.replication, options.min_insync) == (Replication.SYNC, group_values["minInsync"])

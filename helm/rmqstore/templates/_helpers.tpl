@@ -273,6 +273,8 @@ TLS flags of a server, and its plaintext health port, when tls.enabled; call wit
 - {{ int64 .Values.writer.group.minInsync | quote }}
 - --replica-lag-max-ms
 - {{ int64 .Values.writer.group.replicaLagMaxMs | quote }}
+- --replica-pace-ms
+- {{ int64 .Values.writer.group.replicaPaceMs | quote }}
 - --etcd
 - {{ include "rmqstore.etcdEndpoints" . | quote }}
 - --lease-ttl-s

@@ -26,8 +26,11 @@ STATUS_TIMEOUT_S = 1.0
 RETRY_S = 0.2
 PEER_CHECK_S = 0.5
 # Each channel to a peer connects afresh: grpc's process-wide subchannel pool would hand a
-# new channel the backoff of an old one to a replica that was down (and is back now).
-CHANNEL_OPTIONS = (("grpc.use_local_subchannel_pool", 1),)
+# new channel the backoff of an old one to a replica that was down (and is back now). Its
+# HTTP/2 stream window is 8 MiB, not 64 KiB: a chunk (up to CHUNK_BYTES_MAX, one in
+# flight) arrives without waiting for window updates (benchmarks/REPLICATION.md:
+# `send --file`'s 400 KB chunks).
+CHANNEL_OPTIONS = (("grpc.use_local_subchannel_pool", 1), ("grpc.http2.lookahead_bytes", 8 << 20))
 
 
 def peer_statuses(replica: Replica) -> dict[int, replication_pb2.ReplicaStatusResponse]:

@@ -31,6 +31,7 @@ from rmqstore.rocketmq_v2 import definition_pb2 as v2
 from rmqstore.rocketmq_v2 import service_pb2 as v2s
 from rmqstore.rocketmq_v2 import service_pb2_grpc
 from rmqstore.service.acl import Answered
+from rmqstore.service.errors import StreamRefusal
 from rmqstore.writer.config import WriterConfig
 from rmqstore.writer.rocketmq5 import (
     ACCEPTED_TYPES,
@@ -124,7 +125,7 @@ class ProxyServicer(service_pb2_grpc.MessagingServiceServicer):
         self.receives = consumers.ReceiveRouter()
         self._round_robin = itertools.count()
         self._stopping = asyncio.Event()
-        self._telemetry_outboxes: set[asyncio.Queue[v2s.TelemetryCommand | None]] = set()
+        self._telemetry_outboxes: set[asyncio.Queue[v2s.TelemetryCommand | StreamRefusal | None]] = set()
         self._pending_groups = tuple(groups)
 
     async def start(self) -> None:
@@ -316,7 +317,7 @@ class ProxyServicer(service_pb2_grpc.MessagingServiceServicer):
         dropped. The stream ends when the client ends it or the proxy stops."""
         if self._stopping.is_set():
             return
-        outbox: asyncio.Queue[v2s.TelemetryCommand | None] = asyncio.Queue()  # None: the end
+        outbox: asyncio.Queue[v2s.TelemetryCommand | StreamRefusal | None] = asyncio.Queue()  # None: the end
         checks = transactions.ProducerChecks(self.groups, outbox.put_nowait)
 
         async def read() -> None:
@@ -325,6 +326,8 @@ class ProxyServicer(service_pb2_grpc.MessagingServiceServicer):
                     answer = await self._telemetry_answer(command, checks)
                     if answer is not None:
                         outbox.put_nowait(answer)
+            except StreamRefusal as refusal:  # a command that does not parse: after the answers before it
+                outbox.put_nowait(refusal)
             finally:
                 outbox.put_nowait(None)  # also when the client's stream fails
 
@@ -333,6 +336,8 @@ class ProxyServicer(service_pb2_grpc.MessagingServiceServicer):
         self._telemetry_outboxes.add(outbox)
         try:
             while (outgoing := await outbox.get()) is not None:
+                if isinstance(outgoing, StreamRefusal):
+                    raise outgoing
                 yield outgoing
         finally:
             self._telemetry_outboxes.discard(outbox)

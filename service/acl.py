@@ -57,7 +57,7 @@ from rmqstore.common.signing import (
     DATE_TIME_KEY,
     signature,
 )
-from rmqstore.service.errors import REASON_KEY
+from rmqstore.service.errors import REASON_KEY, StreamRefusal
 from rmqstore.service.guard import Malformed
 from rmqstore.service.handlers import Handler, handler_behavior, handler_constructor
 
@@ -439,7 +439,10 @@ def _checked(handler: Handler, acl: AsyncAclInterceptor, rule: MethodRule | None
             if refused is None:
                 yield item
             elif answer is None:
-                await acl.refuse(context, refused)
+                # Raised where the handler reads it, after its answers to the items before;
+                # the guard's wrapper (innermost on every server: service.server) ends the call.
+                acl.note(context, refused)
+                raise StreamRefusal(refused.code, str(refused))
             else:
                 acl.note(context, refused)
                 yield Answered(answer(item, refused))

@@ -58,6 +58,24 @@ def abort_with(context: grpc.ServicerContext, error: errors.StoreError) -> None:
     context.abort(code, str(error))
 
 
+class StreamRefusal(Exception):
+    """A streamed request refused by an interceptor (it does not parse: service.guard; the
+    caller may not send it: service.acl), raised where the handler reads it rather than
+    answered there. A handler that reads ahead of its answers (WriterService.SendStream)
+    thus answers the requests before it first; the interceptor's wrapper then ends the call
+    with :meth:`end` (the refusal's reason is already in the trailing metadata). A handler
+    that reads in a task of its own hands it to the task that answers."""
+
+    def __init__(self, code: grpc.StatusCode, details: str):
+        super().__init__(details)
+        self.code = code
+        self.details = details
+
+    async def end(self, context: grpc.aio.ServicerContext) -> None:
+        """End the call with the refusal's status (``context.abort`` raises)."""
+        await context.abort(self.code, self.details)
+
+
 F = TypeVar("F", bound=Callable[..., Any])
 
 

@@ -6,7 +6,8 @@ picks (UNKNOWN on the asyncio server), which does not tell a client that the fau
 own. The interceptor puts a parser that cannot raise in front of every method (ours,
 health, reflection): it hands the handler wrapper a marker instead, which answers
 INVALID_ARGUMENT naming the message type, before the handler runs (for a stream, when the
-handler reaches the bad message). It wraps whatever the server has, so that any service
+handler reaches the bad message: raised there as a StreamRefusal, so that what it answers
+for the messages before goes first). It wraps whatever the server has, so that any service
 added later (a gateway on the writer's port) is covered too.
 """
 
@@ -19,7 +20,7 @@ from typing import Any
 import grpc
 from google.protobuf.message import DecodeError
 
-from rmqstore.service.errors import REASON_KEY
+from rmqstore.service.errors import REASON_KEY, StreamRefusal
 from rmqstore.service.handlers import Handler, handler_behavior, handler_constructor
 
 # grpc's stubs make contexts generic in request and response types; these
@@ -75,7 +76,10 @@ def _asynchronous(handler: Handler) -> Handler:
     async def checked(requests: AsyncIterator[Any], context: AsyncContext) -> AsyncIterator[Any]:
         async for request in requests:
             if isinstance(request, Malformed):
-                await _abort_async(context, request)
+                # Raised where the handler reads it: the answers to the requests before it
+                # go first (StreamRefusal), then the wrapper below ends the call.
+                context.set_trailing_metadata(((REASON_KEY, REASON),))
+                raise StreamRefusal(grpc.StatusCode.INVALID_ARGUMENT, request.detail)
             yield request
 
     async def arrived(request: Any, context: AsyncContext) -> Any:
@@ -88,8 +92,11 @@ def _asynchronous(handler: Handler) -> Handler:
     if generates:
 
         async def generating(request: Any, context: AsyncContext) -> AsyncIterator[Any]:
-            async for response in behavior(await arrived(request, context), context):
-                yield response
+            try:
+                async for response in behavior(await arrived(request, context), context):
+                    yield response
+            except StreamRefusal as refusal:
+                await refusal.end(context)
 
         wrapped: Callable[..., Any] = generating
     elif handler.response_streaming:
@@ -99,7 +106,10 @@ def _asynchronous(handler: Handler) -> Handler:
             # which bound each write's wait): presented as an async generator that yields
             # nothing, the form every interceptor around it (OpenTelemetry's) expects of a
             # streaming handler.
-            await behavior(await arrived(request, context), context)
+            try:
+                await behavior(await arrived(request, context), context)
+            except StreamRefusal as refusal:
+                await refusal.end(context)
             return
             yield
 
@@ -107,7 +117,10 @@ def _asynchronous(handler: Handler) -> Handler:
     else:
 
         async def answering(request: Any, context: AsyncContext) -> Any:
-            return await behavior(await arrived(request, context), context)
+            try:
+                return await behavior(await arrived(request, context), context)
+            except StreamRefusal as refusal:
+                await refusal.end(context)
 
         wrapped = answering
     return handler_constructor(handler)(

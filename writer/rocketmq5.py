@@ -65,6 +65,7 @@ from rmqstore.rocketmq_v2 import definition_pb2 as v2
 from rmqstore.rocketmq_v2 import service_pb2 as v2s
 from rmqstore.rocketmq_v2 import service_pb2_grpc
 from rmqstore.service.acl import Answered, MethodRule, Need, Refused, Requirement
+from rmqstore.service.errors import StreamRefusal
 from rmqstore.writer.config import LARGE_ANSWER_BYTES_PER_S, WriterConfig
 from rmqstore.writer.consumers import (
     BATCH_MAX,
@@ -1017,6 +1018,8 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             try:
                 async for command in self._until_stopping(request_iterator):
                     inbox.put_nowait(command)
+            except StreamRefusal as refusal:  # a command that does not parse: after the answers before it
+                inbox.put_nowait(refusal)
             finally:
                 # Also when the client's stream fails: the answers end with it.
                 inbox.put_nowait(_END_OF_STREAM)
@@ -1038,6 +1041,8 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             command = await inbox.get()
             if command is _END_OF_STREAM:
                 return
+            if isinstance(command, StreamRefusal):
+                raise command
             if isinstance(command, _Outgoing):
                 yield command.command
                 continue

@@ -29,6 +29,9 @@ from rmqstore.writer.metrics import WriterMetrics
 from rmqstore.writer.store import Writer
 
 SERVICE_NAME = "rmqstore.v1.WriterService"
+# Requests a SendStream appends ahead of its acks (measured: benchmarks/REPLICATION.md, "A
+# stream's requests in flight"): 4 overlap a writer group's replica round; 8 gained nothing more.
+SEND_STREAM_AHEAD = 4
 T = TypeVar("T")
 
 
@@ -84,18 +87,67 @@ class WriterServicer(writer_pb2_grpc.WriterServiceServicer):
     async def SendStream(
         self, request_iterator: AsyncIterator[writer_pb2.SendBatchRequest], context: grpc.aio.ServicerContext
     ) -> None:
+        """Each request is appended as it arrives, up to :data:`SEND_STREAM_AHEAD` of them
+        ahead of the ack being written, and the acks go back in order: a request's append
+        overlaps the fsync (and a writer group's replica round) of the ones before it. A
+        request refused (it does not parse, the caller may not send it, it cannot be stored)
+        ends the stream once the acks before it are written. No request is read once one is
+        known refused; one read before that (the store refuses a request only once it is
+        appended with those after it) is stored but not acknowledged, as after a lost
+        connection."""
         peer = peer_address(context)
-        with StallWatch(self.stalled_write_s, "no ack") as watch:
-            async for request in request_iterator:
-                try:
-                    response = await self._append(request, peer)
-                except StoreError as error:
-                    await abort_with_async(context, error)
-                    return
-                # The next request is read only once this ack is on its way: a producer that
-                # reads no acks is held by HTTP/2 flow control (its sends wait), so what the
-                # writer holds for it stays one window, and after the limit its stream ends.
-                await watch.write(context, response)
+        # What the reader hands the writer, in order: a request's future, the error that
+        # ended the reading, or None once the client has sent its last request.
+        appended: asyncio.Queue[asyncio.Future[Any] | Exception | None] = asyncio.Queue()
+        # A request is read only when fewer than SEND_STREAM_AHEAD wait for their acks to be
+        # written: a producer that reads no acks is held by HTTP/2 flow control (its sends
+        # wait), so what the writer holds for it stays bounded, and after the limit its
+        # stream ends (StallWatch).
+        ahead = asyncio.Semaphore(SEND_STREAM_AHEAD)
+        refused = False
+
+        def settled(future: asyncio.Future[Any]) -> None:
+            nonlocal refused
+            if not future.cancelled() and future.exception() is not None:
+                refused = True
+
+        async def read() -> None:
+            requests = aiter(request_iterator)
+            try:
+                while True:
+                    await ahead.acquire()
+                    if refused:
+                        return  # the stream ends at the request refused (below): none is read past it
+                    try:
+                        request = await anext(requests)
+                    except StopAsyncIteration:
+                        appended.put_nowait(None)
+                        return
+                    future = self._append(request, peer)
+                    future.add_done_callback(settled)
+                    appended.put_nowait(future)
+            except Exception as error:  # StoreError, StreamRefusal: raised in order, below
+                appended.put_nowait(error)
+
+        reader = asyncio.get_running_loop().create_task(read())
+        try:
+            with StallWatch(self.stalled_write_s, "no ack") as watch:
+                while (item := await appended.get()) is not None:
+                    try:
+                        if isinstance(item, Exception):
+                            raise item
+                        response = await item
+                    except StoreError as error:
+                        await abort_with_async(context, error)
+                        return
+                    await watch.write(context, response)
+                    ahead.release()
+        finally:
+            reader.cancel()
+            while not appended.empty():
+                left = appended.get_nowait()
+                if isinstance(left, asyncio.Future):
+                    left.cancel()  # stored or refused, not acknowledged: nobody reads its outcome
 
     @mapped_async
     async def CreateTopic(

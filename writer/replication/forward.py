@@ -21,6 +21,7 @@ import grpc
 
 from rmqstore.rocketmq_v2 import service_pb2 as v2s
 from rmqstore.service.acl import Answered
+from rmqstore.service.errors import StreamRefusal
 from rmqstore.writer.replication.replica import Replica, Role
 
 log = logging.getLogger("rmqstore.writer.replication")
@@ -117,13 +118,19 @@ class ForwardingServicer:
                         yield response
                     return
                 refusals: list[Any] = []
+                malformed: list[StreamRefusal] = []
 
                 async def passed() -> AsyncIterator[Any]:
-                    async for request in requests:
-                        if isinstance(request, Answered):  # refused here by the ACL
-                            refusals.append(request.response)
-                            continue
-                        yield request
+                    try:
+                        async for request in requests:
+                            if isinstance(request, Answered):  # refused here by the ACL
+                                refusals.append(request.response)
+                                continue
+                            yield request
+                    except StreamRefusal as refusal:
+                        # Raised below once the primary has answered what came before (the
+                        # call's requests end here; raised into the call, it would cancel it).
+                        malformed.append(refusal)
 
                 call = self._callable(target, method)(
                     passed(),
@@ -137,6 +144,8 @@ class ForwardingServicer:
                         yield response
                 except grpc.aio.AioRpcError as error:
                     await failed(context, target, error)
+                if malformed:
+                    raise malformed[0]
 
             return stream_stream
         if method.server_streaming:

@@ -15,7 +15,7 @@ from rmqstore.common.codec import columnar
 from rmqstore.common.codec.columnar import WalkEnd
 from rmqstore.common.errors import Corruption, InvalidArgument, OutOfRange
 from rmqstore.common.files.commitlog import CommitLog
-from rmqstore.service.errors import abort_with_async, mapped_async
+from rmqstore.service.errors import StreamRefusal, abort_with_async, mapped_async
 from rmqstore.v1 import replication_pb2, replication_pb2_grpc
 from rmqstore.writer.replication.epochs import Epoch, consistent_end
 from rmqstore.writer.replication.replica import Replica, Role
@@ -145,6 +145,9 @@ class ReplicationServicer(replication_pb2_grpc.ReplicationServiceServicer):
                     with contextlib.suppress(TimeoutError):
                         async with asyncio.timeout(IDLE_WAIT_S):  # a timer (wait_for would make a task a wait)
                             await state.wake.wait()
+            refusal = reader.exception() if reader.done() and not reader.cancelled() else None
+            if isinstance(refusal, StreamRefusal):  # a report that does not parse (service.guard)
+                raise refusal
         finally:
             reader.cancel()
             tracker.detach(state)

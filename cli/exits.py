@@ -133,7 +133,13 @@ port = _bounded("a TCP port", 0, 65535)
 positive = _bounded("a count of at least 1", 1, INT32_MAX)
 size = _bounded("a size of at least 1", 1, INT64_MAX)
 rate_mib = _bounded("MiB a second, 0 for no limit", 0, 1 << 20)
-pace_ms = _bounded("milliseconds, 0 for none", 0, 1000)
+
+
+def pace_ms(text: str) -> int:
+    """``--replica-pace-ms``: 0 to the writer group's bound (imported only when given)."""
+    from rmqstore.writer.replication.group import PACE_MS_MAX
+
+    return _bounded("milliseconds, 0 for none", 0, PACE_MS_MAX)(text)
 
 
 def _bounded_real(kind: str, low: float, high: float, low_open: bool = False) -> Callable[[str], float]:

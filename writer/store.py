@@ -78,8 +78,9 @@ THOROUGH_FLUSH_INTERVAL_MS = 1000  # flushIntervalConsumeQueue
 # caller's batch always goes, whatever its size), bounding the wait of the last caller.
 GROUP_MAX_MESSAGES = 4096
 # A replicated chunk of at most this many records is decoded and dispatched a record at a
-# time: 8 µs a record decoded singly against about 650 µs of the columnar decode's set-up
-# a chunk; at 32 the two cost the same (benchmarks/REPLICATION.md, 2026-11-30).
+# time: the columnar decode's set-up costs about 650 µs a chunk whatever its size, and a
+# chunk of six records took 918 µs in columns against 343 µs a record at a time
+# (benchmarks/REPLICATION.md, 2026-11-30).
 REPLICATED_SINGLY_MAX = 32
 _TRACER = trace.get_tracer("rmqstore.writer")
 _DISK_FULL_ERRNOS = frozenset((errno.ENOSPC, errno.EDQUOT))

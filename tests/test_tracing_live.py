@@ -416,7 +416,7 @@ def test_a_consumers_receive_links_to_the_producers_context(tmp_path: Path, rece
     assert got[b"linked"].system_properties.trace_context == producer
     assert dict(got[b"linked"].user_properties) == {"origin": "up"}
     assert got[b"plain"].system_properties.trace_context == "" and dict(got[b"plain"].user_properties) == {}
-    spans = receiver.wait_for({"rmqstore.receive"})
+    spans = receiver.wait_for({"rmqstore.receive", "/apache.rocketmq.v2.MessagingService/ReceiveMessage"})
     received = one(spans, "rmqstore.receive")
     assert [(link.trace_id.hex(), link.span_id.hex()) for link in received.span.links] == [(USER_TRACE, USER_SPAN)]
     assert received.span.kind == INTERNAL and received.service == "rmqstore-writer"

@@ -28,6 +28,7 @@ import pytest
 from support.powerloss import Snapshot, recording, write_crash_state
 from support.stores import SMALL, check_ok, verify_store
 
+from rmqstore.common.codec.dispatch import SMALL_BATCH_RECORDS
 from rmqstore.common.errors import Corruption
 from rmqstore.common.files.commitlog import CommitLog
 from rmqstore.writer.config import FlushPolicy, WriterConfig
@@ -281,13 +282,16 @@ def _unit_offset(units: bytes, at: int) -> int:
     return int.from_bytes(units[at : at + 8], "big")
 
 
-@pytest.mark.parametrize("records", [1, 5, 40], ids=["one-record", "a-record-at-a-time", "in-columns"])
+@pytest.mark.parametrize(
+    "records", [1, 5, 12, 40], ids=["one-record", "a-record-at-a-time", "dispatched-as-a-batch", "in-columns"]
+)
 def test_a_corrupt_chunk_is_refused_and_the_good_bytes_make_the_same_store(tmp_path: Path, records: int) -> None:
     """A follower decodes what its primary streams before reporting it stored: a record at
-    a time for a chunk of a few (REPLICATED_SINGLY_MAX), in columns for more. On either
-    path a chunk with one flipped body byte is refused with Corruption, nothing of it
-    stays in the log, and the same chunk unharmed then gives files byte-identical to the
-    primary's."""
+    a time for a chunk of a few (REPLICATED_SINGLY_MAX), in columns for more; the records
+    decoded one by one are dispatched one by one below SMALL_BATCH_RECORDS, as one batch
+    from it. On each path a chunk with one flipped body byte is refused with Corruption,
+    nothing of it stays in the log, and the same chunk unharmed then gives files
+    byte-identical to the primary's."""
     rng = random.Random(SEED + records)
     config = {"sizes": SMALL, "flush": FlushPolicy.SYNC}
     primary = Writer(WriterConfig(store=str(tmp_path / "primary"), **config))
@@ -296,6 +300,7 @@ def test_a_corrupt_chunk_is_refused_and_the_good_bytes_make_the_same_store(tmp_p
     mapped = primary.log.files.find(0)
     assert mapped is not None and end < mapped.end_offset  # one file, one chunk
     assert (records <= REPLICATED_SINGLY_MAX) == (records < 40)
+    assert (records >= SMALL_BATCH_RECORDS) == (records >= 12)
     good = bytes(mapped.buf[:end])
     last = list(primary.log.records(0))[-1]
     primary.close()

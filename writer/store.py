@@ -759,17 +759,31 @@ class Writer:
                 if self.dispatch_pending is not None or not decoded or _first_offset(decoded[0]) != published:
                     self.dispatcher.dispatch_columns(ColumnScan(self.log, published, end, check_crc=False))
                 else:
-                    for item in decoded:
-                        if isinstance(item, Record):
-                            self.dispatcher.dispatch(item)
-                        else:
-                            self.dispatcher.dispatch_columns((item,))
+                    self._dispatch_decoded(decoded)
             except Exception as error:
                 self.dispatch_pending = f"dispatch of commit log [{published}, {end}) failed: {_describe(error)}"
                 raise Unavailable(f"the replicated bytes are stored but their {self.dispatch_pending}") from error
             self.dispatch_pending = None
             self._last_store_ts = max(self._last_store_ts, self.dispatcher.last_dispatched_timestamp_ms)
             self._publish_dispatched()
+
+    def _dispatch_decoded(self, decoded: list[Record | RecordColumns]) -> None:
+        """Dispatch replicated records as they were decoded: the records of a small chunk,
+        taken a record at a time, together as one batch (their index keys put by the
+        compiled path, each queue's units in one write: the bytes of a dispatch a record
+        at a time, at a fraction of its cost); columns as columns."""
+        delay_levels_ms = self.dispatcher.delay_levels_ms
+        batch = DispatchBatch(delay_levels_ms)
+        for item in decoded:
+            if isinstance(item, Record):
+                batch.add_record(item)
+                continue
+            if len(batch):
+                self.dispatcher.dispatch_batch(batch)
+                batch = DispatchBatch(delay_levels_ms)
+            self.dispatcher.dispatch_columns((item,))
+        if len(batch):
+            self.dispatcher.dispatch_batch(batch)
 
     def truncate_replica(self, end: int) -> None:
         """Cut the commit log at ``end`` (a record boundary) for a replica that rejoins its

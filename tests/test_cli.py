@@ -713,15 +713,23 @@ def test_ctrl_c_during_send_is_one_line(cluster: Cluster, tmp_path: Path) -> Non
     # (at 50 a request, a fast send of 60,000 could end before a loaded machine ran this
     # process again to send it).
     lines.write_text("".join(json.dumps({"topic": "Interrupted", "body": "x" * 10}) + "\n" for _ in range(200_000)))
+    # Two CI runs (of dozens) saw the send print its line and then not exit within 60 s;
+    # it never happened here. faulthandler in the child: a hang is answered with SIGABRT,
+    # which prints every thread's stack into the failure.
     process = subprocess.Popen(
         rmqstore("send", "--endpoint", cluster.writer.endpoint, "--file", str(lines), "--batch-size", "1"),
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONFAULTHANDLER": "1"},
     )  # fmt: skip
     try:
         assert process.stdout is not None
         assert process.stdout.readline()  # sending has begun
         process.send_signal(signal.SIGINT)
-        _, err = process.communicate(timeout=60)
+        try:
+            _, err = process.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            process.send_signal(signal.SIGABRT)
+            _, stacks = process.communicate(timeout=30)
+            raise AssertionError(f"the interrupted send did not exit within 60 s; its threads then:\n{stacks[-12000:]}") from None
     finally:
         if process.poll() is None:
             process.kill()

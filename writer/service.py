@@ -30,7 +30,8 @@ from rmqstore.writer.store import Writer
 
 SERVICE_NAME = "rmqstore.v1.WriterService"
 # Requests a SendStream appends ahead of its acks (measured: benchmarks/REPLICATION.md, "A
-# stream's requests in flight"): 4 overlap a writer group's replica round; 8 gained nothing more.
+# stream's requests in flight"): 3 to 5 overlap a writer group's replica round; 9 gained
+# nothing over 5.
 SEND_STREAM_AHEAD = 4
 T = TypeVar("T")
 

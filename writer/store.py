@@ -77,10 +77,10 @@ THOROUGH_FLUSH_INTERVAL_MS = 1000  # flushIntervalConsumeQueue
 # Concurrent appends combined into one are capped at this many messages (the first
 # caller's batch always goes, whatever its size), bounding the wait of the last caller.
 GROUP_MAX_MESSAGES = 4096
-# A replicated chunk of at most this many records is decoded and dispatched a record at a
-# time: the columnar decode's set-up costs about 650 µs a chunk whatever its size, and a
-# chunk of six records took 918 µs in columns against 343 µs a record at a time
-# (benchmarks/REPLICATION.md, 2026-11-30).
+# A replicated chunk of at most this many records is decoded a record at a time (its
+# records then dispatched as one batch: Writer._dispatch_decoded): the columnar decode's
+# set-up costs about 650 µs a chunk whatever its size, and a chunk of six records took
+# 918 µs in columns against 343 µs a record at a time (benchmarks/REPLICATION.md, 2026-11-30).
 REPLICATED_SINGLY_MAX = 32
 _TRACER = trace.get_tracer("rmqstore.writer")
 _DISK_FULL_ERRNOS = frozenset((errno.ENOSPC, errno.EDQUOT))
@@ -771,7 +771,8 @@ class Writer:
         """Dispatch replicated records as they were decoded: the records of a small chunk,
         taken a record at a time, together as one batch (their index keys put by the
         compiled path, each queue's units in one write: the bytes of a dispatch a record
-        at a time, at a fraction of its cost); columns as columns."""
+        at a time; a follower used 0-23 % less CPU a message, benchmarks/REPLICATION.md);
+        columns as columns."""
         delay_levels_ms = self.dispatcher.delay_levels_ms
         batch = DispatchBatch(delay_levels_ms)
         for item in decoded:

@@ -15,13 +15,18 @@ RocketMQ's defaults (seven nodes a round fit a shared disk). Against each:
   Meanwhile, against the group, the primary's ``ReplicaStatus`` every 50 ms: each
   follower's lag (ms since it was caught up, and bytes), whose p50/p99 are reported; and
   the CPU time each node and this process used per acknowledged message.
+* consumption (after ``send --file``, unless ``--consume 0``): the official Python
+  client's SimpleConsumer (benchmarks/consumer_client.py, its own process) receives
+  batches of CONSUME_BATCH and acknowledges every message (a batch's acks together, from
+  threads) until CONSUME messages came; messages a second. A group answers an
+  acknowledgement once the in-sync replicas hold it (docs/replication.md).
 
 With ``--baseline DIR`` each round also runs the group with the ``rmqstore`` package found
 on that PYTHONPATH (a directory holding another version's tree as ``rmqstore``), so two
 versions are compared under the same load.
 
     python benchmarks/replication_bench.py [--messages 50000] [--producers 64] [--seconds 10] [--lone-seconds 5]
-        [--rounds 1] [--out F.json] [--baseline DIR]
+        [--consume 10000] [--rounds 1] [--out F.json] [--baseline DIR]
 """
 
 from __future__ import annotations
@@ -44,6 +49,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 import grpc
 from bench_common import Node, load_average, machine_facts, quiet_env
+from consumer_bench import client_env, rmq5_python
 
 from rmqstore.service.listen import free_port
 from rmqstore.v1 import (
@@ -57,6 +63,8 @@ from rmqstore.v1 import (
 REPO = Path(__file__).resolve().parent.parent
 TOPIC = "ReplicationBench"
 SEED = 20261129
+CONSUME_BATCH = 32
+CONSUMER_GROUP = "bench-readers"
 
 
 def write_file(path: Path, count: int) -> None:
@@ -76,6 +84,21 @@ def send_file(endpoint: str, path: Path) -> float:
     if done.returncode != 0:
         raise RuntimeError(f"send --file failed: {done.stderr[-2000:]}")
     return time.perf_counter() - started
+
+
+def consume(endpoint: str, count: int, home: Path) -> float:
+    """Messages a second the official Python SimpleConsumer receives and acknowledges."""
+    home.mkdir(parents=True, exist_ok=True)
+    command = [
+        rmq5_python(), str(Path(__file__).parent / "consumer_client.py"), "rate", endpoint, TOPIC, CONSUMER_GROUP, str(count), str(CONSUME_BATCH),
+    ]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, timeout=1800, env=client_env(home), check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"the consumer failed ({done.returncode}):\n{done.stderr[-3000:]}")
+    figures = json.loads(done.stdout.strip().splitlines()[-1])
+    if figures["messages"] < count:
+        raise RuntimeError(f"the consumer took {figures['messages']} of {count} messages")
+    return float(figures["messages"] / figures["seconds"])
 
 
 def producers(endpoint: str, count: int, seconds: float) -> float:
@@ -152,6 +175,8 @@ def one_round(work: Path, args: argparse.Namespace, jsonl: Path) -> dict[str, An
             node.wait_serving()
             if phase == "file":
                 result["single_send_file_s"] = send_file(node.endpoint, jsonl)
+                if args.consume:
+                    result["single_consume_msgs_s"] = consume(node.endpoint, args.consume, logs / "single-consumer")
             else:
                 result["single_producers_msgs_s"] = measured_producers({"node": node}, node.endpoint, args, result, "single")
                 if args.lone_seconds:
@@ -185,6 +210,8 @@ def one_round(work: Path, args: argparse.Namespace, jsonl: Path) -> dict[str, An
                     time.sleep(0.1)
             if phase == "file":
                 result[f"{prefix}group_send_file_s"] = send_file(primary, jsonl)
+                if args.consume:
+                    result[f"{prefix}group_consume_msgs_s"] = consume(primary, args.consume, logs / f"{prefix}group-consumer")
             else:
                 lag_ms: list[float] = []
                 lag_bytes: list[float] = []
@@ -208,11 +235,15 @@ def one_round(work: Path, args: argparse.Namespace, jsonl: Path) -> dict[str, An
     result["producers_ratio"] = result["group_producers_msgs_s"] / result["single_producers_msgs_s"]
     if args.lone_seconds:
         result["lone_ratio"] = result["group_lone_msgs_s"] / result["single_lone_msgs_s"]
+    if args.consume:
+        result["consume_ratio"] = result["group_consume_msgs_s"] / result["single_consume_msgs_s"]
     if args.baseline is not None:
         result["baseline_send_file_ratio"] = result["single_send_file_s"] / result["baseline_group_send_file_s"]
         result["baseline_producers_ratio"] = result["baseline_group_producers_msgs_s"] / result["single_producers_msgs_s"]
         if args.lone_seconds:
             result["baseline_lone_ratio"] = result["baseline_group_lone_msgs_s"] / result["single_lone_msgs_s"]
+        if args.consume:
+            result["baseline_consume_ratio"] = result["baseline_group_consume_msgs_s"] / result["single_consume_msgs_s"]
     result["load_average"] = load_average()
     return result
 
@@ -223,6 +254,7 @@ def main() -> None:
     parser.add_argument("--producers", type=int, default=64)
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--lone-seconds", type=float, default=5.0, help="then one SYNC producer for this long against each (0: not)")
+    parser.add_argument("--consume", type=int, default=10_000, help="then this many messages consumed from each (0: not)")
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--out", type=Path)
     parser.add_argument(
@@ -249,11 +281,13 @@ def main() -> None:
         "send_file_ratio_median": statistics.median(r["send_file_ratio"] for r in rounds),
         "producers_ratio_median": statistics.median(r["producers_ratio"] for r in rounds),
         **({"lone_ratio_median": statistics.median(r["lone_ratio"] for r in rounds)} if args.lone_seconds else {}),
+        **({"consume_ratio_median": statistics.median(r["consume_ratio"] for r in rounds)} if args.consume else {}),
         **({
             "baseline": str(args.baseline),
             "baseline_send_file_ratio_median": statistics.median(r["baseline_send_file_ratio"] for r in rounds),
             "baseline_producers_ratio_median": statistics.median(r["baseline_producers_ratio"] for r in rounds),
             **({"baseline_lone_ratio_median": statistics.median(r["baseline_lone_ratio"] for r in rounds)} if args.lone_seconds else {}),
+            **({"baseline_consume_ratio_median": statistics.median(r["baseline_consume_ratio"] for r in rounds)} if args.consume else {}),
         } if args.baseline is not None else {}),
     }
     text = json.dumps(document, indent=1)

@@ -14,7 +14,8 @@ with HMAC-SHA256 and still taken) with the store's secret, so that a forged hand
 another group, or one of an earlier delivery of a message since handed out again, is
 refused. The secret is kept in the state file: handles stay good across a restart.
 
-Durability (:meth:`ConsumerGroups.flush`, every ``flush_interval_ms``): the committed
+Durability (:meth:`ConsumerGroups.flush`, every ``flush_interval_ms``, and at once while a
+SYNC writer group's acknowledgement waits for the replicas: writer.rocketmq5): the committed
 offsets go to ``config/consumerOffset.json`` in Apache RocketMQ 4.9's layout
 (common.files.consumer_offsets), and what lies above them (acknowledgements out of
 order, deliveries in flight) to ``config/consumerState.json``, our own, with a CRC32
@@ -363,6 +364,16 @@ class ConsumerGroups:
         self.max_attempts = max_attempts
         self.progress: dict[Key, QueueProgress] = {}
         self.dirty = False
+        # Acknowledgements (and offsets set) taken so far, the count the last snapshot
+        # held, and the count the files on disk hold (set on the loop by the flush that
+        # wrote them; ``writing`` while one is under way, when the two files may disagree).
+        # Under SYNC replication an acknowledgement is answered once the in-sync replicas
+        # hold files of its count (writer.replication.service, docs/replication.md).
+        self.version = 0
+        self.snapshot_version = 0
+        self.written_version = 0
+        self.writing = False
+        self.writes = 0  # the flushes that wrote the files (a follower's stream sends each)
         self.secret = b""
         self._write_lock = threading.Lock()
         # A writer group's follower writes nothing of its own: its files are the primary's,
@@ -585,6 +596,7 @@ class ConsumerGroups:
                 }
             )
         self.dirty = False
+        self.snapshot_version = self.version
         text = render_state({"secret": self.secret.hex(), "queues": queues})
         if self._journal_rotated_for == "" or self._rotate_journal() is not None:
             # "": the write of the snapshot that renamed it failed; this later one holds its deliveries too.
@@ -967,6 +979,7 @@ class ConsumerGroups:
             _check_unexpired(delivery)
             progress.done(receipt.queue_offset)
             self.dirty = True
+            self.version += 1
 
     def change_invisible(self, group: str, topic: str, handle: str, invisible_ms: int) -> str:
         """Make the delivery invisible for ``invisible_ms`` from now; a new handle for it."""
@@ -1016,6 +1029,7 @@ class ConsumerGroups:
         progress = self._progress(group, topic, queue_id)
         progress.move_to(offset)
         self.dirty = True
+        self.version += 1
 
 
 def render_state(document: dict[str, Any]) -> str:

@@ -216,6 +216,9 @@ class WriterNode(process.ServingNode):
 
             replica = Replica(options.group, writer, groups)
             servicer.appender.gate = replica.tracker
+            messaging.progress_written.append(replica.tracker.progress_written)
+            if options.group.waits_for_followers:
+                messaging.progress_gate = replica.tracker
             replication = ReplicationServicer(replica)
             # Any replica serves RocketMQ 5 clients: a follower forwards to the primary.
             forwarding = ForwardingServicer(messaging, replica)

@@ -16,6 +16,7 @@ interceptor checks every call first, by the rules :func:`acl_rules` gives it."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import hashlib
 import ipaddress
@@ -351,6 +352,15 @@ def _born_host_text(text: str, peer: SocketAddress | None) -> str:
     if not text and peer is not None:
         text = peer.java_text()
     return "" if _has_separator(text) else text
+
+
+class ProgressGate(Protocol):
+    """What holds a consumer's acknowledgement back until the replicas have it (a SYNC
+    writer group's primary: writer.replication.tracker.SyncTracker). On the loop."""
+
+    def hold_progress(self, version: int, release: Callable[[BaseException | None], None]) -> None:
+        """Call ``release(None)`` once the groups' progress of ``version`` (and the commit
+        log to its end now) is on enough replicas, or ``release(error)`` once it cannot be."""
 
 
 class ReaderTopics(Protocol):
@@ -804,6 +814,14 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         self._next_queue: dict[tuple[str, str], int] = {}
         appender.listeners.append(self.wakeup.appended)
         self._flusher: asyncio.Task[None] | None = None
+        # A writer group's primary under SYNC replication (writer.replication.tracker): an
+        # acknowledgement is answered once the in-sync replicas hold the groups' progress
+        # that has it (None: answered at once, the progress written every flush interval).
+        self.progress_gate: ProgressGate | None = None
+        # Told on the loop after each flush wrote the groups' progress (the followers'
+        # streams send it).
+        self.progress_written: list[Callable[[], None]] = []
+        self._flush_now = asyncio.Event()
         # Set when the writer stops: open Telemetry streams end at once rather than hold
         # the server's shutdown grace (a client keeps its stream open for its lifetime).
         self._stopping = asyncio.Event()
@@ -882,16 +900,57 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         self._flusher = asyncio.get_running_loop().create_task(self._flush_loop())
 
     async def _flush_loop(self) -> None:
+        consumers = self.consumers
         while True:
-            await asyncio.sleep(self.consumers.flush_interval_ms / 1000)
-            if not self.consumers.dirty:
+            # Every flush interval, and at once while an acknowledgement waits for the
+            # replicas (:meth:`_progress_replicated`): those taken during a write go with
+            # the next one, as a group commit takes sends.
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(consumers.flush_interval_ms / 1000):
+                    await self._flush_now.wait()
+            self._flush_now.clear()
+            if not consumers.dirty:
                 continue
-            table, state = self.consumers.snapshot()
+            table, state = consumers.snapshot()
+            version = consumers.snapshot_version
+            consumers.writing = True
             try:
-                await self._blocking(functools.partial(self.consumers.write, table, state))
+                await self._blocking(functools.partial(consumers.write, table, state))
             except OSError as error:
-                self.consumers.dirty = True  # tried again at the next interval
+                consumers.dirty = True  # tried again at the next interval
                 log.error("writing the consumer groups' progress failed: %s", error)
+                continue
+            finally:
+                consumers.writing = False
+            consumers.written_version = version
+            consumers.writes += 1
+            for listener in self.progress_written:
+                listener()
+
+    async def _progress_replicated(self) -> None:
+        """Return once the acknowledgements taken so far may be answered: at once on a
+        single node or under ASYNC replication; under SYNC once the in-sync replicas (at
+        least --min-insync, the primary included) hold the groups' progress that has them,
+        and the commit log up to its end now (so no replica elected next lacks a message
+        acknowledged). Raises why not (not in sync, not the primary)."""
+        gate = self.progress_gate
+        if gate is None:
+            return
+        version = self.consumers.version
+        if version > self.consumers.written_version:
+            self._flush_now.set()
+        held: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+        def release(refusal: BaseException | None) -> None:
+            if held.done():
+                return
+            if refusal is None:
+                held.set_result(None)
+            else:
+                held.set_exception(refusal)
+
+        gate.hold_progress(version, release)
+        await held
 
     @staticmethod
     async def _blocking(call: Callable[[], T]) -> T:
@@ -1365,6 +1424,16 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         if self.consumers.is_fifo(group):
             # An acknowledgement in a FIFO group frees its message group's next message.
             self.wakeup.notify(topic)
+        if any(answered.status.code == v2.OK for answered in entries):
+            try:
+                await self._progress_replicated()
+            except Exception as error:
+                # Taken here, not yet on enough replicas: answered as not taken. Sent again,
+                # it is answered OK once they hold it; a failover first delivers it again.
+                refused = self._failed("AckMessage", error)
+                for answered in entries:
+                    if answered.status.code == v2.OK:
+                        answered.status.CopyFrom(refused)
         response.status.CopyFrom(_overall(entries))
         return response
 
@@ -1395,6 +1464,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         self.consumers.ack(group, topic, handle)
         if self.consumers.is_fifo(group):
             self.wakeup.notify(topic)
+        await self._progress_replicated()
 
     async def ForwardMessageToDeadLetterQueue(
         self, request: v2s.ForwardMessageToDeadLetterQueueRequest, context: grpc.aio.ServicerContext
@@ -1449,6 +1519,10 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         except Exception as error:
             return v2s.UpdateOffsetResponse(status=self._failed("UpdateOffset", error))
         self.wakeup.notify(topic)  # an offset moved back makes messages visible to a waiting poll
+        try:
+            await self._progress_replicated()
+        except Exception as error:
+            return v2s.UpdateOffsetResponse(status=self._failed("UpdateOffset", error))
         return v2s.UpdateOffsetResponse(status=ok_status())
 
     async def QueryOffset(self, request: v2s.QueryOffsetRequest, context: grpc.aio.ServicerContext) -> v2s.QueryOffsetResponse:

@@ -71,6 +71,9 @@ class Follower:
         self._call: grpc.Future | None = None
         self._call_lock = threading.Lock()
         self.primary_end_offset = 0
+        # The newest consumer-group progress stored from the current stream (its
+        # config_version, reported back: the primary's acknowledgements wait for it).
+        self.progress_version = 0
         self._thread = threading.Thread(target=self._run, name="replication", daemon=True)
         replica.on_move.append(self.interrupt)
 
@@ -154,6 +157,7 @@ class Follower:
                     first.last_epoch.CopyFrom(replication_pb2.Epoch(epoch=last.epoch, start_offset=last.start_offset, primary_id=last.primary_id))
             acks: queue.SimpleQueue[replication_pb2.ReplicateRequest | None] = queue.SimpleQueue()
             acks.put(first)
+            self.progress_version = 0  # a version counts on one primary's stream only
             call = stub.Replicate(iter(acks.get, None))
             with self._call_lock:
                 self._call = call
@@ -194,10 +198,12 @@ class Follower:
                     writer.reload_topics()  # routes answered here name the primary's topics
                 if file.name == GROUPS_FILE_NAME:
                     writer.reload_subscription_groups()
+            if response.files and response.config_version:
+                self.progress_version = max(self.progress_version, response.config_version)
             if response.data:
                 writer.write_replicated(response.offset, response.data)
             self.primary_end_offset = response.primary_end_offset
-            acks.put(replication_pb2.ReplicateRequest(stored_offset=writer.sync_replicated()))
+            acks.put(replication_pb2.ReplicateRequest(stored_offset=writer.sync_replicated(), config_version=self.progress_version))
             writer.dispatch_replicated()
         return True
 

@@ -46,6 +46,10 @@ REPLICATED_FILES = (
     "consumerOffset.json", "consumerState.json", "topics.json", "subscriptionGroup.json", "delayOffset.json",
     "rmqstore-timers.json", "rmqstore-transactions.json",
 )
+# The consumer groups' progress: written together by each flush (writer.consumers), sent
+# together after each (never while one is under way, when the two may disagree), with the
+# count of acknowledgements they hold (config_version), the rest when their files change.
+PROGRESS_FILES = REPLICATED_FILES[:2]
 
 
 def chunk_end(log: CommitLog, offset: int, end: int) -> int:
@@ -104,12 +108,14 @@ class ReplicationServicer(replication_pb2_grpc.ReplicationServiceServicer):
 
         async def read_acks() -> None:
             async for request in requests:
-                tracker.stored(state, request.stored_offset)
+                tracker.stored(state, request.stored_offset, request.config_version)
 
         loop = asyncio.get_running_loop()
         reader = loop.create_task(read_acks())
         sent_files: dict[str, tuple[int, int]] = {}
         files_checked = 0.0
+        groups = replica.groups
+        progress_sent = -1  # the groups' flushes (ConsumerGroups.writes) sent so far
         pace_s = options.replica_pace_ms / 1000
         sent_at = loop.time() - pace_s  # when the last chunk was sent
         try:
@@ -119,16 +125,20 @@ class ReplicationServicer(replication_pb2_grpc.ReplicationServiceServicer):
                 now = loop.time()
                 end = tracker.end_offset()
                 sendable = offset < end and len(state.in_flight) < IN_FLIGHT_MAX
-                if sendable and end - offset < PACE_BYTES_MAX and now < sent_at + pace_s and tracker.paced():
+                files, version = [], 0
+                if groups.writes > progress_sent and not groups.writing:
+                    # An acknowledgement may wait for it: not held back by the pace.
+                    progress_sent, version = groups.writes, groups.written_version
+                    files = self._read_files(PROGRESS_FILES)
+                if not files and sendable and end - offset < PACE_BYTES_MAX and now < sent_at + pace_s and tracker.paced():
                     state.wake.clear()  # a group commit wakes it: the bytes may reach PACE_BYTES_MAX
                     with contextlib.suppress(TimeoutError):
                         async with asyncio.timeout(sent_at + pace_s - now):
                             await state.wake.wait()
                     continue
-                files = []
                 if now - files_checked >= FILES_CHECK_S:
                     files_checked = now
-                    files = self._changed_files(sent_files)
+                    files += self._changed_files(sent_files)
                 if sendable:
                     stop = chunk_end(writer.log, offset, end)
                     mapped = writer.log.files.find(offset)
@@ -136,10 +146,12 @@ class ReplicationServicer(replication_pb2_grpc.ReplicationServiceServicer):
                     data = bytes(mapped.buf[offset - mapped.start_offset : stop - mapped.start_offset])
                     tracker.sent(state, stop)
                     sent_at = now
-                    yield replication_pb2.ReplicateResponse(offset=offset, data=data, primary_end_offset=end, files=files)
+                    yield replication_pb2.ReplicateResponse(
+                        offset=offset, data=data, primary_end_offset=end, files=files, config_version=version
+                    )
                     offset = stop
                 elif files:
-                    yield replication_pb2.ReplicateResponse(offset=offset, primary_end_offset=end, files=files)
+                    yield replication_pb2.ReplicateResponse(offset=offset, primary_end_offset=end, files=files, config_version=version)
                 else:
                     state.wake.clear()
                     with contextlib.suppress(TimeoutError):
@@ -152,10 +164,23 @@ class ReplicationServicer(replication_pb2_grpc.ReplicationServiceServicer):
             reader.cancel()
             tracker.detach(state)
 
+    def _read_files(self, names: tuple[str, ...]) -> list[replication_pb2.ConfigFile]:
+        config = self.replica.writer.paths.config
+        files = []
+        for name in names:
+            try:
+                with open(os.path.join(config, name), "rb") as handle:
+                    files.append(replication_pb2.ConfigFile(name=name, content=handle.read()))
+            except FileNotFoundError:
+                continue
+        return files
+
     def _changed_files(self, sent: dict[str, tuple[int, int]]) -> list[replication_pb2.ConfigFile]:
+        """The files of REPLICATED_FILES but the progress (sent after each flush) changed
+        since ``sent`` names them."""
         config = self.replica.writer.paths.config
         changed = []
-        for name in REPLICATED_FILES:
+        for name in REPLICATED_FILES[len(PROGRESS_FILES):]:
             path = os.path.join(config, name)
             try:
                 stat = os.stat(path)

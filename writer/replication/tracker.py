@@ -13,6 +13,7 @@ the set, so it holds acknowledgements back for at most that long.
 from __future__ import annotations
 
 import asyncio
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -38,6 +39,9 @@ class FollowerState:
     caught_up_at: float = 0.0  # monotonic: when it last held all the primary had
     # Bytes sent, not yet acknowledged: their end → (the primary's end, monotonic time) when read.
     in_flight: dict[int, tuple[int, float]] = field(default_factory=dict)
+    # The newest consumer-group progress it holds (ConsumerGroups.written_version, as sent
+    # on its stream): a consumer's acknowledgement waits for it (hold_progress).
+    progress_version: int = 0
     wake: asyncio.Event = field(default_factory=asyncio.Event)
 
 
@@ -56,7 +60,8 @@ class SyncTracker:
         self.clock = clock
         self.followers: dict[int, FollowerState] = {k: FollowerState(k) for k in options.peers}
         self.in_sync: set[int] = set()
-        self._held: list[tuple[int, float, Callable[[BaseException | None], None]]] = []
+        # Held acknowledgements: (commit log end, consumer progress version, deadline, release).
+        self._held: list[tuple[int, int, float, Callable[[BaseException | None], None]]] = []
         # Why this replica takes no writes (not the primary), None while it is the primary.
         self.refusal: StoreError | None = None
         self._ticking: asyncio.TimerHandle | None = None
@@ -94,6 +99,7 @@ class SyncTracker:
         state = self.followers[replica_id]
         state.connected = True
         state.stored_offset = start_offset
+        state.progress_version = 0
         state.in_flight.clear()
         self._caught_up(state, self.clock())
         return state
@@ -106,8 +112,9 @@ class SyncTracker:
     def sent(self, state: FollowerState, end: int) -> None:
         state.in_flight[end] = (self.end_offset(), self.clock())
 
-    def stored(self, state: FollowerState, offset: int) -> None:
+    def stored(self, state: FollowerState, offset: int, progress_version: int = 0) -> None:
         state.stored_offset = max(state.stored_offset, offset)
+        state.progress_version = max(state.progress_version, progress_version)
         for end in [e for e in state.in_flight if e <= offset]:
             primary_end, read_at = state.in_flight.pop(end)
             if offset >= primary_end:
@@ -146,14 +153,14 @@ class SyncTracker:
         self._release()
         now = self.clock()
         self.measure_load(now, self.cpu_clock())
-        if self._held and self._held[0][1] <= now:
-            expired = [h for h in self._held if h[1] <= now]
-            self._held = [h for h in self._held if h[1] > now]
+        if any(h[2] <= now for h in self._held):
+            expired = [h for h in self._held if h[2] <= now]
+            self._held = [h for h in self._held if h[2] > now]
             error = NotInSync(
                 f"not acknowledged: fewer than --min-insync {self.options.min_insync} replicas stored it within "
                 f"{self.options.replica_lag_max_ms + HOLD_GRACE_MS} ms (in sync: {self.in_sync_text()})"
             )
-            for _, _, release in expired:
+            for *_, release in expired:
                 release(error)
         self._ticking = asyncio.get_running_loop().call_later(TICK_S, self._tick)
 
@@ -209,6 +216,12 @@ class SyncTracker:
             if state.connected and not state.in_flight:
                 state.wake.set()
 
+    def progress_written(self) -> None:
+        """The consumer groups' progress was written: every follower's stream sends it now."""
+        for state in self.followers.values():
+            if state.connected:
+                state.wake.set()
+
     def confirmed_offset(self) -> int:
         """Below this the commit log may be acknowledged: every in-sync follower holds it
         (-1 while fewer than --min-insync replicas are in sync)."""
@@ -217,15 +230,32 @@ class SyncTracker:
         members = self.in_sync | (self.persisted_in_sync or set())
         return min((self.followers[k].stored_offset for k in members), default=self.end_offset())
 
-    def hold(self, end_offset: int, release: Callable[[BaseException | None], None]) -> None:
+    def confirmed_progress(self) -> int:
+        """The consumer-group progress every in-sync follower holds (-1 while fewer than
+        --min-insync replicas are in sync): as :meth:`confirmed_offset`."""
+        if len(self.in_sync) + 1 < self.options.min_insync:
+            return -1
+        members = self.in_sync | (self.persisted_in_sync or set())
+        return min((self.followers[k].progress_version for k in members), default=sys.maxsize)
+
+    def _confirmed(self, end_offset: int, progress_version: int) -> bool:
+        return self.confirmed_offset() >= end_offset and (progress_version == 0 or self.confirmed_progress() >= progress_version)
+
+    def hold(self, end_offset: int, release: Callable[[BaseException | None], None], progress_version: int = 0) -> None:
         refusal = self.refusal or self._fenced()
         if refusal is not None:
             release(refusal)
-        elif not self.options.waits_for_followers or self.confirmed_offset() >= end_offset:
+        elif not self.options.waits_for_followers or self._confirmed(end_offset, progress_version):
             release(None)
         else:
             deadline = self.clock() + (self.options.replica_lag_max_ms + HOLD_GRACE_MS) / 1000
-            self._held.append((end_offset, deadline, release))
+            self._held.append((end_offset, progress_version, deadline, release))
+
+    def hold_progress(self, version: int, release: Callable[[BaseException | None], None]) -> None:
+        """A consumer's acknowledgement (writer.rocketmq5.ProgressGate): held until the
+        in-sync replicas hold the groups' progress of ``version`` and the commit log to its
+        end now (a message acknowledged is on every replica that may be elected)."""
+        self.hold(self.end_offset(), release, version)
 
     def _release(self) -> None:
         if not self._held:
@@ -234,11 +264,11 @@ class SyncTracker:
         if fenced is not None:
             self.refuse_held(fenced)
             return
-        confirmed = self.confirmed_offset()
-        done = [h for h in self._held if h[0] <= confirmed]
+        confirmed, progress = self.confirmed_offset(), self.confirmed_progress()
+        done = [h for h in self._held if h[0] <= confirmed and h[1] <= progress]
         if done:
-            self._held = [h for h in self._held if h[0] > confirmed]
-            for _, _, release in done:
+            self._held = [h for h in self._held if not (h[0] <= confirmed and h[1] <= progress)]
+            for *_, release in done:
                 release(None)
 
     def refuse(self, refusal: StoreError | None) -> None:
@@ -250,5 +280,5 @@ class SyncTracker:
 
     def refuse_held(self, refusal: StoreError) -> None:
         held, self._held = self._held, []
-        for _, _, release in held:
+        for *_, release in held:
             release(refusal)

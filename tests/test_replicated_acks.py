@@ -58,7 +58,8 @@ class _Primary:
         tracker = self.replica.tracker
         self.writer_servicer.appender.gate = tracker
         self.messaging = MessagingServicer(self.writer, self.writer_servicer.appender, RouteConfig("127.0.0.1", 1), self.groups)
-        self.messaging.progress_written.append(tracker.progress_written)
+        self.groups.replicated = True
+        self.messaging.progress_taken.append(tracker.progress_taken)
         self.messaging.progress_gate = tracker
         self.server = grpc.aio.server()
         self.port = 0

@@ -364,16 +364,17 @@ class ConsumerGroups:
         self.max_attempts = max_attempts
         self.progress: dict[Key, QueueProgress] = {}
         self.dirty = False
-        # Acknowledgements (and offsets set) taken so far, the count the last snapshot
-        # held, and the count the files on disk hold (set on the loop by the flush that
-        # wrote them; ``writing`` while one is under way, when the two files may disagree).
-        # Under SYNC replication an acknowledgement is answered once the in-sync replicas
-        # hold files of its count (writer.replication.service, docs/replication.md).
+        # Acknowledgements (and offsets set) taken so far, and the count the last snapshot
+        # held. Under SYNC replication an acknowledgement is answered once the in-sync
+        # replicas hold a snapshot of its count (writer.replication, docs/replication.md).
         self.version = 0
         self.snapshot_version = 0
-        self.written_version = 0
-        self.writing = False
-        self.writes = 0  # the flushes that wrote the files (a follower's stream sends each)
+        # A writer group's replica keeps each snapshot's files for its followers' streams,
+        # which send them as the flush starts writing them here: (its count,
+        # consumerOffset.json's bytes, consumerState.json's bytes), and the snapshots taken.
+        self.replicated = False
+        self.last_snapshot: tuple[int, bytes, bytes] | None = None
+        self.snapshots = 0
         self.secret = b""
         self._write_lock = threading.Lock()
         # A writer group's follower writes nothing of its own: its files are the primary's,
@@ -598,6 +599,9 @@ class ConsumerGroups:
         self.dirty = False
         self.snapshot_version = self.version
         text = render_state({"secret": self.secret.hex(), "queues": queues})
+        if self.replicated:
+            self.last_snapshot = (self.version, consumer_offsets.render_offsets(table).encode(), text.encode())
+            self.snapshots += 1
         if self._journal_rotated_for == "" or self._rotate_journal() is not None:
             # "": the write of the snapshot that renamed it failed; this later one holds its deliveries too.
             self._journal_rotated_for = text
@@ -624,6 +628,7 @@ class ConsumerGroups:
         with self._write_lock:
             self.following = True
             self.dirty = False
+            self.last_snapshot = None  # the followers' streams of a primary it no longer is
             self._drop_journal()
 
     def _drop_journal(self) -> None:
@@ -648,6 +653,7 @@ class ConsumerGroups:
             self.progress = {}
             self.groups = set()
             self._load()
+            self.last_snapshot = None  # a new follower's stream starts from the files as read
             self.following = False
 
     def _write(self, table: consumer_offsets.OffsetTable, state_text: str) -> None:

@@ -216,7 +216,8 @@ class WriterNode(process.ServingNode):
 
             replica = Replica(options.group, writer, groups)
             servicer.appender.gate = replica.tracker
-            messaging.progress_written.append(replica.tracker.progress_written)
+            groups.replicated = True
+            messaging.progress_taken.append(replica.tracker.progress_taken)
             if options.group.waits_for_followers:
                 messaging.progress_gate = replica.tracker
             replication = ReplicationServicer(replica)

@@ -818,9 +818,9 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         # acknowledgement is answered once the in-sync replicas hold the groups' progress
         # that has it (None: answered at once, the progress written every flush interval).
         self.progress_gate: ProgressGate | None = None
-        # Told on the loop after each flush wrote the groups' progress (the followers'
-        # streams send it).
-        self.progress_written: list[Callable[[], None]] = []
+        # Told on the loop after each snapshot of the groups' progress, as its write starts
+        # (the followers' streams send it meanwhile).
+        self.progress_taken: list[Callable[[], None]] = []
         self._flush_now = asyncio.Event()
         # Set when the writer stops: open Telemetry streams end at once rather than hold
         # the server's shutdown grace (a client keeps its stream open for its lifetime).
@@ -912,32 +912,27 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             if not consumers.dirty:
                 continue
             table, state = consumers.snapshot()
-            version = consumers.snapshot_version
-            consumers.writing = True
+            for listener in self.progress_taken:
+                listener()
             try:
                 await self._blocking(functools.partial(consumers.write, table, state))
             except OSError as error:
                 consumers.dirty = True  # tried again at the next interval
                 log.error("writing the consumer groups' progress failed: %s", error)
-                continue
-            finally:
-                consumers.writing = False
-            consumers.written_version = version
-            consumers.writes += 1
-            for listener in self.progress_written:
-                listener()
 
     async def _progress_replicated(self) -> None:
         """Return once the acknowledgements taken so far may be answered: at once on a
         single node or under ASYNC replication; under SYNC once the in-sync replicas (at
         least --min-insync, the primary included) hold the groups' progress that has them,
         and the commit log up to its end now (so no replica elected next lacks a message
-        acknowledged). Raises why not (not in sync, not the primary)."""
+        acknowledged). The primary's own copy is written as a single node's is (at once
+        here, durable once the flush's write is done). Raises why not (not in sync, not
+        the primary)."""
         gate = self.progress_gate
         if gate is None:
             return
         version = self.consumers.version
-        if version > self.consumers.written_version:
+        if version > self.consumers.snapshot_version:
             self._flush_now.set()
         held: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 

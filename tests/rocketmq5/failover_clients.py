@@ -98,14 +98,15 @@ def consume(endpoints: str, group: str, topics: str, stop_file: str) -> None:
                         "message_id": message.message_id,
                         "body": message.body.decode(),
                         "attempt": message.delivery_attempt,
+                        "handle": message.receipt_handle,
                     }
                 )
                 try:
                     consumer.ack(message)
                 except Exception as error:
-                    emit({"message_id": message.message_id, "ack_error": repr(error)[:300]})
+                    emit({"message_id": message.message_id, "handle": message.receipt_handle, "ack_error": repr(error)[:300]})
                 else:
-                    emit({"message_id": message.message_id, "acked": True})
+                    emit({"message_id": message.message_id, "handle": message.receipt_handle, "acked": True})
     finally:
         consumer.shutdown()
 

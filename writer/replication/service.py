@@ -46,9 +46,9 @@ REPLICATED_FILES = (
     "consumerOffset.json", "consumerState.json", "topics.json", "subscriptionGroup.json", "delayOffset.json",
     "rmqstore-timers.json", "rmqstore-transactions.json",
 )
-# The consumer groups' progress: written together by each flush (writer.consumers), sent
-# together after each (never while one is under way, when the two may disagree), with the
-# count of acknowledgements they hold (config_version), the rest when their files change.
+# The consumer groups' progress: each snapshot's two files (writer.consumers), sent from
+# memory as the primary's flush writes them, together, with the count of acknowledgements
+# they hold (config_version); the rest when their files change.
 PROGRESS_FILES = REPLICATED_FILES[:2]
 
 
@@ -115,7 +115,7 @@ class ReplicationServicer(replication_pb2_grpc.ReplicationServiceServicer):
         sent_files: dict[str, tuple[int, int]] = {}
         files_checked = 0.0
         groups = replica.groups
-        progress_sent = -1  # the groups' flushes (ConsumerGroups.writes) sent so far
+        progress_sent = -1  # the groups' snapshots (ConsumerGroups.snapshots) sent so far
         pace_s = options.replica_pace_ms / 1000
         sent_at = loop.time() - pace_s  # when the last chunk was sent
         try:
@@ -125,11 +125,12 @@ class ReplicationServicer(replication_pb2_grpc.ReplicationServiceServicer):
                 now = loop.time()
                 end = tracker.end_offset()
                 sendable = offset < end and len(state.in_flight) < IN_FLIGHT_MAX
-                files, version = [], 0
-                if groups.writes > progress_sent and not groups.writing:
+                files: list[replication_pb2.ConfigFile] = []
+                version = 0
+                if groups.snapshots > progress_sent:
                     # An acknowledgement may wait for it: not held back by the pace.
-                    progress_sent, version = groups.writes, groups.written_version
-                    files = self._read_files(PROGRESS_FILES)
+                    progress_sent = groups.snapshots
+                    version, files = self._progress_files()
                 if not files and sendable and end - offset < PACE_BYTES_MAX and now < sent_at + pace_s and tracker.paced():
                     state.wake.clear()  # a group commit wakes it: the bytes may reach PACE_BYTES_MAX
                     with contextlib.suppress(TimeoutError):
@@ -164,16 +165,20 @@ class ReplicationServicer(replication_pb2_grpc.ReplicationServiceServicer):
             reader.cancel()
             tracker.detach(state)
 
-    def _read_files(self, names: tuple[str, ...]) -> list[replication_pb2.ConfigFile]:
-        config = self.replica.writer.paths.config
-        files = []
-        for name in names:
-            try:
-                with open(os.path.join(config, name), "rb") as handle:
-                    files.append(replication_pb2.ConfigFile(name=name, content=handle.read()))
-            except FileNotFoundError:
-                continue
-        return files
+    def _progress_files(self) -> tuple[int, list[replication_pb2.ConfigFile]]:
+        """The consumer groups' newest snapshot (its count, its two files); before the
+        first since this replica started, the files as they are (no flush has run, so
+        none is being written)."""
+        groups = self.replica.groups
+        if groups.last_snapshot is not None:
+            version, offsets, state = groups.last_snapshot
+            contents = dict(zip(PROGRESS_FILES, (offsets, state), strict=True))
+        else:
+            version, contents = groups.snapshot_version, {}
+            for name in PROGRESS_FILES:
+                with contextlib.suppress(FileNotFoundError), open(os.path.join(groups.config_dir, name), "rb") as handle:
+                    contents[name] = handle.read()
+        return version, [replication_pb2.ConfigFile(name=name, content=content) for name, content in contents.items()]
 
     def _changed_files(self, sent: dict[str, tuple[int, int]]) -> list[replication_pb2.ConfigFile]:
         """The files of REPLICATED_FILES but the progress (sent after each flush) changed

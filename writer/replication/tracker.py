@@ -39,8 +39,8 @@ class FollowerState:
     caught_up_at: float = 0.0  # monotonic: when it last held all the primary had
     # Bytes sent, not yet acknowledged: their end → (the primary's end, monotonic time) when read.
     in_flight: dict[int, tuple[int, float]] = field(default_factory=dict)
-    # The newest consumer-group progress it holds (ConsumerGroups.written_version, as sent
-    # on its stream): a consumer's acknowledgement waits for it (hold_progress).
+    # The newest consumer-group progress it holds (a ConsumerGroups snapshot's count, as
+    # sent on its stream): a consumer's acknowledgement waits for it (hold_progress).
     progress_version: int = 0
     wake: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -216,8 +216,9 @@ class SyncTracker:
             if state.connected and not state.in_flight:
                 state.wake.set()
 
-    def progress_written(self) -> None:
-        """The consumer groups' progress was written: every follower's stream sends it now."""
+    def progress_taken(self) -> None:
+        """A snapshot of the consumer groups' progress was taken: every follower's stream
+        sends it now."""
         for state in self.followers.values():
             if state.connected:
                 state.wake.set()

@@ -1423,8 +1423,9 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             try:
                 await self._progress_replicated()
             except Exception as error:
-                # Taken here, not yet on enough replicas: answered as not taken. Sent again,
-                # it is answered OK once they hold it; a failover first delivers it again.
+                # Taken here, not (yet) on enough replicas: answered as not taken. Sent
+                # again, it is answered OK once they hold it; after a failover before
+                # that, the message may come again.
                 refused = self._failed("AckMessage", error)
                 for answered in entries:
                     if answered.status.code == v2.OK:

@@ -153,7 +153,7 @@ class SyncTracker:
         self._release()
         now = self.clock()
         self.measure_load(now, self.cpu_clock())
-        if any(h[2] <= now for h in self._held):
+        if self._held and self._held[0][2] <= now:  # held in the order of their deadlines
             expired = [h for h in self._held if h[2] <= now]
             self._held = [h for h in self._held if h[2] > now]
             error = NotInSync(

@@ -734,9 +734,44 @@ def test_ctrl_c_during_send_is_one_line(cluster: Cluster, tmp_path: Path) -> Non
         if process.poll() is None:
             process.kill()
             process.wait()
+    # A held exit is forced after EXIT_GRACE_S (rmqstore.cli.main.run), with every thread's
+    # stack on stderr under PYTHONFAULTHANDLER: they show here.
+    assert len(err.splitlines()) == 1, f"the interrupted send's exit was held; its threads then:\n{err[-12000:]}"
     assert process.returncode == 130
     [line] = err.splitlines()
     assert line.startswith("rmqstore: error: interrupted: ") and " of 200000 messages acknowledged" in line
+
+
+HELD_EXIT = """
+import threading
+import rmqstore.cli.main as cli
+
+cli.EXIT_GRACE_S = 0.5
+
+def held():
+    threading.Thread(target=threading.Event().wait, name="holds-the-exit").start()
+    return 3
+
+cli.main = held
+cli.run()
+"""
+
+
+@pytest.mark.parametrize("stacks", [False, True], ids=["quiet", "faulthandler"])
+def test_an_exit_held_by_a_thread_is_forced_after_the_grace_with_the_commands_code(stacks: bool) -> None:
+    """A thread that never ends holds the interpreter's exit: run() ends the process
+    EXIT_GRACE_S after main() returned, with main()'s code (without it, the subprocess
+    would time out); with PYTHONFAULTHANDLER, the stacks of the threads show what held it."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONFAULTHANDLER"}
+    if stacks:
+        env["PYTHONFAULTHANDLER"] = "1"
+    done = subprocess.run([sys.executable, "-c", HELD_EXIT], env=env, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 3
+    assert done.stdout == ""
+    if stacks:
+        assert "(most recent call first)" in done.stderr and " in wait" in done.stderr, done.stderr
+    else:
+        assert done.stderr == ""
 
 
 # Nodes: ports, store host, the lock
